@@ -1,0 +1,586 @@
+//! rdma_cm: event channels, communication ids, connection events.
+//!
+//! Events are copied out and acknowledged as soon as they are read: `rdma_destroy_id`
+//! blocks until every event reported for the id is acked, so holding raw events invites
+//! deadlocks at teardown. A CONNECT_REQUEST's new id is wrapped in an owned [`CmId`]; if
+//! nobody takes it, dropping it destroys the id and the peer sees a reject.
+
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdma_sys::*;
+
+use super::cq::CompletionQueue;
+use super::device::Context;
+use super::error::{check, check_ptr, Result, Verb, VerbsError};
+use super::pd::ProtectionDomain;
+use super::qp::{QpCaps, QueuePair};
+use super::sys;
+
+/// Private data a connect request can carry over RoCE/IB (the CM REQ has 92 bytes, the
+/// rdma_cm header takes 36).
+pub const MAX_CONNECT_PRIVATE_DATA: usize = 56;
+/// Private data an accept (CM REP) can carry.
+pub const MAX_ACCEPT_PRIVATE_DATA: usize = 196;
+/// Private data a reject (CM REJ) can carry.
+pub const MAX_REJECT_PRIVATE_DATA: usize = 148;
+
+/// An rdma_cm event channel: one fd delivering events for every id created on it.
+#[derive(Clone)]
+pub struct EventChannel {
+    inner: Arc<EventChannelInner>,
+}
+
+struct EventChannelInner {
+    ch: NonNull<rdma_event_channel>,
+}
+
+// SAFETY: the channel wraps a kernel fd; librdmacm calls on it are thread-safe. It is
+// destroyed once, after every id created on it (they hold an Arc).
+unsafe impl Send for EventChannelInner {}
+// SAFETY: as above.
+unsafe impl Sync for EventChannelInner {}
+
+impl Drop for EventChannelInner {
+    fn drop(&mut self) {
+        // SAFETY: all ids on this channel are destroyed (each held an Arc to us), and all
+        // events were acked when read.
+        unsafe { rdma_destroy_event_channel(self.ch.as_ptr()) };
+    }
+}
+
+impl EventChannel {
+    /// Creates an event channel with a non-blocking fd, so an async runtime or a poll
+    /// loop can drive it without stalling.
+    pub fn new() -> Result<Self> {
+        // SAFETY: no preconditions.
+        let ch = check_ptr(Verb::CreateEventChannel, unsafe {
+            rdma_create_event_channel()
+        })?;
+        let chan = EventChannel {
+            inner: Arc::new(EventChannelInner { ch }),
+        };
+        sys::set_nonblocking(chan.fd(), Verb::CreateEventChannel)?;
+        Ok(chan)
+    }
+
+    /// The channel's fd, readable when an event is pending.
+    pub fn fd(&self) -> RawFd {
+        // SAFETY: the channel is alive; `fd` is a plain field.
+        unsafe { (*self.inner.ch.as_ptr()).fd }
+    }
+
+    /// Reads one pending event without blocking.
+    pub fn try_next(&self) -> Result<Option<CmEvent>> {
+        let mut ev: *mut rdma_cm_event = std::ptr::null_mut();
+        // SAFETY: the channel is alive; `ev` is a valid out-pointer.
+        let ret = unsafe { rdma_get_cm_event(self.inner.ch.as_ptr(), &mut ev) };
+        if ret != 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() == std::io::ErrorKind::WouldBlock {
+                return Ok(None);
+            }
+            return Err(VerbsError::Call {
+                verb: Verb::GetCmEvent,
+                source: err,
+            });
+        }
+        // SAFETY: rdma_get_cm_event succeeded, so `ev` is a valid event until acked.
+        let event = unsafe { CmEvent::copy_from(ev, self) };
+        // SAFETY: `ev` came from rdma_get_cm_event and is acked exactly once; nothing
+        // refers to it afterwards (the event above holds copies only).
+        unsafe { rdma_ack_cm_event(ev) };
+        Ok(Some(event))
+    }
+
+    /// Waits up to `timeout` (`None`: forever) for the next event.
+    pub fn next(&self, timeout: Option<Duration>) -> Result<Option<CmEvent>> {
+        let deadline = timeout.map(|t| std::time::Instant::now() + t);
+        loop {
+            if let Some(ev) = self.try_next()? {
+                return Ok(Some(ev));
+            }
+            let left = match deadline {
+                Some(d) => match d.checked_duration_since(std::time::Instant::now()) {
+                    Some(left) => Some(left),
+                    None => return Ok(None),
+                },
+                None => None,
+            };
+            sys::poll_readable(self.fd(), left)?;
+        }
+    }
+
+    /// Waits for the next event and requires it to be `kind` (for synchronous code with
+    /// one id per channel). Any other event becomes [`VerbsError::UnexpectedEvent`].
+    pub fn expect(&self, kind: CmEventKind, timeout: Duration) -> Result<CmEvent> {
+        let ev = self
+            .next(Some(timeout))?
+            .ok_or(VerbsError::Timeout("rdma_cm event"))?;
+        if ev.kind == kind {
+            Ok(ev)
+        } else {
+            Err(VerbsError::UnexpectedEvent {
+                expected: kind,
+                got: ev.kind,
+                status: ev.status,
+                private_data: ev.private_data,
+            })
+        }
+    }
+}
+
+impl std::fmt::Debug for EventChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventChannel")
+            .field("fd", &self.fd())
+            .finish()
+    }
+}
+
+/// rdma_cm event types (`enum rdma_cm_event_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+#[allow(missing_docs)]
+pub enum CmEventKind {
+    AddrResolved,
+    AddrError,
+    RouteResolved,
+    RouteError,
+    ConnectRequest,
+    ConnectResponse,
+    ConnectError,
+    Unreachable,
+    Rejected,
+    Established,
+    Disconnected,
+    DeviceRemoval,
+    MulticastJoin,
+    MulticastError,
+    AddrChange,
+    TimewaitExit,
+    Other(u32),
+}
+
+impl CmEventKind {
+    fn from_raw(raw: u32) -> Self {
+        use rdma_cm_event_type::*;
+        match raw {
+            RDMA_CM_EVENT_ADDR_RESOLVED => CmEventKind::AddrResolved,
+            RDMA_CM_EVENT_ADDR_ERROR => CmEventKind::AddrError,
+            RDMA_CM_EVENT_ROUTE_RESOLVED => CmEventKind::RouteResolved,
+            RDMA_CM_EVENT_ROUTE_ERROR => CmEventKind::RouteError,
+            RDMA_CM_EVENT_CONNECT_REQUEST => CmEventKind::ConnectRequest,
+            RDMA_CM_EVENT_CONNECT_RESPONSE => CmEventKind::ConnectResponse,
+            RDMA_CM_EVENT_CONNECT_ERROR => CmEventKind::ConnectError,
+            RDMA_CM_EVENT_UNREACHABLE => CmEventKind::Unreachable,
+            RDMA_CM_EVENT_REJECTED => CmEventKind::Rejected,
+            RDMA_CM_EVENT_ESTABLISHED => CmEventKind::Established,
+            RDMA_CM_EVENT_DISCONNECTED => CmEventKind::Disconnected,
+            RDMA_CM_EVENT_DEVICE_REMOVAL => CmEventKind::DeviceRemoval,
+            RDMA_CM_EVENT_MULTICAST_JOIN => CmEventKind::MulticastJoin,
+            RDMA_CM_EVENT_MULTICAST_ERROR => CmEventKind::MulticastError,
+            RDMA_CM_EVENT_ADDR_CHANGE => CmEventKind::AddrChange,
+            RDMA_CM_EVENT_TIMEWAIT_EXIT => CmEventKind::TimewaitExit,
+            other => CmEventKind::Other(other),
+        }
+    }
+}
+
+/// Identifies a cm_id in events, so a CM loop can route them to their connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CmIdKey(usize);
+
+/// One rdma_cm event, copied out of librdmacm and already acknowledged.
+#[derive(Debug)]
+pub struct CmEvent {
+    /// What happened.
+    pub kind: CmEventKind,
+    /// The event status (for REJECTED: the CM reject reason; for errors: -errno).
+    pub status: i32,
+    /// The id the event is about (for CONNECT_REQUEST: the new id).
+    pub id: CmIdKey,
+    /// For CONNECT_REQUEST: the listening id it arrived on.
+    pub listen_id: Option<CmIdKey>,
+    /// Private data from the peer (CONNECT_REQUEST, ESTABLISHED on the active side,
+    /// REJECTED). The transport pads it, so protocols must carry their own length.
+    pub private_data: Vec<u8>,
+    /// The peer's requested RDMA READ/atomic responder depth.
+    pub responder_resources: u8,
+    /// The peer's requested RDMA READ/atomic initiator depth.
+    pub initiator_depth: u8,
+    request: Option<CmId>,
+}
+
+impl CmEvent {
+    /// # Safety
+    /// `ev` must be a valid, not yet acked event read from `channel`.
+    unsafe fn copy_from(ev: *mut rdma_cm_event, channel: &EventChannel) -> CmEvent {
+        // SAFETY: the caller guarantees `ev` is valid.
+        let e = unsafe { &*ev };
+        let kind = CmEventKind::from_raw(e.event);
+        // SAFETY: for connection events the union holds `conn`; UD events are not used
+        // by this crate (only RDMA_PS_TCP ids are created), so `conn` is the live member.
+        let conn = unsafe { e.param.conn };
+        let private_data = if conn.private_data.is_null() || conn.private_data_len == 0 {
+            Vec::new()
+        } else {
+            // SAFETY: librdmacm guarantees private_data_len readable bytes until the ack.
+            unsafe {
+                std::slice::from_raw_parts(
+                    conn.private_data.cast::<u8>(),
+                    conn.private_data_len as usize,
+                )
+            }
+            .to_vec()
+        };
+        let request = if kind == CmEventKind::ConnectRequest {
+            NonNull::new(e.id).map(|id| CmId {
+                inner: Arc::new(CmIdInner {
+                    raw: RawCmId(id),
+                    _channel: channel.clone(),
+                }),
+            })
+        } else {
+            None
+        };
+        CmEvent {
+            kind,
+            status: e.status,
+            id: CmIdKey(e.id as usize),
+            listen_id: NonNull::new(e.listen_id).map(|p| CmIdKey(p.as_ptr() as usize)),
+            private_data,
+            responder_resources: conn.responder_resources,
+            initiator_depth: conn.initiator_depth,
+            request,
+        }
+    }
+
+    /// For CONNECT_REQUEST: takes ownership of the new id, to create a QP on it and
+    /// accept or reject. Dropping it instead destroys the id (the peer sees a reject).
+    pub fn take_request(&mut self) -> Option<CmId> {
+        self.request.take()
+    }
+}
+
+/// Parameters of `rdma_connect` / `rdma_accept`.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnParam<'a> {
+    /// Application bytes for the peer (service name, version, ...).
+    pub private_data: &'a [u8],
+    /// RDMA READ/atomic requests we accept as responder.
+    pub responder_resources: u8,
+    /// RDMA READ/atomic requests we issue as initiator.
+    pub initiator_depth: u8,
+    /// Transport retries before a request fails with RetryExceeded.
+    pub retry_count: u8,
+    /// RNR retries (7 means infinite).
+    pub rnr_retry_count: u8,
+}
+
+impl Default for ConnParam<'_> {
+    fn default() -> Self {
+        ConnParam {
+            private_data: &[],
+            responder_resources: 16,
+            initiator_depth: 16,
+            retry_count: 7,
+            rnr_retry_count: 7,
+        }
+    }
+}
+
+impl ConnParam<'_> {
+    fn raw(&self) -> rdma_conn_param {
+        rdma_conn_param {
+            private_data: if self.private_data.is_empty() {
+                std::ptr::null()
+            } else {
+                self.private_data.as_ptr().cast()
+            },
+            private_data_len: self.private_data.len() as u8,
+            responder_resources: self.responder_resources,
+            initiator_depth: self.initiator_depth,
+            flow_control: 1,
+            retry_count: self.retry_count,
+            rnr_retry_count: self.rnr_retry_count,
+            srq: 0,
+            qp_num: 0,
+        }
+    }
+}
+
+/// An rdma_cm communication id (RDMA_PS_TCP, i.e. reliable connected). Cheap to clone;
+/// destroyed once the last clone and its QP are gone.
+#[derive(Clone)]
+pub struct CmId {
+    inner: Arc<CmIdInner>,
+}
+
+pub(crate) struct CmIdInner {
+    // Field order is drop order: the id is destroyed before its channel.
+    raw: RawCmId,
+    _channel: EventChannel,
+}
+
+struct RawCmId(NonNull<rdma_cm_id>);
+
+// SAFETY: librdmacm calls on one id are serialized internally by the kernel/ucma; the id
+// is destroyed once in Drop, after its QP (which holds an Arc to the owner).
+unsafe impl Send for RawCmId {}
+// SAFETY: as above.
+unsafe impl Sync for RawCmId {}
+
+impl CmIdInner {
+    pub(crate) fn as_ptr(&self) -> *mut rdma_cm_id {
+        self.raw.0.as_ptr()
+    }
+}
+
+impl Drop for RawCmId {
+    fn drop(&mut self) {
+        // SAFETY: the QP (if any) held an Arc to us and is gone; every event for this id
+        // was acked when read; the channel outlives us via `_channel`.
+        let ret = unsafe { rdma_destroy_id(self.0.as_ptr()) };
+        if ret != 0 {
+            tracing::error!(error = %std::io::Error::last_os_error(), "rdma_destroy_id failed");
+        }
+    }
+}
+
+fn check_len(what: &str, data: &[u8], max: usize) -> Result<()> {
+    if data.len() > max {
+        return Err(VerbsError::InvalidArgument(format!(
+            "{what} private data is {} bytes, at most {max} fit",
+            data.len()
+        )));
+    }
+    Ok(())
+}
+
+impl CmId {
+    /// Creates an id on `channel`; its events arrive there.
+    pub fn new(channel: &EventChannel) -> Result<CmId> {
+        let mut id: *mut rdma_cm_id = std::ptr::null_mut();
+        // SAFETY: the channel is alive (and kept alive by the clone stored below); `id` is
+        // a valid out-pointer.
+        let ret = unsafe {
+            rdma_create_id(
+                channel.inner.ch.as_ptr(),
+                &mut id,
+                std::ptr::null_mut(),
+                rdma_port_space::RDMA_PS_TCP,
+            )
+        };
+        check(Verb::CreateId, ret)?;
+        let id = check_ptr(Verb::CreateId, id)?;
+        Ok(CmId {
+            inner: Arc::new(CmIdInner {
+                raw: RawCmId(id),
+                _channel: channel.clone(),
+            }),
+        })
+    }
+
+    /// The key events about this id carry.
+    pub fn key(&self) -> CmIdKey {
+        CmIdKey(self.inner.as_ptr() as usize)
+    }
+
+    /// Binds to a local address (port 0 picks a free port).
+    pub fn bind(&self, addr: SocketAddr) -> Result<()> {
+        let mut ss = sys::to_sockaddr(&addr);
+        // SAFETY: the id is alive; `ss` holds a valid sockaddr for the call.
+        let ret = unsafe {
+            rdma_bind_addr(
+                self.inner.as_ptr(),
+                (&mut ss as *mut libc::sockaddr_storage).cast(),
+            )
+        };
+        check(Verb::BindAddr, ret)
+    }
+
+    /// Moves this id (and its future events) to `channel`, so an accepted connection can
+    /// have a channel of its own instead of sharing the listener's. Fails when the id is
+    /// shared (a clone or a QP exists).
+    pub fn migrate(self, channel: &EventChannel) -> Result<CmId> {
+        let inner = Arc::try_unwrap(self.inner).map_err(|_| {
+            VerbsError::InvalidArgument("cannot migrate a cm_id that is shared".into())
+        })?;
+        // SAFETY: the id is alive and owned by us alone; both channels are alive.
+        let ret = unsafe { rdma_migrate_id(inner.as_ptr(), channel.inner.ch.as_ptr()) };
+        // On failure the id still reports to the old channel, so keep that one alive.
+        let CmIdInner { raw, _channel: old } = inner;
+        let id = CmId {
+            inner: Arc::new(CmIdInner {
+                raw,
+                _channel: if ret == 0 { channel.clone() } else { old },
+            }),
+        };
+        check(Verb::MigrateId, ret)?;
+        Ok(id)
+    }
+
+    /// Starts listening; CONNECT_REQUEST events follow on the channel.
+    pub fn listen(&self, backlog: i32) -> Result<()> {
+        // SAFETY: the id is alive and bound.
+        check(Verb::Listen, unsafe {
+            rdma_listen(self.inner.as_ptr(), backlog)
+        })
+    }
+
+    /// Starts resolving `dst` (ADDR_RESOLVED or ADDR_ERROR follows).
+    pub fn resolve_addr(
+        &self,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        timeout: Duration,
+    ) -> Result<()> {
+        let mut src_ss = src.map(|s| sys::to_sockaddr(&s));
+        let mut dst_ss = sys::to_sockaddr(&dst);
+        let src_ptr = src_ss.as_mut().map_or(std::ptr::null_mut(), |s| {
+            (s as *mut libc::sockaddr_storage).cast()
+        });
+        // SAFETY: the id is alive; both sockaddrs are valid for the call.
+        let ret = unsafe {
+            rdma_resolve_addr(
+                self.inner.as_ptr(),
+                src_ptr,
+                (&mut dst_ss as *mut libc::sockaddr_storage).cast(),
+                timeout.as_millis().min(i32::MAX as u128) as i32,
+            )
+        };
+        check(Verb::ResolveAddr, ret)
+    }
+
+    /// Starts resolving the route (ROUTE_RESOLVED or ROUTE_ERROR follows).
+    pub fn resolve_route(&self, timeout: Duration) -> Result<()> {
+        // SAFETY: the id is alive and its address is resolved.
+        let ret = unsafe {
+            rdma_resolve_route(
+                self.inner.as_ptr(),
+                timeout.as_millis().min(i32::MAX as u128) as i32,
+            )
+        };
+        check(Verb::ResolveRoute, ret)
+    }
+
+    /// The local address (after bind or resolve).
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        // SAFETY: the id is alive; route.addr.src_addr is a sockaddr_storage-sized union
+        // that librdmacm keeps initialised (zero family until bound).
+        unsafe {
+            let id = &*self.inner.as_ptr();
+            sys::from_sockaddr(rdma_get_local_addr(id))
+        }
+    }
+
+    /// The peer's address (after resolve, or on an incoming request).
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        // SAFETY: as in `local_addr`, for dst_addr.
+        unsafe {
+            let id = &*self.inner.as_ptr();
+            sys::from_sockaddr(rdma_get_peer_addr(id))
+        }
+    }
+
+    /// The device this id is bound to, once bound or resolved.
+    pub fn device_name(&self) -> Option<String> {
+        // SAFETY: the id is alive; `verbs` is null or a librdmacm-owned context.
+        let verbs = unsafe { (*self.inner.as_ptr()).verbs };
+        if verbs.is_null() {
+            return None;
+        }
+        // SAFETY: `verbs` is a live context with a valid device.
+        let name = unsafe { ibv_get_device_name((*verbs).device) };
+        if name.is_null() {
+            return None;
+        }
+        // SAFETY: the name is NUL-terminated and lives as long as the device.
+        Some(
+            unsafe { std::ffi::CStr::from_ptr(name) }
+                .to_string_lossy()
+                .into_owned(),
+        )
+    }
+
+    /// True when this id routes through `ctx` (required to use a PD from it).
+    pub fn is_on(&self, ctx: &Context) -> bool {
+        // SAFETY: the id is alive; `verbs` is a plain field.
+        unsafe { (*self.inner.as_ptr()).verbs == ctx.as_ptr() }
+    }
+
+    /// Creates the RC QP of this id on the shared `pd`, with the given CQs.
+    pub fn create_qp(
+        &self,
+        pd: &ProtectionDomain,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+        caps: QpCaps,
+    ) -> Result<QueuePair> {
+        if !self.is_on(pd.context()) {
+            return Err(VerbsError::InvalidArgument(format!(
+                "cm_id routes through {:?}, but the PD belongs to {}",
+                self.device_name(),
+                pd.context().name()
+            )));
+        }
+        QueuePair::create(self.inner.clone(), pd, send_cq, recv_cq, caps)
+    }
+
+    /// Starts connecting (ESTABLISHED, REJECTED, UNREACHABLE or CONNECT_ERROR follows).
+    pub fn connect(&self, param: &ConnParam<'_>) -> Result<()> {
+        check_len("connect", param.private_data, MAX_CONNECT_PRIVATE_DATA)?;
+        let mut raw = param.raw();
+        // SAFETY: the id is alive with a route and QP; `raw` and its private data live
+        // across the call (librdmacm copies them).
+        check(Verb::Connect, unsafe {
+            rdma_connect(self.inner.as_ptr(), &mut raw)
+        })
+    }
+
+    /// Accepts an incoming request (ESTABLISHED follows).
+    pub fn accept(&self, param: &ConnParam<'_>) -> Result<()> {
+        check_len("accept", param.private_data, MAX_ACCEPT_PRIVATE_DATA)?;
+        let mut raw = param.raw();
+        // SAFETY: as in `connect`.
+        check(Verb::Accept, unsafe {
+            rdma_accept(self.inner.as_ptr(), &mut raw)
+        })
+    }
+
+    /// Rejects an incoming request; `private_data` reaches the peer's REJECTED event.
+    pub fn reject(&self, private_data: &[u8]) -> Result<()> {
+        check_len("reject", private_data, MAX_REJECT_PRIVATE_DATA)?;
+        let ptr = if private_data.is_empty() {
+            std::ptr::null()
+        } else {
+            private_data.as_ptr().cast()
+        };
+        // SAFETY: the id is alive; the data lives across the call (librdmacm copies it).
+        let ret = unsafe { rdma_reject(self.inner.as_ptr(), ptr, private_data.len() as u8) };
+        check(Verb::Reject, ret)
+    }
+
+    /// Starts a disconnect (DISCONNECTED follows on both sides). Both sides may call this
+    /// at once; the loser gets EINVAL, which callers may ignore.
+    pub fn disconnect(&self) -> Result<()> {
+        // SAFETY: the id is alive.
+        check(Verb::Disconnect, unsafe {
+            rdma_disconnect(self.inner.as_ptr())
+        })
+    }
+}
+
+impl std::fmt::Debug for CmId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CmId")
+            .field("key", &self.key())
+            .field("local", &self.local_addr())
+            .field("peer", &self.peer_addr())
+            .finish()
+    }
+}

@@ -1,0 +1,164 @@
+//! Device contexts.
+//!
+//! rdma_cm opens every RDMA device itself and binds each cm_id to one of those contexts;
+//! `rdma_create_qp` refuses a PD from any other context. So the context handed out here
+//! is librdmacm's own (from `rdma_get_devices`), which lets one PD be shared by every
+//! connection that rdma_cm routes to the device.
+
+use std::ffi::CStr;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use rdma_sys::*;
+
+use super::error::{check, Result, Verb, VerbsError};
+
+/// An open RDMA device. Cheap to clone; the device stays open while any clone, PD, CQ or
+/// other child object exists.
+#[derive(Clone)]
+pub struct Context {
+    inner: Arc<ContextInner>,
+}
+
+struct ContextInner {
+    list: NonNull<*mut ibv_context>,
+    ctx: NonNull<ibv_context>,
+    name: String,
+}
+
+// SAFETY: libibverbs contexts are thread-safe (the library locks internally); the list
+// pointer is only freed in Drop, once.
+unsafe impl Send for ContextInner {}
+// SAFETY: as above, every operation on the context is safe to call from several threads.
+unsafe impl Sync for ContextInner {}
+
+impl Drop for ContextInner {
+    fn drop(&mut self) {
+        // SAFETY: `list` came from rdma_get_devices and is freed exactly once here; the
+        // contexts themselves stay owned by librdmacm.
+        unsafe { rdma_free_devices(self.list.as_ptr()) };
+    }
+}
+
+/// The device limits a framework needs for sizing queues and rd_atomic depth.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceAttr {
+    /// Maximum number of QPs.
+    pub max_qp: u32,
+    /// Maximum outstanding work requests per queue.
+    pub max_qp_wr: u32,
+    /// Maximum scatter/gather entries per work request.
+    pub max_sge: u32,
+    /// Maximum entries of one CQ.
+    pub max_cqe: u32,
+    /// Maximum MR size in bytes.
+    pub max_mr_size: u64,
+    /// RDMA READ / atomic requests a QP can have outstanding as responder.
+    pub max_qp_rd_atom: u32,
+    /// RDMA READ / atomic requests a QP can have outstanding as initiator.
+    pub max_qp_init_rd_atom: u32,
+    /// Whether the device supports atomics at all.
+    pub atomics: bool,
+}
+
+fn device_name(ctx: *mut ibv_context) -> String {
+    // SAFETY: `ctx` is a live context from rdma_get_devices; its `device` pointer and the
+    // NUL-terminated name it owns live as long as the context.
+    unsafe {
+        let name = ibv_get_device_name((*ctx).device);
+        if name.is_null() {
+            String::new()
+        } else {
+            CStr::from_ptr(name).to_string_lossy().into_owned()
+        }
+    }
+}
+
+fn devices() -> Result<(NonNull<*mut ibv_context>, Vec<NonNull<ibv_context>>)> {
+    let mut n: i32 = 0;
+    // SAFETY: `n` is a valid out-pointer; the returned array is NULL-terminated and owned
+    // by the caller until rdma_free_devices.
+    let list = unsafe { rdma_get_devices(&mut n) };
+    let list = NonNull::new(list).ok_or_else(|| VerbsError::last_os(Verb::GetDevices))?;
+    let mut out = Vec::with_capacity(n.max(0) as usize);
+    for i in 0..n.max(0) as usize {
+        // SAFETY: i < n, and the array holds n valid entries followed by NULL.
+        let ctx = unsafe { *list.as_ptr().add(i) };
+        if let Some(ctx) = NonNull::new(ctx) {
+            out.push(ctx);
+        }
+    }
+    Ok((list, out))
+}
+
+impl Context {
+    /// Names of the RDMA devices librdmacm can use (for example `["rxe0"]`).
+    pub fn device_names() -> Result<Vec<String>> {
+        let (list, ctxs) = devices()?;
+        let names = ctxs.iter().map(|c| device_name(c.as_ptr())).collect();
+        // SAFETY: `list` came from rdma_get_devices and is not used after this.
+        unsafe { rdma_free_devices(list.as_ptr()) };
+        Ok(names)
+    }
+
+    /// Opens the named device, or the first one when `name` is `None`.
+    pub fn open(name: Option<&str>) -> Result<Context> {
+        let (list, ctxs) = devices()?;
+        let found = ctxs.iter().copied().find(|c| match name {
+            Some(want) => device_name(c.as_ptr()) == want,
+            None => true,
+        });
+        let Some(ctx) = found else {
+            // SAFETY: `list` came from rdma_get_devices and is not used after this.
+            unsafe { rdma_free_devices(list.as_ptr()) };
+            return Err(match name {
+                Some(n) => VerbsError::DeviceNotFound(n.to_owned()),
+                None => VerbsError::NoDevice,
+            });
+        };
+        Ok(Context {
+            inner: Arc::new(ContextInner {
+                list,
+                ctx,
+                name: device_name(ctx.as_ptr()),
+            }),
+        })
+    }
+
+    /// The device name, as `ibv_devices` prints it.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Queries the device limits.
+    pub fn query(&self) -> Result<DeviceAttr> {
+        // SAFETY: ibv_device_attr is plain old data; all-zero is a valid value.
+        let mut attr: ibv_device_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: the context is open and `attr` is a valid out-pointer.
+        let ret = unsafe { ibv_query_device(self.as_ptr(), &mut attr) };
+        check(Verb::QueryDevice, ret)?;
+        let u = |v: i32| v.max(0) as u32;
+        Ok(DeviceAttr {
+            max_qp: u(attr.max_qp),
+            max_qp_wr: u(attr.max_qp_wr),
+            max_sge: u(attr.max_sge),
+            max_cqe: u(attr.max_cqe),
+            max_mr_size: attr.max_mr_size,
+            max_qp_rd_atom: u(attr.max_qp_rd_atom),
+            max_qp_init_rd_atom: u(attr.max_qp_init_rd_atom),
+            atomics: attr.atomic_cap != ibv_atomic_cap::IBV_ATOMIC_NONE,
+        })
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut ibv_context {
+        self.inner.ctx.as_ptr()
+    }
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("name", &self.inner.name)
+            .finish()
+    }
+}

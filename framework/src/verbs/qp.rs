@@ -1,0 +1,444 @@
+//! Reliable-connected queue pairs and work-request posting.
+//!
+//! QPs are created on an rdma_cm id (`CmId::create_qp`), which drives their state
+//! through INIT/RTR/RTS during connect/accept. A QP holds its cm_id, PD and both CQs, so
+//! none of them can be destroyed while it exists.
+
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use rdma_sys::*;
+
+use super::cm::CmIdInner;
+use super::cq::CompletionQueue;
+use super::error::{check, Result, Verb, VerbsError};
+use super::mr::{RemoteRegion, Sge};
+use super::pd::ProtectionDomain;
+
+/// Queue sizes for a new QP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpCaps {
+    /// Outstanding send-queue work requests.
+    pub max_send_wr: u32,
+    /// Outstanding receive-queue work requests.
+    pub max_recv_wr: u32,
+    /// Scatter/gather entries per send request.
+    pub max_send_sge: u32,
+    /// Scatter/gather entries per receive request.
+    pub max_recv_sge: u32,
+    /// Bytes a send may carry inline (copied into the WQE, no lkey needed).
+    pub max_inline_data: u32,
+}
+
+impl Default for QpCaps {
+    fn default() -> Self {
+        QpCaps {
+            max_send_wr: 128,
+            max_recv_wr: 128,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 64,
+        }
+    }
+}
+
+/// QP state (`enum ibv_qp_state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub enum QpState {
+    Reset,
+    Init,
+    ReadyToReceive,
+    ReadyToSend,
+    SendQueueDrained,
+    SendQueueError,
+    Error,
+    Unknown,
+}
+
+impl QpState {
+    fn from_raw(raw: u32) -> Self {
+        use ibv_qp_state::*;
+        match raw {
+            IBV_QPS_RESET => QpState::Reset,
+            IBV_QPS_INIT => QpState::Init,
+            IBV_QPS_RTR => QpState::ReadyToReceive,
+            IBV_QPS_RTS => QpState::ReadyToSend,
+            IBV_QPS_SQD => QpState::SendQueueDrained,
+            IBV_QPS_SQE => QpState::SendQueueError,
+            IBV_QPS_ERR => QpState::Error,
+            _ => QpState::Unknown,
+        }
+    }
+}
+
+/// The operation of a send-queue work request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendOp {
+    /// Two-sided SEND; consumes a RECV at the peer.
+    Send,
+    /// SEND carrying a 32-bit immediate value to the peer's completion.
+    SendWithImm(u32),
+    /// One-sided RDMA WRITE of the local bytes into `remote`.
+    Write(RemoteRegion),
+    /// RDMA WRITE that also consumes a peer RECV and delivers `imm` in its completion.
+    WriteWithImm(RemoteRegion, u32),
+    /// One-sided RDMA READ of `remote` into the local bytes.
+    Read(RemoteRegion),
+    /// 64-bit compare-and-swap at `remote` (8-byte aligned); the old value lands locally.
+    CompareSwap {
+        /// Target word.
+        remote: RemoteRegion,
+        /// Value expected.
+        compare: u64,
+        /// Value written when it matches.
+        swap: u64,
+    },
+    /// 64-bit fetch-and-add at `remote` (8-byte aligned); the old value lands locally.
+    FetchAdd {
+        /// Target word.
+        remote: RemoteRegion,
+        /// Amount added.
+        add: u64,
+    },
+}
+
+/// A send-queue work request.
+#[derive(Debug, Clone, Copy)]
+pub struct SendWr<'a> {
+    /// Returned in the completion; the framework stores a slab index here.
+    pub wr_id: u64,
+    /// What to do.
+    pub op: SendOp,
+    /// Local bytes (source for SEND/WRITE, destination for READ/atomics).
+    pub local: Option<Sge<'a>>,
+    /// Produce a completion on success (errors always complete).
+    pub signaled: bool,
+    /// Copy the bytes into the WQE (small SEND/WRITE only).
+    pub inline: bool,
+    /// Set the solicited-event bit (wakes a peer armed with solicited_only).
+    pub solicited: bool,
+}
+
+impl<'a> SendWr<'a> {
+    /// A signaled request of `op` with `local` bytes.
+    pub fn new(wr_id: u64, op: SendOp, local: Option<Sge<'a>>) -> Self {
+        SendWr {
+            wr_id,
+            op,
+            local,
+            signaled: true,
+            inline: false,
+            solicited: false,
+        }
+    }
+
+    fn raw(&self, sge: *mut ibv_sge) -> ibv_send_wr {
+        use ibv_wr_opcode::*;
+        // SAFETY: ibv_send_wr is plain old data; all-zero is valid (null pointers, no
+        // flags), and every field that matters is set below.
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = self.wr_id;
+        if self.local.is_some() {
+            wr.sg_list = sge;
+            wr.num_sge = 1;
+        }
+        let mut flags = 0;
+        if self.signaled {
+            flags |= ibv_send_flags::IBV_SEND_SIGNALED.0;
+        }
+        if self.inline {
+            flags |= ibv_send_flags::IBV_SEND_INLINE.0;
+        }
+        if self.solicited {
+            flags |= ibv_send_flags::IBV_SEND_SOLICITED.0;
+        }
+        wr.send_flags = flags;
+        let rdma = |r: &RemoteRegion| rdma_t {
+            remote_addr: r.addr,
+            rkey: r.rkey,
+        };
+        match self.op {
+            SendOp::Send => wr.opcode = IBV_WR_SEND,
+            SendOp::SendWithImm(imm) => {
+                wr.opcode = IBV_WR_SEND_WITH_IMM;
+                wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+            }
+            SendOp::Write(r) => {
+                wr.opcode = IBV_WR_RDMA_WRITE;
+                wr.wr.rdma = rdma(&r);
+            }
+            SendOp::WriteWithImm(r, imm) => {
+                wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+                wr.wr.rdma = rdma(&r);
+                wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+            }
+            SendOp::Read(r) => {
+                wr.opcode = IBV_WR_RDMA_READ;
+                wr.wr.rdma = rdma(&r);
+            }
+            SendOp::CompareSwap {
+                remote,
+                compare,
+                swap,
+            } => {
+                wr.opcode = IBV_WR_ATOMIC_CMP_AND_SWP;
+                wr.wr.atomic = atomic_t {
+                    remote_addr: remote.addr,
+                    compare_add: compare,
+                    swap,
+                    rkey: remote.rkey,
+                };
+            }
+            SendOp::FetchAdd { remote, add } => {
+                wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+                wr.wr.atomic = atomic_t {
+                    remote_addr: remote.addr,
+                    compare_add: add,
+                    swap: 0,
+                    rkey: remote.rkey,
+                };
+            }
+        }
+        wr
+    }
+}
+
+/// A receive-queue work request.
+#[derive(Debug, Clone, Copy)]
+pub struct RecvWr<'a> {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// Where the incoming SEND lands (None: only WRITE_WITH_IMM without payload).
+    pub local: Option<Sge<'a>>,
+}
+
+/// An RC queue pair. Cheap to clone; destroyed after the last clone is dropped.
+#[derive(Clone)]
+pub struct QueuePair {
+    inner: Arc<QpInner>,
+}
+
+struct QpInner {
+    id: Arc<CmIdInner>,
+    qp: NonNull<ibv_qp>,
+    qp_num: u32,
+    _pd: ProtectionDomain,
+    send_cq: CompletionQueue,
+    recv_cq: CompletionQueue,
+}
+
+// SAFETY: posting and modifying a QP are thread-safe verbs; destroyed once in Drop.
+unsafe impl Send for QpInner {}
+// SAFETY: as above.
+unsafe impl Sync for QpInner {}
+
+impl Drop for QpInner {
+    fn drop(&mut self) {
+        // SAFETY: the cm_id is kept alive by `id`; rdma_destroy_qp destroys id->qp, which
+        // is this QP, and nothing else refers to it once the last clone is gone.
+        unsafe { rdma_destroy_qp(self.id.as_ptr()) };
+    }
+}
+
+impl QueuePair {
+    pub(crate) fn create(
+        id: Arc<CmIdInner>,
+        pd: &ProtectionDomain,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+        caps: QpCaps,
+    ) -> Result<QueuePair> {
+        // SAFETY: ibv_qp_init_attr is plain old data; all-zero is valid.
+        let mut attr: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        attr.send_cq = send_cq.as_ptr();
+        attr.recv_cq = recv_cq.as_ptr();
+        attr.qp_type = ibv_qp_type::IBV_QPT_RC;
+        attr.sq_sig_all = 0;
+        attr.cap = ibv_qp_cap {
+            max_send_wr: caps.max_send_wr,
+            max_recv_wr: caps.max_recv_wr,
+            max_send_sge: caps.max_send_sge,
+            max_recv_sge: caps.max_recv_sge,
+            max_inline_data: caps.max_inline_data,
+        };
+        // SAFETY: the id, PD and CQs are alive and kept alive by the QP we build below.
+        let ret = unsafe { rdma_create_qp(id.as_ptr(), pd.as_ptr(), &mut attr) };
+        check(Verb::CreateQp, ret)?;
+        // SAFETY: rdma_create_qp succeeded, so id->qp points to the new QP.
+        let qp = unsafe { (*id.as_ptr()).qp };
+        let qp = NonNull::new(qp).ok_or_else(|| VerbsError::last_os(Verb::CreateQp))?;
+        // SAFETY: the QP is alive.
+        let qp_num = unsafe { qp.as_ref().qp_num };
+        Ok(QueuePair {
+            inner: Arc::new(QpInner {
+                id,
+                qp,
+                qp_num,
+                _pd: pd.clone(),
+                send_cq: send_cq.clone(),
+                recv_cq: recv_cq.clone(),
+            }),
+        })
+    }
+
+    /// The QP number: completions carry it, so pollers route by it.
+    pub fn qp_num(&self) -> u32 {
+        self.inner.qp_num
+    }
+
+    /// The CQ its send completions go to.
+    pub fn send_cq(&self) -> &CompletionQueue {
+        &self.inner.send_cq
+    }
+
+    /// The CQ its receive completions go to.
+    pub fn recv_cq(&self) -> &CompletionQueue {
+        &self.inner.recv_cq
+    }
+
+    /// Current state, from `ibv_query_qp`.
+    pub fn state(&self) -> Result<QpState> {
+        // SAFETY: both structs are plain old data; all-zero is valid.
+        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: the QP is alive; the out-pointers are valid.
+        let ret = unsafe {
+            ibv_query_qp(
+                self.inner.qp.as_ptr(),
+                &mut attr,
+                ibv_qp_attr_mask::IBV_QP_STATE.0 as i32,
+                &mut init,
+            )
+        };
+        check(Verb::QueryQp, ret)?;
+        Ok(QpState::from_raw(attr.qp_state))
+    }
+
+    /// Moves the QP to the error state: every outstanding request completes with
+    /// `WrFlushError`, which is how teardown drains a QP before destroying it.
+    pub fn to_error(&self) -> Result<()> {
+        // SAFETY: plain old data; all-zero is valid.
+        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = ibv_qp_state::IBV_QPS_ERR;
+        // SAFETY: the QP is alive and `attr` is valid for the STATE mask.
+        let ret = unsafe {
+            ibv_modify_qp(
+                self.inner.qp.as_ptr(),
+                &mut attr,
+                ibv_qp_attr_mask::IBV_QP_STATE.0 as i32,
+            )
+        };
+        check(Verb::ModifyQp, ret)
+    }
+
+    /// Sets the RNR NAK timer this QP advertises as a responder (RTS to RTS). rdma_cm
+    /// leaves it at 0, which means about 655 ms per RNR retry; 12 is about 0.64 ms.
+    pub fn set_min_rnr_timer(&self, timer: u8) -> Result<()> {
+        // SAFETY: plain old data; all-zero is valid.
+        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.min_rnr_timer = timer;
+        // SAFETY: the QP is alive and `attr` is valid for the MIN_RNR_TIMER mask.
+        let ret = unsafe {
+            ibv_modify_qp(
+                self.inner.qp.as_ptr(),
+                &mut attr,
+                ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER.0 as i32,
+            )
+        };
+        check(Verb::ModifyQp, ret)
+    }
+
+    /// Posts one send-queue request.
+    pub fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {
+        let mut sge = wr.local.map(|s| s.raw()).unwrap_or(ibv_sge {
+            addr: 0,
+            length: 0,
+            lkey: 0,
+        });
+        let mut raw = wr.raw(&mut sge);
+        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: `raw` and `sge` live across the call; the QP is alive. The local bytes
+        // are a bounds-checked range of a registration that is deregistered before its
+        // memory is freed, so the NIC never touches freed memory.
+        let ret = unsafe { ibv_post_send(self.inner.qp.as_ptr(), &mut raw, &mut bad) };
+        check(Verb::PostSend, ret)
+    }
+
+    /// Posts a chain of send-queue requests with one doorbell.
+    pub fn post_send_list(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        let mut sges: Vec<ibv_sge> = wrs
+            .iter()
+            .map(|w| {
+                w.local.map(|s| s.raw()).unwrap_or(ibv_sge {
+                    addr: 0,
+                    length: 0,
+                    lkey: 0,
+                })
+            })
+            .collect();
+        let mut raws: Vec<ibv_send_wr> = wrs
+            .iter()
+            .zip(sges.iter_mut())
+            .map(|(w, s)| w.raw(s))
+            .collect();
+        let base = raws.as_mut_ptr();
+        for i in 1..raws.len() {
+            // SAFETY: i-1 and i are in bounds of `raws`, which is not moved afterwards.
+            unsafe { (*base.add(i - 1)).next = base.add(i) };
+        }
+        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: the chain and its SGEs live in `raws`/`sges` across the call; see
+        // `post_send` for why the local bytes are safe to hand to the NIC.
+        let ret = unsafe { ibv_post_send(self.inner.qp.as_ptr(), base, &mut bad) };
+        check(Verb::PostSend, ret)
+    }
+
+    /// Posts receive requests with one doorbell.
+    pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        let mut sges: Vec<ibv_sge> = wrs
+            .iter()
+            .map(|w| {
+                w.local.map(|s| s.raw()).unwrap_or(ibv_sge {
+                    addr: 0,
+                    length: 0,
+                    lkey: 0,
+                })
+            })
+            .collect();
+        let mut raws: Vec<ibv_recv_wr> = wrs
+            .iter()
+            .zip(sges.iter_mut())
+            .map(|(w, s)| ibv_recv_wr {
+                wr_id: w.wr_id,
+                next: std::ptr::null_mut(),
+                sg_list: s,
+                num_sge: w.local.is_some() as i32,
+            })
+            .collect();
+        let base = raws.as_mut_ptr();
+        for i in 1..raws.len() {
+            // SAFETY: i-1 and i are in bounds of `raws`, which is not moved afterwards.
+            unsafe { (*base.add(i - 1)).next = base.add(i) };
+        }
+        let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
+        // SAFETY: the chain and its SGEs live across the call; see `post_send`.
+        let ret = unsafe { ibv_post_recv(self.inner.qp.as_ptr(), base, &mut bad) };
+        check(Verb::PostRecv, ret)
+    }
+}
+
+impl std::fmt::Debug for QueuePair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueuePair")
+            .field("qp_num", &self.inner.qp_num)
+            .finish()
+    }
+}

@@ -1,0 +1,115 @@
+#!/bin/sh
+# /init of the softroce VM (runs under busybox sh as PID 1; see scripts/softroce).
+#
+# It loads the modules listed in /lib/modules/order, mounts the host's root
+# filesystem (9p tag "hostroot", read-only) on /newroot and the repository
+# (9p tag "repo", writable) over its own path inside it, brings up Soft-RoCE
+# (rxe0 on the dummy interface rxenet0, 192.0.2.1/24), then runs the per-run
+# script <repo>/.softroce/runs/<id>/run.sh chrooted into /newroot. The
+# command's stdout/stderr go to the virtio ports "out"/"err", which the host
+# connects to its own stdout/stderr. The exit status is written to the run
+# directory as "status", and the VM powers off.
+#
+# It prints nothing unless something fails: its own chatter goes to /init.log,
+# which is copied to the console (a log file on the host) on failure.
+
+export PATH=/bin
+exec </dev/null >/init.log 2>&1
+
+fail() {
+    {
+        echo "softroce-init: $*"
+        echo "--- init log:"
+        cat /init.log
+    } >/dev/console 2>&1
+    sync
+    poweroff -f
+    sleep 30
+}
+
+mount -t devtmpfs devtmpfs /dev || fail "cannot mount devtmpfs"
+mount -t proc proc /proc || fail "cannot mount /proc"
+mount -t sysfs sysfs /sys || fail "cannot mount /sys"
+echo 1 >/proc/sys/kernel/printk
+
+while read -r mod; do
+    [ -n "$mod" ] || continue
+    insmod "/lib/modules/$mod" || fail "insmod $mod failed"
+done </lib/modules/order
+
+run_id=
+for arg in $(cat /proc/cmdline); do
+    case "$arg" in
+        softroce_run=*) run_id=${arg#softroce_run=} ;;
+    esac
+done
+[ -n "$run_id" ] || fail "no softroce_run= on the kernel command line"
+
+# 9p: large messages; the read-only root may be cached, the repository is
+# shared live with the host (cache=mmap still allows shared mmap).
+p9="trans=virtio,version=9p2000.L,msize=512000"
+mkdir -p /newroot /repo
+mount -t 9p -o "$p9,ro,cache=loose" hostroot /newroot || fail "cannot mount 9p hostroot"
+mount -t 9p -o "$p9,cache=mmap" repo /repo || fail "cannot mount 9p repo"
+
+run=/repo/.softroce/runs/$run_id
+[ -f "$run/run.sh" ] || fail "run directory $run is missing"
+read -r repo_path <"$run/repo" || fail "cannot read $run/repo"
+
+R=/newroot
+mount -t proc proc $R/proc || fail "chroot /proc"
+mount -t sysfs sysfs $R/sys || fail "chroot /sys"
+if [ -d $R/sys/kernel/config ]; then
+    mount -t configfs configfs $R/sys/kernel/config || true
+fi
+mount -t devtmpfs devtmpfs $R/dev || fail "chroot /dev"
+mkdir -p $R/dev/shm $R/dev/pts
+mount -t tmpfs -o mode=1777 tmpfs $R/dev/shm || fail "chroot /dev/shm"
+mount -t devpts -o newinstance,ptmxmode=0666 devpts $R/dev/pts || true
+mount -t tmpfs -o mode=1777 tmpfs $R/tmp || fail "chroot /tmp"
+mount -t tmpfs -o mode=0755 tmpfs $R/run || true
+mount -o bind /repo "$R$repo_path" || fail "cannot bind the repository to $repo_path"
+
+# Networking: nothing leaves the VM (qemu has no NIC); rxe runs over a dummy
+# interface. iproute2 (ip, rdma) comes from the host via the chroot.
+hostname softroce
+ip link set lo up || fail "cannot bring lo up"
+in_root() { chroot $R /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin "$@"; }
+in_root ip link add rxenet0 type dummy || fail "cannot create rxenet0"
+in_root ip link set rxenet0 up || fail "cannot bring rxenet0 up"
+in_root ip addr add 192.0.2.1/24 dev rxenet0 || fail "cannot address rxenet0"
+in_root rdma link add rxe0 type rxe netdev rxenet0 || fail "cannot create rxe0"
+
+# Generous socket limits for many connections (TCP side channels, rdma_cm).
+sysctl_set() { [ -w "/proc/sys/$1" ] && echo "$2" >"/proc/sys/$1"; }
+sysctl_set net/core/somaxconn 4096
+sysctl_set net/core/netdev_max_backlog 10000
+sysctl_set net/core/rmem_max 16777216
+sysctl_set net/core/wmem_max 16777216
+sysctl_set net/core/rmem_default 1048576
+sysctl_set net/core/wmem_default 1048576
+sysctl_set net/core/optmem_max 1048576
+sysctl_set net/ipv4/tcp_max_syn_backlog 4096
+sysctl_set net/ipv4/ip_local_port_range "10000 65000"
+
+# The command's output channels (virtio-serial ports named by the host).
+out= err=
+for p in /sys/class/virtio-ports/*; do
+    [ -f "$p/name" ] || continue
+    case "$(cat "$p/name")" in
+        out) out=/dev/${p##*/} ;;
+        err) err=/dev/${p##*/} ;;
+    esac
+done
+[ -c "$out" ] && [ -c "$err" ] || fail "virtio ports out/err not found"
+
+: >"$run/ready"
+chroot $R /usr/bin/env -i /bin/bash --noprofile --norc "$repo_path/.softroce/runs/$run_id/run.sh" \
+    </dev/null >"$out" 2>"$err"
+rc=$?
+echo "$rc" >"$run/status.tmp" && mv "$run/status.tmp" "$run/status"
+sync
+umount "$R$repo_path" 2>/dev/null
+umount /repo 2>/dev/null
+poweroff -f
+sleep 30

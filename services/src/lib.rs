@@ -1,0 +1,1 @@
+//! Services plugged into rdmactor.

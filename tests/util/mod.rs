@@ -1,0 +1,153 @@
+//! Shared helpers for the real-verbs tests: device discovery, `rdma resource` counts and
+//! a connected client/server pair over rdma_cm.
+//!
+//! The tests need an RDMA device (run them through `scripts/test`, which boots the
+//! Soft-RoCE VM). Outside the VM they print that they skip, unless
+//! `RDMACTOR_REQUIRE_RDMA=1` is set (the VM run sets it), in which case a missing device
+//! fails the test.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use rdmactor::blocking::{self, Endpoint, EndpointOptions, Listener};
+use rdmactor::verbs::{CmId, Context, EventChannel, ProtectionDomain, QueuePair, Result};
+
+/// Opens the test device, or returns `None` (test skipped) when there is none and the run
+/// does not require one.
+///
+/// The context is opened once per process and a cm_id is bound once: librdmacm allocates
+/// a PD of its own per device the first time an id binds to it and keeps it while the
+/// device list is referenced, so doing that before any baseline is taken makes
+/// `rdma resource` counts comparable across tests.
+pub fn rdma_context() -> Option<Context> {
+    static CONTEXT: OnceLock<Result<Context, String>> = OnceLock::new();
+    let ctx = CONTEXT.get_or_init(|| {
+        let name = std::env::var("RDMACTOR_DEVICE").ok();
+        let ctx = Context::open(name.as_deref()).map_err(|e| e.to_string())?;
+        let channel = EventChannel::new().map_err(|e| e.to_string())?;
+        let id = CmId::new(&channel).map_err(|e| e.to_string())?;
+        id.bind(test_addr())
+            .map_err(|e| format!("bind {}: {e}", test_addr()))?;
+        Ok(ctx)
+    });
+    match ctx {
+        Ok(ctx) => Some(ctx.clone()),
+        Err(e) if std::env::var("RDMACTOR_REQUIRE_RDMA").as_deref() == Ok("1") => {
+            panic!("RDMACTOR_REQUIRE_RDMA=1 but no usable RDMA device: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipping: no RDMA device ({e}); run scripts/test to use the Soft-RoCE VM");
+            None
+        }
+    }
+}
+
+/// The address of the RDMA interface (192.0.2.1 in the Soft-RoCE VM), port 0.
+pub fn test_addr() -> SocketAddr {
+    let ip: IpAddr = std::env::var("RDMACTOR_TEST_IP")
+        .unwrap_or_else(|_| "192.0.2.1".into())
+        .parse()
+        .expect("RDMACTOR_TEST_IP is an IP address");
+    SocketAddr::new(ip, 0)
+}
+
+/// Per-kind object counts of one device, as `rdma resource show` prints them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResourceCounts(pub BTreeMap<String, u64>);
+
+/// The kinds every test must give back.
+pub const TRACKED: [&str; 5] = ["pd", "cq", "qp", "mr", "cm_id"];
+
+impl ResourceCounts {
+    /// Count of one kind (0 when absent).
+    pub fn get(&self, kind: &str) -> u64 {
+        self.0.get(kind).copied().unwrap_or(0)
+    }
+}
+
+/// Reads `rdma resource show` for the test device.
+pub fn resource_counts() -> ResourceCounts {
+    let out = Command::new("rdma")
+        .args(["resource", "show"])
+        .output()
+        .expect("run `rdma resource show` (iproute2)");
+    assert!(out.status.success(), "rdma resource show failed: {out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    // "0: rxe0: pd 1 cq 2 qp 1 cm_id 0 mr 0 ctx 0 srq 0": key/value pairs after the name.
+    let line = text.lines().next().unwrap_or_default();
+    let mut counts = BTreeMap::new();
+    let fields: Vec<&str> = line.split_whitespace().skip(2).collect();
+    for pair in fields.chunks(2) {
+        if let [k, v] = pair {
+            if let Ok(v) = v.parse() {
+                counts.insert((*k).to_owned(), v);
+            }
+        }
+    }
+    ResourceCounts(counts)
+}
+
+/// Asserts every tracked count returns to `baseline` (allowing the kernel a few seconds
+/// to finish releasing cm_ids after TIMEWAIT).
+pub fn assert_released(baseline: &ResourceCounts) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = resource_counts();
+        let leaked: Vec<String> = TRACKED
+            .iter()
+            .filter(|k| now.get(k) != baseline.get(k))
+            .map(|k| format!("{k}: {} -> {}", baseline.get(k), now.get(k)))
+            .collect();
+        if leaked.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "resources not released: {leaked:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A connected client/server pair on one PD.
+pub struct Pair {
+    /// Active side.
+    pub client: Endpoint,
+    /// Passive side.
+    pub server: Endpoint,
+}
+
+/// Connects a client to a fresh listener; `server_prepare` and `client_prepare` run on
+/// each QP before it becomes ready (post receives there).
+pub fn connect_pair(
+    pd: &ProtectionDomain,
+    server_prepare: impl FnOnce(&QueuePair) -> Result<()> + Send,
+    client_prepare: impl FnOnce(&QueuePair) -> Result<()>,
+) -> Pair {
+    let opts = EndpointOptions::default();
+    let listener = Listener::bind(test_addr()).expect("bind listener");
+    let addr = listener.local_addr().expect("listener address");
+    std::thread::scope(|s| {
+        let server = s.spawn(|| listener.accept(pd, &opts, b"srv", server_prepare));
+        let client = blocking::connect(pd, addr, &opts, b"cli", client_prepare).expect("connect");
+        let server = server.join().expect("server thread").expect("accept");
+        assert_eq!(server.peer_data.get(..3), Some(&b"cli"[..]));
+        Pair { client, server }
+    })
+}
+
+/// Deterministic pseudo-random bytes (xorshift), so failures are reproducible.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
