@@ -6,4 +6,5 @@
 #![forbid(unsafe_op_in_unsafe_fn)]
 
 pub mod blocking;
+pub mod proto;
 pub mod verbs;
