@@ -6,5 +6,6 @@
 #![forbid(unsafe_op_in_unsafe_fn)]
 
 pub mod blocking;
+pub mod memory;
 pub mod proto;
 pub mod verbs;

@@ -142,7 +142,10 @@ impl fmt::Display for RpingError {
                 "rping sink buffer is {sink} bytes but {needed} bytes must be echoed"
             ),
             Self::UnexpectedMessage { state } => {
-                write!(f, "rping client sent a message while the server was {state}")
+                write!(
+                    f,
+                    "rping client sent a message while the server was {state}"
+                )
             }
             Self::UnexpectedCompletion { completion, state } => write!(
                 f,
@@ -293,7 +296,9 @@ impl RpingSession {
                 });
                 Ok(())
             }
-            state => self.fail(RpingError::UnexpectedMessage { state: state.name() }),
+            state => self.fail(RpingError::UnexpectedMessage {
+                state: state.name(),
+            }),
         }
     }
 
@@ -400,7 +405,8 @@ impl RpingSession {
 
     fn queue_go_ahead(&mut self) {
         self.sends_in_flight += 1;
-        self.actions.push_back(RpingAction::Send { bytes: GO_AHEAD });
+        self.actions
+            .push_back(RpingAction::Send { bytes: GO_AHEAD });
     }
 
     fn fail(&mut self, err: RpingError) -> Result<(), RpingError> {
@@ -424,12 +430,14 @@ mod tests {
     /// byte order is checked, not assumed.
     fn info(addr: u64, rkey: u32, size: u32) -> [u8; 16] {
         let mut b = [0u8; 16];
-        for i in 0..8 {
-            b[i] = (addr >> (56 - 8 * i)) as u8;
+        for (i, byte) in b[0..8].iter_mut().enumerate() {
+            *byte = (addr >> (56 - 8 * i)) as u8;
         }
-        for i in 0..4 {
-            b[8 + i] = (rkey >> (24 - 8 * i)) as u8;
-            b[12 + i] = (size >> (24 - 8 * i)) as u8;
+        for (i, byte) in b[8..12].iter_mut().enumerate() {
+            *byte = (rkey >> (24 - 8 * i)) as u8;
+        }
+        for (i, byte) in b[12..16].iter_mut().enumerate() {
+            *byte = (size >> (24 - 8 * i)) as u8;
         }
         b
     }
@@ -470,7 +478,10 @@ mod tests {
             self.state = ClientState::ReadAdv;
             let text = format!("rdma-ping-{}: ", self.ping);
             let cc = text.len();
-            assert!(cc < self.size, "rping enforces a minimum size that fits the text");
+            assert!(
+                cc < self.size,
+                "rping enforces a minimum size that fits the text"
+            );
             self.start_buf[..cc].copy_from_slice(text.as_bytes());
             let mut c = self.start;
             for byte in &mut self.start_buf[cc..] {
@@ -618,15 +629,26 @@ mod tests {
         }
         assert_eq!(h.server.iterations(), 5);
         assert_eq!(h.actions.len(), 20);
-        let start = RemoteBuf { addr: START_ADDR, rkey: START_RKEY, len: 64 };
-        let sink = RemoteBuf { addr: SINK_ADDR, rkey: SINK_RKEY, len: 64 };
+        let start = RemoteBuf {
+            addr: START_ADDR,
+            rkey: START_RKEY,
+            len: 64,
+        };
+        let sink = RemoteBuf {
+            addr: SINK_ADDR,
+            rkey: SINK_RKEY,
+            len: 64,
+        };
         for chunk in h.actions.chunks(4) {
             assert_eq!(
                 chunk,
                 [
                     RpingAction::Read { remote: start },
                     RpingAction::Send { bytes: [0; 16] },
-                    RpingAction::Write { remote: sink, len: 64 },
+                    RpingAction::Write {
+                        remote: sink,
+                        len: 64
+                    },
                     RpingAction::Send { bytes: [0; 16] },
                 ]
             );
@@ -666,11 +688,18 @@ mod tests {
     #[test]
     fn remote_buf_wire_format_is_network_order() {
         let bytes = info(0x0102_0304_0506_0708, 0x090a_0b0c, 0x0d0e_0f10);
-        assert_eq!(bytes, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]);
+        assert_eq!(
+            bytes,
+            [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]
+        );
         let rb = RemoteBuf::decode(&bytes).unwrap();
         assert_eq!(
             rb,
-            RemoteBuf { addr: 0x0102_0304_0506_0708, rkey: 0x090a_0b0c, len: 0x0d0e_0f10 }
+            RemoteBuf {
+                addr: 0x0102_0304_0506_0708,
+                rkey: 0x090a_0b0c,
+                len: 0x0d0e_0f10
+            }
         );
         assert_eq!(rb.encode(), bytes);
     }
@@ -683,7 +712,9 @@ mod tests {
         s.handle_read_done_with(&data).unwrap();
         assert_eq!(s.poll_action(), Some(RpingAction::Send { bytes: GO_AHEAD }));
         s.handle_recv(&info(SINK_ADDR, SINK_RKEY, 64)).unwrap();
-        let Some(RpingAction::Write { len, .. }) = s.poll_action() else { panic!() };
+        let Some(RpingAction::Write { len, .. }) = s.poll_action() else {
+            panic!()
+        };
         assert_eq!(len, 10);
 
         // No NUL within what was read: limited to the READ length, where C would overrun.
@@ -691,14 +722,19 @@ mod tests {
         s.handle_read_done_with(&[b'x'; 1024]).unwrap();
         let _ = s.poll_action();
         s.handle_recv(&info(SINK_ADDR, SINK_RKEY, 64)).unwrap();
-        let Some(RpingAction::Write { len, .. }) = s.poll_action() else { panic!() };
+        let Some(RpingAction::Write { len, .. }) = s.poll_action() else {
+            panic!()
+        };
         assert_eq!(len, 64);
 
         // Fewer bytes than the READ moved cannot be judged.
         let mut s = reading(1024, 64);
         assert_eq!(
             s.handle_read_done_with(&[1; 63]),
-            Err(RpingError::ShortReadData { got: 63, expected: 64 })
+            Err(RpingError::ShortReadData {
+                got: 63,
+                expected: 64
+            })
         );
     }
 
@@ -719,13 +755,19 @@ mod tests {
     #[test]
     fn zero_size_is_refused_for_source_and_sink() {
         let mut s = RpingSession::new(RpingConfig::default());
-        assert_eq!(s.handle_recv(&info(START_ADDR, START_RKEY, 0)), Err(RpingError::ZeroSize));
+        assert_eq!(
+            s.handle_recv(&info(START_ADDR, START_RKEY, 0)),
+            Err(RpingError::ZeroSize)
+        );
         assert_eq!(s.poll_action(), None);
 
         let mut s = reading(1024, 64);
         s.handle_read_done().unwrap();
         let _ = s.poll_action();
-        assert_eq!(s.handle_recv(&info(SINK_ADDR, SINK_RKEY, 0)), Err(RpingError::ZeroSize));
+        assert_eq!(
+            s.handle_recv(&info(SINK_ADDR, SINK_RKEY, 0)),
+            Err(RpingError::ZeroSize)
+        );
         assert_eq!(s.poll_action(), None);
     }
 
@@ -734,14 +776,20 @@ mod tests {
         let mut s = RpingSession::new(RpingConfig { max_size: 4096 });
         assert_eq!(
             s.handle_recv(&info(START_ADDR, START_RKEY, 4097)),
-            Err(RpingError::SizeTooLarge { size: 4097, max: 4096 })
+            Err(RpingError::SizeTooLarge {
+                size: 4097,
+                max: 4096
+            })
         );
         assert_eq!(s.poll_action(), None);
 
         let mut s = RpingSession::new(RpingConfig::default());
         assert_eq!(
             s.handle_recv(&info(START_ADDR, START_RKEY, u32::MAX)),
-            Err(RpingError::SizeTooLarge { size: u32::MAX, max: 65536 })
+            Err(RpingError::SizeTooLarge {
+                size: u32::MAX,
+                max: 65536
+            })
         );
     }
 
@@ -752,7 +800,10 @@ mod tests {
         let _ = s.poll_action();
         assert_eq!(
             s.handle_recv(&info(SINK_ADDR, SINK_RKEY, 63)),
-            Err(RpingError::SinkTooSmall { sink: 63, needed: 64 })
+            Err(RpingError::SinkTooSmall {
+                sink: 63,
+                needed: 64
+            })
         );
         assert_eq!(s.poll_action(), None);
     }
@@ -762,7 +813,9 @@ mod tests {
         let mut s = reading(1024, 64);
         assert_eq!(
             s.handle_recv(&info(SINK_ADDR, SINK_RKEY, 64)),
-            Err(RpingError::UnexpectedMessage { state: "reading the source buffer" })
+            Err(RpingError::UnexpectedMessage {
+                state: "reading the source buffer"
+            })
         );
         assert_eq!(s.poll_action(), None);
 
@@ -773,7 +826,9 @@ mod tests {
         let _ = s.poll_action();
         assert_eq!(
             s.handle_recv(&info(START_ADDR, START_RKEY, 64)),
-            Err(RpingError::UnexpectedMessage { state: "writing the sink buffer" })
+            Err(RpingError::UnexpectedMessage {
+                state: "writing the sink buffer"
+            })
         );
     }
 
@@ -783,12 +838,18 @@ mod tests {
         let mut s = idle();
         assert!(matches!(
             s.handle_read_done(),
-            Err(RpingError::UnexpectedCompletion { completion: "RDMA READ", .. })
+            Err(RpingError::UnexpectedCompletion {
+                completion: "RDMA READ",
+                ..
+            })
         ));
         let mut s = idle();
         assert!(matches!(
             s.handle_read_done_with(&[0; 16]),
-            Err(RpingError::UnexpectedCompletion { completion: "RDMA READ", .. })
+            Err(RpingError::UnexpectedCompletion {
+                completion: "RDMA READ",
+                ..
+            })
         ));
         let mut s = idle();
         assert_eq!(
@@ -801,7 +862,10 @@ mod tests {
         let mut s = idle();
         assert!(matches!(
             s.handle_send_done(),
-            Err(RpingError::UnexpectedCompletion { completion: "SEND", .. })
+            Err(RpingError::UnexpectedCompletion {
+                completion: "SEND",
+                ..
+            })
         ));
         // WRITE completion while the READ is outstanding.
         let mut s = reading(1024, 64);
@@ -828,7 +892,10 @@ mod tests {
         assert_eq!(s.poll_action(), None);
         assert_eq!(
             s.handle_read_done(),
-            Err(RpingError::UnexpectedCompletion { completion: "RDMA READ", state: "failed" })
+            Err(RpingError::UnexpectedCompletion {
+                completion: "RDMA READ",
+                state: "failed"
+            })
         );
         assert_eq!(
             s.handle_recv(&info(START_ADDR, START_RKEY, 64)),
