@@ -8,4 +8,5 @@
 pub mod blocking;
 pub mod memory;
 pub mod proto;
+pub mod runtime;
 pub mod verbs;

@@ -55,6 +55,30 @@ impl CreditWindow {
         }
     }
 
+    /// A window for the active side, which learns the peer's depth only when the accept
+    /// arrives: no send credits until [`CreditWindow::handle_peer_depth`].
+    pub fn awaiting_peer(recv_depth: u32) -> Self {
+        assert!(recv_depth >= MIN_DEPTH, "receive depth below {MIN_DEPTH}");
+        CreditWindow {
+            send_credits: 0,
+            owed: 0,
+            peer_credits: recv_depth,
+            recv_depth,
+        }
+    }
+
+    /// The peer's receive depth became known (accept private data).
+    pub fn handle_peer_depth(&mut self, depth: u32) {
+        self.send_credits += depth;
+    }
+
+    /// Takes one credit for an RDMA WRITE_WITH_IMM: it consumes a peer receive but has no
+    /// header to carry a grant, so owed credits stay owed.
+    pub fn take_for_imm(&mut self) {
+        debug_assert!(self.send_credits > 0, "sending without a credit");
+        self.send_credits -= 1;
+    }
+
     /// Credits we hold.
     pub fn send_credits(&self) -> u32 {
         self.send_credits

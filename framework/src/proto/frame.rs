@@ -13,8 +13,8 @@
 //! All integers are little-endian. `Data` is followed by `length` payload bytes.
 //! `RendezvousOffer` is followed by a 16-byte [`RendezvousOffer`] body and announces a
 //! message of `length` bytes the receiver fetches with an RDMA READ; `RendezvousDone`
-//! tells the sender it may revoke that buffer. `tag` correlates requests and responses
-//! (Data) or names a rendezvous transfer.
+//! (tag = the offer's region key) tells the sender it may revoke that region. In Data and
+//! RendezvousOffer frames, `tag` correlates requests and responses.
 
 /// Wire format version; a peer with another version is rejected at connect time.
 pub const VERSION: u8 = 1;
@@ -68,6 +68,8 @@ pub struct RendezvousOffer {
     pub addr: u64,
     /// rkey granting REMOTE_READ for this transfer only.
     pub rkey: u32,
+    /// The sender's name for the region, echoed in `RendezvousDone`'s tag.
+    pub key: u32,
 }
 
 /// Why bytes from the wire are not a valid frame.
@@ -142,7 +144,7 @@ impl RendezvousOffer {
     pub fn encode(&self, out: &mut [u8]) {
         out[0..8].copy_from_slice(&self.addr.to_le_bytes());
         out[8..12].copy_from_slice(&self.rkey.to_le_bytes());
-        out[12..16].copy_from_slice(&[0; 4]);
+        out[12..16].copy_from_slice(&self.key.to_le_bytes());
     }
 
     /// Parses an offer body (already length-checked by [`Header::decode`]).
@@ -150,6 +152,7 @@ impl RendezvousOffer {
         RendezvousOffer {
             addr: u64::from_le_bytes(body[0..8].try_into().expect("8 bytes")),
             rkey: u32::from_le_bytes(body[8..12].try_into().expect("4 bytes")),
+            key: u32::from_le_bytes(body[12..16].try_into().expect("4 bytes")),
         }
     }
 }
@@ -188,6 +191,7 @@ mod tests {
         let offer = RendezvousOffer {
             addr: 0xdead_beef_0000,
             rkey: 0x1234,
+            key: 3,
         };
         let mut body = [0; OFFER_LEN];
         offer.encode(&mut body);

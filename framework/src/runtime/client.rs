@@ -1,0 +1,419 @@
+//! The client side, on the same machinery as the server: one CM actor, pollers and
+//! connection actors, so one process can drive thousands of connections.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use actix::prelude::*;
+use tokio::sync::oneshot;
+
+use super::cm::{CmActor, Connect, Shutdown, Stop};
+use super::config::NodeConfig;
+use super::connection::{BufId, ConnectionActor, Op};
+use super::node::Node;
+use super::service::{Message, OpId, Session, SessionError};
+use super::{CloseReason, SessionCx};
+use crate::proto::hello::Reject;
+use crate::verbs::{EventChannel, RemoteRegion, VerbsError};
+
+/// Why a connect failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectError {
+    /// The server rejected the connection and said why.
+    #[error("rejected by the server: {0}")]
+    Rejected(Reject),
+    /// Rejected without an rdmactor reason (CM reject status).
+    #[error("rejected (status {0})")]
+    RejectedByTransport(i32),
+    /// The server accepted but is not an rdmactor server.
+    #[error("the peer is not an rdmactor server")]
+    NotRdmactor,
+    /// Address/route resolution or connection failed (UNREACHABLE, ADDR_ERROR, ...).
+    #[error("{event} (status {status})")]
+    Failed {
+        /// The rdma_cm event.
+        event: String,
+        /// Its status.
+        status: i32,
+    },
+    /// Local resources for the connection could not be set up.
+    #[error("local resources: {0}")]
+    Resources(String),
+    /// A verb failed.
+    #[error("{0}")]
+    Verbs(String),
+    /// The client is shutting down.
+    #[error("client is shutting down")]
+    ShuttingDown,
+}
+
+/// Why a request or one-sided operation failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RequestError {
+    /// The connection closed before the answer arrived.
+    #[error("connection closed: {0}")]
+    Closed(CloseReason),
+    /// The operation completed with an error status (for example a remote access error).
+    #[error("operation failed: {0}")]
+    Failed(String),
+    /// The request could not be queued.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// A client: device resources plus a CM actor for outgoing connections.
+pub struct Client {
+    node: Arc<Node>,
+    cm: Addr<CmActor>,
+}
+
+impl Client {
+    /// Opens the device and starts the client's actors. Must run inside an actix System.
+    pub fn start(config: NodeConfig) -> Result<Client, VerbsError> {
+        let node = Node::start(config)?;
+        let channel = EventChannel::new()?;
+        let cm = CmActor::new(node.clone(), channel, Arc::new(HashMap::new()), usize::MAX).start();
+        Ok(Client { node, cm })
+    }
+
+    /// Connects to `service` at `addr`.
+    pub async fn connect(
+        &self,
+        addr: SocketAddr,
+        service: &str,
+    ) -> Result<ClientConnection, ConnectError> {
+        let (tx, rx) = oneshot::channel();
+        self.cm.do_send(Connect {
+            addr,
+            service: service.to_owned(),
+            reply: tx,
+        });
+        let conn = rx.await.map_err(|_| ConnectError::ShuttingDown)??;
+        Ok(ClientConnection { conn })
+    }
+
+    /// Closes every connection, waits for their release, and stops the actors.
+    pub async fn shutdown(self) {
+        let (tx, rx) = oneshot::channel();
+        self.cm.do_send(Shutdown(tx));
+        let _ = rx.await;
+        let _ = self.cm.send(Stop).await;
+        drop(self.node);
+    }
+}
+
+/// One client connection. Cheap to clone; requests from several tasks interleave.
+#[derive(Clone)]
+pub struct ClientConnection {
+    conn: Addr<ConnectionActor<ClientSession>>,
+}
+
+impl std::fmt::Debug for ClientConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientConnection").finish()
+    }
+}
+
+type Reply<T> = oneshot::Sender<Result<T, RequestError>>;
+
+impl ClientConnection {
+    async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> ClientCall) -> Result<T, RequestError> {
+        let (tx, rx) = oneshot::channel();
+        self.conn.do_send(make(tx));
+        rx.await
+            .map_err(|_| RequestError::Closed(CloseReason::Local("connection gone".into())))?
+    }
+
+    /// Sends `data` and waits for the service's reply.
+    pub async fn request(&self, data: Vec<u8>) -> Result<Vec<u8>, RequestError> {
+        self.call(|reply| ClientCall::Request { data, reply }).await
+    }
+
+    /// Serializes `req` with postcard, sends it and decodes the reply.
+    pub async fn request_typed<Req, Resp>(&self, req: &Req) -> Result<Resp, RequestError>
+    where
+        Req: serde::Serialize,
+        Resp: serde::de::DeserializeOwned,
+    {
+        let bytes = postcard::to_allocvec(req).map_err(|e| RequestError::Invalid(e.to_string()))?;
+        let resp = self.request(bytes).await?;
+        postcard::from_bytes(&resp).map_err(|e| RequestError::Invalid(format!("bad reply: {e}")))
+    }
+
+    /// RDMA READs `len` bytes of `remote`.
+    pub async fn read(&self, remote: RemoteRegion, len: usize) -> Result<Vec<u8>, RequestError> {
+        self.call(|reply| ClientCall::Read { remote, len, reply })
+            .await
+    }
+
+    /// RDMA WRITEs `data` to `remote` (with an immediate when `imm` is set).
+    pub async fn write(
+        &self,
+        remote: RemoteRegion,
+        data: Vec<u8>,
+        imm: Option<u32>,
+    ) -> Result<(), RequestError> {
+        self.call(|reply| ClientCall::Write {
+            remote,
+            data,
+            imm,
+            reply,
+        })
+        .await
+    }
+
+    /// Compare-and-swap; returns the old value.
+    pub async fn compare_swap(
+        &self,
+        remote: RemoteRegion,
+        compare: u64,
+        swap: u64,
+    ) -> Result<u64, RequestError> {
+        self.call(|reply| ClientCall::Atomic {
+            op: AtomicOp::CompareSwap { compare, swap },
+            remote,
+            reply,
+        })
+        .await
+    }
+
+    /// Fetch-and-add; returns the old value.
+    pub async fn fetch_add(&self, remote: RemoteRegion, add: u64) -> Result<u64, RequestError> {
+        self.call(|reply| ClientCall::Atomic {
+            op: AtomicOp::FetchAdd { add },
+            remote,
+            reply,
+        })
+        .await
+    }
+
+    /// Closes the connection and waits until its resources are released.
+    pub async fn close(self) {
+        let (tx, rx) = oneshot::channel();
+        self.conn.do_send(ClientCall::Close { done: tx });
+        let _ = rx.await;
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum AtomicOp {
+    CompareSwap { compare: u64, swap: u64 },
+    FetchAdd { add: u64 },
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) enum ClientCall {
+    Request {
+        data: Vec<u8>,
+        reply: Reply<Vec<u8>>,
+    },
+    Read {
+        remote: RemoteRegion,
+        len: usize,
+        reply: Reply<Vec<u8>>,
+    },
+    Write {
+        remote: RemoteRegion,
+        data: Vec<u8>,
+        imm: Option<u32>,
+        reply: Reply<()>,
+    },
+    Atomic {
+        op: AtomicOp,
+        remote: RemoteRegion,
+        reply: Reply<u64>,
+    },
+    Close {
+        done: oneshot::Sender<()>,
+    },
+}
+
+enum PendingOp {
+    Read(BufId, usize, Reply<Vec<u8>>),
+    Write(BufId, Reply<()>),
+    Atomic(BufId, Reply<u64>),
+}
+
+/// The session behind a [`ClientConnection`]: matches replies to requests by tag and
+/// completions to one-sided operations by id.
+#[derive(Default)]
+pub(crate) struct ClientSession {
+    next_tag: u32,
+    requests: HashMap<u32, Reply<Vec<u8>>>,
+    ops: HashMap<OpId, PendingOp>,
+}
+
+impl Session for ClientSession {
+    fn on_message(&mut self, _cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
+        match self.requests.remove(&msg.tag) {
+            Some(reply) => {
+                let _ = reply.send(Ok(msg.data));
+                Ok(())
+            }
+            None => Err(SessionError::new(format!(
+                "reply with unknown tag {}",
+                msg.tag
+            ))),
+        }
+    }
+
+    fn on_op(
+        &mut self,
+        cx: &mut SessionCx<'_>,
+        op: OpId,
+        result: crate::verbs::Result<()>,
+    ) -> Result<(), SessionError> {
+        let Some(pending) = self.ops.remove(&op) else {
+            return Err(SessionError::new(format!("completion of unknown {op:?}")));
+        };
+        let fail = |e: &VerbsError| RequestError::Failed(e.to_string());
+        match pending {
+            PendingOp::Read(buf, len, reply) => {
+                let out = match &result {
+                    Ok(()) => Ok(cx.bytes(buf)?[..len].to_vec()),
+                    Err(e) => Err(fail(e)),
+                };
+                cx.free(buf);
+                let _ = reply.send(out);
+            }
+            PendingOp::Write(buf, reply) => {
+                cx.free(buf);
+                let _ = reply.send(result.as_ref().map(|_| ()).map_err(fail));
+            }
+            PendingOp::Atomic(buf, reply) => {
+                let out = match &result {
+                    Ok(()) => Ok(u64::from_ne_bytes(
+                        cx.bytes(buf)?[..8].try_into().expect("8 bytes"),
+                    )),
+                    Err(e) => Err(fail(e)),
+                };
+                cx.free(buf);
+                let _ = reply.send(out);
+            }
+        }
+        Ok(())
+    }
+
+    fn on_close(&mut self, reason: &CloseReason) {
+        for (_, reply) in self.requests.drain() {
+            let _ = reply.send(Err(RequestError::Closed(reason.clone())));
+        }
+        for (_, op) in self.ops.drain() {
+            let err = RequestError::Closed(reason.clone());
+            match op {
+                PendingOp::Read(_, _, r) => drop(r.send(Err(err))),
+                PendingOp::Write(_, r) => drop(r.send(Err(err))),
+                PendingOp::Atomic(_, r) => drop(r.send(Err(err))),
+            }
+        }
+    }
+}
+
+impl ClientSession {
+    fn handle(&mut self, call: ClientCall, cx: &mut SessionCx<'_>) -> Result<(), SessionError> {
+        let invalid = |e: SessionError| RequestError::Invalid(e.0);
+        match call {
+            ClientCall::Request { data, reply } => {
+                let tag = self.next_tag;
+                self.next_tag = self.next_tag.wrapping_add(1);
+                match cx.send(tag, data) {
+                    Ok(()) => {
+                        self.requests.insert(tag, reply);
+                    }
+                    Err(e) => drop(reply.send(Err(invalid(e)))),
+                }
+            }
+            ClientCall::Read { remote, len, reply } => {
+                let started = cx.alloc(len.max(1)).and_then(|buf| {
+                    cx.post(Op::Read {
+                        buf,
+                        range: 0..len,
+                        src: remote,
+                    })
+                    .map(|op| (op, buf))
+                });
+                match started {
+                    Ok((op, buf)) => drop(self.ops.insert(op, PendingOp::Read(buf, len, reply))),
+                    Err(e) => drop(reply.send(Err(invalid(e)))),
+                }
+            }
+            ClientCall::Write {
+                remote,
+                data,
+                imm,
+                reply,
+            } => {
+                let started = cx.alloc(data.len().max(1)).and_then(|buf| {
+                    cx.bytes_mut(buf)?[..data.len()].copy_from_slice(&data);
+                    cx.post(Op::Write {
+                        buf,
+                        range: 0..data.len(),
+                        dst: remote,
+                        imm,
+                    })
+                    .map(|op| (op, buf))
+                });
+                match started {
+                    Ok((op, buf)) => drop(self.ops.insert(op, PendingOp::Write(buf, reply))),
+                    Err(e) => drop(reply.send(Err(invalid(e)))),
+                }
+            }
+            ClientCall::Atomic { op, remote, reply } => {
+                let started = cx.alloc(8).and_then(|buf| {
+                    let spec = match op {
+                        AtomicOp::CompareSwap { compare, swap } => Op::CompareSwap {
+                            buf,
+                            offset: 0,
+                            remote,
+                            compare,
+                            swap,
+                        },
+                        AtomicOp::FetchAdd { add } => Op::FetchAdd {
+                            buf,
+                            offset: 0,
+                            remote,
+                            add,
+                        },
+                    };
+                    cx.post(spec).map(|op| (op, buf))
+                });
+                match started {
+                    Ok((op, buf)) => drop(self.ops.insert(op, PendingOp::Atomic(buf, reply))),
+                    Err(e) => drop(reply.send(Err(invalid(e)))),
+                }
+            }
+            ClientCall::Close { .. } => unreachable!("handled by the actor"),
+        }
+        Ok(())
+    }
+}
+
+impl Handler<ClientCall> for ConnectionActor<ClientSession> {
+    type Result = ();
+
+    fn handle(&mut self, call: ClientCall, ctx: &mut Context<Self>) {
+        if let ClientCall::Close { done } = call {
+            self.when_released(done);
+            self.begin_close(CloseReason::Local("closed by the client".into()), ctx);
+            return;
+        }
+        let mut call = Some(call);
+        self.with_session(ctx, |s, cx| s.handle(call.take().expect("once"), cx));
+        if let Some(call) = call {
+            // The connection is closing: answer instead of dropping the caller.
+            let err = RequestError::Closed(CloseReason::Local("connection closing".into()));
+            match call {
+                ClientCall::Request { reply, .. } | ClientCall::Read { reply, .. } => {
+                    drop(reply.send(Err(err)))
+                }
+                ClientCall::Write { reply, .. } => drop(reply.send(Err(err))),
+                ClientCall::Atomic { reply, .. } => drop(reply.send(Err(err))),
+                ClientCall::Close { .. } => {}
+            }
+        }
+    }
+}

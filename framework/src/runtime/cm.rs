@@ -1,0 +1,532 @@
+//! The CM actor: owns the rdma_cm event channel, the listening ids and the bookkeeping of
+//! every connection. A dedicated thread reads the (non-blocking) channel and forwards
+//! each event as a message, so the actor system never blocks in `rdma_get_cm_event`.
+//!
+//! Passive side: CONNECT_REQUEST → admission (limit, service from the private data or
+//! the listener's default, version) → QP on the shared PD, receives posted → accept, or
+//! reject with a reason the client can read. Active side: resolve address → resolve route
+//! → QP → connect → ESTABLISHED or a typed failure.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use tokio::sync::oneshot;
+
+use super::client::{ClientSession, ConnectError};
+use super::connection::{CmNotice, ConnClosed, ConnectionActor};
+use super::node::Node;
+use super::service::{Framing, PeerInfo, Service};
+use super::CloseReason;
+use crate::proto::credits::MIN_DEPTH;
+use crate::proto::hello::{Hello, Reject, RejectCode, Welcome, PROTOCOL_VERSION};
+use crate::verbs::{CmEvent, CmEventKind, CmId, CmIdKey, ConnParam, EventChannel};
+
+/// Time allowed for address and route resolution.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+pub(crate) type Services = Arc<HashMap<String, Arc<dyn Service>>>;
+
+struct Listening {
+    _id: CmId,
+    default_service: Option<String>,
+}
+
+type ClientAddr = Addr<ConnectionActor<ClientSession>>;
+
+struct Connecting {
+    id: CmId,
+    service: String,
+    reply: Option<oneshot::Sender<Result<ClientAddr, ConnectError>>>,
+    conn: Option<ClientAddr>,
+}
+
+/// Counters the CM actor keeps.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct CmCounters {
+    pub connections: usize,
+    pub accepted: u64,
+    pub rejected: u64,
+    pub closed: u64,
+}
+
+pub(crate) struct CmActor {
+    node: Arc<Node>,
+    channel: EventChannel,
+    stop: Arc<AtomicBool>,
+    listeners: HashMap<CmIdKey, Listening>,
+    services: Services,
+    conns: HashMap<CmIdKey, Recipient<CmNotice>>,
+    connecting: HashMap<CmIdKey, Connecting>,
+    max_connections: usize,
+    shutting_down: bool,
+    drained: Vec<oneshot::Sender<()>>,
+    counters: CmCounters,
+}
+
+impl CmActor {
+    pub fn new(
+        node: Arc<Node>,
+        channel: EventChannel,
+        services: Services,
+        max_connections: usize,
+    ) -> Self {
+        CmActor {
+            node,
+            channel,
+            stop: Arc::new(AtomicBool::new(false)),
+            listeners: HashMap::new(),
+            services,
+            conns: HashMap::new(),
+            connecting: HashMap::new(),
+            max_connections,
+            shutting_down: false,
+            drained: Vec::new(),
+            counters: CmCounters::default(),
+        }
+    }
+
+    /// Adds a bound, listening id (created on this actor's channel).
+    pub fn add_listener(&mut self, id: CmId, default_service: Option<String>) {
+        self.listeners.insert(
+            id.key(),
+            Listening {
+                _id: id,
+                default_service,
+            },
+        );
+    }
+
+    fn reject(&mut self, id: &CmId, reject: Reject) {
+        self.counters.rejected += 1;
+        tracing::info!(peer = ?id.peer_addr(), reason = %reject, "rejecting connection");
+        if let Err(e) = id.reject(&reject.encode()) {
+            tracing::warn!(error = %e, "rdma_reject failed");
+        }
+    }
+
+    fn on_connect_request(&mut self, mut ev: CmEvent, ctx: &mut Context<Self>) {
+        let Some(id) = ev.take_request() else {
+            return;
+        };
+        let default = ev
+            .listen_id
+            .and_then(|k| self.listeners.get(&k))
+            .and_then(|l| l.default_service.clone());
+        if self.shutting_down {
+            return self.reject(
+                &id,
+                Reject::new(RejectCode::ShuttingDown, "server is shutting down"),
+            );
+        }
+        let (service_name, peer_depth) = match Hello::decode(&ev.private_data) {
+            Err(e) => return self.reject(&id, Reject::new(RejectCode::BadHello, e.to_string())),
+            Ok(None) => match default {
+                Some(name) => (name, None),
+                None => {
+                    return self.reject(
+                        &id,
+                        Reject::new(
+                            RejectCode::UnknownService,
+                            "no default service on this port",
+                        ),
+                    )
+                }
+            },
+            Ok(Some(hello)) => {
+                if hello.version != PROTOCOL_VERSION {
+                    return self.reject(
+                        &id,
+                        Reject::new(
+                            RejectCode::VersionMismatch,
+                            format!(
+                                "client speaks version {}, server {PROTOCOL_VERSION}",
+                                hello.version
+                            ),
+                        ),
+                    );
+                }
+                if (hello.recv_depth as u32) < MIN_DEPTH {
+                    return self.reject(
+                        &id,
+                        Reject::new(
+                            RejectCode::BadHello,
+                            format!("receive depth below {MIN_DEPTH}"),
+                        ),
+                    );
+                }
+                (hello.service, Some(hello.recv_depth))
+            }
+        };
+        let Some(service) = self.services.get(&service_name).cloned() else {
+            return self.reject(
+                &id,
+                Reject::new(
+                    RejectCode::UnknownService,
+                    format!("unknown service {service_name:?}"),
+                ),
+            );
+        };
+        if self.conns.len() >= self.max_connections {
+            return self.reject(
+                &id,
+                Reject::new(
+                    RejectCode::ServerFull,
+                    format!("connection limit of {} reached", self.max_connections),
+                ),
+            );
+        }
+        let framing = service.framing();
+        if framing == Framing::Framed && peer_depth.is_none() {
+            return self.reject(
+                &id,
+                Reject::new(
+                    RejectCode::BadHello,
+                    format!("service {service_name:?} needs an rdmactor client"),
+                ),
+            );
+        }
+        let core = match self.node.prepare(&id, framing, peer_depth) {
+            Ok(core) => core,
+            Err(e) => return self.reject(&id, Reject::new(RejectCode::Internal, e)),
+        };
+        let qp_num = core.qp_num();
+        let peer = PeerInfo {
+            addr: id.peer_addr(),
+            qp_num,
+            service: service_name.clone(),
+        };
+        let session = service.session(&peer);
+        let label = format!("{}/qp{}/{}", fmt_addr(peer.addr), qp_num, service_name);
+        let key = id.key();
+        let cm = ctx.address().recipient();
+        let routes = self.node.routes.clone();
+        let actor = ConnectionActor::new(core, session, routes.clone(), cm, key, label.clone());
+        let addr = ConnectionActor::start_in_arbiter(&self.node.worker(), move |_| actor);
+        routes.insert(qp_num, addr.clone().recipient());
+        self.conns.insert(key, addr.clone().recipient());
+        let welcome = match framing {
+            Framing::Framed => Welcome {
+                recv_depth: self.node.config.recv_depth,
+                recv_size: self.node.config.recv_size,
+            }
+            .encode(),
+            Framing::Raw { .. } => Vec::new(),
+        };
+        let param = ConnParam {
+            private_data: &welcome,
+            responder_resources: ev.initiator_depth.clamp(1, 16),
+            initiator_depth: ev.responder_resources.clamp(1, 16),
+            ..ConnParam::default()
+        };
+        if let Err(e) = id.accept(&param) {
+            addr.do_send(CmNotice::Close(CloseReason::Verbs(e.to_string())));
+            return;
+        }
+        self.counters.accepted += 1;
+        tracing::info!(conn = %label, "accepted");
+    }
+
+    fn on_event(&mut self, mut ev: CmEvent, ctx: &mut Context<Self>) {
+        if ev.kind == CmEventKind::ConnectRequest {
+            return self.on_connect_request(ev, ctx);
+        }
+        if self.connecting.contains_key(&ev.id) {
+            return self.on_active_event(ev, ctx);
+        }
+        match ev.kind {
+            CmEventKind::Established => self.notify(
+                ev.id,
+                CmNotice::Established {
+                    peer_recv_depth: None,
+                },
+            ),
+            CmEventKind::Disconnected => self.notify(ev.id, CmNotice::Disconnected),
+            CmEventKind::TimewaitExit => {}
+            CmEventKind::DeviceRemoval => {
+                tracing::error!("RDMA device removed; closing every connection");
+                for c in self.conns.values() {
+                    c.do_send(CmNotice::Close(CloseReason::Verbs("device removed".into())));
+                }
+            }
+            kind @ (CmEventKind::ConnectError
+            | CmEventKind::Unreachable
+            | CmEventKind::Rejected) => {
+                let why = format!("{kind:?} (status {})", ev.status);
+                self.notify(ev.id, CmNotice::Close(CloseReason::Verbs(why)));
+            }
+            other => tracing::debug!(kind = ?other, "ignored rdma_cm event"),
+        }
+        let _ = &mut ev;
+    }
+
+    fn notify(&self, key: CmIdKey, notice: CmNotice) {
+        match self.conns.get(&key) {
+            Some(c) => c.do_send(notice),
+            None => tracing::debug!(?notice, "event for a connection already gone"),
+        }
+    }
+
+    fn fail_connect(&mut self, key: CmIdKey, err: ConnectError) {
+        if let Some(mut c) = self.connecting.remove(&key) {
+            if let Some(conn) = c.conn.take() {
+                conn.do_send(CmNotice::Close(CloseReason::Local(err.to_string())));
+            }
+            if let Some(reply) = c.reply.take() {
+                let _ = reply.send(Err(err));
+            }
+        }
+    }
+
+    fn on_active_event(&mut self, ev: CmEvent, ctx: &mut Context<Self>) {
+        let key = ev.id;
+        match ev.kind {
+            CmEventKind::AddrResolved => {
+                let c = &self.connecting[&key];
+                if let Err(e) = c.id.resolve_route(RESOLVE_TIMEOUT) {
+                    self.fail_connect(key, ConnectError::Verbs(e.to_string()));
+                }
+            }
+            CmEventKind::RouteResolved => self.on_route_resolved(key, ctx),
+            CmEventKind::Established => {
+                let depth = Welcome::decode(&ev.private_data).map(|w| w.recv_depth);
+                let Some(mut c) = self.connecting.remove(&key) else {
+                    return;
+                };
+                let Some(conn) = c.conn.take() else {
+                    return;
+                };
+                if depth.is_none() {
+                    conn.do_send(CmNotice::Close(CloseReason::Protocol(
+                        "accept without a welcome".into(),
+                    )));
+                    if let Some(reply) = c.reply.take() {
+                        let _ = reply.send(Err(ConnectError::NotRdmactor));
+                    }
+                    return;
+                }
+                conn.do_send(CmNotice::Established {
+                    peer_recv_depth: depth,
+                });
+                if let Some(reply) = c.reply.take() {
+                    let _ = reply.send(Ok(conn));
+                }
+            }
+            CmEventKind::Rejected => {
+                let err = match Reject::decode(&ev.private_data) {
+                    Some(r) => ConnectError::Rejected(r),
+                    None => ConnectError::RejectedByTransport(ev.status),
+                };
+                self.fail_connect(key, err);
+            }
+            kind => {
+                let err = ConnectError::Failed {
+                    event: format!("{kind:?}"),
+                    status: ev.status,
+                };
+                self.fail_connect(key, err);
+            }
+        }
+    }
+
+    fn on_route_resolved(&mut self, key: CmIdKey, ctx: &mut Context<Self>) {
+        let c = &self.connecting[&key];
+        let id = c.id.clone();
+        let service = c.service.clone();
+        let core = match self.node.prepare(&id, Framing::Framed, None) {
+            Ok(core) => core,
+            Err(e) => return self.fail_connect(key, ConnectError::Resources(e)),
+        };
+        let qp_num = core.qp_num();
+        let label = format!(
+            "client/{}/qp{}/{}",
+            fmt_addr(id.peer_addr()),
+            qp_num,
+            service
+        );
+        let routes = self.node.routes.clone();
+        let actor = ConnectionActor::new(
+            core,
+            ClientSession::default(),
+            routes.clone(),
+            ctx.address().recipient(),
+            key,
+            label,
+        );
+        let addr = ConnectionActor::start_in_arbiter(&self.node.worker(), move |_| actor);
+        routes.insert(qp_num, addr.clone().recipient());
+        self.conns.insert(key, addr.clone().recipient());
+        let hello = Hello {
+            version: PROTOCOL_VERSION,
+            service,
+            recv_depth: self.node.config.recv_depth,
+            recv_size: self.node.config.recv_size,
+        };
+        let data = match hello.encode() {
+            Ok(d) => d,
+            Err(e) => return self.fail_connect(key, ConnectError::Verbs(e.to_string())),
+        };
+        if let Some(c) = self.connecting.get_mut(&key) {
+            c.conn = Some(addr);
+        }
+        if let Err(e) = id.connect(&ConnParam {
+            private_data: &data,
+            ..ConnParam::default()
+        }) {
+            self.fail_connect(key, ConnectError::Verbs(e.to_string()));
+        }
+    }
+}
+
+fn fmt_addr(addr: Option<SocketAddr>) -> String {
+    addr.map_or_else(|| "?".into(), |a| a.to_string())
+}
+
+impl Actor for CmActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        let channel = self.channel.clone();
+        let stop = self.stop.clone();
+        let addr = ctx.address();
+        std::thread::Builder::new()
+            .name("rdmactor-cm".into())
+            .spawn(move || {
+                while !stop.load(Ordering::Acquire) {
+                    match channel.next(Some(Duration::from_millis(50))) {
+                        Ok(Some(ev)) => addr.do_send(CmEventMsg(ev)),
+                        Ok(None) => {}
+                        Err(e) => {
+                            tracing::error!(error = %e, "reading rdma_cm events failed");
+                            std::thread::sleep(Duration::from_millis(50));
+                        }
+                    }
+                }
+            })
+            .expect("spawn the rdma_cm event thread");
+    }
+
+    fn stopped(&mut self, _ctx: &mut Context<Self>) {
+        self.stop.store(true, Ordering::Release);
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct CmEventMsg(CmEvent);
+
+impl Handler<CmEventMsg> for CmActor {
+    type Result = ();
+    fn handle(&mut self, msg: CmEventMsg, ctx: &mut Context<Self>) {
+        self.on_event(msg.0, ctx);
+    }
+}
+
+impl Handler<ConnClosed> for CmActor {
+    type Result = ();
+    fn handle(&mut self, msg: ConnClosed, _ctx: &mut Context<Self>) {
+        if self.conns.remove(&msg.key).is_some() {
+            self.counters.closed += 1;
+        }
+        tracing::debug!(reason = %msg.reason, "connection released");
+        if self.conns.is_empty() {
+            for w in self.drained.drain(..) {
+                let _ = w.send(());
+            }
+        }
+    }
+}
+
+/// Starts an active connection (client side).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct Connect {
+    pub addr: SocketAddr,
+    pub service: String,
+    pub reply: oneshot::Sender<Result<ClientAddr, ConnectError>>,
+}
+
+impl Handler<Connect> for CmActor {
+    type Result = ();
+    fn handle(&mut self, msg: Connect, _ctx: &mut Context<Self>) {
+        if self.shutting_down {
+            let _ = msg.reply.send(Err(ConnectError::ShuttingDown));
+            return;
+        }
+        let id = match CmId::new(&self.channel) {
+            Ok(id) => id,
+            Err(e) => {
+                let _ = msg.reply.send(Err(ConnectError::Verbs(e.to_string())));
+                return;
+            }
+        };
+        if let Err(e) = id.resolve_addr(None, msg.addr, RESOLVE_TIMEOUT) {
+            let _ = msg.reply.send(Err(ConnectError::Verbs(e.to_string())));
+            return;
+        }
+        self.connecting.insert(
+            id.key(),
+            Connecting {
+                id,
+                service: msg.service,
+                reply: Some(msg.reply),
+                conn: None,
+            },
+        );
+    }
+}
+
+/// Stops accepting, closes every connection, and answers once all are released.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct Shutdown(pub oneshot::Sender<()>);
+
+impl Handler<Shutdown> for CmActor {
+    type Result = ();
+    fn handle(&mut self, msg: Shutdown, _ctx: &mut Context<Self>) {
+        self.shutting_down = true;
+        self.listeners.clear();
+        let keys: Vec<CmIdKey> = self.connecting.keys().copied().collect();
+        for k in keys {
+            self.fail_connect(k, ConnectError::ShuttingDown);
+        }
+        for c in self.conns.values() {
+            c.do_send(CmNotice::Close(CloseReason::Shutdown));
+        }
+        if self.conns.is_empty() {
+            let _ = msg.0.send(());
+        } else {
+            self.drained.push(msg.0);
+        }
+    }
+}
+
+/// Stops the actor and its event thread (after `Shutdown`).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct Stop;
+
+impl Handler<Stop> for CmActor {
+    type Result = ();
+    fn handle(&mut self, _msg: Stop, ctx: &mut Context<Self>) {
+        self.stop.store(true, Ordering::Release);
+        ctx.stop();
+    }
+}
+
+/// Reads the counters.
+#[derive(Message)]
+#[rtype(result = "CmCounters")]
+pub(crate) struct GetCounters;
+
+impl Handler<GetCounters> for CmActor {
+    type Result = MessageResult<GetCounters>;
+    fn handle(&mut self, _msg: GetCounters, _ctx: &mut Context<Self>) -> Self::Result {
+        let mut c = self.counters.clone();
+        c.connections = self.conns.len();
+        MessageResult(c)
+    }
+}

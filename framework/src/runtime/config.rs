@@ -1,0 +1,44 @@
+//! Configuration shared by servers and clients.
+
+use crate::memory::PoolConfig;
+
+use super::poller::PollMode;
+
+/// Sizing of a server's or client's device-level resources and of each connection.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// RDMA device name (`None`: the one rdma_cm routes to, opened on first use).
+    pub device: Option<String>,
+    /// CQ-polling threads.
+    pub pollers: usize,
+    /// How pollers wait.
+    pub poll_mode: PollMode,
+    /// Threads running connection actors.
+    pub workers: usize,
+    /// Registered-memory pool.
+    pub pool: PoolConfig,
+    /// Receives pre-posted per framed connection (the peer's send credits).
+    pub recv_depth: u16,
+    /// Size of each framed receive buffer; larger messages use rendezvous.
+    pub recv_size: u32,
+    /// Receives pre-posted per raw connection.
+    pub raw_recv_depth: u16,
+    /// Send-queue depth per connection.
+    pub send_depth: u32,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            device: None,
+            pollers: 1,
+            poll_mode: PollMode::Event,
+            workers: 2,
+            pool: PoolConfig::default(),
+            recv_depth: 16,
+            recv_size: 4096,
+            raw_recv_depth: 8,
+            send_depth: 64,
+        }
+    }
+}

@@ -1,0 +1,992 @@
+//! The connection actor: one per cm_id. It owns the QP, the pre-posted receive buffers,
+//! the work requests in flight (a slab whose index is the wr_id), the credit window and
+//! the session, and it tears all of that down on every path: peer disconnect, local
+//! close, error completion, shutdown.
+//!
+//! Teardown order: `rdma_disconnect`, QP to the error state, wait until every posted
+//! work request has come back (successful or flushed), then drop the QP, the cm_id and
+//! the buffers, and tell the CM actor. The flushes are drained, never waited on blindly:
+//! a timer forces the end if a provider loses some.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::time::Duration;
+
+use actix::prelude::*;
+use slab::Slab;
+
+use super::poller::{Completions, CqReservation, Routes};
+use super::service::{Framing, Message, OpId, Session, SessionError};
+use super::CloseReason;
+use crate::memory::{Lease, MrPool, PoolError};
+use crate::proto::credits::CreditWindow;
+use crate::proto::frame::{FrameKind, Header, RendezvousOffer, HEADER_LEN, OFFER_LEN};
+use crate::verbs::{
+    Access, CmId, MemoryRegion, ProtectionDomain, QueuePair, RecvWr, RemoteRegion, SendOp, SendWr,
+    VerbsError, WcOpcode, WorkCompletion,
+};
+
+/// How long teardown waits for flushed completions before giving up on them.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Largest message a framed connection accepts through rendezvous.
+pub const MAX_MESSAGE: usize = 1 << 30;
+
+/// A buffer a session allocated for one-sided operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BufId(usize);
+
+enum Buf {
+    Pooled(Lease),
+    Registered(MemoryRegion),
+}
+
+impl Buf {
+    fn region(&self) -> &MemoryRegion {
+        match self {
+            Buf::Pooled(l) => l,
+            Buf::Registered(m) => m,
+        }
+    }
+    fn region_mut(&mut self) -> &mut MemoryRegion {
+        match self {
+            Buf::Pooled(l) => l,
+            Buf::Registered(m) => m,
+        }
+    }
+}
+
+struct BufEntry {
+    buf: Buf,
+    inflight: u32,
+    freed: bool,
+}
+
+/// A one-sided operation for [`SessionCx::post`].
+#[derive(Debug, Clone)]
+pub enum Op {
+    /// RDMA WRITE `src` bytes of a buffer to `dst`; with `imm`, also consume a receive at
+    /// the peer and deliver the immediate value there.
+    Write {
+        /// Local buffer.
+        buf: BufId,
+        /// Bytes of it to write.
+        range: Range<usize>,
+        /// Where.
+        dst: RemoteRegion,
+        /// Optional immediate value.
+        imm: Option<u32>,
+    },
+    /// RDMA READ `src` into a buffer range.
+    Read {
+        /// Local buffer.
+        buf: BufId,
+        /// Where in it the bytes land (the length read).
+        range: Range<usize>,
+        /// What to read.
+        src: RemoteRegion,
+    },
+    /// Compare-and-swap on a remote 8-byte word; the old value lands in `buf[offset..+8]`.
+    CompareSwap {
+        /// Local buffer for the old value.
+        buf: BufId,
+        /// Offset of the 8 bytes in it.
+        offset: usize,
+        /// Target word.
+        remote: RemoteRegion,
+        /// Expected value.
+        compare: u64,
+        /// New value.
+        swap: u64,
+    },
+    /// Fetch-and-add on a remote 8-byte word; the old value lands in `buf[offset..+8]`.
+    FetchAdd {
+        /// Local buffer for the old value.
+        buf: BufId,
+        /// Offset of the 8 bytes in it.
+        offset: usize,
+        /// Target word.
+        remote: RemoteRegion,
+        /// Amount added.
+        add: u64,
+    },
+}
+
+impl Op {
+    fn buf(&self) -> BufId {
+        match self {
+            Op::Write { buf, .. }
+            | Op::Read { buf, .. }
+            | Op::CompareSwap { buf, .. }
+            | Op::FetchAdd { buf, .. } => *buf,
+        }
+    }
+}
+
+/// What a posted work request was, keyed by its wr_id.
+enum Wr {
+    Recv(usize),
+    Send(#[allow(dead_code)] Lease),
+    RendezvousRead {
+        buf: Buf,
+        seq: u64,
+        tag: u32,
+        key: u32,
+        len: usize,
+    },
+    Op {
+        op: OpId,
+        buf: BufId,
+    },
+}
+
+enum Outgoing {
+    Data {
+        tag: u32,
+        bytes: Vec<u8>,
+    },
+    Credit,
+    Done {
+        tag: u32,
+    },
+    Raw {
+        bytes: Vec<u8>,
+        imm: Option<u32>,
+    },
+    Op {
+        op: OpId,
+        op_spec: Op,
+    },
+    Read {
+        seq: u64,
+        tag: u32,
+        offer: RendezvousOffer,
+        len: usize,
+    },
+}
+
+enum Delivery {
+    Ready(Message),
+    Waiting(u64),
+}
+
+/// Everything a connection owns besides its session. Field order is drop order: the QP
+/// goes before the cm_id it was created on and before the memory it could touch.
+pub(crate) struct Core {
+    qp: QueuePair,
+    id: CmId,
+    _cq: CqReservation,
+    framing: Framing,
+    recv: Vec<Lease>,
+    recv_size: usize,
+    credits: Option<CreditWindow>,
+    inflight: Slab<Wr>,
+    send_outstanding: u32,
+    send_depth: u32,
+    pending: VecDeque<Outgoing>,
+    deliveries: VecDeque<Delivery>,
+    bufs: Slab<BufEntry>,
+    rendezvous_out: Slab<MemoryRegion>,
+    next_op: u64,
+    next_seq: u64,
+    pool: MrPool,
+    pd: ProtectionDomain,
+    closing: Option<CloseReason>,
+    established: bool,
+}
+
+/// What [`Core::new`] needs.
+pub(crate) struct CoreParts {
+    pub qp: QueuePair,
+    pub id: CmId,
+    pub cq: CqReservation,
+    pub framing: Framing,
+    pub recv: Vec<Lease>,
+    pub recv_size: usize,
+    pub credits: Option<CreditWindow>,
+    pub send_depth: u32,
+    pub pool: MrPool,
+    pub pd: ProtectionDomain,
+}
+
+impl Core {
+    pub(crate) fn new(p: CoreParts) -> Core {
+        Core {
+            qp: p.qp,
+            id: p.id,
+            _cq: p.cq,
+            framing: p.framing,
+            recv: p.recv,
+            recv_size: p.recv_size,
+            credits: p.credits,
+            inflight: Slab::new(),
+            send_outstanding: 0,
+            send_depth: p.send_depth,
+            pending: VecDeque::new(),
+            deliveries: VecDeque::new(),
+            bufs: Slab::new(),
+            rendezvous_out: Slab::new(),
+            next_op: 0,
+            next_seq: 0,
+            pool: p.pool,
+            pd: p.pd,
+            closing: None,
+            established: false,
+        }
+    }
+
+    /// Posts every receive buffer; called before the QP reaches RTR so the peer's first
+    /// SEND always finds one.
+    pub(crate) fn post_all_receives(&mut self) -> Result<(), VerbsError> {
+        for slot in 0..self.recv.len() {
+            self.post_recv(slot)?;
+        }
+        Ok(())
+    }
+
+    fn post_recv(&mut self, slot: usize) -> Result<(), VerbsError> {
+        let wr_id = self.inflight.insert(Wr::Recv(slot)) as u64;
+        let sge = self.recv[slot].sge(0..self.recv_size)?;
+        let res = self.qp.post_recv(&[RecvWr {
+            wr_id,
+            local: Some(sge),
+        }]);
+        if res.is_err() {
+            self.inflight.remove(wr_id as usize);
+        }
+        res
+    }
+
+    pub(crate) fn qp_num(&self) -> u32 {
+        self.qp.qp_num()
+    }
+
+    fn eager_limit(&self) -> usize {
+        self.recv_size - HEADER_LEN
+    }
+
+    /// Posts as much queued work as credits and the send queue allow.
+    fn pump(&mut self) -> Result<(), CloseReason> {
+        while self.closing.is_none() && self.send_outstanding < self.send_depth {
+            let Some(next) = self.pending.front() else {
+                break;
+            };
+            let allowed = match (next, &self.credits) {
+                (Outgoing::Data { .. } | Outgoing::Done { .. } | Outgoing::Credit, Some(c)) => {
+                    c.can_send_data()
+                }
+                // A WRITE_WITH_IMM uses a peer receive but cannot grant: never the last credit.
+                (
+                    Outgoing::Op {
+                        op_spec: Op::Write { imm: Some(_), .. },
+                        ..
+                    },
+                    Some(c),
+                ) => c.send_credits() >= 2,
+                _ => true,
+            };
+            if !allowed {
+                break;
+            }
+            let item = self.pending.pop_front().expect("front exists");
+            self.post_outgoing(item)?;
+        }
+        if self.closing.is_none() && self.send_outstanding < self.send_depth {
+            if let Some(credits) = &self.credits {
+                if self.established && credits.poll_credit_frame() {
+                    self.post_outgoing(Outgoing::Credit)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn post_frame(
+        &mut self,
+        kind: FrameKind,
+        tag: u32,
+        len: u32,
+        body: &[u8],
+    ) -> Result<(), CloseReason> {
+        let credits = self.credits.as_mut().expect("framed");
+        let grant = credits.take_for_send();
+        let total = HEADER_LEN + body.len();
+        let mut lease = self.pool.lease(total).map_err(CloseReason::from_pool)?;
+        let header = Header {
+            kind,
+            credits: grant,
+            len,
+            tag,
+        };
+        let bytes = lease.as_mut_slice();
+        header.encode(&mut bytes[..HEADER_LEN]);
+        bytes[HEADER_LEN..total].copy_from_slice(body);
+        self.post_send_lease(lease, total, SendOp::Send)
+    }
+
+    fn post_send_lease(&mut self, lease: Lease, len: usize, op: SendOp) -> Result<(), CloseReason> {
+        let entry = self.inflight.vacant_entry();
+        let wr_id = entry.key() as u64;
+        let sge = lease.sge(0..len).map_err(CloseReason::from_verbs)?;
+        let mut wr = SendWr::new(wr_id, op, Some(sge));
+        wr.inline = len <= 64;
+        self.qp.post_send(&wr).map_err(CloseReason::from_verbs)?;
+        entry.insert(Wr::Send(lease));
+        self.send_outstanding += 1;
+        Ok(())
+    }
+
+    fn post_outgoing(&mut self, item: Outgoing) -> Result<(), CloseReason> {
+        match item {
+            Outgoing::Data { tag, bytes } => {
+                if bytes.len() <= self.eager_limit() {
+                    self.post_frame(FrameKind::Data, tag, bytes.len() as u32, &bytes)
+                } else {
+                    // Rendezvous: expose a region with REMOTE_READ for this message only;
+                    // it is deregistered (revoked) when the peer says Done.
+                    let mut mr = MemoryRegion::register(&self.pd, bytes.len(), Access::REMOTE_READ)
+                        .map_err(CloseReason::from_verbs)?;
+                    mr.as_mut_slice().copy_from_slice(&bytes);
+                    let key = self.rendezvous_out.vacant_key() as u32;
+                    let offer = RendezvousOffer {
+                        addr: mr.addr(),
+                        rkey: mr.rkey(),
+                        key,
+                    };
+                    self.rendezvous_out.insert(mr);
+                    let mut body = [0u8; OFFER_LEN];
+                    offer.encode(&mut body);
+                    self.post_frame(FrameKind::RendezvousOffer, tag, bytes.len() as u32, &body)
+                }
+            }
+            Outgoing::Credit => self.post_frame(FrameKind::Credit, 0, 0, &[]),
+            Outgoing::Done { tag } => self.post_frame(FrameKind::RendezvousDone, tag, 0, &[]),
+            Outgoing::Raw { bytes, imm } => {
+                let mut lease = self
+                    .pool
+                    .lease(bytes.len().max(1))
+                    .map_err(CloseReason::from_pool)?;
+                lease.as_mut_slice()[..bytes.len()].copy_from_slice(&bytes);
+                let op = match imm {
+                    Some(v) => SendOp::SendWithImm(v),
+                    None => SendOp::Send,
+                };
+                self.post_send_lease(lease, bytes.len(), op)
+            }
+            Outgoing::Op { op, op_spec } => self.post_op(op, op_spec),
+            Outgoing::Read {
+                seq,
+                tag,
+                offer,
+                len,
+            } => {
+                let buf = if len <= self.pool.largest() {
+                    Buf::Pooled(self.pool.lease(len).map_err(CloseReason::from_pool)?)
+                } else {
+                    Buf::Registered(
+                        MemoryRegion::register(&self.pd, len, Access::LOCAL_WRITE)
+                            .map_err(CloseReason::from_verbs)?,
+                    )
+                };
+                let entry = self.inflight.vacant_entry();
+                let remote = RemoteRegion {
+                    addr: offer.addr,
+                    len: len as u64,
+                    rkey: offer.rkey,
+                };
+                let sge = buf.region().sge(0..len).map_err(CloseReason::from_verbs)?;
+                let wr = SendWr::new(entry.key() as u64, SendOp::Read(remote), Some(sge));
+                self.qp.post_send(&wr).map_err(CloseReason::from_verbs)?;
+                entry.insert(Wr::RendezvousRead {
+                    buf,
+                    seq,
+                    tag,
+                    key: offer.key,
+                    len,
+                });
+                self.send_outstanding += 1;
+                Ok(())
+            }
+        }
+    }
+
+    fn post_op(&mut self, op: OpId, spec: Op) -> Result<(), CloseReason> {
+        let buf_id = spec.buf();
+        let entry = self
+            .bufs
+            .get(buf_id.0)
+            .ok_or_else(|| CloseReason::Session(format!("{buf_id:?} does not exist")))?;
+        let region = entry.buf.region();
+        let (send_op, sge) = match &spec {
+            Op::Write {
+                range, dst, imm, ..
+            } => {
+                let op = match imm {
+                    Some(v) => SendOp::WriteWithImm(*dst, *v),
+                    None => SendOp::Write(*dst),
+                };
+                (op, region.sge(range.clone()))
+            }
+            Op::Read { range, src, .. } => (SendOp::Read(*src), region.sge(range.clone())),
+            Op::CompareSwap {
+                offset,
+                remote,
+                compare,
+                swap,
+                ..
+            } => (
+                SendOp::CompareSwap {
+                    remote: *remote,
+                    compare: *compare,
+                    swap: *swap,
+                },
+                region.sge(*offset..offset + 8),
+            ),
+            Op::FetchAdd {
+                offset,
+                remote,
+                add,
+                ..
+            } => (
+                SendOp::FetchAdd {
+                    remote: *remote,
+                    add: *add,
+                },
+                region.sge(*offset..offset + 8),
+            ),
+        };
+        let sge = sge.map_err(|e| CloseReason::Session(e.to_string()))?;
+        let slot = self.inflight.vacant_entry();
+        let wr = SendWr::new(slot.key() as u64, send_op, Some(sge));
+        self.qp.post_send(&wr).map_err(CloseReason::from_verbs)?;
+        slot.insert(Wr::Op { op, buf: buf_id });
+        if matches!(spec, Op::Write { imm: Some(_), .. }) {
+            if let Some(c) = self.credits.as_mut() {
+                c.take_for_imm();
+            }
+        }
+        self.bufs[buf_id.0].inflight += 1;
+        self.send_outstanding += 1;
+        Ok(())
+    }
+
+    /// Handles one received frame; returns messages to deliver in order.
+    fn handle_recv(&mut self, slot: usize, wc: &WorkCompletion) -> Result<(), CloseReason> {
+        let len = wc.byte_len as usize;
+        match self.framing {
+            Framing::Raw { .. } => {
+                let data = if wc.opcode == WcOpcode::RecvRdmaWithImm {
+                    Vec::new()
+                } else {
+                    self.recv[slot].as_slice()[..len].to_vec()
+                };
+                self.post_recv(slot).map_err(CloseReason::from_verbs)?;
+                self.deliveries.push_back(Delivery::Ready(Message {
+                    tag: 0,
+                    imm: wc.imm_data,
+                    data,
+                }));
+            }
+            Framing::Framed => {
+                if wc.opcode == WcOpcode::RecvRdmaWithImm {
+                    self.credits.as_mut().expect("framed").handle_received(0);
+                    self.post_recv(slot).map_err(CloseReason::from_verbs)?;
+                    self.credits.as_mut().expect("framed").handle_reposted(1);
+                    self.deliveries.push_back(Delivery::Ready(Message {
+                        tag: 0,
+                        imm: wc.imm_data,
+                        data: Vec::new(),
+                    }));
+                    return Ok(());
+                }
+                let (header, body) = Header::decode(&self.recv[slot].as_slice()[..len])
+                    .map_err(|e| CloseReason::Protocol(e.to_string()))?;
+                let body = body.to_vec();
+                let credits = self.credits.as_mut().expect("framed");
+                credits.handle_received(header.credits);
+                match header.kind {
+                    FrameKind::Data => self.deliveries.push_back(Delivery::Ready(Message {
+                        tag: header.tag,
+                        imm: wc.imm_data,
+                        data: body,
+                    })),
+                    FrameKind::Credit => {}
+                    FrameKind::RendezvousOffer => {
+                        let len = header.len as usize;
+                        if len > MAX_MESSAGE {
+                            return Err(CloseReason::Protocol(format!(
+                                "rendezvous of {len} bytes exceeds {MAX_MESSAGE}"
+                            )));
+                        }
+                        let seq = self.next_seq;
+                        self.next_seq += 1;
+                        self.deliveries.push_back(Delivery::Waiting(seq));
+                        self.pending.push_back(Outgoing::Read {
+                            seq,
+                            tag: header.tag,
+                            offer: RendezvousOffer::decode(&body),
+                            len,
+                        });
+                    }
+                    FrameKind::RendezvousDone => {
+                        if self
+                            .rendezvous_out
+                            .try_remove(header.tag as usize)
+                            .is_none()
+                        {
+                            return Err(CloseReason::Protocol(format!(
+                                "rendezvous done for unknown region {}",
+                                header.tag
+                            )));
+                        }
+                    }
+                }
+                self.post_recv(slot).map_err(CloseReason::from_verbs)?;
+                self.credits.as_mut().expect("framed").handle_reposted(1);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Core {
+    /// Handles one completion. Returns an op result for the session when the completion
+    /// belongs to a one-sided operation it posted.
+    fn handle_completion(
+        &mut self,
+        wc: &WorkCompletion,
+    ) -> Result<Option<(OpId, crate::verbs::Result<()>)>, CloseReason> {
+        let Some(wr) = self.inflight.try_remove(wc.wr_id as usize) else {
+            tracing::warn!(wr_id = wc.wr_id, "completion for an unknown work request");
+            return Ok(None);
+        };
+        if !matches!(wr, Wr::Recv(_)) {
+            self.send_outstanding -= 1;
+        }
+        if let Wr::Op { op, buf } = &wr {
+            self.release_buf(*buf);
+            if self.closing.is_some() {
+                return Ok(None);
+            }
+            return Ok(Some((*op, wc.ok().map(|_| ()))));
+        }
+        if self.closing.is_some() {
+            return Ok(None);
+        }
+        if let Err(e) = wc.ok() {
+            return Err(CloseReason::Completion(e.to_string()));
+        }
+        match wr {
+            Wr::Recv(slot) => self.handle_recv(slot, wc)?,
+            Wr::Send(_) | Wr::Op { .. } => {}
+            Wr::RendezvousRead {
+                buf,
+                seq,
+                tag,
+                key,
+                len,
+            } => {
+                let data = buf.region().as_slice()[..len].to_vec();
+                if let Some(d) = self
+                    .deliveries
+                    .iter_mut()
+                    .find(|d| matches!(d, Delivery::Waiting(s) if *s == seq))
+                {
+                    *d = Delivery::Ready(Message {
+                        tag,
+                        imm: None,
+                        data,
+                    });
+                }
+                self.pending.push_back(Outgoing::Done { tag: key });
+            }
+        }
+        Ok(None)
+    }
+
+    fn next_delivery(&mut self) -> Option<Message> {
+        match self.deliveries.front() {
+            Some(Delivery::Ready(_)) => match self.deliveries.pop_front() {
+                Some(Delivery::Ready(m)) => Some(m),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    fn release_buf(&mut self, id: BufId) {
+        if let Some(e) = self.bufs.get_mut(id.0) {
+            e.inflight -= 1;
+            if e.freed && e.inflight == 0 {
+                self.bufs.remove(id.0);
+            }
+        }
+    }
+}
+
+/// What a session can do with its connection, handed to every [`Session`] callback.
+pub struct SessionCx<'a> {
+    core: &'a mut Core,
+    close: Option<String>,
+}
+
+impl<'a> SessionCx<'a> {
+    fn new(core: &'a mut Core) -> Self {
+        SessionCx { core, close: None }
+    }
+
+    /// Sends a framed message with `tag` (any size up to [`MAX_MESSAGE`]: small ones go
+    /// inline, large ones through an RDMA READ rendezvous). Queued when out of credits.
+    pub fn send(&mut self, tag: u32, data: Vec<u8>) -> Result<(), SessionError> {
+        if self.core.credits.is_none() {
+            return Err(SessionError::new("send on a raw connection; use send_raw"));
+        }
+        if data.len() > MAX_MESSAGE {
+            return Err(SessionError::new(format!(
+                "message of {} bytes is too large",
+                data.len()
+            )));
+        }
+        self.core
+            .pending
+            .push_back(Outgoing::Data { tag, bytes: data });
+        Ok(())
+    }
+
+    /// Answers `msg` (same tag).
+    pub fn reply(&mut self, msg: &Message, data: Vec<u8>) -> Result<(), SessionError> {
+        self.send(msg.tag, data)
+    }
+
+    /// Sends bytes as one plain SEND (raw connections), optionally with an immediate.
+    pub fn send_raw(&mut self, data: &[u8], imm: Option<u32>) -> Result<(), SessionError> {
+        if self.core.credits.is_some() {
+            return Err(SessionError::new(
+                "send_raw on a framed connection; use send",
+            ));
+        }
+        if data.len() > self.core.pool.largest() {
+            return Err(SessionError::new(format!(
+                "raw message of {} bytes is too large",
+                data.len()
+            )));
+        }
+        self.core.pending.push_back(Outgoing::Raw {
+            bytes: data.to_vec(),
+            imm,
+        });
+        Ok(())
+    }
+
+    /// Leases a local buffer from the shared pool, for one-sided operations.
+    pub fn alloc(&mut self, len: usize) -> Result<BufId, SessionError> {
+        let lease = self
+            .core
+            .pool
+            .lease(len)
+            .map_err(|e| SessionError::new(e.to_string()))?;
+        Ok(self.insert_buf(Buf::Pooled(lease)))
+    }
+
+    /// Registers a buffer with `access` (for regions the peer may read or write). It is
+    /// deregistered, revoking the rkey, when freed or when the connection ends.
+    pub fn register(&mut self, len: usize, access: Access) -> Result<BufId, SessionError> {
+        let mr = MemoryRegion::register(&self.core.pd, len, access)
+            .map_err(|e| SessionError::new(e.to_string()))?;
+        Ok(self.insert_buf(Buf::Registered(mr)))
+    }
+
+    fn insert_buf(&mut self, buf: Buf) -> BufId {
+        BufId(self.core.bufs.insert(BufEntry {
+            buf,
+            inflight: 0,
+            freed: false,
+        }))
+    }
+
+    /// Frees a buffer (after the operations using it complete).
+    pub fn free(&mut self, id: BufId) {
+        if let Some(e) = self.core.bufs.get_mut(id.0) {
+            e.freed = true;
+            if e.inflight == 0 {
+                self.core.bufs.remove(id.0);
+            }
+        }
+    }
+
+    fn entry(&self, id: BufId) -> Result<&BufEntry, SessionError> {
+        self.core
+            .bufs
+            .get(id.0)
+            .filter(|e| !e.freed)
+            .ok_or_else(|| SessionError::new(format!("{id:?} does not exist")))
+    }
+
+    /// The bytes of a buffer.
+    pub fn bytes(&self, id: BufId) -> Result<&[u8], SessionError> {
+        Ok(self.entry(id)?.buf.region().as_slice())
+    }
+
+    /// The bytes of a buffer, mutably.
+    pub fn bytes_mut(&mut self, id: BufId) -> Result<&mut [u8], SessionError> {
+        self.entry(id)?;
+        Ok(self.core.bufs[id.0].buf.region_mut().as_mut_slice())
+    }
+
+    /// What the peer needs to reach a registered buffer (addr, len, rkey).
+    pub fn remote(&self, id: BufId) -> Result<RemoteRegion, SessionError> {
+        Ok(self.entry(id)?.buf.region().remote())
+    }
+
+    /// Posts a one-sided operation; its completion arrives in [`Session::on_op`].
+    pub fn post(&mut self, op: Op) -> Result<OpId, SessionError> {
+        self.entry(op.buf())?;
+        let id = OpId(self.core.next_op);
+        self.core.next_op += 1;
+        self.core.pending.push_back(Outgoing::Op {
+            op: id,
+            op_spec: op,
+        });
+        Ok(id)
+    }
+
+    /// The local QP number.
+    pub fn qp_num(&self) -> u32 {
+        self.core.qp_num()
+    }
+
+    /// Closes the connection after this callback returns.
+    pub fn close(&mut self, reason: impl Into<String>) {
+        self.close = Some(reason.into());
+    }
+}
+
+/// Connection-level notices from the CM actor.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub(crate) enum CmNotice {
+    /// ESTABLISHED; for active connections, the receive depth the server advertised.
+    Established { peer_recv_depth: Option<u16> },
+    /// DISCONNECTED (peer or local).
+    Disconnected,
+    /// Close for this reason (shutdown, failed accept, rejected connect).
+    Close(CloseReason),
+}
+
+/// Sent to the CM actor once a connection has released everything.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub(crate) struct ConnClosed {
+    pub key: crate::verbs::CmIdKey,
+    pub reason: CloseReason,
+}
+
+/// The actor driving one connection and its session.
+pub(crate) struct ConnectionActor<S: Session> {
+    core: Option<Core>,
+    session: S,
+    routes: Routes,
+    cm: Recipient<ConnClosed>,
+    key: crate::verbs::CmIdKey,
+    label: String,
+    reason: Option<CloseReason>,
+    released: Vec<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl<S: Session> ConnectionActor<S> {
+    /// Answers `done` once the connection has released its resources.
+    pub(crate) fn when_released(&mut self, done: tokio::sync::oneshot::Sender<()>) {
+        if self.core.is_none() {
+            let _ = done.send(());
+        } else {
+            self.released.push(done);
+        }
+    }
+
+    pub(crate) fn new(
+        core: Core,
+        session: S,
+        routes: Routes,
+        cm: Recipient<ConnClosed>,
+        key: crate::verbs::CmIdKey,
+        label: String,
+    ) -> Self {
+        ConnectionActor {
+            core: Some(core),
+            session,
+            routes,
+            cm,
+            key,
+            label,
+            reason: None,
+            released: Vec::new(),
+        }
+    }
+
+    /// Runs `f` with the session and a context, then posts what it queued; an error or a
+    /// close request ends the connection.
+    pub(crate) fn with_session(
+        &mut self,
+        ctx: &mut Context<Self>,
+        f: impl FnOnce(&mut S, &mut SessionCx<'_>) -> Result<(), SessionError>,
+    ) {
+        let Some(core) = self.core.as_mut() else {
+            return;
+        };
+        if core.closing.is_some() {
+            return;
+        }
+        let mut cx = SessionCx::new(core);
+        let res = f(&mut self.session, &mut cx);
+        let close = cx.close.take();
+        match res {
+            Err(e) => self.begin_close(CloseReason::Session(e.0), ctx),
+            Ok(()) => match close {
+                Some(why) => self.begin_close(CloseReason::Local(why), ctx),
+                None => self.pump(ctx),
+            },
+        }
+    }
+
+    fn pump(&mut self, ctx: &mut Context<Self>) {
+        if let Some(core) = self.core.as_mut() {
+            if let Err(reason) = core.pump() {
+                self.begin_close(reason, ctx);
+            }
+        }
+    }
+
+    pub(crate) fn begin_close(&mut self, reason: CloseReason, ctx: &mut Context<Self>) {
+        let Some(core) = self.core.as_mut() else {
+            return;
+        };
+        if core.closing.is_some() {
+            return;
+        }
+        match &reason {
+            CloseReason::PeerDisconnected | CloseReason::Local(_) | CloseReason::Shutdown => {
+                tracing::info!(conn = %self.label, %reason, "closing")
+            }
+            _ => tracing::warn!(conn = %self.label, %reason, "closing"),
+        }
+        core.closing = Some(reason.clone());
+        core.pending.clear();
+        self.session.on_close(&reason);
+        self.reason = Some(reason);
+        // Both sides may disconnect at once; a second call fails harmlessly.
+        let _ = core.id.disconnect();
+        if let Err(e) = core.qp.to_error() {
+            tracing::warn!(conn = %self.label, error = %e, "moving the QP to error failed");
+        }
+        if core.inflight.is_empty() {
+            self.finish(ctx);
+        } else {
+            ctx.run_later(DRAIN_TIMEOUT, |act, ctx| {
+                if let Some(core) = &act.core {
+                    tracing::warn!(
+                        conn = %act.label,
+                        outstanding = core.inflight.len(),
+                        "flushed completions did not all arrive; releasing anyway"
+                    );
+                }
+                act.finish(ctx);
+            });
+        }
+    }
+
+    fn finish(&mut self, ctx: &mut Context<Self>) {
+        let Some(core) = self.core.take() else {
+            return;
+        };
+        self.routes.remove(&core.qp_num());
+        // Release the QP, cm_id, CQ reservation and buffers before telling the CM actor,
+        // so a freed connection slot never exists alongside the resources it held.
+        drop(core);
+        let reason = self.reason.clone().unwrap_or(CloseReason::Shutdown);
+        tracing::debug!(conn = %self.label, "released");
+        for done in self.released.drain(..) {
+            let _ = done.send(());
+        }
+        self.cm.do_send(ConnClosed {
+            key: self.key,
+            reason,
+        });
+        ctx.stop();
+    }
+}
+
+impl<S: Session> Actor for ConnectionActor<S> {
+    type Context = Context<Self>;
+}
+
+impl<S: Session> Handler<Completions> for ConnectionActor<S> {
+    type Result = ();
+
+    fn handle(&mut self, msg: Completions, ctx: &mut Context<Self>) {
+        for wc in &msg.0 {
+            let Some(core) = self.core.as_mut() else {
+                return;
+            };
+            match core.handle_completion(wc) {
+                Ok(Some((op, result))) => {
+                    let failed = result.is_err();
+                    self.with_session(ctx, |s, cx| s.on_op(cx, op, result));
+                    if failed {
+                        self.begin_close(
+                            CloseReason::Completion(format!("{op:?} failed: {:?}", wc.status)),
+                            ctx,
+                        );
+                    }
+                }
+                Ok(None) => {}
+                Err(reason) => self.begin_close(reason, ctx),
+            }
+            while let Some(msg) = self.core.as_mut().and_then(|c| {
+                if c.closing.is_none() {
+                    c.next_delivery()
+                } else {
+                    None
+                }
+            }) {
+                self.with_session(ctx, |s, cx| s.on_message(cx, msg));
+            }
+        }
+        self.pump(ctx);
+        if let Some(core) = &self.core {
+            if core.closing.is_some() && core.inflight.is_empty() {
+                self.finish(ctx);
+            }
+        }
+    }
+}
+
+impl<S: Session> Handler<CmNotice> for ConnectionActor<S> {
+    type Result = ();
+
+    fn handle(&mut self, msg: CmNotice, ctx: &mut Context<Self>) {
+        match msg {
+            CmNotice::Established { peer_recv_depth } => {
+                let Some(core) = self.core.as_mut() else {
+                    return;
+                };
+                core.established = true;
+                if let (Some(depth), Some(credits)) = (peer_recv_depth, core.credits.as_mut()) {
+                    credits.handle_peer_depth(depth as u32);
+                }
+                tracing::info!(conn = %self.label, "established");
+                self.with_session(ctx, |s, cx| s.on_established(cx));
+            }
+            CmNotice::Disconnected => self.begin_close(CloseReason::PeerDisconnected, ctx),
+            CmNotice::Close(reason) => self.begin_close(reason, ctx),
+        }
+    }
+}
+
+impl CloseReason {
+    fn from_verbs(e: VerbsError) -> CloseReason {
+        CloseReason::Verbs(e.to_string())
+    }
+    fn from_pool(e: PoolError) -> CloseReason {
+        CloseReason::Memory(e.to_string())
+    }
+}

@@ -1,0 +1,57 @@
+//! The actor runtime: a CM actor accepting and initiating connections, one connection
+//! actor per cm_id, CQ-polling threads routing completions to them, and services plugged
+//! in behind [`Service`].
+//!
+//! ```text
+//! rdma_cm event channel ──► CM actor ──spawns──► connection actor (one per cm_id)
+//!                                │                   ▲            │
+//!                                │ shared PD, MR pool│completions │ Session callbacks
+//!                                ▼                   │            ▼
+//!                           device (context)    CQ-polling threads   service sessions
+//! ```
+
+mod client;
+mod cm;
+mod config;
+mod connection;
+mod node;
+mod poller;
+mod server;
+mod service;
+
+pub use client::{Client, ClientConnection, ConnectError, RequestError};
+pub use config::NodeConfig;
+pub use connection::{BufId, Op, SessionCx, MAX_MESSAGE};
+pub use poller::PollMode;
+pub use server::{Server, ServerBuilder, ServerStats};
+pub use service::{Framing, Message, OpId, PeerInfo, Service, Session, SessionError};
+
+/// Why a connection ended.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CloseReason {
+    /// The peer disconnected (or vanished and the CM noticed).
+    #[error("peer disconnected")]
+    PeerDisconnected,
+    /// This side closed it (a session or the application asked).
+    #[error("closed locally: {0}")]
+    Local(String),
+    /// The peer broke the wire protocol (malformed frame, bad rendezvous, ...).
+    #[error("protocol violation: {0}")]
+    Protocol(String),
+    /// The service session returned an error.
+    #[error("session error: {0}")]
+    Session(String),
+    /// A work request failed (the QP is in the error state).
+    #[error("work request failed: {0}")]
+    Completion(String),
+    /// A verb failed while serving the connection.
+    #[error("verbs error: {0}")]
+    Verbs(String),
+    /// The memory pool could not serve the connection.
+    #[error("memory: {0}")]
+    Memory(String),
+    /// The server or client is shutting down.
+    #[error("shutting down")]
+    Shutdown,
+}

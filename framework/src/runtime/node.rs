@@ -1,0 +1,133 @@
+//! Device-level resources a server or client shares among all its connections: one
+//! context, one PD, the registered-memory pool, the poller threads, the routing table
+//! from QP number to connection actor, and the worker threads the actors run on.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use actix::prelude::*;
+use dashmap::DashMap;
+
+use super::config::NodeConfig;
+use super::connection::{Core, CoreParts};
+use super::poller::{Pollers, Routes};
+use super::service::Framing;
+use crate::memory::{MrPool, PoolStats};
+use crate::proto::credits::CreditWindow;
+use crate::verbs::{CmId, Context, ProtectionDomain, QpCaps, Result, VerbsError};
+
+pub(crate) struct Node {
+    pub ctx: Context,
+    pub pd: ProtectionDomain,
+    pub pool: MrPool,
+    pub routes: Routes,
+    pub config: NodeConfig,
+    pollers: Pollers,
+    workers: Vec<Arbiter>,
+    next_worker: AtomicUsize,
+}
+
+impl Node {
+    /// Opens the device and starts pollers and workers. Must run inside an actix System.
+    pub fn start(config: NodeConfig) -> Result<Arc<Node>> {
+        let ctx = Context::open(config.device.as_deref())?;
+        let pd = ProtectionDomain::new(&ctx)?;
+        let pool = MrPool::registered(&pd, config.pool.clone());
+        let routes: Routes = Arc::new(DashMap::new());
+        let pollers = Pollers::start(&ctx, config.pollers, config.poll_mode, routes.clone())?;
+        let workers = (0..config.workers.max(1)).map(|_| Arbiter::new()).collect();
+        Ok(Arc::new(Node {
+            ctx,
+            pd,
+            pool,
+            routes,
+            config,
+            pollers,
+            workers,
+            next_worker: AtomicUsize::new(0),
+        }))
+    }
+
+    /// The next worker thread, round robin.
+    pub fn worker(&self) -> ArbiterHandle {
+        let i = self.next_worker.fetch_add(1, Ordering::Relaxed) % self.workers.len();
+        self.workers[i].handle()
+    }
+
+    /// Builds a connection on `id`: CQ capacity from a poller, the QP on the shared PD,
+    /// receive buffers from the pool, all receives posted (before the QP reaches RTR).
+    pub fn prepare(
+        &self,
+        id: &CmId,
+        framing: Framing,
+        peer_recv_depth: Option<u16>,
+    ) -> std::result::Result<Core, String> {
+        if !id.is_on(&self.ctx) {
+            return Err(format!(
+                "the connection routes through {:?}, this node serves {}",
+                id.device_name(),
+                self.ctx.name()
+            ));
+        }
+        let cfg = &self.config;
+        let (depth, size) = match framing {
+            Framing::Framed => (cfg.recv_depth as u32, cfg.recv_size as usize),
+            Framing::Raw { recv_size } => (cfg.raw_recv_depth as u32, recv_size as usize),
+        };
+        let cq = self
+            .pollers
+            .reserve(depth + cfg.send_depth)
+            .map_err(|e| e.to_string())?;
+        let caps = QpCaps {
+            max_send_wr: cfg.send_depth,
+            max_recv_wr: depth,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 64,
+        };
+        let qp = id
+            .create_qp(&self.pd, cq.cq(), cq.cq(), caps)
+            .map_err(|e: VerbsError| e.to_string())?;
+        let recv = (0..depth)
+            .map(|_| self.pool.lease(size))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| e.to_string())?;
+        let credits = match framing {
+            Framing::Raw { .. } => None,
+            Framing::Framed => Some(match peer_recv_depth {
+                Some(peer) => CreditWindow::new(depth, peer as u32),
+                None => CreditWindow::awaiting_peer(depth),
+            }),
+        };
+        let mut core = Core::new(CoreParts {
+            qp,
+            id: id.clone(),
+            cq,
+            framing,
+            recv,
+            recv_size: size,
+            credits,
+            send_depth: cfg.send_depth,
+            pool: self.pool.clone(),
+            pd: self.pd.clone(),
+        });
+        core.post_all_receives().map_err(|e| e.to_string())?;
+        Ok(core)
+    }
+
+    pub fn pool_stats(&self) -> PoolStats {
+        self.pool.stats()
+    }
+
+    pub fn cq_count(&self) -> usize {
+        self.pollers.cq_count()
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        for w in &self.workers {
+            w.stop();
+        }
+    }
+}

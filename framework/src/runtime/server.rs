@@ -1,0 +1,168 @@
+//! The server: listeners, registered services, admission limits; a handle to read
+//! counters and to shut down cleanly.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use actix::prelude::*;
+use tokio::sync::oneshot;
+
+use super::cm::{CmActor, GetCounters, Shutdown, Stop};
+use super::config::NodeConfig;
+use super::node::Node;
+use super::service::Service;
+use crate::memory::PoolStats;
+use crate::verbs::{CmId, EventChannel, VerbsError};
+
+/// Builds a [`Server`].
+pub struct ServerBuilder {
+    config: NodeConfig,
+    listeners: Vec<(SocketAddr, Option<String>)>,
+    services: HashMap<String, Arc<dyn Service>>,
+    max_connections: usize,
+}
+
+/// Why a server could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServerError {
+    /// Opening the device, binding or listening failed.
+    #[error(transparent)]
+    Verbs(#[from] VerbsError),
+    /// The configuration is inconsistent.
+    #[error("configuration: {0}")]
+    Config(String),
+}
+
+impl Default for ServerBuilder {
+    fn default() -> Self {
+        ServerBuilder {
+            config: NodeConfig::default(),
+            listeners: Vec::new(),
+            services: HashMap::new(),
+            max_connections: 1024,
+        }
+    }
+}
+
+impl ServerBuilder {
+    /// Device, pollers, pool and queue sizes.
+    pub fn config(mut self, config: NodeConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Listens on `addr` (port 0 picks one). Clients that send no rdmactor hello (rping,
+    /// plain rdma_cm programs) reach `default_service`; without one they are rejected.
+    pub fn listen(mut self, addr: SocketAddr, default_service: Option<&str>) -> Self {
+        self.listeners
+            .push((addr, default_service.map(str::to_owned)));
+        self
+    }
+
+    /// Registers `service` under `name`.
+    pub fn service(mut self, name: &str, service: impl Service) -> Self {
+        self.services.insert(name.to_owned(), Arc::new(service));
+        self
+    }
+
+    /// Connections served at once; more are rejected with `ServerFull`.
+    pub fn max_connections(mut self, n: usize) -> Self {
+        self.max_connections = n;
+        self
+    }
+
+    /// Opens the device, binds every listener and starts the actors. Must be called
+    /// inside an actix `System`.
+    pub fn start(self) -> Result<Server, ServerError> {
+        for (addr, default) in &self.listeners {
+            if let Some(name) = default {
+                if !self.services.contains_key(name) {
+                    return Err(ServerError::Config(format!(
+                        "default service {name:?} of {addr} is not registered"
+                    )));
+                }
+            }
+        }
+        let node = Node::start(self.config)?;
+        let channel = EventChannel::new()?;
+        let mut cm = CmActor::new(
+            node.clone(),
+            channel.clone(),
+            Arc::new(self.services),
+            self.max_connections,
+        );
+        let mut addrs = Vec::new();
+        for (addr, default) in self.listeners {
+            let id = CmId::new(&channel)?;
+            id.bind(addr)?;
+            id.listen(1024)?;
+            let bound = id.local_addr().unwrap_or(addr);
+            tracing::info!(addr = %bound, default_service = ?default, "listening");
+            addrs.push(bound);
+            cm.add_listener(id, default);
+        }
+        let cm = cm.start();
+        Ok(Server { node, cm, addrs })
+    }
+}
+
+/// A running server.
+pub struct Server {
+    node: Arc<Node>,
+    cm: Addr<CmActor>,
+    addrs: Vec<SocketAddr>,
+}
+
+/// A snapshot of a server's counters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerStats {
+    /// Connections open now.
+    pub connections: usize,
+    /// Connections accepted since start.
+    pub accepted: u64,
+    /// Connect requests rejected since start.
+    pub rejected: u64,
+    /// Connections closed and released since start.
+    pub closed: u64,
+    /// Registered memory.
+    pub pool: PoolStats,
+    /// CQs the pollers own.
+    pub cqs: usize,
+}
+
+impl Server {
+    /// A builder.
+    pub fn builder() -> ServerBuilder {
+        ServerBuilder::default()
+    }
+
+    /// The bound listener addresses, in the order given to the builder.
+    pub fn local_addrs(&self) -> &[SocketAddr] {
+        &self.addrs
+    }
+
+    /// Current counters.
+    pub async fn stats(&self) -> ServerStats {
+        let c = self.cm.send(GetCounters).await.unwrap_or_default();
+        ServerStats {
+            connections: c.connections,
+            accepted: c.accepted,
+            rejected: c.rejected,
+            closed: c.closed,
+            pool: self.node.pool_stats(),
+            cqs: self.node.cq_count(),
+        }
+    }
+
+    /// Stops accepting, disconnects every client, waits until every connection released
+    /// its resources, and stops the actors and threads.
+    pub async fn shutdown(self) {
+        let (tx, rx) = oneshot::channel();
+        self.cm.do_send(Shutdown(tx));
+        let _ = rx.await;
+        let _ = self.cm.send(Stop).await;
+        drop(self.node);
+    }
+}

@@ -1,0 +1,119 @@
+//! The service plug-in API: a [`Service`] is registered by name on the server; each
+//! connection that asks for it gets its own [`Session`], driven by that connection's
+//! actor. Sessions see whole messages and completions of the one-sided operations they
+//! started; buffers, credits, framing, rendezvous and teardown are the framework's.
+
+use std::net::SocketAddr;
+
+use super::connection::SessionCx;
+
+/// How a service's messages travel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// rdmactor frames: a header with credits, request tags, rendezvous for large
+    /// messages. For rdmactor clients.
+    Framed,
+    /// Bytes exactly as the peer sent them, one SEND per message, no header and no
+    /// credits: for plain verbs clients (rping, lab programs). Each receive buffer holds
+    /// `recv_size` bytes; a larger SEND fails the connection (the NIC reports it).
+    Raw {
+        /// Size of each receive buffer.
+        recv_size: u32,
+    },
+}
+
+/// Who a session is talking to.
+#[derive(Debug, Clone)]
+pub struct PeerInfo {
+    /// The peer's address.
+    pub addr: Option<SocketAddr>,
+    /// The local QP number of this connection.
+    pub qp_num: u32,
+    /// The service name this connection was admitted to.
+    pub service: String,
+}
+
+/// A message from the peer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    /// Correlates a request with its response (0 for raw messages).
+    pub tag: u32,
+    /// Immediate data, for SEND_WITH_IMM and WRITE_WITH_IMM.
+    pub imm: Option<u32>,
+    /// The payload (empty for a WRITE_WITH_IMM, whose bytes went to the written region).
+    pub data: Vec<u8>,
+}
+
+/// Why a session gave up on its connection; the connection closes with this reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct SessionError(pub String);
+
+impl SessionError {
+    /// A session error with `msg`.
+    pub fn new(msg: impl Into<String>) -> SessionError {
+        SessionError(msg.into())
+    }
+}
+
+/// A one-sided operation started by a session, named in its completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct OpId(pub(crate) u64);
+
+/// A registered service. Shared by every connection; `session` is called once per
+/// accepted connection.
+pub trait Service: Send + Sync + 'static {
+    /// How this service's messages travel.
+    fn framing(&self) -> Framing {
+        Framing::Framed
+    }
+
+    /// A session for a newly accepted connection.
+    fn session(&self, peer: &PeerInfo) -> Box<dyn Session>;
+}
+
+/// One connection's protocol logic. Methods run on the connection's actor, one at a time.
+/// Returning an error closes the connection with that error as the reason.
+pub trait Session: Send + Unpin + 'static {
+    /// The connection is established and may send.
+    fn on_established(&mut self, _cx: &mut SessionCx<'_>) -> Result<(), SessionError> {
+        Ok(())
+    }
+
+    /// A message arrived.
+    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError>;
+
+    /// A one-sided operation this session posted completed (`Err` carries the failing
+    /// status; the connection closes after this call, as the QP is in error).
+    fn on_op(
+        &mut self,
+        _cx: &mut SessionCx<'_>,
+        op: OpId,
+        result: crate::verbs::Result<()>,
+    ) -> Result<(), SessionError> {
+        result.map_err(|e| SessionError::new(format!("unexpected completion of {op:?}: {e}")))
+    }
+
+    /// The connection is closing for `reason`; nothing can be sent any more.
+    fn on_close(&mut self, _reason: &super::CloseReason) {}
+}
+
+impl Session for Box<dyn Session> {
+    fn on_established(&mut self, cx: &mut SessionCx<'_>) -> Result<(), SessionError> {
+        (**self).on_established(cx)
+    }
+    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
+        (**self).on_message(cx, msg)
+    }
+    fn on_op(
+        &mut self,
+        cx: &mut SessionCx<'_>,
+        op: OpId,
+        result: crate::verbs::Result<()>,
+    ) -> Result<(), SessionError> {
+        (**self).on_op(cx, op, result)
+    }
+    fn on_close(&mut self, reason: &super::CloseReason) {
+        (**self).on_close(reason)
+    }
+}
