@@ -1,1 +1,13 @@
-//! Services plugged into rdmactor.
+//! Services for rdmactor, each a protocol state machine (no I/O, unit-tested) driven by a
+//! [`rdmactor::runtime::Session`]:
+//!
+//! | name | what it does |
+//! |---|---|
+//! | `echo` | typed request/response: answers an [`echo::EchoRequest`] with its payload |
+//! | `raw-echo` | plain verbs clients: every SEND comes back byte for byte |
+//! | `pingpong` | numbered pings answered with pongs; gaps or repeats end the connection |
+//! | `rping` | serves rdma-core's unmodified `rping -c` client |
+
+pub mod echo;
+pub mod pingpong;
+pub mod rping;

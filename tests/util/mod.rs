@@ -151,3 +151,32 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
         })
         .collect()
 }
+
+/// Runs `fut` inside a fresh actix System (what servers and clients need).
+pub fn actix_run<F: std::future::Future>(fut: F) -> F::Output {
+    actix::System::new().block_on(fut)
+}
+
+/// Polls `check` until it holds or `timeout` passes.
+pub async fn eventually<F, Fut>(what: &str, timeout: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        actix_rt::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A path next to the test binary's `target/<profile>/` (for example the examples'
+/// binaries, which `scripts/test` builds first).
+pub fn target_bin(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let profile_dir = exe
+        .parent()
+        .and_then(|p| p.parent())
+        .expect("target/<profile>");
+    profile_dir.join(name)
+}

@@ -260,9 +260,9 @@ mod tests {
             let mut l = Link::new(depth);
             let mut sent = [0u32; 2];
             for round in 0..5000 {
-                for s in 0..2 {
-                    if l.send_data(s) {
-                        sent[s] += 1;
+                for (side, count) in sent.iter_mut().enumerate() {
+                    if l.send_data(side) {
+                        *count += 1;
                     }
                 }
                 let to = round % 2;

@@ -220,6 +220,7 @@ impl CmActor {
             private_data: &welcome,
             responder_resources: ev.initiator_depth.clamp(1, 16),
             initiator_depth: ev.responder_resources.clamp(1, 16),
+            rnr_retry_count: self.node.config.rnr_retry_count,
             ..ConnParam::default()
         };
         if let Err(e) = id.accept(&param) {
@@ -374,6 +375,7 @@ impl CmActor {
         }
         if let Err(e) = id.connect(&ConnParam {
             private_data: &data,
+            rnr_retry_count: self.node.config.rnr_retry_count,
             ..ConnParam::default()
         }) {
             self.fail_connect(key, ConnectError::Verbs(e.to_string()));

@@ -25,6 +25,9 @@ pub struct NodeConfig {
     pub raw_recv_depth: u16,
     /// Send-queue depth per connection.
     pub send_depth: u32,
+    /// RNR retries this side's sends make (7: forever). Credits keep rdmactor peers from
+    /// ever needing them; plain clients may.
+    pub rnr_retry_count: u8,
 }
 
 impl Default for NodeConfig {
@@ -39,6 +42,7 @@ impl Default for NodeConfig {
             recv_size: 4096,
             raw_recv_depth: 8,
             send_depth: 64,
+            rnr_retry_count: 7,
         }
     }
 }

@@ -34,4 +34,7 @@
 //! actor owns the queue pair, the registered buffer and the disconnect.
 
 mod machine;
+mod service;
+
 pub use machine::*;
+pub use service::Rping;

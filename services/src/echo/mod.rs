@@ -1,0 +1,79 @@
+//! Echo services: `echo` answers each typed request with its payload (the smallest useful
+//! request/response service, and the load for the framework's benchmarks); `raw-echo`
+//! sends every received SEND back byte for byte, so a plain verbs client that posts a
+//! receive and sends N bytes gets the same N bytes back.
+
+use rdmactor::runtime::{Framing, Message, PeerInfo, Service, Session, SessionCx, SessionError};
+use serde::{Deserialize, Serialize};
+
+/// The `echo` request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EchoRequest {
+    /// Bytes to send back.
+    pub payload: Vec<u8>,
+}
+
+/// The `echo` response.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EchoResponse {
+    /// The request's bytes.
+    pub payload: Vec<u8>,
+}
+
+/// Typed echo (postcard-encoded [`EchoRequest`] / [`EchoResponse`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Echo;
+
+impl Service for Echo {
+    fn session(&self, _peer: &PeerInfo) -> Box<dyn Session> {
+        Box::new(EchoSession)
+    }
+}
+
+struct EchoSession;
+
+impl Session for EchoSession {
+    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
+        let req: EchoRequest = postcard::from_bytes(&msg.data)
+            .map_err(|e| SessionError::new(format!("malformed echo request: {e}")))?;
+        let resp = postcard::to_allocvec(&EchoResponse {
+            payload: req.payload,
+        })
+        .map_err(|e| SessionError::new(e.to_string()))?;
+        cx.reply(&msg, resp)
+    }
+}
+
+/// Raw echo for plain verbs clients: each SEND (with its immediate, if any) goes back
+/// unchanged.
+#[derive(Debug, Clone, Copy)]
+pub struct RawEcho {
+    /// Largest message accepted (each receive buffer's size).
+    pub max_message: u32,
+}
+
+impl Default for RawEcho {
+    fn default() -> Self {
+        RawEcho { max_message: 4096 }
+    }
+}
+
+impl Service for RawEcho {
+    fn framing(&self) -> Framing {
+        Framing::Raw {
+            recv_size: self.max_message,
+        }
+    }
+
+    fn session(&self, _peer: &PeerInfo) -> Box<dyn Session> {
+        Box::new(RawEchoSession)
+    }
+}
+
+struct RawEchoSession;
+
+impl Session for RawEchoSession {
+    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
+        cx.send_raw(&msg.data, msg.imm)
+    }
+}

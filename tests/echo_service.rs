@@ -1,0 +1,86 @@
+//! Many rdmactor clients at once against the `echo` service, with verified payloads of
+//! mixed sizes (the large ones through the rendezvous path); then everything disconnects
+//! and the `rdma resource` counts return to baseline.
+
+use std::time::Duration;
+
+use rdmactor::runtime::{Client, NodeConfig, Server};
+use rdmactor_services::echo::{Echo, EchoRequest, EchoResponse};
+use rdmactor_tests::{
+    actix_run, assert_released, eventually, pattern, rdma_context, resource_counts, test_addr,
+};
+
+/// Payload sizes cycled through: inline frames up to 4 KiB, rendezvous above.
+const SIZES: [usize; 6] = [16, 200, 1500, 4000, 9000, 64 * 1024];
+
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[test]
+fn many_clients_echo_mixed_sizes() {
+    let Some(_ctx) = rdma_context() else { return };
+    let clients = env_or("RDMACTOR_ECHO_CLIENTS", 200);
+    let rounds = env_or("RDMACTOR_ECHO_ROUNDS", 1000);
+    let base = resource_counts();
+    actix_run(async move {
+        let server = Server::builder()
+            .listen(test_addr(), None)
+            .service("echo", Echo)
+            .max_connections(clients + 8)
+            .start()
+            .expect("server");
+        let addr = server.local_addrs()[0];
+        let client = Client::start(NodeConfig::default()).expect("client");
+        let mut conns = Vec::new();
+        for _ in 0..clients {
+            conns.push(client.connect(addr, "echo").await.expect("connect"));
+        }
+        assert_eq!(server.stats().await.connections, clients);
+
+        let tasks = conns
+            .iter()
+            .cloned()
+            .enumerate()
+            .map(|(c, conn)| async move {
+                for r in 0..rounds {
+                    let size = SIZES[(c + r) % SIZES.len()];
+                    let payload = pattern(size, (c * rounds + r) as u64 + 1);
+                    let resp: EchoResponse = conn
+                        .request_typed(&EchoRequest {
+                            payload: payload.clone(),
+                        })
+                        .await
+                        .unwrap_or_else(|e| panic!("client {c} round {r} ({size} B): {e}"));
+                    assert!(
+                        resp.payload == payload,
+                        "client {c} round {r}: payload differs"
+                    );
+                }
+            });
+        futures::future::join_all(tasks).await;
+
+        for conn in conns {
+            conn.close().await;
+        }
+        eventually(
+            "server connections to close",
+            Duration::from_secs(20),
+            || async { server.stats().await.connections == 0 },
+        )
+        .await;
+        let stats = server.stats().await;
+        assert_eq!(stats.accepted, clients as u64);
+        assert_eq!(
+            stats.pool.leased.iter().sum::<usize>(),
+            0,
+            "every lease returned: {stats:?}"
+        );
+        client.shutdown().await;
+        server.shutdown().await;
+    });
+    assert_released(&base);
+}
