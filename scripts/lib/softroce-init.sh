@@ -4,11 +4,11 @@
 # It loads the modules listed in /lib/modules/order, mounts the host's root
 # filesystem (9p tag "hostroot", read-only) on /newroot and the repository
 # (9p tag "repo", writable) over its own path inside it, brings up Soft-RoCE
-# (rxe0 on the dummy interface rxenet0, 192.0.2.1/24), then runs the per-run
-# script <repo>/.softroce/runs/<id>/run.sh chrooted into /newroot. The
-# command's stdout/stderr go to the virtio ports "out"/"err", which the host
-# connects to its own stdout/stderr. The exit status is written to the run
-# directory as "status", and the VM powers off.
+# (rxe0 on the dummy interface rxenet0, 192.0.2.1/24, MTU from softroce_mtu=),
+# then runs the per-run script <repo>/.softroce/runs/<id>/run.sh chrooted into
+# /newroot. The command's stdout/stderr go to the virtio ports "out"/"err",
+# which the host connects to its own stdout/stderr. The exit status is written
+# to the run directory as "status", and the VM powers off.
 #
 # It prints nothing unless something fails: its own chatter goes to /init.log,
 # which is copied to the console (a log file on the host) on failure.
@@ -30,17 +30,22 @@ fail() {
 mount -t devtmpfs devtmpfs /dev || fail "cannot mount devtmpfs"
 mount -t proc proc /proc || fail "cannot mount /proc"
 mount -t sysfs sysfs /sys || fail "cannot mount /sys"
-echo 1 >/proc/sys/kernel/printk
+grep -qw quiet /proc/cmdline && echo 1 >/proc/sys/kernel/printk
 
 while read -r mod; do
     [ -n "$mod" ] || continue
-    insmod "/lib/modules/$mod" || fail "insmod $mod failed"
+    # "File exists": already present (built in or pulled in): not an error.
+    msg=$(insmod "/lib/modules/$mod" 2>&1) || case "$msg" in
+        *"File exists"*) echo "$msg" ;;
+        *) fail "insmod $mod failed: $msg" ;;
+    esac
 done </lib/modules/order
 
-run_id=
+run_id= mtu=1500
 for arg in $(cat /proc/cmdline); do
     case "$arg" in
         softroce_run=*) run_id=${arg#softroce_run=} ;;
+        softroce_mtu=*) mtu=${arg#softroce_mtu=} ;;
     esac
 done
 [ -n "$run_id" ] || fail "no softroce_run= on the kernel command line"
@@ -68,6 +73,8 @@ mount -t tmpfs -o mode=1777 tmpfs $R/dev/shm || fail "chroot /dev/shm"
 mount -t devpts -o newinstance,ptmxmode=0666 devpts $R/dev/pts || true
 mount -t tmpfs -o mode=1777 tmpfs $R/tmp || fail "chroot /tmp"
 mount -t tmpfs -o mode=0755 tmpfs $R/run || true
+# A repository under /tmp or /run is hidden by the tmpfs: recreate its path.
+[ -d "$R$repo_path" ] || mkdir -p "$R$repo_path"
 mount -o bind /repo "$R$repo_path" || fail "cannot bind the repository to $repo_path"
 
 # Networking: nothing leaves the VM (qemu has no NIC); rxe runs over a dummy
@@ -76,6 +83,7 @@ hostname softroce
 ip link set lo up || fail "cannot bring lo up"
 in_root() { chroot $R /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin "$@"; }
 in_root ip link add rxenet0 type dummy || fail "cannot create rxenet0"
+in_root ip link set rxenet0 mtu "$mtu" || fail "cannot set the MTU of rxenet0 to $mtu"
 in_root ip link set rxenet0 up || fail "cannot bring rxenet0 up"
 in_root ip addr add 192.0.2.1/24 dev rxenet0 || fail "cannot address rxenet0"
 in_root rdma link add rxe0 type rxe netdev rxenet0 || fail "cannot create rxe0"

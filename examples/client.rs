@@ -1,0 +1,190 @@
+//! rdmactor client: load, latency and rate runs against a server's `echo` service.
+//!
+//! ```sh
+//! client --addr 192.0.2.1:7471 latency --iters 10000 --size 64
+//! client --addr 192.0.2.1:7471 rate --connections 16 --window 16 --size 64 --secs 5
+//! client --addr 192.0.2.1:7471 echo --connections 4 --forever   # verified load
+//! client --addr 192.0.2.1:7471 connect --connections 200        # setup rate
+//! ```
+//! Each run ends with one `RESULT key=value ...` line for scripts (see scripts/bench).
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result};
+use clap::{Parser, Subcommand};
+use rdmactor::runtime::{Client, ClientConnection, NodeConfig};
+use rdmactor_services::echo::{EchoRequest, EchoResponse};
+
+#[derive(Parser)]
+#[command(about = "rdmactor client: echo load, latency and rate measurements")]
+struct Args {
+    /// Server address.
+    #[arg(long)]
+    addr: SocketAddr,
+    /// Service to connect to.
+    #[arg(long, default_value = "echo")]
+    service: String,
+    #[command(subcommand)]
+    run: Run,
+}
+
+#[derive(Subcommand)]
+enum Run {
+    /// Round-trip latency of sequential requests on one connection.
+    Latency {
+        #[arg(long, default_value_t = 10_000)]
+        iters: usize,
+        #[arg(long, default_value_t = 64)]
+        size: usize,
+    },
+    /// Request rate with `window` requests in flight per connection.
+    Rate {
+        #[arg(long, default_value_t = 1)]
+        connections: usize,
+        #[arg(long, default_value_t = 16)]
+        window: usize,
+        #[arg(long, default_value_t = 64)]
+        size: usize,
+        #[arg(long, default_value_t = 5.0)]
+        secs: f64,
+    },
+    /// Verified echo traffic (until killed with --forever).
+    Echo {
+        #[arg(long, default_value_t = 1)]
+        connections: usize,
+        #[arg(long, default_value_t = 1000)]
+        requests: usize,
+        #[arg(long)]
+        forever: bool,
+    },
+    /// Connection setup rate: open connections one after another, then hold them.
+    Connect {
+        #[arg(long, default_value_t = 100)]
+        connections: usize,
+        /// Seconds to hold the connections open (for idle-memory measurements).
+        #[arg(long, default_value_t = 0.0)]
+        hold: f64,
+    },
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .init();
+    let args = Args::parse();
+    actix::System::new().block_on(run(args))
+}
+
+async fn echo(conn: &ClientConnection, payload: Vec<u8>) -> Result<()> {
+    let resp: EchoResponse = conn
+        .request_typed(&EchoRequest {
+            payload: payload.clone(),
+        })
+        .await?;
+    anyhow::ensure!(resp.payload == payload, "echo payload differs");
+    Ok(())
+}
+
+async fn connect_all(client: &Client, args: &Args, n: usize) -> Result<Vec<ClientConnection>> {
+    let mut conns = Vec::with_capacity(n);
+    for _ in 0..n {
+        conns.push(
+            client
+                .connect(args.addr, &args.service)
+                .await
+                .context("connect")?,
+        );
+    }
+    Ok(conns)
+}
+
+async fn run(args: Args) -> Result<()> {
+    let client = Client::start(NodeConfig::default())?;
+    match args.run {
+        Run::Latency { iters, size } => {
+            let conn = connect_all(&client, &args, 1).await?.remove(0);
+            let payload = vec![0x5a; size];
+            for _ in 0..100 {
+                echo(&conn, payload.clone()).await?; // warm-up
+            }
+            let mut rtts = Vec::with_capacity(iters);
+            for _ in 0..iters {
+                let t = Instant::now();
+                echo(&conn, payload.clone()).await?;
+                rtts.push(t.elapsed());
+            }
+            rtts.sort();
+            let pct = |p: f64| rtts[((rtts.len() - 1) as f64 * p) as usize].as_secs_f64() * 1e6;
+            println!(
+                "RESULT kind=latency size={size} iters={iters} p50_us={:.2} p99_us={:.2}",
+                pct(0.50),
+                pct(0.99)
+            );
+        }
+        Run::Rate {
+            connections,
+            window,
+            size,
+            secs,
+        } => {
+            let conns = connect_all(&client, &args, connections).await?;
+            let deadline = Instant::now() + Duration::from_secs_f64(secs);
+            let start = Instant::now();
+            let workers = conns
+                .iter()
+                .flat_map(|c| (0..window).map(move |_| c.clone()))
+                .map(|conn| async move {
+                    let payload = vec![0xa5; size];
+                    let mut done = 0u64;
+                    while Instant::now() < deadline {
+                        echo(&conn, payload.clone()).await?;
+                        done += 1;
+                    }
+                    anyhow::Ok(done)
+                });
+            let mut total = 0;
+            for r in futures::future::join_all(workers).await {
+                total += r?;
+            }
+            let rate = total as f64 / start.elapsed().as_secs_f64();
+            println!(
+                "RESULT kind=rate connections={connections} window={window} size={size} requests={total} req_per_s={rate:.0}"
+            );
+        }
+        Run::Echo {
+            connections,
+            requests,
+            forever,
+        } => {
+            let conns = connect_all(&client, &args, connections).await?;
+            println!("connected {connections}");
+            let tasks = conns.iter().enumerate().map(|(c, conn)| async move {
+                let mut i = 0usize;
+                while forever || i < requests {
+                    let size = [16usize, 1000, 9000][(c + i) % 3];
+                    echo(conn, vec![(i % 251) as u8; size]).await?;
+                    i += 1;
+                }
+                anyhow::Ok(i)
+            });
+            let mut total = 0;
+            for r in futures::future::join_all(tasks).await {
+                total += r?;
+            }
+            println!("RESULT kind=echo connections={connections} requests={total}");
+        }
+        Run::Connect { connections, hold } => {
+            let start = Instant::now();
+            let conns = connect_all(&client, &args, connections).await?;
+            let rate = connections as f64 / start.elapsed().as_secs_f64();
+            println!("RESULT kind=connect connections={connections} conn_per_s={rate:.1}");
+            actix_rt::time::sleep(Duration::from_secs_f64(hold)).await;
+            drop(conns);
+        }
+    }
+    client.shutdown().await;
+    Ok(())
+}

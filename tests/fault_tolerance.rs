@@ -1,0 +1,198 @@
+//! Bad clients and overload: a SIGKILLed client is torn down while others are served; a
+//! flood into a slow service causes no RNR (credits), even with RNR retries disabled;
+//! the server binary shuts down cleanly on SIGTERM.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use rdmactor::runtime::{
+    Client, ClientConnection, Message, NodeConfig, PeerInfo, Server, Service, Session, SessionCx,
+    SessionError,
+};
+use rdmactor_services::echo::{Echo, EchoRequest, EchoResponse};
+use rdmactor_tests::{
+    actix_run, assert_released, eventually, pattern, rdma_context, resource_counts, target_bin,
+    test_addr,
+};
+
+async fn echo_ok(conn: &ClientConnection, payload: Vec<u8>) {
+    let resp: EchoResponse = conn
+        .request_typed(&EchoRequest {
+            payload: payload.clone(),
+        })
+        .await
+        .expect("echo request");
+    assert!(resp.payload == payload, "payload differs");
+}
+
+#[test]
+fn sigkilled_client_is_torn_down_and_others_keep_being_served() {
+    let Some(_ctx) = rdma_context() else { return };
+    let base = resource_counts();
+    actix_run(async {
+        let server = Server::builder()
+            .listen(test_addr(), None)
+            .service("echo", Echo)
+            .start()
+            .expect("server");
+        let addr = server.local_addrs()[0];
+        let client = Client::start(NodeConfig::default()).expect("client");
+        let steady = client.connect(addr, "echo").await.expect("connect");
+
+        let mut child = Command::new(target_bin("client"))
+            .args([
+                "--addr",
+                &addr.to_string(),
+                "echo",
+                "--connections",
+                "3",
+                "--forever",
+            ])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the client binary (scripts/test builds it)");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "connected 3");
+        eventually("4 connections", Duration::from_secs(10), || async {
+            server.stats().await.connections == 4
+        })
+        .await;
+        for i in 0..20 {
+            echo_ok(&steady, pattern(5000, i)).await; // traffic while the other streams
+        }
+        child.kill().expect("SIGKILL");
+        let status = child.wait().unwrap();
+        assert!(!status.success());
+
+        eventually(
+            "the killed client's connections to be torn down",
+            Duration::from_secs(30),
+            || async { server.stats().await.connections == 1 },
+        )
+        .await;
+        for i in 0..20 {
+            echo_ok(&steady, pattern(9000, 100 + i)).await;
+        }
+        steady.close().await;
+        eventually("all closed", Duration::from_secs(10), || async {
+            server.stats().await.connections == 0
+        })
+        .await;
+        let stats = server.stats().await;
+        assert_eq!(
+            stats.pool.leased.iter().sum::<usize>(),
+            0,
+            "leases returned: {stats:?}"
+        );
+        client.shutdown().await;
+        server.shutdown().await;
+    });
+    assert_released(&base);
+}
+
+/// A deliberately slow service: each message takes a millisecond of the worker thread.
+struct Slow;
+
+impl Service for Slow {
+    fn session(&self, _peer: &PeerInfo) -> Box<dyn Session> {
+        Box::new(SlowSession)
+    }
+}
+
+struct SlowSession;
+
+impl Session for SlowSession {
+    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
+        std::thread::sleep(Duration::from_millis(1));
+        let data = msg.data.clone();
+        cx.reply(&msg, data)
+    }
+}
+
+#[test]
+fn flooding_a_slow_service_causes_no_rnr_and_loses_nothing() {
+    let Some(_ctx) = rdma_context() else { return };
+    let base = resource_counts();
+    // With zero RNR retries, a single SEND that met an empty receive queue would fail
+    // the connection; credits must prevent that entirely.
+    let no_rnr = NodeConfig {
+        rnr_retry_count: 0,
+        recv_depth: 4,
+        ..NodeConfig::default()
+    };
+    actix_run(async move {
+        let server = Server::builder()
+            .config(no_rnr.clone())
+            .listen(test_addr(), None)
+            .service("slow", Slow)
+            .start()
+            .expect("server");
+        let addr = server.local_addrs()[0];
+        let client = Client::start(no_rnr).expect("client");
+        let conn = client.connect(addr, "slow").await.expect("connect");
+        let requests = (0..600u64).map(|i| {
+            let conn = conn.clone();
+            async move {
+                let data = pattern(16 + (i as usize * 37) % 3000, i);
+                let back = conn
+                    .request(data.clone())
+                    .await
+                    .unwrap_or_else(|e| panic!("request {i}: {e}"));
+                assert!(back == data, "request {i} answered with other bytes");
+            }
+        });
+        futures::future::join_all(requests).await;
+        conn.close().await;
+        client.shutdown().await;
+        server.shutdown().await;
+    });
+    assert_released(&base);
+}
+
+#[test]
+fn server_binary_shuts_down_cleanly_on_sigterm() {
+    let Some(_ctx) = rdma_context() else { return };
+    let base = resource_counts();
+    let listen = format!("{}:0", test_addr().ip());
+    let mut server = Command::new(target_bin("server"))
+        .args(["--listen", &listen])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the server binary (scripts/test builds it)");
+    let mut out = BufReader::new(server.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let addr: std::net::SocketAddr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .expect("address line")
+        .parse()
+        .unwrap();
+    actix_run(async {
+        let client = Client::start(NodeConfig::default()).expect("client");
+        let conn = client.connect(addr, "echo").await.expect("connect");
+        echo_ok(&conn, b"before".to_vec()).await;
+        // SIGTERM: the server disconnects us, releases everything and exits 0.
+        let ok = Command::new("kill")
+            .args(["-TERM", &server.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        let status = server.wait().unwrap();
+        assert!(status.success(), "server exited with {status:?}");
+        let err = conn
+            .request(b"after".to_vec())
+            .await
+            .expect_err("the server is gone");
+        assert!(err.to_string().contains("closed"), "{err}");
+        client.shutdown().await;
+    });
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    assert!(rest.contains("shut down cleanly: 1 accepted"), "{rest}");
+    assert_released(&base);
+}
