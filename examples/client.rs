@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand};
-use rdmactor::runtime::{Client, ClientConnection, NodeConfig};
+use rdmactor::runtime::{Client, ClientConnection, NodeConfig, PollMode};
 use rdmactor_services::echo::{EchoRequest, EchoResponse};
 
 #[derive(Parser)]
@@ -25,6 +25,9 @@ struct Args {
     /// Service to connect to.
     #[arg(long, default_value = "echo")]
     service: String,
+    /// Spin on the CQs instead of sleeping on a completion channel.
+    #[arg(long)]
+    busy_poll: bool,
     #[command(subcommand)]
     run: Run,
 }
@@ -102,20 +105,36 @@ async fn connect_all(client: &Client, args: &Args, n: usize) -> Result<Vec<Clien
 }
 
 async fn run(args: Args) -> Result<()> {
-    let client = Client::start(NodeConfig::default())?;
+    let client = Client::start(NodeConfig {
+        poll_mode: if args.busy_poll {
+            PollMode::Busy
+        } else {
+            PollMode::EVENT
+        },
+        ..NodeConfig::default()
+    })?;
     match args.run {
         Run::Latency { iters, size } => {
             let conn = connect_all(&client, &args, 1).await?.remove(0);
-            let payload = vec![0x5a; size];
-            for _ in 0..100 {
-                echo(&conn, payload.clone()).await?; // warm-up
-            }
-            let mut rtts = Vec::with_capacity(iters);
-            for _ in 0..iters {
-                let t = Instant::now();
-                echo(&conn, payload.clone()).await?;
-                rtts.push(t.elapsed());
-            }
+            // The loop runs on the poller thread that also runs the connection's actor,
+            // so a reply reaches it without a thread wake-up.
+            let rtts = client
+                .run_on_poller(async move {
+                    let payload = vec![0x5a; size];
+                    for _ in 0..100 {
+                        echo(&conn, payload.clone()).await?; // warm-up
+                    }
+                    let mut rtts = Vec::with_capacity(iters);
+                    for _ in 0..iters {
+                        let t = Instant::now();
+                        echo(&conn, payload.clone()).await?;
+                        rtts.push(t.elapsed());
+                    }
+                    anyhow::Ok(rtts)
+                })
+                .await
+                .context("poller stopped")??;
+            let mut rtts = rtts;
             rtts.sort();
             let pct = |p: f64| rtts[((rtts.len() - 1) as f64 * p) as usize].as_secs_f64() * 1e6;
             println!(
@@ -131,24 +150,30 @@ async fn run(args: Args) -> Result<()> {
             secs,
         } => {
             let conns = connect_all(&client, &args, connections).await?;
-            let deadline = Instant::now() + Duration::from_secs_f64(secs);
             let start = Instant::now();
-            let workers = conns
-                .iter()
-                .flat_map(|c| (0..window).map(move |_| c.clone()))
-                .map(|conn| async move {
-                    let payload = vec![0xa5; size];
-                    let mut done = 0u64;
-                    while Instant::now() < deadline {
-                        echo(&conn, payload.clone()).await?;
-                        done += 1;
+            let total = client
+                .run_on_poller(async move {
+                    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+                    let workers = conns
+                        .iter()
+                        .flat_map(|c| (0..window).map(move |_| c.clone()))
+                        .map(|conn| async move {
+                            let payload = vec![0xa5; size];
+                            let mut done = 0u64;
+                            while Instant::now() < deadline {
+                                echo(&conn, payload.clone()).await?;
+                                done += 1;
+                            }
+                            anyhow::Ok(done)
+                        });
+                    let mut total = 0;
+                    for r in futures::future::join_all(workers).await {
+                        total += r?;
                     }
-                    anyhow::Ok(done)
-                });
-            let mut total = 0;
-            for r in futures::future::join_all(workers).await {
-                total += r?;
-            }
+                    anyhow::Ok(total)
+                })
+                .await
+                .context("poller stopped")??;
             let rate = total as f64 / start.elapsed().as_secs_f64();
             println!(
                 "RESULT kind=rate connections={connections} window={window} size={size} requests={total} req_per_s={rate:.0}"

@@ -36,15 +36,12 @@ struct Args {
     /// Registered memory cap, in MiB.
     #[arg(long, default_value_t = 1024)]
     pool_mib: usize,
-    /// CQ-polling threads.
+    /// CQ-polling threads (each also runs its connections' actors).
     #[arg(long, default_value_t = 1)]
     pollers: usize,
     /// How pollers wait for completions.
     #[arg(long, value_enum, default_value_t = Mode::Event)]
     poll_mode: Mode,
-    /// Threads running connection actors.
-    #[arg(long, default_value_t = 2)]
-    workers: usize,
     /// RDMA device (default: whichever rdma_cm routes to).
     #[arg(long)]
     device: Option<String>,
@@ -74,9 +71,8 @@ fn main() -> Result<()> {
         pollers: args.pollers,
         poll_mode: match args.poll_mode {
             Mode::Busy => PollMode::Busy,
-            Mode::Event => PollMode::Event,
+            Mode::Event => PollMode::EVENT,
         },
-        workers: args.workers,
         pool: PoolConfig {
             max_bytes: args.pool_mib << 20,
             ..PoolConfig::default()

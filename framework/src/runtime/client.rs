@@ -95,6 +95,21 @@ impl Client {
         Ok(ClientConnection { conn })
     }
 
+    /// Runs `fut` on the first poller thread, next to the connections it polls, and
+    /// returns its output. Latency-critical loops avoid a thread wake-up per reply this
+    /// way (with one poller, every connection lives on that thread).
+    pub async fn run_on_poller<F>(&self, fut: F) -> Option<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        self.node.first_poller().spawn(async move {
+            let _ = tx.send(fut.await);
+        });
+        rx.await.ok()
+    }
+
     /// Closes every connection, waits for their release, and stops the actors.
     pub async fn shutdown(self) {
         let (tx, rx) = oneshot::channel();

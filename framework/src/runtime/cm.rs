@@ -204,8 +204,9 @@ impl CmActor {
         let key = id.key();
         let cm = ctx.address().recipient();
         let routes = self.node.routes.clone();
+        let arbiter = core.arbiter();
         let actor = ConnectionActor::new(core, session, routes.clone(), cm, key, label.clone());
-        let addr = ConnectionActor::start_in_arbiter(&self.node.worker(), move |_| actor);
+        let addr = ConnectionActor::start_in_arbiter(&arbiter, move |_| actor);
         routes.insert(qp_num, addr.clone().recipient());
         self.conns.insert(key, addr.clone().recipient());
         let welcome = match framing {
@@ -349,6 +350,7 @@ impl CmActor {
             service
         );
         let routes = self.node.routes.clone();
+        let arbiter = core.arbiter();
         let actor = ConnectionActor::new(
             core,
             ClientSession::default(),
@@ -357,7 +359,7 @@ impl CmActor {
             key,
             label,
         );
-        let addr = ConnectionActor::start_in_arbiter(&self.node.worker(), move |_| actor);
+        let addr = ConnectionActor::start_in_arbiter(&arbiter, move |_| actor);
         routes.insert(qp_num, addr.clone().recipient());
         self.conns.insert(key, addr.clone().recipient());
         let hello = Hello {

@@ -9,12 +9,10 @@ use super::poller::PollMode;
 pub struct NodeConfig {
     /// RDMA device name (`None`: the one rdma_cm routes to, opened on first use).
     pub device: Option<String>,
-    /// CQ-polling threads.
+    /// CQ-polling threads; each also runs the actors of the connections it polls for.
     pub pollers: usize,
     /// How pollers wait.
     pub poll_mode: PollMode,
-    /// Threads running connection actors.
-    pub workers: usize,
     /// Registered-memory pool.
     pub pool: PoolConfig,
     /// Receives pre-posted per framed connection (the peer's send credits).
@@ -35,8 +33,7 @@ impl Default for NodeConfig {
         NodeConfig {
             device: None,
             pollers: 1,
-            poll_mode: PollMode::Event,
-            workers: 2,
+            poll_mode: PollMode::EVENT,
             pool: PoolConfig::default(),
             recv_depth: 16,
             recv_size: 4096,

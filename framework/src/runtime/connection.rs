@@ -261,6 +261,11 @@ impl Core {
         self.qp.qp_num()
     }
 
+    /// The poller thread that polls this connection's CQ; its actor must run there.
+    pub(crate) fn arbiter(&self) -> actix::dev::ArbiterHandle {
+        self._cq.arbiter()
+    }
+
     fn eager_limit(&self) -> usize {
         self.recv_size - HEADER_LEN
     }

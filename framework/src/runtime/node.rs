@@ -1,11 +1,9 @@
 //! Device-level resources a server or client shares among all its connections: one
 //! context, one PD, the registered-memory pool, the poller threads, the routing table
-//! from QP number to connection actor, and the worker threads the actors run on.
+//! from QP number to connection actor.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use actix::prelude::*;
 use dashmap::DashMap;
 
 use super::config::NodeConfig;
@@ -23,19 +21,16 @@ pub(crate) struct Node {
     pub routes: Routes,
     pub config: NodeConfig,
     pollers: Pollers,
-    workers: Vec<Arbiter>,
-    next_worker: AtomicUsize,
 }
 
 impl Node {
-    /// Opens the device and starts pollers and workers. Must run inside an actix System.
+    /// Opens the device and starts the pollers. Must run inside an actix System.
     pub fn start(config: NodeConfig) -> Result<Arc<Node>> {
         let ctx = Context::open(config.device.as_deref())?;
         let pd = ProtectionDomain::new(&ctx)?;
         let pool = MrPool::registered(&pd, config.pool.clone());
         let routes: Routes = Arc::new(DashMap::new());
         let pollers = Pollers::start(&ctx, config.pollers, config.poll_mode, routes.clone())?;
-        let workers = (0..config.workers.max(1)).map(|_| Arbiter::new()).collect();
         Ok(Arc::new(Node {
             ctx,
             pd,
@@ -43,15 +38,7 @@ impl Node {
             routes,
             config,
             pollers,
-            workers,
-            next_worker: AtomicUsize::new(0),
         }))
-    }
-
-    /// The next worker thread, round robin.
-    pub fn worker(&self) -> ArbiterHandle {
-        let i = self.next_worker.fetch_add(1, Ordering::Relaxed) % self.workers.len();
-        self.workers[i].handle()
     }
 
     /// Builds a connection on `id`: CQ capacity from a poller, the QP on the shared PD,
@@ -119,15 +106,11 @@ impl Node {
         self.pool.stats()
     }
 
+    pub fn first_poller(&self) -> actix::dev::ArbiterHandle {
+        self.pollers.first_arbiter()
+    }
+
     pub fn cq_count(&self) -> usize {
         self.pollers.cq_count()
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        for w in &self.workers {
-            w.stop();
-        }
     }
 }

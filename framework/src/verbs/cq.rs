@@ -95,6 +95,31 @@ impl CompletionChannel {
     }
 }
 
+/// A completion channel's fd, kept open by the channel handle inside, for registration
+/// with an async reactor.
+#[derive(Clone)]
+pub struct ChannelFd(CompletionChannel);
+
+impl std::os::fd::AsRawFd for ChannelFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.fd()
+    }
+}
+
+impl CompletionChannel {
+    /// Registers the channel's fd with the current tokio reactor, to await CQ events
+    /// without a blocking thread. Must be called inside a tokio runtime.
+    pub fn register_async(&self) -> std::io::Result<tokio::io::unix::AsyncFd<ChannelFd>> {
+        let inner = ChannelFd(self.clone());
+        // SAFETY: the fd belongs to the channel held inside `inner`, which keeps it open
+        // and unchanged for as long as the AsyncFd owns `inner`.
+        unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(inner, tokio::io::Interest::READABLE)
+        }
+        .map_err(std::io::Error::from)
+    }
+}
+
 /// A completion queue. Cheap to clone; destroyed after the last QP using it is gone.
 #[derive(Clone)]
 pub struct CompletionQueue {
