@@ -10,8 +10,9 @@ use rdmactor_tests::{
     actix_run, assert_released, eventually, pattern, rdma_context, resource_counts, test_addr,
 };
 
-/// Payload sizes cycled through: inline frames up to 4 KiB, rendezvous above.
-const SIZES: [usize; 6] = [16, 200, 1500, 4000, 9000, 64 * 1024];
+/// Payload sizes cycled through: eager frames up to 4 KiB, the RDMA READ rendezvous above
+/// (one request in five, both ways, as request/response traffic tends to be mostly small).
+const SIZES: [usize; 10] = [16, 64, 200, 512, 1024, 1500, 2048, 4000, 9000, 64 * 1024];
 
 fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name)

@@ -9,5 +9,7 @@
 //! | `rping` | serves rdma-core's unmodified `rping -c` client |
 
 pub mod echo;
+pub mod file_transfer;
+pub mod lambda;
 pub mod pingpong;
 pub mod rping;

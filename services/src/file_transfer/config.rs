@@ -1,0 +1,106 @@
+//! Operator settings for the receiving (and serving) side.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use super::error::{Result, TransferError};
+use super::wire::SecretKey;
+
+/// Settings shared by every transfer of a service (wrap it in an `Arc`).
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Where received files are stored and fetched files are served from.
+    pub dir: PathBuf,
+    /// Largest file accepted, in bytes.
+    pub max_size: u64,
+    /// Slots in a granted window (chunks in flight).
+    pub slots: u32,
+    /// Bytes per slot, which is also the chunk size.
+    pub slot_len: u32,
+    /// Largest window a peer may grant us when we send (our staging buffer).
+    pub max_window: u64,
+    /// Secret keys by sender ID, answered after GOOD.
+    pub secrets: HashMap<String, SecretKey>,
+}
+
+impl Config {
+    /// 4 slots.
+    pub const DEFAULT_SLOTS: u32 = 4;
+    /// 1 MiB per slot.
+    pub const DEFAULT_SLOT_LEN: u32 = 1 << 20;
+    /// 1 TiB.
+    pub const DEFAULT_MAX_SIZE: u64 = 1 << 40;
+    /// 64 MiB.
+    pub const DEFAULT_MAX_WINDOW: u64 = 64 << 20;
+
+    /// The defaults, storing into `dir`, with no secrets.
+    pub fn new(dir: impl Into<PathBuf>) -> Config {
+        Config {
+            dir: dir.into(),
+            max_size: Config::DEFAULT_MAX_SIZE,
+            slots: Config::DEFAULT_SLOTS,
+            slot_len: Config::DEFAULT_SLOT_LEN,
+            max_window: Config::DEFAULT_MAX_WINDOW,
+            secrets: HashMap::new(),
+        }
+    }
+
+    /// Sets the window geometry.
+    pub fn with_window(mut self, slots: u32, slot_len: u32) -> Config {
+        self.slots = slots;
+        self.slot_len = slot_len;
+        self
+    }
+
+    /// Sets the largest file accepted.
+    pub fn with_max_size(mut self, max_size: u64) -> Config {
+        self.max_size = max_size;
+        self
+    }
+
+    /// Adds a secret for `id`.
+    pub fn with_secret(mut self, id: impl Into<String>, key: impl Into<SecretKey>) -> Config {
+        self.secrets.insert(id.into(), key.into());
+        self
+    }
+
+    /// Checks the geometry: at least one slot of at least one byte, a window no larger
+    /// than `max_window` (a peer of the same configuration must accept it) and
+    /// addressable in memory.
+    ///
+    /// # Errors
+    ///
+    /// [`TransferError::Invalid`] naming the bad value.
+    pub fn validate(&self) -> Result<()> {
+        if self.slots == 0 || self.slot_len == 0 {
+            return Err(TransferError::Invalid(format!(
+                "window of {} slots of {} bytes",
+                self.slots, self.slot_len
+            )));
+        }
+        let window = u64::from(self.slots) * u64::from(self.slot_len);
+        if window > self.max_window || usize::try_from(window).is_err() {
+            return Err(TransferError::Invalid(format!(
+                "window of {window} bytes, more than the maximum of {}",
+                self.max_window
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_bad_geometry_is_not() {
+        Config::new("/tmp").validate().unwrap();
+        assert!(Config::new("/tmp").with_window(0, 1).validate().is_err());
+        assert!(Config::new("/tmp").with_window(1, 0).validate().is_err());
+        assert!(Config::new("/tmp")
+            .with_window(1000, 1 << 20)
+            .validate()
+            .is_err());
+    }
+}

@@ -1,0 +1,207 @@
+//! What every file-transfer state machine has in common: the inputs a driver feeds in
+//! ([`Endpoint`]'s `handle_*` methods) and the actions it gets back ([`Output`]).
+
+use std::ops::Range;
+use std::path::PathBuf;
+
+use super::error::{Result, TransferError};
+use super::wire::{BadReason, Digest, Msg, RejectReason, RemoteWindow, SecretKey};
+
+/// One RDMA WRITE_WITH_IMM the sender's driver must post: fill staging bytes
+/// [`range`](Self::range) with [`Endpoint::fill_chunk`], then write them to
+/// [`remote`](Self::remote) with immediate [`imm`](Self::imm). The staging buffer and
+/// the window have the same layout, so the offset is the same in both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkWrite {
+    /// Chunk index (0, 1, 2, ...), also the immediate value.
+    pub index: u32,
+    /// Slot of the window (and of the staging buffer): `index % slots`.
+    pub slot: u32,
+    /// Byte offset of that slot: `slot * slot_len`.
+    pub offset: u64,
+    /// Bytes in this chunk (`slot_len`, or less for the last chunk).
+    pub len: u32,
+    /// The exact remote destination (`len` bytes at `offset` into the window).
+    pub remote: RemoteWindow,
+}
+
+impl ChunkWrite {
+    /// The immediate value to send with the WRITE: the chunk index.
+    pub fn imm(&self) -> u32 {
+        self.index
+    }
+
+    /// The chunk's bytes within the staging buffer.
+    pub fn range(&self) -> Range<usize> {
+        let start = self.offset as usize;
+        start..start + self.len as usize
+    }
+}
+
+/// The receiver's answer to an [`Msg::Identify`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Auth {
+    /// The key configured for the ID.
+    Secret(SecretKey),
+    /// The ID is unknown.
+    Refused,
+}
+
+/// How a transfer ended, as seen from one side.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Receiver: the digest matched, the file is durably in place, GOOD was sent.
+    Stored {
+        /// Final path.
+        path: PathBuf,
+        /// Bytes.
+        len: u64,
+        /// The verified digest.
+        digest: Digest,
+    },
+    /// Sender: the receiver answered GOOD, and then (if the sender identified itself)
+    /// answered the identification.
+    Delivered {
+        /// The answer to `Identify`, if one was sent.
+        auth: Option<Auth>,
+    },
+    /// Both: BAD was sent or received; nothing was stored.
+    Bad(BadReason),
+    /// Both: the offer or fetch was refused; nothing was transferred.
+    Rejected(RejectReason),
+}
+
+/// An action for the driver, from [`Endpoint::poll_output`]. Which side emits what:
+///
+/// | output | receiver | sender |
+/// |---|---|---|
+/// | [`Send`](Self::Send) | yes | yes |
+/// | [`GrantWindow`](Self::GrantWindow), [`Revoke`](Self::Revoke) | yes | |
+/// | [`Stage`](Self::Stage), [`WriteChunk`](Self::WriteChunk) | | yes |
+/// | [`Finished`](Self::Finished) | yes | yes |
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    /// Send this message (postcard: [`Msg::encode`]).
+    Send(Msg),
+    /// Register a window of `len` bytes with REMOTE_WRITE access (nothing more), then
+    /// call [`Endpoint::handle_window`] with its address, length and rkey.
+    GrantWindow {
+        /// Exactly `slots * slot_len`.
+        len: u64,
+    },
+    /// Deregister the window: every chunk is in, no WRITE may land any more.
+    Revoke,
+    /// Get a local staging buffer of `len` bytes (the window's size) for the chunk
+    /// WRITEs that follow. Keep it until [`Finished`](Self::Finished) and until every
+    /// WRITE completed.
+    Stage {
+        /// Bytes.
+        len: u64,
+    },
+    /// Fill and post one chunk (see [`ChunkWrite`]); report its completion with
+    /// [`Endpoint::handle_write_done`].
+    WriteChunk(ChunkWrite),
+    /// The transfer is over (a receiver may still answer one `Identify` after
+    /// [`Outcome::Stored`]).
+    Finished(Outcome),
+}
+
+/// A file-transfer state machine: [`Sender`](super::Sender),
+/// [`Receiver`](super::Receiver), or the [`Server`](super::Server) that plays either.
+///
+/// # Driving order
+///
+/// After creating one, and after **every** `handle_*`/`fill_chunk` call, call
+/// [`poll_output`](Self::poll_output) until it returns `None` and carry out each
+/// [`Output`] in that order (posting in order matters: a `Done` follows the last chunk
+/// WRITE on the queue pair, and RC delivers them in that order). Then feed in events:
+///
+/// * a control message → [`handle_msg`](Self::handle_msg) with [`Msg::decode`] of it;
+/// * a WRITE_WITH_IMM arrival with immediate `i` (receiver) → bytes
+///   [`chunk_range(i)`](Self::chunk_range) of the window to
+///   [`handle_chunk(i, ..)`](Self::handle_chunk);
+/// * the window registered after [`Output::GrantWindow`] (receiver) →
+///   [`handle_window`](Self::handle_window), before polling on;
+/// * [`Output::WriteChunk`] (sender) → [`fill_chunk`](Self::fill_chunk) into the
+///   staging bytes at [`ChunkWrite::range`], then post the WRITE;
+/// * that WRITE's completion (sender) → [`handle_write_done`](Self::handle_write_done).
+///
+/// Every `Err` ends the transfer: the driver should end the connection with the error's
+/// text and drop the state machine (which fails any later call it gets). Dropping a
+/// state machine mid-transfer removes any partial file. Inputs meant for the other
+/// role fail with [`TransferError::Unexpected`].
+pub trait Endpoint {
+    /// Where the state machine is, in words (used in errors).
+    fn state_name(&self) -> &'static str;
+
+    /// A control message from the peer.
+    ///
+    /// # Errors
+    ///
+    /// The message is not allowed in this state, or it is inconsistent.
+    fn handle_msg(&mut self, msg: Msg) -> Result<()>;
+
+    /// The next action for the driver.
+    #[must_use]
+    fn poll_output(&mut self) -> Option<Output>;
+
+    /// True when no transfer is in progress (none started, or the last one finished).
+    fn is_finished(&self) -> bool;
+
+    /// Receiver: where chunk `index` is in the window.
+    ///
+    /// # Errors
+    ///
+    /// No window, or no such chunk.
+    fn chunk_range(&self, index: u32) -> Result<Range<usize>> {
+        Err(unexpected(self, format!("chunk {index}")))
+    }
+
+    /// Receiver: chunk `index` landed; `bytes` are its bytes in the window.
+    ///
+    /// # Errors
+    ///
+    /// Out of order, wrong length, not receiving, or the temporary file failed.
+    fn handle_chunk(&mut self, index: u32, bytes: &[u8]) -> Result<()> {
+        let _ = bytes;
+        Err(unexpected(self, format!("chunk {index}")))
+    }
+
+    /// Receiver: the window asked for by [`Output::GrantWindow`] is registered.
+    ///
+    /// # Errors
+    ///
+    /// Not asked for, or the wrong length.
+    fn handle_window(&mut self, region: RemoteWindow) -> Result<()> {
+        let _ = region;
+        Err(unexpected(self, "window registration".into()))
+    }
+
+    /// Sender: copy the bytes of `chunk` into `dst` (its [`ChunkWrite::range`] of the
+    /// staging buffer).
+    ///
+    /// # Errors
+    ///
+    /// Not the next chunk, a `dst` of the wrong length, or the source failed.
+    fn fill_chunk(&mut self, chunk: &ChunkWrite, dst: &mut [u8]) -> Result<()> {
+        let _ = dst;
+        Err(unexpected(self, format!("fill of chunk {}", chunk.index)))
+    }
+
+    /// Sender: the WRITE of chunk `index` completed locally.
+    ///
+    /// # Errors
+    ///
+    /// No such WRITE in flight.
+    fn handle_write_done(&mut self, index: u32) -> Result<()> {
+        Err(unexpected(self, format!("completion of chunk {index}")))
+    }
+}
+
+/// The error for `what` arriving while `ep` is in a state that does not take it.
+pub(crate) fn unexpected<E: Endpoint + ?Sized>(ep: &E, what: String) -> TransferError {
+    TransferError::Unexpected {
+        what,
+        state: ep.state_name(),
+    }
+}

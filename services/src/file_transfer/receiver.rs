@@ -1,0 +1,687 @@
+//! The receiving side: checks an offer, asks the driver for a window, consumes chunks
+//! in order (hash and temporary file), verifies on DONE, answers GOOD or BAD, and then
+//! one `Identify`. Plays the server for uploads ([`Receiver::new`]) and the client for
+//! downloads ([`Receiver::fetch`]).
+
+use std::collections::VecDeque;
+use std::mem;
+use std::ops::Range;
+use std::sync::Arc;
+
+use super::config::Config;
+use super::endpoint::{unexpected, Endpoint, Outcome, Output};
+use super::error::{Result, TransferError};
+use super::hash::Hasher;
+use super::name::validate_name;
+use super::store::{StoreError, TempFile};
+use super::wire::{
+    chunk_count, chunk_len, BadReason, FileOffer, HashAlg, Msg, RejectReason, RemoteWindow,
+    WindowGrant, MAX_CHUNKS,
+};
+
+/// One accepted offer being received.
+#[derive(Debug)]
+struct Incoming {
+    offer: FileOffer,
+    temp: TempFile,
+    hasher: Hasher,
+    slots: u32,
+    slot_len: u32,
+    chunks: u64,
+    /// Index of the next chunk expected.
+    next: u64,
+    window: Option<RemoteWindow>,
+}
+
+impl Incoming {
+    fn window_len(&self) -> u64 {
+        u64::from(self.slots) * u64::from(self.slot_len)
+    }
+}
+
+#[derive(Debug)]
+enum State {
+    /// Waiting for an `Offer` (upload, server side).
+    AwaitOffer,
+    /// A `Fetch` was sent; waiting for the server's `Offer` or `Reject`.
+    AwaitFetched {
+        name: String,
+        alg: HashAlg,
+        overwrite: bool,
+    },
+    /// `GrantWindow` was emitted; waiting for `handle_window`.
+    Granting(Box<Incoming>),
+    /// Chunks and then `Done`.
+    Receiving(Box<Incoming>),
+    /// The verdict was sent (or the offer rejected); `Identify` is still answered when
+    /// the verdict was GOOD.
+    Finished { may_identify: bool },
+    /// An error ended the transfer.
+    Failed,
+}
+
+impl State {
+    fn name(&self) -> &'static str {
+        match self {
+            State::AwaitOffer => "waiting for an offer",
+            State::AwaitFetched { .. } => "waiting for the offer of the fetched file",
+            State::Granting(_) => "registering the window",
+            State::Receiving(_) => "receiving chunks",
+            State::Finished { may_identify: true } => "finished with GOOD (Identify allowed)",
+            State::Finished {
+                may_identify: false,
+            } => "finished",
+            State::Failed => "failed",
+        }
+    }
+}
+
+/// The receiving state machine (see [`Endpoint`] for how to drive it).
+///
+/// Message flow, one transfer:
+///
+/// ```text
+/// (Fetch →)  Offer ← · Grant → · [chunks ← · Ack →]* · Done ← · Good|Bad → · (Identify ← · Secret|Refused →)
+/// ```
+///
+/// Refusals (`Reject`) are answers, not errors: a bad name, a file larger than
+/// [`Config::max_size`], an existing file without `overwrite`, or a temporary file that
+/// cannot be created. Messages out of order, chunks out of order or of the wrong
+/// length, and a `Done` before the last chunk are errors.
+#[derive(Debug)]
+pub struct Receiver {
+    config: Arc<Config>,
+    state: State,
+    out: VecDeque<Output>,
+}
+
+impl Receiver {
+    /// A receiver waiting for an offer (the server of an upload).
+    pub fn new(config: Arc<Config>) -> Receiver {
+        Receiver {
+            config,
+            state: State::AwaitOffer,
+            out: VecDeque::new(),
+        }
+    }
+
+    /// A receiver that asks for `name` hashed with `alg` (the client of a download) and
+    /// stores it in `config.dir`, replacing an existing file only with `overwrite`. Its
+    /// first output is the `Fetch` message.
+    ///
+    /// # Errors
+    ///
+    /// `name` is not a plain file name.
+    pub fn fetch(
+        config: Arc<Config>,
+        name: &str,
+        alg: HashAlg,
+        overwrite: bool,
+    ) -> Result<Receiver> {
+        validate_name(name)?;
+        let mut r = Receiver::new(config);
+        r.out.push_back(Output::Send(Msg::Fetch {
+            name: name.to_owned(),
+            alg,
+        }));
+        r.state = State::AwaitFetched {
+            name: name.to_owned(),
+            alg,
+            overwrite,
+        };
+        Ok(r)
+    }
+
+    /// Chunks consumed so far in the current transfer.
+    pub fn chunks_received(&self) -> u64 {
+        match &self.state {
+            State::Receiving(inc) => inc.next,
+            _ => 0,
+        }
+    }
+
+    fn fail<T>(&mut self, e: TransferError) -> Result<T> {
+        // Dropping the state drops the temporary file, which removes it.
+        self.state = State::Failed;
+        Err(e)
+    }
+
+    fn reject(&mut self, reason: RejectReason) {
+        self.out.push_back(Output::Send(Msg::Reject {
+            reason: reason.clone(),
+        }));
+        self.out
+            .push_back(Output::Finished(Outcome::Rejected(reason)));
+        self.state = State::Finished {
+            may_identify: false,
+        };
+    }
+
+    fn offer(&mut self, offer: FileOffer, overwrite: bool) {
+        let config = Arc::clone(&self.config);
+        if let Err(e) = validate_name(&offer.name) {
+            return self.reject(RejectReason::BadName {
+                reason: e.to_string(),
+            });
+        }
+        if offer.len > config.max_size {
+            return self.reject(RejectReason::TooLarge {
+                max: config.max_size,
+            });
+        }
+        // Small files get one slot of their own size; larger ones the configured slots.
+        let slot_len = u64::from(config.slot_len.max(1)).min(offer.len.max(1)) as u32;
+        let chunks = chunk_count(offer.len, slot_len);
+        if chunks > MAX_CHUNKS {
+            return self.reject(RejectReason::TooLarge {
+                max: MAX_CHUNKS * u64::from(slot_len),
+            });
+        }
+        let slots = u64::from(config.slots.max(1)).min(chunks.max(1)) as u32;
+        let temp = match TempFile::create(&config.dir, &offer.name, overwrite) {
+            Ok(t) => t,
+            Err(StoreError::Exists(_)) => return self.reject(RejectReason::Exists),
+            Err(e) => {
+                return self.reject(RejectReason::Unavailable {
+                    reason: e.to_string(),
+                })
+            }
+        };
+        let inc = Box::new(Incoming {
+            hasher: Hasher::new(offer.digest.alg),
+            offer,
+            temp,
+            slots,
+            slot_len,
+            chunks,
+            next: 0,
+            window: None,
+        });
+        if chunks == 0 {
+            self.out
+                .push_back(Output::Send(Msg::Grant { window: None }));
+            self.state = State::Receiving(inc);
+        } else {
+            self.out.push_back(Output::GrantWindow {
+                len: inc.window_len(),
+            });
+            self.state = State::Granting(inc);
+        }
+    }
+
+    /// `Done`: every chunk must be in. Verify, then commit or discard.
+    fn done(&mut self, inc: Box<Incoming>) -> Result<()> {
+        if inc.next < inc.chunks {
+            return self.fail(TransferError::EarlyDone {
+                received: inc.next,
+                expected: inc.chunks,
+            });
+        }
+        if inc.window.is_some() {
+            self.out.push_back(Output::Revoke);
+        }
+        let Incoming {
+            offer,
+            temp,
+            hasher,
+            ..
+        } = *inc;
+        let got = hasher.finalize();
+        let verdict = if got != offer.digest {
+            drop(temp);
+            Err(BadReason::Mismatch { got })
+        } else {
+            temp.commit().map_err(|e| BadReason::NotStored {
+                reason: e.to_string(),
+            })
+        };
+        match verdict {
+            Ok(path) => {
+                self.out.push_back(Output::Send(Msg::Good));
+                self.out.push_back(Output::Finished(Outcome::Stored {
+                    path,
+                    len: offer.len,
+                    digest: got,
+                }));
+                self.state = State::Finished { may_identify: true };
+            }
+            Err(reason) => {
+                self.out.push_back(Output::Send(Msg::Bad {
+                    reason: reason.clone(),
+                }));
+                self.out.push_back(Output::Finished(Outcome::Bad(reason)));
+                self.state = State::Finished {
+                    may_identify: false,
+                };
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Endpoint for Receiver {
+    fn state_name(&self) -> &'static str {
+        self.state.name()
+    }
+
+    fn handle_msg(&mut self, msg: Msg) -> Result<()> {
+        match (mem::replace(&mut self.state, State::Failed), msg) {
+            (State::AwaitOffer, Msg::Offer(offer)) => {
+                let overwrite = offer.overwrite;
+                self.offer(offer, overwrite);
+                Ok(())
+            }
+            (
+                State::AwaitFetched {
+                    name,
+                    alg,
+                    overwrite,
+                },
+                Msg::Offer(offer),
+            ) => {
+                if offer.name != name || offer.digest.alg != alg {
+                    return self.fail(TransferError::FetchMismatch(format!(
+                        "asked for {name:?} with {alg}, offered {:?} with {}",
+                        offer.name, offer.digest.alg
+                    )));
+                }
+                self.offer(offer, overwrite);
+                Ok(())
+            }
+            (State::AwaitFetched { .. }, Msg::Reject { reason }) => {
+                self.out
+                    .push_back(Output::Finished(Outcome::Rejected(reason)));
+                self.state = State::Finished {
+                    may_identify: false,
+                };
+                Ok(())
+            }
+            (State::Receiving(inc), Msg::Done) => self.done(inc),
+            (State::Finished { may_identify: true }, Msg::Identify { id }) => {
+                let answer = match self.config.secrets.get(&id) {
+                    Some(key) => Msg::Secret { key: key.clone() },
+                    None => Msg::Refused,
+                };
+                self.out.push_back(Output::Send(answer));
+                self.state = State::Finished {
+                    may_identify: false,
+                };
+                Ok(())
+            }
+            (state, msg) => {
+                let e = TransferError::Unexpected {
+                    what: msg.kind().to_owned(),
+                    state: state.name(),
+                };
+                self.fail(e)
+            }
+        }
+    }
+
+    fn poll_output(&mut self) -> Option<Output> {
+        self.out.pop_front()
+    }
+
+    fn is_finished(&self) -> bool {
+        matches!(self.state, State::Finished { .. })
+    }
+
+    fn chunk_range(&self, index: u32) -> Result<Range<usize>> {
+        let State::Receiving(inc) = &self.state else {
+            return Err(unexpected(self, format!("chunk {index}")));
+        };
+        let i = u64::from(index);
+        if i >= inc.chunks {
+            return Err(TransferError::ChunkOrder {
+                got: index,
+                expected: inc.next,
+            });
+        }
+        let start = (index % inc.slots) as usize * inc.slot_len as usize;
+        Ok(start..start + chunk_len(inc.offer.len, inc.slot_len, i) as usize)
+    }
+
+    fn handle_chunk(&mut self, index: u32, bytes: &[u8]) -> Result<()> {
+        let State::Receiving(inc) = &mut self.state else {
+            let e = unexpected(self, format!("chunk {index}"));
+            return self.fail(e);
+        };
+        if u64::from(index) != inc.next || inc.next >= inc.chunks {
+            let e = TransferError::ChunkOrder {
+                got: index,
+                expected: inc.next,
+            };
+            return self.fail(e);
+        }
+        let expected = chunk_len(inc.offer.len, inc.slot_len, inc.next);
+        if bytes.len() != expected as usize {
+            let e = TransferError::ChunkLength {
+                index,
+                got: bytes.len(),
+                expected,
+            };
+            return self.fail(e);
+        }
+        inc.hasher.update(bytes);
+        if let Err(e) = inc.temp.write_all(bytes) {
+            return self.fail(e.into());
+        }
+        inc.next += 1;
+        // The slot is needed again by chunk index + slots, if there is one.
+        if u64::from(index) + u64::from(inc.slots) < inc.chunks {
+            self.out
+                .push_back(Output::Send(Msg::Ack { next: index + 1 }));
+        }
+        Ok(())
+    }
+
+    fn handle_window(&mut self, region: RemoteWindow) -> Result<()> {
+        match mem::replace(&mut self.state, State::Failed) {
+            State::Granting(mut inc) => {
+                if region.len != inc.window_len() {
+                    return self.fail(TransferError::Driver(format!(
+                        "window of {} bytes registered, {} asked for",
+                        region.len,
+                        inc.window_len()
+                    )));
+                }
+                inc.window = Some(region);
+                self.out.push_back(Output::Send(Msg::Grant {
+                    window: Some(WindowGrant {
+                        region,
+                        slots: inc.slots,
+                        slot_len: inc.slot_len,
+                    }),
+                }));
+                self.state = State::Receiving(inc);
+                Ok(())
+            }
+            state => {
+                self.state = state;
+                let e = unexpected(self, "window registration".into());
+                self.fail(e)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::file_transfer::hash::hash_bytes;
+    use crate::file_transfer::store::tests::entries;
+
+    const WINDOW: RemoteWindow = RemoteWindow {
+        addr: 0x10_0000,
+        len: 0,
+        rkey: 9,
+    };
+
+    fn config(dir: &std::path::Path) -> Arc<Config> {
+        Arc::new(
+            Config::new(dir)
+                .with_window(2, 4)
+                .with_max_size(100)
+                .with_secret("alice", "a-key"),
+        )
+    }
+
+    fn offer(name: &str, data: &[u8]) -> Msg {
+        Msg::Offer(FileOffer {
+            name: name.into(),
+            len: data.len() as u64,
+            digest: hash_bytes(HashAlg::Sha256, data),
+            overwrite: false,
+        })
+    }
+
+    fn drain(r: &mut Receiver) -> Vec<Output> {
+        std::iter::from_fn(|| r.poll_output()).collect()
+    }
+
+    fn rejected(r: &mut Receiver) -> RejectReason {
+        match drain(r).as_slice() {
+            [Output::Send(Msg::Reject { reason }), Output::Finished(Outcome::Rejected(r2))] => {
+                assert_eq!(reason, r2);
+                reason.clone()
+            }
+            other => panic!("expected a rejection, got {other:?}"),
+        }
+    }
+
+    /// Offer accepted and the window granted, with the geometry checked.
+    fn granted(r: &mut Receiver, window_len: u64) {
+        assert_eq!(drain(r), vec![Output::GrantWindow { len: window_len }]);
+        let region = RemoteWindow {
+            len: window_len,
+            ..WINDOW
+        };
+        r.handle_window(region).unwrap();
+        assert!(matches!(
+            drain(r).as_slice(),
+            [Output::Send(Msg::Grant { window: Some(w) })] if w.region == region
+        ));
+    }
+
+    #[test]
+    fn chunks_are_hashed_stored_and_acked_only_when_a_slot_is_needed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = Receiver::new(config(dir.path()));
+        let data = b"0123456789"; // 3 chunks of 4, 4, 2 through 2 slots
+        r.handle_msg(offer("f", data)).unwrap();
+        granted(&mut r, 8);
+        assert_eq!(r.chunk_range(0).unwrap(), 0..4);
+        assert_eq!(r.chunk_range(1).unwrap(), 4..8);
+        assert_eq!(r.chunk_range(2).unwrap(), 0..2);
+        r.handle_chunk(0, &data[0..4]).unwrap();
+        assert_eq!(drain(&mut r), vec![Output::Send(Msg::Ack { next: 1 })]);
+        r.handle_chunk(1, &data[4..8]).unwrap();
+        r.handle_chunk(2, &data[8..]).unwrap();
+        assert_eq!(drain(&mut r), vec![]);
+        r.handle_msg(Msg::Done).unwrap();
+        let out = drain(&mut r);
+        assert_eq!(out[0], Output::Revoke);
+        assert_eq!(out[1], Output::Send(Msg::Good));
+        assert!(matches!(
+            &out[2],
+            Output::Finished(Outcome::Stored { len: 10, .. })
+        ));
+        assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), data);
+        assert!(r.is_finished());
+    }
+
+    #[test]
+    fn small_files_get_a_small_window_and_empty_files_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = Receiver::new(config(dir.path()));
+        r.handle_msg(offer("one", b"x")).unwrap();
+        granted(&mut r, 1);
+
+        let mut r = Receiver::new(config(dir.path()));
+        r.handle_msg(offer("empty", b"")).unwrap();
+        assert_eq!(
+            drain(&mut r),
+            vec![Output::Send(Msg::Grant { window: None })]
+        );
+        r.handle_msg(Msg::Done).unwrap();
+        let out = drain(&mut r);
+        assert_eq!(out[0], Output::Send(Msg::Good));
+        assert_eq!(std::fs::read(dir.path().join("empty")).unwrap(), b"");
+    }
+
+    #[test]
+    fn bad_names_oversize_and_existing_files_are_rejected() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("exists"), b"keep").unwrap();
+        for name in ["../x", "/etc/passwd", "a\\b", "", "a\0b", &"n".repeat(256)] {
+            let mut r = Receiver::new(config(dir.path()));
+            r.handle_msg(offer(name, b"abc")).unwrap();
+            assert!(
+                matches!(rejected(&mut r), RejectReason::BadName { .. }),
+                "{name:?}"
+            );
+        }
+        let mut r = Receiver::new(config(dir.path()));
+        r.handle_msg(offer("big", &[0; 101])).unwrap();
+        assert_eq!(rejected(&mut r), RejectReason::TooLarge { max: 100 });
+        let mut r = Receiver::new(config(dir.path()));
+        r.handle_msg(offer("exists", b"new")).unwrap();
+        assert_eq!(rejected(&mut r), RejectReason::Exists);
+        assert_eq!(entries(dir.path()), vec!["exists"]);
+        assert_eq!(std::fs::read(dir.path().join("exists")).unwrap(), b"keep");
+    }
+
+    #[test]
+    fn out_of_order_messages_name_the_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = Receiver::new(config(dir.path()));
+        let e = r.handle_msg(Msg::Done).unwrap_err();
+        assert_eq!(e.to_string(), "unexpected Done while waiting for an offer");
+        // Failed for good.
+        assert!(r.handle_msg(offer("f", b"x")).is_err());
+
+        let mut r = Receiver::new(config(dir.path()));
+        r.handle_msg(offer("f", b"abcdefgh")).unwrap();
+        granted(&mut r, 8);
+        let e = r
+            .handle_msg(Msg::Identify { id: "alice".into() })
+            .unwrap_err();
+        assert_eq!(e.to_string(), "unexpected Identify while receiving chunks");
+        assert!(
+            entries(dir.path()).is_empty(),
+            "temp file removed on failure"
+        );
+    }
+
+    #[test]
+    fn chunk_errors_are_fatal_and_clean_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let start = |r: &mut Receiver| {
+            r.handle_msg(offer("f", b"abcdefghij")).unwrap();
+            granted(r, 8);
+        };
+        let mut r = Receiver::new(config(dir.path()));
+        start(&mut r);
+        assert!(matches!(
+            r.handle_chunk(1, b"efgh"),
+            Err(TransferError::ChunkOrder {
+                got: 1,
+                expected: 0
+            })
+        ));
+        assert!(entries(dir.path()).is_empty());
+
+        let mut r = Receiver::new(config(dir.path()));
+        start(&mut r);
+        assert!(matches!(
+            r.handle_chunk(0, b"abc"),
+            Err(TransferError::ChunkLength { .. })
+        ));
+
+        let mut r = Receiver::new(config(dir.path()));
+        start(&mut r);
+        r.handle_chunk(0, b"abcd").unwrap();
+        assert!(matches!(
+            r.handle_msg(Msg::Done),
+            Err(TransferError::EarlyDone {
+                received: 1,
+                expected: 3
+            })
+        ));
+        assert!(entries(dir.path()).is_empty());
+
+        let mut r = Receiver::new(config(dir.path()));
+        start(&mut r);
+        r.handle_chunk(0, b"abcd").unwrap();
+        r.handle_chunk(1, b"efgh").unwrap();
+        r.handle_chunk(2, b"ij").unwrap();
+        assert!(r.handle_chunk(3, b"").is_err(), "no chunk past the end");
+    }
+
+    #[test]
+    fn a_mismatch_is_bad_and_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = Receiver::new(config(dir.path()));
+        r.handle_msg(offer("f", b"abcd")).unwrap();
+        granted(&mut r, 4);
+        r.handle_chunk(0, b"abcX").unwrap();
+        r.handle_msg(Msg::Done).unwrap();
+        let out = drain(&mut r);
+        let got = hash_bytes(HashAlg::Sha256, b"abcX");
+        let reason = BadReason::Mismatch { got };
+        assert_eq!(
+            out,
+            vec![
+                Output::Revoke,
+                Output::Send(Msg::Bad {
+                    reason: reason.clone()
+                }),
+                Output::Finished(Outcome::Bad(reason)),
+            ]
+        );
+        assert!(entries(dir.path()).is_empty());
+        // No Identify after BAD.
+        assert!(r.handle_msg(Msg::Identify { id: "alice".into() }).is_err());
+    }
+
+    #[test]
+    fn identify_after_good_answers_once() {
+        let dir = tempfile::tempdir().unwrap();
+        for (id, answer) in [
+            (
+                "alice",
+                Msg::Secret {
+                    key: "a-key".into(),
+                },
+            ),
+            ("mallory", Msg::Refused),
+        ] {
+            let mut r = Receiver::new(config(dir.path()));
+            r.handle_msg(offer(id, b"")).unwrap();
+            r.handle_msg(Msg::Done).unwrap();
+            drain(&mut r);
+            r.handle_msg(Msg::Identify { id: id.into() }).unwrap();
+            assert_eq!(drain(&mut r), vec![Output::Send(answer)]);
+            assert!(r.handle_msg(Msg::Identify { id: id.into() }).is_err());
+        }
+    }
+
+    #[test]
+    fn a_fetch_only_takes_the_file_asked_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = Receiver::fetch(config(dir.path()), "f", HashAlg::Blake3, false).unwrap();
+        assert_eq!(
+            drain(&mut r),
+            vec![Output::Send(Msg::Fetch {
+                name: "f".into(),
+                alg: HashAlg::Blake3
+            })]
+        );
+        assert!(matches!(
+            r.handle_msg(offer("g", b"x")),
+            Err(TransferError::FetchMismatch(_))
+        ));
+        let mut r = Receiver::fetch(config(dir.path()), "f", HashAlg::Blake3, false).unwrap();
+        drain(&mut r);
+        r.handle_msg(Msg::Reject {
+            reason: RejectReason::NotFound,
+        })
+        .unwrap();
+        assert_eq!(
+            drain(&mut r),
+            vec![Output::Finished(Outcome::Rejected(RejectReason::NotFound))]
+        );
+        assert!(Receiver::fetch(config(dir.path()), "../f", HashAlg::Sha256, false).is_err());
+    }
+
+    #[test]
+    fn the_window_must_have_the_asked_length() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = Receiver::new(config(dir.path()));
+        assert!(r.handle_window(WINDOW).is_err());
+        let mut r = Receiver::new(config(dir.path()));
+        r.handle_msg(offer("f", b"abcdefgh")).unwrap();
+        drain(&mut r);
+        assert!(r.handle_window(RemoteWindow { len: 7, ..WINDOW }).is_err());
+    }
+}

@@ -1,0 +1,745 @@
+//! The sending side: offers a file, then pushes it through the receiver's window with
+//! up to `slots` chunk WRITEs in flight, says DONE, takes the verdict and, if it has an
+//! ID, identifies itself. Plays the client for uploads ([`Sender::new`],
+//! [`Sender::from_file`]) and the server for downloads ([`Sender::for_fetch`]).
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io::{self, Read, Seek};
+use std::path::Path;
+
+use super::endpoint::{unexpected, Auth, ChunkWrite, Endpoint, Outcome, Output};
+use super::error::{Result, TransferError};
+use super::hash::hash_reader;
+use super::name::validate_name;
+use super::store::{open_source, StoreError};
+use super::wire::{
+    chunk_count, chunk_len, FileOffer, HashAlg, Msg, RejectReason, WindowGrant, MAX_CHUNKS,
+};
+use super::Config;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// `Offer` sent; waiting for `Grant` or `Reject`.
+    Offered,
+    /// Writing chunks.
+    Sending,
+    /// `Done` sent; waiting for `Good` or `Bad`.
+    AwaitVerdict,
+    /// `Identify` sent; waiting for `Secret` or `Refused`.
+    Identifying,
+    /// Over.
+    Finished,
+    /// An error ended the transfer.
+    Failed,
+}
+
+impl State {
+    fn name(self) -> &'static str {
+        match self {
+            State::Offered => "waiting for the grant",
+            State::Sending => "sending chunks",
+            State::AwaitVerdict => "waiting for the verdict",
+            State::Identifying => "waiting for the answer to Identify",
+            State::Finished => "finished",
+            State::Failed => "failed",
+        }
+    }
+}
+
+/// The chunk currently using a slot.
+#[derive(Debug, Clone, Copy)]
+struct SlotUse {
+    index: u64,
+    /// Its WRITE completed locally, so the staging bytes may be overwritten.
+    written: bool,
+}
+
+/// Chunks through the granted window. A slot can take chunk `n` once chunk `n - slots`
+/// is both acknowledged by the receiver (remote slot consumed) and completed locally
+/// (staging slot no longer read by the NIC).
+#[derive(Debug)]
+struct Pipeline {
+    grant: WindowGrant,
+    chunks: u64,
+    /// Chunks handed out as `WriteChunk`.
+    issued: u64,
+    /// Chunks filled by the driver (so possibly posted).
+    filled: u64,
+    /// Every chunk below this is consumed by the receiver.
+    acked: u64,
+    slots: Vec<Option<SlotUse>>,
+}
+
+impl Pipeline {
+    fn slot_free_for(&self, n: u64) -> bool {
+        match self.slots[(n % u64::from(self.grant.slots)) as usize] {
+            None => true,
+            Some(u) => u.written && u.index < self.acked,
+        }
+    }
+}
+
+/// The sending state machine (see [`Endpoint`] for how to drive it).
+///
+/// Message flow, one transfer:
+///
+/// ```text
+/// Offer → · Grant ← · [WRITE_WITH_IMM(i) → · Ack ←]* · Done → · Good|Bad ← · (Identify → · Secret|Refused ←)
+/// ```
+///
+/// The grant is checked against the offer and against the largest window the sender
+/// stages (`max_window`); the receiver's acknowledgements must be cumulative and cover
+/// only chunks that were written.
+pub struct Sender {
+    offer: FileOffer,
+    source: Box<dyn Read + Send>,
+    identity: Option<String>,
+    max_window: u64,
+    state: State,
+    pipe: Option<Pipeline>,
+    out: VecDeque<Output>,
+}
+
+impl std::fmt::Debug for Sender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sender")
+            .field("offer", &self.offer)
+            .field("identity", &self.identity)
+            .field("state", &self.state)
+            .field("pipe", &self.pipe)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Sender {
+    /// A sender of `offer`, reading its bytes in order from `source` (exactly
+    /// `offer.len` of them). Its first output is the `Offer` message.
+    ///
+    /// # Errors
+    ///
+    /// The offered name is not a plain file name.
+    pub fn new(offer: FileOffer, source: Box<dyn Read + Send>) -> Result<Sender> {
+        validate_name(&offer.name)?;
+        let mut out = VecDeque::new();
+        out.push_back(Output::Send(Msg::Offer(offer.clone())));
+        Ok(Sender {
+            offer,
+            source,
+            identity: None,
+            max_window: Config::DEFAULT_MAX_WINDOW,
+            state: State::Offered,
+            pipe: None,
+            out,
+        })
+    }
+
+    /// A sender of the file at `path`, offered as `name`: hashes it with `alg` first
+    /// (reading it whole), then sends it.
+    ///
+    /// # Errors
+    ///
+    /// A bad name, or the file cannot be read.
+    pub fn from_file(path: &Path, name: &str, alg: HashAlg, overwrite: bool) -> Result<Sender> {
+        validate_name(name)?;
+        let file = File::open(path).map_err(TransferError::Source)?;
+        let (file, offer) = hashed(file, name, alg, overwrite).map_err(TransferError::Source)?;
+        Sender::new(offer, Box::new(file))
+    }
+
+    /// The server's side of a download: the file `name` in `dir`, hashed with `alg`.
+    /// Hashing reads the whole file before returning.
+    ///
+    /// # Errors
+    ///
+    /// The reason to send back in a `Reject`: a bad name, no such regular file, or a
+    /// file that cannot be read.
+    pub fn for_fetch(
+        dir: &Path,
+        name: &str,
+        alg: HashAlg,
+    ) -> std::result::Result<Sender, RejectReason> {
+        let (file, _) = open_source(dir, name).map_err(|e| match e {
+            StoreError::Name(e) => RejectReason::BadName {
+                reason: e.to_string(),
+            },
+            StoreError::NotFound(_) => RejectReason::NotFound,
+            e => RejectReason::Unavailable {
+                reason: e.to_string(),
+            },
+        })?;
+        let unavailable = |e: io::Error| RejectReason::Unavailable {
+            reason: e.to_string(),
+        };
+        let (file, offer) = hashed(file, name, alg, false).map_err(unavailable)?;
+        Sender::new(offer, Box::new(file)).map_err(|e| RejectReason::BadName {
+            reason: e.to_string(),
+        })
+    }
+
+    /// Sends `Identify { id }` after GOOD.
+    pub fn with_identity(mut self, id: impl Into<String>) -> Sender {
+        self.identity = Some(id.into());
+        self
+    }
+
+    /// Accepts grants of at most `max` bytes (default [`Config::DEFAULT_MAX_WINDOW`]);
+    /// the staging buffer has the window's size.
+    pub fn with_max_window(mut self, max: u64) -> Sender {
+        self.max_window = max;
+        self
+    }
+
+    /// What is being offered.
+    pub fn offer(&self) -> &FileOffer {
+        &self.offer
+    }
+
+    /// Chunks written but not yet known to be consumed (at most `slots`).
+    pub fn chunks_in_flight(&self) -> u64 {
+        self.pipe.as_ref().map_or(0, |p| p.issued - p.acked)
+    }
+
+    fn fail<T>(&mut self, e: TransferError) -> Result<T> {
+        self.state = State::Failed;
+        Err(e)
+    }
+
+    fn finish(&mut self, outcome: Outcome) {
+        self.out.push_back(Output::Finished(outcome));
+        self.state = State::Finished;
+    }
+
+    fn check_grant(
+        &self,
+        window: Option<WindowGrant>,
+    ) -> std::result::Result<Option<Pipeline>, String> {
+        let len = self.offer.len;
+        let Some(grant) = window else {
+            return if len == 0 {
+                Ok(None)
+            } else {
+                Err(format!("no window for a file of {len} bytes"))
+            };
+        };
+        if len == 0 {
+            return Err("a window for an empty file".into());
+        }
+        if grant.slots == 0 || grant.slot_len == 0 {
+            return Err(format!("{} slots of {} bytes", grant.slots, grant.slot_len));
+        }
+        let window_len = u64::from(grant.slots) * u64::from(grant.slot_len);
+        if grant.region.len != window_len {
+            return Err(format!(
+                "region of {} bytes for {} slots of {} bytes",
+                grant.region.len, grant.slots, grant.slot_len
+            ));
+        }
+        if window_len > self.max_window || usize::try_from(window_len).is_err() {
+            return Err(format!(
+                "window of {window_len} bytes, more than the {} accepted",
+                self.max_window
+            ));
+        }
+        let chunks = chunk_count(len, grant.slot_len);
+        if chunks > MAX_CHUNKS {
+            return Err(format!("{chunks} chunks do not fit 32-bit indices"));
+        }
+        Ok(Some(Pipeline {
+            grant,
+            chunks,
+            issued: 0,
+            filled: 0,
+            acked: 0,
+            slots: vec![None; grant.slots as usize],
+        }))
+    }
+
+    /// Hands out every chunk that has a free slot; `Done` after the last one.
+    fn issue(&mut self) {
+        if self.state != State::Sending {
+            return;
+        }
+        if let Some(p) = &mut self.pipe {
+            while p.issued < p.chunks && p.slot_free_for(p.issued) {
+                let index = p.issued;
+                let slot = (index % u64::from(p.grant.slots)) as u32;
+                let offset = u64::from(slot) * u64::from(p.grant.slot_len);
+                let len = chunk_len(self.offer.len, p.grant.slot_len, index);
+                let remote = p
+                    .grant
+                    .region
+                    .slice(offset, u64::from(len))
+                    .expect("checked: slots * slot_len == region.len");
+                p.slots[slot as usize] = Some(SlotUse {
+                    index,
+                    written: false,
+                });
+                p.issued += 1;
+                self.out.push_back(Output::WriteChunk(ChunkWrite {
+                    index: index as u32,
+                    slot,
+                    offset,
+                    len,
+                    remote,
+                }));
+            }
+            if p.issued < p.chunks {
+                return;
+            }
+        }
+        self.out.push_back(Output::Send(Msg::Done));
+        self.state = State::AwaitVerdict;
+    }
+
+    fn ack(&mut self, next: u32) -> Result<()> {
+        let bad = |why: String| TransferError::BadAck { next, why };
+        let Some(p) = &mut self.pipe else {
+            return self.fail(bad("no chunks were written".into()));
+        };
+        let n = u64::from(next);
+        if n <= p.acked {
+            let e = bad(format!(
+                "chunks below {} were acknowledged already",
+                p.acked
+            ));
+            return self.fail(e);
+        }
+        if n > p.filled {
+            let e = bad(format!("only {} chunks were written", p.filled));
+            return self.fail(e);
+        }
+        p.acked = n;
+        self.issue();
+        Ok(())
+    }
+}
+
+/// Hashes `file` whole, rewinds it, and builds the offer.
+fn hashed(
+    mut file: File,
+    name: &str,
+    alg: HashAlg,
+    overwrite: bool,
+) -> io::Result<(File, FileOffer)> {
+    let (digest, len) = hash_reader(alg, &mut file)?;
+    file.rewind()?;
+    let offer = FileOffer {
+        name: name.to_owned(),
+        len,
+        digest,
+        overwrite,
+    };
+    Ok((file, offer))
+}
+
+impl Endpoint for Sender {
+    fn state_name(&self) -> &'static str {
+        self.state.name()
+    }
+
+    fn handle_msg(&mut self, msg: Msg) -> Result<()> {
+        match (self.state, msg) {
+            (State::Offered, Msg::Grant { window }) => match self.check_grant(window) {
+                Ok(pipe) => {
+                    if let Some(p) = &pipe {
+                        self.out.push_back(Output::Stage {
+                            len: p.grant.region.len,
+                        });
+                    }
+                    self.pipe = pipe;
+                    self.state = State::Sending;
+                    self.issue();
+                    Ok(())
+                }
+                Err(why) => self.fail(TransferError::BadGrant(why)),
+            },
+            (State::Offered, Msg::Reject { reason }) => {
+                self.finish(Outcome::Rejected(reason));
+                Ok(())
+            }
+            (State::Sending | State::AwaitVerdict, Msg::Ack { next }) => self.ack(next),
+            (State::AwaitVerdict, Msg::Good) => {
+                match self.identity.clone() {
+                    Some(id) => {
+                        self.out.push_back(Output::Send(Msg::Identify { id }));
+                        self.state = State::Identifying;
+                    }
+                    None => self.finish(Outcome::Delivered { auth: None }),
+                }
+                Ok(())
+            }
+            (State::AwaitVerdict, Msg::Bad { reason }) => {
+                self.finish(Outcome::Bad(reason));
+                Ok(())
+            }
+            (State::Identifying, Msg::Secret { key }) => {
+                self.finish(Outcome::Delivered {
+                    auth: Some(Auth::Secret(key)),
+                });
+                Ok(())
+            }
+            (State::Identifying, Msg::Refused) => {
+                self.finish(Outcome::Delivered {
+                    auth: Some(Auth::Refused),
+                });
+                Ok(())
+            }
+            (state, msg) => self.fail(TransferError::Unexpected {
+                what: msg.kind().to_owned(),
+                state: state.name(),
+            }),
+        }
+    }
+
+    fn poll_output(&mut self) -> Option<Output> {
+        self.out.pop_front()
+    }
+
+    fn is_finished(&self) -> bool {
+        self.state == State::Finished
+    }
+
+    fn fill_chunk(&mut self, chunk: &ChunkWrite, dst: &mut [u8]) -> Result<()> {
+        let ok_state = !matches!(self.state, State::Offered | State::Failed);
+        let Some(p) = self.pipe.as_mut().filter(|_| ok_state) else {
+            let e = unexpected(self, format!("fill of chunk {}", chunk.index));
+            return self.fail(e);
+        };
+        let index = u64::from(chunk.index);
+        if index != p.filled || index >= p.issued {
+            let e = TransferError::Driver(format!(
+                "fill of chunk {}, expected chunk {} (issued {})",
+                chunk.index, p.filled, p.issued
+            ));
+            return self.fail(e);
+        }
+        let len = chunk_len(self.offer.len, p.grant.slot_len, index);
+        if dst.len() != len as usize || chunk.len != len {
+            let e = TransferError::Driver(format!(
+                "chunk {} is {len} bytes, given {} to fill",
+                chunk.index,
+                dst.len()
+            ));
+            return self.fail(e);
+        }
+        let at = index * u64::from(p.grant.slot_len);
+        p.filled += 1;
+        if let Err(e) = self.source.read_exact(dst) {
+            let e = match e.kind() {
+                io::ErrorKind::UnexpectedEof => TransferError::SourceTruncated {
+                    at,
+                    len: self.offer.len,
+                },
+                _ => TransferError::Source(e),
+            };
+            return self.fail(e);
+        }
+        Ok(())
+    }
+
+    fn handle_write_done(&mut self, index: u32) -> Result<()> {
+        let ok_state = !matches!(self.state, State::Offered | State::Failed);
+        let slot = self.pipe.as_mut().filter(|_| ok_state).and_then(|p| {
+            let i = u64::from(index);
+            let slot = (i % u64::from(p.grant.slots)) as usize;
+            p.slots[slot]
+                .as_mut()
+                .filter(|u| u.index == i && !u.written && i < p.filled)
+        });
+        match slot {
+            Some(u) => {
+                u.written = true;
+                self.issue();
+                Ok(())
+            }
+            None => {
+                let e = TransferError::Driver(format!(
+                    "completion of chunk {index}, which is not in flight"
+                ));
+                self.fail(e)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Cursor;
+
+    use super::*;
+    use crate::file_transfer::hash::hash_bytes;
+    use crate::file_transfer::wire::{BadReason, RemoteWindow};
+
+    fn sender(data: &[u8]) -> Sender {
+        let offer = FileOffer {
+            name: "f".into(),
+            len: data.len() as u64,
+            digest: hash_bytes(HashAlg::Sha256, data),
+            overwrite: false,
+        };
+        Sender::new(offer, Box::new(Cursor::new(data.to_vec()))).unwrap()
+    }
+
+    fn drain(s: &mut Sender) -> Vec<Output> {
+        std::iter::from_fn(|| s.poll_output()).collect()
+    }
+
+    fn grant(slots: u32, slot_len: u32) -> Msg {
+        Msg::Grant {
+            window: Some(WindowGrant {
+                region: RemoteWindow {
+                    addr: 1000,
+                    len: u64::from(slots) * u64::from(slot_len),
+                    rkey: 5,
+                },
+                slots,
+                slot_len,
+            }),
+        }
+    }
+
+    fn writes(out: &[Output]) -> Vec<u32> {
+        out.iter()
+            .filter_map(|o| match o {
+                Output::WriteChunk(c) => Some(c.index),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn fill(s: &mut Sender, out: &[Output]) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        for o in out {
+            if let Output::WriteChunk(c) = o {
+                let mut buf = vec![0; c.len as usize];
+                s.fill_chunk(c, &mut buf).unwrap();
+                bytes.extend(buf);
+            }
+        }
+        bytes
+    }
+
+    #[test]
+    fn a_slot_is_reused_only_after_ack_and_local_completion() {
+        let data = b"abcdefghij"; // 3 chunks of 4 through 2 slots
+        let mut s = sender(data);
+        assert!(matches!(
+            drain(&mut s).as_slice(),
+            [Output::Send(Msg::Offer(_))]
+        ));
+        s.handle_msg(grant(2, 4)).unwrap();
+        let out = drain(&mut s);
+        assert_eq!(out[0], Output::Stage { len: 8 });
+        assert_eq!(writes(&out), vec![0, 1]);
+        let Output::WriteChunk(c1) = out[2] else {
+            panic!()
+        };
+        assert_eq!(
+            (c1.slot, c1.offset, c1.len, c1.remote.addr, c1.remote.len),
+            (1, 4, 4, 1004, 4)
+        );
+        assert_eq!(fill(&mut s, &out), b"abcdefgh");
+        assert_eq!(s.chunks_in_flight(), 2);
+        // Acked, not completed: slot 0 still busy locally.
+        s.handle_msg(Msg::Ack { next: 1 }).unwrap();
+        assert_eq!(drain(&mut s), vec![]);
+        s.handle_write_done(0).unwrap();
+        let out = drain(&mut s);
+        assert_eq!(writes(&out), vec![2]);
+        assert_eq!(out.last(), Some(&Output::Send(Msg::Done)));
+        let Output::WriteChunk(c2) = out[0] else {
+            panic!()
+        };
+        assert_eq!((c2.slot, c2.offset, c2.len), (0, 0, 2));
+        assert_eq!(fill(&mut s, &out), b"ij");
+        s.handle_write_done(1).unwrap();
+        s.handle_write_done(2).unwrap();
+        s.handle_msg(Msg::Good).unwrap();
+        assert_eq!(
+            drain(&mut s),
+            vec![Output::Finished(Outcome::Delivered { auth: None })]
+        );
+        assert!(s.is_finished());
+    }
+
+    #[test]
+    fn completion_before_ack_also_waits() {
+        let mut s = sender(b"abcdefghij");
+        drain(&mut s);
+        s.handle_msg(grant(2, 4)).unwrap();
+        let out = drain(&mut s);
+        fill(&mut s, &out);
+        s.handle_write_done(0).unwrap();
+        assert_eq!(drain(&mut s), vec![]);
+        s.handle_msg(Msg::Ack { next: 1 }).unwrap();
+        assert_eq!(writes(&drain(&mut s)), vec![2]);
+    }
+
+    #[test]
+    fn empty_files_go_straight_to_done() {
+        let mut s = sender(b"");
+        drain(&mut s);
+        s.handle_msg(Msg::Grant { window: None }).unwrap();
+        assert_eq!(drain(&mut s), vec![Output::Send(Msg::Done)]);
+    }
+
+    #[test]
+    fn identity_is_sent_after_good() {
+        for (answer, auth) in [
+            (Msg::Secret { key: "k".into() }, Auth::Secret("k".into())),
+            (Msg::Refused, Auth::Refused),
+        ] {
+            let mut s = sender(b"").with_identity("bob");
+            drain(&mut s);
+            s.handle_msg(Msg::Grant { window: None }).unwrap();
+            s.handle_msg(Msg::Good).unwrap();
+            assert_eq!(
+                drain(&mut s),
+                vec![
+                    Output::Send(Msg::Done),
+                    Output::Send(Msg::Identify { id: "bob".into() })
+                ]
+            );
+            s.handle_msg(answer).unwrap();
+            assert_eq!(
+                drain(&mut s),
+                vec![Output::Finished(Outcome::Delivered { auth: Some(auth) })]
+            );
+        }
+    }
+
+    #[test]
+    fn rejections_and_bad_verdicts_finish() {
+        let mut s = sender(b"x");
+        s.handle_msg(Msg::Reject {
+            reason: RejectReason::Exists,
+        })
+        .unwrap();
+        assert!(s.is_finished());
+        let mut s = sender(b"");
+        s.handle_msg(Msg::Grant { window: None }).unwrap();
+        let reason = BadReason::NotStored {
+            reason: "disk".into(),
+        };
+        s.handle_msg(Msg::Bad {
+            reason: reason.clone(),
+        })
+        .unwrap();
+        assert_eq!(
+            drain(&mut s).last(),
+            Some(&Output::Finished(Outcome::Bad(reason)))
+        );
+    }
+
+    #[test]
+    fn bad_grants_are_refused() {
+        let cases = [
+            (b"x".as_slice(), Msg::Grant { window: None }),
+            (b"".as_slice(), grant(1, 1)),
+            (b"x".as_slice(), grant(0, 4)),
+            (b"x".as_slice(), grant(2, 0)),
+            (b"x".as_slice(), grant(1024, 1 << 20)), // 1 GiB > 64 MiB staging
+        ];
+        for (data, g) in cases {
+            let mut s = sender(data);
+            assert!(matches!(s.handle_msg(g), Err(TransferError::BadGrant(_))));
+        }
+        let mut s = sender(b"x");
+        let Msg::Grant {
+            window: Some(mut w),
+        } = grant(1, 4)
+        else {
+            panic!()
+        };
+        w.region.len = 3;
+        assert!(s.handle_msg(Msg::Grant { window: Some(w) }).is_err());
+    }
+
+    #[test]
+    fn bad_acks_and_out_of_order_messages_are_errors() {
+        let mut s = sender(b"abcdefghij");
+        drain(&mut s);
+        s.handle_msg(grant(2, 4)).unwrap();
+        let out = drain(&mut s);
+        // Ack of a chunk not yet written.
+        let e = s.handle_msg(Msg::Ack { next: 1 }).unwrap_err();
+        assert!(matches!(e, TransferError::BadAck { next: 1, .. }), "{e}");
+
+        let mut s = sender(b"abcdefghij");
+        s.handle_msg(grant(2, 4)).unwrap();
+        fill(&mut s, &out);
+        s.handle_msg(Msg::Ack { next: 1 }).unwrap();
+        assert!(s.handle_msg(Msg::Ack { next: 1 }).is_err(), "repeated ack");
+
+        let mut s = sender(b"x");
+        let e = s.handle_msg(Msg::Good).unwrap_err();
+        assert_eq!(e.to_string(), "unexpected Good while waiting for the grant");
+        assert!(s.handle_msg(grant(1, 1)).is_err(), "failed for good");
+
+        let mut s = sender(b"abcdefghij");
+        s.handle_msg(grant(2, 4)).unwrap();
+        let e = s.handle_msg(Msg::Good).unwrap_err();
+        assert_eq!(e.to_string(), "unexpected Good while sending chunks");
+    }
+
+    #[test]
+    fn driver_mistakes_are_caught() {
+        let mut s = sender(b"abcdefghij");
+        drain(&mut s);
+        s.handle_msg(grant(2, 4)).unwrap();
+        let out = drain(&mut s);
+        let Output::WriteChunk(c1) = out[2] else {
+            panic!()
+        };
+        assert!(s.fill_chunk(&c1, &mut [0; 4]).is_err(), "chunk 1 before 0");
+
+        let mut s = sender(b"abcdefghij");
+        s.handle_msg(grant(2, 4)).unwrap();
+        assert!(s.handle_write_done(0).is_err(), "completion before fill");
+    }
+
+    #[test]
+    fn a_short_source_is_an_error() {
+        let offer = FileOffer {
+            name: "f".into(),
+            len: 8,
+            digest: hash_bytes(HashAlg::Sha256, b"abcdefgh"),
+            overwrite: false,
+        };
+        let mut s = Sender::new(offer, Box::new(Cursor::new(b"abcd".to_vec()))).unwrap();
+        drain(&mut s);
+        s.handle_msg(grant(1, 8)).unwrap();
+        let out = drain(&mut s);
+        let Output::WriteChunk(c) = out[1] else {
+            panic!()
+        };
+        assert!(matches!(
+            s.fill_chunk(&c, &mut [0; 8]),
+            Err(TransferError::SourceTruncated { at: 0, len: 8 })
+        ));
+    }
+
+    #[test]
+    fn files_are_hashed_for_the_offer_and_fetches_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), b"abc").unwrap();
+        let s = Sender::from_file(&dir.path().join("f"), "g", HashAlg::Blake3, true).unwrap();
+        assert_eq!(s.offer().len, 3);
+        assert_eq!(s.offer().name, "g");
+        assert_eq!(s.offer().digest, hash_bytes(HashAlg::Blake3, b"abc"));
+        assert!(s.offer().overwrite);
+
+        let s = Sender::for_fetch(dir.path(), "f", HashAlg::Sha256).unwrap();
+        assert_eq!(s.offer().digest, hash_bytes(HashAlg::Sha256, b"abc"));
+        assert_eq!(
+            Sender::for_fetch(dir.path(), "missing", HashAlg::Sha256).unwrap_err(),
+            RejectReason::NotFound
+        );
+        assert!(matches!(
+            Sender::for_fetch(dir.path(), "../f", HashAlg::Sha256).unwrap_err(),
+            RejectReason::BadName { .. }
+        ));
+        assert!(Sender::from_file(&dir.path().join("f"), "a/b", HashAlg::Sha256, false).is_err());
+    }
+}

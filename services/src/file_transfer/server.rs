@@ -1,0 +1,165 @@
+//! One server connection: any number of transfers, one at a time, each started by the
+//! client. An `Offer` makes the server the [`Receiver`] (upload); a `Fetch` makes it
+//! the [`Sender`] of a file from [`Config::dir`] (download). `Identify` is answered
+//! after an upload's GOOD.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::sync::Arc;
+
+use super::config::Config;
+use super::endpoint::{ChunkWrite, Endpoint, Outcome, Output};
+use super::error::Result;
+use super::receiver::Receiver;
+use super::sender::Sender;
+use super::wire::{Msg, RemoteWindow};
+
+#[derive(Debug)]
+enum Role {
+    Idle,
+    Receive(Receiver),
+    Send(Sender),
+}
+
+/// The server side of a connection (see [`Endpoint`] for how to drive it). Between
+/// transfers, and after an error, it behaves as described on [`Receiver`] and
+/// [`Sender`]; a new `Offer` or `Fetch` is accepted whenever the previous transfer is
+/// finished.
+///
+/// A `Fetch` hashes the whole file inside [`handle_msg`](Endpoint::handle_msg), before
+/// the offer goes out.
+#[derive(Debug)]
+pub struct Server {
+    config: Arc<Config>,
+    role: Role,
+    /// Outputs of a role that was replaced, and fetch refusals.
+    out: VecDeque<Output>,
+}
+
+impl Server {
+    /// A connection served with `config`.
+    pub fn new(config: Arc<Config>) -> Server {
+        Server {
+            config,
+            role: Role::Idle,
+            out: VecDeque::new(),
+        }
+    }
+
+    fn role(&self) -> Option<&dyn Endpoint> {
+        match &self.role {
+            Role::Idle => None,
+            Role::Receive(r) => Some(r),
+            Role::Send(s) => Some(s),
+        }
+    }
+
+    fn role_mut(&mut self) -> Option<&mut dyn Endpoint> {
+        match &mut self.role {
+            Role::Idle => None,
+            Role::Receive(r) => Some(r),
+            Role::Send(s) => Some(s),
+        }
+    }
+
+    /// Ends the current role, keeping whatever it still has to say.
+    fn retire(&mut self) {
+        if let Some(ep) = self.role_mut() {
+            let rest: Vec<Output> = std::iter::from_fn(|| ep.poll_output()).collect();
+            self.out.extend(rest);
+        }
+        self.role = Role::Idle;
+    }
+}
+
+impl Endpoint for Server {
+    fn state_name(&self) -> &'static str {
+        self.role()
+            .map_or("waiting for an offer or a fetch", |ep| ep.state_name())
+    }
+
+    fn handle_msg(&mut self, msg: Msg) -> Result<()> {
+        let between = self.role().is_none_or(|ep| ep.is_finished());
+        match msg {
+            Msg::Offer(_) if between => {
+                self.retire();
+                let mut r = Receiver::new(Arc::clone(&self.config));
+                let res = r.handle_msg(msg);
+                self.role = Role::Receive(r);
+                res
+            }
+            Msg::Fetch { name, alg } if between => {
+                self.retire();
+                match Sender::for_fetch(&self.config.dir, &name, alg) {
+                    Ok(s) => self.role = Role::Send(s.with_max_window(self.config.max_window)),
+                    Err(reason) => {
+                        self.out.push_back(Output::Send(Msg::Reject {
+                            reason: reason.clone(),
+                        }));
+                        self.out
+                            .push_back(Output::Finished(Outcome::Rejected(reason)));
+                    }
+                }
+                Ok(())
+            }
+            msg => match self.role_mut() {
+                Some(ep) => ep.handle_msg(msg),
+                None => Err(super::endpoint::unexpected(self, msg.kind().to_owned())),
+            },
+        }
+    }
+
+    fn poll_output(&mut self) -> Option<Output> {
+        self.out
+            .pop_front()
+            .or_else(|| self.role_mut().and_then(|ep| ep.poll_output()))
+    }
+
+    fn is_finished(&self) -> bool {
+        self.role().is_none_or(|ep| ep.is_finished())
+    }
+
+    fn chunk_range(&self, index: u32) -> Result<Range<usize>> {
+        match self.role() {
+            Some(ep) => ep.chunk_range(index),
+            None => Err(super::endpoint::unexpected(self, format!("chunk {index}"))),
+        }
+    }
+
+    fn handle_chunk(&mut self, index: u32, bytes: &[u8]) -> Result<()> {
+        match self.role_mut() {
+            Some(ep) => ep.handle_chunk(index, bytes),
+            None => Err(super::endpoint::unexpected(self, format!("chunk {index}"))),
+        }
+    }
+
+    fn handle_window(&mut self, region: RemoteWindow) -> Result<()> {
+        match self.role_mut() {
+            Some(ep) => ep.handle_window(region),
+            None => Err(super::endpoint::unexpected(
+                self,
+                "window registration".into(),
+            )),
+        }
+    }
+
+    fn fill_chunk(&mut self, chunk: &ChunkWrite, dst: &mut [u8]) -> Result<()> {
+        match self.role_mut() {
+            Some(ep) => ep.fill_chunk(chunk, dst),
+            None => Err(super::endpoint::unexpected(
+                self,
+                format!("fill of chunk {}", chunk.index),
+            )),
+        }
+    }
+
+    fn handle_write_done(&mut self, index: u32) -> Result<()> {
+        match self.role_mut() {
+            Some(ep) => ep.handle_write_done(index),
+            None => Err(super::endpoint::unexpected(
+                self,
+                format!("completion of chunk {index}"),
+            )),
+        }
+    }
+}

@@ -1,0 +1,361 @@
+//! Where received files go, without ever losing one: bytes are written to a temporary
+//! file in the destination directory (`.NAME.rdmactor-tmp-XXXXXXXXXXXXXXXX`), fsynced,
+//! and only then given the final name, after which the directory is fsynced too. A
+//! [`TempFile`] that is dropped without [`commit`](TempFile::commit) (BAD, abort, a
+//! connection that died) removes its temporary file.
+//!
+//! Without `overwrite`, the final name is created with `link(2)`, which fails if the
+//! name exists, so a file that appeared during the transfer is never replaced. With
+//! `overwrite`, `rename(2)` replaces the old file atomically: readers see the old or
+//! the new content, never a mix.
+
+use std::collections::hash_map::RandomState;
+use std::fs::{self, File, OpenOptions};
+use std::hash::{BuildHasher, Hasher as _};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::name::{validate_name, NameError, MAX_NAME_LEN, TEMP_MARKER};
+
+/// How often [`TempFile::create`] retries when a random name is taken.
+const NAME_ATTEMPTS: usize = 16;
+
+/// Why storing or serving a file failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The name is not a plain file name.
+    #[error(transparent)]
+    Name(#[from] NameError),
+    /// A file of that name exists and overwriting was not asked for.
+    #[error("{} exists", .0.display())]
+    Exists(PathBuf),
+    /// No regular file of that name (missing, a directory, a symlink, ...).
+    #[error("{} is not a regular file", .0.display())]
+    NotFound(PathBuf),
+    /// A file-system call failed.
+    #[error("{op} {} failed: {source}", path.display())]
+    Io {
+        /// The call (`"create"`, `"write"`, `"fsync"`, `"rename"`, ...).
+        op: &'static str,
+        /// The path it was given.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> StoreError + 'a {
+    move |source| StoreError::Io {
+        op,
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// A file being received: a temporary file next to its final name.
+#[derive(Debug)]
+pub struct TempFile {
+    file: Option<File>,
+    dir: PathBuf,
+    temp: PathBuf,
+    target: PathBuf,
+    overwrite: bool,
+    written: u64,
+    /// The temporary name still exists (until commit or removal).
+    temp_exists: bool,
+}
+
+impl TempFile {
+    /// Creates the temporary file for `name` in `dir`. Without `overwrite`, fails with
+    /// [`StoreError::Exists`] if `name` already exists (the final check is in
+    /// [`commit`](Self::commit)).
+    ///
+    /// # Errors
+    ///
+    /// A bad name, an existing target, or the file system's error.
+    pub fn create(dir: &Path, name: &str, overwrite: bool) -> Result<TempFile, StoreError> {
+        let name = validate_name(name)?;
+        let target = dir.join(name);
+        if !overwrite && fs::symlink_metadata(&target).is_ok() {
+            return Err(StoreError::Exists(target));
+        }
+        let mut attempt = 0;
+        let (file, temp) = loop {
+            let temp = dir.join(temp_name(name));
+            match OpenOptions::new().write(true).create_new(true).open(&temp) {
+                Ok(f) => break (f, temp),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && attempt < NAME_ATTEMPTS => {
+                    attempt += 1;
+                }
+                Err(e) => return Err(io_err("create", &temp)(e)),
+            }
+        };
+        Ok(TempFile {
+            file: Some(file),
+            dir: dir.to_owned(),
+            temp,
+            target,
+            overwrite,
+            written: 0,
+            temp_exists: true,
+        })
+    }
+
+    /// Appends bytes.
+    ///
+    /// # Errors
+    ///
+    /// The write failed (disk full, I/O error).
+    pub fn write_all(&mut self, bytes: &[u8]) -> Result<(), StoreError> {
+        let file = self.file.as_mut().expect("open until commit");
+        file.write_all(bytes).map_err(io_err("write", &self.temp))?;
+        self.written += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Bytes written so far.
+    pub fn written(&self) -> u64 {
+        self.written
+    }
+
+    /// The temporary file's path.
+    pub fn temp_path(&self) -> &Path {
+        &self.temp
+    }
+
+    /// The name the file gets on commit.
+    pub fn target(&self) -> &Path {
+        &self.target
+    }
+
+    /// Makes the file durable and gives it its final name: fsync the file, link or
+    /// rename it into place, fsync the directory. On error the temporary file is
+    /// removed and nothing exists under the final name that was not there before.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Exists`] if the name appeared meanwhile (without overwrite), or
+    /// the failing file-system call.
+    pub fn commit(mut self) -> Result<PathBuf, StoreError> {
+        let file = self.file.take().expect("open until commit");
+        file.sync_all().map_err(io_err("fsync", &self.temp))?;
+        drop(file);
+        if self.overwrite {
+            fs::rename(&self.temp, &self.target).map_err(io_err("rename", &self.target))?;
+            self.temp_exists = false;
+        } else {
+            self.link_new()?;
+        }
+        sync_dir(&self.dir)?;
+        Ok(self.target.clone())
+    }
+
+    /// Gives the temporary file its final name only if that name is free.
+    fn link_new(&mut self) -> Result<(), StoreError> {
+        match fs::hard_link(&self.temp, &self.target) {
+            Ok(()) => {
+                // The data is safe under its final name; dropping the extra name is
+                // cleanup, and Drop retries it if this fails.
+                if fs::remove_file(&self.temp).is_ok() {
+                    self.temp_exists = false;
+                }
+                Ok(())
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                Err(StoreError::Exists(self.target.clone()))
+            }
+            Err(_) => {
+                // No hard links on this file system: check, then rename (a racing
+                // creator could be replaced here, which link() above rules out).
+                if fs::symlink_metadata(&self.target).is_ok() {
+                    return Err(StoreError::Exists(self.target.clone()));
+                }
+                fs::rename(&self.temp, &self.target).map_err(io_err("rename", &self.target))?;
+                self.temp_exists = false;
+                Ok(())
+            }
+        }
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        self.file.take();
+        if self.temp_exists {
+            if let Err(e) = fs::remove_file(&self.temp) {
+                tracing::warn!(path = %self.temp.display(), error = %e, "cannot remove temporary file");
+            }
+        }
+    }
+}
+
+/// Opens a file to serve: `name` must be a plain name of a regular file (not a symlink)
+/// directly in `dir`. Returns the file and its length.
+///
+/// # Errors
+///
+/// A bad name, [`StoreError::NotFound`], or the failing call.
+pub fn open_source(dir: &Path, name: &str) -> Result<(File, u64), StoreError> {
+    let name = validate_name(name)?;
+    let path = dir.join(name);
+    match fs::symlink_metadata(&path) {
+        Ok(m) if m.file_type().is_file() => {}
+        Ok(_) => return Err(StoreError::NotFound(path)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(StoreError::NotFound(path)),
+        Err(e) => return Err(io_err("stat", &path)(e)),
+    }
+    let file = File::open(&path).map_err(io_err("open", &path))?;
+    let meta = file.metadata().map_err(io_err("stat", &path))?;
+    if !meta.is_file() {
+        return Err(StoreError::NotFound(path));
+    }
+    Ok((file, meta.len()))
+}
+
+/// Fsyncs a directory, so that names created or renamed in it survive a crash.
+fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err("fsync", dir))
+}
+
+/// `.NAME.rdmactor-tmp-XXXXXXXXXXXXXXXX`, with NAME cut (on a character boundary) so
+/// the whole stays within [`MAX_NAME_LEN`] bytes.
+fn temp_name(name: &str) -> String {
+    let suffix = format!("{TEMP_MARKER}{:016x}", random_u64());
+    let room = MAX_NAME_LEN - 1 - suffix.len();
+    let mut cut = name.len().min(room);
+    while !name.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!(".{}{suffix}", &name[..cut])
+}
+
+/// A random-enough number for temporary names (collisions are retried anyway): the
+/// standard library's randomly keyed hasher over the time, the process and a counter.
+fn random_u64() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    h.write_u32(std::process::id());
+    if let Ok(t) = SystemTime::now().duration_since(UNIX_EPOCH) {
+        h.write_u128(t.as_nanos());
+    }
+    h.finish()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// Every entry of `dir`, sorted.
+    pub(crate) fn entries(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn commit_puts_the_file_in_place_and_leaves_no_temp() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut t = TempFile::create(dir.path(), "out.bin", false).unwrap();
+        let temp_name = t
+            .temp_path()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        assert!(
+            temp_name.starts_with(".out.bin.rdmactor-tmp-"),
+            "{temp_name}"
+        );
+        t.write_all(b"hello ").unwrap();
+        t.write_all(b"world").unwrap();
+        assert_eq!(t.written(), 11);
+        assert_eq!(entries(dir.path()), vec![temp_name]);
+        let p = t.commit().unwrap();
+        assert_eq!(p, dir.path().join("out.bin"));
+        assert_eq!(fs::read(&p).unwrap(), b"hello world");
+        assert_eq!(entries(dir.path()), vec!["out.bin"]);
+    }
+
+    #[test]
+    fn drop_removes_the_temp() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut t = TempFile::create(dir.path(), "x", false).unwrap();
+        t.write_all(b"partial").unwrap();
+        drop(t);
+        assert!(entries(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn existing_files_are_kept_unless_overwrite() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        fs::write(&p, b"old").unwrap();
+        assert!(matches!(
+            TempFile::create(dir.path(), "f", false),
+            Err(StoreError::Exists(_))
+        ));
+        let mut t = TempFile::create(dir.path(), "f", true).unwrap();
+        t.write_all(b"new").unwrap();
+        t.commit().unwrap();
+        assert_eq!(fs::read(&p).unwrap(), b"new");
+        assert_eq!(entries(dir.path()), vec!["f"]);
+    }
+
+    #[test]
+    fn a_file_appearing_during_the_transfer_is_not_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut t = TempFile::create(dir.path(), "f", false).unwrap();
+        t.write_all(b"mine").unwrap();
+        fs::write(dir.path().join("f"), b"theirs").unwrap();
+        assert!(matches!(t.commit(), Err(StoreError::Exists(_))));
+        assert_eq!(fs::read(dir.path().join("f")).unwrap(), b"theirs");
+        assert_eq!(entries(dir.path()), vec!["f"]);
+    }
+
+    #[test]
+    fn long_names_get_short_enough_temp_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let name = "é".repeat(127); // 254 bytes
+        let t = TempFile::create(dir.path(), &name, false).unwrap();
+        let temp = t.temp_path().file_name().unwrap().len();
+        assert!(temp <= MAX_NAME_LEN, "{temp}");
+    }
+
+    #[test]
+    fn bad_names_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            TempFile::create(dir.path(), "../x", false),
+            Err(StoreError::Name(_))
+        ));
+        assert!(matches!(
+            open_source(dir.path(), "/etc/passwd"),
+            Err(StoreError::Name(_))
+        ));
+    }
+
+    #[test]
+    fn only_regular_files_are_served() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("f"), b"abc").unwrap();
+        fs::create_dir(dir.path().join("d")).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", dir.path().join("l")).unwrap();
+        assert_eq!(open_source(dir.path(), "f").unwrap().1, 3);
+        for n in ["d", "l", "missing"] {
+            assert!(
+                matches!(open_source(dir.path(), n), Err(StoreError::NotFound(_))),
+                "{n}"
+            );
+        }
+    }
+}

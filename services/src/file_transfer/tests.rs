@@ -1,0 +1,680 @@
+//! End-to-end tests of the state machines through a deterministic in-memory harness:
+//! two endpoints, a queue each way standing for the RC queue pair (messages and
+//! WRITE_WITH_IMMs in posting order), the receiver's window and the sender's staging
+//! buffer as byte arrays. A WRITE copies the staging bytes when it is delivered, as a
+//! NIC may read them any time before the local completion, so a sender that reused a
+//! staging slot too early would corrupt the file and fail the digest.
+
+use std::collections::VecDeque;
+use std::path::Path;
+use std::sync::Arc;
+
+use sha2::Digest as _;
+
+use super::store::tests::entries;
+use super::*;
+
+const SLOTS: u32 = 2;
+const SLOT_LEN: u32 = 64 << 10;
+
+/// What travels on the queue pair towards one side.
+#[derive(Debug)]
+enum Wire {
+    Msg(Vec<u8>),
+    Write(ChunkWrite),
+}
+
+struct Side {
+    ep: Option<Box<dyn Endpoint>>,
+    window: Option<(RemoteWindow, Vec<u8>)>,
+    staging: Vec<u8>,
+    inbox: VecDeque<Wire>,
+    /// Local completions of this side's WRITEs, not yet reported.
+    completions: VecDeque<u32>,
+    outcomes: Vec<Outcome>,
+    /// Flip a byte of this chunk in the window before handing it over.
+    corrupt: Option<u32>,
+    rkey: u32,
+}
+
+impl Side {
+    fn new(ep: Box<dyn Endpoint>, rkey: u32) -> Side {
+        Side {
+            ep: Some(ep),
+            window: None,
+            staging: Vec::new(),
+            inbox: VecDeque::new(),
+            completions: VecDeque::new(),
+            outcomes: Vec::new(),
+            corrupt: None,
+            rkey,
+        }
+    }
+}
+
+/// A client (side 0) and a server (side 1).
+struct Pair {
+    sides: [Side; 2],
+    /// WRITEs and messages carried, for the pipelining checks.
+    writes: usize,
+    acks: usize,
+    max_queued_writes: usize,
+}
+
+/// Which side failed, and how.
+#[derive(Debug)]
+struct Failure {
+    side: usize,
+    error: TransferError,
+}
+
+impl Pair {
+    fn new(client: Box<dyn Endpoint>, server: Box<dyn Endpoint>) -> Pair {
+        Pair {
+            sides: [Side::new(client, 0x100), Side::new(server, 0x200)],
+            writes: 0,
+            acks: 0,
+            max_queued_writes: 0,
+        }
+    }
+
+    fn client(&self) -> &Side {
+        &self.sides[0]
+    }
+
+    fn server(&self) -> &Side {
+        &self.sides[1]
+    }
+
+    /// Carries out every output of side `i`.
+    fn drain(&mut self, i: usize) -> Result<(), Failure> {
+        let fail = |error| Failure { side: i, error };
+        let (a, b) = self.sides.split_at_mut(1);
+        let (me, peer) = if i == 0 {
+            (&mut a[0], &mut b[0])
+        } else {
+            (&mut b[0], &mut a[0])
+        };
+        let Some(ep) = me.ep.as_deref_mut() else {
+            return Ok(());
+        };
+        while let Some(out) = ep.poll_output() {
+            match out {
+                Output::Send(m) => {
+                    if matches!(m, Msg::Ack { .. }) {
+                        self.acks += 1;
+                    }
+                    peer.inbox.push_back(Wire::Msg(m.encode()));
+                }
+                Output::GrantWindow { len } => {
+                    assert!(me.window.is_none(), "one window at a time");
+                    me.rkey += 1;
+                    let region = RemoteWindow {
+                        addr: 0x7f00_0000_0000 + u64::from(me.rkey) * 0x1000,
+                        len,
+                        rkey: me.rkey,
+                    };
+                    me.window = Some((region, vec![0; len as usize]));
+                    ep.handle_window(region).map_err(fail)?;
+                }
+                Output::Revoke => {
+                    assert!(me.window.take().is_some(), "revoke without a window");
+                }
+                Output::Stage { len } => me.staging = vec![0; len as usize],
+                Output::WriteChunk(c) => {
+                    ep.fill_chunk(&c, &mut me.staging[c.range()])
+                        .map_err(fail)?;
+                    peer.inbox.push_back(Wire::Write(c));
+                    self.writes += 1;
+                    let queued = peer
+                        .inbox
+                        .iter()
+                        .filter(|w| matches!(w, Wire::Write(_)))
+                        .count();
+                    self.max_queued_writes = self.max_queued_writes.max(queued);
+                }
+                Output::Finished(o) => me.outcomes.push(o),
+            }
+        }
+        Ok(())
+    }
+
+    /// Delivers the next item of side `i`'s inbox. Returns whether there was one.
+    fn deliver(&mut self, i: usize) -> Result<bool, Failure> {
+        let fail = |error| Failure { side: i, error };
+        let (a, b) = self.sides.split_at_mut(1);
+        let (me, peer) = if i == 0 {
+            (&mut a[0], &mut b[0])
+        } else {
+            (&mut b[0], &mut a[0])
+        };
+        let Some(item) = me.inbox.pop_front() else {
+            return Ok(false);
+        };
+        let Some(ep) = me.ep.as_deref_mut() else {
+            return Ok(true); // the endpoint is gone (connection dropped)
+        };
+        match item {
+            Wire::Msg(bytes) => ep
+                .handle_msg(Msg::decode(&bytes).map_err(fail)?)
+                .map_err(fail)?,
+            Wire::Write(c) => {
+                // What the NIC checks: a live window, its rkey, the bounds.
+                let (region, window) = me.window.as_mut().expect("WRITE into a live window");
+                assert_eq!(c.remote.rkey, region.rkey, "rkey");
+                let offset = c.remote.addr - region.addr;
+                assert!(
+                    offset + c.remote.len <= region.len,
+                    "WRITE inside the window"
+                );
+                let (off, len) = (offset as usize, c.remote.len as usize);
+                window[off..off + len].copy_from_slice(&peer.staging[c.range()]);
+                peer.completions.push_back(c.index);
+                let range = ep.chunk_range(c.imm()).map_err(fail)?;
+                assert_eq!(range, off..off + len, "both sides agree on the slot");
+                if me.corrupt == Some(c.index) {
+                    window[range.start] ^= 0x01;
+                }
+                ep.handle_chunk(c.imm(), &window[range]).map_err(fail)?;
+            }
+        }
+        Ok(true)
+    }
+
+    /// One round: each side in turn acts on its outputs, gets one item, and (every
+    /// other round, so that Acks often overtake them) one local completion.
+    fn round(&mut self, n: usize) -> Result<bool, Failure> {
+        let mut busy = false;
+        for i in 0..2 {
+            self.drain(i)?;
+            busy |= self.deliver(i)?;
+            self.drain(i)?;
+            if n % 2 == 1 || self.sides[i].inbox.is_empty() {
+                if let Some(index) = self.sides[i].completions.pop_front() {
+                    busy = true;
+                    if let Some(ep) = self.sides[i].ep.as_deref_mut() {
+                        ep.handle_write_done(index)
+                            .map_err(|error| Failure { side: i, error })?;
+                    }
+                }
+            }
+        }
+        Ok(busy)
+    }
+
+    /// Runs until nothing moves.
+    fn run(&mut self) -> Result<(), Failure> {
+        self.run_for(usize::MAX).map(|_| ())
+    }
+
+    /// Runs at most `rounds` rounds; returns whether it went quiet.
+    fn run_for(&mut self, rounds: usize) -> Result<bool, Failure> {
+        for n in 0..rounds {
+            if !self.round(n)? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+}
+
+fn server_config(dir: &Path) -> Arc<Config> {
+    Arc::new(
+        Config::new(dir)
+            .with_window(SLOTS, SLOT_LEN)
+            .with_max_size(16 << 20)
+            .with_secret("alice", "alice-key"),
+    )
+}
+
+fn data(len: usize, seed: u8) -> Vec<u8> {
+    let mut x = u32::from(seed) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect()
+}
+
+/// SHA-256 hex straight from the sha2 crate, and from `sha256sum` when installed.
+fn independent_sha256(path: &Path) -> String {
+    let bytes = std::fs::read(path).unwrap();
+    let ours = hex::encode(sha2::Sha256::digest(&bytes));
+    if let Ok(out) = std::process::Command::new("sha256sum").arg(path).output() {
+        if out.status.success() {
+            let text = String::from_utf8(out.stdout).unwrap();
+            assert_eq!(text.split_whitespace().next(), Some(ours.as_str()));
+        }
+    }
+    ours
+}
+
+fn upload(src: &Path, name: &str, alg: HashAlg, overwrite: bool) -> Box<dyn Endpoint> {
+    Box::new(Sender::from_file(src, name, alg, overwrite).unwrap())
+}
+
+fn server(dir: &Path) -> Box<dyn Endpoint> {
+    Box::new(Server::new(server_config(dir)))
+}
+
+#[test]
+fn state_machines_can_live_in_a_session() {
+    fn session_safe<T: Send + Unpin + 'static>() {}
+    session_safe::<Server>();
+    session_safe::<Sender>();
+    session_safe::<Receiver>();
+}
+
+#[test]
+fn uploads_of_every_size_with_both_hashes() {
+    let src_dir = tempfile::tempdir().unwrap();
+    for (n, len) in [0usize, 1, 1024, (4 << 20) + 123].into_iter().enumerate() {
+        for alg in [HashAlg::Sha256, HashAlg::Blake3] {
+            let dst = tempfile::tempdir().unwrap();
+            let bytes = data(len, n as u8);
+            let src = src_dir.path().join(format!("src-{len}"));
+            std::fs::write(&src, &bytes).unwrap();
+            let mut pair = Pair::new(upload(&src, "out.bin", alg, false), server(dst.path()));
+            pair.run().unwrap();
+
+            let stored = dst.path().join("out.bin");
+            assert_eq!(std::fs::read(&stored).unwrap(), bytes, "{len} {alg}");
+            assert_eq!(
+                entries(dst.path()),
+                vec!["out.bin"],
+                "no temporary file left"
+            );
+            assert_eq!(
+                pair.client().outcomes,
+                vec![Outcome::Delivered { auth: None }]
+            );
+            let digest = hash_bytes(alg, &bytes);
+            assert_eq!(
+                pair.server().outcomes,
+                vec![Outcome::Stored {
+                    path: stored.clone(),
+                    len: len as u64,
+                    digest
+                }]
+            );
+            let sha = independent_sha256(&stored);
+            assert_eq!(sha, hash_bytes(HashAlg::Sha256, &bytes).to_hex());
+            if alg == HashAlg::Sha256 {
+                assert_eq!(digest.to_hex(), sha);
+            }
+            assert!(pair.server().window.is_none(), "window revoked");
+
+            let chunks = len.div_ceil(SLOT_LEN as usize);
+            assert_eq!(pair.writes, chunks);
+            assert_eq!(pair.acks, chunks.saturating_sub(SLOTS as usize));
+            if chunks >= 2 {
+                assert_eq!(pair.max_queued_writes, SLOTS as usize, "pipelined");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_corrupted_chunk_is_bad_and_leaves_nothing() {
+    let src_dir = tempfile::tempdir().unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    let src = src_dir.path().join("src");
+    std::fs::write(&src, data(300_000, 7)).unwrap();
+    let mut pair = Pair::new(
+        upload(&src, "f", HashAlg::Sha256, false),
+        server(dst.path()),
+    );
+    pair.sides[1].corrupt = Some(3);
+    pair.run().unwrap();
+    assert!(matches!(
+        pair.client().outcomes.as_slice(),
+        [Outcome::Bad(BadReason::Mismatch { .. })]
+    ));
+    assert!(matches!(
+        pair.server().outcomes.as_slice(),
+        [Outcome::Bad(BadReason::Mismatch { .. })]
+    ));
+    assert!(entries(dst.path()).is_empty());
+}
+
+#[test]
+fn dropping_the_receiver_mid_transfer_leaves_nothing() {
+    let src_dir = tempfile::tempdir().unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    let src = src_dir.path().join("src");
+    std::fs::write(&src, data(1 << 20, 9)).unwrap();
+    let mut pair = Pair::new(
+        upload(&src, "f", HashAlg::Blake3, false),
+        server(dst.path()),
+    );
+    assert!(!pair.run_for(10).unwrap(), "still transferring");
+    assert_eq!(entries(dst.path()).len(), 1, "the temporary file exists");
+    assert!(entries(dst.path())[0].starts_with(".f.rdmactor-tmp-"));
+    pair.sides[1].ep = None; // the connection died
+    assert!(entries(dst.path()).is_empty());
+}
+
+#[test]
+fn existing_files_are_kept_unless_overwrite() {
+    let src_dir = tempfile::tempdir().unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    let src = src_dir.path().join("src");
+    std::fs::write(&src, b"new contents").unwrap();
+    std::fs::write(dst.path().join("f"), b"old").unwrap();
+
+    let mut pair = Pair::new(
+        upload(&src, "f", HashAlg::Sha256, false),
+        server(dst.path()),
+    );
+    pair.run().unwrap();
+    assert_eq!(
+        pair.client().outcomes,
+        vec![Outcome::Rejected(RejectReason::Exists)]
+    );
+    assert_eq!(std::fs::read(dst.path().join("f")).unwrap(), b"old");
+
+    let mut pair = Pair::new(upload(&src, "f", HashAlg::Sha256, true), server(dst.path()));
+    pair.run().unwrap();
+    assert_eq!(
+        pair.client().outcomes,
+        vec![Outcome::Delivered { auth: None }]
+    );
+    assert_eq!(
+        std::fs::read(dst.path().join("f")).unwrap(),
+        b"new contents"
+    );
+    assert_eq!(entries(dst.path()), vec!["f"]);
+}
+
+#[test]
+fn path_tricks_are_refused_by_the_server() {
+    let dst = tempfile::tempdir().unwrap();
+    let long = "n".repeat(MAX_NAME_LEN + 1);
+    for name in [
+        "../escape",
+        "/etc/passwd",
+        "a/b",
+        "a\\b",
+        "..",
+        "",
+        "a\0b",
+        &long,
+    ] {
+        // A hostile client bypasses Sender's own check and sends the raw offer.
+        let mut s = Server::new(server_config(dst.path()));
+        s.handle_msg(Msg::Offer(FileOffer {
+            name: name.to_owned(),
+            len: 1,
+            digest: hash_bytes(HashAlg::Sha256, b"x"),
+            overwrite: true,
+        }))
+        .unwrap();
+        assert!(
+            matches!(
+                s.poll_output(),
+                Some(Output::Send(Msg::Reject {
+                    reason: RejectReason::BadName { .. }
+                }))
+            ),
+            "{name:?}"
+        );
+        s.handle_msg(Msg::Fetch {
+            name: name.to_owned(),
+            alg: HashAlg::Sha256,
+        })
+        .unwrap();
+        let out: Vec<Output> = std::iter::from_fn(|| s.poll_output()).collect();
+        assert!(
+            out.iter().any(|o| matches!(
+                o,
+                Output::Send(Msg::Reject {
+                    reason: RejectReason::BadName { .. }
+                })
+            )),
+            "{name:?}"
+        );
+    }
+    assert!(entries(dst.path()).is_empty());
+    // The sender refuses them locally, too.
+    let offer = FileOffer {
+        name: "..".into(),
+        len: 0,
+        digest: hash_bytes(HashAlg::Sha256, b""),
+        overwrite: false,
+    };
+    assert!(matches!(
+        Sender::new(offer, Box::new(std::io::empty())),
+        Err(TransferError::Name(NameError::Dots))
+    ));
+}
+
+#[test]
+fn oversize_offers_are_refused() {
+    let dst = tempfile::tempdir().unwrap();
+    let offer = FileOffer {
+        name: "huge".into(),
+        len: (16 << 20) + 1,
+        digest: hash_bytes(HashAlg::Sha256, b""),
+        overwrite: false,
+    };
+    let sender = Sender::new(offer, Box::new(std::io::empty())).unwrap();
+    let mut pair = Pair::new(Box::new(sender), server(dst.path()));
+    pair.run().unwrap();
+    let reason = RejectReason::TooLarge { max: 16 << 20 };
+    assert_eq!(
+        pair.client().outcomes,
+        vec![Outcome::Rejected(reason.clone())]
+    );
+    assert_eq!(pair.server().outcomes, vec![Outcome::Rejected(reason)]);
+    assert!(entries(dst.path()).is_empty());
+}
+
+#[test]
+fn out_of_order_messages_are_errors_naming_the_state() {
+    let dst = tempfile::tempdir().unwrap();
+    let cases: [(&[Msg], &str); 4] = [
+        (
+            &[Msg::Done],
+            "unexpected Done while waiting for an offer or a fetch",
+        ),
+        (
+            &[Msg::Good],
+            "unexpected Good while waiting for an offer or a fetch",
+        ),
+        (
+            &[
+                Msg::Offer(FileOffer {
+                    name: "f".into(),
+                    len: 10,
+                    digest: hash_bytes(HashAlg::Sha256, b""),
+                    overwrite: false,
+                }),
+                Msg::Done,
+            ],
+            "unexpected Done while registering the window",
+        ),
+        (
+            &[
+                Msg::Offer(FileOffer {
+                    name: "g".into(),
+                    len: 0,
+                    digest: hash_bytes(HashAlg::Sha256, b""),
+                    overwrite: false,
+                }),
+                Msg::Identify { id: "alice".into() },
+            ],
+            "unexpected Identify while receiving chunks",
+        ),
+    ];
+    for (msgs, expected) in cases {
+        let mut s = Server::new(server_config(dst.path()));
+        let mut last = Ok(());
+        for m in msgs {
+            last = s.handle_msg(m.clone());
+            while s.poll_output().is_some() {}
+        }
+        assert_eq!(last.unwrap_err().to_string(), expected);
+    }
+    assert!(entries(dst.path()).is_empty());
+
+    // A chunk the server never granted a window for.
+    let mut s = Server::new(server_config(dst.path()));
+    assert!(s.handle_chunk(0, b"x").is_err());
+}
+
+#[test]
+fn downloads_of_every_size() {
+    let served = tempfile::tempdir().unwrap();
+    for (n, len) in [0usize, 1, 1024, (4 << 20) + 123].into_iter().enumerate() {
+        for alg in [HashAlg::Sha256, HashAlg::Blake3] {
+            let local = tempfile::tempdir().unwrap();
+            let bytes = data(len, 40 + n as u8);
+            std::fs::write(served.path().join("file"), &bytes).unwrap();
+            let client_config = Arc::new(Config::new(local.path()).with_window(3, 50_000));
+            let client = Receiver::fetch(client_config, "file", alg, false).unwrap();
+            let mut pair = Pair::new(Box::new(client), server(served.path()));
+            pair.run().unwrap();
+            let stored = local.path().join("file");
+            assert_eq!(std::fs::read(&stored).unwrap(), bytes, "{len} {alg}");
+            assert_eq!(entries(local.path()), vec!["file"]);
+            assert!(matches!(
+                pair.client().outcomes.as_slice(),
+                [Outcome::Stored { digest, .. }] if *digest == hash_bytes(alg, &bytes)
+            ));
+            assert_eq!(
+                pair.server().outcomes,
+                vec![Outcome::Delivered { auth: None }]
+            );
+            assert_eq!(
+                independent_sha256(&stored),
+                hash_bytes(HashAlg::Sha256, &bytes).to_hex()
+            );
+            assert_eq!(pair.writes, len.div_ceil(50_000));
+        }
+    }
+}
+
+#[test]
+fn downloads_of_missing_files_are_rejected() {
+    let served = tempfile::tempdir().unwrap();
+    let local = tempfile::tempdir().unwrap();
+    std::fs::create_dir(served.path().join("dir")).unwrap();
+    for name in ["missing", "dir"] {
+        let client = Receiver::fetch(
+            Arc::new(Config::new(local.path())),
+            name,
+            HashAlg::Sha256,
+            false,
+        )
+        .unwrap();
+        let mut pair = Pair::new(Box::new(client), server(served.path()));
+        pair.run().unwrap();
+        assert_eq!(
+            pair.client().outcomes,
+            vec![Outcome::Rejected(RejectReason::NotFound)]
+        );
+    }
+    assert!(entries(local.path()).is_empty());
+}
+
+#[test]
+fn identify_with_known_and_unknown_ids() {
+    let src_dir = tempfile::tempdir().unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    let src = src_dir.path().join("src");
+    std::fs::write(&src, b"payload").unwrap();
+    for (id, auth) in [
+        ("alice", Auth::Secret("alice-key".into())),
+        ("eve", Auth::Refused),
+    ] {
+        let sender = Sender::from_file(&src, id, HashAlg::Sha256, false)
+            .unwrap()
+            .with_identity(id);
+        let mut pair = Pair::new(Box::new(sender), server(dst.path()));
+        pair.run().unwrap();
+        assert_eq!(
+            pair.client().outcomes,
+            vec![Outcome::Delivered { auth: Some(auth) }]
+        );
+    }
+    // Identify without a GOOD first is an error.
+    let mut s = Server::new(server_config(dst.path()));
+    assert!(s.handle_msg(Msg::Identify { id: "alice".into() }).is_err());
+}
+
+#[test]
+fn one_connection_carries_several_transfers() {
+    let src_dir = tempfile::tempdir().unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    let local = tempfile::tempdir().unwrap();
+    let src = src_dir.path().join("src");
+    let bytes = data(200_000, 3);
+    std::fs::write(&src, &bytes).unwrap();
+
+    let mut pair = Pair::new(
+        Box::new(
+            Sender::from_file(&src, "a", HashAlg::Blake3, false)
+                .unwrap()
+                .with_identity("alice"),
+        ),
+        server(dst.path()),
+    );
+    pair.run().unwrap();
+    // Then a download of what was uploaded, then another upload, on the same server.
+    let fetch = Receiver::fetch(
+        Arc::new(Config::new(local.path())),
+        "a",
+        HashAlg::Sha256,
+        false,
+    )
+    .unwrap();
+    pair.sides[0].ep = Some(Box::new(fetch));
+    pair.run().unwrap();
+    pair.sides[0].ep = Some(upload(&src, "b", HashAlg::Sha256, false));
+    pair.run().unwrap();
+
+    assert_eq!(std::fs::read(local.path().join("a")).unwrap(), bytes);
+    assert_eq!(std::fs::read(dst.path().join("b")).unwrap(), bytes);
+    assert_eq!(entries(dst.path()), vec!["a", "b"]);
+    assert_eq!(pair.server().outcomes.len(), 3);
+    assert!(matches!(
+        pair.client().outcomes.as_slice(),
+        [
+            Outcome::Delivered {
+                auth: Some(Auth::Secret(_))
+            },
+            Outcome::Stored { .. },
+            Outcome::Delivered { auth: None },
+        ]
+    ));
+}
+
+#[test]
+fn a_source_that_shrank_fails_the_sender_and_leaves_nothing() {
+    let dst = tempfile::tempdir().unwrap();
+    let bytes = data(150_000, 5);
+    let offer = FileOffer {
+        name: "f".into(),
+        len: bytes.len() as u64,
+        digest: hash_bytes(HashAlg::Sha256, &bytes),
+        overwrite: false,
+    };
+    // The file lost its tail between hashing and sending.
+    let source = std::io::Cursor::new(bytes[..100_000].to_vec());
+    let sender = Sender::new(offer, Box::new(source)).unwrap();
+    let mut pair = Pair::new(Box::new(sender), server(dst.path()));
+    let failure = pair.run().unwrap_err();
+    assert_eq!(failure.side, 0);
+    assert!(matches!(
+        failure.error,
+        TransferError::SourceTruncated {
+            at: 65536,
+            len: 150_000
+        }
+    ));
+    pair.sides[1].ep = None; // the session ends the connection
+    assert!(entries(dst.path()).is_empty());
+}

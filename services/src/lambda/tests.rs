@@ -1,0 +1,538 @@
+//! Sandbox tests: the example modules in `examples/lambdas/`, each failure mode, the cache
+//! and concurrency.
+
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::*;
+
+fn example(name: &str) -> Vec<u8> {
+    let path = format!(
+        "{}/../examples/lambdas/{name}.wat",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    wat::parse_file(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+fn wasm(text: &str) -> Vec<u8> {
+    wat::parse_str(text).unwrap()
+}
+
+/// Deterministic pseudo-random bytes (xorshift), so that inputs are not all zeros.
+fn bytes(len: usize) -> Vec<u8> {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Small limits that still let the examples process 1 MiB.
+fn limits() -> Limits {
+    Limits {
+        fuel: 100_000_000,
+        max_memory_bytes: 8 << 20,
+        // Generous: unoptimised wasmi (plain `cargo test`) is ~150x slower than release.
+        wall_clock: Duration::from_secs(60),
+        max_output: 4 << 20,
+    }
+}
+
+/// Fuel the sandbox burns per second on this machine and build (debug builds of wasmi are
+/// far slower), measured with the infinite loop.
+fn fuel_per_second(sandbox: &Sandbox) -> u64 {
+    let hash = sandbox.load(&example("infinite_loop")).unwrap();
+    let fuel = 1_000_000;
+    let start = Instant::now();
+    let outcome = sandbox.run(&hash, b"", &Limits { fuel, ..limits() });
+    assert_eq!(outcome, Err(LambdaError::OutOfFuel { fuel }));
+    (fuel as f64 / start.elapsed().as_secs_f64()) as u64
+}
+
+#[test]
+fn checksum_matches_native() {
+    let sandbox = Sandbox::new();
+    let hash = sandbox.load(&example("checksum")).unwrap();
+    for input in [
+        Vec::new(),
+        b"a".to_vec(),
+        b"foobar".to_vec(),
+        bytes(7),
+        bytes(65_536),
+        bytes(200_000),
+        bytes(1 << 20),
+    ] {
+        let output = sandbox.run(&hash, &input, &limits()).unwrap();
+        assert_eq!(
+            output,
+            checksum_native(&input),
+            "input of {} bytes",
+            input.len()
+        );
+    }
+}
+
+#[test]
+fn echo_upper_uppercases_ascii_only() {
+    let sandbox = Sandbox::new();
+    let hash = sandbox.load(&example("echo_upper")).unwrap();
+    let out = sandbox
+        .run(&hash, "Hello, wörld! az{AZ`".as_bytes(), &limits())
+        .unwrap();
+    assert_eq!(out, "HELLO, WöRLD! AZ{AZ`".as_bytes());
+    assert_eq!(sandbox.run(&hash, b"", &limits()).unwrap(), b"");
+    let big = bytes(1 << 20);
+    assert_eq!(
+        sandbox.run(&hash, &big, &limits()).unwrap(),
+        big.to_ascii_uppercase()
+    );
+}
+
+#[test]
+fn infinite_loop_runs_out_of_fuel() {
+    let sandbox = Sandbox::new();
+    let hash = sandbox.load(&example("infinite_loop")).unwrap();
+    let limits = Limits {
+        fuel: 1_000_000,
+        ..limits()
+    };
+    let start = Instant::now();
+    assert_eq!(
+        sandbox.run(&hash, b"x", &limits),
+        Err(LambdaError::OutOfFuel { fuel: 1_000_000 })
+    );
+    // About 1 ms in release builds, 0.2 s in debug builds.
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[test]
+fn infinite_loop_times_out() {
+    let sandbox = Sandbox::new();
+    let hash = sandbox.load(&example("infinite_loop")).unwrap();
+    let wall_clock = Duration::from_millis(100);
+    let limits = Limits {
+        // About 2 s of work: far more than 100 ms, but the abandoned worker ends soon.
+        fuel: 2 * fuel_per_second(&sandbox),
+        wall_clock,
+        ..limits()
+    };
+    let start = Instant::now();
+    assert_eq!(
+        sandbox.run(&hash, b"x", &limits),
+        Err(LambdaError::Timeout { limit: wall_clock })
+    );
+    let elapsed = start.elapsed();
+    assert!(
+        elapsed >= wall_clock && elapsed < wall_clock * 5,
+        "{elapsed:?}"
+    );
+    // The abandoned worker still runs, then stops when its fuel runs out.
+    assert_eq!(sandbox.running_workers(), 1);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while sandbox.running_workers() > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the abandoned worker never ended"
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn memory_bomb_hits_the_memory_limit() {
+    let sandbox = Sandbox::new();
+    let hash = sandbox.load(&example("memory_bomb")).unwrap();
+    let start = Instant::now();
+    assert_eq!(
+        sandbox.run(&hash, b"x", &limits()),
+        Err(LambdaError::MemoryLimit { limit: 8 << 20 })
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
+    // Seven 1 MiB growths cost 7 * 16384 fuel; with a little more than a 1 MiB growth's
+    // cost left over, the refused eighth is still told apart from running out of fuel.
+    let tight = Limits {
+        fuel: 131_000,
+        ..limits()
+    };
+    assert_eq!(
+        sandbox.run(&hash, b"x", &tight),
+        Err(LambdaError::MemoryLimit { limit: 8 << 20 })
+    );
+}
+
+#[test]
+fn memory_bomb_out_of_fuel_before_the_limit() {
+    let sandbox = Sandbox::new();
+    let hash = sandbox.load(&example("memory_bomb")).unwrap();
+    // Each 1 MiB growth costs 16384 fuel; 20000 fuel runs out at the second growth, far
+    // below the 8 MiB limit.
+    let limits = Limits {
+        fuel: 20_000,
+        ..limits()
+    };
+    assert_eq!(
+        sandbox.run(&hash, b"x", &limits),
+        Err(LambdaError::OutOfFuel { fuel: 20_000 })
+    );
+}
+
+#[test]
+fn unreachable_traps() {
+    let sandbox = Sandbox::new();
+    let hash = sandbox.load(&example("trap")).unwrap();
+    match sandbox.run(&hash, b"x", &limits()) {
+        Err(LambdaError::Trap(what)) => assert!(what.contains("unreachable"), "{what}"),
+        other => panic!("expected a trap, got {other:?}"),
+    }
+}
+
+#[test]
+fn runaway_recursion_traps() {
+    let sandbox = Sandbox::new();
+    let hash = sandbox
+        .load(&wasm(
+            r#"(module
+                (memory (export "memory") 1)
+                (func (export "alloc") (param i32) (result i32) (i32.const 0))
+                (func $deep (export "run") (param i32 i32) (result i64)
+                  (call $deep (local.get 0) (local.get 1))))"#,
+        ))
+        .unwrap();
+    assert!(matches!(
+        sandbox.run(&hash, b"x", &limits()),
+        Err(LambdaError::Trap(_))
+    ));
+}
+
+#[test]
+fn garbage_is_an_invalid_module() {
+    let sandbox = Sandbox::new();
+    for garbage in [
+        &b""[..],
+        b"garbage",
+        b"\0asm\x01\0\0\0\xff\xff\xff",
+        &bytes(4096),
+    ] {
+        assert!(
+            matches!(sandbox.load(garbage), Err(LambdaError::InvalidModule(_))),
+            "{garbage:?}"
+        );
+    }
+    assert_eq!(sandbox.cached_modules(), 0);
+}
+
+#[test]
+fn imports_are_refused() {
+    let sandbox = Sandbox::new();
+    let err = sandbox
+        .load(&wasm(
+            r#"(module
+                (import "env" "exfiltrate" (func (param i32)))
+                (import "env" "mem" (memory 1))
+                (func (export "alloc") (param i32) (result i32) (i32.const 0))
+                (func (export "run") (param i32 i32) (result i64) (i64.const 0))
+                (export "memory" (memory 0)))"#,
+        ))
+        .unwrap_err();
+    assert_eq!(
+        err,
+        LambdaError::ImportsNotAllowed(vec!["env.exfiltrate".into(), "env.mem".into()])
+    );
+    assert!(err.to_string().contains("env.exfiltrate"));
+}
+
+#[test]
+fn missing_or_mistyped_exports_are_refused() {
+    let sandbox = Sandbox::new();
+    let no_memory = r#"(module
+        (func (export "alloc") (param i32) (result i32) (i32.const 0))
+        (func (export "run") (param i32 i32) (result i64) (i64.const 0)))"#;
+    let no_alloc = r#"(module
+        (memory (export "memory") 1)
+        (func (export "run") (param i32 i32) (result i64) (i64.const 0)))"#;
+    let run_returns_i32 = r#"(module
+        (memory (export "memory") 1)
+        (func (export "alloc") (param i32) (result i32) (i32.const 0))
+        (func (export "run") (param i32 i32) (result i32) (i32.const 0)))"#;
+    for (text, name) in [
+        (no_memory, "memory"),
+        (no_alloc, "alloc"),
+        (run_returns_i32, "run"),
+    ] {
+        match sandbox.load(&wasm(text)) {
+            Err(LambdaError::MissingExport(what)) => assert!(what.contains(name), "{what}"),
+            other => panic!("expected MissingExport({name}), got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn start_functions_and_memory64_are_refused() {
+    let sandbox = Sandbox::new();
+    let start = r#"(module
+        (memory (export "memory") 1)
+        (func $init)
+        (start $init)
+        (func (export "alloc") (param i32) (result i32) (i32.const 0))
+        (func (export "run") (param i32 i32) (result i64) (i64.const 0)))"#;
+    let memory64 = r#"(module
+        (memory (export "memory") i64 1)
+        (func (export "alloc") (param i32) (result i32) (i32.const 0))
+        (func (export "run") (param i32 i32) (result i64) (i64.const 0)))"#;
+    for text in [start, memory64] {
+        assert!(matches!(
+            sandbox.load(&wasm(text)),
+            Err(LambdaError::InvalidModule(_))
+        ));
+    }
+}
+
+/// A module whose `run` returns the constant `result`.
+fn returning(result: i64) -> Vec<u8> {
+    wasm(&format!(
+        r#"(module
+            (memory (export "memory") 1)
+            (func (export "alloc") (param i32) (result i32) (i32.const 0))
+            (func (export "run") (param i32 i32) (result i64) (i64.const {result})))"#
+    ))
+}
+
+#[test]
+fn guest_results_are_checked() {
+    let sandbox = Sandbox::new();
+    let run = |result: i64, limits: &Limits| {
+        let hash = sandbox.load(&returning(result)).unwrap();
+        sandbox.run(&hash, b"abc", limits)
+    };
+    assert_eq!(run(-7, &limits()), Err(LambdaError::GuestError(-7)));
+    // 3 bytes at 0: the input itself.
+    assert_eq!(run(3, &limits()), Ok(b"abc".to_vec()));
+    // Past the end of the 64 KiB memory.
+    assert!(matches!(
+        run((65_530 << 32) | 10, &limits()),
+        Err(LambdaError::BadResult(_))
+    ));
+    let small_output = Limits {
+        max_output: 2,
+        ..limits()
+    };
+    assert_eq!(
+        run(3, &small_output),
+        Err(LambdaError::OutputTooLarge { len: 3, limit: 2 })
+    );
+}
+
+#[test]
+fn alloc_out_of_bounds_is_a_bad_result() {
+    let sandbox = Sandbox::new();
+    let hash = sandbox
+        .load(&wasm(
+            r#"(module
+                (memory (export "memory") 1)
+                (func (export "alloc") (param i32) (result i32) (i32.const 65535))
+                (func (export "run") (param i32 i32) (result i64) (i64.const 0)))"#,
+        ))
+        .unwrap();
+    assert!(matches!(
+        sandbox.run(&hash, b"two", &limits()),
+        Err(LambdaError::BadResult(_))
+    ));
+}
+
+#[test]
+fn inputs_and_initial_memory_must_fit_the_memory_limit() {
+    let sandbox = Sandbox::new();
+    let small = Limits {
+        max_memory_bytes: 1 << 20,
+        ..limits()
+    };
+    let checksum = sandbox.load(&example("checksum")).unwrap();
+    assert_eq!(
+        sandbox.run(&checksum, &bytes(2 << 20), &small),
+        Err(LambdaError::InputTooLarge {
+            len: 2 << 20,
+            limit: 1 << 20
+        })
+    );
+    // The input fits the limit, but not together with the allocator's first 1 KiB.
+    assert_eq!(
+        sandbox.run(&checksum, &bytes(1 << 20), &small),
+        Err(LambdaError::MemoryLimit { limit: 1 << 20 })
+    );
+    let big_memory = sandbox
+        .load(&wasm(
+            r#"(module
+                (memory (export "memory") 32)
+                (func (export "alloc") (param i32) (result i32) (i32.const 0))
+                (func (export "run") (param i32 i32) (result i64) (i64.const 0)))"#,
+        ))
+        .unwrap();
+    assert_eq!(
+        sandbox.run(&big_memory, b"x", &small),
+        Err(LambdaError::MemoryLimit { limit: 1 << 20 })
+    );
+}
+
+#[test]
+fn modules_are_compiled_once() {
+    let sandbox = Sandbox::new();
+    let bytes = example("checksum");
+    let first = sandbox.load(&bytes).unwrap();
+    let second = sandbox.load(&bytes).unwrap();
+    assert_eq!(first, second);
+    assert_eq!(first, ModuleHash::of(&bytes));
+    assert_eq!(sandbox.compilations(), 1);
+    assert_eq!(sandbox.cached_modules(), 1);
+    sandbox.load(&example("echo_upper")).unwrap();
+    assert_eq!(sandbox.compilations(), 2);
+    assert!(sandbox.unload(&first));
+    assert!(!sandbox.contains(&first));
+    assert_eq!(
+        sandbox.run(&first, b"", &limits()),
+        Err(LambdaError::UnknownLambda(first.to_string()))
+    );
+    sandbox.load(&bytes).unwrap();
+    assert_eq!(sandbox.compilations(), 3);
+}
+
+#[test]
+fn concurrent_loads_of_the_same_module_compile_once() {
+    let sandbox = Sandbox::new();
+    let bytes = example("echo_upper");
+    let hashes: Vec<ModuleHash> = thread::scope(|s| {
+        let handles: Vec<_> = (0..8)
+            .map(|_| s.spawn(|| sandbox.load(&bytes).unwrap()))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(hashes.iter().all(|h| *h == hashes[0]));
+    assert_eq!(sandbox.compilations(), 1);
+}
+
+#[test]
+fn sandbox_limits_are_enforced() {
+    let sandbox = Sandbox::with_config(SandboxConfig {
+        max_module_bytes: 1000,
+        max_cached_modules: 1,
+        max_workers: 1,
+    });
+    assert_eq!(
+        sandbox.load(&[0; 1001]),
+        Err(LambdaError::ModuleTooLarge {
+            len: 1001,
+            limit: 1000
+        })
+    );
+    let looping = sandbox.load(&example("infinite_loop")).unwrap();
+    assert_eq!(
+        sandbox.load(&example("trap")),
+        Err(LambdaError::CacheFull { limit: 1 })
+    );
+    // A timed-out invocation keeps its worker until its fuel (about 0.5 s) runs out.
+    let limits = Limits {
+        fuel: fuel_per_second(&sandbox) / 2,
+        wall_clock: Duration::from_millis(20),
+        ..limits()
+    };
+    assert!(matches!(
+        sandbox.run(&looping, b"", &limits),
+        Err(LambdaError::Timeout { .. })
+    ));
+    assert_eq!(
+        sandbox.run(&looping, b"", &limits),
+        Err(LambdaError::Busy { limit: 1 })
+    );
+}
+
+#[test]
+fn concurrent_runs_from_several_threads() {
+    let sandbox = Arc::new(Sandbox::new());
+    let checksum = sandbox.load(&example("checksum")).unwrap();
+    let upper = sandbox.load(&example("echo_upper")).unwrap();
+    let trap = sandbox.load(&example("trap")).unwrap();
+    let handles: Vec<_> = (0..8)
+        .map(|t| {
+            let sandbox = Arc::clone(&sandbox);
+            thread::spawn(move || {
+                for i in 0..10 {
+                    let input = bytes(1000 * t + i);
+                    assert_eq!(
+                        sandbox.run(&checksum, &input, &limits()).unwrap(),
+                        checksum_native(&input)
+                    );
+                    assert_eq!(
+                        sandbox.run(&upper, &input, &limits()).unwrap(),
+                        input.to_ascii_uppercase()
+                    );
+                    assert!(matches!(
+                        sandbox.run(&trap, &input, &limits()),
+                        Err(LambdaError::Trap(_))
+                    ));
+                }
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.join().unwrap();
+    }
+    assert_eq!(sandbox.compilations(), 3);
+}
+
+#[test]
+fn limits_are_capped_per_field() {
+    let asked = Limits {
+        fuel: 10,
+        max_memory_bytes: 1 << 30,
+        wall_clock: Duration::from_millis(5),
+        max_output: 1 << 30,
+    };
+    let capped = asked.capped_by(&Limits::default());
+    assert_eq!(capped.fuel, 10);
+    assert_eq!(capped.max_memory_bytes, Limits::default().max_memory_bytes);
+    assert_eq!(capped.wall_clock, Duration::from_millis(5));
+    assert_eq!(capped.max_output, Limits::default().max_output);
+}
+
+/// Checksum over 1 MiB in the sandbox and natively. Timing only; run with
+/// `cargo test --release -p rdmactor-services lambda_timing -- --ignored --nocapture`.
+#[test]
+#[ignore = "timing, not a check; run in release mode"]
+fn lambda_timing_checksum_1mib() {
+    let sandbox = Sandbox::new();
+    let hash = sandbox.load(&example("checksum")).unwrap();
+    let input = bytes(1 << 20);
+    let rounds = 20;
+    let best = |f: &dyn Fn() -> Vec<u8>| {
+        (0..rounds)
+            .map(|_| {
+                let start = Instant::now();
+                std::hint::black_box(f());
+                start.elapsed()
+            })
+            .min()
+            .unwrap()
+    };
+    let wasm = best(&|| sandbox.run(&hash, &input, &Limits::default()).unwrap());
+    let native = best(&|| checksum_native(std::hint::black_box(&input)));
+    let no_input = best(&|| sandbox.run(&hash, b"", &Limits::default()).unwrap());
+    println!(
+        "checksum over 1 MiB, best of {rounds}: sandbox {wasm:?} ({:.0} MB/s), native \
+         {native:?} ({:.0} MB/s), {:.0}x; empty-input invocation {no_input:?}",
+        1.048576e6 / wasm.as_secs_f64() / 1e6,
+        1.048576e6 / native.as_secs_f64() / 1e6,
+        wasm.as_secs_f64() / native.as_secs_f64()
+    );
+}
