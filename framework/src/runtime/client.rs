@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use actix::prelude::*;
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
 use super::cm::{CmActor, Connect, Shutdown, Stop};
 use super::config::NodeConfig;
@@ -15,7 +15,7 @@ use super::node::Node;
 use super::service::{Message, OpId, Session, SessionError};
 use super::{CloseReason, SessionCx};
 use crate::proto::hello::Reject;
-use crate::verbs::{EventChannel, RemoteRegion, VerbsError};
+use crate::verbs::{Access, EventChannel, MemoryRegion, RemoteRegion, VerbsError};
 
 /// Why a connect failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -91,8 +91,18 @@ impl Client {
             service: service.to_owned(),
             reply: tx,
         });
-        let conn = rx.await.map_err(|_| ConnectError::ShuttingDown)??;
-        Ok(ClientConnection { conn })
+        let (conn, inbox) = rx.await.map_err(|_| ConnectError::ShuttingDown)??;
+        Ok(ClientConnection {
+            conn,
+            inbox: Arc::new(tokio::sync::Mutex::new(inbox)),
+        })
+    }
+
+    /// Registers `len` bytes on the client's PD with `access`, for regions a server reads
+    /// from or writes into (its rkey is good on every connection of this client; drop
+    /// the region to revoke it).
+    pub fn register(&self, len: usize, access: Access) -> Result<MemoryRegion, VerbsError> {
+        MemoryRegion::register(&self.node.pd, len, access)
     }
 
     /// Runs `fut` on the first poller thread, next to the connections it polls, and
@@ -124,6 +134,7 @@ impl Client {
 #[derive(Clone)]
 pub struct ClientConnection {
     conn: Addr<ConnectionActor<ClientSession>>,
+    inbox: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Message>>>,
 }
 
 impl std::fmt::Debug for ClientConnection {
@@ -140,6 +151,19 @@ impl ClientConnection {
         self.conn.do_send(make(tx));
         rx.await
             .map_err(|_| RequestError::Closed(CloseReason::Local("connection gone".into())))?
+    }
+
+    /// Sends a one-way message (tag 0), for protocols that are not request/response.
+    /// Queued behind earlier messages; fails only when the connection is closing.
+    pub async fn send(&self, data: Vec<u8>) -> Result<(), RequestError> {
+        self.call(|reply| ClientCall::Send { data, reply }).await
+    }
+
+    /// The next message the server sent on its own (tag 0) or delivered with an
+    /// immediate (WRITE_WITH_IMM into a region this client granted). `None` once the
+    /// connection is closed.
+    pub async fn recv(&self) -> Option<Message> {
+        self.inbox.lock().await.recv().await
     }
 
     /// Sends `data` and waits for the service's reply.
@@ -222,6 +246,10 @@ pub(crate) enum AtomicOp {
 #[derive(Message)]
 #[rtype(result = "()")]
 pub(crate) enum ClientCall {
+    Send {
+        data: Vec<u8>,
+        reply: Reply<()>,
+    },
     Request {
         data: Vec<u8>,
         reply: Reply<Vec<u8>>,
@@ -255,15 +283,35 @@ enum PendingOp {
 
 /// The session behind a [`ClientConnection`]: matches replies to requests by tag and
 /// completions to one-sided operations by id.
-#[derive(Default)]
 pub(crate) struct ClientSession {
     next_tag: u32,
     requests: HashMap<u32, Reply<Vec<u8>>>,
     ops: HashMap<OpId, PendingOp>,
+    inbox: mpsc::UnboundedSender<Message>,
+}
+
+impl ClientSession {
+    /// A session and the receiving end of its inbox of unsolicited messages.
+    pub(crate) fn new() -> (ClientSession, mpsc::UnboundedReceiver<Message>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let session = ClientSession {
+            // Tag 0 is reserved for one-way messages in both directions.
+            next_tag: 1,
+            requests: HashMap::new(),
+            ops: HashMap::new(),
+            inbox: tx,
+        };
+        (session, rx)
+    }
 }
 
 impl Session for ClientSession {
     fn on_message(&mut self, _cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
+        if msg.tag == 0 {
+            // Unsolicited (one-way message or WRITE_WITH_IMM); nobody listening is fine.
+            let _ = self.inbox.send(msg);
+            return Ok(());
+        }
         match self.requests.remove(&msg.tag) {
             Some(reply) => {
                 let _ = reply.send(Ok(msg.data));
@@ -332,9 +380,12 @@ impl ClientSession {
     fn handle(&mut self, call: ClientCall, cx: &mut SessionCx<'_>) -> Result<(), SessionError> {
         let invalid = |e: SessionError| RequestError::Invalid(e.0);
         match call {
+            ClientCall::Send { data, reply } => {
+                let _ = reply.send(cx.send(0, data).map_err(invalid));
+            }
             ClientCall::Request { data, reply } => {
                 let tag = self.next_tag;
-                self.next_tag = self.next_tag.wrapping_add(1);
+                self.next_tag = self.next_tag.checked_add(1).unwrap_or(1);
                 match cx.send(tag, data) {
                     Ok(()) => {
                         self.requests.insert(tag, reply);
@@ -425,7 +476,9 @@ impl Handler<ClientCall> for ConnectionActor<ClientSession> {
                 ClientCall::Request { reply, .. } | ClientCall::Read { reply, .. } => {
                     drop(reply.send(Err(err)))
                 }
-                ClientCall::Write { reply, .. } => drop(reply.send(Err(err))),
+                ClientCall::Write { reply, .. } | ClientCall::Send { reply, .. } => {
+                    drop(reply.send(Err(err)))
+                }
                 ClientCall::Atomic { reply, .. } => drop(reply.send(Err(err))),
                 ClientCall::Close { .. } => {}
             }

@@ -36,12 +36,14 @@ struct Listening {
 }
 
 type ClientAddr = Addr<ConnectionActor<ClientSession>>;
+type Inbox = tokio::sync::mpsc::UnboundedReceiver<crate::runtime::Message>;
 
 struct Connecting {
     id: CmId,
     service: String,
-    reply: Option<oneshot::Sender<Result<ClientAddr, ConnectError>>>,
+    reply: Option<oneshot::Sender<Result<(ClientAddr, Inbox), ConnectError>>>,
     conn: Option<ClientAddr>,
+    inbox: Option<Inbox>,
 }
 
 /// Counters the CM actor keeps.
@@ -313,8 +315,8 @@ impl CmActor {
                 conn.do_send(CmNotice::Established {
                     peer_recv_depth: depth,
                 });
-                if let Some(reply) = c.reply.take() {
-                    let _ = reply.send(Ok(conn));
+                if let (Some(reply), Some(inbox)) = (c.reply.take(), c.inbox.take()) {
+                    let _ = reply.send(Ok((conn, inbox)));
                 }
             }
             CmEventKind::Rejected => {
@@ -351,9 +353,10 @@ impl CmActor {
         );
         let routes = self.node.routes.clone();
         let arbiter = core.arbiter();
+        let (session, inbox) = ClientSession::new();
         let actor = ConnectionActor::new(
             core,
-            ClientSession::default(),
+            session,
             routes.clone(),
             ctx.address().recipient(),
             key,
@@ -374,6 +377,7 @@ impl CmActor {
         };
         if let Some(c) = self.connecting.get_mut(&key) {
             c.conn = Some(addr);
+            c.inbox = Some(inbox);
         }
         if let Err(e) = id.connect(&ConnParam {
             private_data: &data,
@@ -450,7 +454,7 @@ impl Handler<ConnClosed> for CmActor {
 pub(crate) struct Connect {
     pub addr: SocketAddr,
     pub service: String,
-    pub reply: oneshot::Sender<Result<ClientAddr, ConnectError>>,
+    pub reply: oneshot::Sender<Result<(ClientAddr, Inbox), ConnectError>>,
 }
 
 impl Handler<Connect> for CmActor {
@@ -478,6 +482,7 @@ impl Handler<Connect> for CmActor {
                 service: msg.service,
                 reply: Some(msg.reply),
                 conn: None,
+                inbox: None,
             },
         );
     }
