@@ -72,7 +72,9 @@ enum Run {
 }
 
 fn main() -> Result<()> {
+    // Logs go to stderr; stdout carries the lines scripts and tests parse.
     tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )

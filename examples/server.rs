@@ -2,19 +2,28 @@
 //!
 //! ```sh
 //! server --listen 192.0.2.1:7471 --listen 192.0.2.1:7174=rping --max-connections 1000
+//! server --listen 192.0.2.1:7471 --files-dir /srv/files --secret alice=s3cret
 //! ```
 //! rdmactor clients pick a service by name in their connect request; plain rdma_cm
 //! clients (rping, lab programs) reach the default service of the port they connect to.
 //! SIGINT or SIGTERM: stop accepting, disconnect everyone, release everything, exit 0.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::{bail, Context as _, Result};
 use clap::{Parser, ValueEnum};
 use rdmactor::memory::PoolConfig;
 use rdmactor::runtime::{NodeConfig, PollMode, Server};
 use rdmactor_services::echo::{Echo, RawEcho};
+use rdmactor_services::file_transfer::{Config as FilesConfig, FileTransfer};
+use rdmactor_services::ingest::{IngestConfig, IngestService, Record};
+use rdmactor_services::lambda::{
+    checksum_native, LambdaConfig, LambdaService, NativeLambdas, Sandbox,
+};
 use rdmactor_services::pingpong::PingPongService;
+use rdmactor_services::read::{ReadRegions, ReadService};
 use rdmactor_services::rping::Rping;
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -24,7 +33,9 @@ enum Mode {
 }
 
 #[derive(Parser)]
-#[command(about = "rdmactor server: echo, raw-echo, pingpong and rping services")]
+#[command(
+    about = "rdmactor server: echo, raw-echo, pingpong, rping, files, lambda, read and ingest services"
+)]
 struct Args {
     /// Listen address, optionally with the default service for plain clients:
     /// `ADDR:PORT` or `ADDR:PORT=SERVICE`. Repeatable.
@@ -45,6 +56,47 @@ struct Args {
     /// RDMA device (default: whichever rdma_cm routes to).
     #[arg(long)]
     device: Option<String>,
+    /// Serve the `files` service (uploads, downloads) from this directory; without it
+    /// the service is not offered.
+    #[arg(long)]
+    files_dir: Option<PathBuf>,
+    /// Largest file the `files` service accepts, in bytes.
+    #[arg(long, default_value_t = FilesConfig::DEFAULT_MAX_SIZE)]
+    max_file_size: u64,
+    /// `ID=KEY`: the secret the `files` service answers to `Identify` with ID after a
+    /// GOOD upload. Repeatable.
+    #[arg(long = "secret", value_name = "ID=KEY")]
+    secrets: Vec<String>,
+    /// `NAME=PATH`: serve the file at PATH as region NAME of the `read` service.
+    /// Repeatable.
+    #[arg(long = "region", value_name = "NAME=PATH")]
+    regions: Vec<String>,
+}
+
+/// The `read` service's regions from `--region` (files, loaded read-only).
+fn read_regions(args: &Args) -> Result<ReadRegions> {
+    let regions = ReadRegions::new();
+    for spec in &args.regions {
+        let (name, path) = spec
+            .split_once('=')
+            .with_context(|| format!("--region {spec:?} is not NAME=PATH"))?;
+        regions.add_file(name, path)?;
+    }
+    Ok(regions)
+}
+
+/// The `lambda` service, with the native `checksum` lambda.
+fn lambda_service() -> LambdaService {
+    let natives = NativeLambdas::new();
+    natives.register(
+        "checksum",
+        Arc::new(|input: &[u8]| Ok(checksum_native(input))),
+    );
+    LambdaService::new(
+        Arc::new(Sandbox::new()),
+        Arc::new(natives),
+        LambdaConfig::default(),
+    )
 }
 
 fn parse_listen(spec: &str) -> Result<(SocketAddr, Option<String>)> {
@@ -59,8 +111,30 @@ fn parse_listen(spec: &str) -> Result<(SocketAddr, Option<String>)> {
     ))
 }
 
+/// The `files` service, if `--files-dir` asks for it.
+fn files_service(args: &Args) -> Result<Option<FileTransfer>> {
+    let Some(dir) = &args.files_dir else {
+        if !args.secrets.is_empty() {
+            bail!("--secret needs --files-dir");
+        }
+        return Ok(None);
+    };
+    let mut config = FilesConfig::new(dir).with_max_size(args.max_file_size);
+    for spec in &args.secrets {
+        let (id, key) = spec
+            .split_once('=')
+            .with_context(|| format!("--secret {spec:?} is not ID=KEY"))?;
+        config = config.with_secret(id, key);
+    }
+    FileTransfer::new(config)
+        .map(Some)
+        .with_context(|| format!("files service in {}", dir.display()))
+}
+
 fn main() -> Result<()> {
+    // Logs go to stderr; stdout carries the lines scripts and tests parse.
     tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
@@ -84,6 +158,8 @@ fn main() -> Result<()> {
         .iter()
         .map(|s| parse_listen(s))
         .collect::<Result<Vec<_>>>()?;
+    let files = files_service(&args)?;
+    let regions = read_regions(&args)?;
     actix::System::new().block_on(async move {
         let mut builder = Server::builder()
             .config(config)
@@ -91,7 +167,26 @@ fn main() -> Result<()> {
             .service("echo", Echo)
             .service("raw-echo", RawEcho::default())
             .service("pingpong", PingPongService)
-            .service("rping", Rping::default());
+            .service("rping", Rping::default())
+            .service("lambda", lambda_service())
+            .service("read", ReadService::new(regions))
+            .service(
+                "ingest",
+                IngestService::new(
+                    IngestConfig::default(),
+                    Arc::new(|r: Record| {
+                        tracing::debug!(
+                            conn = r.connection,
+                            seq = r.seq,
+                            len = r.data.len(),
+                            "record"
+                        )
+                    }),
+                ),
+            );
+        if let Some(files) = files {
+            builder = builder.service("files", files);
+        }
         for (addr, default) in &listeners {
             builder = builder.listen(*addr, default.as_deref());
         }

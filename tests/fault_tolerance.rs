@@ -52,10 +52,19 @@ fn sigkilled_client_is_torn_down_and_others_keep_being_served() {
             .stdout(Stdio::piped())
             .spawn()
             .expect("start the client binary (scripts/test builds it)");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        // Read the child's first line on a thread: this thread runs the server's actors,
+        // which must keep going for the child to connect at all.
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        std::thread::spawn(move || {
+            let mut reader = BufReader::new(stdout);
+            let mut line = String::new();
+            let _ = reader.read_line(&mut line);
+            let _ = tx.send(line);
+            // Keep draining so the child never blocks or fails on a full or closed pipe.
+            let _ = std::io::copy(&mut reader, &mut std::io::sink());
+        });
+        let line = rx.await.expect("child output");
         assert_eq!(line.trim(), "connected 3");
         eventually("4 connections", Duration::from_secs(10), || async {
             server.stats().await.connections == 4

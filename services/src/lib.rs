@@ -7,9 +7,14 @@
 //! | `raw-echo` | plain verbs clients: every SEND comes back byte for byte |
 //! | `pingpong` | numbered pings answered with pongs; gaps or repeats end the connection |
 //! | `rping` | serves rdma-core's unmodified `rping -c` client |
+//! | `read` | named regions read with one-sided RDMA READs, seqlock-versioned ([`read`]) |
+//! | `ingest` | records RDMA-written into a per-connection slot ring with immediates ([`ingest`]) |
+//! | `lambda` | WebAssembly or native lambdas run on client-granted regions ([`lambda`]) |
 
 pub mod echo;
 pub mod file_transfer;
+pub mod ingest;
 pub mod lambda;
 pub mod pingpong;
+pub mod read;
 pub mod rping;

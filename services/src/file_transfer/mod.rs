@@ -73,6 +73,8 @@
 //! * [`Msg`] and the types it carries: the wire format; [`Hasher`], [`hash_file`]:
 //!   hashing; [`TempFile`], [`open_source`]: the store; [`Config`]: the operator's
 //!   settings (call [`Config::validate`] once at startup).
+//! * [`FileTransfer`]: the service that drives a [`Server`] per connection;
+//!   [`send_file`], [`fetch_file`]: the client side over a `ClientConnection`.
 //!
 //! # Driving it over rdmactor
 //!
@@ -85,6 +87,7 @@
 //! WRITEs may still arrive; once the next transfer started, the driver should drop
 //! them (it knows them by their staging buffer) rather than pass them on.
 
+mod client;
 mod config;
 mod endpoint;
 mod error;
@@ -93,9 +96,11 @@ mod name;
 mod receiver;
 mod sender;
 mod server;
+mod session;
 mod store;
 mod wire;
 
+pub use client::{fetch_file, send_file, ClientError, FetchOptions, Progress, SendOptions};
 pub use config::Config;
 pub use endpoint::{Auth, ChunkWrite, Endpoint, Outcome, Output};
 pub use error::{Result, TransferError};
@@ -104,6 +109,7 @@ pub use name::{validate_name, NameError, MAX_NAME_LEN};
 pub use receiver::Receiver;
 pub use sender::Sender;
 pub use server::Server;
+pub use session::FileTransfer;
 pub use store::{open_source, StoreError, TempFile};
 pub use wire::{
     BadReason, Digest, FileOffer, HashAlg, Msg, RejectReason, RemoteWindow, SecretKey, WindowGrant,

@@ -91,8 +91,13 @@
 
 mod native;
 mod sandbox;
+mod session;
 #[cfg(test)]
 mod tests;
 
 pub use native::{checksum_native, NativeFn, NativeLambdas};
 pub use sandbox::{LambdaError, Limits, ModuleHash, Result, Sandbox, SandboxConfig};
+pub use session::{
+    invoke, upload, CallError, Failure, FailureKind, Invocation, LambdaConfig, LambdaRef,
+    LambdaRequest, LambdaResponse, LambdaService, WireLimits, NUDGE_FIRST, NUDGE_MAX,
+};

@@ -1,0 +1,259 @@
+//! ft: sends files to, and fetches files from, a server's `files` service.
+//!
+//! ```sh
+//! ft --addr 192.0.2.1:7471 send --hash blake3 --id alice big.iso notes.txt
+//! ft --addr 192.0.2.1:7471 fetch --out /tmp/got big.iso
+//! ```
+//! Files go one after another over one connection, each with a progress bar (bytes,
+//! rate, ETA) on stderr. Each verdict is printed on stdout (`GOOD NAME ALG:DIGEST`,
+//! `BAD NAME: why`, `REJECTED NAME: why`, `ERROR NAME: why`), and each transfer that
+//! reached a verdict prints `RESULT kind=file bytes=N secs=S mb_per_s=X`, timed from
+//! the offer to the verdict (hashing the file before the offer is not counted), for
+//! scripts/bench. The exit status is 0 only if every file was GOOD.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use rdmactor::runtime::{Client, ClientConnection, NodeConfig};
+use rdmactor_services::file_transfer::{
+    fetch_file, send_file, Auth, ClientError, Digest, FetchOptions, HashAlg, Outcome, Progress,
+    SendOptions,
+};
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Hash {
+    Sha256,
+    Blake3,
+}
+
+impl From<Hash> for HashAlg {
+    fn from(h: Hash) -> HashAlg {
+        match h {
+            Hash::Sha256 => HashAlg::Sha256,
+            Hash::Blake3 => HashAlg::Blake3,
+        }
+    }
+}
+
+#[derive(Parser)]
+#[command(about = "Send files to, or fetch files from, an rdmactor server's files service")]
+struct Args {
+    /// Server address.
+    #[arg(long)]
+    addr: SocketAddr,
+    /// Service name on the server.
+    #[arg(long, default_value = "files")]
+    service: String,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Upload files (stored under their file names).
+    Send {
+        /// Digest the server verifies.
+        #[arg(long, value_enum, default_value_t = Hash::Sha256)]
+        hash: Hash,
+        /// Replace files of the same name on the server.
+        #[arg(long)]
+        overwrite: bool,
+        /// Identify as ID after each GOOD and print the secret the server answers.
+        #[arg(long)]
+        id: Option<String>,
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// Download files by name.
+    Fetch {
+        /// Digest the client verifies.
+        #[arg(long, value_enum, default_value_t = Hash::Sha256)]
+        hash: Hash,
+        /// Replace local files of the same name.
+        #[arg(long)]
+        overwrite: bool,
+        /// Directory to store them in.
+        #[arg(long, default_value = ".")]
+        out: PathBuf,
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+}
+
+fn main() -> Result<ExitCode> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .init();
+    let args = Args::parse();
+    let all_good = actix::System::new().block_on(run(args))?;
+    Ok(if all_good {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// One file's transfer, as the progress callback sees it.
+struct Tracker {
+    bar: ProgressBar,
+    started: Option<Instant>,
+    offered: Option<(u64, Digest)>,
+}
+
+impl Tracker {
+    fn new(name: &str, what: &str) -> Tracker {
+        let bar = ProgressBar::new_spinner();
+        bar.set_message(format!("{what} {name}"));
+        bar.enable_steady_tick(Duration::from_millis(200));
+        Tracker {
+            bar,
+            started: None,
+            offered: None,
+        }
+    }
+
+    fn update(&mut self, p: Progress<'_>) {
+        match p {
+            Progress::Offer(offer) => {
+                self.started = Some(Instant::now());
+                self.offered = Some((offer.len, offer.digest));
+                self.bar.set_style(
+                    ProgressStyle::with_template(
+                        "{msg:24!} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}",
+                    )
+                    .expect("valid template")
+                    .progress_chars("=> "),
+                );
+                self.bar.set_message(offer.name.clone());
+                self.bar.set_length(offer.len);
+                self.bar.set_position(0);
+                self.bar.reset_eta();
+            }
+            Progress::Bytes { done, .. } => self.bar.set_position(done),
+            _ => {}
+        }
+    }
+
+    /// Prints the verdict (and the RESULT line); true for GOOD.
+    fn report(self, name: &str, res: Result<Outcome, ClientError>) -> bool {
+        let secs = self.started.map(|t| t.elapsed().as_secs_f64());
+        let (line, good, moved) = match res {
+            Ok(Outcome::Delivered { auth }) => {
+                let digest = self.offered.map(|(_, d)| format!(" {:?}", d));
+                let mut line = format!("GOOD {name}{}", digest.unwrap_or_default());
+                match auth {
+                    Some(Auth::Secret(key)) => line += &format!("\nSECRET {}", key.expose()),
+                    Some(Auth::Refused) => line += "\nREFUSED (unknown ID)",
+                    None => {}
+                }
+                (line, true, true)
+            }
+            Ok(Outcome::Stored { digest, .. }) => (format!("GOOD {name} {digest:?}"), true, true),
+            Ok(Outcome::Bad(reason)) => (format!("BAD {name}: {reason}"), false, true),
+            Ok(Outcome::Rejected(reason)) => (format!("REJECTED {name}: {reason}"), false, false),
+            Err(e) => (format!("ERROR {name}: {e}"), false, false),
+        };
+        let first = line.lines().next().unwrap_or_default().to_owned();
+        if good {
+            self.bar.finish_with_message(first);
+        } else {
+            self.bar.abandon_with_message(first);
+        }
+        println!("{line}");
+        if let (true, Some(secs), Some((bytes, _))) = (moved, secs, self.offered) {
+            let mb_per_s = bytes as f64 / 1e6 / secs.max(1e-9);
+            println!("RESULT kind=file bytes={bytes} secs={secs:.3} mb_per_s={mb_per_s:.1}");
+        }
+        good
+    }
+}
+
+/// The file name `path` is stored under on the server.
+fn file_name(path: &Path) -> Result<String> {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .map(str::to_owned)
+        .with_context(|| format!("{} has no UTF-8 file name", path.display()))
+}
+
+/// The open connection, or a new one after an error closed the last.
+async fn connection(
+    client: &Client,
+    args: &Args,
+    conn: &mut Option<ClientConnection>,
+) -> Result<ClientConnection> {
+    if let Some(c) = conn {
+        return Ok(c.clone());
+    }
+    let c = client
+        .connect(args.addr, &args.service)
+        .await
+        .with_context(|| format!("connecting to {} at {}", args.service, args.addr))?;
+    *conn = Some(c.clone());
+    Ok(c)
+}
+
+async fn run(args: Args) -> Result<bool> {
+    let client = Client::start(NodeConfig::default()).context("starting the client")?;
+    let mut conn = None;
+    let mut all_good = true;
+    match &args.cmd {
+        Cmd::Send {
+            hash,
+            overwrite,
+            id,
+            files,
+        } => {
+            let opts = SendOptions {
+                alg: (*hash).into(),
+                overwrite: *overwrite,
+                identity: id.clone(),
+                ..SendOptions::default()
+            };
+            for path in files {
+                let name = file_name(path)?;
+                let c = connection(&client, &args, &mut conn).await?;
+                let mut t = Tracker::new(&name, "hashing");
+                let res = send_file(&c, path, &name, &opts, |p| t.update(p)).await;
+                if res.is_err() {
+                    conn = None; // closed by send_file
+                }
+                all_good &= t.report(&name, res);
+            }
+        }
+        Cmd::Fetch {
+            hash,
+            overwrite,
+            out,
+            names,
+        } => {
+            let opts = FetchOptions {
+                alg: (*hash).into(),
+                overwrite: *overwrite,
+                ..FetchOptions::default()
+            };
+            for name in names {
+                let c = connection(&client, &args, &mut conn).await?;
+                let mut t = Tracker::new(name, "asking for");
+                let res = fetch_file(&c, &client, name, out, &opts, |p| t.update(p)).await;
+                if res.is_err() {
+                    conn = None;
+                }
+                all_good &= t.report(name, res);
+            }
+        }
+    }
+    if let Some(c) = conn {
+        c.close().await;
+    }
+    client.shutdown().await;
+    Ok(all_good)
+}

@@ -1,0 +1,515 @@
+//! The client side of the `files` service: [`send_file`] (upload, the client is the
+//! [`Sender`]) and [`fetch_file`] (download, the client is the [`Receiver`]), driving
+//! the state machines over a [`ClientConnection`].
+//!
+//! Chunks of an upload go out with [`ClientConnection::write`], which copies each into
+//! a buffer of the client's memory pool: the server's `slot_len` must not exceed the
+//! pool's largest class (1 MiB by default, the default `slot_len` too). The window of
+//! a download is registered with [`Client::register`] and dropped (deregistered) as
+//! soon as the last chunk is in.
+//!
+//! A connection carries one transfer at a time, and nothing else meanwhile: the driver
+//! takes every message of [`ClientConnection::recv`] as part of the transfer. On any
+//! error the driver closes the connection, which makes the server drop its side of the
+//! transfer (and any partial file) instead of waiting for chunks that never come.
+
+use std::collections::VecDeque;
+use std::future::{poll_fn, Future};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Poll, Waker};
+
+use rdmactor::runtime::{Client, ClientConnection, Message, RequestError};
+use rdmactor::verbs::{Access, MemoryRegion, RemoteRegion, VerbsError};
+
+use super::config::Config;
+use super::endpoint::{Endpoint, Outcome, Output};
+use super::error::TransferError;
+use super::receiver::Receiver;
+use super::sender::Sender;
+use super::wire::{FileOffer, HashAlg, Msg, RemoteWindow, WindowGrant};
+
+/// How [`send_file`] sends.
+#[derive(Debug, Clone)]
+pub struct SendOptions {
+    /// The digest the server verifies.
+    pub alg: HashAlg,
+    /// Replace a file of the same name on the server.
+    pub overwrite: bool,
+    /// Send `Identify` with this ID after GOOD (the outcome carries the answer).
+    pub identity: Option<String>,
+    /// Largest window the client accepts from the server.
+    pub max_window: u64,
+    /// Test hook: flip the first byte of this chunk after reading it, so that the
+    /// server receives other bytes than the digest covers and must answer BAD.
+    pub corrupt_chunk: Option<u32>,
+}
+
+impl Default for SendOptions {
+    fn default() -> Self {
+        SendOptions {
+            alg: HashAlg::Sha256,
+            overwrite: false,
+            identity: None,
+            max_window: Config::DEFAULT_MAX_WINDOW,
+            corrupt_chunk: None,
+        }
+    }
+}
+
+/// How [`fetch_file`] receives.
+#[derive(Debug, Clone)]
+pub struct FetchOptions {
+    /// The digest the client asks for and verifies.
+    pub alg: HashAlg,
+    /// Replace a local file of the same name.
+    pub overwrite: bool,
+    /// Slots of the window the client grants.
+    pub slots: u32,
+    /// Bytes per slot (the chunk size).
+    pub slot_len: u32,
+    /// Largest file the client accepts.
+    pub max_size: u64,
+}
+
+impl Default for FetchOptions {
+    fn default() -> Self {
+        FetchOptions {
+            alg: HashAlg::Sha256,
+            overwrite: false,
+            slots: Config::DEFAULT_SLOTS,
+            slot_len: Config::DEFAULT_SLOT_LEN,
+            max_size: Config::DEFAULT_MAX_SIZE,
+        }
+    }
+}
+
+/// What the driver reports while a transfer runs (for progress bars, timing, and tests
+/// that need the granted window).
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub enum Progress<'a> {
+    /// The offer: sent (upload, after hashing the file) or received (download).
+    Offer(&'a FileOffer),
+    /// The window the chunks go through: granted by the server (upload) or by this
+    /// client (download).
+    Window(&'a WindowGrant),
+    /// File bytes moved so far: chunks whose WRITE completed (upload) or that arrived
+    /// (download).
+    Bytes {
+        /// Bytes so far.
+        done: u64,
+        /// The file's length.
+        total: u64,
+    },
+}
+
+/// Why a transfer did not reach a verdict. The connection is closed after any of them.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// The protocol went wrong (either peer) or a local file operation failed.
+    #[error(transparent)]
+    Transfer(#[from] TransferError),
+    /// Sending a control message failed.
+    #[error("sending {what} failed: {source}")]
+    Send {
+        /// The message.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: RequestError,
+    },
+    /// A chunk's WRITE failed (for example a remote access error).
+    #[error("WRITE of chunk {index} failed: {source}")]
+    Write {
+        /// The chunk.
+        index: u32,
+        /// Why.
+        #[source]
+        source: RequestError,
+    },
+    /// Registering the download window failed.
+    #[error("registering a window of {len} bytes failed: {source}")]
+    Register {
+        /// Bytes.
+        len: u64,
+        /// Why.
+        #[source]
+        source: VerbsError,
+    },
+    /// The connection closed before the verdict.
+    #[error("the connection closed during the transfer")]
+    Closed,
+}
+
+/// Sends the file at `path` as `name`: hashes it (on a thread of its own, so the
+/// caller's executor keeps running), offers it, writes it through the server's window,
+/// and returns the outcome ([`Outcome::Delivered`] for GOOD, [`Outcome::Bad`],
+/// [`Outcome::Rejected`]).
+///
+/// # Errors
+///
+/// The file cannot be read, a bad name, a protocol error, a failed WRITE or a closed
+/// connection; the connection is closed then.
+pub async fn send_file(
+    conn: &ClientConnection,
+    path: &Path,
+    name: &str,
+    opts: &SendOptions,
+    progress: impl FnMut(Progress<'_>),
+) -> Result<Outcome, ClientError> {
+    let (path_owned, name_owned, alg, overwrite) =
+        (path.to_owned(), name.to_owned(), opts.alg, opts.overwrite);
+    let hashed = off_thread(move || Sender::from_file(&path_owned, &name_owned, alg, overwrite))
+        .await
+        .unwrap_or_else(|_| Err(TransferError::Invalid("hashing the file panicked".into())))?;
+    let mut sender = hashed.with_max_window(opts.max_window);
+    if let Some(id) = &opts.identity {
+        sender = sender.with_identity(id.clone());
+    }
+    let mut drive = Drive::new(conn, None, progress);
+    drive.corrupt = opts.corrupt_chunk;
+    (drive.progress)(Progress::Offer(sender.offer()));
+    drive.total = sender.offer().len;
+    finish(conn, drive.run(&mut sender).await).await
+}
+
+/// Fetches the file `name` from the server into `dir` (same name), verified with
+/// `opts.alg`, through a window this client registers; returns the outcome
+/// ([`Outcome::Stored`], [`Outcome::Bad`], [`Outcome::Rejected`]). Like an upload on
+/// the server, the file appears under its name only once verified.
+///
+/// # Errors
+///
+/// A bad name, a protocol error, a local file-system error, a failed registration or
+/// a closed connection; the connection is closed then and no partial file is left.
+pub async fn fetch_file(
+    conn: &ClientConnection,
+    client: &Client,
+    name: &str,
+    dir: &Path,
+    opts: &FetchOptions,
+    progress: impl FnMut(Progress<'_>),
+) -> Result<Outcome, ClientError> {
+    let config = Config::new(PathBuf::from(dir))
+        .with_window(opts.slots, opts.slot_len)
+        .with_max_size(opts.max_size);
+    let mut receiver = Receiver::fetch(Arc::new(config), name, opts.alg, opts.overwrite)?;
+    let drive = Drive::new(conn, Some(client), progress);
+    finish(conn, drive.run(&mut receiver).await).await
+}
+
+/// Closes the connection after an error (see the module docs).
+async fn finish(
+    conn: &ClientConnection,
+    res: Result<Outcome, ClientError>,
+) -> Result<Outcome, ClientError> {
+    if res.is_err() {
+        conn.clone().close().await;
+    }
+    res
+}
+
+type Pending<'c, T> = Pin<Box<dyn Future<Output = T> + Send + 'c>>;
+
+/// One chunk WRITE on its way.
+struct InFlight<'c> {
+    index: u32,
+    len: u32,
+    reply: Pending<'c, Result<(), RequestError>>,
+}
+
+/// What the driver waits for.
+enum Event {
+    Written {
+        index: u32,
+        len: u32,
+        result: Result<(), RequestError>,
+    },
+    Received(Option<Message>),
+}
+
+/// The loop shared by both directions: carry out outputs, wait for the next event,
+/// feed it in.
+struct Drive<'c, P> {
+    conn: &'c ClientConnection,
+    /// Registers the download window.
+    client: Option<&'c Client>,
+    progress: P,
+    writes: Vec<InFlight<'c>>,
+    /// WRITEs that completed on their first poll.
+    ready: VecDeque<Event>,
+    /// Kept across waits, so no message is ever lost between two of them.
+    recv: Option<Pending<'c, Option<Message>>>,
+    window: Option<MemoryRegion>,
+    corrupt: Option<u32>,
+    done: u64,
+    total: u64,
+}
+
+impl<'c, P: FnMut(Progress<'_>)> Drive<'c, P> {
+    fn new(conn: &'c ClientConnection, client: Option<&'c Client>, progress: P) -> Self {
+        Drive {
+            conn,
+            client,
+            progress,
+            writes: Vec::new(),
+            ready: VecDeque::new(),
+            recv: None,
+            window: None,
+            corrupt: None,
+            done: 0,
+            total: 0,
+        }
+    }
+
+    async fn run(mut self, ep: &mut dyn Endpoint) -> Result<Outcome, ClientError> {
+        loop {
+            if let Some(outcome) = self.carry_out(ep).await? {
+                // WRITEs of the last chunks may complete after the verdict; wait for
+                // them so that nothing of this transfer is left on the connection.
+                while !self.writes.is_empty() || !self.ready.is_empty() {
+                    let _ = self.next_event().await;
+                }
+                return Ok(outcome);
+            }
+            match self.next_event().await {
+                Event::Written { index, len, result } => {
+                    result.map_err(|source| ClientError::Write { index, source })?;
+                    ep.handle_write_done(index)?;
+                    self.moved(u64::from(len));
+                }
+                Event::Received(None) => return Err(ClientError::Closed),
+                Event::Received(Some(msg)) => match msg.imm {
+                    Some(index) => {
+                        let window =
+                            self.window
+                                .as_ref()
+                                .ok_or_else(|| TransferError::Unexpected {
+                                    what: format!("chunk {index}"),
+                                    state: "without a window",
+                                })?;
+                        let range = ep.chunk_range(index)?;
+                        let len = range.len() as u64;
+                        let bytes = window.as_slice().get(range).ok_or_else(|| {
+                            TransferError::Driver(format!("chunk {index} outside the window"))
+                        })?;
+                        ep.handle_chunk(index, bytes)?;
+                        self.moved(len);
+                    }
+                    None => {
+                        let m = Msg::decode(&msg.data)?;
+                        match &m {
+                            Msg::Offer(offer) => {
+                                self.total = offer.len;
+                                (self.progress)(Progress::Offer(offer));
+                            }
+                            Msg::Grant {
+                                window: Some(grant),
+                            } => (self.progress)(Progress::Window(grant)),
+                            _ => {}
+                        }
+                        ep.handle_msg(m)?;
+                    }
+                },
+            }
+        }
+    }
+
+    fn moved(&mut self, len: u64) {
+        self.done += len;
+        (self.progress)(Progress::Bytes {
+            done: self.done,
+            total: self.total,
+        });
+    }
+
+    /// Carries out the endpoint's outputs in order; returns the outcome once finished.
+    async fn carry_out(&mut self, ep: &mut dyn Endpoint) -> Result<Option<Outcome>, ClientError> {
+        let mut finished = None;
+        while let Some(out) = ep.poll_output() {
+            match out {
+                Output::Send(msg) => {
+                    if let Msg::Grant {
+                        window: Some(grant),
+                    } = &msg
+                    {
+                        (self.progress)(Progress::Window(grant));
+                    }
+                    let what = msg.kind();
+                    self.conn
+                        .send(msg.encode())
+                        .await
+                        .map_err(|source| ClientError::Send { what, source })?;
+                }
+                Output::GrantWindow { len } => {
+                    let client = self.client.ok_or_else(|| {
+                        TransferError::Driver("a window asked for while sending".into())
+                    })?;
+                    let bytes = usize::try_from(len)
+                        .map_err(|_| TransferError::Invalid(format!("window of {len} bytes")))?;
+                    let mr = client
+                        .register(bytes, Access::REMOTE_WRITE)
+                        .map_err(|source| ClientError::Register { len, source })?;
+                    let r = mr.remote();
+                    self.window = Some(mr);
+                    ep.handle_window(RemoteWindow {
+                        addr: r.addr,
+                        len: r.len,
+                        rkey: r.rkey,
+                    })?;
+                }
+                // Dropping the region deregisters it: the rkey is dead from here on.
+                Output::Revoke => self.window = None,
+                // Each chunk is staged in a pooled buffer by `ClientConnection::write`.
+                Output::Stage { .. } => {}
+                Output::WriteChunk(chunk) => {
+                    let mut data = vec![0; chunk.len as usize];
+                    ep.fill_chunk(&chunk, &mut data)?;
+                    if self.corrupt == Some(chunk.index) {
+                        data[0] ^= 0xff;
+                    }
+                    let dst = RemoteRegion {
+                        addr: chunk.remote.addr,
+                        len: chunk.remote.len,
+                        rkey: chunk.remote.rkey,
+                    };
+                    let mut reply: Pending<'c, _> =
+                        Box::pin(self.conn.write(dst, data, Some(chunk.imm())));
+                    // The WRITE is queued on the connection when its future is first
+                    // polled. Poll it now, so chunks and the Done after them reach the
+                    // queue pair in the order the state machine emitted them.
+                    match poll_fn(|cx| Poll::Ready(reply.as_mut().poll(cx))).await {
+                        Poll::Ready(result) => self.ready.push_back(Event::Written {
+                            index: chunk.index,
+                            len: chunk.len,
+                            result,
+                        }),
+                        Poll::Pending => self.writes.push(InFlight {
+                            index: chunk.index,
+                            len: chunk.len,
+                            reply,
+                        }),
+                    }
+                }
+                Output::Finished(outcome) => {
+                    self.window = None;
+                    finished = Some(outcome);
+                }
+            }
+        }
+        Ok(finished)
+    }
+
+    /// The next completed WRITE or received message, whichever comes first.
+    async fn next_event(&mut self) -> Event {
+        if let Some(e) = self.ready.pop_front() {
+            return e;
+        }
+        let conn = self.conn;
+        let recv = self.recv.get_or_insert_with(|| Box::pin(conn.recv()));
+        let writes = &mut self.writes;
+        let event = poll_fn(|cx| {
+            for i in 0..writes.len() {
+                if let Poll::Ready(result) = writes[i].reply.as_mut().poll(cx) {
+                    let w = writes.remove(i);
+                    return Poll::Ready(Event::Written {
+                        index: w.index,
+                        len: w.len,
+                        result,
+                    });
+                }
+            }
+            recv.as_mut().poll(cx).map(Event::Received)
+        })
+        .await;
+        if matches!(event, Event::Received(_)) {
+            self.recv = None;
+        }
+        event
+    }
+}
+
+/// Runs `f` on a new thread and waits for it without blocking the executor (the
+/// services crate has no runtime of its own to offload to). `Err` if `f` panicked.
+async fn off_thread<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::thread::Result<T> {
+    struct Slot<T> {
+        result: Option<std::thread::Result<T>>,
+        waker: Option<Waker>,
+    }
+    let slot = Arc::new(Mutex::new(Slot {
+        result: None,
+        waker: None,
+    }));
+    let theirs = Arc::clone(&slot);
+    let spawned = std::thread::Builder::new()
+        .name("ft-hash".into())
+        .spawn(move || {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+            let mut s = theirs.lock().unwrap_or_else(|p| p.into_inner());
+            s.result = Some(r);
+            if let Some(w) = s.waker.take() {
+                w.wake();
+            }
+        });
+    if let Err(e) = spawned {
+        return Err(Box::new(e));
+    }
+    poll_fn(|cx| {
+        let mut s = slot.lock().unwrap_or_else(|p| p.into_inner());
+        match s.result.take() {
+            Some(r) => Poll::Ready(r),
+            None => {
+                s.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::task::{Context, Wake};
+
+    use super::*;
+
+    /// A minimal executor: polls on wake-ups until ready.
+    fn block_on<F: Future>(fut: F) -> F::Output {
+        struct Flag(AtomicBool, std::thread::Thread);
+        impl Wake for Flag {
+            fn wake(self: Arc<Self>) {
+                self.0.store(true, Ordering::SeqCst);
+                self.1.unpark();
+            }
+        }
+        let flag = Arc::new(Flag(AtomicBool::new(false), std::thread::current()));
+        let waker = Waker::from(Arc::clone(&flag));
+        let mut cx = Context::from_waker(&waker);
+        let mut fut = std::pin::pin!(fut);
+        loop {
+            if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+                return v;
+            }
+            while !flag.0.swap(false, Ordering::SeqCst) {
+                std::thread::park();
+            }
+        }
+    }
+
+    #[test]
+    fn off_thread_returns_results_and_reports_panics() {
+        let v = block_on(off_thread(|| {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            7
+        }));
+        assert_eq!(v.unwrap(), 7);
+        let r = block_on(off_thread(|| -> u32 { panic!("boom") }));
+        assert!(r.is_err());
+    }
+}

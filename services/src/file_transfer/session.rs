@@ -1,0 +1,271 @@
+//! The `files` service: drives one [`Server`] state machine per connection over
+//! rdmactor. The state machine decides; this driver only turns its [`Output`]s into
+//! verbs work (register, send, post WRITE_WITH_IMM, deregister) and feeds events back.
+//!
+//! Buffers, per connection and per transfer:
+//!
+//! * the **window** of an upload: registered with REMOTE_WRITE only when the receiver
+//!   asks for it, and freed (deregistered, so its rkey is dead) on
+//!   [`Output::Revoke`], before the verdict goes out;
+//! * the **staging buffer** of a download: registered without remote access (the NIC
+//!   only reads it), freed when the transfer finishes; the framework keeps it until the
+//!   WRITEs still reading it complete.
+//!
+//! Both are registered rather than leased from the connection pool: a window of
+//! `slots × slot_len` is larger than the pool's largest class by default, and a
+//! registration per transfer costs little next to a file.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use rdmactor::runtime::{
+    BufId, CloseReason, Message, Op, OpId, PeerInfo, Service, Session, SessionCx, SessionError,
+};
+use rdmactor::verbs::{Access, RemoteRegion};
+
+use super::config::Config;
+use super::endpoint::{Endpoint, Outcome, Output};
+use super::error::{Result, TransferError};
+use super::server::Server;
+use super::wire::{Msg, RemoteWindow};
+
+/// The file-transfer service (register it as `files`): uploads into
+/// [`Config::dir`], downloads from it, and `Identify` answered from
+/// [`Config::secrets`]. See the [module docs](super) for the protocol.
+///
+/// A `Fetch` hashes the whole requested file before the offer goes out, on the
+/// connection's poller thread: connections sharing that poller wait meanwhile. Fsync
+/// and rename at the end of an upload run there too.
+#[derive(Debug, Clone)]
+pub struct FileTransfer {
+    config: Arc<Config>,
+}
+
+impl FileTransfer {
+    /// The service over `config`, checked once here so that no connection meets a bad
+    /// geometry or a missing directory later.
+    ///
+    /// # Errors
+    ///
+    /// [`TransferError::Invalid`] for a bad window geometry or a `dir` that is not a
+    /// directory.
+    pub fn new(config: Config) -> Result<FileTransfer> {
+        config.validate()?;
+        if !config.dir.is_dir() {
+            return Err(TransferError::Invalid(format!(
+                "{} is not a directory",
+                config.dir.display()
+            )));
+        }
+        Ok(FileTransfer {
+            config: Arc::new(config),
+        })
+    }
+
+    /// The settings every connection uses.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+}
+
+impl Service for FileTransfer {
+    fn session(&self, peer: &PeerInfo) -> Box<dyn Session> {
+        Box::new(FileSession {
+            server: Some(Server::new(Arc::clone(&self.config))),
+            peer: peer
+                .addr
+                .map_or_else(|| format!("qp {}", peer.qp_num), |a| a.to_string()),
+            window: None,
+            staging: None,
+            writes: HashMap::new(),
+            transfer: 0,
+        })
+    }
+}
+
+/// One connection's driver.
+struct FileSession {
+    /// `None` once the connection closed: dropping the state machine removes the
+    /// temporary file of an unfinished upload right away, not when the actor goes.
+    server: Option<Server>,
+    /// For logs.
+    peer: String,
+    /// The registered window of the upload in progress.
+    window: Option<BufId>,
+    /// The staging buffer of the download in progress.
+    staging: Option<BufId>,
+    /// Chunk WRITEs posted and not yet completed: the transfer they belong to, and the
+    /// chunk index.
+    writes: HashMap<OpId, (u64, u32)>,
+    /// Counts finished transfers. A completion from an earlier transfer is dropped:
+    /// after its verdict the state machine may already be in a new role that would
+    /// take it for a protocol error.
+    transfer: u64,
+}
+
+fn fail(e: TransferError) -> SessionError {
+    SessionError::new(format!("file transfer: {e}"))
+}
+
+fn remote_window(r: RemoteRegion) -> RemoteWindow {
+    RemoteWindow {
+        addr: r.addr,
+        len: r.len,
+        rkey: r.rkey,
+    }
+}
+
+impl FileSession {
+    fn server(&mut self) -> std::result::Result<&mut Server, SessionError> {
+        self.server
+            .as_mut()
+            .ok_or_else(|| SessionError::new("file transfer: connection closed"))
+    }
+
+    /// Carries out every pending output, in order (see [`Endpoint`]).
+    fn drive(&mut self, cx: &mut SessionCx<'_>) -> std::result::Result<(), SessionError> {
+        while let Some(out) = self.server()?.poll_output() {
+            match out {
+                Output::Send(msg) => cx.send(0, msg.encode())?,
+                Output::GrantWindow { len } => {
+                    let len = usize::try_from(len)
+                        .map_err(|_| SessionError::new(format!("window of {len} bytes")))?;
+                    let buf = cx.register(len, Access::REMOTE_WRITE)?;
+                    self.window = Some(buf);
+                    let region = remote_window(cx.remote(buf)?);
+                    self.server()?.handle_window(region).map_err(fail)?;
+                }
+                Output::Revoke => {
+                    if let Some(buf) = self.window.take() {
+                        cx.free(buf);
+                    }
+                }
+                Output::Stage { len } => {
+                    let len = usize::try_from(len)
+                        .map_err(|_| SessionError::new(format!("staging of {len} bytes")))?;
+                    if let Some(old) = self.staging.take() {
+                        cx.free(old);
+                    }
+                    self.staging = Some(cx.register(len, Access::NONE)?);
+                }
+                Output::WriteChunk(chunk) => {
+                    let buf = self
+                        .staging
+                        .ok_or_else(|| SessionError::new("file transfer: chunk before Stage"))?;
+                    let range = chunk.range();
+                    let dst = cx
+                        .bytes_mut(buf)?
+                        .get_mut(range.clone())
+                        .ok_or_else(|| SessionError::new("file transfer: chunk outside stage"))?;
+                    self.server
+                        .as_mut()
+                        .expect("checked above")
+                        .fill_chunk(&chunk, dst)
+                        .map_err(fail)?;
+                    let op = cx.post(Op::Write {
+                        buf,
+                        range,
+                        dst: RemoteRegion {
+                            addr: chunk.remote.addr,
+                            len: chunk.remote.len,
+                            rkey: chunk.remote.rkey,
+                        },
+                        imm: Some(chunk.imm()),
+                    })?;
+                    self.writes.insert(op, (self.transfer, chunk.index));
+                }
+                Output::Finished(outcome) => {
+                    self.log(&outcome);
+                    // Freed after the WRITEs still reading it complete.
+                    if let Some(buf) = self.staging.take() {
+                        cx.free(buf);
+                    }
+                    if let Some(buf) = self.window.take() {
+                        cx.free(buf);
+                    }
+                    self.transfer += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn log(&self, outcome: &Outcome) {
+        let peer = &self.peer;
+        match outcome {
+            Outcome::Stored { path, len, digest } => {
+                tracing::info!(%peer, path = %path.display(), len, %digest, "stored");
+            }
+            Outcome::Delivered { .. } => tracing::info!(%peer, "delivered"),
+            Outcome::Bad(reason) => tracing::warn!(%peer, %reason, "BAD"),
+            Outcome::Rejected(reason) => tracing::info!(%peer, %reason, "rejected"),
+        }
+    }
+}
+
+impl Session for FileSession {
+    fn on_message(
+        &mut self,
+        cx: &mut SessionCx<'_>,
+        msg: Message,
+    ) -> std::result::Result<(), SessionError> {
+        match msg.imm {
+            // A chunk landed in the window (WRITE_WITH_IMM: no bytes in the message).
+            Some(index) => {
+                if !msg.data.is_empty() {
+                    return Err(SessionError::new(format!(
+                        "file transfer: message with immediate {index} and {} bytes",
+                        msg.data.len()
+                    )));
+                }
+                let window = self.window.ok_or_else(|| {
+                    SessionError::new(format!("file transfer: chunk {index} without a window"))
+                })?;
+                let server = self.server.as_mut().ok_or_else(|| {
+                    SessionError::new("file transfer: connection closed".to_owned())
+                })?;
+                let range = server.chunk_range(index).map_err(fail)?;
+                let bytes = cx.bytes(window)?.get(range).ok_or_else(|| {
+                    SessionError::new(format!("file transfer: chunk {index} outside the window"))
+                })?;
+                server.handle_chunk(index, bytes).map_err(fail)?;
+            }
+            None => {
+                let m = Msg::decode(&msg.data).map_err(fail)?;
+                self.server()?.handle_msg(m).map_err(fail)?;
+            }
+        }
+        self.drive(cx)
+    }
+
+    fn on_op(
+        &mut self,
+        cx: &mut SessionCx<'_>,
+        op: OpId,
+        result: rdmactor::verbs::Result<()>,
+    ) -> std::result::Result<(), SessionError> {
+        let Some((transfer, index)) = self.writes.remove(&op) else {
+            return Err(SessionError::new(format!(
+                "file transfer: completion of unknown {op:?}"
+            )));
+        };
+        result.map_err(|e| {
+            SessionError::new(format!("file transfer: WRITE of chunk {index} failed: {e}"))
+        })?;
+        if transfer != self.transfer {
+            return Ok(());
+        }
+        self.server()?.handle_write_done(index).map_err(fail)?;
+        self.drive(cx)
+    }
+
+    fn on_close(&mut self, reason: &CloseReason) {
+        if let Some(server) = self.server.take() {
+            if !server.is_finished() {
+                tracing::info!(peer = %self.peer, %reason, state = server.state_name(),
+                    "connection closed mid-transfer; discarding it");
+            }
+        }
+        self.writes.clear();
+    }
+}

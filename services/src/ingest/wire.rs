@@ -1,0 +1,128 @@
+//! What travels: typed requests, the unsolicited credit message, the immediate that
+//! names a written slot, and a record's checksum trailer.
+
+use rdmactor::verbs::RemoteRegion;
+use serde::{Deserialize, Serialize};
+
+use super::IngestError;
+
+/// A client's request (postcard, request/response).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum IngestRequest {
+    /// Grant me a ring: answered with [`IngestResponse::Ring`], once per connection.
+    Open,
+    /// Answer once every record written before this request was processed, returning all
+    /// slots held: [`IngestResponse::Flushed`].
+    Flush,
+}
+
+/// The server's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum IngestResponse {
+    /// The ring this connection writes into; every slot starts out granted.
+    Ring(RingInfo),
+    /// Records processed on this connection so far.
+    Flushed {
+        /// The count.
+        records: u64,
+    },
+    /// The request cannot be served.
+    Refused(String),
+}
+
+/// A connection's ring: `slots` slots of `slot_len` bytes, back to back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RingInfo {
+    /// The registration (REMOTE_WRITE only), `slots * slot_len` bytes.
+    pub remote: RemoteRegion,
+    /// Number of slots.
+    pub slots: u32,
+    /// Bytes per slot (a record plus its [`CHECKSUM_LEN`]-byte trailer).
+    pub slot_len: u32,
+}
+
+impl RingInfo {
+    /// Where slot `slot` starts in the registration.
+    pub fn slot_offset(&self, slot: u32) -> u64 {
+        u64::from(slot) * u64::from(self.slot_len)
+    }
+}
+
+/// Slots the server returns to the client (one-way message, tag 0).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Credits {
+    /// The slots, now free for the client to write again.
+    pub slots: Vec<u32>,
+}
+
+/// How a slot index and a length share the 32-bit immediate of a WRITE_WITH_IMM: the
+/// length in the low `len_bits` bits (enough for `slot_len` itself), the slot above.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImmCodec {
+    len_bits: u32,
+}
+
+impl ImmCodec {
+    /// The codec for a ring of `slots` slots of `slot_len` bytes.
+    ///
+    /// # Errors
+    /// [`IngestError::BadRing`] when there are no slots, a slot cannot hold a checksum,
+    /// or slot and length do not fit in 32 bits together.
+    pub fn new(slots: u32, slot_len: u32) -> Result<ImmCodec, IngestError> {
+        let bad = |why: &str| IngestError::BadRing(format!("{slots} x {slot_len} B: {why}"));
+        if slots == 0 {
+            return Err(bad("no slots"));
+        }
+        if (slot_len as usize) < CHECKSUM_LEN {
+            return Err(bad("a slot must hold the 8-byte checksum"));
+        }
+        let len_bits = u32::BITS - slot_len.leading_zeros();
+        let slot_bits = u32::BITS - len_bits;
+        if slot_bits < u32::BITS && u64::from(slots) > 1u64 << slot_bits {
+            return Err(bad(&format!(
+                "{slot_bits} bits left for the slot index in the immediate"
+            )));
+        }
+        Ok(ImmCodec { len_bits })
+    }
+
+    /// The immediate for `len` bytes written into `slot`.
+    pub fn encode(&self, slot: u32, len: u32) -> u32 {
+        debug_assert!(u64::from(len) < 1u64 << self.len_bits);
+        ((u64::from(slot) << self.len_bits) | u64::from(len)) as u32
+    }
+
+    /// `(slot, len)` from an immediate.
+    pub fn decode(&self, imm: u32) -> (u32, u32) {
+        let imm = u64::from(imm);
+        (
+            (imm >> self.len_bits) as u32,
+            (imm & ((1u64 << self.len_bits) - 1)) as u32,
+        )
+    }
+}
+
+/// Bytes of the checksum trailer after each record.
+pub const CHECKSUM_LEN: usize = 8;
+
+/// The record's checksum: the first 8 bytes of its BLAKE3 hash.
+pub fn checksum(payload: &[u8]) -> [u8; CHECKSUM_LEN] {
+    let hash = blake3::hash(payload);
+    hash.as_bytes()[..CHECKSUM_LEN].try_into().expect("8 bytes")
+}
+
+/// `payload` followed by its checksum: what the client writes into a slot.
+pub fn seal(payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(payload.len() + CHECKSUM_LEN);
+    out.extend_from_slice(payload);
+    out.extend_from_slice(&checksum(payload));
+    out
+}
+
+/// The payload of a sealed record, if its checksum holds (`None` when it does not, or
+/// the bytes are too short to carry one).
+pub fn unseal(sealed: &[u8]) -> Option<&[u8]> {
+    let split = sealed.len().checked_sub(CHECKSUM_LEN)?;
+    let (payload, sum) = sealed.split_at(split);
+    (checksum(payload) == sum).then_some(payload)
+}

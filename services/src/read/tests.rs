@@ -1,0 +1,347 @@
+//! The seqlock without RDMA: `publish`, the client's `VersionedRead` against a simulated
+//! writer interleaved word by word, and the region catalogue.
+
+use super::layout::*;
+use super::*;
+
+/// Deterministic xorshift.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+#[test]
+fn publish_writes_the_version_after_the_data() {
+    let mut reg = vec![0u8; registered_len(4)];
+    publish(&mut reg, FIRST_VERSION, b"abcd");
+    assert_eq!(decode_version(&reg), FIRST_VERSION);
+    assert_eq!(&reg[HEADER_LEN..], b"abcd");
+    publish(&mut reg, FIRST_VERSION + 2, b"wxyz");
+    assert_eq!(decode_version(&reg), FIRST_VERSION + 2);
+    assert_eq!(&reg[HEADER_LEN..], b"wxyz");
+}
+
+#[test]
+#[should_panic(expected = "version")]
+fn publish_refuses_a_version_that_does_not_grow() {
+    let mut reg = vec![0u8; registered_len(1)];
+    publish(&mut reg, 4, b"a");
+    publish(&mut reg, 4, b"b");
+}
+
+#[test]
+#[should_panic(expected = "version")]
+fn publish_refuses_an_odd_version() {
+    let mut reg = vec![0u8; registered_len(1)];
+    publish(&mut reg, 3, b"a");
+}
+
+#[test]
+fn a_quiet_region_reads_in_three_steps() {
+    let mut r = VersionedRead::new(10);
+    assert_eq!(r.poll_step(), ReadStep::Version);
+    r.handle_version(6);
+    assert_eq!(r.poll_step(), ReadStep::Data);
+    r.handle_data(b"xy".to_vec());
+    assert_eq!(r.poll_step(), ReadStep::Version);
+    assert_eq!(r.take_outcome(), None, "not finished yet");
+    r.handle_version(6);
+    assert_eq!(r.poll_step(), ReadStep::Finished);
+    assert_eq!(
+        r.take_outcome(),
+        Some(Ok(VersionedData {
+            data: b"xy".to_vec(),
+            version: 6,
+            retries: 0
+        }))
+    );
+    assert_eq!(r.take_outcome(), None, "taken once");
+}
+
+#[test]
+fn an_odd_version_means_read_the_version_again() {
+    let mut r = VersionedRead::new(10);
+    r.handle_version(7);
+    assert_eq!(r.poll_step(), ReadStep::Version);
+    r.handle_version(8);
+    r.handle_data(b"a".to_vec());
+    r.handle_version(8);
+    let out = r.take_outcome().unwrap().unwrap();
+    assert_eq!((out.version, out.retries), (8, 1));
+}
+
+#[test]
+fn a_changed_even_version_starts_the_next_attempt() {
+    let mut r = VersionedRead::new(10);
+    r.handle_version(4);
+    r.handle_data(b"old".to_vec());
+    r.handle_version(6);
+    // The 6 read after the data serves as the next attempt's first version.
+    assert_eq!(r.poll_step(), ReadStep::Data);
+    r.handle_data(b"new".to_vec());
+    r.handle_version(6);
+    let out = r.take_outcome().unwrap().unwrap();
+    assert_eq!(
+        (out.data, out.version, out.retries),
+        (b"new".to_vec(), 6, 1)
+    );
+}
+
+#[test]
+fn a_changed_odd_version_reads_the_version_again() {
+    let mut r = VersionedRead::new(10);
+    r.handle_version(4);
+    r.handle_data(b"old".to_vec());
+    r.handle_version(5);
+    assert_eq!(r.poll_step(), ReadStep::Version);
+}
+
+#[test]
+fn a_region_that_never_settles_is_contended() {
+    let mut r = VersionedRead::new(3);
+    for v in [5, 7] {
+        r.handle_version(v);
+        assert_eq!(r.poll_step(), ReadStep::Version);
+    }
+    r.handle_version(9);
+    assert_eq!(r.poll_step(), ReadStep::Finished);
+    assert_eq!(r.take_outcome(), Some(Err(Contended { attempts: 3 })));
+}
+
+/// A region of `WORDS` u64 words whose writer stores, word by word, one value per update
+/// into every word (the value for version v is v / 2), exactly as `publish` orders its
+/// stores: version odd, the words, version even.
+const WORDS: usize = 6;
+
+struct SimRegion {
+    header: u64,
+    words: [u64; WORDS],
+    /// Writer progress: None when idle, else the next word to store.
+    writing: Option<usize>,
+}
+
+impl SimRegion {
+    fn new() -> Self {
+        SimRegion {
+            header: FIRST_VERSION,
+            words: [FIRST_VERSION / 2; WORDS],
+            writing: None,
+        }
+    }
+
+    /// One store of the writer.
+    fn writer_step(&mut self) {
+        match self.writing {
+            None => {
+                self.header |= 1;
+                self.writing = Some(0);
+            }
+            Some(i) if i < WORDS => {
+                self.words[i] = self.header.div_ceil(2);
+                self.writing = Some(i + 1);
+            }
+            Some(_) => {
+                self.header += 1;
+                self.writing = None;
+            }
+        }
+    }
+}
+
+/// A reader's data READ in progress: words fetched one at a time, in an order of the
+/// NIC's choosing.
+struct DataRead {
+    order: Vec<usize>,
+    got: [u64; WORDS],
+    done: usize,
+}
+
+impl DataRead {
+    fn new(rng: &mut Rng) -> Self {
+        let mut order: Vec<usize> = (0..WORDS).collect();
+        for i in (1..WORDS).rev() {
+            order.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        DataRead {
+            order,
+            got: [0; WORDS],
+            done: 0,
+        }
+    }
+
+    /// Fetches one word; true when all are in.
+    fn step(&mut self, region: &SimRegion) -> bool {
+        let i = self.order[self.done];
+        self.got[i] = region.words[i];
+        self.done += 1;
+        self.done == WORDS
+    }
+
+    fn bytes(&self) -> Vec<u8> {
+        self.got.iter().flat_map(|w| w.to_le_bytes()).collect()
+    }
+}
+
+fn words(bytes: &[u8]) -> Vec<u64> {
+    bytes
+        .chunks(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// Runs a reader against a writer under a random schedule. Returns (accepted reads,
+/// torn plain reads, retries).
+fn race(seed: u64, reads: usize, writer_share: u64) -> (usize, usize, u32) {
+    let mut rng = Rng(seed | 1);
+    let mut region = SimRegion::new();
+    let mut accepted = 0;
+    let mut torn_plain = 0;
+    let mut retries = 0;
+    for _ in 0..reads {
+        let mut machine = VersionedRead::new(1_000_000);
+        let mut data: Option<DataRead> = None;
+        loop {
+            if rng.below(100) < writer_share {
+                region.writer_step();
+                continue;
+            }
+            match machine.poll_step() {
+                ReadStep::Version => machine.handle_version(region.header),
+                ReadStep::Data => {
+                    let read = data.get_or_insert_with(|| DataRead::new(&mut rng));
+                    if read.step(&region) {
+                        let bytes = read.bytes();
+                        let w = words(&bytes);
+                        if w.iter().any(|&x| x != w[0]) {
+                            torn_plain += 1;
+                        }
+                        machine.handle_data(bytes);
+                        data = None;
+                    }
+                }
+                ReadStep::Finished => {
+                    let out = machine.take_outcome().unwrap().unwrap();
+                    let w = words(&out.data);
+                    assert!(
+                        w.iter().all(|&x| x == out.version / 2),
+                        "seed {seed}: accepted torn data {w:?} as version {}",
+                        out.version
+                    );
+                    accepted += 1;
+                    retries += out.retries;
+                    break;
+                }
+            }
+        }
+    }
+    (accepted, torn_plain, retries)
+}
+
+#[test]
+fn versioned_reads_never_accept_torn_data() {
+    let mut torn_total = 0;
+    let mut retries_total = 0;
+    for seed in 1..=100 {
+        // Percent of scheduling decisions that go to the writer.
+        for share in [5, 15, 30, 45] {
+            let (accepted, torn, retries) = race(seed, 100, share);
+            assert_eq!(accepted, 100);
+            torn_total += torn;
+            retries_total += retries;
+        }
+    }
+    // The schedule does tear plain reads, so the check above means something.
+    assert!(torn_total > 1000, "only {torn_total} torn plain reads");
+    assert!(retries_total > 1000, "only {retries_total} retries");
+}
+
+#[test]
+fn regions_are_named_once_and_written_in_range() {
+    let regions = ReadRegions::new();
+    let w = regions.add_buffer("a", vec![0; 16]).unwrap();
+    assert!(matches!(
+        regions.add_static("a", vec![1]),
+        Err(RegionError::Duplicate(_))
+    ));
+    regions.add_static("s", b"fixed".to_vec()).unwrap();
+    assert_eq!(regions.names(), ["a", "s"]);
+    assert!(
+        regions.writer("s").is_none(),
+        "static regions have no writer"
+    );
+    assert!(regions.writer("nope").is_none());
+
+    assert_eq!(w.version(), FIRST_VERSION);
+    assert_eq!(w.write(8, &[7; 8]).unwrap(), FIRST_VERSION + 2);
+    assert!(matches!(
+        w.write(9, &[7; 8]),
+        Err(RegionError::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        w.write(usize::MAX, &[1]),
+        Err(RegionError::OutOfRange { .. })
+    ));
+    let v = w.update(|v, bytes| bytes[..8].copy_from_slice(&v.to_le_bytes()));
+    assert_eq!(v, FIRST_VERSION + 4);
+    let region = regions.get("a").unwrap();
+    let content = region.content();
+    assert_eq!(content.version, v);
+    assert_eq!(&content.bytes[..8], &v.to_le_bytes());
+    assert_eq!(&content.bytes[8..], &[7; 8]);
+}
+
+#[test]
+fn files_load_read_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f");
+    std::fs::write(&path, b"file bytes").unwrap();
+    let regions = ReadRegions::new();
+    regions.add_file("f", &path).unwrap();
+    let region = regions.get("f").unwrap();
+    assert!(!region.is_mutable());
+    assert_eq!(region.content().bytes, b"file bytes");
+    assert!(matches!(
+        regions.add_file("g", dir.path().join("missing")),
+        Err(RegionError::Load { .. })
+    ));
+}
+
+#[test]
+fn handles_address_data_after_the_version_word() {
+    let handle = RegionHandle::from_info(RegionInfo {
+        name: "r".into(),
+        registration: rdmactor::verbs::RemoteRegion {
+            addr: 0x1000,
+            len: 8 + 100,
+            rkey: 9,
+        },
+        len: 100,
+        version: 2,
+        mutable: true,
+    });
+    assert_eq!(handle.version_word().addr, 0x1000);
+    assert_eq!(handle.version_word().len, 8);
+    let r = handle.data_range(10, 200);
+    assert_eq!((r.addr, r.len, r.rkey), (0x1000 + 8 + 10, 200, 9));
+}
+
+#[test]
+fn requests_round_trip() {
+    for req in [
+        ReadRequest::Lookup { name: "x".into() },
+        ReadRequest::Sync,
+        ReadRequest::List,
+    ] {
+        let bytes = postcard::to_allocvec(&req).unwrap();
+        assert_eq!(postcard::from_bytes::<ReadRequest>(&bytes).unwrap(), req);
+    }
+}

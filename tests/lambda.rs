@@ -1,0 +1,392 @@
+//! The `lambda` service under real verbs: a module and a native lambda give the same
+//! checksum of an input the server READs from the client; a trap, an infinite loop (out
+//! of fuel, and past its wall clock), a memory bomb, an invalid module and other bad
+//! requests each come back as their own error within the limits, while another client's
+//! invocations keep being served; a region without the access it needs costs only its
+//! own connection.
+
+use std::cell::Cell;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdmactor::runtime::{Client, ClientConnection, NodeConfig, Server};
+use rdmactor::verbs::{Access, MemoryRegion};
+use rdmactor_services::lambda::{
+    self, checksum_native, CallError, FailureKind, Invocation, LambdaConfig, LambdaRef,
+    LambdaService, Limits, ModuleHash, NativeLambdas, Sandbox,
+};
+use rdmactor_tests::{
+    actix_run, assert_released, eventually, pattern, rdma_context, resource_counts, test_addr,
+};
+
+fn module(name: &str) -> Vec<u8> {
+    let path = format!(
+        "{}/../examples/lambdas/{name}.wat",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    wat::parse_file(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// The server's caps: generous for the examples, far below what a bomb wants.
+fn cap() -> Limits {
+    Limits {
+        fuel: 200_000_000,
+        max_memory_bytes: 16 << 20,
+        wall_clock: Duration::from_secs(10),
+        max_output: 1 << 20,
+    }
+}
+
+fn service() -> (LambdaService, Arc<Sandbox>) {
+    let sandbox = Arc::new(Sandbox::new());
+    let natives = NativeLambdas::new();
+    natives.register("checksum", Arc::new(|i: &[u8]| Ok(checksum_native(i))));
+    let config = LambdaConfig {
+        cap: cap(),
+        ..LambdaConfig::default()
+    };
+    (
+        LambdaService::new(sandbox.clone(), Arc::new(natives), config),
+        sandbox,
+    )
+}
+
+/// A client's two regions: input (REMOTE_READ) and output (REMOTE_WRITE).
+struct Regions {
+    input: MemoryRegion,
+    output: MemoryRegion,
+}
+
+impl Regions {
+    fn new(client: &Client, input: &[u8], output_len: usize) -> Regions {
+        let mut i = client
+            .register(input.len().max(1), Access::REMOTE_READ)
+            .unwrap();
+        i.as_mut_slice()[..input.len()].copy_from_slice(input);
+        Regions {
+            input: i,
+            output: client.register(output_len, Access::REMOTE_WRITE).unwrap(),
+        }
+    }
+
+    fn invocation(
+        &self,
+        lambda: LambdaRef,
+        input_len: usize,
+        limits: Option<Limits>,
+    ) -> Invocation {
+        Invocation {
+            lambda,
+            input: self.input.remote(),
+            input_len: input_len as u64,
+            output: self.output.remote(),
+            limits,
+        }
+    }
+
+    fn output(&self, len: u64) -> &[u8] {
+        &self.output.as_slice()[..len as usize]
+    }
+}
+
+/// Runs `inv` and checks it fails with `kind` within `within`.
+async fn expect_failure(
+    conn: &ClientConnection,
+    what: &str,
+    inv: &Invocation,
+    kind: FailureKind,
+    within: Duration,
+) {
+    let start = Instant::now();
+    let result = lambda::invoke(conn, inv).await;
+    let elapsed = start.elapsed();
+    match result {
+        Err(CallError::Failed(f)) if f.kind == kind => {
+            println!("{what}: {kind:?} after {elapsed:.1?} ({})", f.message)
+        }
+        other => panic!("{what}: expected {kind:?}, got {other:?}"),
+    }
+    assert!(elapsed < within, "{what}: {elapsed:?}, limit {within:?}");
+}
+
+#[test]
+fn results_are_correct_and_bad_lambdas_fail_alone() {
+    let Some(_ctx) = rdma_context() else { return };
+    let base = resource_counts();
+    actix_run(async {
+        let (service, sandbox) = service();
+        let server = Server::builder()
+            .listen(test_addr(), None)
+            .service("lambda", service)
+            .start()
+            .expect("server");
+        let addr = server.local_addrs()[0];
+        let client = Client::start(NodeConfig::default()).expect("client");
+        let good = client.connect(addr, "lambda").await.expect("connect");
+        let bad = client.connect(addr, "lambda").await.expect("connect");
+
+        // Correct results: the module and the native lambda agree, over 1 MiB.
+        let input = pattern(1 << 20, 3);
+        let big = Regions::new(&client, &input, 4096);
+        let checksum = lambda::upload(&good, &module("checksum")).await.unwrap();
+        let start = Instant::now();
+        let len = lambda::invoke(
+            &good,
+            &big.invocation(LambdaRef::Module(checksum), input.len(), None),
+        )
+        .await
+        .unwrap();
+        let sandboxed = start.elapsed();
+        assert_eq!(big.output(len), checksum_native(&input));
+        let start = Instant::now();
+        let len = lambda::invoke(
+            &good,
+            &big.invocation(LambdaRef::Native("checksum".into()), input.len(), None),
+        )
+        .await
+        .unwrap();
+        println!(
+            "checksum of 1 MiB over RDMA: sandbox {sandboxed:.1?}, native {:.1?}",
+            start.elapsed()
+        );
+        assert_eq!(big.output(len), checksum_native(&input));
+        let upper = lambda::upload(&good, &module("echo_upper")).await.unwrap();
+        let text = Regions::new(&client, b"Hello, RDMA world!", 64);
+        let len = lambda::invoke(&good, &text.invocation(LambdaRef::Module(upper), 18, None))
+            .await
+            .unwrap();
+        assert_eq!(text.output(len), b"HELLO, RDMA WORLD!");
+
+        // How fast this build burns fuel here, to size a loop that outlives its clock.
+        let looping = lambda::upload(&bad, &module("infinite_loop"))
+            .await
+            .unwrap();
+        let small = Regions::new(&client, b"x", 4096);
+        let fuel = 20_000_000;
+        let start = Instant::now();
+        let out_of_fuel = small.invocation(
+            LambdaRef::Module(looping),
+            1,
+            Some(Limits { fuel, ..cap() }),
+        );
+        expect_failure(
+            &bad,
+            "infinite loop, little fuel",
+            &out_of_fuel,
+            FailureKind::OutOfFuel,
+            Duration::from_secs(30),
+        )
+        .await;
+        let fuel_per_second = fuel as f64 / start.elapsed().as_secs_f64();
+
+        // Another client keeps invoking while the bad one misbehaves.
+        let chunk = pattern(64 << 10, 9);
+        let steady_regions = Regions::new(&client, &chunk, 4096);
+        let misbehaving = Cell::new(true);
+        let steady = async {
+            let mut served = 0u32;
+            let mut slowest = Duration::ZERO;
+            loop {
+                let lambda = if served % 2 == 0 {
+                    LambdaRef::Module(checksum)
+                } else {
+                    LambdaRef::Native("checksum".into())
+                };
+                let start = Instant::now();
+                let len =
+                    lambda::invoke(&good, &steady_regions.invocation(lambda, chunk.len(), None))
+                        .await
+                        .expect("the well-behaved client is served");
+                slowest = slowest.max(start.elapsed());
+                assert_eq!(steady_regions.output(len), checksum_native(&chunk));
+                served += 1;
+                if !misbehaving.get() {
+                    return (served, slowest);
+                }
+            }
+        };
+        let misbehave = async {
+            let wall_clock = Duration::from_millis(300);
+            let slack = Duration::from_secs(3);
+            let timeout = small.invocation(
+                LambdaRef::Module(looping),
+                1,
+                Some(Limits {
+                    // About two seconds of work: the clock, not the fuel, stops it.
+                    fuel: (fuel_per_second * 2.0) as u64,
+                    wall_clock,
+                    ..cap()
+                }),
+            );
+            expect_failure(
+                &bad,
+                "infinite loop",
+                &timeout,
+                FailureKind::Timeout,
+                wall_clock + slack,
+            )
+            .await;
+
+            let trap = lambda::upload(&bad, &module("trap")).await.unwrap();
+            let inv = small.invocation(LambdaRef::Module(trap), 1, None);
+            expect_failure(&bad, "trap", &inv, FailureKind::Trap, slack).await;
+
+            let bomb = lambda::upload(&bad, &module("memory_bomb")).await.unwrap();
+            let inv = small.invocation(
+                LambdaRef::Module(bomb),
+                1,
+                Some(Limits {
+                    max_memory_bytes: 8 << 20,
+                    ..cap()
+                }),
+            );
+            expect_failure(&bad, "memory bomb", &inv, FailureKind::MemoryLimit, slack).await;
+            // Asking for more memory than the server allows gets the server's cap.
+            let inv = small.invocation(
+                LambdaRef::Module(bomb),
+                1,
+                Some(Limits {
+                    max_memory_bytes: 1 << 30,
+                    ..cap()
+                }),
+            );
+            expect_failure(&bad, "capped bomb", &inv, FailureKind::MemoryLimit, slack).await;
+
+            let start = Instant::now();
+            match lambda::upload(&bad, b"\0asm but not really").await {
+                Err(e) if e.kind() == Some(FailureKind::InvalidModule) => {
+                    println!("invalid module: refused after {:.1?}", start.elapsed())
+                }
+                other => panic!("invalid module: {other:?}"),
+            }
+            let inv = small.invocation(LambdaRef::Native("nope".into()), 1, None);
+            expect_failure(
+                &bad,
+                "unknown native",
+                &inv,
+                FailureKind::UnknownLambda,
+                slack,
+            )
+            .await;
+            let inv = small.invocation(LambdaRef::Module(ModuleHash::from_bytes([7; 32])), 1, None);
+            expect_failure(
+                &bad,
+                "unknown module",
+                &inv,
+                FailureKind::UnknownLambda,
+                slack,
+            )
+            .await;
+            let long = Regions::new(&client, &[b'a'; 100], 64);
+            let inv = long.invocation(LambdaRef::Module(upper), 100, None);
+            expect_failure(
+                &bad,
+                "output too large",
+                &inv,
+                FailureKind::OutputTooLarge,
+                slack,
+            )
+            .await;
+            let mut inv = small.invocation(LambdaRef::Module(upper), 1, None);
+            inv.input_len = 2; // more than the 1-byte input region holds
+            expect_failure(
+                &bad,
+                "input past its region",
+                &inv,
+                FailureKind::BadRequest,
+                slack,
+            )
+            .await;
+            misbehaving.set(false);
+        };
+        let ((served, slowest), ()) = futures::join!(steady, misbehave);
+        println!("the other client was served {served} times meanwhile, slowest {slowest:.1?}");
+        assert!(served >= 3, "only {served} invocations of the other client");
+
+        // The misbehaving client's connection still works.
+        let len = lambda::invoke(&bad, &text.invocation(LambdaRef::Module(upper), 5, None))
+            .await
+            .unwrap();
+        assert_eq!(text.output(len), b"HELLO");
+
+        good.close().await;
+        bad.close().await;
+        drop((big, text, small, steady_regions));
+        eventually("connections to close", Duration::from_secs(20), || async {
+            server.stats().await.connections == 0
+        })
+        .await;
+        eventually(
+            "timed-out workers to burn their fuel",
+            Duration::from_secs(60),
+            || async { sandbox.running_workers() == 0 },
+        )
+        .await;
+        client.shutdown().await;
+        server.shutdown().await;
+    });
+    assert_released(&base);
+}
+
+#[test]
+fn a_region_without_access_costs_only_its_connection() {
+    let Some(_ctx) = rdma_context() else { return };
+    let base = resource_counts();
+    actix_run(async {
+        let (service, _sandbox) = service();
+        let server = Server::builder()
+            .listen(test_addr(), None)
+            .service("lambda", service)
+            .start()
+            .expect("server");
+        let addr = server.local_addrs()[0];
+        let client = Client::start(NodeConfig::default()).expect("client");
+        let careless = client.connect(addr, "lambda").await.expect("connect");
+        let other = client.connect(addr, "lambda").await.expect("connect");
+
+        // Input registered for local use only: the server's READ is refused.
+        let input = client.register(64, Access::LOCAL_WRITE).unwrap();
+        let output = client.register(64, Access::REMOTE_WRITE).unwrap();
+        let inv = Invocation {
+            lambda: LambdaRef::Native("checksum".into()),
+            input: input.remote(),
+            input_len: 64,
+            output: output.remote(),
+            limits: None,
+        };
+        match lambda::invoke(&careless, &inv).await {
+            Err(CallError::Request(e)) => println!("careless client: {e}"),
+            other => panic!("expected the connection to close, got {other:?}"),
+        }
+        // Output without REMOTE_WRITE: the server's WRITE is refused.
+        let readable = client.register(64, Access::REMOTE_READ).unwrap();
+        let inv = Invocation {
+            input: readable.remote(),
+            output: readable.remote(),
+            ..inv
+        };
+        match lambda::invoke(&other, &inv).await {
+            Err(CallError::Request(e)) => println!("output without REMOTE_WRITE: {e}"),
+            other => panic!("expected the connection to close, got {other:?}"),
+        }
+        let third = client.connect(addr, "lambda").await.expect("connect");
+        let inv = Invocation {
+            output: output.remote(),
+            ..inv
+        };
+        assert_eq!(lambda::invoke(&third, &inv).await.unwrap(), 8);
+        assert_eq!(&output.as_slice()[..8], checksum_native(&[0; 64]));
+
+        careless.close().await;
+        other.close().await;
+        third.close().await;
+        drop((input, output, readable));
+        eventually("connections to close", Duration::from_secs(20), || async {
+            server.stats().await.connections == 0
+        })
+        .await;
+        client.shutdown().await;
+        server.shutdown().await;
+    });
+    assert_released(&base);
+}
