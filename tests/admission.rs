@@ -3,18 +3,10 @@
 
 use rdmactor::proto::hello::RejectCode;
 use rdmactor::runtime::{Client, ConnectError, NodeConfig, Server};
-use rdmactor_services::echo::{Echo, EchoRequest, EchoResponse};
-use rdmactor_tests::{actix_run, assert_released, rdma_context, resource_counts, test_addr};
-
-async fn echo_ok(conn: &rdmactor::runtime::ClientConnection) {
-    let resp: EchoResponse = conn
-        .request_typed(&EchoRequest {
-            payload: b"still served".to_vec(),
-        })
-        .await
-        .expect("request");
-    assert_eq!(resp.payload, b"still served");
-}
+use rdmactor_services::echo::Echo;
+use rdmactor_tests::{
+    actix_run, assert_released, echo_ok, rdma_context, resource_counts, test_addr,
+};
 
 fn rejected_with(err: ConnectError, code: RejectCode) -> String {
     match err {
@@ -43,7 +35,7 @@ fn unknown_service_and_full_server_are_rejected_with_reasons() {
             RejectCode::UnknownService,
         );
         assert!(msg.contains("no-such"), "{msg}");
-        echo_ok(&first).await;
+        echo_ok(&first, b"still served".to_vec()).await;
 
         let second = client.connect(addr, "echo").await.expect("second");
         let msg = rejected_with(
@@ -51,8 +43,8 @@ fn unknown_service_and_full_server_are_rejected_with_reasons() {
             RejectCode::ServerFull,
         );
         assert!(msg.contains("limit of 2"), "{msg}");
-        echo_ok(&first).await;
-        echo_ok(&second).await;
+        echo_ok(&first, b"still served".to_vec()).await;
+        echo_ok(&second, b"still served".to_vec()).await;
 
         // A freed slot admits the next client.
         second.close().await;
@@ -66,7 +58,7 @@ fn unknown_service_and_full_server_are_rejected_with_reasons() {
             .connect(addr, "echo")
             .await
             .expect("third after a close");
-        echo_ok(&third).await;
+        echo_ok(&third, b"still served".to_vec()).await;
 
         let stats = server.stats().await;
         assert_eq!((stats.accepted, stats.rejected), (3, 2));

@@ -7,24 +7,13 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use rdmactor::runtime::{
-    Client, ClientConnection, Message, NodeConfig, PeerInfo, Server, Service, Session, SessionCx,
-    SessionError,
+    Client, Message, NodeConfig, PeerInfo, Server, Service, Session, SessionCx, SessionError,
 };
-use rdmactor_services::echo::{Echo, EchoRequest, EchoResponse};
+use rdmactor_services::echo::Echo;
 use rdmactor_tests::{
-    actix_run, assert_released, eventually, pattern, rdma_context, resource_counts, target_bin,
-    test_addr,
+    actix_run, assert_released, echo_ok, eventually, pattern, rdma_context, resource_counts,
+    target_bin, test_addr,
 };
-
-async fn echo_ok(conn: &ClientConnection, payload: Vec<u8>) {
-    let resp: EchoResponse = conn
-        .request_typed(&EchoRequest {
-            payload: payload.clone(),
-        })
-        .await
-        .expect("echo request");
-    assert!(resp.payload == payload, "payload differs");
-}
 
 #[test]
 fn sigkilled_client_is_torn_down_and_others_keep_being_served() {

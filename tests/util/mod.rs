@@ -180,3 +180,15 @@ pub fn target_bin(name: &str) -> std::path::PathBuf {
         .expect("target/<profile>");
     profile_dir.join(name)
 }
+
+/// Sends `payload` to an `echo` service and asserts it comes back unchanged.
+pub async fn echo_ok(conn: &rdmactor::runtime::ClientConnection, payload: Vec<u8>) {
+    use rdmactor_services::echo::{EchoRequest, EchoResponse};
+    let resp: EchoResponse = conn
+        .request_typed(&EchoRequest {
+            payload: payload.clone(),
+        })
+        .await
+        .expect("echo request");
+    assert!(resp.payload == payload, "echo payload differs");
+}

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use actix::prelude::*;
 use tokio::sync::{mpsc, oneshot};
 
-use super::cm::{CmActor, Connect, Shutdown, Stop};
+use super::cm::{CmActor, Connect};
 use super::config::NodeConfig;
 use super::connection::{BufId, ConnectionActor, Op};
 use super::node::Node;
@@ -122,10 +122,7 @@ impl Client {
 
     /// Closes every connection, waits for their release, and stops the actors.
     pub async fn shutdown(self) {
-        let (tx, rx) = oneshot::channel();
-        self.cm.do_send(Shutdown(tx));
-        let _ = rx.await;
-        let _ = self.cm.send(Stop).await;
+        super::cm::shut_down(&self.cm).await;
         drop(self.node);
     }
 }

@@ -539,3 +539,12 @@ impl Handler<GetCounters> for CmActor {
         MessageResult(c)
     }
 }
+
+/// Closes every connection of `cm`, waits until they released their resources, then
+/// stops the actor and its event thread (the end of a server's or client's life).
+pub(crate) async fn shut_down(cm: &Addr<CmActor>) {
+    let (tx, rx) = oneshot::channel();
+    cm.do_send(Shutdown(tx));
+    let _ = rx.await;
+    let _ = cm.send(Stop).await;
+}

@@ -6,9 +6,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use actix::prelude::*;
-use tokio::sync::oneshot;
 
-use super::cm::{CmActor, GetCounters, Shutdown, Stop};
+use super::cm::{CmActor, GetCounters};
 use super::config::NodeConfig;
 use super::node::Node;
 use super::service::Service;
@@ -159,10 +158,7 @@ impl Server {
     /// Stops accepting, disconnects every client, waits until every connection released
     /// its resources, and stops the actors and threads.
     pub async fn shutdown(self) {
-        let (tx, rx) = oneshot::channel();
-        self.cm.do_send(Shutdown(tx));
-        let _ = rx.await;
-        let _ = self.cm.send(Stop).await;
+        super::cm::shut_down(&self.cm).await;
         drop(self.node);
     }
 }

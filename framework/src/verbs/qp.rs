@@ -352,11 +352,7 @@ impl QueuePair {
 
     /// Posts one send-queue request.
     pub fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {
-        let mut sge = wr.local.map(|s| s.raw()).unwrap_or(ibv_sge {
-            addr: 0,
-            length: 0,
-            lkey: 0,
-        });
+        let mut sge = raw_sge(wr.local);
         let mut raw = wr.raw(&mut sge);
         let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
         // SAFETY: `raw` and `sge` live across the call; the QP is alive. The local bytes
@@ -371,26 +367,13 @@ impl QueuePair {
         if wrs.is_empty() {
             return Ok(());
         }
-        let mut sges: Vec<ibv_sge> = wrs
-            .iter()
-            .map(|w| {
-                w.local.map(|s| s.raw()).unwrap_or(ibv_sge {
-                    addr: 0,
-                    length: 0,
-                    lkey: 0,
-                })
-            })
-            .collect();
+        let mut sges: Vec<ibv_sge> = wrs.iter().map(|w| raw_sge(w.local)).collect();
         let mut raws: Vec<ibv_send_wr> = wrs
             .iter()
             .zip(sges.iter_mut())
             .map(|(w, s)| w.raw(s))
             .collect();
-        let base = raws.as_mut_ptr();
-        for i in 1..raws.len() {
-            // SAFETY: i-1 and i are in bounds of `raws`, which is not moved afterwards.
-            unsafe { (*base.add(i - 1)).next = base.add(i) };
-        }
+        let base = link(&mut raws, |w: &mut ibv_send_wr| &mut w.next);
         let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
         // SAFETY: the chain and its SGEs live in `raws`/`sges` across the call; see
         // `post_send` for why the local bytes are safe to hand to the NIC.
@@ -403,16 +386,7 @@ impl QueuePair {
         if wrs.is_empty() {
             return Ok(());
         }
-        let mut sges: Vec<ibv_sge> = wrs
-            .iter()
-            .map(|w| {
-                w.local.map(|s| s.raw()).unwrap_or(ibv_sge {
-                    addr: 0,
-                    length: 0,
-                    lkey: 0,
-                })
-            })
-            .collect();
+        let mut sges: Vec<ibv_sge> = wrs.iter().map(|w| raw_sge(w.local)).collect();
         let mut raws: Vec<ibv_recv_wr> = wrs
             .iter()
             .zip(sges.iter_mut())
@@ -423,16 +397,32 @@ impl QueuePair {
                 num_sge: w.local.is_some() as i32,
             })
             .collect();
-        let base = raws.as_mut_ptr();
-        for i in 1..raws.len() {
-            // SAFETY: i-1 and i are in bounds of `raws`, which is not moved afterwards.
-            unsafe { (*base.add(i - 1)).next = base.add(i) };
-        }
+        let base = link(&mut raws, |w: &mut ibv_recv_wr| &mut w.next);
         let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
         // SAFETY: the chain and its SGEs live across the call; see `post_send`.
         let ret = unsafe { ibv_post_recv(self.inner.qp.as_ptr(), base, &mut bad) };
         check(Verb::PostRecv, ret)
     }
+}
+
+/// The raw SGE of an optional local range (a zero-length one when there is none).
+fn raw_sge(local: Option<Sge<'_>>) -> ibv_sge {
+    local.map(|s| s.raw()).unwrap_or(ibv_sge {
+        addr: 0,
+        length: 0,
+        lkey: 0,
+    })
+}
+
+/// Chains `items` through their `next` pointers (as ibv_post_send/recv expect) and
+/// returns the head. The chain points into `items`, so it must not move until posted.
+fn link<T>(items: &mut [T], next: impl Fn(&mut T) -> &mut *mut T) -> *mut T {
+    let base = items.as_mut_ptr();
+    for i in 1..items.len() {
+        // SAFETY: i-1 and i are in bounds; `base` stays valid while `items` is borrowed.
+        unsafe { *next(&mut *base.add(i - 1)) = base.add(i) };
+    }
+    base
 }
 
 impl std::fmt::Debug for QueuePair {
