@@ -146,6 +146,8 @@ fn set(names: &[&str]) -> BTreeSet<String> {
     names.iter().map(|n| (*n).to_owned()).collect()
 }
 
+/// A server with the `files` service. Two pollers: a session hashes and writes each
+/// chunk on its poller thread, and the VM has two vCPUs to share that work.
 fn files_server(config: Config) -> Server {
     Server::builder()
         .config(NodeConfig {
@@ -493,7 +495,6 @@ fn a_window_is_revoked_after_good_and_after_bad() {
         let (outcome, grant) = send(&bad, &src.join("g"), "h", &opts).await;
         assert!(matches!(outcome, Outcome::Bad(_)), "{outcome:?}");
         let grant = grant.expect("granted");
-        // The whole window, and a single slot of it.
         expect_remote_access_error(&bad, region(&grant), "reuse after BAD").await;
 
         // Both connections failed with the error and were closed by the server too.

@@ -270,12 +270,14 @@ impl<'c, P: FnMut(Progress<'_>)> Drive<'c, P> {
             if let Some(outcome) = self.carry_out(ep).await? {
                 // WRITEs of the last chunks may complete after the verdict; wait for
                 // them so that nothing of this transfer is left on the connection.
+                // Their results no longer matter. Messages are not taken meanwhile:
+                // they would belong to the caller's next transfer.
                 while !self.writes.is_empty() || !self.ready.is_empty() {
-                    let _ = self.next_event().await;
+                    let _ = self.next_event(false).await;
                 }
                 return Ok(outcome);
             }
-            match self.next_event().await {
+            match self.next_event(true).await {
                 Event::Written { index, len, result } => {
                     result.map_err(|source| ClientError::Write { index, source })?;
                     ep.handle_write_done(index)?;
@@ -403,13 +405,14 @@ impl<'c, P: FnMut(Progress<'_>)> Drive<'c, P> {
         Ok(finished)
     }
 
-    /// The next completed WRITE or received message, whichever comes first.
-    async fn next_event(&mut self) -> Event {
+    /// The next completed WRITE or (with `messages`) received message, whichever comes
+    /// first.
+    async fn next_event(&mut self, messages: bool) -> Event {
         if let Some(e) = self.ready.pop_front() {
             return e;
         }
         let conn = self.conn;
-        let recv = self.recv.get_or_insert_with(|| Box::pin(conn.recv()));
+        let mut recv = messages.then(|| self.recv.get_or_insert_with(|| Box::pin(conn.recv())));
         let writes = &mut self.writes;
         let event = poll_fn(|cx| {
             for i in 0..writes.len() {
@@ -422,7 +425,10 @@ impl<'c, P: FnMut(Progress<'_>)> Drive<'c, P> {
                     });
                 }
             }
-            recv.as_mut().poll(cx).map(Event::Received)
+            match recv.as_mut() {
+                Some(r) => r.as_mut().poll(cx).map(Event::Received),
+                None => Poll::Pending,
+            }
         })
         .await;
         if matches!(event, Event::Received(_)) {

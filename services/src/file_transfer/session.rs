@@ -107,6 +107,11 @@ fn fail(e: TransferError) -> SessionError {
     SessionError::new(format!("file transfer: {e}"))
 }
 
+/// Callbacks after `on_close` (the framework makes none, but a session must not panic).
+fn closed() -> SessionError {
+    SessionError::new("file transfer: connection closed")
+}
+
 fn remote_window(r: RemoteRegion) -> RemoteWindow {
     RemoteWindow {
         addr: r.addr,
@@ -117,9 +122,7 @@ fn remote_window(r: RemoteRegion) -> RemoteWindow {
 
 impl FileSession {
     fn server(&mut self) -> std::result::Result<&mut Server, SessionError> {
-        self.server
-            .as_mut()
-            .ok_or_else(|| SessionError::new("file transfer: connection closed"))
+        self.server.as_mut().ok_or_else(closed)
     }
 
     /// Carries out every pending output, in order (see [`Endpoint`]).
@@ -157,11 +160,8 @@ impl FileSession {
                         .bytes_mut(buf)?
                         .get_mut(range.clone())
                         .ok_or_else(|| SessionError::new("file transfer: chunk outside stage"))?;
-                    self.server
-                        .as_mut()
-                        .expect("checked above")
-                        .fill_chunk(&chunk, dst)
-                        .map_err(fail)?;
+                    let server = self.server.as_mut().ok_or_else(closed)?;
+                    server.fill_chunk(&chunk, dst).map_err(fail)?;
                     let op = cx.post(Op::Write {
                         buf,
                         range,
@@ -221,9 +221,7 @@ impl Session for FileSession {
                 let window = self.window.ok_or_else(|| {
                     SessionError::new(format!("file transfer: chunk {index} without a window"))
                 })?;
-                let server = self.server.as_mut().ok_or_else(|| {
-                    SessionError::new("file transfer: connection closed".to_owned())
-                })?;
+                let server = self.server.as_mut().ok_or_else(closed)?;
                 let range = server.chunk_range(index).map_err(fail)?;
                 let bytes = cx.bytes(window)?.get(range).ok_or_else(|| {
                     SessionError::new(format!("file transfer: chunk {index} outside the window"))

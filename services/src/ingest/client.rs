@@ -1,6 +1,11 @@
 //! The client side: one writer per connection.
 
+use std::collections::VecDeque;
+use std::fmt;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
 
 use rdmactor::runtime::{Client, ClientConnection, RequestError};
 
@@ -8,12 +13,29 @@ use super::ring::ClientRing;
 use super::wire::{seal, Credits, IngestRequest, IngestResponse, RingInfo};
 use super::IngestError;
 
+/// A WRITE handed to the connection, waiting for its completion.
+type PendingWrite = Pin<Box<dyn Future<Output = Result<(), RequestError>> + Send>>;
+
 /// Pushes records into a server's `ingest` service over one connection.
-#[derive(Debug)]
+///
+/// [`push`](Self::push) returns once the WRITE is queued on the connection, so a writer
+/// keeps up to a ring's worth of records in flight; a failed WRITE surfaces at a later
+/// `push` or at [`flush`](Self::flush).
 pub struct Ingest {
     conn: ClientConnection,
     info: RingInfo,
     ring: ClientRing,
+    writes: VecDeque<PendingWrite>,
+}
+
+impl fmt::Debug for Ingest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ingest")
+            .field("ring", &self.info)
+            .field("free_slots", &self.ring.free_slots())
+            .field("writes_in_flight", &self.writes.len())
+            .finish()
+    }
 }
 
 impl Ingest {
@@ -41,6 +63,7 @@ impl Ingest {
                 ring: ClientRing::new(info.slots, info.slot_len)?,
                 info,
                 conn,
+                writes: VecDeque::new(),
             }),
             IngestResponse::Refused(why) => Err(IngestError::Refused(why)),
             other => Err(IngestError::Protocol(format!("{other:?}"))),
@@ -68,14 +91,20 @@ impl Ingest {
     }
 
     /// Writes `record` into a free slot, waiting for the server to return one when all
-    /// are in use; returns once the WRITE completed (the record is in the server's
-    /// memory and its immediate queued there).
+    /// are in use; returns once the WRITE is queued on the connection (records leave in
+    /// the order they were pushed).
     ///
     /// # Errors
-    /// [`IngestError::RecordTooLarge`] (nothing sent), [`IngestError::Request`] (the
-    /// connection is gone), [`IngestError::BadCredit`] / [`IngestError::Protocol`] (the
-    /// server broke the protocol).
+    /// [`IngestError::RecordTooLarge`] (nothing sent), [`IngestError::Request`] (this or
+    /// an earlier WRITE failed: the connection is gone), [`IngestError::BadCredit`] /
+    /// [`IngestError::Protocol`] (the server broke the protocol).
     pub async fn push(&mut self, record: &[u8]) -> Result<(), IngestError> {
+        self.reap_writes()?;
+        if self.writes.len() >= self.info.slots as usize {
+            if let Some(write) = self.writes.pop_front() {
+                write.await?;
+            }
+        }
         let sealed = seal(record);
         let (slot, imm) = loop {
             if let Some(taken) = self.ring.take_slot(sealed.len())? {
@@ -88,20 +117,53 @@ impl Ingest {
             .remote
             .slice(self.info.slot_offset(slot), sealed.len() as u64)
             .map_err(|e| IngestError::Protocol(format!("slot {slot}: {e}")))?;
-        self.conn.write(dst, sealed, Some(imm)).await?;
+        let conn = self.conn.clone();
+        let mut write: PendingWrite =
+            Box::pin(async move { conn.write(dst, sealed, Some(imm)).await });
+        // The first poll hands the WRITE to the connection's actor, in push order.
+        if let Poll::Ready(result) = write.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+            result?;
+        } else {
+            self.writes.push_back(write);
+        }
         Ok(())
     }
 
-    /// Waits until the server processed every record pushed so far and returned the
-    /// slots; returns how many records it processed on this connection.
+    /// Drops the WRITEs at the front that completed; the first failure is returned.
+    fn reap_writes(&mut self) -> Result<(), IngestError> {
+        let mut cx = Context::from_waker(Waker::noop());
+        while let Some(write) = self.writes.front_mut() {
+            match write.as_mut().poll(&mut cx) {
+                Poll::Ready(result) => {
+                    self.writes.pop_front();
+                    result?;
+                }
+                Poll::Pending => break,
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until the server processed every record pushed so far and returned every
+    /// slot (all are free afterwards); returns how many records it processed on this
+    /// connection.
     ///
     /// # Errors
     /// [`IngestError::Request`].
     pub async fn flush(&mut self) -> Result<u64, IngestError> {
-        match self.conn.request_typed(&IngestRequest::Flush).await? {
-            IngestResponse::Flushed { records } => Ok(records),
-            other => Err(IngestError::Protocol(format!("{other:?}"))),
+        while let Some(write) = self.writes.pop_front() {
+            write.await?;
         }
+        let records = match self.conn.request_typed(&IngestRequest::Flush).await? {
+            IngestResponse::Flushed { records } => records,
+            other => return Err(IngestError::Protocol(format!("{other:?}"))),
+        };
+        // The server returned every slot before answering, and its credit messages were
+        // delivered before the answer: take them all in now.
+        while self.ring.free_slots() < self.info.slots as usize {
+            self.wait_for_credits().await?;
+        }
+        Ok(records)
     }
 
     /// Closes the connection.

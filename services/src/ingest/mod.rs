@@ -18,8 +18,8 @@
 //!
 //! The immediate carries the slot in its high bits and the written length in its low
 //! `len_bits` bits, just enough for the slot length ([`ImmCodec`]). Each record ends
-//! with an 8-byte checksum (the first bytes of its BLAKE3 hash, [`seal`]), so a record
-//! that was overwritten or cut short is never handed on. A write to a slot the client
+//! with an 8-byte checksum ([`checksum`], [`seal`]), so a record that was overwritten or
+//! cut short is never handed on. A write to a slot the client
 //! does not hold, a bad length or a bad checksum closes the connection: only a broken or
 //! hostile client does that. The framework's credits cover the receive each immediate
 //! consumes, so nobody ever meets an RNR; the slot credits cover the ring.

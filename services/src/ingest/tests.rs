@@ -63,6 +63,20 @@ fn sealed_records_check_out_and_damaged_ones_do_not() {
 }
 
 #[test]
+fn every_flipped_bit_changes_the_checksum() {
+    let payload: Vec<u8> = (0..37u8).map(|i| i.wrapping_mul(29)).collect();
+    let sum = checksum(&payload);
+    for bit in 0..payload.len() * 8 {
+        let mut p = payload.clone();
+        p[bit / 8] ^= 1 << (bit % 8);
+        assert_ne!(checksum(&p), sum, "bit {bit}");
+    }
+    // Length matters, even with trailing zeros.
+    assert_ne!(checksum(&[0; 8]), checksum(&[0; 9]));
+    assert_ne!(checksum(b""), checksum(&[0]));
+}
+
+#[test]
 fn the_server_refuses_writes_outside_what_it_granted() {
     let mut server = ServerRing::new(2, 64, 1).unwrap();
     let codec = ImmCodec::new(2, 64).unwrap();
