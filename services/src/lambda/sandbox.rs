@@ -407,6 +407,9 @@ impl Sandbox {
         let (tx, rx) = mpsc::sync_channel(1);
         thread::Builder::new()
             .name("lambda".into())
+            // The interpreter's frames are large in unoptimised builds; a generous stack
+            // keeps deep guest recursion a wasmi stack-limit trap, not a host overflow.
+            .stack_size(8 << 20)
             .spawn(move || {
                 let outcome = panic::catch_unwind(AssertUnwindSafe(|| {
                     invoke(&engine, &compiled, &input, &limits)
