@@ -72,3 +72,76 @@ fn read_beyond_the_region_is_a_remote_access_error() {
         SendOp::Read(t.remote().at(4096 - 16))
     });
 }
+
+#[test]
+fn a_window_bound_to_one_qp_refuses_every_other_qp_and_dies_with_its_window() {
+    use rdmactor::verbs::MemoryWindow;
+    let Some(ctx) = rdma_context() else { return };
+    let base = resource_counts();
+    {
+        let pd = ProtectionDomain::new(&ctx).unwrap();
+        // The region itself grants no remote access; only the window bound to A's QP does.
+        let target =
+            MemoryRegion::register(&pd, 4096, Access::LOCAL_WRITE | Access::MW_BIND).unwrap();
+        let a = connect_pair(&pd, |_| Ok(()), |_| Ok(()));
+        let b = connect_pair(&pd, |_| Ok(()), |_| Ok(()));
+        let window = MemoryWindow::alloc(&pd).expect("type 2 memory windows (rxe supports them)");
+        let grant = a
+            .server
+            .qp
+            .bind_window(7, &window, &target, Access::REMOTE_WRITE)
+            .unwrap();
+        assert_eq!(a.server.wait(1).unwrap()[0].wr_id, 7, "bind completed");
+
+        let mut src = MemoryRegion::register(&pd, 64, Access::NONE).unwrap();
+        src.as_mut_slice().fill(0xab);
+        // A, through the QP the window is bound to: lands.
+        a.client
+            .qp
+            .post_send(&SendWr::new(
+                1,
+                SendOp::Write(grant),
+                Some(src.sge(0..64).unwrap()),
+            ))
+            .unwrap();
+        a.client.wait(1).expect("A may write through its window");
+        assert!(target.as_slice()[..64].iter().all(|&b| b == 0xab));
+
+        // B, same PD, same rkey and address, another QP: refused.
+        src.as_mut_slice().fill(0xcd);
+        b.client
+            .qp
+            .post_send(&SendWr::new(
+                2,
+                SendOp::Write(grant),
+                Some(src.sge(0..64).unwrap()),
+            ))
+            .unwrap();
+        let wc = b.client.wait_any(1).unwrap()[0];
+        assert_eq!(wc.status, WcStatus::RemoteAccessError, "{wc:?}");
+        assert!(
+            target.as_slice()[..64].iter().all(|&b| b == 0xab),
+            "B wrote nothing"
+        );
+
+        // Revoke: after the window is gone, A's rkey is dead too.
+        drop(window);
+        a.client
+            .qp
+            .post_send(&SendWr::new(
+                3,
+                SendOp::Write(grant),
+                Some(src.sge(0..64).unwrap()),
+            ))
+            .unwrap();
+        let wc = a.client.wait_any(1).unwrap()[0];
+        assert_eq!(wc.status, WcStatus::RemoteAccessError, "{wc:?}");
+        assert!(
+            target.as_slice()[..64].iter().all(|&b| b == 0xab),
+            "nothing after revoke"
+        );
+        close_both(a.client, a.server).unwrap();
+        close_both(b.client, b.server).unwrap();
+    }
+    assert_released(&base);
+}

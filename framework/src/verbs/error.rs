@@ -42,6 +42,7 @@ pub enum Verb {
     Reject,
     Disconnect,
     MigrateId,
+    AllocMw,
     Poll,
 }
 
@@ -79,6 +80,7 @@ impl fmt::Display for Verb {
             Verb::Reject => "rdma_reject",
             Verb::Disconnect => "rdma_disconnect",
             Verb::MigrateId => "rdma_migrate_id",
+            Verb::AllocMw => "ibv_alloc_mw",
             Verb::Poll => "poll",
         };
         f.write_str(name)

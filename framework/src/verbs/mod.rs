@@ -20,6 +20,7 @@ mod cq;
 mod device;
 mod error;
 mod mr;
+mod mw;
 mod pd;
 mod qp;
 mod sys;
@@ -34,5 +35,6 @@ pub use cq::{
 pub use device::{Context, DeviceAttr};
 pub use error::{Result, Verb, VerbsError};
 pub use mr::{Access, MemoryRegion, RemoteRegion, Sge};
+pub use mw::MemoryWindow;
 pub use pd::ProtectionDomain;
 pub use qp::{QpCaps, QpState, QueuePair, RecvWr, SendOp, SendWr};

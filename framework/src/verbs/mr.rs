@@ -33,6 +33,14 @@ impl Access {
     pub const REMOTE_READ: Access = Access(ibv_access_flags::IBV_ACCESS_REMOTE_READ.0);
     /// Remote peers may run atomics on it.
     pub const REMOTE_ATOMIC: Access = Access(ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0);
+    /// Memory windows may be bound to it (which is how remote access is granted to one
+    /// QP only).
+    pub const MW_BIND: Access = Access(ibv_access_flags::IBV_ACCESS_MW_BIND.0);
+
+    /// Only the remote-access flags of `self`.
+    pub const fn remote_part(self) -> Access {
+        Access(self.0 & (Self::REMOTE_WRITE.0 | Self::REMOTE_READ.0 | Self::REMOTE_ATOMIC.0))
+    }
 
     /// True when every flag of `other` is set in `self`.
     pub const fn contains(self, other: Access) -> bool {
@@ -251,6 +259,10 @@ impl MemoryRegion {
     pub fn rkey(&self) -> u32 {
         // SAFETY: `mr` stays registered while `reg` is alive.
         unsafe { self.reg.mr.as_ref().rkey }
+    }
+
+    pub(crate) fn raw_mr(&self) -> *mut ibv_mr {
+        self.reg.mr.as_ptr()
     }
 
     /// Virtual address of the first byte of this range.

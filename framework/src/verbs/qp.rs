@@ -12,7 +12,8 @@ use rdma_sys::*;
 use super::cm::CmIdInner;
 use super::cq::CompletionQueue;
 use super::error::{check, Result, Verb, VerbsError};
-use super::mr::{RemoteRegion, Sge};
+use super::mr::{Access, MemoryRegion, RemoteRegion, Sge};
+use super::mw::{next_rkey, MemoryWindow};
 use super::pd::ProtectionDomain;
 
 /// Queue sizes for a new QP.
@@ -348,6 +349,52 @@ impl QueuePair {
             )
         };
         check(Verb::ModifyQp, ret)
+    }
+
+    /// Binds `window` to this QP over all of `region` with `access` (remote flags), as a
+    /// signaled send-queue request with `wr_id`. Returns what the peer needs: the rkey is
+    /// only good on this QP, and only until the window is rebound or deallocated. The
+    /// bind executes before any request posted after it on this QP, so a SEND that
+    /// carries the rkey can follow at once. `region` needs `Access::MW_BIND`.
+    pub fn bind_window(
+        &self,
+        wr_id: u64,
+        window: &MemoryWindow,
+        region: &MemoryRegion,
+        access: Access,
+    ) -> Result<RemoteRegion> {
+        if !region.access().contains(Access::MW_BIND) {
+            return Err(VerbsError::InvalidArgument(
+                "the region was registered without MW_BIND".into(),
+            ));
+        }
+        let rkey = next_rkey(window.rkey());
+        // SAFETY: plain old data; all-zero is valid, the fields that matter are set below.
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.opcode = ibv_wr_opcode::IBV_WR_BIND_MW;
+        wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+        wr.bind_mw_tso_union.bind_mw = bind_mw_t {
+            mw: window.as_ptr(),
+            rkey,
+            bind_info: ibv_mw_bind_info {
+                mr: region.raw_mr(),
+                addr: region.addr(),
+                length: region.len() as u64,
+                mw_access_flags: access.remote_part().bits(),
+            },
+        };
+        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: the QP, window and region are alive across the call; the region stays
+        // registered while the window is bound (the caller keeps both, and deallocating
+        // the window first revokes access).
+        let ret = unsafe { ibv_post_send(self.inner.qp.as_ptr(), &mut wr, &mut bad) };
+        check(Verb::PostSend, ret)?;
+        Ok(RemoteRegion {
+            addr: region.addr(),
+            len: region.len() as u64,
+            rkey,
+        })
     }
 
     /// Posts one send-queue request.
