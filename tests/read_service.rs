@@ -65,7 +65,7 @@ struct Tally {
 }
 
 /// One client: reads random ranges (mostly versioned, some plain for comparison) until
-/// `deadline`, while a task of its own asks the server to publish now and then.
+/// `deadline`, while a task of its own asks the server to publish every 20 ms.
 async fn reader(
     c: u64,
     conn: ClientConnection,
@@ -80,7 +80,7 @@ async fn reader(
             while Instant::now() < deadline {
                 read::sync(&conn).await.expect("sync");
                 tally.syncs.fetch_add(1, Ordering::Relaxed);
-                actix_rt::time::sleep(Duration::from_millis(5)).await;
+                actix_rt::time::sleep(Duration::from_millis(20)).await;
             }
         }
     };

@@ -22,8 +22,8 @@ use crate::memory::{Lease, MrPool, PoolError};
 use crate::proto::credits::CreditWindow;
 use crate::proto::frame::{FrameKind, Header, RendezvousOffer, HEADER_LEN, OFFER_LEN};
 use crate::verbs::{
-    Access, CmId, MemoryRegion, ProtectionDomain, QueuePair, RecvWr, RemoteRegion, SendOp, SendWr,
-    VerbsError, WcOpcode, WorkCompletion,
+    Access, CmId, MemoryRegion, MemoryWindow, ProtectionDomain, QueuePair, RecvWr, RemoteRegion,
+    SendOp, SendWr, VerbsError, WcOpcode, WorkCompletion,
 };
 
 /// How long teardown waits for flushed completions before giving up on them.
@@ -57,6 +57,8 @@ impl Buf {
 }
 
 struct BufEntry {
+    // Field order is drop order: the window (the peer's access) goes before the memory.
+    grant: Option<(MemoryWindow, RemoteRegion)>,
     buf: Buf,
     inflight: u32,
     freed: bool,
@@ -126,6 +128,8 @@ impl Op {
 /// What a posted work request was, keyed by its wr_id.
 enum Wr {
     Recv(usize),
+    /// A memory-window bind (see `SessionCx::register`).
+    Bind,
     Send(#[allow(dead_code)] Lease),
     RendezvousRead {
         buf: Buf,
@@ -170,9 +174,13 @@ enum Delivery {
     Waiting(u64),
 }
 
-/// Everything a connection owns besides its session. Field order is drop order: the QP
-/// goes before the cm_id it was created on and before the memory it could touch.
+/// Everything a connection owns besides its session. Field order is drop order: windows
+/// first, then the QP before the cm_id it was created on and before the memory it could
+/// touch.
 pub(crate) struct Core {
+    // Memory windows hold a reference on the QP they are bound to (rxe waits for it when
+    // the QP is destroyed), so the session's buffers and their windows go first.
+    bufs: Slab<BufEntry>,
     qp: QueuePair,
     id: CmId,
     _cq: CqReservation,
@@ -185,7 +193,6 @@ pub(crate) struct Core {
     send_depth: u32,
     pending: VecDeque<Outgoing>,
     deliveries: VecDeque<Delivery>,
-    bufs: Slab<BufEntry>,
     rendezvous_out: Slab<MemoryRegion>,
     next_op: u64,
     next_seq: u64,
@@ -583,7 +590,7 @@ impl Core {
         }
         match wr {
             Wr::Recv(slot) => self.handle_recv(slot, wc)?,
-            Wr::Send(_) | Wr::Op { .. } => {}
+            Wr::Send(_) | Wr::Op { .. } | Wr::Bind => {}
             Wr::RendezvousRead {
                 buf,
                 seq,
@@ -690,28 +697,59 @@ impl<'a> SessionCx<'a> {
             .pool
             .lease(len)
             .map_err(|e| SessionError::new(e.to_string()))?;
-        Ok(self.insert_buf(Buf::Pooled(lease)))
+        Ok(self.insert_buf(Buf::Pooled(lease), None))
     }
 
     /// Registers a buffer with `access` (for regions the peer may read or write). It is
     /// deregistered, revoking the rkey, when freed or when the connection ends.
+    ///
+    /// Remote access is granted through a type 2 memory window bound to this
+    /// connection's QP: the rkey from [`SessionCx::remote`] works for this peer only (any
+    /// other connection on the shared PD gets a remote access error), and freeing the
+    /// buffer deallocates the window, revoking it. The bind is posted here, ahead of any
+    /// message that carries the rkey.
     pub fn register(&mut self, len: usize, access: Access) -> Result<BufId, SessionError> {
-        let mr = MemoryRegion::register(&self.core.pd, len, access)
-            .map_err(|e| SessionError::new(e.to_string()))?;
-        Ok(self.insert_buf(Buf::Registered(mr)))
+        let remote = access.remote_part();
+        if remote == Access::NONE {
+            let mr = MemoryRegion::register(&self.core.pd, len, access)
+                .map_err(|e| SessionError::new(e.to_string()))?;
+            return Ok(self.insert_buf(Buf::Registered(mr), None));
+        }
+        let err = |e: VerbsError| SessionError::new(e.to_string());
+        let mr = MemoryRegion::register(&self.core.pd, len, Access::LOCAL_WRITE | Access::MW_BIND)
+            .map_err(err)?;
+        let window = MemoryWindow::alloc(&self.core.pd).map_err(err)?;
+        if self.core.send_outstanding >= self.core.send_depth {
+            return Err(SessionError::new(
+                "send queue full; cannot bind a window now",
+            ));
+        }
+        let slot = self.core.inflight.vacant_entry();
+        let grant = self
+            .core
+            .qp
+            .bind_window(slot.key() as u64, &window, &mr, remote)
+            .map_err(err)?;
+        slot.insert(Wr::Bind);
+        self.core.send_outstanding += 1;
+        Ok(self.insert_buf(Buf::Registered(mr), Some((window, grant))))
     }
 
-    fn insert_buf(&mut self, buf: Buf) -> BufId {
+    fn insert_buf(&mut self, buf: Buf, grant: Option<(MemoryWindow, RemoteRegion)>) -> BufId {
         BufId(self.core.bufs.insert(BufEntry {
+            grant,
             buf,
             inflight: 0,
             freed: false,
         }))
     }
 
-    /// Frees a buffer (after the operations using it complete).
+    /// Frees a buffer: the peer's access (if granted) is revoked at once, the memory goes
+    /// after the operations using it complete.
     pub fn free(&mut self, id: BufId) {
         if let Some(e) = self.core.bufs.get_mut(id.0) {
+            // Revoke the peer's access now, even if our own operations still use the bytes.
+            e.grant = None;
             e.freed = true;
             if e.inflight == 0 {
                 self.core.bufs.remove(id.0);
@@ -738,9 +776,14 @@ impl<'a> SessionCx<'a> {
         Ok(self.core.bufs[id.0].buf.region_mut().as_mut_slice())
     }
 
-    /// What the peer needs to reach a registered buffer (addr, len, rkey).
+    /// What the peer needs to reach a buffer registered with remote access (addr, len,
+    /// and the rkey of the window bound to this connection).
     pub fn remote(&self, id: BufId) -> Result<RemoteRegion, SessionError> {
-        Ok(self.entry(id)?.buf.region().remote())
+        let e = self.entry(id)?;
+        Ok(match &e.grant {
+            Some((_, grant)) => *grant,
+            None => e.buf.region().remote(),
+        })
     }
 
     /// Posts a one-sided operation; its completion arrives in [`Session::on_op`].
