@@ -359,16 +359,11 @@ impl Session for ClientSession {
     }
 
     fn on_close(&mut self, reason: &CloseReason) {
+        // Replies will not come any more. One-sided operations still get their own
+        // completion (their real status, or a flush) while the connection drains; any
+        // left unanswered end with the session, as "connection gone".
         for (_, reply) in self.requests.drain() {
             let _ = reply.send(Err(RequestError::Closed(reason.clone())));
-        }
-        for (_, op) in self.ops.drain() {
-            let err = RequestError::Closed(reason.clone());
-            match op {
-                PendingOp::Read(_, _, r) => drop(r.send(Err(err))),
-                PendingOp::Write(_, r) => drop(r.send(Err(err))),
-                PendingOp::Atomic(_, r) => drop(r.send(Err(err))),
-            }
         }
     }
 }

@@ -576,10 +576,9 @@ impl Core {
             self.send_outstanding -= 1;
         }
         if let Wr::Op { op, buf } = &wr {
+            // Reported even while closing: the operation's own status (a remote access
+            // error, say) is more useful to the session than "disconnected".
             self.release_buf(*buf);
-            if self.closing.is_some() {
-                return Ok(None);
-            }
             return Ok(Some((*op, wc.ok().map(|_| ()))));
         }
         if self.closing.is_some() {
@@ -976,6 +975,12 @@ impl<S: Session> Handler<Completions> for ConnectionActor<S> {
                 return;
             };
             match core.handle_completion(wc) {
+                Ok(Some((op, result))) if core.closing.is_some() => {
+                    // Draining: tell the session how the operation ended; nothing it
+                    // queues now is sent.
+                    let mut cx = SessionCx::new(core);
+                    let _ = self.session.on_op(&mut cx, op, result);
+                }
                 Ok(Some((op, result))) => {
                     let failed = result.is_err();
                     self.with_session(ctx, |s, cx| s.on_op(cx, op, result));
