@@ -7,7 +7,7 @@ use std::time::Duration;
 use rdmactor::runtime::{Client, NodeConfig, Server};
 use rdmactor_services::echo::{Echo, EchoRequest, EchoResponse};
 use rdmactor_tests::{
-    actix_run, assert_released, eventually, pattern, rdma_context, resource_counts, test_addr,
+    actix_run, assert_released, pattern, rdma_context, resource_counts, test_addr, wait_idle,
 };
 
 /// Payload sizes cycled through: eager frames up to 4 KiB, the RDMA READ rendezvous above
@@ -67,10 +67,10 @@ fn many_clients_echo_mixed_sizes() {
         for conn in conns {
             conn.close().await;
         }
-        eventually(
+        wait_idle(
+            &server,
             "server connections to close",
             Duration::from_secs(20),
-            || async { server.stats().await.connections == 0 },
         )
         .await;
         let stats = server.stats().await;

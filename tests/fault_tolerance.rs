@@ -12,7 +12,7 @@ use rdmactor::runtime::{
 use rdmactor_services::echo::Echo;
 use rdmactor_tests::{
     actix_run, assert_released, echo_ok, eventually, pattern, rdma_context, resource_counts,
-    target_bin, test_addr,
+    target_bin, test_addr, wait_idle,
 };
 
 #[test]
@@ -76,10 +76,7 @@ fn sigkilled_client_is_torn_down_and_others_keep_being_served() {
             echo_ok(&steady, pattern(9000, 100 + i)).await;
         }
         steady.close().await;
-        eventually("all closed", Duration::from_secs(10), || async {
-            server.stats().await.connections == 0
-        })
-        .await;
+        wait_idle(&server, "all closed", Duration::from_secs(10)).await;
         let stats = server.stats().await;
         assert_eq!(
             stats.pool.leased.iter().sum::<usize>(),

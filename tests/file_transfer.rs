@@ -22,6 +22,7 @@ use rdmactor_services::file_transfer::{
 };
 use rdmactor_tests::{
     actix_run, assert_released, eventually, rdma_context, resource_counts, target_bin, test_addr,
+    wait_idle,
 };
 use sha2::{Digest as _, Sha256};
 
@@ -164,10 +165,10 @@ async fn close_all(server: &Server, client: Client, conns: Vec<ClientConnection>
     for conn in conns {
         conn.close().await;
     }
-    eventually(
+    wait_idle(
+        server,
         "server connections to close",
         Duration::from_secs(20),
-        || async { server.stats().await.connections == 0 },
     )
     .await;
     let stats = server.stats().await;
@@ -432,10 +433,10 @@ fn a_killed_sender_leaves_no_file_and_the_server_keeps_serving() {
         child.kill().expect("SIGKILL");
         let status = child.wait().unwrap();
         assert!(!status.success(), "ft was killed: {status:?}");
-        eventually(
+        wait_idle(
+            &server,
             "the killed client's connection to be torn down",
             Duration::from_secs(30),
-            || async { server.stats().await.connections == 0 },
         )
         .await;
         assert_eq!(names(&store), set(&[]), "no file, no temporary file");
@@ -498,12 +499,7 @@ fn a_window_is_revoked_after_good_and_after_bad() {
         expect_remote_access_error(&bad, region(&grant), "reuse after BAD").await;
 
         // Both connections failed with the error and were closed by the server too.
-        eventually(
-            "both connections closed",
-            Duration::from_secs(20),
-            || async { server.stats().await.connections == 0 },
-        )
-        .await;
+        wait_idle(&server, "both connections closed", Duration::from_secs(20)).await;
         close_all(&server, client, vec![good, bad]).await;
         server.shutdown().await;
     });

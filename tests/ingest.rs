@@ -14,6 +14,7 @@ use rdmactor_services::ingest::{
 };
 use rdmactor_tests::{
     actix_run, assert_released, eventually, pattern, rdma_context, resource_counts, test_addr,
+    wait_idle,
 };
 
 fn env_or(name: &str, default: usize) -> usize {
@@ -141,10 +142,7 @@ fn flooding_clients_deliver_every_record_exactly_once() {
             }
         }
 
-        eventually("connections to close", Duration::from_secs(20), || async {
-            server.stats().await.connections == 0
-        })
-        .await;
+        wait_idle(&server, "connections to close", Duration::from_secs(20)).await;
         client.shutdown().await;
         server.shutdown().await;
     });
@@ -217,10 +215,7 @@ fn overrunning_or_corrupting_clients_are_disconnected() {
         good.close().await;
         overrun.close().await;
         corrupt.close().await;
-        eventually("connections to close", Duration::from_secs(20), || async {
-            server.stats().await.connections == 0
-        })
-        .await;
+        wait_idle(&server, "connections to close", Duration::from_secs(20)).await;
         client.shutdown().await;
         server.shutdown().await;
     });

@@ -17,6 +17,7 @@ use rdmactor_services::lambda::{
 };
 use rdmactor_tests::{
     actix_run, assert_released, eventually, pattern, rdma_context, resource_counts, test_addr,
+    wait_idle,
 };
 
 fn module(name: &str) -> Vec<u8> {
@@ -312,10 +313,7 @@ fn results_are_correct_and_bad_lambdas_fail_alone() {
         good.close().await;
         bad.close().await;
         drop((big, text, small, steady_regions));
-        eventually("connections to close", Duration::from_secs(20), || async {
-            server.stats().await.connections == 0
-        })
-        .await;
+        wait_idle(&server, "connections to close", Duration::from_secs(20)).await;
         eventually(
             "timed-out workers to burn their fuel",
             Duration::from_secs(60),
@@ -381,10 +379,7 @@ fn a_region_without_access_costs_only_its_connection() {
         other.close().await;
         third.close().await;
         drop((input, output, readable));
-        eventually("connections to close", Duration::from_secs(20), || async {
-            server.stats().await.connections == 0
-        })
-        .await;
+        wait_idle(&server, "connections to close", Duration::from_secs(20)).await;
         client.shutdown().await;
         server.shutdown().await;
     });

@@ -6,12 +6,12 @@ use std::process::Command;
 use std::time::Duration;
 
 use rdmactor::blocking::{self, EndpointOptions};
-use rdmactor::runtime::{Server, ServerStats};
+use rdmactor::runtime::Server;
 use rdmactor::verbs::{Access, MemoryRegion, ProtectionDomain, RecvWr, SendOp, SendWr};
 use rdmactor_services::echo::RawEcho;
 use rdmactor_services::rping::Rping;
 use rdmactor_tests::{
-    actix_run, assert_released, eventually, pattern, rdma_context, resource_counts, test_addr,
+    actix_run, assert_released, pattern, rdma_context, resource_counts, test_addr, wait_idle,
 };
 
 #[test]
@@ -59,18 +59,10 @@ fn raw_echo_returns_bytes_to_a_plain_verbs_client() {
             actix_rt::time::sleep(Duration::from_millis(10)).await;
         }
         plain.join().expect("plain client");
-        wait_idle(&server).await;
+        wait_idle(&server, "connections to close", Duration::from_secs(20)).await;
         server.shutdown().await;
     });
     assert_released(&base);
-}
-
-async fn wait_idle(server: &Server) -> ServerStats {
-    eventually("connections to close", Duration::from_secs(20), || async {
-        server.stats().await.connections == 0
-    })
-    .await;
-    server.stats().await
 }
 
 #[test]
@@ -119,7 +111,8 @@ fn unmodified_rping_clients_complete() {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        let stats = wait_idle(&server).await;
+        wait_idle(&server, "connections to close", Duration::from_secs(20)).await;
+        let stats = server.stats().await;
         assert_eq!(stats.accepted, clients as u64);
         server.shutdown().await;
     });

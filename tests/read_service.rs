@@ -10,7 +10,7 @@ use rdmactor::runtime::{Client, ClientConnection, NodeConfig, Server};
 use rdmactor_services::read::layout::FIRST_VERSION;
 use rdmactor_services::read::{self, ReadError, ReadRegions, ReadService, RegionHandle};
 use rdmactor_tests::{
-    actix_run, assert_released, eventually, pattern, rdma_context, resource_counts, test_addr,
+    actix_run, assert_released, pattern, rdma_context, resource_counts, test_addr, wait_idle,
 };
 
 fn env_or(name: &str, default: u64) -> u64 {
@@ -202,10 +202,7 @@ fn versioned_reads_are_never_torn_while_the_server_updates() {
         for (conn, _) in readers {
             conn.close().await;
         }
-        eventually("connections to close", Duration::from_secs(20), || async {
-            server.stats().await.connections == 0
-        })
-        .await;
+        wait_idle(&server, "connections to close", Duration::from_secs(20)).await;
         client.shutdown().await;
         server.shutdown().await;
     });
@@ -275,10 +272,7 @@ fn static_regions_read_plainly_and_reads_past_the_end_fail() {
 
         conn.close().await;
         conn2.close().await;
-        eventually("connections to close", Duration::from_secs(20), || async {
-            server.stats().await.connections == 0
-        })
-        .await;
+        wait_idle(&server, "connections to close", Duration::from_secs(20)).await;
         client.shutdown().await;
         server.shutdown().await;
     });

@@ -192,3 +192,11 @@ pub async fn echo_ok(conn: &rdmactor::runtime::ClientConnection, payload: Vec<u8
         .expect("echo request");
     assert!(resp.payload == payload, "echo payload differs");
 }
+
+/// Waits until `server` has no connection left (each one released its resources).
+pub async fn wait_idle(server: &rdmactor::runtime::Server, what: &str, timeout: Duration) {
+    eventually(what, timeout, || async {
+        server.stats().await.connections == 0
+    })
+    .await;
+}
