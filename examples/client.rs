@@ -3,6 +3,7 @@
 //! ```sh
 //! client --addr 192.0.2.1:7471 latency --iters 10000 --size 64
 //! client --addr 192.0.2.1:7471 rate --connections 16 --window 16 --size 64 --secs 5
+//! client --addr 192.0.2.1:7471 --service discard stream --connections 16 --size 64
 //! client --addr 192.0.2.1:7471 echo --connections 4 --forever   # verified load
 //! client --addr 192.0.2.1:7471 connect --connections 200        # setup rate
 //! ```
@@ -13,7 +14,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand};
-use rdmactor::runtime::{Client, ClientConnection, NodeConfig, PollMode};
+use rdmactor::runtime::{
+    Client, ClientConnection, CloseReason, Message, NodeConfig, PollMode, Session, SessionCx,
+    SessionError,
+};
 use rdmactor_services::echo::{EchoRequest, EchoResponse};
 
 #[derive(Parser)]
@@ -40,12 +44,30 @@ enum Run {
         iters: usize,
         #[arg(long, default_value_t = 64)]
         size: usize,
+        /// Drive the exchange from a client-side Session (each reply is handled on the
+        /// connection's own thread and the next request sent from there) instead of
+        /// awaiting `ClientConnection::request_typed` from a task.
+        #[arg(long)]
+        session: bool,
     },
     /// Request rate with `window` requests in flight per connection.
     Rate {
         #[arg(long, default_value_t = 1)]
         connections: usize,
         #[arg(long, default_value_t = 16)]
+        window: usize,
+        #[arg(long, default_value_t = 64)]
+        size: usize,
+        #[arg(long, default_value_t = 5.0)]
+        secs: f64,
+    },
+    /// One-way message rate against the `discard` service (what `ib_send_bw` measures):
+    /// each connection sends `window` messages, then a request whose answer confirms the
+    /// server received every one of them, and repeats.
+    Stream {
+        #[arg(long, default_value_t = 1)]
+        connections: usize,
+        #[arg(long, default_value_t = 64)]
         window: usize,
         #[arg(long, default_value_t = 64)]
         size: usize,
@@ -61,10 +83,13 @@ enum Run {
         #[arg(long)]
         forever: bool,
     },
-    /// Connection setup rate: open connections one after another, then hold them.
+    /// Connection setup rate: open connections (`parallel` at a time), then hold them.
     Connect {
         #[arg(long, default_value_t = 100)]
         connections: usize,
+        /// Connects in flight at once (1: one after another).
+        #[arg(long, default_value_t = 1)]
+        parallel: usize,
         /// Seconds to hold the connections open (for idle-memory measurements).
         #[arg(long, default_value_t = 0.0)]
         hold: f64,
@@ -93,6 +118,71 @@ async fn echo(conn: &ClientConnection, payload: Vec<u8>) -> Result<()> {
     Ok(())
 }
 
+fn report_latency(size: usize, iters: usize, mut rtts: Vec<Duration>) {
+    rtts.sort();
+    let pct = |p: f64| rtts[((rtts.len() - 1) as f64 * p) as usize].as_secs_f64() * 1e6;
+    println!(
+        "RESULT kind=latency size={size} iters={iters} p50_us={:.2} p99_us={:.2}",
+        pct(0.50),
+        pct(0.99)
+    );
+}
+
+/// A client-side session that sends the next echo request from the reply's handler.
+struct Pinger {
+    payload: Vec<u8>,
+    warmup: usize,
+    left: usize,
+    sent_at: Instant,
+    rtts: Vec<Duration>,
+    done: Option<tokio::sync::oneshot::Sender<Result<Vec<Duration>>>>,
+}
+
+impl Pinger {
+    fn ping(&mut self, cx: &mut SessionCx<'_>) -> Result<(), SessionError> {
+        let req = postcard::to_allocvec(&EchoRequest {
+            payload: self.payload.clone(),
+        })
+        .map_err(|e| SessionError::new(e.to_string()))?;
+        self.sent_at = Instant::now();
+        cx.send(1, req)
+    }
+}
+
+impl Session for Pinger {
+    fn on_established(&mut self, cx: &mut SessionCx<'_>) -> Result<(), SessionError> {
+        self.ping(cx)
+    }
+
+    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
+        let rtt = self.sent_at.elapsed();
+        let resp: EchoResponse = postcard::from_bytes(&msg.data)
+            .map_err(|e| SessionError::new(format!("bad echo reply: {e}")))?;
+        if resp.payload != self.payload {
+            return Err(SessionError::new("echo payload differs"));
+        }
+        if self.warmup > 0 {
+            self.warmup -= 1;
+        } else {
+            self.rtts.push(rtt);
+            self.left -= 1;
+        }
+        if self.left == 0 {
+            if let Some(done) = self.done.take() {
+                let _ = done.send(Ok(std::mem::take(&mut self.rtts)));
+            }
+            return Ok(());
+        }
+        self.ping(cx)
+    }
+
+    fn on_close(&mut self, reason: &CloseReason) {
+        if let Some(done) = self.done.take() {
+            let _ = done.send(Err(anyhow::anyhow!("connection closed: {reason}")));
+        }
+    }
+}
+
 async fn connect_all(client: &Client, args: &Args, n: usize) -> Result<Vec<ClientConnection>> {
     let mut conns = Vec::with_capacity(n);
     for _ in 0..n {
@@ -116,7 +206,29 @@ async fn run(args: Args) -> Result<()> {
         ..NodeConfig::default()
     })?;
     match args.run {
-        Run::Latency { iters, size } => {
+        Run::Latency {
+            iters,
+            size,
+            session: true,
+        } => {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let pinger = Pinger {
+                payload: vec![0x5a; size],
+                warmup: 100,
+                left: iters,
+                sent_at: Instant::now(),
+                rtts: Vec::with_capacity(iters),
+                done: Some(tx),
+            };
+            let conn = client
+                .connect_session(args.addr, &args.service, pinger)
+                .await
+                .context("connect")?;
+            let rtts = rx.await.context("the session ended early")??;
+            conn.close().await;
+            report_latency(size, iters, rtts);
+        }
+        Run::Latency { iters, size, .. } => {
             let conn = connect_all(&client, &args, 1).await?.remove(0);
             // The loop runs on the poller thread that also runs the connection's actor,
             // so a reply reaches it without a thread wake-up.
@@ -136,14 +248,7 @@ async fn run(args: Args) -> Result<()> {
                 })
                 .await
                 .context("poller stopped")??;
-            let mut rtts = rtts;
-            rtts.sort();
-            let pct = |p: f64| rtts[((rtts.len() - 1) as f64 * p) as usize].as_secs_f64() * 1e6;
-            println!(
-                "RESULT kind=latency size={size} iters={iters} p50_us={:.2} p99_us={:.2}",
-                pct(0.50),
-                pct(0.99)
-            );
+            report_latency(size, iters, rtts);
         }
         Run::Rate {
             connections,
@@ -181,6 +286,47 @@ async fn run(args: Args) -> Result<()> {
                 "RESULT kind=rate connections={connections} window={window} size={size} requests={total} req_per_s={rate:.0}"
             );
         }
+        Run::Stream {
+            connections,
+            window,
+            size,
+            secs,
+        } => {
+            let conns = connect_all(&client, &args, connections).await?;
+            let start = Instant::now();
+            let total = client
+                .run_on_poller(async move {
+                    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+                    let streams = conns.iter().map(|conn| async move {
+                        let payload = vec![0x3c; size];
+                        let mut sent = 0u64;
+                        while Instant::now() < deadline {
+                            let sends = (0..window).map(|_| conn.send(payload.clone()));
+                            for r in futures::future::join_all(sends).await {
+                                r?;
+                            }
+                            sent += window as u64;
+                            let count: u64 = conn.request_typed(&()).await?;
+                            anyhow::ensure!(
+                                count == sent,
+                                "server received {count} messages, {sent} were sent"
+                            );
+                        }
+                        anyhow::Ok(sent)
+                    });
+                    let mut total = 0;
+                    for r in futures::future::join_all(streams).await {
+                        total += r?;
+                    }
+                    anyhow::Ok(total)
+                })
+                .await
+                .context("poller stopped")??;
+            let rate = total as f64 / start.elapsed().as_secs_f64();
+            println!(
+                "RESULT kind=stream connections={connections} window={window} size={size} messages={total} msg_per_s={rate:.0}"
+            );
+        }
         Run::Echo {
             connections,
             requests,
@@ -203,9 +349,20 @@ async fn run(args: Args) -> Result<()> {
             }
             println!("RESULT kind=echo connections={connections} requests={total}");
         }
-        Run::Connect { connections, hold } => {
+        Run::Connect {
+            connections,
+            parallel,
+            hold,
+        } => {
             let start = Instant::now();
-            let conns = connect_all(&client, &args, connections).await?;
+            let mut conns = Vec::with_capacity(connections);
+            while conns.len() < connections {
+                let n = parallel.max(1).min(connections - conns.len());
+                let batch = (0..n).map(|_| client.connect(args.addr, &args.service));
+                for c in futures::future::join_all(batch).await {
+                    conns.push(c.context("connect")?);
+                }
+            }
             let rate = connections as f64 / start.elapsed().as_secs_f64();
             println!("RESULT kind=connect connections={connections} conn_per_s={rate:.1}");
             actix_rt::time::sleep(Duration::from_secs_f64(hold)).await;

@@ -16,7 +16,7 @@ use anyhow::{bail, Context as _, Result};
 use clap::{Parser, ValueEnum};
 use rdmactor::memory::PoolConfig;
 use rdmactor::runtime::{NodeConfig, PollMode, Server};
-use rdmactor_services::echo::{Echo, RawEcho};
+use rdmactor_services::echo::{Discard, Echo, RawEcho};
 use rdmactor_services::file_transfer::{Config as FilesConfig, FileTransfer};
 use rdmactor_services::ingest::{IngestConfig, IngestService, Record};
 use rdmactor_services::lambda::{
@@ -165,6 +165,7 @@ fn main() -> Result<()> {
             .config(config)
             .max_connections(args.max_connections)
             .service("echo", Echo)
+            .service("discard", Discard)
             .service("raw-echo", RawEcho::default())
             .service("pingpong", PingPongService)
             .service("rping", Rping::default())

@@ -85,11 +85,37 @@ impl Client {
         addr: SocketAddr,
         service: &str,
     ) -> Result<ClientConnection, ConnectError> {
+        self.connect_inner(addr, service, None).await
+    }
+
+    /// Connects to `service` at `addr` with the application's own [`Session`] driving the
+    /// connection, exactly as a server's service does: it sees every message and the
+    /// completions of the one-sided operations it posts, on the connection's own thread,
+    /// with no hop through a channel per message (the lowest-latency way to run a client
+    /// protocol). The returned handle closes the connection and can still run one-sided
+    /// operations; `request` and `recv` are not available, as messages go to `session`.
+    pub async fn connect_session(
+        &self,
+        addr: SocketAddr,
+        service: &str,
+        session: impl Session,
+    ) -> Result<ClientConnection, ConnectError> {
+        self.connect_inner(addr, service, Some(Box::new(session)))
+            .await
+    }
+
+    async fn connect_inner(
+        &self,
+        addr: SocketAddr,
+        service: &str,
+        session: Option<Box<dyn Session>>,
+    ) -> Result<ClientConnection, ConnectError> {
         let (tx, rx) = oneshot::channel();
         self.cm.do_send(Connect {
             addr,
             service: service.to_owned(),
             reply: tx,
+            session,
         });
         let (conn, inbox) = rx.await.map_err(|_| ConnectError::ShuttingDown)??;
         Ok(ClientConnection {
@@ -285,11 +311,16 @@ pub(crate) struct ClientSession {
     requests: HashMap<u32, Reply<Vec<u8>>>,
     ops: HashMap<OpId, PendingOp>,
     inbox: mpsc::UnboundedSender<Message>,
+    /// The application's session (see [`Client::connect_session`]), which then gets
+    /// every message and the completions of its own operations.
+    user: Option<Box<dyn Session>>,
 }
 
 impl ClientSession {
     /// A session and the receiving end of its inbox of unsolicited messages.
-    pub(crate) fn new() -> (ClientSession, mpsc::UnboundedReceiver<Message>) {
+    pub(crate) fn new(
+        user: Option<Box<dyn Session>>,
+    ) -> (ClientSession, mpsc::UnboundedReceiver<Message>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let session = ClientSession {
             // Tag 0 is reserved for one-way messages in both directions.
@@ -297,13 +328,24 @@ impl ClientSession {
             requests: HashMap::new(),
             ops: HashMap::new(),
             inbox: tx,
+            user,
         };
         (session, rx)
     }
 }
 
 impl Session for ClientSession {
-    fn on_message(&mut self, _cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
+    fn on_established(&mut self, cx: &mut SessionCx<'_>) -> Result<(), SessionError> {
+        match &mut self.user {
+            Some(user) => user.on_established(cx),
+            None => Ok(()),
+        }
+    }
+
+    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
+        if let Some(user) = &mut self.user {
+            return user.on_message(cx, msg);
+        }
         if msg.tag == 0 {
             // Unsolicited (one-way message or WRITE_WITH_IMM); nobody listening is fine.
             let _ = self.inbox.send(msg);
@@ -328,7 +370,10 @@ impl Session for ClientSession {
         result: crate::verbs::Result<()>,
     ) -> Result<(), SessionError> {
         let Some(pending) = self.ops.remove(&op) else {
-            return Err(SessionError::new(format!("completion of unknown {op:?}")));
+            return match &mut self.user {
+                Some(user) => user.on_op(cx, op, result),
+                None => Err(SessionError::new(format!("completion of unknown {op:?}"))),
+            };
         };
         let fail = |e: &VerbsError| RequestError::Failed(e.to_string());
         match pending {
@@ -359,6 +404,9 @@ impl Session for ClientSession {
     }
 
     fn on_close(&mut self, reason: &CloseReason) {
+        if let Some(user) = &mut self.user {
+            user.on_close(reason);
+        }
         // Replies will not come any more. One-sided operations still get their own
         // completion (their real status, or a flush) while the connection drains; any
         // left unanswered end with the session, as "connection gone".
@@ -374,6 +422,10 @@ impl ClientSession {
         match call {
             ClientCall::Send { data, reply } => {
                 let _ = reply.send(cx.send(0, data).map_err(invalid));
+            }
+            ClientCall::Request { reply, .. } if self.user.is_some() => {
+                let why = "this connection's messages go to its own session";
+                drop(reply.send(Err(RequestError::Invalid(why.into()))));
             }
             ClientCall::Request { data, reply } => {
                 let tag = self.next_tag;

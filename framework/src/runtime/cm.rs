@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 use super::client::{ClientSession, ConnectError};
 use super::connection::{CmNotice, ConnClosed, ConnectionActor};
 use super::node::Node;
-use super::service::{Framing, PeerInfo, Service};
+use super::service::{Framing, PeerInfo, Service, Session};
 use super::CloseReason;
 use crate::proto::credits::MIN_DEPTH;
 use crate::proto::hello::{Hello, Reject, RejectCode, Welcome, PROTOCOL_VERSION};
@@ -44,6 +44,7 @@ struct Connecting {
     reply: Option<oneshot::Sender<Result<(ClientAddr, Inbox), ConnectError>>>,
     conn: Option<ClientAddr>,
     inbox: Option<Inbox>,
+    session: Option<Box<dyn Session>>,
 }
 
 /// Counters the CM actor keeps.
@@ -337,9 +338,12 @@ impl CmActor {
     }
 
     fn on_route_resolved(&mut self, key: CmIdKey, ctx: &mut Context<Self>) {
-        let c = &self.connecting[&key];
+        let Some(c) = self.connecting.get_mut(&key) else {
+            return;
+        };
         let id = c.id.clone();
         let service = c.service.clone();
+        let user = c.session.take();
         let core = match self.node.prepare(&id, Framing::Framed, None) {
             Ok(core) => core,
             Err(e) => return self.fail_connect(key, ConnectError::Resources(e)),
@@ -353,7 +357,7 @@ impl CmActor {
         );
         let routes = self.node.routes.clone();
         let arbiter = core.arbiter();
-        let (session, inbox) = ClientSession::new();
+        let (session, inbox) = ClientSession::new(user);
         let actor = ConnectionActor::new(
             core,
             session,
@@ -455,6 +459,8 @@ pub(crate) struct Connect {
     pub addr: SocketAddr,
     pub service: String,
     pub reply: oneshot::Sender<Result<(ClientAddr, Inbox), ConnectError>>,
+    /// The application's own session for this connection, if any.
+    pub session: Option<Box<dyn Session>>,
 }
 
 impl Handler<Connect> for CmActor {
@@ -483,6 +489,7 @@ impl Handler<Connect> for CmActor {
                 reply: Some(msg.reply),
                 conn: None,
                 inbox: None,
+                session: msg.session,
             },
         );
     }

@@ -26,8 +26,19 @@ use crate::verbs::{
     SendOp, SendWr, VerbsError, WcOpcode, WorkCompletion,
 };
 
+/// SENDs up to this size are copied into the work request (the QP's max_inline_data).
+pub(crate) const INLINE_MAX: usize = 128;
+
+/// Most SENDs posted with one doorbell.
+const MAX_BATCH: usize = 32;
+
 /// How long teardown waits for flushed completions before giving up on them.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// At most this many SENDs in a row go unsignalled. Each completion costs the poller a
+/// CQ entry and the actor a turn; a send's buffer only needs to come back eventually, and
+/// a signalled completion on the send queue means every earlier request there is done.
+const SIGNAL_EVERY: usize = 16;
 
 /// Largest message a framed connection accepts through rendezvous.
 pub const MAX_MESSAGE: usize = 1 << 30;
@@ -130,7 +141,13 @@ enum Wr {
     Recv(usize),
     /// A memory-window bind (see `SessionCx::register`).
     Bind,
-    Send(#[allow(dead_code)] Lease),
+    /// A SEND; `seq` orders it among this connection's SENDs (see `Core::unsignaled`).
+    Send {
+        #[allow(dead_code)]
+        lease: Option<Lease>,
+        seq: u64,
+        signaled: bool,
+    },
     RendezvousRead {
         buf: Buf,
         seq: u64,
@@ -142,6 +159,12 @@ enum Wr {
         op: OpId,
         buf: BufId,
     },
+}
+
+struct QueuedSend {
+    wr_id: usize,
+    len: usize,
+    op: SendOp,
 }
 
 enum Outgoing {
@@ -189,6 +212,12 @@ pub(crate) struct Core {
     recv_size: usize,
     credits: Option<CreditWindow>,
     inflight: Slab<Wr>,
+    /// Unsignalled SENDs still holding a send-queue slot and their buffer, oldest first,
+    /// as (seq, wr_id): released when a later signalled SEND completes.
+    unsignaled: VecDeque<(u64, usize)>,
+    send_seq: u64,
+    /// SENDs decided this turn, posted together by `flush_sends`.
+    batch: Vec<QueuedSend>,
     send_outstanding: u32,
     send_depth: u32,
     pending: VecDeque<Outgoing>,
@@ -227,6 +256,9 @@ impl Core {
             recv_size: p.recv_size,
             credits: p.credits,
             inflight: Slab::new(),
+            unsignaled: VecDeque::new(),
+            send_seq: 0,
+            batch: Vec::new(),
             send_outstanding: 0,
             send_depth: p.send_depth,
             pending: VecDeque::new(),
@@ -279,6 +311,16 @@ impl Core {
 
     /// Posts as much queued work as credits and the send queue allow.
     fn pump(&mut self) -> Result<(), CloseReason> {
+        match self.pump_queued() {
+            Ok(()) => self.flush_sends(),
+            Err(reason) => {
+                self.forget_batch();
+                Err(reason)
+            }
+        }
+    }
+
+    fn pump_queued(&mut self) -> Result<(), CloseReason> {
         while self.closing.is_none() && self.send_outstanding < self.send_depth {
             let Some(next) = self.pending.front() else {
                 break;
@@ -336,16 +378,116 @@ impl Core {
         self.post_send_lease(lease, total, SendOp::Send)
     }
 
+    /// Queues a SEND of `lease[..len]`; [`Core::flush_sends`] posts the queued ones with
+    /// one doorbell (one system call on software providers) per actor turn.
     fn post_send_lease(&mut self, lease: Lease, len: usize, op: SendOp) -> Result<(), CloseReason> {
-        let entry = self.inflight.vacant_entry();
-        let wr_id = entry.key() as u64;
-        let sge = lease.sge(0..len).map_err(CloseReason::from_verbs)?;
-        let mut wr = SendWr::new(wr_id, op, Some(sge));
-        wr.inline = len <= 64;
-        self.qp.post_send(&wr).map_err(CloseReason::from_verbs)?;
-        entry.insert(Wr::Send(lease));
+        // Signal every SIGNAL_EVERY-th SEND, and always when the send queue is filling
+        // up, so a signalled completion is always on its way while slots are scarce.
+        let signaled = self.unsignaled.len() + 1 >= SIGNAL_EVERY
+            || self.send_outstanding as usize + SIGNAL_EVERY >= self.send_depth as usize;
+        let seq = self.send_seq;
+        self.send_seq += 1;
+        let wr_id = self.inflight.insert(Wr::Send {
+            lease: Some(lease),
+            seq,
+            signaled,
+        });
+        if !signaled {
+            self.unsignaled.push_back((seq, wr_id));
+        }
+        self.batch.push(QueuedSend { wr_id, len, op });
         self.send_outstanding += 1;
+        if self.batch.len() >= MAX_BATCH {
+            self.flush_sends()?;
+        }
         Ok(())
+    }
+
+    /// Posts the SENDs queued by [`Core::post_send_lease`] as one chain. Called at the end
+    /// of every pump and before any other send-queue post, so the queue's order is the
+    /// order in which work was decided.
+    fn flush_sends(&mut self) -> Result<(), CloseReason> {
+        if self.batch.is_empty() {
+            return Ok(());
+        }
+        let mut wrs = Vec::with_capacity(self.batch.len());
+        for q in &self.batch {
+            let Some(Wr::Send {
+                lease: Some(lease),
+                signaled,
+                ..
+            }) = self.inflight.get(q.wr_id)
+            else {
+                unreachable!("a queued SEND owns its lease");
+            };
+            let sge = lease.sge(0..q.len).map_err(CloseReason::from_verbs)?;
+            let mut wr = SendWr::new(q.wr_id as u64, q.op, Some(sge));
+            wr.inline = q.len <= INLINE_MAX;
+            wr.signaled = *signaled;
+            wrs.push(wr);
+        }
+        let posted = match wrs.as_slice() {
+            [wr] => self.qp.post_send(wr),
+            list => self.qp.post_send_list(list),
+        };
+        if let Err(e) = posted {
+            self.forget_batch();
+            return Err(CloseReason::from_verbs(e));
+        }
+        self.batch.clear();
+        Ok(())
+    }
+
+    /// The connection is ending with SENDs queued but not posted: none of them will
+    /// complete, so they must not hold up the drain.
+    fn forget_batch(&mut self) {
+        for q in std::mem::take(&mut self.batch) {
+            if let Some(Wr::Send { seq, .. }) = self.inflight.try_remove(q.wr_id) {
+                self.unsignaled.retain(|&(s, _)| s != seq);
+            }
+            self.send_outstanding -= 1;
+        }
+    }
+
+    /// A signalled SEND numbered `seq` completed: every unsignalled SEND before it has
+    /// completed too (a send queue completes in order), so their slots and buffers return.
+    fn release_unsignaled(&mut self, seq: u64) {
+        while let Some(&(s, wr_id)) = self.unsignaled.front() {
+            if s >= seq {
+                break;
+            }
+            self.unsignaled.pop_front();
+            // An unsignalled SEND that failed or was flushed completed on its own and is
+            // gone already; its slot may even hold a newer request, so check the seq.
+            if matches!(self.inflight.get(wr_id), Some(Wr::Send { seq: q, .. }) if *q == s) {
+                self.inflight.remove(wr_id);
+                self.send_outstanding -= 1;
+            }
+        }
+    }
+
+    /// Called once the QP is in the error state. Unsignalled SENDs that already
+    /// succeeded will never produce a completion, so post one signalled, empty SEND: the
+    /// QP flushes it, and its completion accounts for everything before it.
+    fn flush_unsignaled(&mut self) {
+        if self.unsignaled.is_empty() {
+            return;
+        }
+        let entry = self.inflight.vacant_entry();
+        let wr = SendWr::new(entry.key() as u64, SendOp::Send, None);
+        match self.qp.post_send(&wr) {
+            Ok(()) => {
+                let seq = self.send_seq;
+                self.send_seq += 1;
+                entry.insert(Wr::Send {
+                    lease: None,
+                    seq,
+                    signaled: true,
+                });
+                self.send_outstanding += 1;
+            }
+            Err(e) => tracing::warn!(error = %e, "posting the flush marker failed"),
+        }
     }
 
     fn post_outgoing(&mut self, item: Outgoing) -> Result<(), CloseReason> {
@@ -385,13 +527,17 @@ impl Core {
                 };
                 self.post_send_lease(lease, bytes.len(), op)
             }
-            Outgoing::Op { op, op_spec } => self.post_op(op, op_spec),
+            Outgoing::Op { op, op_spec } => {
+                self.flush_sends()?;
+                self.post_op(op, op_spec)
+            }
             Outgoing::Read {
                 seq,
                 tag,
                 offer,
                 len,
             } => {
+                self.flush_sends()?;
                 let buf = if len <= self.pool.largest() {
                     Buf::Pooled(self.pool.lease(len).map_err(CloseReason::from_pool)?)
                 } else {
@@ -575,6 +721,14 @@ impl Core {
         if !matches!(wr, Wr::Recv(_)) {
             self.send_outstanding -= 1;
         }
+        if let Wr::Send {
+            seq,
+            signaled: true,
+            ..
+        } = wr
+        {
+            self.release_unsignaled(seq);
+        }
         if let Wr::Op { op, buf } = &wr {
             // Reported even while closing: the operation's own status (a remote access
             // error, say) is more useful to the session than "disconnected".
@@ -589,7 +743,7 @@ impl Core {
         }
         match wr {
             Wr::Recv(slot) => self.handle_recv(slot, wc)?,
-            Wr::Send(_) | Wr::Op { .. } | Wr::Bind => {}
+            Wr::Send { .. } | Wr::Op { .. } | Wr::Bind => {}
             Wr::RendezvousRead {
                 buf,
                 seq,
@@ -922,8 +1076,11 @@ impl<S: Session> ConnectionActor<S> {
         self.reason = Some(reason);
         // Both sides may disconnect at once; a second call fails harmlessly.
         let _ = core.id.disconnect();
-        if let Err(e) = core.qp.to_error() {
-            tracing::warn!(conn = %self.label, error = %e, "moving the QP to error failed");
+        match core.qp.to_error() {
+            Ok(()) => core.flush_unsignaled(),
+            Err(e) => {
+                tracing::warn!(conn = %self.label, error = %e, "moving the QP to error failed")
+            }
         }
         if core.inflight.is_empty() {
             self.finish(ctx);

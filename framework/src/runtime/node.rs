@@ -70,7 +70,7 @@ impl Node {
             max_recv_wr: depth,
             max_send_sge: 1,
             max_recv_sge: 1,
-            max_inline_data: 64,
+            max_inline_data: super::connection::INLINE_MAX as u32,
         };
         let qp = id
             .create_qp(&self.pd, cq.cq(), cq.cq(), caps)

@@ -430,6 +430,20 @@ impl QueuePair {
 
     /// Posts receive requests with one doorbell.
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        if let [wr] = wrs {
+            // One receive (the reposting path, once per message): no allocation.
+            let mut sge = raw_sge(wr.local);
+            let mut raw = ibv_recv_wr {
+                wr_id: wr.wr_id,
+                next: std::ptr::null_mut(),
+                sg_list: &mut sge,
+                num_sge: wr.local.is_some() as i32,
+            };
+            let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
+            // SAFETY: `raw` and `sge` live across the call; see `post_send`.
+            let ret = unsafe { ibv_post_recv(self.inner.qp.as_ptr(), &mut raw, &mut bad) };
+            return check(Verb::PostRecv, ret);
+        }
         if wrs.is_empty() {
             return Ok(());
         }

@@ -77,3 +77,33 @@ impl Session for RawEchoSession {
         cx.send_raw(&msg.data, msg.imm)
     }
 }
+
+/// `discard`: one-way messages (tag 0) are counted and dropped; a request (any other
+/// tag) is answered with the count so far, postcard-encoded as a `u64`. Messages on a
+/// connection arrive in order, so that answer doubles as a barrier: every message sent
+/// before the request has been received. The load for one-way message-rate runs (what
+/// `ib_send_bw` measures), with credits as the only back-pressure.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Discard;
+
+impl Service for Discard {
+    fn session(&self, _peer: &PeerInfo) -> Box<dyn Session> {
+        Box::new(DiscardSession { received: 0 })
+    }
+}
+
+struct DiscardSession {
+    received: u64,
+}
+
+impl Session for DiscardSession {
+    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
+        if msg.tag == 0 {
+            self.received += 1;
+            return Ok(());
+        }
+        let count =
+            postcard::to_allocvec(&self.received).map_err(|e| SessionError::new(e.to_string()))?;
+        cx.reply(&msg, count)
+    }
+}
