@@ -118,6 +118,18 @@ async fn echo(conn: &ClientConnection, payload: Vec<u8>) -> Result<()> {
     Ok(())
 }
 
+/// Runs `counters` concurrently and adds up their counts (the first error wins).
+async fn sum_all<F>(counters: impl IntoIterator<Item = F>) -> Result<u64>
+where
+    F: std::future::Future<Output = Result<u64>>,
+{
+    let mut total = 0;
+    for r in futures::future::join_all(counters).await {
+        total += r?;
+    }
+    Ok(total)
+}
+
 fn report_latency(size: usize, iters: usize, mut rtts: Vec<Duration>) {
     rtts.sort();
     let pct = |p: f64| rtts[((rtts.len() - 1) as f64 * p) as usize].as_secs_f64() * 1e6;
@@ -273,11 +285,7 @@ async fn run(args: Args) -> Result<()> {
                             }
                             anyhow::Ok(done)
                         });
-                    let mut total = 0;
-                    for r in futures::future::join_all(workers).await {
-                        total += r?;
-                    }
-                    anyhow::Ok(total)
+                    sum_all(workers).await
                 })
                 .await
                 .context("poller stopped")??;
@@ -314,11 +322,7 @@ async fn run(args: Args) -> Result<()> {
                         }
                         anyhow::Ok(sent)
                     });
-                    let mut total = 0;
-                    for r in futures::future::join_all(streams).await {
-                        total += r?;
-                    }
-                    anyhow::Ok(total)
+                    sum_all(streams).await
                 })
                 .await
                 .context("poller stopped")??;

@@ -2,12 +2,11 @@
 //! mixed sizes (the large ones through the rendezvous path); then everything disconnects
 //! and the `rdma resource` counts return to baseline.
 
-use std::time::Duration;
-
 use rdmactor::runtime::{Client, NodeConfig, Server};
 use rdmactor_services::echo::{Discard, Echo, EchoRequest, EchoResponse};
 use rdmactor_tests::{
-    actix_run, assert_released, pattern, rdma_context, resource_counts, test_addr, wait_idle,
+    actix_run, assert_released, close_all, connect_n, pattern, rdma_context, resource_counts,
+    test_addr,
 };
 
 /// Payload sizes cycled through: eager frames up to 4 KiB, the RDMA READ rendezvous above
@@ -36,10 +35,7 @@ fn many_clients_echo_mixed_sizes() {
             .expect("server");
         let addr = server.local_addrs()[0];
         let client = Client::start(NodeConfig::default()).expect("client");
-        let mut conns = Vec::new();
-        for _ in 0..clients {
-            conns.push(client.connect(addr, "echo").await.expect("connect"));
-        }
+        let conns = connect_n(&client, addr, "echo", clients).await;
         assert_eq!(server.stats().await.connections, clients);
 
         let tasks = conns
@@ -63,24 +59,8 @@ fn many_clients_echo_mixed_sizes() {
                 }
             });
         futures::future::join_all(tasks).await;
-
-        for conn in conns {
-            conn.close().await;
-        }
-        wait_idle(
-            &server,
-            "server connections to close",
-            Duration::from_secs(20),
-        )
-        .await;
-        let stats = server.stats().await;
-        assert_eq!(stats.accepted, clients as u64);
-        assert_eq!(
-            stats.pool.leased.iter().sum::<usize>(),
-            0,
-            "every lease returned: {stats:?}"
-        );
-        client.shutdown().await;
+        close_all(&server, client, conns).await;
+        assert_eq!(server.stats().await.accepted, clients as u64);
         server.shutdown().await;
     });
     assert_released(&base);
@@ -104,10 +84,7 @@ fn one_way_messages_all_arrive() {
             .expect("server");
         let addr = server.local_addrs()[0];
         let client = Client::start(NodeConfig::default()).expect("client");
-        let mut conns = Vec::new();
-        for _ in 0..clients {
-            conns.push(client.connect(addr, "discard").await.expect("connect"));
-        }
+        let conns = connect_n(&client, addr, "discard", clients).await;
         let tasks = conns
             .iter()
             .cloned()
@@ -129,22 +106,7 @@ fn one_way_messages_all_arrive() {
                 }
             });
         futures::future::join_all(tasks).await;
-        for conn in conns {
-            conn.close().await;
-        }
-        wait_idle(
-            &server,
-            "server connections to close",
-            Duration::from_secs(20),
-        )
-        .await;
-        let stats = server.stats().await;
-        assert_eq!(
-            stats.pool.leased.iter().sum::<usize>(),
-            0,
-            "leases: {stats:?}"
-        );
-        client.shutdown().await;
+        close_all(&server, client, conns).await;
         server.shutdown().await;
     });
     assert_released(&base);

@@ -21,8 +21,8 @@ use rdmactor_services::file_transfer::{
     FileTransfer, HashAlg, Msg, Outcome, Progress, RejectReason, SendOptions, WindowGrant,
 };
 use rdmactor_tests::{
-    actix_run, assert_released, eventually, rdma_context, resource_counts, target_bin, test_addr,
-    wait_idle,
+    actix_run, assert_released, close_all, eventually, rdma_context, resource_counts, target_bin,
+    test_addr, wait_idle,
 };
 use sha2::{Digest as _, Sha256};
 
@@ -159,25 +159,6 @@ fn files_server(config: Config) -> Server {
         .service("files", FileTransfer::new(config).expect("files service"))
         .start()
         .expect("server")
-}
-
-async fn close_all(server: &Server, client: Client, conns: Vec<ClientConnection>) {
-    for conn in conns {
-        conn.close().await;
-    }
-    wait_idle(
-        server,
-        "server connections to close",
-        Duration::from_secs(20),
-    )
-    .await;
-    let stats = server.stats().await;
-    assert_eq!(
-        stats.pool.leased.iter().sum::<usize>(),
-        0,
-        "leases returned: {stats:?}"
-    );
-    client.shutdown().await;
 }
 
 /// Sends `path` as `name` and returns the outcome and the window the server granted.

@@ -200,3 +200,43 @@ pub async fn wait_idle(server: &rdmactor::runtime::Server, what: &str, timeout: 
     })
     .await;
 }
+
+/// Closes `conns`, waits until `server` has released them, checks every pool lease came
+/// back, and shuts `client` down.
+pub async fn close_all(
+    server: &rdmactor::runtime::Server,
+    client: rdmactor::runtime::Client,
+    conns: Vec<rdmactor::runtime::ClientConnection>,
+) {
+    for conn in conns {
+        conn.close().await;
+    }
+    wait_idle(
+        server,
+        "server connections to close",
+        Duration::from_secs(20),
+    )
+    .await;
+    let stats = server.stats().await;
+    assert_eq!(
+        stats.pool.leased.iter().sum::<usize>(),
+        0,
+        "leases returned: {stats:?}"
+    );
+    client.shutdown().await;
+}
+
+/// Opens `n` connections to `service` at `addr`, one after another.
+pub async fn connect_n(
+    client: &rdmactor::runtime::Client,
+    addr: std::net::SocketAddr,
+    service: &str,
+    n: usize,
+) -> Vec<rdmactor::runtime::ClientConnection> {
+    let mut conns = Vec::with_capacity(n);
+    for i in 0..n {
+        let conn = client.connect(addr, service).await;
+        conns.push(conn.unwrap_or_else(|e| panic!("connect {i} to {service}: {e}")));
+    }
+    conns
+}
