@@ -155,6 +155,11 @@ impl<S: ChunkSource> Pool<S> {
         }
     }
 
+    /// The smallest size class.
+    pub fn smallest(&self) -> usize {
+        self.shared.config.classes.first().copied().unwrap_or(0)
+    }
+
     /// The largest chunk the pool hands out.
     pub fn largest(&self) -> usize {
         self.shared.config.classes.last().copied().unwrap_or(0)

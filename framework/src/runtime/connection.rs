@@ -29,6 +29,9 @@ use crate::verbs::{
 /// SENDs up to this size are copied into the work request (the QP's max_inline_data).
 pub(crate) const INLINE_MAX: usize = 128;
 
+/// Send buffers a connection keeps for reuse (of the pool's smallest class).
+const SPARE_BUFFERS: usize = 4;
+
 /// Most SENDs posted with one doorbell.
 const MAX_BATCH: usize = 32;
 
@@ -216,6 +219,8 @@ pub(crate) struct Core {
     /// as (seq, wr_id): released when a later signalled SEND completes.
     unsignaled: VecDeque<(u64, usize)>,
     send_seq: u64,
+    /// Buffers of completed small SENDs, reused by the next ones.
+    spare: Vec<Lease>,
     /// SENDs decided this turn, posted together by `flush_sends`.
     batch: Vec<QueuedSend>,
     send_outstanding: u32,
@@ -258,6 +263,7 @@ impl Core {
             inflight: Slab::new(),
             unsignaled: VecDeque::new(),
             send_seq: 0,
+            spare: Vec::new(),
             batch: Vec::new(),
             send_outstanding: 0,
             send_depth: p.send_depth,
@@ -365,7 +371,7 @@ impl Core {
         let credits = self.credits.as_mut().expect("framed");
         let grant = credits.take_for_send();
         let total = HEADER_LEN + body.len();
-        let mut lease = self.pool.lease(total).map_err(CloseReason::from_pool)?;
+        let mut lease = self.send_buffer(total)?;
         let header = Header {
             kind,
             credits: grant,
@@ -449,6 +455,32 @@ impl Core {
         }
     }
 
+    /// A buffer for an outgoing SEND of `len` bytes: a spare one of this connection's when
+    /// it fits, else a lease from the shared pool (whose lock and reference count are
+    /// then paid once per message).
+    fn send_buffer(&mut self, len: usize) -> Result<Lease, CloseReason> {
+        match self.spare.pop() {
+            Some(lease) if lease.len() >= len => Ok(lease),
+            other => {
+                self.spare.extend(other);
+                self.pool.lease(len).map_err(CloseReason::from_pool)
+            }
+        }
+    }
+
+    /// Keeps a completed SEND's buffer for the next one (up to SPARE_BUFFERS of the
+    /// smallest size class), or lets it return to the pool.
+    fn recycle(&mut self, wr: Wr) {
+        if let Wr::Send {
+            lease: Some(lease), ..
+        } = wr
+        {
+            if self.spare.len() < SPARE_BUFFERS && lease.len() <= self.pool.smallest() {
+                self.spare.push(lease);
+            }
+        }
+    }
+
     /// A signalled SEND numbered `seq` completed: every unsignalled SEND before it has
     /// completed too (a send queue completes in order), so their slots and buffers return.
     fn release_unsignaled(&mut self, seq: u64) {
@@ -460,8 +492,9 @@ impl Core {
             // An unsignalled SEND that failed or was flushed completed on its own and is
             // gone already; its slot may even hold a newer request, so check the seq.
             if matches!(self.inflight.get(wr_id), Some(Wr::Send { seq: q, .. }) if *q == s) {
-                self.inflight.remove(wr_id);
+                let wr = self.inflight.remove(wr_id);
                 self.send_outstanding -= 1;
+                self.recycle(wr);
             }
         }
     }
@@ -516,10 +549,7 @@ impl Core {
             Outgoing::Credit => self.post_frame(FrameKind::Credit, 0, 0, &[]),
             Outgoing::Done { tag } => self.post_frame(FrameKind::RendezvousDone, tag, 0, &[]),
             Outgoing::Raw { bytes, imm } => {
-                let mut lease = self
-                    .pool
-                    .lease(bytes.len().max(1))
-                    .map_err(CloseReason::from_pool)?;
+                let mut lease = self.send_buffer(bytes.len().max(1))?;
                 lease.as_mut_slice()[..bytes.len()].copy_from_slice(&bytes);
                 let op = match imm {
                     Some(v) => SendOp::SendWithImm(v),
@@ -721,13 +751,18 @@ impl Core {
         if !matches!(wr, Wr::Recv(_)) {
             self.send_outstanding -= 1;
         }
-        if let Wr::Send {
-            seq,
-            signaled: true,
-            ..
-        } = wr
-        {
-            self.release_unsignaled(seq);
+        if let Wr::Send { seq, signaled, .. } = wr {
+            if signaled {
+                self.release_unsignaled(seq);
+            }
+            if self.closing.is_some() {
+                return Ok(None);
+            }
+            if let Err(e) = wc.ok() {
+                return Err(CloseReason::Completion(e.to_string()));
+            }
+            self.recycle(wr);
+            return Ok(None);
         }
         if let Wr::Op { op, buf } = &wr {
             // Reported even while closing: the operation's own status (a remote access
