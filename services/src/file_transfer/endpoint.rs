@@ -5,6 +5,7 @@ use std::ops::Range;
 use std::path::PathBuf;
 
 use super::error::{Result, TransferError};
+use super::store::{StoreError, TempFile};
 use super::wire::{BadReason, Digest, Msg, RejectReason, RemoteWindow, SecretKey};
 
 /// One RDMA WRITE_WITH_IMM the sender's driver must post: fill staging bytes
@@ -76,7 +77,7 @@ pub enum Outcome {
 /// | output | receiver | sender |
 /// |---|---|---|
 /// | [`Send`](Self::Send) | yes | yes |
-/// | [`GrantWindow`](Self::GrantWindow), [`Revoke`](Self::Revoke) | yes | |
+/// | [`GrantWindow`](Self::GrantWindow), [`Revoke`](Self::Revoke), [`Commit`](Self::Commit) | yes | |
 /// | [`Stage`](Self::Stage), [`WriteChunk`](Self::WriteChunk) | | yes |
 /// | [`Finished`](Self::Finished) | yes | yes |
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,6 +102,11 @@ pub enum Output {
     /// Fill and post one chunk (see [`ChunkWrite`]); report its completion with
     /// [`Endpoint::handle_write_done`].
     WriteChunk(ChunkWrite),
+    /// The file checked out: take it with [`Endpoint::take_commit`], run
+    /// [`TempFile::commit`] (fsync, rename, fsync of the directory) off the thread that
+    /// serves the connection, and hand the result to [`Endpoint::handle_committed`]. The
+    /// verdict (GOOD, or BAD with `NotStored`) follows from it.
+    Commit,
     /// The transfer is over (a receiver may still answer one `Identify` after
     /// [`Outcome::Stored`]).
     Finished(Outcome),
@@ -195,6 +201,17 @@ pub trait Endpoint {
     /// No such WRITE in flight.
     fn handle_write_done(&mut self, index: u32) -> Result<()> {
         Err(unexpected(self, format!("completion of chunk {index}")))
+    }
+
+    /// The verified temporary file to commit, after [`Output::Commit`] (once).
+    fn take_commit(&mut self) -> Option<TempFile> {
+        None
+    }
+
+    /// How the commit asked for by [`Output::Commit`] ended.
+    fn handle_committed(&mut self, result: std::result::Result<PathBuf, StoreError>) -> Result<()> {
+        let _ = result;
+        Err(unexpected(self, "a commit result".into()))
     }
 }
 

@@ -19,6 +19,15 @@ use super::wire::{
     WindowGrant, MAX_CHUNKS,
 };
 
+/// A verified file waiting for its commit.
+#[derive(Debug)]
+struct Committing {
+    len: u64,
+    digest: super::wire::Digest,
+    /// Taken by the driver (`take_commit`); dropping it unused removes the temporary file.
+    temp: Option<TempFile>,
+}
+
 /// One accepted offer being received.
 #[derive(Debug)]
 struct Incoming {
@@ -53,6 +62,9 @@ enum State {
     Granting(Box<Incoming>),
     /// Chunks and then `Done`.
     Receiving(Box<Incoming>),
+    /// The hash matched; `Output::Commit` was emitted and the driver commits the file
+    /// (off its connection's thread) and reports with `handle_committed`.
+    Committing(Box<Committing>),
     /// The verdict was sent (or the offer rejected); `Identify` is still answered when
     /// the verdict was GOOD.
     Finished { may_identify: bool },
@@ -67,6 +79,7 @@ impl State {
             State::AwaitFetched { .. } => "waiting for the offer of the fetched file",
             State::Granting(_) => "registering the window",
             State::Receiving(_) => "receiving chunks",
+            State::Committing(_) => "storing the verified file",
             State::Finished { may_identify: true } => "finished with GOOD (Identify allowed)",
             State::Finished {
                 may_identify: false,
@@ -227,22 +240,27 @@ impl Receiver {
             ..
         } = *inc;
         let got = hasher.finalize();
-        let verdict = if got != offer.digest {
+        if got != offer.digest {
             drop(temp);
-            Err(BadReason::Mismatch { got })
-        } else {
-            temp.commit().map_err(|e| BadReason::NotStored {
-                reason: e.to_string(),
-            })
-        };
+            self.verdict(Err(BadReason::Mismatch { got }));
+            return Ok(());
+        }
+        // fsync and rename block: the driver runs them elsewhere and reports back.
+        self.out.push_back(Output::Commit);
+        self.state = State::Committing(Box::new(Committing {
+            len: offer.len,
+            digest: got,
+            temp: Some(temp),
+        }));
+        Ok(())
+    }
+
+    /// Sends the verdict and finishes: GOOD with what was stored, or BAD.
+    fn verdict(&mut self, verdict: std::result::Result<Outcome, BadReason>) {
         match verdict {
-            Ok(path) => {
+            Ok(stored) => {
                 self.out.push_back(Output::Send(Msg::Good));
-                self.out.push_back(Output::Finished(Outcome::Stored {
-                    path,
-                    len: offer.len,
-                    digest: got,
-                }));
+                self.out.push_back(Output::Finished(stored));
                 self.state = State::Finished { may_identify: true };
             }
             Err(reason) => {
@@ -255,7 +273,6 @@ impl Receiver {
                 };
             }
         }
-        Ok(())
     }
 }
 
@@ -375,6 +392,40 @@ impl Endpoint for Receiver {
         Ok(())
     }
 
+    fn take_commit(&mut self) -> Option<TempFile> {
+        match &mut self.state {
+            State::Committing(c) => c.temp.take(),
+            _ => None,
+        }
+    }
+
+    fn handle_committed(
+        &mut self,
+        result: std::result::Result<std::path::PathBuf, StoreError>,
+    ) -> Result<()> {
+        match mem::replace(&mut self.state, State::Failed) {
+            State::Committing(c) => {
+                self.verdict(
+                    result
+                        .map(|path| Outcome::Stored {
+                            path,
+                            len: c.len,
+                            digest: c.digest,
+                        })
+                        .map_err(|e| BadReason::NotStored {
+                            reason: e.to_string(),
+                        }),
+                );
+                Ok(())
+            }
+            state => {
+                self.state = state;
+                let e = unexpected(self, "a commit result".into());
+                self.fail(e)
+            }
+        }
+    }
+
     fn handle_window(&mut self, region: RemoteWindow) -> Result<()> {
         match mem::replace(&mut self.state, State::Failed) {
             State::Granting(mut inc) => {
@@ -435,8 +486,48 @@ mod tests {
         })
     }
 
+    /// Every output; a commit is carried out at once (a driver would do it elsewhere).
     fn drain(r: &mut Receiver) -> Vec<Output> {
-        std::iter::from_fn(|| r.poll_output()).collect()
+        let mut all = Vec::new();
+        while let Some(out) = r.poll_output() {
+            if out == Output::Commit {
+                let temp = r.take_commit().expect("a file to commit");
+                r.handle_committed(temp.commit()).unwrap();
+            }
+            all.push(out);
+        }
+        all
+    }
+
+    #[test]
+    fn the_verdict_waits_for_the_commit_and_a_failed_commit_is_bad() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = Receiver::new(config(dir.path()));
+        r.handle_msg(offer("late", b"")).unwrap();
+        drain(&mut r);
+        r.handle_msg(Msg::Done).unwrap();
+        assert_eq!(r.poll_output(), Some(Output::Commit));
+        assert_eq!(r.poll_output(), None, "no verdict before the commit");
+        assert!(!r.is_finished());
+        let temp = r.take_commit().unwrap();
+        assert!(r.take_commit().is_none(), "taken once");
+        drop(temp);
+        let failed = StoreError::Io {
+            op: "fsync",
+            path: dir.path().join("late"),
+            source: std::io::Error::other("disk on fire"),
+        };
+        r.handle_committed(Err(failed)).unwrap();
+        let out = drain(&mut r);
+        assert!(
+            matches!(&out[0], Output::Send(Msg::Bad { reason: BadReason::NotStored { reason } }) if reason.contains("disk on fire")),
+            "{out:?}"
+        );
+        assert!(!dir.path().join("late").exists());
+        assert!(
+            r.handle_committed(Ok(dir.path().join("x"))).is_err(),
+            "one result"
+        );
     }
 
     fn rejected(r: &mut Receiver) -> RejectReason {
@@ -481,9 +572,10 @@ mod tests {
         r.handle_msg(Msg::Done).unwrap();
         let out = drain(&mut r);
         assert_eq!(out[0], Output::Revoke);
-        assert_eq!(out[1], Output::Send(Msg::Good));
+        assert_eq!(out[1], Output::Commit);
+        assert_eq!(out[2], Output::Send(Msg::Good));
         assert!(matches!(
-            &out[2],
+            &out[3],
             Output::Finished(Outcome::Stored { len: 10, .. })
         ));
         assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), data);
@@ -505,7 +597,7 @@ mod tests {
         );
         r.handle_msg(Msg::Done).unwrap();
         let out = drain(&mut r);
-        assert_eq!(out[0], Output::Send(Msg::Good));
+        assert_eq!(out[..2], [Output::Commit, Output::Send(Msg::Good)]);
         assert_eq!(std::fs::read(dir.path().join("empty")).unwrap(), b"");
     }
 

@@ -153,6 +153,20 @@ impl Endpoint for Server {
         }
     }
 
+    fn take_commit(&mut self) -> Option<super::store::TempFile> {
+        self.role_mut().and_then(|ep| ep.take_commit())
+    }
+
+    fn handle_committed(
+        &mut self,
+        result: std::result::Result<std::path::PathBuf, super::store::StoreError>,
+    ) -> Result<()> {
+        match self.role_mut() {
+            Some(ep) => ep.handle_committed(result),
+            None => Err(super::endpoint::unexpected(self, "a commit result".into())),
+        }
+    }
+
     fn handle_write_done(&mut self, index: u32) -> Result<()> {
         match self.role_mut() {
             Some(ep) => ep.handle_write_done(index),

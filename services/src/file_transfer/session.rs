@@ -19,7 +19,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use rdmactor::runtime::{
-    BufId, CloseReason, Message, Op, OpId, PeerInfo, Service, Session, SessionCx, SessionError,
+    Blocking, BufId, CloseReason, Message, Op, OpId, PeerInfo, Service, Session, SessionCx,
+    SessionError,
 };
 use rdmactor::verbs::{Access, RemoteRegion};
 
@@ -27,6 +28,7 @@ use super::config::Config;
 use super::endpoint::{Endpoint, Outcome, Output};
 use super::error::{Result, TransferError};
 use super::server::Server;
+use super::store::StoreError;
 use super::wire::{Msg, RemoteWindow};
 
 /// The file-transfer service (register it as `files`): uploads into
@@ -34,8 +36,9 @@ use super::wire::{Msg, RemoteWindow};
 /// [`Config::secrets`]. See the [module docs](super) for the protocol.
 ///
 /// A `Fetch` hashes the whole requested file before the offer goes out, on the
-/// connection's poller thread: connections sharing that poller wait meanwhile. Fsync
-/// and rename at the end of an upload run there too.
+/// connection's poller thread: connections sharing that poller wait meanwhile. The fsync
+/// and rename that end an upload do not: they run on the runtime's blocking pool
+/// (`SessionCx::spawn_blocking`) and the verdict goes out when they are done.
 #[derive(Debug, Clone)]
 pub struct FileTransfer {
     config: Arc<Config>,
@@ -79,6 +82,7 @@ impl Service for FileTransfer {
             staging: None,
             writes: HashMap::new(),
             transfer: 0,
+            commit: None,
         })
     }
 }
@@ -101,7 +105,14 @@ struct FileSession {
     /// after its verdict the state machine may already be in a new role that would
     /// take it for a protocol error.
     transfer: u64,
+    /// The commit (fsync, rename) of a verified upload, running on the blocking pool.
+    /// If the connection closes first, it still finishes: the file was complete and
+    /// verified, only the verdict is lost.
+    commit: Option<Blocking<std::result::Result<std::path::PathBuf, StoreError>>>,
 }
+
+/// The `on_wake` token of a finished commit.
+const COMMIT_DONE: u64 = 1;
 
 fn fail(e: TransferError) -> SessionError {
     SessionError::new(format!("file transfer: {e}"))
@@ -173,6 +184,12 @@ impl FileSession {
                         imm: Some(chunk.imm()),
                     })?;
                     self.writes.insert(op, (self.transfer, chunk.index));
+                }
+                Output::Commit => {
+                    let temp = self.server()?.take_commit().ok_or_else(|| {
+                        SessionError::new("file transfer: a commit asked for without a file")
+                    })?;
+                    self.commit = Some(cx.spawn_blocking(COMMIT_DONE, move || temp.commit()));
                 }
                 Output::Finished(outcome) => {
                     self.log(&outcome);
@@ -257,9 +274,37 @@ impl Session for FileSession {
         self.drive(cx)
     }
 
+    fn on_wake(
+        &mut self,
+        cx: &mut SessionCx<'_>,
+        token: u64,
+    ) -> std::result::Result<(), SessionError> {
+        if token != COMMIT_DONE {
+            return Ok(());
+        }
+        let Some(result) = self.commit.as_ref().and_then(Blocking::try_take) else {
+            return Ok(());
+        };
+        self.commit = None;
+        let result = result.unwrap_or_else(|e| {
+            Err(StoreError::Io {
+                op: "commit",
+                path: std::path::PathBuf::new(),
+                source: std::io::Error::other(e.to_string()),
+            })
+        });
+        self.server()?.handle_committed(result).map_err(fail)?;
+        self.drive(cx)
+    }
+
     fn on_close(&mut self, reason: &CloseReason) {
+        let committing = self.commit.take().is_some();
+        if committing {
+            tracing::info!(peer = %self.peer, %reason,
+                "connection closed while its verified file was being stored; the file is kept, the verdict is lost");
+        }
         if let Some(server) = self.server.take() {
-            if !server.is_finished() {
+            if !committing && !server.is_finished() {
                 tracing::info!(peer = %self.peer, %reason, state = server.state_name(),
                     "connection closed mid-transfer; discarding it");
             }

@@ -133,6 +133,12 @@ impl Pair {
                         .count();
                     self.max_queued_writes = self.max_queued_writes.max(queued);
                 }
+                Output::Commit => {
+                    // A real driver commits on another thread; here, at once.
+                    let temp = ep.take_commit().expect("a file to commit");
+                    assert!(ep.take_commit().is_none(), "taken once");
+                    ep.handle_committed(temp.commit()).map_err(fail)?;
+                }
                 Output::Finished(o) => me.outcomes.push(o),
             }
         }
