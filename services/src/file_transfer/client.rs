@@ -397,6 +397,11 @@ impl<'c, P: FnMut(Progress<'_>)> Drive<'c, P> {
                         }),
                     }
                 }
+                Output::Prepare => {
+                    return Err(
+                        TransferError::Driver("a client never serves a fetch".into()).into(),
+                    );
+                }
                 Output::Commit => {
                     let temp = ep.take_commit().ok_or_else(|| {
                         TransferError::Driver("a commit asked for without a file".into())

@@ -78,6 +78,7 @@ pub enum Outcome {
 /// |---|---|---|
 /// | [`Send`](Self::Send) | yes | yes |
 /// | [`GrantWindow`](Self::GrantWindow), [`Revoke`](Self::Revoke), [`Commit`](Self::Commit) | yes | |
+/// | [`Prepare`](Self::Prepare) | (the server, before it becomes a sender) | |
 /// | [`Stage`](Self::Stage), [`WriteChunk`](Self::WriteChunk) | | yes |
 /// | [`Finished`](Self::Finished) | yes | yes |
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,6 +108,11 @@ pub enum Output {
     /// serves the connection, and hand the result to [`Endpoint::handle_committed`]. The
     /// verdict (GOOD, or BAD with `NotStored`) follows from it.
     Commit,
+    /// A `Fetch` was asked for: take the job with [`Endpoint::take_prepare`], run
+    /// [`PrepareFetch::run`] (open and hash the whole file) off the thread that serves
+    /// the connection, and hand the result to [`Endpoint::handle_prepared`]. The offer
+    /// (or the refusal) follows from it.
+    Prepare,
     /// The transfer is over (a receiver may still answer one `Identify` after
     /// [`Outcome::Stored`]).
     Finished(Outcome),
@@ -203,6 +209,20 @@ pub trait Endpoint {
         Err(unexpected(self, format!("completion of chunk {index}")))
     }
 
+    /// The fetch to prepare, after [`Output::Prepare`] (once).
+    fn take_prepare(&mut self) -> Option<PrepareFetch> {
+        None
+    }
+
+    /// How the preparation asked for by [`Output::Prepare`] ended.
+    fn handle_prepared(
+        &mut self,
+        result: std::result::Result<super::sender::Sender, super::wire::RejectReason>,
+    ) -> Result<()> {
+        let _ = result;
+        Err(unexpected(self, "a prepared fetch".into()))
+    }
+
     /// The verified temporary file to commit, after [`Output::Commit`] (once).
     fn take_commit(&mut self) -> Option<TempFile> {
         None
@@ -216,6 +236,25 @@ pub trait Endpoint {
 }
 
 /// The error for `what` arriving while `ep` is in a state that does not take it.
+/// The blocking part of serving a `Fetch`: open the file and hash all of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrepareFetch {
+    /// The served directory.
+    pub dir: PathBuf,
+    /// The name asked for (checked by `run`).
+    pub name: String,
+    /// The hash asked for.
+    pub alg: super::wire::HashAlg,
+}
+
+impl PrepareFetch {
+    /// Opens and hashes the file: the sender that serves it, or why not. Blocks (reads
+    /// the whole file).
+    pub fn run(self) -> std::result::Result<super::sender::Sender, super::wire::RejectReason> {
+        super::sender::Sender::for_fetch(&self.dir, &self.name, self.alg)
+    }
+}
+
 pub(crate) fn unexpected<E: Endpoint + ?Sized>(ep: &E, what: String) -> TransferError {
     TransferError::Unexpected {
         what,

@@ -102,7 +102,7 @@ mod wire;
 
 pub use client::{fetch_file, send_file, ClientError, FetchOptions, Progress, SendOptions};
 pub use config::Config;
-pub use endpoint::{Auth, ChunkWrite, Endpoint, Outcome, Output};
+pub use endpoint::{Auth, ChunkWrite, Endpoint, Outcome, Output, PrepareFetch};
 pub use error::{Result, TransferError};
 pub use hash::{hash_bytes, hash_file, hash_reader, Hasher};
 pub use name::{validate_name, NameError, MAX_NAME_LEN};

@@ -29,16 +29,17 @@ use super::endpoint::{Endpoint, Outcome, Output};
 use super::error::{Result, TransferError};
 use super::server::Server;
 use super::store::StoreError;
-use super::wire::{Msg, RemoteWindow};
+use super::wire::{Msg, RejectReason, RemoteWindow};
 
 /// The file-transfer service (register it as `files`): uploads into
 /// [`Config::dir`], downloads from it, and `Identify` answered from
 /// [`Config::secrets`]. See the [module docs](super) for the protocol.
 ///
-/// A `Fetch` hashes the whole requested file before the offer goes out, on the
-/// connection's poller thread: connections sharing that poller wait meanwhile. The fsync
-/// and rename that end an upload do not: they run on the runtime's blocking pool
-/// (`SessionCx::spawn_blocking`) and the verdict goes out when they are done.
+/// Blocking file work stays off the connection's poller thread (which serves many
+/// connections): the whole-file hash of a `Fetch` and the fsync and rename that end an
+/// upload run on the runtime's blocking pool (`SessionCx::spawn_blocking`), and the
+/// offer or verdict goes out when they are done. Hashing each received chunk (and
+/// writing it to the temporary file) still happens on the poller thread.
 #[derive(Debug, Clone)]
 pub struct FileTransfer {
     config: Arc<Config>,
@@ -83,6 +84,7 @@ impl Service for FileTransfer {
             writes: HashMap::new(),
             transfer: 0,
             commit: None,
+            prepare: None,
         })
     }
 }
@@ -109,10 +111,14 @@ struct FileSession {
     /// If the connection closes first, it still finishes: the file was complete and
     /// verified, only the verdict is lost.
     commit: Option<Blocking<std::result::Result<std::path::PathBuf, StoreError>>>,
+    /// The preparation (open, hash) of a fetched file, running on the blocking pool.
+    prepare: Option<Blocking<std::result::Result<super::sender::Sender, RejectReason>>>,
 }
 
 /// The `on_wake` token of a finished commit.
 const COMMIT_DONE: u64 = 1;
+/// The `on_wake` token of a prepared fetch.
+const PREPARED: u64 = 2;
 
 fn fail(e: TransferError) -> SessionError {
     SessionError::new(format!("file transfer: {e}"))
@@ -184,6 +190,12 @@ impl FileSession {
                         imm: Some(chunk.imm()),
                     })?;
                     self.writes.insert(op, (self.transfer, chunk.index));
+                }
+                Output::Prepare => {
+                    let job = self.server()?.take_prepare().ok_or_else(|| {
+                        SessionError::new("file transfer: a fetch to prepare without a job")
+                    })?;
+                    self.prepare = Some(cx.spawn_blocking(PREPARED, move || job.run()));
                 }
                 Output::Commit => {
                     let temp = self.server()?.take_commit().ok_or_else(|| {
@@ -279,6 +291,19 @@ impl Session for FileSession {
         cx: &mut SessionCx<'_>,
         token: u64,
     ) -> std::result::Result<(), SessionError> {
+        if token == PREPARED {
+            let Some(result) = self.prepare.as_ref().and_then(Blocking::try_take) else {
+                return Ok(());
+            };
+            self.prepare = None;
+            let result = result.unwrap_or_else(|e| {
+                Err(RejectReason::Unavailable {
+                    reason: e.to_string(),
+                })
+            });
+            self.server()?.handle_prepared(result).map_err(fail)?;
+            return self.drive(cx);
+        }
         if token != COMMIT_DONE {
             return Ok(());
         }
