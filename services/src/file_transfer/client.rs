@@ -397,6 +397,13 @@ impl<'c, P: FnMut(Progress<'_>)> Drive<'c, P> {
                         }),
                     }
                 }
+                // Downloads consume on this thread, as before (a client serves one
+                // transfer; the server is the side that must not block).
+                Output::Consume => {
+                    if let Some(job) = ep.take_consume() {
+                        ep.handle_consumed(job.run())?;
+                    }
+                }
                 Output::Prepare => {
                     return Err(
                         TransferError::Driver("a client never serves a fetch".into()).into(),

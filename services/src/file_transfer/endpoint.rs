@@ -77,7 +77,7 @@ pub enum Outcome {
 /// | output | receiver | sender |
 /// |---|---|---|
 /// | [`Send`](Self::Send) | yes | yes |
-/// | [`GrantWindow`](Self::GrantWindow), [`Revoke`](Self::Revoke), [`Commit`](Self::Commit) | yes | |
+/// | [`GrantWindow`](Self::GrantWindow), [`Revoke`](Self::Revoke), [`Consume`](Self::Consume), [`Commit`](Self::Commit) | yes | |
 /// | [`Prepare`](Self::Prepare) | (the server, before it becomes a sender) | |
 /// | [`Stage`](Self::Stage), [`WriteChunk`](Self::WriteChunk) | | yes |
 /// | [`Finished`](Self::Finished) | yes | yes |
@@ -108,6 +108,12 @@ pub enum Output {
     /// serves the connection, and hand the result to [`Endpoint::handle_committed`]. The
     /// verdict (GOOD, or BAD with `NotStored`) follows from it.
     Commit,
+    /// Received chunks wait to be hashed and appended: take them with
+    /// [`Endpoint::take_consume`], run [`ConsumeJob::run`](super::receiver::ConsumeJob::run)
+    /// off the thread that serves the connection, and hand the result to
+    /// [`Endpoint::handle_consumed`]. Acks for their slots, and the verdict after `Done`,
+    /// follow from it. At most one job is out at a time.
+    Consume,
     /// A `Fetch` was asked for: take the job with [`Endpoint::take_prepare`], run
     /// [`PrepareFetch::run`] (open and hash the whole file) off the thread that serves
     /// the connection, and hand the result to [`Endpoint::handle_prepared`]. The offer
@@ -207,6 +213,17 @@ pub trait Endpoint {
     /// No such WRITE in flight.
     fn handle_write_done(&mut self, index: u32) -> Result<()> {
         Err(unexpected(self, format!("completion of chunk {index}")))
+    }
+
+    /// The chunks to consume, after [`Output::Consume`].
+    fn take_consume(&mut self) -> Option<super::receiver::ConsumeJob> {
+        None
+    }
+
+    /// What a [`super::receiver::ConsumeJob`] did.
+    fn handle_consumed(&mut self, consumed: super::receiver::Consumed) -> Result<()> {
+        let _ = consumed;
+        Err(unexpected(self, "consumed chunks".into()))
     }
 
     /// The fetch to prepare, after [`Output::Prepare`] (once).

@@ -106,7 +106,7 @@ pub use endpoint::{Auth, ChunkWrite, Endpoint, Outcome, Output, PrepareFetch};
 pub use error::{Result, TransferError};
 pub use hash::{hash_bytes, hash_file, hash_reader, Hasher};
 pub use name::{validate_name, NameError, MAX_NAME_LEN};
-pub use receiver::Receiver;
+pub use receiver::{ConsumeJob, Consumed, Receiver, Sink};
 pub use sender::Sender;
 pub use server::Server;
 pub use session::FileTransfer;

@@ -28,12 +28,69 @@ struct Committing {
     temp: Option<TempFile>,
 }
 
+/// Where received chunks go, in order: the running hash and the temporary file. It
+/// travels to the thread that consumes chunks ([`ConsumeJob`]) and back.
+#[derive(Debug)]
+pub struct Sink {
+    hasher: Hasher,
+    temp: TempFile,
+}
+
+/// Chunks to hash and append, in order, off the connection's thread (see
+/// [`Output::Consume`]).
+#[derive(Debug)]
+pub struct ConsumeJob {
+    sink: Box<Sink>,
+    chunks: Vec<(u32, Vec<u8>)>,
+}
+
+impl ConsumeJob {
+    /// Hashes and appends every chunk, in order; stops at the first write error. Blocks.
+    pub fn run(self) -> Consumed {
+        let ConsumeJob { mut sink, chunks } = self;
+        let mut done = Vec::with_capacity(chunks.len());
+        let mut result = Ok(());
+        for (index, bytes) in chunks {
+            sink.hasher.update(&bytes);
+            if let Err(e) = sink.temp.write_all(&bytes) {
+                result = Err(e);
+                break;
+            }
+            done.push(index);
+        }
+        Consumed { sink, done, result }
+    }
+
+    /// Chunks in this job.
+    pub fn len(&self) -> usize {
+        self.chunks.len()
+    }
+
+    /// True for a job without chunks (never emitted).
+    pub fn is_empty(&self) -> bool {
+        self.chunks.is_empty()
+    }
+}
+
+/// What a [`ConsumeJob`] did: hand it to [`Endpoint::handle_consumed`].
+#[derive(Debug)]
+pub struct Consumed {
+    sink: Box<Sink>,
+    done: Vec<u32>,
+    result: std::result::Result<(), StoreError>,
+}
+
 /// One accepted offer being received.
 #[derive(Debug)]
 struct Incoming {
     offer: FileOffer,
-    temp: TempFile,
-    hasher: Hasher,
+    /// Home unless a [`ConsumeJob`] has it.
+    sink: Option<Box<Sink>>,
+    /// Chunks copied out of the window, not yet handed to a job. Their slots are acked
+    /// only once consumed, so at most a window's worth waits here.
+    queued: Vec<(u32, Vec<u8>)>,
+    /// `Done` arrived; the verdict waits for the last chunks to be consumed.
+    done_pending: bool,
     slots: u32,
     slot_len: u32,
     chunks: u64,
@@ -201,9 +258,13 @@ impl Receiver {
             }
         };
         let inc = Box::new(Incoming {
-            hasher: Hasher::new(offer.digest.alg),
+            sink: Some(Box::new(Sink {
+                hasher: Hasher::new(offer.digest.alg),
+                temp,
+            })),
+            queued: Vec::new(),
+            done_pending: false,
             offer,
-            temp,
             slots,
             slot_len,
             chunks,
@@ -222,23 +283,25 @@ impl Receiver {
         }
     }
 
-    /// `Done`: every chunk must be in. Verify, then commit or discard.
-    fn done(&mut self, inc: Box<Incoming>) -> Result<()> {
+    /// `Done`: every chunk must be in. Once all are consumed, verify, then commit or
+    /// discard.
+    fn done(&mut self, mut inc: Box<Incoming>) -> Result<()> {
         if inc.next < inc.chunks {
             return self.fail(TransferError::EarlyDone {
                 received: inc.next,
                 expected: inc.chunks,
             });
         }
+        if inc.sink.is_none() || !inc.queued.is_empty() {
+            inc.done_pending = true;
+            self.state = State::Receiving(inc);
+            return Ok(());
+        }
         if inc.window.is_some() {
             self.out.push_back(Output::Revoke);
         }
-        let Incoming {
-            offer,
-            temp,
-            hasher,
-            ..
-        } = *inc;
+        let Incoming { offer, sink, .. } = *inc;
+        let Sink { hasher, temp } = *sink.expect("checked above");
         let got = hasher.finalize();
         if got != offer.digest {
             drop(temp);
@@ -379,15 +442,61 @@ impl Endpoint for Receiver {
             };
             return self.fail(e);
         }
-        inc.hasher.update(bytes);
-        if let Err(e) = inc.temp.write_all(bytes) {
+        // Copied out (cheap next to hashing), so the job owns its bytes and a peer
+        // writing into the window meanwhile cannot change what is hashed.
+        inc.queued.push((index, bytes.to_vec()));
+        inc.next += 1;
+        if inc.sink.is_some() && inc.queued.len() == 1 {
+            self.out.push_back(Output::Consume);
+        }
+        Ok(())
+    }
+
+    fn take_consume(&mut self) -> Option<ConsumeJob> {
+        let State::Receiving(inc) = &mut self.state else {
+            return None;
+        };
+        if inc.queued.is_empty() {
+            return None;
+        }
+        let sink = inc.sink.take()?;
+        Some(ConsumeJob {
+            sink,
+            chunks: mem::take(&mut inc.queued),
+        })
+    }
+
+    fn handle_consumed(&mut self, consumed: Consumed) -> Result<()> {
+        let State::Receiving(inc) = &mut self.state else {
+            let e = unexpected(self, "consumed chunks".into());
+            return self.fail(e);
+        };
+        if inc.sink.is_some() {
+            let e = TransferError::Driver("consumed chunks that were never handed out".into());
+            return self.fail(e);
+        }
+        let Consumed { sink, done, result } = consumed;
+        inc.sink = Some(sink);
+        if let Err(e) = result {
             return self.fail(e.into());
         }
-        inc.next += 1;
-        // The slot is needed again by chunk index + slots, if there is one.
-        if u64::from(index) + u64::from(inc.slots) < inc.chunks {
-            self.out
-                .push_back(Output::Send(Msg::Ack { next: index + 1 }));
+        // A slot is needed again by chunk index + slots, if there is one: ack it now that
+        // its bytes are consumed.
+        for index in done {
+            if u64::from(index) + u64::from(inc.slots) < inc.chunks {
+                self.out
+                    .push_back(Output::Send(Msg::Ack { next: index + 1 }));
+            }
+        }
+        if !inc.queued.is_empty() {
+            self.out.push_back(Output::Consume);
+            return Ok(());
+        }
+        if inc.done_pending {
+            let State::Receiving(inc) = mem::replace(&mut self.state, State::Failed) else {
+                unreachable!("matched above");
+            };
+            return self.done(inc);
         }
         Ok(())
     }
@@ -486,10 +595,16 @@ mod tests {
         })
     }
 
-    /// Every output; a commit is carried out at once (a driver would do it elsewhere).
+    /// Every output; consuming and committing are carried out at once (a driver would
+    /// do them elsewhere) and not listed.
     fn drain(r: &mut Receiver) -> Vec<Output> {
         let mut all = Vec::new();
         while let Some(out) = r.poll_output() {
+            if out == Output::Consume {
+                let job = r.take_consume().expect("chunks to consume");
+                r.handle_consumed(job.run()).unwrap();
+                continue;
+            }
             if out == Output::Commit {
                 let temp = r.take_commit().expect("a file to commit");
                 r.handle_committed(temp.commit()).unwrap();
@@ -497,6 +612,36 @@ mod tests {
             all.push(out);
         }
         all
+    }
+
+    #[test]
+    fn chunks_are_consumed_by_one_job_at_a_time_and_acked_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = b"abcdefghij";
+        let mut r = Receiver::new(config(dir.path()));
+        r.handle_msg(offer("c", data)).unwrap();
+        granted(&mut r, 8);
+        r.handle_chunk(0, &data[0..4]).unwrap();
+        assert_eq!(r.poll_output(), Some(Output::Consume));
+        let job = r.take_consume().unwrap();
+        assert_eq!(job.len(), 1);
+        assert!(r.take_consume().is_none(), "one job out at a time");
+        // Chunk 1 arrives while the job runs: queued, no second Consume yet.
+        r.handle_chunk(1, &data[4..8]).unwrap();
+        assert_eq!(r.poll_output(), None, "no ack before the chunk is consumed");
+        r.handle_consumed(job.run()).unwrap();
+        // Chunk 0's slot is needed by chunk 2: acked now; chunk 1 waits for its own job.
+        assert_eq!(r.poll_output(), Some(Output::Send(Msg::Ack { next: 1 })));
+        assert_eq!(r.poll_output(), Some(Output::Consume));
+        let job = r.take_consume().unwrap();
+        r.handle_chunk(2, &data[8..]).unwrap();
+        // Done while chunks are still out: the verdict waits.
+        r.handle_msg(Msg::Done).unwrap();
+        assert_eq!(r.poll_output(), None);
+        r.handle_consumed(job.run()).unwrap();
+        let out = drain(&mut r);
+        assert!(out.contains(&Output::Send(Msg::Good)), "{out:?}");
+        assert_eq!(std::fs::read(dir.path().join("c")).unwrap(), data);
     }
 
     #[test]

@@ -184,6 +184,17 @@ impl Endpoint for Server {
         }
     }
 
+    fn take_consume(&mut self) -> Option<super::receiver::ConsumeJob> {
+        self.role_mut().and_then(|ep| ep.take_consume())
+    }
+
+    fn handle_consumed(&mut self, consumed: super::receiver::Consumed) -> Result<()> {
+        match self.role_mut() {
+            Some(ep) => ep.handle_consumed(consumed),
+            None => Err(super::endpoint::unexpected(self, "consumed chunks".into())),
+        }
+    }
+
     fn take_commit(&mut self) -> Option<super::store::TempFile> {
         self.role_mut().and_then(|ep| ep.take_commit())
     }

@@ -27,6 +27,7 @@ use rdmactor::verbs::{Access, RemoteRegion};
 use super::config::Config;
 use super::endpoint::{Endpoint, Outcome, Output};
 use super::error::{Result, TransferError};
+use super::receiver::Consumed;
 use super::server::Server;
 use super::store::StoreError;
 use super::wire::{Msg, RejectReason, RemoteWindow};
@@ -38,8 +39,10 @@ use super::wire::{Msg, RejectReason, RemoteWindow};
 /// Blocking file work stays off the connection's poller thread (which serves many
 /// connections): the whole-file hash of a `Fetch` and the fsync and rename that end an
 /// upload run on the runtime's blocking pool (`SessionCx::spawn_blocking`), and the
-/// offer or verdict goes out when they are done. Hashing each received chunk (and
-/// writing it to the temporary file) still happens on the poller thread.
+/// offer or verdict goes out when they are done. So do hashing and appending received
+/// chunks: each chunk is copied out of the window on the poller thread (a memcpy) and
+/// consumed by a job, one at a time per transfer; a slot is acked once its chunk is
+/// consumed, which bounds what waits to the window.
 #[derive(Debug, Clone)]
 pub struct FileTransfer {
     config: Arc<Config>,
@@ -84,6 +87,7 @@ impl Service for FileTransfer {
             writes: HashMap::new(),
             transfer: 0,
             commit: None,
+            consume: None,
             prepare: None,
         })
     }
@@ -111,6 +115,9 @@ struct FileSession {
     /// If the connection closes first, it still finishes: the file was complete and
     /// verified, only the verdict is lost.
     commit: Option<Blocking<std::result::Result<std::path::PathBuf, StoreError>>>,
+    /// Received chunks being hashed and appended on the blocking pool (one job at a
+    /// time; the state machine queues what arrives meanwhile).
+    consume: Option<Blocking<Consumed>>,
     /// The preparation (open, hash) of a fetched file, running on the blocking pool.
     prepare: Option<Blocking<std::result::Result<super::sender::Sender, RejectReason>>>,
 }
@@ -119,6 +126,8 @@ struct FileSession {
 const COMMIT_DONE: u64 = 1;
 /// The `on_wake` token of a prepared fetch.
 const PREPARED: u64 = 2;
+/// The `on_wake` token of consumed chunks.
+const CONSUMED: u64 = 3;
 
 fn fail(e: TransferError) -> SessionError {
     SessionError::new(format!("file transfer: {e}"))
@@ -190,6 +199,11 @@ impl FileSession {
                         imm: Some(chunk.imm()),
                     })?;
                     self.writes.insert(op, (self.transfer, chunk.index));
+                }
+                Output::Consume => {
+                    if let Some(job) = self.server()?.take_consume() {
+                        self.consume = Some(cx.spawn_blocking(CONSUMED, move || job.run()));
+                    }
                 }
                 Output::Prepare => {
                     let job = self.server()?.take_prepare().ok_or_else(|| {
@@ -291,6 +305,16 @@ impl Session for FileSession {
         cx: &mut SessionCx<'_>,
         token: u64,
     ) -> std::result::Result<(), SessionError> {
+        if token == CONSUMED {
+            let Some(result) = self.consume.as_ref().and_then(Blocking::try_take) else {
+                return Ok(());
+            };
+            self.consume = None;
+            let consumed = result
+                .map_err(|e| SessionError::new(format!("file transfer: consuming chunks: {e}")))?;
+            self.server()?.handle_consumed(consumed).map_err(fail)?;
+            return self.drive(cx);
+        }
         if token == PREPARED {
             let Some(result) = self.prepare.as_ref().and_then(Blocking::try_take) else {
                 return Ok(());

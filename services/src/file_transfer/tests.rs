@@ -133,6 +133,11 @@ impl Pair {
                         .count();
                     self.max_queued_writes = self.max_queued_writes.max(queued);
                 }
+                Output::Consume => {
+                    // A real driver consumes on another thread; here, at once.
+                    let job = ep.take_consume().expect("chunks to consume");
+                    ep.handle_consumed(job.run()).map_err(fail)?;
+                }
                 Output::Prepare => {
                     // A real driver hashes on another thread; here, at once.
                     let job = ep.take_prepare().expect("a fetch to prepare");
