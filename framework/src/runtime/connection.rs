@@ -195,7 +195,7 @@ pub(crate) struct Core {
     send_depth: u32,
     pending: VecDeque<Outgoing>,
     deliveries: VecDeque<Delivery>,
-    rendezvous_out: Slab<MemoryRegion>,
+    rendezvous_out: Slab<RendezvousOut>,
     next_op: u64,
     next_seq: u64,
     pool: MrPool,
@@ -290,6 +290,10 @@ impl Core {
                 break;
             };
             let allowed = match (next, &self.credits) {
+                // A rendezvous offer also binds a window: two send-queue slots.
+                (Outgoing::Data { bytes, .. }, Some(c)) if bytes.len() > self.eager_limit() => {
+                    c.can_send_data() && self.send_outstanding + 1 < self.send_depth
+                }
                 (Outgoing::Data { .. } | Outgoing::Done { .. } | Outgoing::Credit, Some(c)) => {
                     c.can_send_data()
                 }
@@ -360,21 +364,7 @@ impl Core {
                 if bytes.len() <= self.eager_limit() {
                     self.post_frame(FrameKind::Data, tag, bytes.len() as u32, &bytes)
                 } else {
-                    // Rendezvous: expose a region with REMOTE_READ for this message only;
-                    // it is deregistered (revoked) when the peer says Done.
-                    let mut mr = MemoryRegion::register(&self.pd, bytes.len(), Access::REMOTE_READ)
-                        .map_err(CloseReason::from_verbs)?;
-                    mr.as_mut_slice().copy_from_slice(&bytes);
-                    let key = self.rendezvous_out.vacant_key() as u32;
-                    let offer = RendezvousOffer {
-                        addr: mr.addr(),
-                        rkey: mr.rkey(),
-                        key,
-                    };
-                    self.rendezvous_out.insert(mr);
-                    let mut body = [0u8; OFFER_LEN];
-                    offer.encode(&mut body);
-                    self.post_frame(FrameKind::RendezvousOffer, tag, bytes.len() as u32, &body)
+                    self.post_rendezvous_offer(tag, bytes)
                 }
             }
             Outgoing::Credit => self.post_frame(FrameKind::Credit, 0, 0, &[]),
@@ -1268,5 +1258,73 @@ impl<S: Session> Handler<Wake> for ConnectionActor<S> {
 
     fn handle(&mut self, msg: Wake, ctx: &mut Context<Self>) {
         self.with_session(ctx, |s, cx| s.on_wake(cx, msg.0));
+    }
+}
+
+// ---- Rendezvous sends through memory windows ----
+
+/// A large message exposed to the peer for its RDMA READ: a window bound to this
+/// connection's QP with REMOTE_READ over exactly the message's bytes. Field order is drop
+/// order: the window (the peer's access) goes before the memory.
+struct RendezvousOut {
+    _window: MemoryWindow,
+    _buf: Buf,
+}
+
+impl Core {
+    /// Offers `bytes` by rendezvous: copies them into a pool chunk (or, beyond the pool's
+    /// largest class or when it is exhausted, a buffer registered with `MW_BIND` and no
+    /// remote access), binds a window to this QP over exactly those bytes with
+    /// REMOTE_READ, and sends the offer. Least access for the shortest time: only this
+    /// peer can READ, only those bytes, and only until it says Done (the window is
+    /// deallocated then, or when the connection closes). Needs two send-queue slots (the
+    /// bind, then the offer), which `pump` checks.
+    fn post_rendezvous_offer(&mut self, tag: u32, bytes: Vec<u8>) -> Result<(), CloseReason> {
+        let len = bytes.len();
+        let leased = (len <= self.pool.largest())
+            .then(|| self.pool.lease(len).ok())
+            .flatten();
+        let mut buf = match leased {
+            Some(lease) => Buf::Pooled(lease),
+            None => Buf::Registered(
+                MemoryRegion::register(&self.pd, len, Access::LOCAL_WRITE | Access::MW_BIND)
+                    .map_err(CloseReason::from_verbs)?,
+            ),
+        };
+        buf.region_mut().as_mut_slice()[..len].copy_from_slice(&bytes);
+        let window = MemoryWindow::alloc(&self.pd).map_err(CloseReason::from_verbs)?;
+        let slot = self.inflight.vacant_entry();
+        let remote = self
+            .qp
+            .bind_window_range(
+                slot.key() as u64,
+                &window,
+                buf.region(),
+                0..len,
+                Access::REMOTE_READ,
+            )
+            .map_err(CloseReason::from_verbs)?;
+        slot.insert(Wr::Bind);
+        self.send_outstanding += 1;
+        let key = self.rendezvous_out.insert(RendezvousOut {
+            _window: window,
+            _buf: buf,
+        }) as u32;
+        let offer = RendezvousOffer {
+            addr: remote.addr,
+            rkey: remote.rkey,
+            key,
+        };
+        let mut body = [0u8; OFFER_LEN];
+        offer.encode(&mut body);
+        self.post_frame(FrameKind::RendezvousOffer, tag, len as u32, &body)
+    }
+}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        // Windows hold a reference on the QP they are bound to (rxe waits for it when the
+        // QP is destroyed): the rendezvous windows go before the fields drop, QP included.
+        self.rendezvous_out.clear();
     }
 }
