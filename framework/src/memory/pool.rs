@@ -75,13 +75,7 @@ pub struct RegisteredChunks {
 impl ChunkSource for RegisteredChunks {
     type Chunk = MemoryRegion;
     fn grow(&self, size: usize, count: usize) -> Result<Vec<MemoryRegion>, PoolError> {
-        // MW_BIND: a connection may expose a chunk to its peer through a memory window
-        // bound to its QP (rendezvous sends); the MR itself grants no remote access.
-        let arena = MemoryRegion::register(
-            &self.pd,
-            size * count,
-            Access::LOCAL_WRITE | Access::MW_BIND,
-        )?;
+        let arena = MemoryRegion::register(&self.pd, size * count, Access::LOCAL_WRITE)?;
         Ok(arena.split(size))
     }
 }

@@ -1166,8 +1166,14 @@ impl SessionCx<'_> {
     ///
     /// A type 2 memory window is bound to this connection's QP over the range: the rkey
     /// works for this peer only (another connection's QP gets a remote access error with
-    /// it), an access outside the range or beyond `access` is a remote access error, and
-    /// the bind is posted here, ahead of any message carrying the rkey. The window is
+    /// it), an access beyond `access` or outside the range is a remote access error, and
+    /// the bind is posted here, ahead of any message carrying the rkey.
+    ///
+    /// Provider caveat: rxe (Soft-RoCE) checks an access through a window against the
+    /// range of the region underneath, not the window's (observed on Linux 6.1, see
+    /// `tests/shared_grants.rs`). Where the exact range matters on rxe, grant whole
+    /// regions (register one `SharedRegion` per thing to expose, as the read service
+    /// does). The window is
     /// deallocated (the rkey revoked) by [`revoke`](Self::revoke) or when the connection
     /// closes. Grants are owned by the connection rather than handed to the session as
     /// values because windows hold a reference on the QP and must go before it, while the
@@ -1272,35 +1278,32 @@ struct RendezvousOut {
 }
 
 impl Core {
-    /// Offers `bytes` by rendezvous: copies them into a pool chunk (or, beyond the pool's
-    /// largest class or when it is exhausted, a buffer registered with `MW_BIND` and no
-    /// remote access), binds a window to this QP over exactly those bytes with
-    /// REMOTE_READ, and sends the offer. Least access for the shortest time: only this
-    /// peer can READ, only those bytes, and only until it says Done (the window is
-    /// deallocated then, or when the connection closes). Needs two send-queue slots (the
-    /// bind, then the offer), which `pump` checks.
+    /// Offers `bytes` by rendezvous: copies them into a buffer registered for this
+    /// message with `MW_BIND` and no remote access, exactly as long as the message, binds
+    /// a window to this QP over it with REMOTE_READ, and sends the offer. Least access for
+    /// the shortest time: only this peer can READ, only those bytes, and only until it
+    /// says Done (the window is deallocated then, or when the connection closes). Needs
+    /// two send-queue slots (the bind, then the offer), which `pump` checks.
+    ///
+    /// Not a window over a pool chunk: rxe checks a READ through a window against the
+    /// range of the MR underneath, not the window's (observed in the Soft-RoCE VM, see
+    /// `tests/shared_grants.rs`), so a window over one chunk of a pool arena would let
+    /// the peer read every chunk of that arena. An MR of exactly the message bounds it on
+    /// any provider.
     fn post_rendezvous_offer(&mut self, tag: u32, bytes: Vec<u8>) -> Result<(), CloseReason> {
         let len = bytes.len();
-        let leased = (len <= self.pool.largest())
-            .then(|| self.pool.lease(len).ok())
-            .flatten();
-        let mut buf = match leased {
-            Some(lease) => Buf::Pooled(lease),
-            None => Buf::Registered(
-                MemoryRegion::register(&self.pd, len, Access::LOCAL_WRITE | Access::MW_BIND)
-                    .map_err(CloseReason::from_verbs)?,
-            ),
-        };
-        buf.region_mut().as_mut_slice()[..len].copy_from_slice(&bytes);
+        let mut mr = MemoryRegion::register(&self.pd, len, Access::LOCAL_WRITE | Access::MW_BIND)
+            .map_err(CloseReason::from_verbs)?;
+        mr.as_mut_slice().copy_from_slice(&bytes);
+        let buf = Buf::Registered(mr);
         let window = MemoryWindow::alloc(&self.pd).map_err(CloseReason::from_verbs)?;
         let slot = self.inflight.vacant_entry();
         let remote = self
             .qp
-            .bind_window_range(
+            .bind_window(
                 slot.key() as u64,
                 &window,
                 buf.region(),
-                0..len,
                 Access::REMOTE_READ,
             )
             .map_err(CloseReason::from_verbs)?;

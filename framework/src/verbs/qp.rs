@@ -382,38 +382,6 @@ impl QueuePair {
         )
     }
 
-    /// Binds `window` to this QP over `range` (bytes from the start of `region`) with
-    /// `access`, as [`bind_window`](Self::bind_window) does over all of it: for buffers
-    /// larger than what they expose (pool chunks are rounded up to a size class).
-    pub fn bind_window_range(
-        &self,
-        wr_id: u64,
-        window: &MemoryWindow,
-        region: &MemoryRegion,
-        range: Range<usize>,
-        access: Access,
-    ) -> Result<RemoteRegion> {
-        if !region.access().contains(Access::MW_BIND) {
-            return Err(VerbsError::InvalidArgument(
-                "the region was registered without MW_BIND".into(),
-            ));
-        }
-        if range.start >= range.end || range.end > region.len() {
-            return Err(VerbsError::InvalidArgument(format!(
-                "window over {range:?} outside a region of {} bytes (or empty)",
-                region.len()
-            )));
-        }
-        self.bind_raw(
-            wr_id,
-            window,
-            region.raw_mr(),
-            region.addr() + range.start as u64,
-            range.len() as u64,
-            access,
-        )
-    }
-
     /// Binds `window` to this QP over `range` (bytes from the start of the registration)
     /// of a [`SharedRegion`] with exactly `access`, as a signaled send-queue request with
     /// `wr_id`; see [`bind_window`](Self::bind_window). Remote write or atomic access
