@@ -6,32 +6,17 @@
 //! `LOCAL_WRITE | MW_BIND` (or `MW_BIND` alone for a read-only file mapping) and **no**
 //! remote access on the MR itself: its rkey reaches nothing. Remote access exists only
 //! through type 2 windows ([`super::QueuePair::bind_shared_window`]), each bound to one QP
-//! over one range with the least access, so a client cannot use another client's rkey,
-//! nor read past the range it was granted.
+//! over one range with the least access, so a client cannot use another client's rkey.
+//! Whether it can reach past its range but inside the MR depends on the provider: rxe
+//! checks window accesses against the MR's range only, so grant whole regions where the
+//! range matters.
 //!
 //! The application updates the bytes in place while the NIC reads them. Rust code
 //! touches them only under the region's writer lock (so there is never a data race
 //! between threads of this process); the NIC reads without any lock, which is why
 //! versioned regions exist.
 //!
-//! # Versioned regions: a seqlock over a ring of copies
-//!
-//! ```text
-//! | version: u64 LE | copy 0: data_len bytes | copy 1 | ... | copy k-1 |
-//! ```
-//!
-//! Version `v` (even) lives in copy `(v / 2) % k`. [`SharedRegion::update`] to version
-//! `n`: store the odd marker `n - 1`, copy the current copy into copy `(n / 2) % k`, run
-//! the caller's change on it, store `n`; full fences between the steps. A one-sided reader
-//! READs the version `v`, then the data of copy `(v / 2) % k`, then the version `v2` (each
-//! READ after the previous completed) and accepts iff `v` is even and
-//! `v <= v2 <= v + 2 (k - 1)` ([`accepts`]): the copy it read is only rewritten by the
-//! update to `v + 2k`, whose marker `v + 2k - 1` is stored (and fenced) before any of its
-//! data stores, so if the data READ saw any of those stores the second version READ
-//! sees that marker or later. With `k = 1` this is the classic seqlock (`v2 == v`); more
-//! copies let a reader finish while up to `k - 1` updates happen, which is what keeps
-//! one-sided readers from starving when READs are slow and updates frequent. Memory is
-//! `k` copies once per server, not per connection.
+//! See [`SharedRegion`] for the layout of versioned regions and why readers never tear.
 
 use std::alloc::Layout;
 use std::fs::File;
@@ -210,7 +195,7 @@ impl Bytes {
         unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().cast::<u64>()) }
     }
 
-    /// The seqlock writer over `copies` copies of `data_len` bytes (see the module docs):
+    /// The seqlock writer over `copies` copies of `data_len` bytes (see [`SharedRegion`]):
     /// stores the marker `version - 1`, copies the current copy into the copy of
     /// `version`, runs `f` on it, then stores `version` (even, larger than the current
     /// one). Callers hold the writer lock.
@@ -309,8 +294,27 @@ impl Drop for SharedInner {
 }
 
 /// Memory registered once on a PD and granted to connections through memory windows
-/// (see the [module docs](self)). Cheap to clone; deregistered when the last clone and
-/// the last window over it are gone.
+/// bound to their QPs (`SessionCx::grant`); the MR itself grants no remote access. Cheap
+/// to clone; deregistered when the last clone and the last window over it are gone.
+///
+/// # Versioned regions: a seqlock over a ring of copies
+///
+/// ```text
+/// | version: u64 LE | copy 0: data_len bytes | copy 1 | ... | copy k-1 |
+/// ```
+///
+/// Version `v` (even) lives in copy `(v / 2) % k`. [`SharedRegion::update`] to version
+/// `n`: store the odd marker `n - 1`, copy the current copy into copy `(n / 2) % k`, run
+/// the caller's change on it, store `n`; full fences between the steps. A one-sided reader
+/// READs the version `v`, then the data of copy `(v / 2) % k`, then the version `v2` (each
+/// READ after the previous completed) and accepts iff `v` is even and
+/// `v <= v2 <= v + 2 (k - 1)` ([`accepts`]): the copy it read is only rewritten by the
+/// update to `v + 2k`, whose marker `v + 2k - 1` is stored (and fenced) before any of its
+/// data stores, so if the data READ saw any of those stores the second version READ
+/// sees that marker or later. With `k = 1` this is the classic seqlock (`v2 == v`); more
+/// copies let a reader finish while up to `k - 1` updates happen, which is what keeps
+/// one-sided readers from starving when READs are slow and updates frequent. Memory is
+/// `k` copies once per server, not per connection.
 #[derive(Clone)]
 pub struct SharedRegion {
     inner: Arc<SharedInner>,
@@ -357,7 +361,7 @@ impl SharedRegion {
     /// A versioned region: a [`VERSION_LEN`]-byte version word (0 until the first
     /// [`update`](Self::update)) followed by `copies` copies of `data_len` zeroed bytes,
     /// registered with `LOCAL_WRITE | MW_BIND`. Updates are seqlock writes into the next
-    /// copy (see the [module docs](self) for how many copies to ask for).
+    /// copy (see [`SharedRegion`] for how many copies to ask for).
     pub fn alloc_versioned(
         pd: &ProtectionDomain,
         data_len: usize,
@@ -487,7 +491,7 @@ impl SharedRegion {
 
     /// Runs `f` on the data, mutably, and returns the version the region has afterwards
     /// (0 for an unversioned region). On a versioned region this is the seqlock writer
-    /// (module docs): `f` gets the next copy, holding the current content, and the new
+    /// (see [`SharedRegion`]): `f` gets the next copy, holding the current content, and the new
     /// version (the old one plus 2). Concurrent updates from several threads take turns.
     ///
     /// # Errors
