@@ -21,7 +21,9 @@ mod service;
 
 pub use client::{Client, ClientConnection, ConnectError, RequestError};
 pub use config::NodeConfig;
-pub use connection::{BufId, Op, SessionCx, MAX_MESSAGE};
+pub use connection::{
+    Blocking, BlockingError, BufId, Grant, GrantId, Op, SessionCx, SessionWaker, MAX_MESSAGE,
+};
 pub use poller::PollMode;
 pub use server::{Server, ServerBuilder, ServerStats};
 pub use service::{Framing, Message, OpId, PeerInfo, Service, Session, SessionError};

@@ -142,6 +142,13 @@ impl Server {
         &self.addrs
     }
 
+    /// The protection domain every connection shares: register
+    /// [`SharedRegion`](crate::verbs::SharedRegion)s on it for data all clients read, then
+    /// let sessions [`grant`](super::SessionCx::grant) them per connection.
+    pub fn protection_domain(&self) -> &crate::verbs::ProtectionDomain {
+        &self.node.pd
+    }
+
     /// Current counters.
     pub async fn stats(&self) -> ServerStats {
         let c = self.cm.send(GetCounters).await.unwrap_or_default();

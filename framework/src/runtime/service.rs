@@ -94,6 +94,13 @@ pub trait Session: Send + Unpin + 'static {
         result.map_err(|e| SessionError::new(format!("unexpected completion of {op:?}: {e}")))
     }
 
+    /// A [`SessionWaker`](super::SessionWaker) of this connection was woken with `token`
+    /// (or a [`SessionCx::spawn_blocking`] task finished): work done on another thread is
+    /// ready for the session. Not called once the connection is closing.
+    fn on_wake(&mut self, _cx: &mut SessionCx<'_>, _token: u64) -> Result<(), SessionError> {
+        Ok(())
+    }
+
     /// The connection is closing for `reason`; nothing can be sent any more.
     fn on_close(&mut self, _reason: &super::CloseReason) {}
 }
@@ -112,6 +119,9 @@ impl Session for Box<dyn Session> {
         result: crate::verbs::Result<()>,
     ) -> Result<(), SessionError> {
         (**self).on_op(cx, op, result)
+    }
+    fn on_wake(&mut self, cx: &mut SessionCx<'_>, token: u64) -> Result<(), SessionError> {
+        (**self).on_wake(cx, token)
     }
     fn on_close(&mut self, reason: &super::CloseReason) {
         (**self).on_close(reason)

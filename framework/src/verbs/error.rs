@@ -43,6 +43,7 @@ pub enum Verb {
     Disconnect,
     MigrateId,
     AllocMw,
+    Mmap,
     Poll,
 }
 
@@ -81,6 +82,7 @@ impl fmt::Display for Verb {
             Verb::Disconnect => "rdma_disconnect",
             Verb::MigrateId => "rdma_migrate_id",
             Verb::AllocMw => "ibv_alloc_mw",
+            Verb::Mmap => "mmap",
             Verb::Poll => "poll",
         };
         f.write_str(name)

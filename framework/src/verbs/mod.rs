@@ -5,7 +5,7 @@
 //! verbs API demands follows from ownership:
 //!
 //! ```text
-//! Context ◄── ProtectionDomain ◄── MemoryRegion
+//! Context ◄── ProtectionDomain ◄── MemoryRegion, SharedRegion ◄── (windows over it)
 //!    ▲              ▲
 //!    ├── CompletionChannel ◄── CompletionQueue ◄──┐
 //!    │                                            │
@@ -23,6 +23,7 @@ mod mr;
 mod mw;
 mod pd;
 mod qp;
+mod shared;
 mod sys;
 
 pub use cm::{
@@ -38,3 +39,4 @@ pub use mr::{Access, MemoryRegion, RemoteRegion, Sge};
 pub use mw::MemoryWindow;
 pub use pd::ProtectionDomain;
 pub use qp::{QpCaps, QpState, QueuePair, RecvWr, SendOp, SendWr};
+pub use shared::{accepts, copy_of, SharedRegion, VERSION_LEN};

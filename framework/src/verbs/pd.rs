@@ -53,6 +53,11 @@ impl ProtectionDomain {
         &self.inner.ctx
     }
 
+    /// True when both are the same PD.
+    pub fn same_as(&self, other: &ProtectionDomain) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     pub(crate) fn as_ptr(&self) -> *mut ibv_pd {
         self.inner.pd.as_ptr()
     }

@@ -4,6 +4,7 @@
 //! through INIT/RTR/RTS during connect/accept. A QP holds its cm_id, PD and both CQs, so
 //! none of them can be destroyed while it exists.
 
+use std::ops::Range;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -15,6 +16,7 @@ use super::error::{check, Result, Verb, VerbsError};
 use super::mr::{Access, MemoryRegion, RemoteRegion, Sge};
 use super::mw::{next_rkey, MemoryWindow};
 use super::pd::ProtectionDomain;
+use super::shared::SharedRegion;
 
 /// Queue sizes for a new QP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -368,6 +370,72 @@ impl QueuePair {
                 "the region was registered without MW_BIND".into(),
             ));
         }
+        // The caller keeps `region` registered while the window is bound, as `bind_raw`
+        // requires (deallocating the window first revokes access).
+        self.bind_raw(
+            wr_id,
+            window,
+            region.raw_mr(),
+            region.addr(),
+            region.len() as u64,
+            access,
+        )
+    }
+
+    /// Binds `window` to this QP over `range` (bytes from the start of the registration)
+    /// of a [`SharedRegion`] with exactly `access`, as a signaled send-queue request with
+    /// `wr_id`; see [`bind_window`](Self::bind_window). Remote write or atomic access
+    /// needs a writable region (not a read-only file mapping).
+    ///
+    /// The caller must keep a clone of `region` for as long as the window is bound: the
+    /// MR cannot be deregistered under a bound window.
+    pub fn bind_shared_window(
+        &self,
+        wr_id: u64,
+        window: &MemoryWindow,
+        region: &SharedRegion,
+        range: Range<usize>,
+        access: Access,
+    ) -> Result<RemoteRegion> {
+        if range.start >= range.end || range.end > region.len() {
+            return Err(VerbsError::InvalidArgument(format!(
+                "grant of {range:?} outside a shared region of {} bytes (or empty)",
+                region.len()
+            )));
+        }
+        let remote = access.remote_part();
+        if remote != access || remote == Access::NONE {
+            return Err(VerbsError::InvalidArgument(format!(
+                "a grant gives remote access only, and some: {access:?}"
+            )));
+        }
+        let writes = Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+        if remote.bits() & writes.bits() != 0 && !region.access().contains(Access::LOCAL_WRITE) {
+            return Err(VerbsError::InvalidArgument(
+                "remote write or atomic access to a read-only region".into(),
+            ));
+        }
+        self.bind_raw(
+            wr_id,
+            window,
+            region.raw_mr(),
+            region.addr() + range.start as u64,
+            range.len() as u64,
+            remote,
+        )
+    }
+
+    /// Posts the bind work request. `mr` must stay registered while the window is bound
+    /// and `[addr, addr + len)` must lie inside it (the callers check).
+    fn bind_raw(
+        &self,
+        wr_id: u64,
+        window: &MemoryWindow,
+        mr: *mut ibv_mr,
+        addr: u64,
+        length: u64,
+        access: Access,
+    ) -> Result<RemoteRegion> {
         let rkey = next_rkey(window.rkey());
         // SAFETY: plain old data; all-zero is valid, the fields that matter are set below.
         let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
@@ -378,21 +446,21 @@ impl QueuePair {
             mw: window.as_ptr(),
             rkey,
             bind_info: ibv_mw_bind_info {
-                mr: region.raw_mr(),
-                addr: region.addr(),
-                length: region.len() as u64,
+                mr,
+                addr,
+                length,
                 mw_access_flags: access.remote_part().bits(),
             },
         };
         let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
-        // SAFETY: the QP, window and region are alive across the call; the region stays
-        // registered while the window is bound (the caller keeps both, and deallocating
+        // SAFETY: the QP, window and MR are alive across the call; the MR stays
+        // registered while the window is bound (the callers keep both, and deallocating
         // the window first revokes access).
         let ret = unsafe { ibv_post_send(self.inner.qp.as_ptr(), &mut wr, &mut bad) };
         check(Verb::PostSend, ret)?;
         Ok(RemoteRegion {
-            addr: region.addr(),
-            len: region.len() as u64,
+            addr,
+            len: length,
             rkey,
         })
     }

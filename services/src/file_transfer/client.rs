@@ -28,6 +28,7 @@ use super::endpoint::{Endpoint, Outcome, Output};
 use super::error::TransferError;
 use super::receiver::Receiver;
 use super::sender::Sender;
+use super::store::StoreError;
 use super::wire::{FileOffer, HashAlg, Msg, RemoteWindow, WindowGrant};
 
 /// How [`send_file`] sends.
@@ -395,6 +396,33 @@ impl<'c, P: FnMut(Progress<'_>)> Drive<'c, P> {
                             reply,
                         }),
                     }
+                }
+                // Downloads consume on this thread, as before (a client serves one
+                // transfer; the server is the side that must not block).
+                Output::Consume => {
+                    if let Some(job) = ep.take_consume() {
+                        ep.handle_consumed(job.run())?;
+                    }
+                }
+                Output::Prepare => {
+                    return Err(
+                        TransferError::Driver("a client never serves a fetch".into()).into(),
+                    );
+                }
+                Output::Commit => {
+                    let temp = ep.take_commit().ok_or_else(|| {
+                        TransferError::Driver("a commit asked for without a file".into())
+                    })?;
+                    let target = temp.target().to_owned();
+                    // fsync and rename block: not on the thread that runs the actors.
+                    let result = off_thread(move || temp.commit()).await.unwrap_or_else(|_| {
+                        Err(StoreError::Io {
+                            op: "commit",
+                            path: target,
+                            source: std::io::Error::other("the commit panicked"),
+                        })
+                    });
+                    ep.handle_committed(result)?;
                 }
                 Output::Finished(outcome) => {
                     self.window = None;

@@ -5,6 +5,7 @@ use std::ops::Range;
 use std::path::PathBuf;
 
 use super::error::{Result, TransferError};
+use super::store::{StoreError, TempFile};
 use super::wire::{BadReason, Digest, Msg, RejectReason, RemoteWindow, SecretKey};
 
 /// One RDMA WRITE_WITH_IMM the sender's driver must post: fill staging bytes
@@ -76,7 +77,8 @@ pub enum Outcome {
 /// | output | receiver | sender |
 /// |---|---|---|
 /// | [`Send`](Self::Send) | yes | yes |
-/// | [`GrantWindow`](Self::GrantWindow), [`Revoke`](Self::Revoke) | yes | |
+/// | [`GrantWindow`](Self::GrantWindow), [`Revoke`](Self::Revoke), [`Consume`](Self::Consume), [`Commit`](Self::Commit) | yes | |
+/// | [`Prepare`](Self::Prepare) | (the server, before it becomes a sender) | |
 /// | [`Stage`](Self::Stage), [`WriteChunk`](Self::WriteChunk) | | yes |
 /// | [`Finished`](Self::Finished) | yes | yes |
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,6 +103,22 @@ pub enum Output {
     /// Fill and post one chunk (see [`ChunkWrite`]); report its completion with
     /// [`Endpoint::handle_write_done`].
     WriteChunk(ChunkWrite),
+    /// The file checked out: take it with [`Endpoint::take_commit`], run
+    /// [`TempFile::commit`] (fsync, rename, fsync of the directory) off the thread that
+    /// serves the connection, and hand the result to [`Endpoint::handle_committed`]. The
+    /// verdict (GOOD, or BAD with `NotStored`) follows from it.
+    Commit,
+    /// Received chunks wait to be hashed and appended: take them with
+    /// [`Endpoint::take_consume`], run [`ConsumeJob::run`](super::receiver::ConsumeJob::run)
+    /// off the thread that serves the connection, and hand the result to
+    /// [`Endpoint::handle_consumed`]. Acks for their slots, and the verdict after `Done`,
+    /// follow from it. At most one job is out at a time.
+    Consume,
+    /// A `Fetch` was asked for: take the job with [`Endpoint::take_prepare`], run
+    /// [`PrepareFetch::run`] (open and hash the whole file) off the thread that serves
+    /// the connection, and hand the result to [`Endpoint::handle_prepared`]. The offer
+    /// (or the refusal) follows from it.
+    Prepare,
     /// The transfer is over (a receiver may still answer one `Identify` after
     /// [`Outcome::Stored`]).
     Finished(Outcome),
@@ -196,9 +214,64 @@ pub trait Endpoint {
     fn handle_write_done(&mut self, index: u32) -> Result<()> {
         Err(unexpected(self, format!("completion of chunk {index}")))
     }
+
+    /// The chunks to consume, after [`Output::Consume`].
+    fn take_consume(&mut self) -> Option<super::receiver::ConsumeJob> {
+        None
+    }
+
+    /// What a [`super::receiver::ConsumeJob`] did.
+    fn handle_consumed(&mut self, consumed: super::receiver::Consumed) -> Result<()> {
+        let _ = consumed;
+        Err(unexpected(self, "consumed chunks".into()))
+    }
+
+    /// The fetch to prepare, after [`Output::Prepare`] (once).
+    fn take_prepare(&mut self) -> Option<PrepareFetch> {
+        None
+    }
+
+    /// How the preparation asked for by [`Output::Prepare`] ended.
+    fn handle_prepared(
+        &mut self,
+        result: std::result::Result<super::sender::Sender, super::wire::RejectReason>,
+    ) -> Result<()> {
+        let _ = result;
+        Err(unexpected(self, "a prepared fetch".into()))
+    }
+
+    /// The verified temporary file to commit, after [`Output::Commit`] (once).
+    fn take_commit(&mut self) -> Option<TempFile> {
+        None
+    }
+
+    /// How the commit asked for by [`Output::Commit`] ended.
+    fn handle_committed(&mut self, result: std::result::Result<PathBuf, StoreError>) -> Result<()> {
+        let _ = result;
+        Err(unexpected(self, "a commit result".into()))
+    }
 }
 
 /// The error for `what` arriving while `ep` is in a state that does not take it.
+/// The blocking part of serving a `Fetch`: open the file and hash all of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrepareFetch {
+    /// The served directory.
+    pub dir: PathBuf,
+    /// The name asked for (checked by `run`).
+    pub name: String,
+    /// The hash asked for.
+    pub alg: super::wire::HashAlg,
+}
+
+impl PrepareFetch {
+    /// Opens and hashes the file: the sender that serves it, or why not. Blocks (reads
+    /// the whole file).
+    pub fn run(self) -> std::result::Result<super::sender::Sender, super::wire::RejectReason> {
+        super::sender::Sender::for_fetch(&self.dir, &self.name, self.alg)
+    }
+}
+
 pub(crate) fn unexpected<E: Endpoint + ?Sized>(ep: &E, what: String) -> TransferError {
     TransferError::Unexpected {
         what,

@@ -102,11 +102,11 @@ mod wire;
 
 pub use client::{fetch_file, send_file, ClientError, FetchOptions, Progress, SendOptions};
 pub use config::Config;
-pub use endpoint::{Auth, ChunkWrite, Endpoint, Outcome, Output};
+pub use endpoint::{Auth, ChunkWrite, Endpoint, Outcome, Output, PrepareFetch};
 pub use error::{Result, TransferError};
 pub use hash::{hash_bytes, hash_file, hash_reader, Hasher};
 pub use name::{validate_name, NameError, MAX_NAME_LEN};
-pub use receiver::Receiver;
+pub use receiver::{ConsumeJob, Consumed, Receiver, Sink};
 pub use sender::Sender;
 pub use server::Server;
 pub use session::FileTransfer;

@@ -19,12 +19,78 @@ use super::wire::{
     WindowGrant, MAX_CHUNKS,
 };
 
+/// A verified file waiting for its commit.
+#[derive(Debug)]
+struct Committing {
+    len: u64,
+    digest: super::wire::Digest,
+    /// Taken by the driver (`take_commit`); dropping it unused removes the temporary file.
+    temp: Option<TempFile>,
+}
+
+/// Where received chunks go, in order: the running hash and the temporary file. It
+/// travels to the thread that consumes chunks ([`ConsumeJob`]) and back.
+#[derive(Debug)]
+pub struct Sink {
+    hasher: Hasher,
+    temp: TempFile,
+}
+
+/// Chunks to hash and append, in order, off the connection's thread (see
+/// [`Output::Consume`]).
+#[derive(Debug)]
+pub struct ConsumeJob {
+    sink: Box<Sink>,
+    chunks: Vec<(u32, Vec<u8>)>,
+}
+
+impl ConsumeJob {
+    /// Hashes and appends every chunk, in order; stops at the first write error. Blocks.
+    pub fn run(self) -> Consumed {
+        let ConsumeJob { mut sink, chunks } = self;
+        let mut done = Vec::with_capacity(chunks.len());
+        let mut result = Ok(());
+        for (index, bytes) in chunks {
+            sink.hasher.update(&bytes);
+            if let Err(e) = sink.temp.write_all(&bytes) {
+                result = Err(e);
+                break;
+            }
+            done.push(index);
+        }
+        Consumed { sink, done, result }
+    }
+
+    /// Chunks in this job.
+    pub fn len(&self) -> usize {
+        self.chunks.len()
+    }
+
+    /// True for a job without chunks (never emitted).
+    pub fn is_empty(&self) -> bool {
+        self.chunks.is_empty()
+    }
+}
+
+/// What a [`ConsumeJob`] did: hand it to [`Endpoint::handle_consumed`].
+#[derive(Debug)]
+pub struct Consumed {
+    sink: Box<Sink>,
+    done: Vec<u32>,
+    result: std::result::Result<(), StoreError>,
+}
+
 /// One accepted offer being received.
 #[derive(Debug)]
 struct Incoming {
     offer: FileOffer,
-    temp: TempFile,
-    hasher: Hasher,
+    /// Home unless a [`ConsumeJob`] has it.
+    sink: Option<Box<Sink>>,
+    /// Chunks copied out of the window, not yet handed to a job. Their slots are acked
+    /// only once consumed, so at most a window's worth waits here.
+    queued: Vec<(u32, Vec<u8>)>,
+    /// `Done` arrived; the verdict waits for the last chunks to be consumed.
+    done_pending: bool,
     slots: u32,
     slot_len: u32,
     chunks: u64,
@@ -53,6 +119,9 @@ enum State {
     Granting(Box<Incoming>),
     /// Chunks and then `Done`.
     Receiving(Box<Incoming>),
+    /// The hash matched; `Output::Commit` was emitted and the driver commits the file
+    /// (off its connection's thread) and reports with `handle_committed`.
+    Committing(Box<Committing>),
     /// The verdict was sent (or the offer rejected); `Identify` is still answered when
     /// the verdict was GOOD.
     Finished { may_identify: bool },
@@ -67,6 +136,7 @@ impl State {
             State::AwaitFetched { .. } => "waiting for the offer of the fetched file",
             State::Granting(_) => "registering the window",
             State::Receiving(_) => "receiving chunks",
+            State::Committing(_) => "storing the verified file",
             State::Finished { may_identify: true } => "finished with GOOD (Identify allowed)",
             State::Finished {
                 may_identify: false,
@@ -188,9 +258,13 @@ impl Receiver {
             }
         };
         let inc = Box::new(Incoming {
-            hasher: Hasher::new(offer.digest.alg),
+            sink: Some(Box::new(Sink {
+                hasher: Hasher::new(offer.digest.alg),
+                temp,
+            })),
+            queued: Vec::new(),
+            done_pending: false,
             offer,
-            temp,
             slots,
             slot_len,
             chunks,
@@ -209,40 +283,47 @@ impl Receiver {
         }
     }
 
-    /// `Done`: every chunk must be in. Verify, then commit or discard.
-    fn done(&mut self, inc: Box<Incoming>) -> Result<()> {
+    /// `Done`: every chunk must be in. Once all are consumed, verify, then commit or
+    /// discard.
+    fn done(&mut self, mut inc: Box<Incoming>) -> Result<()> {
         if inc.next < inc.chunks {
             return self.fail(TransferError::EarlyDone {
                 received: inc.next,
                 expected: inc.chunks,
             });
         }
+        if inc.sink.is_none() || !inc.queued.is_empty() {
+            inc.done_pending = true;
+            self.state = State::Receiving(inc);
+            return Ok(());
+        }
         if inc.window.is_some() {
             self.out.push_back(Output::Revoke);
         }
-        let Incoming {
-            offer,
-            temp,
-            hasher,
-            ..
-        } = *inc;
+        let Incoming { offer, sink, .. } = *inc;
+        let Sink { hasher, temp } = *sink.expect("checked above");
         let got = hasher.finalize();
-        let verdict = if got != offer.digest {
+        if got != offer.digest {
             drop(temp);
-            Err(BadReason::Mismatch { got })
-        } else {
-            temp.commit().map_err(|e| BadReason::NotStored {
-                reason: e.to_string(),
-            })
-        };
+            self.verdict(Err(BadReason::Mismatch { got }));
+            return Ok(());
+        }
+        // fsync and rename block: the driver runs them elsewhere and reports back.
+        self.out.push_back(Output::Commit);
+        self.state = State::Committing(Box::new(Committing {
+            len: offer.len,
+            digest: got,
+            temp: Some(temp),
+        }));
+        Ok(())
+    }
+
+    /// Sends the verdict and finishes: GOOD with what was stored, or BAD.
+    fn verdict(&mut self, verdict: std::result::Result<Outcome, BadReason>) {
         match verdict {
-            Ok(path) => {
+            Ok(stored) => {
                 self.out.push_back(Output::Send(Msg::Good));
-                self.out.push_back(Output::Finished(Outcome::Stored {
-                    path,
-                    len: offer.len,
-                    digest: got,
-                }));
+                self.out.push_back(Output::Finished(stored));
                 self.state = State::Finished { may_identify: true };
             }
             Err(reason) => {
@@ -255,7 +336,6 @@ impl Receiver {
                 };
             }
         }
-        Ok(())
     }
 }
 
@@ -362,17 +442,97 @@ impl Endpoint for Receiver {
             };
             return self.fail(e);
         }
-        inc.hasher.update(bytes);
-        if let Err(e) = inc.temp.write_all(bytes) {
-            return self.fail(e.into());
-        }
+        // Copied out (cheap next to hashing), so the job owns its bytes and a peer
+        // writing into the window meanwhile cannot change what is hashed.
+        inc.queued.push((index, bytes.to_vec()));
         inc.next += 1;
-        // The slot is needed again by chunk index + slots, if there is one.
-        if u64::from(index) + u64::from(inc.slots) < inc.chunks {
-            self.out
-                .push_back(Output::Send(Msg::Ack { next: index + 1 }));
+        if inc.sink.is_some() && inc.queued.len() == 1 {
+            self.out.push_back(Output::Consume);
         }
         Ok(())
+    }
+
+    fn take_consume(&mut self) -> Option<ConsumeJob> {
+        let State::Receiving(inc) = &mut self.state else {
+            return None;
+        };
+        if inc.queued.is_empty() {
+            return None;
+        }
+        let sink = inc.sink.take()?;
+        Some(ConsumeJob {
+            sink,
+            chunks: mem::take(&mut inc.queued),
+        })
+    }
+
+    fn handle_consumed(&mut self, consumed: Consumed) -> Result<()> {
+        let State::Receiving(inc) = &mut self.state else {
+            let e = unexpected(self, "consumed chunks".into());
+            return self.fail(e);
+        };
+        if inc.sink.is_some() {
+            let e = TransferError::Driver("consumed chunks that were never handed out".into());
+            return self.fail(e);
+        }
+        let Consumed { sink, done, result } = consumed;
+        inc.sink = Some(sink);
+        if let Err(e) = result {
+            return self.fail(e.into());
+        }
+        // A slot is needed again by chunk index + slots, if there is one: ack it now that
+        // its bytes are consumed.
+        for index in done {
+            if u64::from(index) + u64::from(inc.slots) < inc.chunks {
+                self.out
+                    .push_back(Output::Send(Msg::Ack { next: index + 1 }));
+            }
+        }
+        if !inc.queued.is_empty() {
+            self.out.push_back(Output::Consume);
+            return Ok(());
+        }
+        if inc.done_pending {
+            let State::Receiving(inc) = mem::replace(&mut self.state, State::Failed) else {
+                unreachable!("matched above");
+            };
+            return self.done(inc);
+        }
+        Ok(())
+    }
+
+    fn take_commit(&mut self) -> Option<TempFile> {
+        match &mut self.state {
+            State::Committing(c) => c.temp.take(),
+            _ => None,
+        }
+    }
+
+    fn handle_committed(
+        &mut self,
+        result: std::result::Result<std::path::PathBuf, StoreError>,
+    ) -> Result<()> {
+        match mem::replace(&mut self.state, State::Failed) {
+            State::Committing(c) => {
+                self.verdict(
+                    result
+                        .map(|path| Outcome::Stored {
+                            path,
+                            len: c.len,
+                            digest: c.digest,
+                        })
+                        .map_err(|e| BadReason::NotStored {
+                            reason: e.to_string(),
+                        }),
+                );
+                Ok(())
+            }
+            state => {
+                self.state = state;
+                let e = unexpected(self, "a commit result".into());
+                self.fail(e)
+            }
+        }
     }
 
     fn handle_window(&mut self, region: RemoteWindow) -> Result<()> {
@@ -435,8 +595,84 @@ mod tests {
         })
     }
 
+    /// Every output; consuming and committing are carried out at once (a driver would
+    /// do them elsewhere) and not listed.
     fn drain(r: &mut Receiver) -> Vec<Output> {
-        std::iter::from_fn(|| r.poll_output()).collect()
+        let mut all = Vec::new();
+        while let Some(out) = r.poll_output() {
+            if out == Output::Consume {
+                let job = r.take_consume().expect("chunks to consume");
+                r.handle_consumed(job.run()).unwrap();
+                continue;
+            }
+            if out == Output::Commit {
+                let temp = r.take_commit().expect("a file to commit");
+                r.handle_committed(temp.commit()).unwrap();
+            }
+            all.push(out);
+        }
+        all
+    }
+
+    #[test]
+    fn chunks_are_consumed_by_one_job_at_a_time_and_acked_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = b"abcdefghij";
+        let mut r = Receiver::new(config(dir.path()));
+        r.handle_msg(offer("c", data)).unwrap();
+        granted(&mut r, 8);
+        r.handle_chunk(0, &data[0..4]).unwrap();
+        assert_eq!(r.poll_output(), Some(Output::Consume));
+        let job = r.take_consume().unwrap();
+        assert_eq!(job.len(), 1);
+        assert!(r.take_consume().is_none(), "one job out at a time");
+        // Chunk 1 arrives while the job runs: queued, no second Consume yet.
+        r.handle_chunk(1, &data[4..8]).unwrap();
+        assert_eq!(r.poll_output(), None, "no ack before the chunk is consumed");
+        r.handle_consumed(job.run()).unwrap();
+        // Chunk 0's slot is needed by chunk 2: acked now; chunk 1 waits for its own job.
+        assert_eq!(r.poll_output(), Some(Output::Send(Msg::Ack { next: 1 })));
+        assert_eq!(r.poll_output(), Some(Output::Consume));
+        let job = r.take_consume().unwrap();
+        r.handle_chunk(2, &data[8..]).unwrap();
+        // Done while chunks are still out: the verdict waits.
+        r.handle_msg(Msg::Done).unwrap();
+        assert_eq!(r.poll_output(), None);
+        r.handle_consumed(job.run()).unwrap();
+        let out = drain(&mut r);
+        assert!(out.contains(&Output::Send(Msg::Good)), "{out:?}");
+        assert_eq!(std::fs::read(dir.path().join("c")).unwrap(), data);
+    }
+
+    #[test]
+    fn the_verdict_waits_for_the_commit_and_a_failed_commit_is_bad() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = Receiver::new(config(dir.path()));
+        r.handle_msg(offer("late", b"")).unwrap();
+        drain(&mut r);
+        r.handle_msg(Msg::Done).unwrap();
+        assert_eq!(r.poll_output(), Some(Output::Commit));
+        assert_eq!(r.poll_output(), None, "no verdict before the commit");
+        assert!(!r.is_finished());
+        let temp = r.take_commit().unwrap();
+        assert!(r.take_commit().is_none(), "taken once");
+        drop(temp);
+        let failed = StoreError::Io {
+            op: "fsync",
+            path: dir.path().join("late"),
+            source: std::io::Error::other("disk on fire"),
+        };
+        r.handle_committed(Err(failed)).unwrap();
+        let out = drain(&mut r);
+        assert!(
+            matches!(&out[0], Output::Send(Msg::Bad { reason: BadReason::NotStored { reason } }) if reason.contains("disk on fire")),
+            "{out:?}"
+        );
+        assert!(!dir.path().join("late").exists());
+        assert!(
+            r.handle_committed(Ok(dir.path().join("x"))).is_err(),
+            "one result"
+        );
     }
 
     fn rejected(r: &mut Receiver) -> RejectReason {
@@ -481,9 +717,10 @@ mod tests {
         r.handle_msg(Msg::Done).unwrap();
         let out = drain(&mut r);
         assert_eq!(out[0], Output::Revoke);
-        assert_eq!(out[1], Output::Send(Msg::Good));
+        assert_eq!(out[1], Output::Commit);
+        assert_eq!(out[2], Output::Send(Msg::Good));
         assert!(matches!(
-            &out[2],
+            &out[3],
             Output::Finished(Outcome::Stored { len: 10, .. })
         ));
         assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), data);
@@ -505,7 +742,7 @@ mod tests {
         );
         r.handle_msg(Msg::Done).unwrap();
         let out = drain(&mut r);
-        assert_eq!(out[0], Output::Send(Msg::Good));
+        assert_eq!(out[..2], [Output::Commit, Output::Send(Msg::Good)]);
         assert_eq!(std::fs::read(dir.path().join("empty")).unwrap(), b"");
     }
 

@@ -8,7 +8,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::config::Config;
-use super::endpoint::{ChunkWrite, Endpoint, Outcome, Output};
+use super::endpoint::{ChunkWrite, Endpoint, Outcome, Output, PrepareFetch};
 use super::error::Result;
 use super::receiver::Receiver;
 use super::sender::Sender;
@@ -17,6 +17,9 @@ use super::wire::{Msg, RemoteWindow};
 #[derive(Debug)]
 enum Role {
     Idle,
+    /// A `Fetch` is being prepared (the file hashed) off the connection's thread; the job
+    /// until the driver takes it.
+    Preparing(Option<PrepareFetch>),
     Receive(Receiver),
     Send(Sender),
 }
@@ -26,8 +29,9 @@ enum Role {
 /// [`Sender`]; a new `Offer` or `Fetch` is accepted whenever the previous transfer is
 /// finished.
 ///
-/// A `Fetch` hashes the whole file inside [`handle_msg`](Endpoint::handle_msg), before
-/// the offer goes out.
+/// A `Fetch` hashes the whole file before the offer goes out: the server emits
+/// [`Output::Prepare`] and the driver runs the hashing elsewhere
+/// ([`Endpoint::take_prepare`], [`Endpoint::handle_prepared`]).
 #[derive(Debug)]
 pub struct Server {
     config: Arc<Config>,
@@ -48,7 +52,7 @@ impl Server {
 
     fn role(&self) -> Option<&dyn Endpoint> {
         match &self.role {
-            Role::Idle => None,
+            Role::Idle | Role::Preparing(_) => None,
             Role::Receive(r) => Some(r),
             Role::Send(s) => Some(s),
         }
@@ -56,7 +60,7 @@ impl Server {
 
     fn role_mut(&mut self) -> Option<&mut dyn Endpoint> {
         match &mut self.role {
-            Role::Idle => None,
+            Role::Idle | Role::Preparing(_) => None,
             Role::Receive(r) => Some(r),
             Role::Send(s) => Some(s),
         }
@@ -74,12 +78,15 @@ impl Server {
 
 impl Endpoint for Server {
     fn state_name(&self) -> &'static str {
+        if matches!(self.role, Role::Preparing(_)) {
+            return "hashing the file asked for";
+        }
         self.role()
             .map_or("waiting for an offer or a fetch", |ep| ep.state_name())
     }
 
     fn handle_msg(&mut self, msg: Msg) -> Result<()> {
-        let between = self.role().is_none_or(|ep| ep.is_finished());
+        let between = self.is_finished();
         match msg {
             Msg::Offer(_) if between => {
                 self.retire();
@@ -90,16 +97,12 @@ impl Endpoint for Server {
             }
             Msg::Fetch { name, alg } if between => {
                 self.retire();
-                match Sender::for_fetch(&self.config.dir, &name, alg) {
-                    Ok(s) => self.role = Role::Send(s.with_max_window(self.config.max_window)),
-                    Err(reason) => {
-                        self.out.push_back(Output::Send(Msg::Reject {
-                            reason: reason.clone(),
-                        }));
-                        self.out
-                            .push_back(Output::Finished(Outcome::Rejected(reason)));
-                    }
-                }
+                self.role = Role::Preparing(Some(PrepareFetch {
+                    dir: self.config.dir.clone(),
+                    name,
+                    alg,
+                }));
+                self.out.push_back(Output::Prepare);
                 Ok(())
             }
             msg => match self.role_mut() {
@@ -116,7 +119,35 @@ impl Endpoint for Server {
     }
 
     fn is_finished(&self) -> bool {
-        self.role().is_none_or(|ep| ep.is_finished())
+        !matches!(self.role, Role::Preparing(_)) && self.role().is_none_or(|ep| ep.is_finished())
+    }
+
+    fn take_prepare(&mut self) -> Option<PrepareFetch> {
+        match &mut self.role {
+            Role::Preparing(job) => job.take(),
+            _ => None,
+        }
+    }
+
+    fn handle_prepared(
+        &mut self,
+        result: std::result::Result<Sender, super::wire::RejectReason>,
+    ) -> Result<()> {
+        if !matches!(self.role, Role::Preparing(_)) {
+            return Err(super::endpoint::unexpected(self, "a prepared fetch".into()));
+        }
+        match result {
+            Ok(s) => self.role = Role::Send(s.with_max_window(self.config.max_window)),
+            Err(reason) => {
+                self.role = Role::Idle;
+                self.out.push_back(Output::Send(Msg::Reject {
+                    reason: reason.clone(),
+                }));
+                self.out
+                    .push_back(Output::Finished(Outcome::Rejected(reason)));
+            }
+        }
+        Ok(())
     }
 
     fn chunk_range(&self, index: u32) -> Result<Range<usize>> {
@@ -150,6 +181,31 @@ impl Endpoint for Server {
                 self,
                 format!("fill of chunk {}", chunk.index),
             )),
+        }
+    }
+
+    fn take_consume(&mut self) -> Option<super::receiver::ConsumeJob> {
+        self.role_mut().and_then(|ep| ep.take_consume())
+    }
+
+    fn handle_consumed(&mut self, consumed: super::receiver::Consumed) -> Result<()> {
+        match self.role_mut() {
+            Some(ep) => ep.handle_consumed(consumed),
+            None => Err(super::endpoint::unexpected(self, "consumed chunks".into())),
+        }
+    }
+
+    fn take_commit(&mut self) -> Option<super::store::TempFile> {
+        self.role_mut().and_then(|ep| ep.take_commit())
+    }
+
+    fn handle_committed(
+        &mut self,
+        result: std::result::Result<std::path::PathBuf, super::store::StoreError>,
+    ) -> Result<()> {
+        match self.role_mut() {
+            Some(ep) => ep.handle_committed(result),
+            None => Err(super::endpoint::unexpected(self, "a commit result".into())),
         }
     }
 

@@ -19,23 +19,30 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use rdmactor::runtime::{
-    BufId, CloseReason, Message, Op, OpId, PeerInfo, Service, Session, SessionCx, SessionError,
+    Blocking, BufId, CloseReason, Message, Op, OpId, PeerInfo, Service, Session, SessionCx,
+    SessionError,
 };
 use rdmactor::verbs::{Access, RemoteRegion};
 
 use super::config::Config;
 use super::endpoint::{Endpoint, Outcome, Output};
 use super::error::{Result, TransferError};
+use super::receiver::Consumed;
 use super::server::Server;
-use super::wire::{Msg, RemoteWindow};
+use super::store::StoreError;
+use super::wire::{Msg, RejectReason, RemoteWindow};
 
 /// The file-transfer service (register it as `files`): uploads into
 /// [`Config::dir`], downloads from it, and `Identify` answered from
 /// [`Config::secrets`]. See the [module docs](super) for the protocol.
 ///
-/// A `Fetch` hashes the whole requested file before the offer goes out, on the
-/// connection's poller thread: connections sharing that poller wait meanwhile. Fsync
-/// and rename at the end of an upload run there too.
+/// Blocking file work stays off the connection's poller thread (which serves many
+/// connections): the whole-file hash of a `Fetch` and the fsync and rename that end an
+/// upload run on the runtime's blocking pool (`SessionCx::spawn_blocking`), and the
+/// offer or verdict goes out when they are done. So do hashing and appending received
+/// chunks: each chunk is copied out of the window on the poller thread (a memcpy) and
+/// consumed by a job, one at a time per transfer; a slot is acked once its chunk is
+/// consumed, which bounds what waits to the window.
 #[derive(Debug, Clone)]
 pub struct FileTransfer {
     config: Arc<Config>,
@@ -79,6 +86,9 @@ impl Service for FileTransfer {
             staging: None,
             writes: HashMap::new(),
             transfer: 0,
+            commit: None,
+            consume: None,
+            prepare: None,
         })
     }
 }
@@ -101,7 +111,23 @@ struct FileSession {
     /// after its verdict the state machine may already be in a new role that would
     /// take it for a protocol error.
     transfer: u64,
+    /// The commit (fsync, rename) of a verified upload, running on the blocking pool.
+    /// If the connection closes first, it still finishes: the file was complete and
+    /// verified, only the verdict is lost.
+    commit: Option<Blocking<std::result::Result<std::path::PathBuf, StoreError>>>,
+    /// Received chunks being hashed and appended on the blocking pool (one job at a
+    /// time; the state machine queues what arrives meanwhile).
+    consume: Option<Blocking<Consumed>>,
+    /// The preparation (open, hash) of a fetched file, running on the blocking pool.
+    prepare: Option<Blocking<std::result::Result<super::sender::Sender, RejectReason>>>,
 }
+
+/// The `on_wake` token of a finished commit.
+const COMMIT_DONE: u64 = 1;
+/// The `on_wake` token of a prepared fetch.
+const PREPARED: u64 = 2;
+/// The `on_wake` token of consumed chunks.
+const CONSUMED: u64 = 3;
 
 fn fail(e: TransferError) -> SessionError {
     SessionError::new(format!("file transfer: {e}"))
@@ -173,6 +199,23 @@ impl FileSession {
                         imm: Some(chunk.imm()),
                     })?;
                     self.writes.insert(op, (self.transfer, chunk.index));
+                }
+                Output::Consume => {
+                    if let Some(job) = self.server()?.take_consume() {
+                        self.consume = Some(cx.spawn_blocking(CONSUMED, move || job.run()));
+                    }
+                }
+                Output::Prepare => {
+                    let job = self.server()?.take_prepare().ok_or_else(|| {
+                        SessionError::new("file transfer: a fetch to prepare without a job")
+                    })?;
+                    self.prepare = Some(cx.spawn_blocking(PREPARED, move || job.run()));
+                }
+                Output::Commit => {
+                    let temp = self.server()?.take_commit().ok_or_else(|| {
+                        SessionError::new("file transfer: a commit asked for without a file")
+                    })?;
+                    self.commit = Some(cx.spawn_blocking(COMMIT_DONE, move || temp.commit()));
                 }
                 Output::Finished(outcome) => {
                     self.log(&outcome);
@@ -257,9 +300,60 @@ impl Session for FileSession {
         self.drive(cx)
     }
 
+    fn on_wake(
+        &mut self,
+        cx: &mut SessionCx<'_>,
+        token: u64,
+    ) -> std::result::Result<(), SessionError> {
+        if token == CONSUMED {
+            let Some(result) = self.consume.as_ref().and_then(Blocking::try_take) else {
+                return Ok(());
+            };
+            self.consume = None;
+            let consumed = result
+                .map_err(|e| SessionError::new(format!("file transfer: consuming chunks: {e}")))?;
+            self.server()?.handle_consumed(consumed).map_err(fail)?;
+            return self.drive(cx);
+        }
+        if token == PREPARED {
+            let Some(result) = self.prepare.as_ref().and_then(Blocking::try_take) else {
+                return Ok(());
+            };
+            self.prepare = None;
+            let result = result.unwrap_or_else(|e| {
+                Err(RejectReason::Unavailable {
+                    reason: e.to_string(),
+                })
+            });
+            self.server()?.handle_prepared(result).map_err(fail)?;
+            return self.drive(cx);
+        }
+        if token != COMMIT_DONE {
+            return Ok(());
+        }
+        let Some(result) = self.commit.as_ref().and_then(Blocking::try_take) else {
+            return Ok(());
+        };
+        self.commit = None;
+        let result = result.unwrap_or_else(|e| {
+            Err(StoreError::Io {
+                op: "commit",
+                path: std::path::PathBuf::new(),
+                source: std::io::Error::other(e.to_string()),
+            })
+        });
+        self.server()?.handle_committed(result).map_err(fail)?;
+        self.drive(cx)
+    }
+
     fn on_close(&mut self, reason: &CloseReason) {
+        let committing = self.commit.take().is_some();
+        if committing {
+            tracing::info!(peer = %self.peer, %reason,
+                "connection closed while its verified file was being stored; the file is kept, the verdict is lost");
+        }
         if let Some(server) = self.server.take() {
-            if !server.is_finished() {
+            if !committing && !server.is_finished() {
                 tracing::info!(peer = %self.peer, %reason, state = server.state_name(),
                     "connection closed mid-transfer; discarding it");
             }

@@ -133,6 +133,23 @@ impl Pair {
                         .count();
                     self.max_queued_writes = self.max_queued_writes.max(queued);
                 }
+                Output::Consume => {
+                    // A real driver consumes on another thread; here, at once.
+                    let job = ep.take_consume().expect("chunks to consume");
+                    ep.handle_consumed(job.run()).map_err(fail)?;
+                }
+                Output::Prepare => {
+                    // A real driver hashes on another thread; here, at once.
+                    let job = ep.take_prepare().expect("a fetch to prepare");
+                    assert!(ep.take_prepare().is_none(), "taken once");
+                    ep.handle_prepared(job.run()).map_err(fail)?;
+                }
+                Output::Commit => {
+                    // A real driver commits on another thread; here, at once.
+                    let temp = ep.take_commit().expect("a file to commit");
+                    assert!(ep.take_commit().is_none(), "taken once");
+                    ep.handle_committed(temp.commit()).map_err(fail)?;
+                }
                 Output::Finished(o) => me.outcomes.push(o),
             }
         }
@@ -426,6 +443,12 @@ fn path_tricks_are_refused_by_the_server() {
             alg: HashAlg::Sha256,
         })
         .unwrap();
+        // Opening and hashing happen in a job the driver runs elsewhere (after what the
+        // rejected offer still had to say).
+        assert!(std::iter::from_fn(|| s.poll_output()).any(|o| o == Output::Prepare));
+        assert!(!s.is_finished(), "preparing");
+        let job = s.take_prepare().unwrap();
+        s.handle_prepared(job.run()).unwrap();
         let out: Vec<Output> = std::iter::from_fn(|| s.poll_output()).collect();
         assert!(
             out.iter().any(|o| matches!(
@@ -677,4 +700,41 @@ fn a_source_that_shrank_fails_the_sender_and_leaves_nothing() {
     ));
     pair.sides[1].ep = None; // the session ends the connection
     assert!(entries(dst.path()).is_empty());
+}
+
+#[test]
+fn a_fetch_waits_for_its_preparation_and_nothing_else_is_taken_meanwhile() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("f"), b"fetched").unwrap();
+    let mut s = Server::new(server_config(dir.path()));
+    s.handle_msg(Msg::Fetch {
+        name: "f".into(),
+        alg: HashAlg::Blake3,
+    })
+    .unwrap();
+    assert_eq!(s.poll_output(), Some(Output::Prepare));
+    assert_eq!(s.poll_output(), None, "no offer before the hash");
+    assert_eq!(s.state_name(), "hashing the file asked for");
+    let job = s.take_prepare().unwrap();
+    assert!(s.take_prepare().is_none(), "taken once");
+    // A second request while the first is being prepared is out of order.
+    let mut busy = Server::new(server_config(dir.path()));
+    busy.handle_msg(Msg::Fetch {
+        name: "f".into(),
+        alg: HashAlg::Blake3,
+    })
+    .unwrap();
+    assert!(busy.handle_msg(Msg::Done).is_err());
+    s.handle_prepared(job.run()).unwrap();
+    match s.poll_output() {
+        Some(Output::Send(Msg::Offer(offer))) => {
+            assert_eq!(offer.len, 7);
+            assert_eq!(offer.digest, hash_bytes(HashAlg::Blake3, b"fetched"));
+        }
+        other => panic!("expected the offer, got {other:?}"),
+    }
+    assert!(
+        s.handle_prepared(Err(RejectReason::NotFound)).is_err(),
+        "one result per fetch"
+    );
 }

@@ -99,5 +99,5 @@ pub use native::{checksum_native, NativeFn, NativeLambdas};
 pub use sandbox::{LambdaError, Limits, ModuleHash, Result, Sandbox, SandboxConfig};
 pub use session::{
     invoke, upload, CallError, Failure, FailureKind, Invocation, LambdaConfig, LambdaRef,
-    LambdaRequest, LambdaResponse, LambdaService, WireLimits, NUDGE_FIRST, NUDGE_MAX,
+    LambdaRequest, LambdaResponse, LambdaService, WireLimits,
 };

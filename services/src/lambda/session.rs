@@ -3,7 +3,6 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -11,7 +10,7 @@ use std::time::Duration;
 
 use rdmactor::runtime::{
     BufId, ClientConnection, Message, Op, OpId, PeerInfo, RequestError, Service, Session,
-    SessionCx, SessionError,
+    SessionCx, SessionError, SessionWaker,
 };
 use rdmactor::verbs::{Access, RemoteRegion};
 use serde::{Deserialize, Serialize};
@@ -91,8 +90,6 @@ pub enum LambdaRequest {
         /// own cap for `None`.
         limits: Option<WireLimits>,
     },
-    /// One-way (tag 0): "collect finished jobs" (see the module docs).
-    Nudge,
 }
 
 /// The server's answer.
@@ -304,17 +301,8 @@ impl Invocations {
         });
     }
 
-    /// A request arrived with `tag` (0: one-way).
+    /// A request arrived with `tag`.
     pub fn handle_request(&mut self, tag: u32, req: LambdaRequest) {
-        if matches!(req, LambdaRequest::Nudge) {
-            if tag != 0 {
-                self.fail(
-                    tag,
-                    Failure::new(FailureKind::BadRequest, "Nudge is one-way"),
-                );
-            }
-            return;
-        }
         if self.jobs.len() >= self.config.max_jobs_per_connection {
             let limit = self.config.max_jobs_per_connection;
             return self.fail(
@@ -326,7 +314,6 @@ impl Invocations {
             );
         }
         match req {
-            LambdaRequest::Nudge => {}
             LambdaRequest::Upload { module } => {
                 let job = self.jobs.insert(Job {
                     tag,
@@ -503,7 +490,6 @@ impl Invocations {
 ///                                                    run (on a job thread, limits capped)
 ///                                                    RDMA WRITE output[..len]
 ///                   ◄───────────────── Done{len} | Failed{kind, message}
-///   Nudge (one-way, tag 0, while waiting) ───────►   (collects finished jobs)
 /// ```
 ///
 /// `input` is a region the client registered with `REMOTE_READ`, `output` one with
@@ -516,15 +502,12 @@ impl Invocations {
 ///
 /// Loading and running go to a thread of their own (the sandbox adds its worker below
 /// that), so a slow or hostile lambda never stalls the other connections of a poller.
-/// The framework gives a session no way to be woken when such a thread finishes: a
-/// session runs only when a message or a completion of its own arrives. Until it does
-/// (the API wished for is `SessionCx::waker() -> SessionWaker` whose `wake()` runs a
-/// `Session::on_wake` callback on the actor, or a `SessionCx::spawn_blocking` that hands
-/// the closure's result to such a callback), the client **nudges**: while a request is
-/// outstanding, [`invoke`] and [`upload`] send a one-way `Nudge` every millisecond or so
-/// (backing off to [`NUDGE_MAX`]), and the session collects finished jobs whenever it
-/// runs. A finished job therefore waits for at most one nudge interval. Clients that do
-/// not nudge get their answers at their next message.
+/// The thread hands its outcome over a channel and wakes the session
+/// (`SessionCx::waker`, answered by `Session::on_wake` on the connection's actor), which
+/// goes on with the job at once: WRITE the output, answer. The client just awaits its
+/// reply. (Not `SessionCx::spawn_blocking`: jobs count against
+/// [`LambdaConfig::max_jobs`] and an abandoned sandbox worker must not hold a thread of
+/// the shared blocking pool.)
 ///
 /// # Errors
 ///
@@ -623,6 +606,7 @@ impl LambdaSession {
 
     /// Collects finished jobs, then carries out every action.
     fn drive(&mut self, cx: &mut SessionCx<'_>) -> Result<(), SessionError> {
+        let waker = cx.waker();
         while let Ok((job, outcome)) = self.done_rx.try_recv() {
             self.core.handle_outcome(job, outcome);
         }
@@ -654,7 +638,7 @@ impl LambdaSession {
                     self.ops.insert(op, PendingOp::Write { job, buf });
                 }
                 Action::Run { job, work, input } => {
-                    if let Err(outcome) = self.spawn(job, work, input) {
+                    if let Err(outcome) = self.spawn(job, work, input, waker.clone()) {
                         self.core.handle_outcome(job, outcome);
                     }
                 }
@@ -663,8 +647,15 @@ impl LambdaSession {
         Ok(())
     }
 
-    /// Starts `work` on a thread of its own; its outcome comes back through `done_rx`.
-    fn spawn(&self, job: usize, work: Work, input: Vec<u8>) -> Result<(), Outcome> {
+    /// Starts `work` on a thread of its own; its outcome comes back through `done_rx`, and
+    /// `waker` makes the session collect it.
+    fn spawn(
+        &self,
+        job: usize,
+        work: Work,
+        input: Vec<u8>,
+        waker: SessionWaker,
+    ) -> Result<(), Outcome> {
         let busy = |work: &Work, why: String| {
             let e = LambdaError::Busy {
                 limit: self.max_jobs,
@@ -694,7 +685,9 @@ impl LambdaSession {
                 };
                 drop(slot);
                 // The session may be gone (connection closed): nobody to tell.
-                let _ = done.send((job, outcome));
+                if done.send((job, outcome)).is_ok() {
+                    waker.wake(job as u64);
+                }
             })
             .map(|_| ())
             .map_err(|e| busy(&err_work, format!("cannot start a thread: {e}")))
@@ -705,10 +698,15 @@ impl Session for LambdaSession {
     fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
         let req: LambdaRequest = postcard::from_bytes(&msg.data)
             .map_err(|e| SessionError::new(format!("malformed lambda request: {e}")))?;
-        if msg.tag == 0 && !matches!(req, LambdaRequest::Nudge) {
+        if msg.tag == 0 {
             return Err(SessionError::new("lambda requests need a reply tag"));
         }
         self.core.handle_request(msg.tag, req);
+        self.drive(cx)
+    }
+
+    /// A job thread finished (the token is its job; `drive` collects every finished one).
+    fn on_wake(&mut self, cx: &mut SessionCx<'_>, _job: u64) -> Result<(), SessionError> {
         self.drive(cx)
     }
 
@@ -746,11 +744,6 @@ impl Session for LambdaSession {
 // ---------------------------------------------------------------------------------------
 // Client
 // ---------------------------------------------------------------------------------------
-
-/// First interval between nudges while a request is outstanding.
-pub const NUDGE_FIRST: Duration = Duration::from_millis(1);
-/// Longest interval between nudges.
-pub const NUDGE_MAX: Duration = Duration::from_millis(4);
 
 /// Why a lambda call failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -792,26 +785,8 @@ pub struct Invocation {
     pub limits: Option<Limits>,
 }
 
-/// Awaits `reply` while sending the server a nudge now and then (see the module docs).
-async fn nudging<T>(conn: &ClientConnection, reply: impl Future<Output = T>) -> T {
-    let nudge = postcard::to_allocvec(&LambdaRequest::Nudge).expect("a unit variant encodes");
-    let mut reply = std::pin::pin!(reply);
-    let mut interval = NUDGE_FIRST;
-    loop {
-        tokio::select! {
-            biased;
-            out = &mut reply => return out,
-            () = tokio::time::sleep(interval) => {
-                // A failed nudge means the connection is closing; the reply says so.
-                let _ = conn.send(nudge.clone()).await;
-                interval = (interval * 2).min(NUDGE_MAX);
-            }
-        }
-    }
-}
-
 async fn call(conn: &ClientConnection, req: &LambdaRequest) -> Result<LambdaResponse, CallError> {
-    Ok(nudging(conn, conn.request_typed(req)).await?)
+    Ok(conn.request_typed(req).await?)
 }
 
 /// Uploads a WebAssembly module; returns the hash that names it.
@@ -1046,16 +1021,13 @@ mod tests {
             }
             r
         });
-        inv.handle_request(3, LambdaRequest::Nudge);
-        inv.handle_request(0, LambdaRequest::Nudge);
         let acts = actions(&mut inv);
-        assert_eq!(acts.len(), 3, "{acts:?}");
+        assert_eq!(acts.len(), 2, "{acts:?}");
         assert!(
             failed(1, FailureKind::BadRequest)(&acts[0]),
             "5000 bytes beyond the 4096-byte region: {acts:?}"
         );
         assert!(failed(2, FailureKind::BadRequest)(&acts[1]), "{acts:?}");
-        assert!(failed(3, FailureKind::BadRequest)(&acts[2]), "{acts:?}");
     }
 
     #[test]
@@ -1134,7 +1106,6 @@ mod tests {
                 output: region(3, 4),
                 limits: Some(limits),
             },
-            LambdaRequest::Nudge,
         ] {
             let bytes = postcard::to_allocvec(&req).unwrap();
             assert_eq!(postcard::from_bytes::<LambdaRequest>(&bytes).unwrap(), req);

@@ -68,7 +68,7 @@ impl RegionHandle {
         self.info.len == 0
     }
 
-    /// The version published when it was looked up.
+    /// The last complete version when it was looked up.
     pub fn version(&self) -> u64 {
         self.info.version
     }
@@ -83,26 +83,38 @@ impl RegionHandle {
         &self.info
     }
 
-    /// The version word.
-    pub fn version_word(&self) -> RemoteRegion {
-        RemoteRegion {
+    /// The version word of a mutable region (static regions have none).
+    pub fn version_word(&self) -> Option<RemoteRegion> {
+        self.info.mutable.then_some(RemoteRegion {
             len: HEADER_LEN as u64,
-            ..self.info.registration
-        }
+            ..self.info.grant
+        })
     }
 
-    /// `len` data bytes at `offset`, deliberately not checked against the region: the
-    /// server's registration is the authority, and the NIC refuses what lies outside.
-    pub fn data_range(&self, offset: u64, len: u64) -> RemoteRegion {
+    /// Copies of the data the region keeps (1 for static regions).
+    pub fn copies(&self) -> usize {
+        (self.info.copies as usize).max(1)
+    }
+
+    /// `len` data bytes at `offset` of version `version` (in that version's copy),
+    /// deliberately not checked against the region: the server's grant is the
+    /// authority, and the NIC refuses what lies outside.
+    pub fn data_range(&self, version: u64, offset: u64, len: u64) -> RemoteRegion {
+        let header = if self.info.mutable {
+            HEADER_LEN as u64
+                + rdmactor::verbs::copy_of(version, self.copies()) as u64 * self.info.len
+        } else {
+            0
+        };
         RemoteRegion {
             addr: self
                 .info
-                .registration
+                .grant
                 .addr
-                .wrapping_add(HEADER_LEN as u64)
+                .wrapping_add(header)
                 .wrapping_add(offset),
             len,
-            rkey: self.info.registration.rkey,
+            rkey: self.info.grant.rkey,
         }
     }
 }
@@ -111,7 +123,8 @@ async fn call(conn: &ClientConnection, req: &ReadRequest) -> Result<ReadResponse
     Ok(conn.request_typed(req).await?)
 }
 
-/// Looks `name` up (and makes the server register it for this connection).
+/// Looks `name` up: the server grants this connection READ access to it (a memory window
+/// bound to this connection's QP; the handle is useless on any other connection).
 ///
 /// # Errors
 /// [`ReadError::UnknownRegion`], [`ReadError::Refused`], [`ReadError::Request`].
@@ -142,24 +155,9 @@ pub async fn list(conn: &ClientConnection) -> Result<Vec<String>, ReadError> {
     }
 }
 
-/// Asks the server to publish the latest version of every region this connection looked
-/// up, and returns the `(name, version)` pairs now visible.
-///
-/// Until the framework lets an application update registered memory directly (see the
-/// module docs), a connection sees updates only after it sent the server something:
-/// readers of changing regions call this periodically.
-///
-/// # Errors
-/// [`ReadError::Request`].
-pub async fn sync(conn: &ClientConnection) -> Result<Vec<(String, u64)>, ReadError> {
-    match call(conn, &ReadRequest::Sync).await? {
-        ReadResponse::Synced { versions } => Ok(versions),
-        other => Err(ReadError::Protocol(format!("{other:?}"))),
-    }
-}
-
-/// One RDMA READ of `len` bytes at `offset`, with no version check: consistent for
-/// regions that never change, possibly torn for ones being updated.
+/// `len` bytes at `offset` with no version check: one RDMA READ, consistent for regions
+/// that never change; for a mutable region the version is READ first (to find the
+/// current copy) and the data may be torn.
 ///
 /// # Errors
 /// [`ReadError::Request`] (a remote access error outside the region).
@@ -169,12 +167,27 @@ pub async fn read(
     offset: u64,
     len: usize,
 ) -> Result<Vec<u8>, ReadError> {
+    let version = if handle.is_mutable() {
+        read_version(conn, handle).await? & !1
+    } else {
+        handle.version()
+    };
+    read_at(conn, handle, version, offset, len).await
+}
+
+async fn read_at(
+    conn: &ClientConnection,
+    handle: &RegionHandle,
+    version: u64,
+    offset: u64,
+    len: usize,
+) -> Result<Vec<u8>, ReadError> {
     Ok(conn
-        .read(handle.data_range(offset, len as u64), len)
+        .read(handle.data_range(version, offset, len as u64), len)
         .await?)
 }
 
-/// The version word, with one READ.
+/// The version word, with one READ (a static region's version never changes: no READ).
 ///
 /// # Errors
 /// [`ReadError::Request`].
@@ -182,8 +195,10 @@ pub async fn read_version(
     conn: &ClientConnection,
     handle: &RegionHandle,
 ) -> Result<u64, ReadError> {
-    let word = conn.read(handle.version_word(), HEADER_LEN).await?;
-    Ok(decode_version(&word))
+    match handle.version_word() {
+        Some(word) => Ok(decode_version(&conn.read(word, HEADER_LEN).await?)),
+        None => Ok(handle.version()),
+    }
 }
 
 /// `len` bytes at `offset` that all belong to one version, and that version: READs the
@@ -215,11 +230,22 @@ pub async fn read_versioned(
     len: usize,
     max_attempts: u32,
 ) -> Result<VersionedData, ReadError> {
-    let mut machine = VersionedRead::new(max_attempts);
+    if !handle.is_mutable() {
+        // Never changes: one READ is consistent.
+        return Ok(VersionedData {
+            data: read_at(conn, handle, handle.version(), offset, len).await?,
+            version: handle.version(),
+            retries: 0,
+        });
+    }
+    let mut machine = VersionedRead::with_copies(max_attempts, handle.copies());
     loop {
         match machine.poll_step() {
             ReadStep::Version => machine.handle_version(read_version(conn, handle).await?),
-            ReadStep::Data => machine.handle_data(read(conn, handle, offset, len).await?),
+            ReadStep::Data => {
+                let version = machine.data_version().expect("a data step has a version");
+                machine.handle_data(read_at(conn, handle, version, offset, len).await?)
+            }
             ReadStep::Finished => {
                 return machine
                     .take_outcome()

@@ -1,35 +1,33 @@
 //! The seqlock layout of a served region and the client's versioned read, with no I/O.
 //!
 //! ```text
-//! registered memory:  | version: u64 LE | data: len bytes                    |
-//!                     0                 8                                    8+len
+//! registered memory:  | version: u64 LE | copy 0: len bytes | ... | copy k-1 |
+//!                     0                 8                   8+len      8+k*len
 //! ```
 //!
-//! The writer ([`publish`]) makes the version odd, copies the data, then stores the new
-//! (even, larger) version, with a full fence between the steps. A reader
-//! ([`VersionedRead`]) reads the version, then the data, then the version again, each
-//! with its own RDMA READ issued after the previous one completed; it accepts the data
-//! only when both versions are equal and even. Bytes within one READ may be fetched in
+//! Version `v` (even) lives in copy `(v / 2) % k`. The writer (`SharedRegion::update` in
+//! the framework's verbs layer, which owns the raw memory) stores an odd marker, writes
+//! the next copy, then stores the new (even, larger) version, with a full fence between
+//! the steps. A reader ([`VersionedRead`]) reads the version, then the data of its copy,
+//! then the version again, each with its own RDMA READ issued after the previous one
+//! completed; it accepts the data when the first version was even and the second is at
+//! most `2 (k - 1)` larger (equal, for `k = 1`). Bytes within one READ may be fetched in
 //! any order, which is why the version is never read in the same READ as the data.
 //!
-//! Why that is enough: the writer's odd store is visible before any of its data stores,
-//! and its even store only after all of them. If the data READ saw any byte of an
-//! update, the second version READ (issued later) sees that update's odd version or a
-//! later one, so it differs from an even version read before the data; if it saw no byte
-//! of an update that was under way, the versions also differ or the data is intact.
-
-use std::sync::atomic::{fence, Ordering};
+//! Why that is enough: the copy of `v` is rewritten only by the update to `v + 2k`,
+//! whose marker `v + 2k - 1` is visible before any of its data stores. If the data READ
+//! saw any byte of that update, the second version READ (issued later) sees the marker
+//! or a later version, and the reader retries. More copies let a read succeed while
+//! other copies are being written, so readers do not starve when updates come faster
+//! than a read's three round trips.
 
 /// Bytes before the data: one little-endian `u64` version word.
-pub const HEADER_LEN: usize = 8;
+pub const HEADER_LEN: usize = rdmactor::verbs::VERSION_LEN;
+
+use rdmactor::verbs::accepts;
 
 /// The version a region's first content gets; every update adds 2 (even = stable).
 pub const FIRST_VERSION: u64 = 2;
-
-/// Bytes registered for a region with `data_len` bytes of data.
-pub fn registered_len(data_len: usize) -> usize {
-    HEADER_LEN + data_len
-}
 
 /// True for a version no writer is in the middle of.
 pub fn is_stable(version: u64) -> bool {
@@ -42,32 +40,6 @@ pub fn is_stable(version: u64) -> bool {
 /// When `word` is shorter than [`HEADER_LEN`].
 pub fn decode_version(word: &[u8]) -> u64 {
     u64::from_le_bytes(word[..HEADER_LEN].try_into().expect("8 bytes"))
-}
-
-/// Copies `data` into `registered` (header + data) as `version`, seqlock-style.
-///
-/// The version word is written with one aligned 8-byte store (registered memory is
-/// page-aligned). The `SeqCst` fences keep the compiler and the CPU from moving the data
-/// stores across the version stores; the NIC (or rxe's kernel thread) reads the same
-/// coherent memory.
-///
-/// # Panics
-/// When `registered` is not `HEADER_LEN + data.len()` bytes, or `version` is odd or not
-/// larger than the version already there (a reader could then accept torn data).
-pub fn publish(registered: &mut [u8], version: u64, data: &[u8]) {
-    assert_eq!(registered.len(), registered_len(data.len()), "region size");
-    let old = decode_version(registered);
-    assert!(
-        is_stable(version) && version > old,
-        "version {version} after {old}"
-    );
-    let (header, body) = registered.split_at_mut(HEADER_LEN);
-    header.copy_from_slice(&(old | 1).to_le_bytes());
-    fence(Ordering::SeqCst);
-    body.copy_from_slice(data);
-    fence(Ordering::SeqCst);
-    header.copy_from_slice(&version.to_le_bytes());
-    fence(Ordering::SeqCst);
 }
 
 /// What a [`VersionedRead`] wants done next.
@@ -129,12 +101,21 @@ pub struct VersionedRead {
     state: State,
     attempts: u32,
     max_attempts: u32,
+    copies: usize,
 }
 
 impl VersionedRead {
     /// A read that gives up with [`Contended`] after `max_attempts` inconsistent attempts.
     pub fn new(max_attempts: u32) -> Self {
+        Self::with_copies(max_attempts, 1)
+    }
+
+    /// A read of a region that keeps `copies` copies of its data (see
+    /// `rdmactor::verbs::SharedRegion`): data read from the copy of version `v` is
+    /// accepted while the version stays within `v + 2 (copies - 1)`.
+    pub fn with_copies(max_attempts: u32, copies: usize) -> Self {
         VersionedRead {
+            copies: copies.max(1),
             state: State::NeedVersion,
             attempts: 0,
             max_attempts: max_attempts.max(1),
@@ -151,6 +132,14 @@ impl VersionedRead {
         }
     }
 
+    /// The version whose copy the next data READ must read ([`ReadStep::Data`]).
+    pub fn data_version(&self) -> Option<u64> {
+        match self.state {
+            State::NeedData { version } => Some(version),
+            _ => None,
+        }
+    }
+
     /// The version word was read.
     pub fn handle_version(&mut self, version: u64) {
         let state = std::mem::replace(&mut self.state, State::NeedVersion);
@@ -160,9 +149,9 @@ impl VersionedRead {
             State::NeedCheck {
                 version: before,
                 data,
-            } if before == version => State::Done(Some(Ok(VersionedData {
+            } if accepts(before, version, self.copies) => State::Done(Some(Ok(VersionedData {
                 data,
-                version,
+                version: before,
                 retries: self.attempts,
             }))),
             State::NeedCheck { .. } => self.retry(is_stable(version).then_some(version)),

@@ -2,35 +2,32 @@
 //! server CPU per read.
 //!
 //! The application fills a [`ReadRegions`] catalogue: in-memory buffers it keeps updating
-//! through a [`RegionWriter`], static buffers, and files loaded read-only. A client looks a
-//! name up once ([`lookup`], a typed request) and gets the region's address, length, rkey
-//! and version; from then on it reads any offset and length itself. Each region is
-//! registered with `REMOTE_READ` only and exactly as long as its data (plus the version
-//! word before it), so a READ past the end fails at the client with a remote access error.
+//! through a [`RegionWriter`], static buffers, and files served read-only. A client looks a
+//! name up once ([`lookup`], a typed request) and gets an address, length and rkey; from
+//! then on it reads any offset and length itself, with no server CPU per read.
+//!
+//! # One shared copy, one window per connection
+//!
+//! Each region is registered **once**, on the server's protection domain, when a
+//! connection first looks it up (a [`SharedRegion`](rdmactor::verbs::SharedRegion):
+//! `LOCAL_WRITE | MW_BIND`, no remote access on the MR itself; files are mapped read-only
+//! and registered with `MW_BIND` alone). Every lookup binds a type 2 memory window to the
+//! asking connection's QP over exactly the region's bytes with `REMOTE_READ` only
+//! (`SessionCx::grant`): a READ past the end is a remote access error, another
+//! connection's QP cannot use the rkey, and the window goes when the connection closes.
+//! The writer updates the registered memory in place, so clients see updates without
+//! asking.
 //!
 //! # Consistency
 //!
-//! A region being updated while clients read it never hands a client a torn value through
-//! [`read_consistent`]: the registration starts with a version word that a writer makes
-//! odd while it copies and even (and larger) afterwards, and the client reads version,
-//! data, version with three READs in sequence, retrying until both versions are equal
-//! and even (the [layout] module explains why that suffices). Plain [`read`] is one READ
-//! and is consistent only for regions that never change ([`RegionHandle::is_mutable`]).
-//!
-//! # Where the bytes live (a workaround)
-//!
-//! The natural design registers each region once, on the server's protection domain, at
-//! build time, and has [`RegionWriter`] update that registered memory in place under the
-//! seqlock. The framework exposes neither the server's PD nor a way to register memory
-//! before the server starts, so for now each **session registers its own copy on first
-//! lookup** (with `SessionCx::register`) and copies newer versions into it, seqlock-style,
-//! whenever the connection's actor runs for that session, i.e. whenever the client sends a
-//! message. A reader of a changing region therefore calls [`sync`] now and then (every few
-//! milliseconds, from a task of its own); reads stay one-sided. The costs: registered
-//! memory is per connection (capped by [`ReadService::with_limit`]), and updates become
-//! visible only at the client's next message. Wire format and client API stay as they are
-//! once the framework offers `ServerBuilder::register(len, Access) -> MemoryRegion` (or a
-//! `pd()`): only the session and the writer change, and [`sync`] becomes a no-op.
+//! A mutable region starts with a version word, followed by a ring of copies of its data
+//! ([`ReadRegions::add_buffer_with_copies`]); each update writes the next copy under an
+//! odd marker and then stores the new even version, fenced (a seqlock over copies).
+//! [`read_consistent`] reads version, data of that version's copy, version with three
+//! READs in sequence, retrying until no update touched the copy it read (the [layout]
+//! module explains why that suffices), so it never returns a torn value. Plain [`read`] is one READ and is consistent only for regions
+//! that never change ([`RegionHandle::is_mutable`]); static regions have no version word
+//! (their grant is exactly the data) and `read_consistent` reads them with one READ.
 //!
 //! # Quick start
 //!
@@ -51,7 +48,6 @@
 //!
 //! let conn = client.connect(server.local_addrs()[0], "read").await?;
 //! let handle = read::lookup(&conn, "prices").await?;
-//! read::sync(&conn).await?;
 //! let (bytes, version) = read::read_consistent(&conn, &handle, 0, 8).await?;
 //! # let _ = (bytes, version);
 //! # Ok(()) }
@@ -60,8 +56,9 @@
 //! # Thread safety
 //!
 //! [`ReadRegions`] and [`RegionWriter`] are `Send + Sync` and cheap to clone; update from
-//! any thread while sessions serve. A session holds a region's read lock while it copies
-//! it, so a writer waits for at most one copy.
+//! any thread while sessions serve. Updates of one region take turns; sessions take the
+//! region's lock only to register it on first lookup. A catalogue serves one server (its
+//! regions are registered on that server's protection domain).
 
 mod client;
 pub mod layout;
@@ -72,10 +69,10 @@ mod tests;
 mod wire;
 
 pub use client::{
-    list, lookup, read, read_consistent, read_version, read_versioned, sync, ReadError,
-    RegionHandle, MAX_ATTEMPTS,
+    list, lookup, read, read_consistent, read_version, read_versioned, ReadError, RegionHandle,
+    MAX_ATTEMPTS,
 };
 pub use layout::{Contended, VersionedData};
-pub use regions::{ReadRegions, RegionError, RegionWriter};
-pub use session::{ReadService, DEFAULT_MAX_BYTES_PER_CONNECTION};
+pub use regions::{ReadRegions, RegionError, RegionWriter, DEFAULT_COPIES};
+pub use session::{ReadService, DEFAULT_MAX_GRANTS_PER_CONNECTION};
 pub use wire::{ReadRequest, ReadResponse, RegionInfo};

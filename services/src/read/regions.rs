@@ -1,11 +1,16 @@
 //! The application's side of the read service: the named regions it serves and the
-//! handles it updates them with. No RDMA here; sessions publish what these hold.
+//! handles it updates them with. A region is registered once, on the server's protection
+//! domain, when a connection first looks it up; from then on the writer updates that
+//! registered memory in place (a seqlock write) and every connection reads it through a
+//! window of its own.
 
 use std::collections::HashMap;
 use std::fmt;
+use std::fs::File;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+
+use rdmactor::verbs::{ProtectionDomain, SharedRegion, VerbsError};
 
 use super::layout::FIRST_VERSION;
 
@@ -25,6 +30,9 @@ pub enum RegionError {
         #[source]
         source: std::io::Error,
     },
+    /// Registering the region on the server's protection domain failed.
+    #[error("registering the region: {0}")]
+    Register(#[from] VerbsError),
     /// A write does not fit the region.
     #[error("write of {len} bytes at {offset} outside a region of {region_len} bytes")]
     OutOfRange {
@@ -37,35 +45,51 @@ pub enum RegionError {
     },
 }
 
-/// A region's bytes and the version they have.
-#[derive(Debug)]
-pub(crate) struct Content {
-    pub version: u64,
-    pub bytes: Vec<u8>,
+/// Copies of its data a mutable region keeps unless told otherwise
+/// ([`ReadRegions::add_buffer_with_copies`]).
+pub const DEFAULT_COPIES: usize = 4;
+
+/// Where a region's bytes are before any connection looked it up.
+enum Source {
+    Bytes(Vec<u8>),
+    /// Kept open (so the file may be unlinked), mapped read-only on first lookup.
+    File(File),
 }
 
-/// One named region: its authoritative content (what sessions publish) and, outside the
-/// lock, a copy of its version so that sessions can check for news without locking.
+/// A region's bytes: held by the catalogue until the first lookup, then registered once
+/// on the server's protection domain and granted to every connection from there.
+enum State {
+    Pending { version: u64, source: Source },
+    Shared(SharedRegion),
+}
+
+/// One named region.
 pub(crate) struct Region {
     name: String,
     mutable: bool,
     len: usize,
-    version: AtomicU64,
-    content: RwLock<Content>,
+    /// Copies a mutable region keeps (see [`ReadRegions::add_buffer_with_copies`]).
+    copies: usize,
+    /// Writers and the first lookup take turns here; readers (the NIC) never do.
+    state: Mutex<State>,
 }
 
 impl Region {
-    fn new(name: String, mutable: bool, bytes: Vec<u8>) -> Region {
+    fn new(name: String, mutable: bool, len: usize, source: Source) -> Region {
         Region {
             name,
             mutable,
-            len: bytes.len(),
-            version: AtomicU64::new(FIRST_VERSION),
-            content: RwLock::new(Content {
+            len,
+            copies: 1,
+            state: Mutex::new(State::Pending {
                 version: FIRST_VERSION,
-                bytes,
+                source,
             }),
         }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     pub fn name(&self) -> &str {
@@ -80,14 +104,80 @@ impl Region {
         self.len
     }
 
-    /// The latest version (may be ahead of what a caller published).
-    pub fn version(&self) -> u64 {
-        self.version.load(Ordering::Acquire)
+    /// Copies of the data a mutable region keeps (1 for static regions).
+    pub fn copies(&self) -> usize {
+        self.copies
     }
 
-    /// The content, read-locked (writers wait while it is held).
-    pub fn content(&self) -> RwLockReadGuard<'_, Content> {
-        self.content.read().unwrap_or_else(PoisonError::into_inner)
+    /// The latest version (odd while an update is under way).
+    pub fn version(&self) -> u64 {
+        match &*self.state() {
+            State::Pending { version, .. } => *version,
+            State::Shared(shared) => shared.version().unwrap_or(FIRST_VERSION),
+        }
+    }
+
+    /// The region registered on `pd`, registering it on first use: a versioned region
+    /// (version word, then the data) for mutable regions, the bytes alone for static
+    /// ones, a read-only mapping for files. `None` for an empty static region (there is
+    /// nothing to register).
+    ///
+    /// # Errors
+    /// [`RegionError::Register`] when registration fails.
+    pub fn shared(&self, pd: &ProtectionDomain) -> Result<Option<SharedRegion>, RegionError> {
+        let mut state = self.state();
+        let shared = match &*state {
+            State::Shared(shared) => return Ok(Some(shared.clone())),
+            State::Pending { .. } if !self.mutable && self.len == 0 => return Ok(None),
+            State::Pending {
+                version,
+                source: Source::Bytes(bytes),
+            } if self.mutable => {
+                let shared = SharedRegion::alloc_versioned(pd, bytes.len(), self.copies)?;
+                shared.publish(*version, |data| data.copy_from_slice(bytes))?;
+                shared
+            }
+            State::Pending {
+                source: Source::Bytes(bytes),
+                ..
+            } => {
+                let shared = SharedRegion::alloc(pd, bytes.len())?;
+                shared.update(|_, data| data.copy_from_slice(bytes))?;
+                shared
+            }
+            State::Pending {
+                source: Source::File(file),
+                ..
+            } => SharedRegion::map_file(pd, file)?,
+        };
+        *state = State::Shared(shared.clone());
+        Ok(Some(shared))
+    }
+
+    /// The version and a copy of the data (for tests and diagnostics).
+    #[cfg(test)]
+    pub fn snapshot(&self) -> (u64, Vec<u8>) {
+        match &*self.state() {
+            State::Pending {
+                version,
+                source: Source::Bytes(bytes),
+            } => (*version, bytes.clone()),
+            State::Pending {
+                version,
+                source: Source::File(file),
+            } => {
+                use std::io::{Read, Seek};
+                let mut file = file;
+                let mut bytes = Vec::new();
+                file.rewind().expect("rewind");
+                file.read_to_end(&mut bytes).expect("read");
+                (*version, bytes)
+            }
+            State::Shared(shared) => (
+                shared.version().unwrap_or(FIRST_VERSION),
+                shared.read(0, shared.data_len()).expect("whole data"),
+            ),
+        }
     }
 }
 
@@ -136,6 +226,9 @@ impl ReadRegions {
     /// Serves `initial` under `name` as a region the application updates through the
     /// returned writer (clients read it with the versioned API).
     ///
+    /// The region keeps [`DEFAULT_COPIES`] copies of its data; see
+    /// [`add_buffer_with_copies`](Self::add_buffer_with_copies).
+    ///
     /// # Errors
     /// [`RegionError::Duplicate`].
     pub fn add_buffer(
@@ -143,7 +236,28 @@ impl ReadRegions {
         name: impl Into<String>,
         initial: Vec<u8>,
     ) -> Result<RegionWriter, RegionError> {
-        let region = self.insert(Region::new(name.into(), true, initial))?;
+        self.add_buffer_with_copies(name, initial, DEFAULT_COPIES)
+    }
+
+    /// [`add_buffer`](Self::add_buffer), keeping `copies` copies of the data in the one
+    /// registration all connections read (at least 1). Each update writes the next copy,
+    /// so a client's versioned read succeeds as long as fewer than `copies` updates happen
+    /// during its three READs; with one copy any update in between makes it retry.
+    /// Choose `copies` above (update rate × READ round trip × 3); memory is `copies ×
+    /// len`, once per server.
+    ///
+    /// # Errors
+    /// [`RegionError::Duplicate`].
+    pub fn add_buffer_with_copies(
+        &self,
+        name: impl Into<String>,
+        initial: Vec<u8>,
+        copies: usize,
+    ) -> Result<RegionWriter, RegionError> {
+        let len = initial.len();
+        let mut region = Region::new(name.into(), true, len, Source::Bytes(initial));
+        region.copies = copies.max(1);
+        let region = self.insert(region)?;
         Ok(RegionWriter { region })
     }
 
@@ -152,12 +266,16 @@ impl ReadRegions {
     /// # Errors
     /// [`RegionError::Duplicate`].
     pub fn add_static(&self, name: impl Into<String>, bytes: Vec<u8>) -> Result<(), RegionError> {
-        self.insert(Region::new(name.into(), false, bytes))
+        let len = bytes.len();
+        self.insert(Region::new(name.into(), false, len, Source::Bytes(bytes)))
             .map(|_| ())
     }
 
-    /// Loads the file at `path` and serves its bytes under `name`, read-only (later
-    /// changes to the file are not seen).
+    /// Serves the file at `path` under `name`, read-only: it is opened now (so it may be
+    /// unlinked afterwards) and mapped read-only (`PROT_READ`) and registered without
+    /// write access on first lookup; no copy is made. The file must not shrink while it
+    /// is served, and it is served as a static region (writes to it may or may not show;
+    /// readers have no version to check them against).
     ///
     /// # Errors
     /// [`RegionError::Load`], [`RegionError::Duplicate`].
@@ -167,11 +285,24 @@ impl ReadRegions {
         path: impl AsRef<Path>,
     ) -> Result<(), RegionError> {
         let path = path.as_ref();
-        let bytes = std::fs::read(path).map_err(|source| RegionError::Load {
+        let load = |source| RegionError::Load {
             path: path.display().to_string(),
             source,
+        };
+        let file = File::open(path).map_err(load)?;
+        let len = file.metadata().map_err(load)?.len();
+        let len = usize::try_from(len).map_err(|_| {
+            load(std::io::Error::new(
+                std::io::ErrorKind::FileTooLarge,
+                "larger than the address space",
+            ))
         })?;
-        self.add_static(name, bytes)
+        if len == 0 {
+            // Nothing to map: an empty static region.
+            return self.add_static(name, Vec::new());
+        }
+        self.insert(Region::new(name.into(), false, len, Source::File(file)))
+            .map(|_| ())
     }
 
     /// A writer for the mutable region `name`; `None` for unknown or static regions.
@@ -238,18 +369,28 @@ impl RegionWriter {
     }
 
     /// Runs `f` on the bytes, with the version they will have once `f` returns, and
-    /// returns that version. Sessions publishing the region wait while `f` runs.
+    /// returns that version. Once the region is registered, `f` writes the registered
+    /// memory itself, inside a seqlock write (version odd, `f`, version even): clients
+    /// reading meanwhile with [`read_consistent`](super::read_consistent) retry instead
+    /// of seeing a mix. Concurrent updates take turns.
     pub fn update(&self, f: impl FnOnce(u64, &mut [u8])) -> u64 {
-        let mut content = self
-            .region
-            .content
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
-        let version = content.version + 2;
-        f(version, &mut content.bytes);
-        content.version = version;
-        self.region.version.store(version, Ordering::Release);
-        version
+        match &mut *self.region.state() {
+            State::Pending {
+                version,
+                source: Source::Bytes(bytes),
+            } => {
+                *version += 2;
+                f(*version, bytes);
+                *version
+            }
+            State::Shared(shared) => shared
+                .update(f)
+                .expect("a mutable region is versioned, writable memory"),
+            State::Pending {
+                source: Source::File(_),
+                ..
+            } => unreachable!("writers exist for mutable regions only, never files"),
+        }
     }
 
     /// Overwrites `data.len()` bytes at `offset`; returns the new version.

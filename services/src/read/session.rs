@@ -1,38 +1,39 @@
-//! The `read` service's session: registers each region a client looks up, publishes its
-//! content seqlock-style, and republishes newer versions whenever the connection's actor
-//! runs for this session (any message from the client).
+//! The `read` service's session: grants each region a client looks up through a memory
+//! window bound to this connection's QP. The bytes are the one shared registration the
+//! writer updates in place; the session does nothing per read and nothing per update.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
-use rdmactor::runtime::{BufId, Message, PeerInfo, Service, Session, SessionCx, SessionError};
-use rdmactor::verbs::Access;
+use rdmactor::runtime::{Message, PeerInfo, Service, Session, SessionCx, SessionError};
+use rdmactor::verbs::{Access, RemoteRegion};
 
-use super::layout::{publish, registered_len};
-use super::regions::{ReadRegions, Region};
+use super::regions::ReadRegions;
 use super::wire::{ReadRequest, ReadResponse, RegionInfo};
 
-/// Registered bytes one connection may hold by default (see [`ReadService::with_limit`]).
-pub const DEFAULT_MAX_BYTES_PER_CONNECTION: usize = 1 << 30;
+/// Regions one connection may look up by default (see [`ReadService::with_limit`]).
+pub const DEFAULT_MAX_GRANTS_PER_CONNECTION: usize = 256;
 
 /// The `read` service: serves the regions of a [`ReadRegions`] catalogue.
 #[derive(Debug, Clone)]
 pub struct ReadService {
     regions: ReadRegions,
-    max_bytes: usize,
+    max_grants: usize,
 }
 
 impl ReadService {
-    /// Serves `regions`, with up to [`DEFAULT_MAX_BYTES_PER_CONNECTION`] registered per
-    /// connection.
+    /// Serves `regions`, with up to [`DEFAULT_MAX_GRANTS_PER_CONNECTION`] regions looked
+    /// up per connection.
     pub fn new(regions: ReadRegions) -> Self {
-        Self::with_limit(regions, DEFAULT_MAX_BYTES_PER_CONNECTION)
+        Self::with_limit(regions, DEFAULT_MAX_GRANTS_PER_CONNECTION)
     }
 
-    /// Serves `regions`; a lookup that would take a connection past `max_bytes` of
-    /// registered memory is refused.
-    pub fn with_limit(regions: ReadRegions, max_bytes: usize) -> Self {
-        ReadService { regions, max_bytes }
+    /// Serves `regions`; a connection's lookup of more than `max_grants` distinct regions
+    /// is refused. Each lookup costs a memory window (a device resource), not memory.
+    pub fn with_limit(regions: ReadRegions, max_grants: usize) -> Self {
+        ReadService {
+            regions,
+            max_grants,
+        }
     }
 }
 
@@ -40,80 +41,75 @@ impl Service for ReadService {
     fn session(&self, _peer: &PeerInfo) -> Box<dyn Session> {
         Box::new(ReadSession {
             regions: self.regions.clone(),
-            max_bytes: self.max_bytes,
-            registered: 0,
-            published: HashMap::new(),
+            max_grants: self.max_grants,
+            granted: HashMap::new(),
         })
     }
 }
 
-/// A region registered for this connection and the version it holds.
-struct Published {
-    region: Arc<Region>,
-    buf: BufId,
-    version: u64,
-}
-
 struct ReadSession {
     regions: ReadRegions,
-    max_bytes: usize,
-    registered: usize,
-    published: HashMap<String, Published>,
+    max_grants: usize,
+    /// What this connection was granted, by region name. The windows themselves belong
+    /// to the connection and go when it closes.
+    granted: HashMap<String, RemoteRegion>,
 }
 
 impl ReadSession {
-    /// Copies newer versions into this connection's registrations.
-    fn refresh(&mut self, cx: &mut SessionCx<'_>) -> Result<(), SessionError> {
-        for p in self.published.values_mut() {
-            if p.region.version() == p.version {
-                continue;
-            }
-            let content = p.region.content();
-            publish(cx.bytes_mut(p.buf)?, content.version, &content.bytes);
-            p.version = content.version;
-        }
-        Ok(())
-    }
-
     fn lookup(
         &mut self,
         cx: &mut SessionCx<'_>,
         name: String,
     ) -> Result<ReadResponse, SessionError> {
-        if !self.published.contains_key(&name) {
-            let Some(region) = self.regions.get(&name) else {
-                return Ok(ReadResponse::Unknown { name });
-            };
-            let len = registered_len(region.len());
-            if self.registered + len > self.max_bytes {
-                return Ok(ReadResponse::Refused(format!(
-                    "registering {name:?} ({len} bytes) would pass this connection's cap of {} bytes",
-                    self.max_bytes
-                )));
+        let Some(region) = self.regions.get(&name) else {
+            return Ok(ReadResponse::Unknown { name });
+        };
+        let grant = match self.granted.get(&name) {
+            Some(grant) => *grant,
+            None => {
+                if self.granted.len() >= self.max_grants {
+                    return Ok(ReadResponse::Refused(format!(
+                        "this connection looked up {} regions already, the most it may",
+                        self.max_grants
+                    )));
+                }
+                // The first lookup registers the region (once per server); a failure is the
+                // server's problem, reported to the client without closing its connection.
+                let shared = match region.shared(cx.protection_domain()) {
+                    Ok(shared) => shared,
+                    Err(e) => {
+                        tracing::warn!(region = %name, error = %e, "cannot serve a region");
+                        return Ok(ReadResponse::Refused(format!("region {name:?}: {e}")));
+                    }
+                };
+                let grant = match shared {
+                    // Exactly the registered bytes: a READ past the end is a remote access
+                    // error, and READ is all the window allows.
+                    Some(shared) => {
+                        let end = if shared.is_versioned() {
+                            shared.len()
+                        } else {
+                            region.len()
+                        };
+                        cx.grant(&shared, 0..end, Access::REMOTE_READ)?.remote
+                    }
+                    // An empty static region: nothing to reach.
+                    None => RemoteRegion {
+                        addr: 0,
+                        len: 0,
+                        rkey: 0,
+                    },
+                };
+                self.granted.insert(name.clone(), grant);
+                grant
             }
-            // Exactly header + data: a READ past the data end is a remote access error.
-            let buf = cx.register(len, Access::REMOTE_READ)?;
-            let version = {
-                let content = region.content();
-                publish(cx.bytes_mut(buf)?, content.version, &content.bytes);
-                content.version
-            };
-            self.registered += len;
-            self.published.insert(
-                name.clone(),
-                Published {
-                    region,
-                    buf,
-                    version,
-                },
-            );
-        }
-        let p = &self.published[&name];
+        };
         Ok(ReadResponse::Region(RegionInfo {
-            registration: cx.remote(p.buf)?,
-            len: p.region.len() as u64,
-            version: p.version,
-            mutable: p.region.is_mutable(),
+            grant,
+            len: region.len() as u64,
+            version: region.version() & !1,
+            mutable: region.is_mutable(),
+            copies: region.copies() as u32,
             name,
         }))
     }
@@ -121,20 +117,10 @@ impl ReadSession {
 
 impl Session for ReadSession {
     fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
-        self.refresh(cx)?;
         let req: ReadRequest = postcard::from_bytes(&msg.data)
             .map_err(|e| SessionError::new(format!("malformed read request: {e}")))?;
         let resp = match req {
             ReadRequest::Lookup { name } => self.lookup(cx, name)?,
-            ReadRequest::Sync => {
-                let mut versions: Vec<(String, u64)> = self
-                    .published
-                    .iter()
-                    .map(|(name, p)| (name.clone(), p.version))
-                    .collect();
-                versions.sort();
-                ReadResponse::Synced { versions }
-            }
             ReadRequest::List => ReadResponse::Names(self.regions.names()),
         };
         let bytes = postcard::to_allocvec(&resp).map_err(|e| SessionError::new(e.to_string()))?;

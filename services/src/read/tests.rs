@@ -1,5 +1,6 @@
-//! The seqlock without RDMA: `publish`, the client's `VersionedRead` against a simulated
-//! writer interleaved word by word, and the region catalogue.
+//! The seqlock without RDMA: the client's `VersionedRead` against a simulated writer
+//! interleaved word by word (the order `SharedRegion::update` stores in), the region
+//! catalogue before registration, handles and wire messages.
 
 use super::layout::*;
 use super::*;
@@ -17,32 +18,6 @@ impl Rng {
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
-}
-
-#[test]
-fn publish_writes_the_version_after_the_data() {
-    let mut reg = vec![0u8; registered_len(4)];
-    publish(&mut reg, FIRST_VERSION, b"abcd");
-    assert_eq!(decode_version(&reg), FIRST_VERSION);
-    assert_eq!(&reg[HEADER_LEN..], b"abcd");
-    publish(&mut reg, FIRST_VERSION + 2, b"wxyz");
-    assert_eq!(decode_version(&reg), FIRST_VERSION + 2);
-    assert_eq!(&reg[HEADER_LEN..], b"wxyz");
-}
-
-#[test]
-#[should_panic(expected = "version")]
-fn publish_refuses_a_version_that_does_not_grow() {
-    let mut reg = vec![0u8; registered_len(1)];
-    publish(&mut reg, 4, b"a");
-    publish(&mut reg, 4, b"b");
-}
-
-#[test]
-#[should_panic(expected = "version")]
-fn publish_refuses_an_odd_version() {
-    let mut reg = vec![0u8; registered_len(1)];
-    publish(&mut reg, 3, b"a");
 }
 
 #[test]
@@ -124,33 +99,39 @@ const WORDS: usize = 6;
 
 struct SimRegion {
     header: u64,
-    words: [u64; WORDS],
+    /// The ring of copies; version v is in copy (v / 2) % len.
+    copies: Vec<[u64; WORDS]>,
     /// Writer progress: None when idle, else the next word to store.
     writing: Option<usize>,
 }
 
 impl SimRegion {
-    fn new() -> Self {
+    fn new(copies: usize) -> Self {
+        let mut ring = vec![[0; WORDS]; copies];
+        ring[rdmactor::verbs::copy_of(FIRST_VERSION, copies)] = [FIRST_VERSION / 2; WORDS];
         SimRegion {
             header: FIRST_VERSION,
-            words: [FIRST_VERSION / 2; WORDS],
+            copies: ring,
             writing: None,
         }
     }
 
-    /// One store of the writer.
+    /// One store of the writer: the marker (next version - 1), the words of the next
+    /// version's copy, the next version.
     fn writer_step(&mut self) {
+        let next = (self.header | 1) + 1;
+        let copy = rdmactor::verbs::copy_of(next, self.copies.len());
         match self.writing {
             None => {
-                self.header |= 1;
+                self.header = next - 1;
                 self.writing = Some(0);
             }
             Some(i) if i < WORDS => {
-                self.words[i] = self.header.div_ceil(2);
+                self.copies[copy][i] = next / 2;
                 self.writing = Some(i + 1);
             }
             Some(_) => {
-                self.header += 1;
+                self.header = next;
                 self.writing = None;
             }
         }
@@ -178,10 +159,10 @@ impl DataRead {
         }
     }
 
-    /// Fetches one word; true when all are in.
-    fn step(&mut self, region: &SimRegion) -> bool {
+    /// Fetches one word of the copy of `version`; true when all are in.
+    fn step(&mut self, region: &SimRegion, version: u64) -> bool {
         let i = self.order[self.done];
-        self.got[i] = region.words[i];
+        self.got[i] = region.copies[rdmactor::verbs::copy_of(version, region.copies.len())][i];
         self.done += 1;
         self.done == WORDS
     }
@@ -200,14 +181,14 @@ fn words(bytes: &[u8]) -> Vec<u64> {
 
 /// Runs a reader against a writer under a random schedule. Returns (accepted reads,
 /// torn plain reads, retries).
-fn race(seed: u64, reads: usize, writer_share: u64) -> (usize, usize, u32) {
+fn race(seed: u64, reads: usize, writer_share: u64, copies: usize) -> (usize, usize, u32) {
     let mut rng = Rng(seed | 1);
-    let mut region = SimRegion::new();
+    let mut region = SimRegion::new(copies);
     let mut accepted = 0;
     let mut torn_plain = 0;
     let mut retries = 0;
     for _ in 0..reads {
-        let mut machine = VersionedRead::new(1_000_000);
+        let mut machine = VersionedRead::with_copies(1_000_000, copies);
         let mut data: Option<DataRead> = None;
         loop {
             if rng.below(100) < writer_share {
@@ -217,8 +198,9 @@ fn race(seed: u64, reads: usize, writer_share: u64) -> (usize, usize, u32) {
             match machine.poll_step() {
                 ReadStep::Version => machine.handle_version(region.header),
                 ReadStep::Data => {
+                    let version = machine.data_version().unwrap();
                     let read = data.get_or_insert_with(|| DataRead::new(&mut rng));
-                    if read.step(&region) {
+                    if read.step(&region, version) {
                         let bytes = read.bytes();
                         let w = words(&bytes);
                         if w.iter().any(|&x| x != w[0]) {
@@ -253,7 +235,7 @@ fn versioned_reads_never_accept_torn_data() {
     for seed in 1..=100 {
         // Percent of scheduling decisions that go to the writer.
         for share in [5, 15, 30, 45] {
-            let (accepted, torn, retries) = race(seed, 100, share);
+            let (accepted, torn, retries) = race(seed, 100, share, 1);
             assert_eq!(accepted, 100);
             torn_total += torn;
             retries_total += retries;
@@ -262,6 +244,35 @@ fn versioned_reads_never_accept_torn_data() {
     // The schedule does tear plain reads, so the check above means something.
     assert!(torn_total > 1000, "only {torn_total} torn plain reads");
     assert!(retries_total > 1000, "only {retries_total} retries");
+}
+
+#[test]
+fn more_copies_mean_fewer_retries_and_still_no_torn_data() {
+    for copies in [2, 3, 8] {
+        let (mut torn_total, mut retries_one, mut retries_ring) = (0, 0, 0);
+        for seed in 1..=50 {
+            for share in [15, 30, 45] {
+                let (accepted, torn, retries) = race(seed, 100, share, copies);
+                assert_eq!(accepted, 100);
+                torn_total += torn;
+                retries_ring += retries;
+                retries_one += race(seed, 100, share, 1).2;
+            }
+        }
+        // Writers do run into readers' copies (torn plain reads happen; with 8 copies this
+        // schedule rarely laps a reader)...
+        if copies <= 3 {
+            assert!(
+                torn_total > 0,
+                "{copies} copies: the writer never hit a reader"
+            );
+        }
+        // ...and the ring saves most retries.
+        assert!(
+            retries_ring * 2 < retries_one,
+            "{copies} copies: {retries_ring} retries against {retries_one} with one"
+        );
+    }
 }
 
 #[test]
@@ -293,22 +304,29 @@ fn regions_are_named_once_and_written_in_range() {
     let v = w.update(|v, bytes| bytes[..8].copy_from_slice(&v.to_le_bytes()));
     assert_eq!(v, FIRST_VERSION + 4);
     let region = regions.get("a").unwrap();
-    let content = region.content();
-    assert_eq!(content.version, v);
-    assert_eq!(&content.bytes[..8], &v.to_le_bytes());
-    assert_eq!(&content.bytes[8..], &[7; 8]);
+    let (version, bytes) = region.snapshot();
+    assert_eq!(version, v);
+    assert_eq!(&bytes[..8], &v.to_le_bytes());
+    assert_eq!(&bytes[8..], &[7; 8]);
 }
 
 #[test]
-fn files_load_read_only() {
+fn files_are_opened_at_once_and_served_read_only() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("f");
     std::fs::write(&path, b"file bytes").unwrap();
     let regions = ReadRegions::new();
     regions.add_file("f", &path).unwrap();
     let region = regions.get("f").unwrap();
+    // Opened when added: the file may go away before the first lookup maps it.
+    std::fs::remove_file(&path).unwrap();
     assert!(!region.is_mutable());
-    assert_eq!(region.content().bytes, b"file bytes");
+    assert_eq!(region.len(), 10);
+    assert_eq!(region.snapshot(), (FIRST_VERSION, b"file bytes".to_vec()));
+    assert!(regions.writer("f").is_none(), "files have no writer");
+    std::fs::write(dir.path().join("empty"), b"").unwrap();
+    regions.add_file("e", dir.path().join("empty")).unwrap();
+    assert_eq!(regions.get("e").unwrap().len(), 0);
     assert!(matches!(
         regions.add_file("g", dir.path().join("missing")),
         Err(RegionError::Load { .. })
@@ -316,31 +334,44 @@ fn files_load_read_only() {
 }
 
 #[test]
-fn handles_address_data_after_the_version_word() {
-    let handle = RegionHandle::from_info(RegionInfo {
+fn handles_address_data_after_the_version_word_of_mutable_regions_only() {
+    let info = |mutable| RegionInfo {
         name: "r".into(),
-        registration: rdmactor::verbs::RemoteRegion {
+        grant: rdmactor::verbs::RemoteRegion {
             addr: 0x1000,
             len: 8 + 100,
             rkey: 9,
         },
         len: 100,
         version: 2,
-        mutable: true,
-    });
-    assert_eq!(handle.version_word().addr, 0x1000);
-    assert_eq!(handle.version_word().len, 8);
-    let r = handle.data_range(10, 200);
+        mutable,
+        copies: 1,
+    };
+    let handle = RegionHandle::from_info(info(true));
+    let word = handle.version_word().unwrap();
+    assert_eq!((word.addr, word.len), (0x1000, 8));
+    let r = handle.data_range(2, 10, 200);
     assert_eq!((r.addr, r.len, r.rkey), (0x1000 + 8 + 10, 200, 9));
+    let fixed = RegionHandle::from_info(info(false));
+    assert_eq!(
+        fixed.version_word(),
+        None,
+        "static regions have no version word"
+    );
+    assert_eq!(fixed.data_range(2, 10, 5).addr, 0x1000 + 10);
+    // Three copies: version v is in copy (v / 2) % 3.
+    let ring = RegionHandle::from_info(RegionInfo {
+        copies: 3,
+        ..info(true)
+    });
+    assert_eq!(ring.data_range(2, 0, 1).addr, 0x1000 + 8 + 100);
+    assert_eq!(ring.data_range(4, 0, 1).addr, 0x1000 + 8 + 200);
+    assert_eq!(ring.data_range(6, 1, 1).addr, 0x1000 + 8 + 1);
 }
 
 #[test]
 fn requests_round_trip() {
-    for req in [
-        ReadRequest::Lookup { name: "x".into() },
-        ReadRequest::Sync,
-        ReadRequest::List,
-    ] {
+    for req in [ReadRequest::Lookup { name: "x".into() }, ReadRequest::List] {
         let bytes = postcard::to_allocvec(&req).unwrap();
         assert_eq!(postcard::from_bytes::<ReadRequest>(&bytes).unwrap(), req);
     }

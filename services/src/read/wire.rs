@@ -12,9 +12,6 @@ pub enum ReadRequest {
         /// The region's name.
         name: String,
     },
-    /// Publish the latest version of every region this connection looked up, then answer
-    /// [`ReadResponse::Synced`]. (Every message does the former; see the module docs.)
-    Sync,
     /// The names served: answered with [`ReadResponse::Names`].
     List,
 }
@@ -29,11 +26,6 @@ pub enum ReadResponse {
         /// The name asked for.
         name: String,
     },
-    /// The versions now published to this connection, by region name.
-    Synced {
-        /// `(name, version)` pairs.
-        versions: Vec<(String, u64)>,
-    },
     /// The names served.
     Names(Vec<String>),
     /// The request cannot be served (the reason says why, e.g. a memory cap).
@@ -45,12 +37,17 @@ pub enum ReadResponse {
 pub struct RegionInfo {
     /// The region's name.
     pub name: String,
-    /// The whole registration: the version word, then the data (REMOTE_READ only,
-    /// exactly `8 + len` bytes).
-    pub registration: RemoteRegion,
+    /// What this connection may READ (a memory window bound to its QP, REMOTE_READ
+    /// only): exactly the version word and the `copies` copies of the data
+    /// (`8 + copies × len` bytes) of a mutable region, exactly the data (`len` bytes) of a
+    /// static one.
+    pub grant: RemoteRegion,
+    /// Copies of the data a mutable region keeps (version `v` is in copy
+    /// `(v / 2) % copies`); 1 for static regions.
+    pub copies: u32,
     /// Bytes of data.
     pub len: u64,
-    /// The version published when the lookup was answered (even).
+    /// The last complete version when the lookup was answered (even).
     pub version: u64,
     /// False for regions that never change (files, static buffers): a plain READ is
     /// consistent.
