@@ -172,21 +172,28 @@ pub struct MemoryRegion {
     len: usize,
 }
 
+/// `len` zeroed, page-aligned bytes (pages are what the NIC pins), and their layout for
+/// freeing them. `what` names the caller in the error for an empty region.
+pub(super) fn alloc_pages(len: usize, what: &str) -> Result<(NonNull<u8>, Layout)> {
+    if len == 0 {
+        return Err(VerbsError::InvalidArgument(format!(
+            "cannot {what} an empty region"
+        )));
+    }
+    let layout = Layout::from_size_align(len, 4096)
+        .map_err(|e| VerbsError::InvalidArgument(format!("region of {len} bytes: {e}")))?;
+    // SAFETY: `layout` has non-zero size.
+    let buf = unsafe { std::alloc::alloc_zeroed(layout) };
+    let Some(buf) = NonNull::new(buf) else {
+        std::alloc::handle_alloc_error(layout);
+    };
+    Ok((buf, layout))
+}
+
 impl MemoryRegion {
     /// Allocates `len` zeroed, page-aligned bytes and registers them on `pd` with `access`.
     pub fn register(pd: &ProtectionDomain, len: usize, access: Access) -> Result<MemoryRegion> {
-        if len == 0 {
-            return Err(VerbsError::InvalidArgument(
-                "cannot register an empty region".into(),
-            ));
-        }
-        let layout = Layout::from_size_align(len, 4096)
-            .map_err(|e| VerbsError::InvalidArgument(format!("region of {len} bytes: {e}")))?;
-        // SAFETY: `layout` has non-zero size.
-        let buf = unsafe { std::alloc::alloc_zeroed(layout) };
-        let Some(buf) = NonNull::new(buf) else {
-            std::alloc::handle_alloc_error(layout);
-        };
+        let (buf, layout) = alloc_pages(len, "register")?;
         // Remote write and atomics require local write (verbs spec); add it rather than
         // failing with EINVAL.
         let mut flags = access;

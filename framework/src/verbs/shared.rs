@@ -65,18 +65,7 @@ struct Bytes {
 impl Bytes {
     /// `len` zeroed, page-aligned bytes.
     fn heap(len: usize) -> Result<Bytes> {
-        if len == 0 {
-            return Err(VerbsError::InvalidArgument(
-                "cannot share an empty region".into(),
-            ));
-        }
-        let layout = Layout::from_size_align(len, 4096)
-            .map_err(|e| VerbsError::InvalidArgument(format!("region of {len} bytes: {e}")))?;
-        // SAFETY: `layout` has non-zero size.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        let Some(ptr) = NonNull::new(ptr) else {
-            std::alloc::handle_alloc_error(layout);
-        };
+        let (ptr, layout) = super::mr::alloc_pages(len, "share")?;
         Ok(Bytes {
             ptr,
             len,

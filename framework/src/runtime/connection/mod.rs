@@ -15,12 +15,22 @@ use std::time::Duration;
 use actix::prelude::*;
 use slab::Slab;
 
+mod grants;
+mod rendezvous;
+mod wake;
+
+pub use grants::{Grant, GrantId};
+pub use wake::{Blocking, BlockingError, SessionWaker};
+
+use self::grants::GrantEntry;
+use self::rendezvous::RendezvousOut;
+use self::wake::Wake;
 use super::poller::{Completions, CqReservation, Routes};
 use super::service::{Framing, Message, OpId, Session, SessionError};
 use super::CloseReason;
 use crate::memory::{Lease, MrPool, PoolError};
 use crate::proto::credits::CreditWindow;
-use crate::proto::frame::{FrameKind, Header, RendezvousOffer, HEADER_LEN, OFFER_LEN};
+use crate::proto::frame::{FrameKind, Header, RendezvousOffer, HEADER_LEN};
 use crate::verbs::{
     Access, CmId, MemoryRegion, MemoryWindow, ProtectionDomain, QueuePair, RecvWr, RemoteRegion,
     SendOp, SendWr, VerbsError, WcOpcode, WorkCompletion,
@@ -237,7 +247,7 @@ pub(crate) struct Core {
     closing: Option<CloseReason>,
     established: bool,
     /// This connection's actor, for `SessionCx::waker` (set when the actor starts).
-    waker: Option<WeakRecipient<Wake>>,
+    waker: Option<actix::WeakRecipient<Wake>>,
 }
 
 /// What [`Core::new`] needs.
@@ -1237,291 +1247,5 @@ impl CloseReason {
     }
     fn from_pool(e: PoolError) -> CloseReason {
         CloseReason::Memory(e.to_string())
-    }
-}
-
-// ---- Shared regions granted per connection, wake-ups from other threads ----
-
-use std::sync::mpsc;
-
-use actix::WeakRecipient;
-
-use crate::verbs::SharedRegion;
-
-/// A window over a shared region, bound to this connection's QP. Field order is drop
-/// order: the window goes before the region clone that keeps the MR registered.
-struct GrantEntry {
-    window: MemoryWindow,
-    _region: SharedRegion,
-    remote: RemoteRegion,
-}
-
-/// Names a grant of this connection (see [`SessionCx::grant`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct GrantId(usize);
-
-/// Remote access to a range of a [`SharedRegion`], for one connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Grant {
-    /// Revoke it with [`SessionCx::revoke`].
-    pub id: GrantId,
-    /// What the peer needs: the range's address and length, and an rkey that works on
-    /// this connection's QP only.
-    pub remote: RemoteRegion,
-}
-
-/// Asks a connection's actor to call [`Session::on_wake`].
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
-pub(crate) struct Wake(u64);
-
-/// Wakes one connection's session from any thread: [`wake`](Self::wake) makes the
-/// framework call [`Session::on_wake`] on the connection's actor. Cheap to clone; it does
-/// not keep the connection alive (waking a closed connection does nothing).
-#[derive(Clone)]
-pub struct SessionWaker {
-    target: Option<WeakRecipient<Wake>>,
-}
-
-impl std::fmt::Debug for SessionWaker {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SessionWaker")
-            .field("connected", &self.is_connected())
-            .finish()
-    }
-}
-
-impl SessionWaker {
-    /// Queues a call of [`Session::on_wake`] with `token`. Returns false when the
-    /// connection is gone (the token is dropped). Wake-ups are not merged: each one is a
-    /// call.
-    pub fn wake(&self, token: u64) -> bool {
-        match self.target.as_ref().and_then(WeakRecipient::upgrade) {
-            Some(r) if r.connected() => {
-                r.do_send(Wake(token));
-                true
-            }
-            _ => false,
-        }
-    }
-
-    /// False once the connection's actor is gone.
-    pub fn is_connected(&self) -> bool {
-        self.target
-            .as_ref()
-            .and_then(WeakRecipient::upgrade)
-            .is_some_and(|r| r.connected())
-    }
-}
-
-/// Why a [`Blocking`] task has no result.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum BlockingError {
-    /// The closure panicked; the message is the panic's, when it was a string.
-    #[error("blocking task panicked: {0}")]
-    Panicked(String),
-    /// The task was dropped before it ran (the runtime is shutting down).
-    #[error("blocking task was dropped before it finished")]
-    Lost,
-}
-
-/// The result of a closure started with [`SessionCx::spawn_blocking`]; take it in
-/// [`Session::on_wake`] when the token it was started with comes back.
-#[derive(Debug)]
-pub struct Blocking<T> {
-    rx: mpsc::Receiver<Result<T, BlockingError>>,
-}
-
-impl<T> Blocking<T> {
-    /// The closure's result once it returned (or panicked); `None` while it runs. Taken
-    /// once: later calls answer `Some(Err(Lost))`.
-    pub fn try_take(&self) -> Option<Result<T, BlockingError>> {
-        match self.rx.try_recv() {
-            Ok(result) => Some(result),
-            Err(mpsc::TryRecvError::Empty) => None,
-            Err(mpsc::TryRecvError::Disconnected) => Some(Err(BlockingError::Lost)),
-        }
-    }
-}
-
-impl SessionCx<'_> {
-    /// The protection domain every connection of this server (or client) shares: register
-    /// [`SharedRegion`]s on it, then [`grant`](Self::grant) them per connection.
-    pub fn protection_domain(&self) -> &ProtectionDomain {
-        &self.core.pd
-    }
-
-    /// Grants this connection's peer `access` (remote flags only, e.g.
-    /// `Access::REMOTE_READ`) to exactly `range` (bytes from the start of the
-    /// registration) of `region`, which must be registered on this connection's PD.
-    ///
-    /// A type 2 memory window is bound to this connection's QP over the range: the rkey
-    /// works for this peer only (another connection's QP gets a remote access error with
-    /// it), an access beyond `access` or outside the range is a remote access error, and
-    /// the bind is posted here, ahead of any message carrying the rkey.
-    ///
-    /// Provider caveat: rxe (Soft-RoCE) checks an access through a window against the
-    /// range of the region underneath, not the window's (observed on Linux 6.1, see
-    /// `tests/shared_grants.rs`). Where the exact range matters on rxe, grant whole
-    /// regions (register one `SharedRegion` per thing to expose, as the read service
-    /// does). The window is
-    /// deallocated (the rkey revoked) by [`revoke`](Self::revoke) or when the connection
-    /// closes. Grants are owned by the connection rather than handed to the session as
-    /// values because windows hold a reference on the QP and must go before it, while the
-    /// session outlives the QP.
-    pub fn grant(
-        &mut self,
-        region: &SharedRegion,
-        range: Range<usize>,
-        access: Access,
-    ) -> Result<Grant, SessionError> {
-        if !region.pd().same_as(&self.core.pd) {
-            return Err(SessionError::new(
-                "the shared region is registered on another protection domain",
-            ));
-        }
-        if self.core.send_outstanding >= self.core.send_depth {
-            return Err(SessionError::new(
-                "send queue full; cannot bind a window now",
-            ));
-        }
-        let err = |e: VerbsError| SessionError::new(e.to_string());
-        let window = MemoryWindow::alloc(&self.core.pd).map_err(err)?;
-        let slot = self.core.inflight.vacant_entry();
-        let remote = self
-            .core
-            .qp
-            .bind_shared_window(slot.key() as u64, &window, region, range, access)
-            .map_err(err)?;
-        slot.insert(Wr::Bind);
-        self.core.send_outstanding += 1;
-        let id = GrantId(self.core.grants.insert(GrantEntry {
-            window,
-            _region: region.clone(),
-            remote,
-        }));
-        Ok(Grant { id, remote })
-    }
-
-    /// Revokes a grant at once (the window is deallocated; the peer's next access with
-    /// its rkey is a remote access error). Unknown ids are ignored.
-    pub fn revoke(&mut self, id: GrantId) {
-        if let Some(entry) = self.core.grants.try_remove(id.0) {
-            tracing::trace!(rkey = entry.window.rkey(), "grant revoked");
-        }
-    }
-
-    /// What the peer needs for a live grant.
-    pub fn granted(&self, id: GrantId) -> Option<RemoteRegion> {
-        self.core.grants.get(id.0).map(|g| g.remote)
-    }
-
-    /// A handle that wakes this session from any thread (see [`SessionWaker`]).
-    pub fn waker(&self) -> SessionWaker {
-        SessionWaker {
-            target: self.core.waker.clone(),
-        }
-    }
-
-    /// Runs `f` on the runtime's blocking pool (never on the poller thread that hosts
-    /// this connection and many others), then calls [`Session::on_wake`] with `token`;
-    /// take the result there with [`Blocking::try_take`]. If the connection closed in the
-    /// meantime, `f` still runs to the end and its result is dropped.
-    pub fn spawn_blocking<T, F>(&mut self, token: u64, f: F) -> Blocking<T>
-    where
-        T: Send + 'static,
-        F: FnOnce() -> T + Send + 'static,
-    {
-        let (tx, rx) = mpsc::sync_channel(1);
-        let waker = self.waker();
-        tokio::task::spawn_blocking(move || {
-            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| {
-                let msg = p
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| p.downcast_ref::<String>().cloned())
-                    .unwrap_or_default();
-                BlockingError::Panicked(msg)
-            });
-            let _ = tx.send(result);
-            waker.wake(token);
-        });
-        Blocking { rx }
-    }
-}
-
-impl<S: Session> Handler<Wake> for ConnectionActor<S> {
-    type Result = ();
-
-    fn handle(&mut self, msg: Wake, ctx: &mut Context<Self>) {
-        self.with_session(ctx, |s, cx| s.on_wake(cx, msg.0));
-    }
-}
-
-// ---- Rendezvous sends through memory windows ----
-
-/// A large message exposed to the peer for its RDMA READ: a window bound to this
-/// connection's QP with REMOTE_READ over exactly the message's bytes. Field order is drop
-/// order: the window (the peer's access) goes before the memory.
-struct RendezvousOut {
-    _window: MemoryWindow,
-    _buf: Buf,
-}
-
-impl Core {
-    /// Offers `bytes` by rendezvous: copies them into a buffer registered for this
-    /// message with `MW_BIND` and no remote access, exactly as long as the message, binds
-    /// a window to this QP over it with REMOTE_READ, and sends the offer. Least access for
-    /// the shortest time: only this peer can READ, only those bytes, and only until it
-    /// says Done (the window is deallocated then, or when the connection closes). Needs
-    /// two send-queue slots (the bind, then the offer), which `pump` checks.
-    ///
-    /// Not a window over a pool chunk: rxe checks a READ through a window against the
-    /// range of the MR underneath, not the window's (observed in the Soft-RoCE VM, see
-    /// `tests/shared_grants.rs`), so a window over one chunk of a pool arena would let
-    /// the peer read every chunk of that arena. An MR of exactly the message bounds it on
-    /// any provider.
-    fn post_rendezvous_offer(&mut self, tag: u32, bytes: Vec<u8>) -> Result<(), CloseReason> {
-        // The bind goes on the send queue now; SENDs queued before it go first.
-        self.flush_sends()?;
-        let len = bytes.len();
-        let mut mr = MemoryRegion::register(&self.pd, len, Access::LOCAL_WRITE | Access::MW_BIND)
-            .map_err(CloseReason::from_verbs)?;
-        mr.as_mut_slice().copy_from_slice(&bytes);
-        let buf = Buf::Registered(mr);
-        let window = MemoryWindow::alloc(&self.pd).map_err(CloseReason::from_verbs)?;
-        let slot = self.inflight.vacant_entry();
-        let remote = self
-            .qp
-            .bind_window(
-                slot.key() as u64,
-                &window,
-                buf.region(),
-                Access::REMOTE_READ,
-            )
-            .map_err(CloseReason::from_verbs)?;
-        slot.insert(Wr::Bind);
-        self.send_outstanding += 1;
-        let key = self.rendezvous_out.insert(RendezvousOut {
-            _window: window,
-            _buf: buf,
-        }) as u32;
-        let offer = RendezvousOffer {
-            addr: remote.addr,
-            rkey: remote.rkey,
-            key,
-        };
-        let mut body = [0u8; OFFER_LEN];
-        offer.encode(&mut body);
-        self.post_frame(FrameKind::RendezvousOffer, tag, len as u32, &body)
-    }
-}
-
-impl Drop for Core {
-    fn drop(&mut self) {
-        // Windows hold a reference on the QP they are bound to (rxe waits for it when the
-        // QP is destroyed): the rendezvous windows go before the fields drop, QP included.
-        self.rendezvous_out.clear();
     }
 }

@@ -1,0 +1,129 @@
+//! Work done away from the connection's thread reaching its session: a waker any
+//! thread can hold, and closures run on the blocking pool whose results come back
+//! through it.
+
+use std::sync::mpsc;
+
+use actix::prelude::*;
+use actix::WeakRecipient;
+
+use super::{ConnectionActor, SessionCx};
+use crate::runtime::Session;
+
+/// Asks a connection's actor to call [`Session::on_wake`].
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub(crate) struct Wake(pub(super) u64);
+
+/// Wakes one connection's session from any thread: [`wake`](Self::wake) makes the
+/// framework call [`Session::on_wake`] on the connection's actor. Cheap to clone; it does
+/// not keep the connection alive (waking a closed connection does nothing).
+#[derive(Clone)]
+pub struct SessionWaker {
+    target: Option<WeakRecipient<Wake>>,
+}
+
+impl std::fmt::Debug for SessionWaker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionWaker")
+            .field("connected", &self.is_connected())
+            .finish()
+    }
+}
+
+impl SessionWaker {
+    /// Queues a call of [`Session::on_wake`] with `token`. Returns false when the
+    /// connection is gone (the token is dropped). Wake-ups are not merged: each one is a
+    /// call.
+    pub fn wake(&self, token: u64) -> bool {
+        match self.target.as_ref().and_then(WeakRecipient::upgrade) {
+            Some(r) if r.connected() => {
+                r.do_send(Wake(token));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// False once the connection's actor is gone.
+    pub fn is_connected(&self) -> bool {
+        self.target
+            .as_ref()
+            .and_then(WeakRecipient::upgrade)
+            .is_some_and(|r| r.connected())
+    }
+}
+
+/// Why a [`Blocking`] task has no result.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BlockingError {
+    /// The closure panicked; the message is the panic's, when it was a string.
+    #[error("blocking task panicked: {0}")]
+    Panicked(String),
+    /// The task was dropped before it ran (the runtime is shutting down).
+    #[error("blocking task was dropped before it finished")]
+    Lost,
+}
+
+/// The result of a closure started with [`SessionCx::spawn_blocking`]; take it in
+/// [`Session::on_wake`] when the token it was started with comes back.
+#[derive(Debug)]
+pub struct Blocking<T> {
+    rx: mpsc::Receiver<Result<T, BlockingError>>,
+}
+
+impl<T> Blocking<T> {
+    /// The closure's result once it returned (or panicked); `None` while it runs. Taken
+    /// once: later calls answer `Some(Err(Lost))`.
+    pub fn try_take(&self) -> Option<Result<T, BlockingError>> {
+        match self.rx.try_recv() {
+            Ok(result) => Some(result),
+            Err(mpsc::TryRecvError::Empty) => None,
+            Err(mpsc::TryRecvError::Disconnected) => Some(Err(BlockingError::Lost)),
+        }
+    }
+}
+
+impl SessionCx<'_> {
+    /// A handle that wakes this session from any thread (see [`SessionWaker`]).
+    pub fn waker(&self) -> SessionWaker {
+        SessionWaker {
+            target: self.core.waker.clone(),
+        }
+    }
+
+    /// Runs `f` on the runtime's blocking pool (never on the poller thread that hosts
+    /// this connection and many others), then calls [`Session::on_wake`] with `token`;
+    /// take the result there with [`Blocking::try_take`]. If the connection closed in the
+    /// meantime, `f` still runs to the end and its result is dropped.
+    pub fn spawn_blocking<T, F>(&mut self, token: u64, f: F) -> Blocking<T>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> T + Send + 'static,
+    {
+        let (tx, rx) = mpsc::sync_channel(1);
+        let waker = self.waker();
+        tokio::task::spawn_blocking(move || {
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| {
+                let msg = p
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                BlockingError::Panicked(msg)
+            });
+            let _ = tx.send(result);
+            waker.wake(token);
+        });
+        Blocking { rx }
+    }
+}
+
+impl<S: Session> Handler<Wake> for ConnectionActor<S> {
+    type Result = ();
+
+    fn handle(&mut self, msg: Wake, ctx: &mut Context<Self>) {
+        self.with_session(ctx, |s, cx| s.on_wake(cx, msg.0));
+    }
+}
