@@ -86,9 +86,15 @@ struct Incoming {
     offer: FileOffer,
     /// Home unless a [`ConsumeJob`] has it.
     sink: Option<Box<Sink>>,
-    /// Chunks copied out of the window, not yet handed to a job. Their slots are acked
-    /// only once consumed, so at most a window's worth waits here.
+    /// Chunks copied out of the window, not yet handed to a job.
     queued: Vec<(u32, Vec<u8>)>,
+    /// Chunks below this index have had their slots released (acked when needed).
+    released: u64,
+    /// Released chunks not consumed yet. A chunk's slot is released as soon as it is
+    /// copied out while fewer than `slots` such copies wait, so the sender keeps
+    /// writing while the job hashes; beyond that, slots are released as chunks are
+    /// consumed. At most two windows' worth of bytes are ever held.
+    early: u32,
     /// `Done` arrived; the verdict waits for the last chunks to be consumed.
     done_pending: bool,
     slots: u32,
@@ -97,6 +103,30 @@ struct Incoming {
     /// Index of the next chunk expected.
     next: u64,
     window: Option<RemoteWindow>,
+}
+
+/// Releases chunk `index`'s slot: the sender may reuse it. Acks go out only when a later
+/// chunk needs the slot (Ack is cumulative, so releases happen in chunk order).
+fn release(inc: &mut Incoming, index: u32, out: &mut VecDeque<Output>) {
+    debug_assert_eq!(
+        u64::from(index),
+        inc.released,
+        "slots are released in order"
+    );
+    inc.released = u64::from(index) + 1;
+    if u64::from(index) + u64::from(inc.slots) < inc.chunks {
+        out.push_back(Output::Send(Msg::Ack { next: index + 1 }));
+    }
+}
+
+/// Releases the slots of copied-out chunks waiting for the job, oldest first, while
+/// fewer than `slots` released copies wait.
+fn release_early(inc: &mut Incoming, out: &mut VecDeque<Output>) {
+    while inc.early < inc.slots && inc.released < inc.next {
+        let index = inc.released as u32;
+        release(inc, index, out);
+        inc.early += 1;
+    }
 }
 
 impl Incoming {
@@ -263,6 +293,8 @@ impl Receiver {
                 temp,
             })),
             queued: Vec::new(),
+            released: 0,
+            early: 0,
             done_pending: false,
             offer,
             slots,
@@ -446,6 +478,7 @@ impl Endpoint for Receiver {
         // writing into the window meanwhile cannot change what is hashed.
         inc.queued.push((index, bytes.to_vec()));
         inc.next += 1;
+        release_early(inc, &mut self.out);
         if inc.sink.is_some() && inc.queued.len() == 1 {
             self.out.push_back(Output::Consume);
         }
@@ -480,14 +513,16 @@ impl Endpoint for Receiver {
         if let Err(e) = result {
             return self.fail(e.into());
         }
-        // A slot is needed again by chunk index + slots, if there is one: ack it now that
-        // its bytes are consumed.
+        // Chunks released early are simply done; the others release their slots now
+        // (in order: consumption follows arrival), and queued ones may go early again.
         for index in done {
-            if u64::from(index) + u64::from(inc.slots) < inc.chunks {
-                self.out
-                    .push_back(Output::Send(Msg::Ack { next: index + 1 }));
+            if u64::from(index) < inc.released {
+                inc.early -= 1;
+            } else {
+                release(inc, index, &mut self.out);
             }
         }
+        release_early(inc, &mut self.out);
         if !inc.queued.is_empty() {
             self.out.push_back(Output::Consume);
             return Ok(());
@@ -615,29 +650,39 @@ mod tests {
     }
 
     #[test]
-    fn chunks_are_consumed_by_one_job_at_a_time_and_acked_after_it() {
+    fn slots_are_released_early_while_few_copies_wait_and_jobs_run_one_at_a_time() {
         let dir = tempfile::tempdir().unwrap();
-        let data = b"abcdefghij";
+        let data = b"abcdefghijklmnopqrst"; // 5 chunks of 4 through 2 slots
+        let ack = |next| Some(Output::Send(Msg::Ack { next }));
         let mut r = Receiver::new(config(dir.path()));
         r.handle_msg(offer("c", data)).unwrap();
         granted(&mut r, 8);
         r.handle_chunk(0, &data[0..4]).unwrap();
+        // Copied out: its slot is free for chunk 2 at once, before any hashing.
+        assert_eq!(r.poll_output(), ack(1));
         assert_eq!(r.poll_output(), Some(Output::Consume));
         let job = r.take_consume().unwrap();
         assert_eq!(job.len(), 1);
         assert!(r.take_consume().is_none(), "one job out at a time");
-        // Chunk 1 arrives while the job runs: queued, no second Consume yet.
         r.handle_chunk(1, &data[4..8]).unwrap();
-        assert_eq!(r.poll_output(), None, "no ack before the chunk is consumed");
+        assert_eq!(r.poll_output(), ack(2), "a second early release");
+        r.handle_chunk(2, &data[8..12]).unwrap();
+        assert_eq!(r.poll_output(), None, "two released copies wait: no third");
         r.handle_consumed(job.run()).unwrap();
-        // Chunk 0's slot is needed by chunk 2: acked now; chunk 1 waits for its own job.
-        assert_eq!(r.poll_output(), Some(Output::Send(Msg::Ack { next: 1 })));
+        // Chunk 0 is consumed: one copy fewer waits, so chunk 2's slot goes now.
+        assert_eq!(r.poll_output(), ack(3));
         assert_eq!(r.poll_output(), Some(Output::Consume));
         let job = r.take_consume().unwrap();
-        r.handle_chunk(2, &data[8..]).unwrap();
+        assert_eq!(job.len(), 2, "chunks 1 and 2");
+        r.handle_chunk(3, &data[12..16]).unwrap();
+        r.handle_chunk(4, &data[16..]).unwrap();
         // Done while chunks are still out: the verdict waits.
         r.handle_msg(Msg::Done).unwrap();
-        assert_eq!(r.poll_output(), None);
+        assert_eq!(
+            r.poll_output(),
+            None,
+            "no slot needed any more, no verdict yet"
+        );
         r.handle_consumed(job.run()).unwrap();
         let out = drain(&mut r);
         assert!(out.contains(&Output::Send(Msg::Good)), "{out:?}");
