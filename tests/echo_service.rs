@@ -2,7 +2,10 @@
 //! mixed sizes (the large ones through the rendezvous path); then everything disconnects
 //! and the `rdma resource` counts return to baseline.
 
-use rdmactor::runtime::{Client, NodeConfig, Server};
+use rdmactor::runtime::{
+    Client, CloseReason, Message, NodeConfig, RequestError, Server, Session, SessionCx,
+    SessionError,
+};
 use rdmactor_services::echo::{Discard, Echo, EchoRequest, EchoResponse};
 use rdmactor_tests::{
     actix_run, assert_released, close_all, connect_n, pattern, rdma_context, resource_counts,
@@ -107,6 +110,93 @@ fn one_way_messages_all_arrive() {
             });
         futures::future::join_all(tasks).await;
         close_all(&server, client, conns).await;
+        server.shutdown().await;
+    });
+    assert_released(&base);
+}
+
+/// A client-side session: sends the next echo request from the reply's handler on the
+/// connection's own thread, checking every payload.
+struct Pinger {
+    round: usize,
+    rounds: usize,
+    done: Option<tokio::sync::oneshot::Sender<Result<usize, String>>>,
+}
+
+impl Pinger {
+    fn ping(&mut self, cx: &mut SessionCx<'_>) -> Result<(), SessionError> {
+        let size = SIZES[self.round % SIZES.len()];
+        let req = postcard::to_allocvec(&EchoRequest {
+            payload: pattern(size, self.round as u64),
+        })
+        .map_err(|e| SessionError::new(e.to_string()))?;
+        cx.send(1, req)
+    }
+}
+
+impl Session for Pinger {
+    fn on_established(&mut self, cx: &mut SessionCx<'_>) -> Result<(), SessionError> {
+        self.ping(cx)
+    }
+
+    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
+        let resp: EchoResponse =
+            postcard::from_bytes(&msg.data).map_err(|e| SessionError::new(e.to_string()))?;
+        let size = SIZES[self.round % SIZES.len()];
+        if resp.payload != pattern(size, self.round as u64) {
+            return Err(SessionError::new(format!(
+                "round {}: payload differs",
+                self.round
+            )));
+        }
+        self.round += 1;
+        if self.round == self.rounds {
+            if let Some(done) = self.done.take() {
+                let _ = done.send(Ok(self.round));
+            }
+            return Ok(());
+        }
+        self.ping(cx)
+    }
+
+    fn on_close(&mut self, reason: &CloseReason) {
+        if let Some(done) = self.done.take() {
+            let _ = done.send(Err(reason.to_string()));
+        }
+    }
+}
+
+/// `Client::connect_session`: the application's session drives the connection (mixed
+/// sizes, rendezvous included); the handle refuses `request`, as replies go to the
+/// session, and still closes the connection cleanly.
+#[test]
+fn a_client_side_session_drives_its_connection() {
+    let Some(_ctx) = rdma_context() else { return };
+    let base = resource_counts();
+    actix_run(async move {
+        let server = Server::builder()
+            .listen(test_addr(), None)
+            .service("echo", Echo)
+            .start()
+            .expect("server");
+        let addr = server.local_addrs()[0];
+        let client = Client::start(NodeConfig::default()).expect("client");
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let pinger = Pinger {
+            round: 0,
+            rounds: 300,
+            done: Some(tx),
+        };
+        let conn = client
+            .connect_session(addr, "echo", pinger)
+            .await
+            .expect("connect");
+        assert_eq!(rx.await.expect("session result"), Ok(300));
+        assert!(matches!(
+            conn.request(b"x".to_vec()).await,
+            Err(RequestError::Invalid(_))
+        ));
+        close_all(&server, client, vec![conn]).await;
         server.shutdown().await;
     });
     assert_released(&base);
