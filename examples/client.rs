@@ -62,8 +62,8 @@ enum Run {
         secs: f64,
     },
     /// One-way message rate against the `discard` service (what `ib_send_bw` measures):
-    /// each connection sends `window` messages, then a request whose answer confirms the
-    /// server received every one of them, and repeats.
+    /// each connection sends `window` messages (one `send_all`), then a request whose
+    /// answer confirms the server received every one of them, and repeats.
     Stream {
         #[arg(long, default_value_t = 1)]
         connections: usize,
@@ -309,10 +309,7 @@ async fn run(args: Args) -> Result<()> {
                         let payload = vec![0x3c; size];
                         let mut sent = 0u64;
                         while Instant::now() < deadline {
-                            let sends = (0..window).map(|_| conn.send(payload.clone()));
-                            for r in futures::future::join_all(sends).await {
-                                r?;
-                            }
+                            conn.send_all(vec![payload.clone(); window]).await?;
                             sent += window as u64;
                             let count: u64 = conn.request_typed(&()).await?;
                             anyhow::ensure!(

@@ -69,8 +69,8 @@ fn many_clients_echo_mixed_sizes() {
     assert_released(&base);
 }
 
-/// One-way messages, sent as fast as credits allow (batched doorbells, mostly unsignalled
-/// SENDs), each followed by a counting barrier: none is lost, none is duplicated, and
+/// One-way messages (`send` and `send_all`), sent as fast as credits allow (batched
+/// doorbells, mostly unsignalled SENDs), each window followed by a counting barrier: none is lost, none is duplicated, and
 /// the send buffers held by unsignalled SENDs all come back at teardown.
 #[test]
 fn one_way_messages_all_arrive() {
@@ -95,14 +95,20 @@ fn one_way_messages_all_arrive() {
             .map(|(c, conn)| async move {
                 let mut sent = 0u64;
                 for w in 0..windows {
-                    let sends = (0..window).map(|i| {
+                    let messages = (0..window).map(|i| {
                         // Mostly small; every 25th through the rendezvous path.
                         let size = if i % 25 == 24 { 20_000 } else { SIZES[i % 6] };
-                        conn.send(pattern(size, (c * 100_000 + w * window + i) as u64))
+                        pattern(size, (c * 100_000 + w * window + i) as u64)
                     });
-                    for r in futures::future::join_all(sends).await {
-                        r.unwrap_or_else(|e| panic!("client {c} window {w}: {e}"));
-                    }
+                    // Half the clients hand the connection one message at a time, the
+                    // others a whole window at once.
+                    let sent_ok = if c % 2 == 0 {
+                        let sends = messages.map(|m| conn.send(m));
+                        futures::future::join_all(sends).await.into_iter().collect()
+                    } else {
+                        conn.send_all(messages.collect()).await
+                    };
+                    sent_ok.unwrap_or_else(|e| panic!("client {c} window {w}: {e}"));
                     sent += window as u64;
                     let count: u64 = conn.request_typed(&()).await.expect("barrier");
                     assert_eq!(count, sent, "client {c}: server count after window {w}");

@@ -182,6 +182,13 @@ impl ClientConnection {
         self.call(|reply| ClientCall::Send { data, reply }).await
     }
 
+    /// Sends several one-way messages (tag 0) in order, with one hand-off to the
+    /// connection for all of them: the connection posts as many as credits allow in one
+    /// turn, under one doorbell. For streams of small messages.
+    pub async fn send_all(&self, data: Vec<Vec<u8>>) -> Result<(), RequestError> {
+        self.call(|reply| ClientCall::SendAll { data, reply }).await
+    }
+
     /// The next message the server sent on its own (tag 0) or delivered with an
     /// immediate (WRITE_WITH_IMM into a region this client granted). `None` once the
     /// connection is closed.
@@ -271,6 +278,10 @@ pub(crate) enum AtomicOp {
 pub(crate) enum ClientCall {
     Send {
         data: Vec<u8>,
+        reply: Reply<()>,
+    },
+    SendAll {
+        data: Vec<Vec<u8>>,
         reply: Reply<()>,
     },
     Request {
@@ -423,6 +434,10 @@ impl ClientSession {
             ClientCall::Send { data, reply } => {
                 let _ = reply.send(cx.send(0, data).map_err(invalid));
             }
+            ClientCall::SendAll { data, reply } => {
+                let sent = data.into_iter().try_for_each(|d| cx.send(0, d));
+                let _ = reply.send(sent.map_err(invalid));
+            }
             ClientCall::Request { reply, .. } if self.user.is_some() => {
                 let why = "this connection's messages go to its own session";
                 drop(reply.send(Err(RequestError::Invalid(why.into()))));
@@ -520,9 +535,9 @@ impl Handler<ClientCall> for ConnectionActor<ClientSession> {
                 ClientCall::Request { reply, .. } | ClientCall::Read { reply, .. } => {
                     drop(reply.send(Err(err)))
                 }
-                ClientCall::Write { reply, .. } | ClientCall::Send { reply, .. } => {
-                    drop(reply.send(Err(err)))
-                }
+                ClientCall::Write { reply, .. }
+                | ClientCall::Send { reply, .. }
+                | ClientCall::SendAll { reply, .. } => drop(reply.send(Err(err))),
                 ClientCall::Atomic { reply, .. } => drop(reply.send(Err(err))),
                 ClientCall::Close { .. } => {}
             }
