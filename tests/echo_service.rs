@@ -9,7 +9,7 @@ use rdmactor::runtime::{
 use rdmactor_services::echo::{Discard, Echo, EchoRequest, EchoResponse};
 use rdmactor_tests::{
     actix_run, assert_released, close_all, connect_n, pattern, rdma_context, resource_counts,
-    test_addr,
+    serve, test_addr,
 };
 
 /// Payload sizes cycled through: eager frames up to 4 KiB, the RDMA READ rendezvous above
@@ -80,13 +80,7 @@ fn one_way_messages_all_arrive() {
     let window = 50;
     let base = resource_counts();
     actix_run(async move {
-        let server = Server::builder()
-            .listen(test_addr(), None)
-            .service("discard", Discard)
-            .start()
-            .expect("server");
-        let addr = server.local_addrs()[0];
-        let client = Client::start(NodeConfig::default()).expect("client");
+        let (server, addr, client) = serve("discard", Discard);
         let conns = connect_n(&client, addr, "discard", clients).await;
         let tasks = conns
             .iter()
@@ -180,13 +174,7 @@ fn a_client_side_session_drives_its_connection() {
     let Some(_ctx) = rdma_context() else { return };
     let base = resource_counts();
     actix_run(async move {
-        let server = Server::builder()
-            .listen(test_addr(), None)
-            .service("echo", Echo)
-            .start()
-            .expect("server");
-        let addr = server.local_addrs()[0];
-        let client = Client::start(NodeConfig::default()).expect("client");
+        let (server, addr, client) = serve("echo", Echo);
         let (tx, rx) = tokio::sync::oneshot::channel();
         let pinger = Pinger {
             round: 0,

@@ -240,3 +240,24 @@ pub async fn connect_n(
     }
     conns
 }
+
+/// A server on the test address offering `service` as `name`, its address, and a client
+/// (inside an actix System).
+pub fn serve(
+    name: &str,
+    service: impl rdmactor::runtime::Service,
+) -> (
+    rdmactor::runtime::Server,
+    std::net::SocketAddr,
+    rdmactor::runtime::Client,
+) {
+    let server = rdmactor::runtime::Server::builder()
+        .listen(test_addr(), None)
+        .service(name, service)
+        .start()
+        .expect("server");
+    let addr = server.local_addrs()[0];
+    let client =
+        rdmactor::runtime::Client::start(rdmactor::runtime::NodeConfig::default()).expect("client");
+    (server, addr, client)
+}
