@@ -464,8 +464,10 @@ impl Core {
         Ok(())
     }
 
-    /// The connection is ending with SENDs queued but not posted: none of them will
-    /// complete, so they must not hold up the drain.
+    /// The connection is ending with SENDs queued but not posted (or with a chain the
+    /// provider refused): they must not hold up the drain. A failed post means the QP is
+    /// broken; any request of a refused chain that did reach the queue comes back
+    /// flushed and is logged as unknown.
     fn forget_batch(&mut self) {
         for q in std::mem::take(&mut self.batch) {
             if let Some(Wr::Send { seq, .. }) = self.inflight.try_remove(q.wr_id) {
