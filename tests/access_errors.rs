@@ -1,7 +1,7 @@
 //! Remote access violations complete with `RemoteAccessError` (no hang, no panic), put
 //! the QP in the error state, and surface as the typed `VerbsError::Completion`.
 
-use rdmactor::blocking::close_both;
+use rdmactor::blocking::{close_both, Endpoint};
 use rdmactor::verbs::{
     Access, MemoryRegion, ProtectionDomain, QpState, RemoteRegion, SendOp, SendWr, VerbsError,
     WcStatus,
@@ -95,29 +95,26 @@ fn a_window_bound_to_one_qp_refuses_every_other_qp_and_dies_with_its_window() {
 
         let mut src = MemoryRegion::register(&pd, 64, Access::NONE).unwrap();
         src.as_mut_slice().fill(0xab);
+        // WRITEs `src[..64]` through `grant` from `ep` and returns how it completed.
+        let write = |ep: &Endpoint, wr_id: u64, src: &MemoryRegion| {
+            let sge = Some(src.sge(0..64).unwrap());
+            ep.qp
+                .post_send(&SendWr::new(wr_id, SendOp::Write(grant), sge))
+                .unwrap();
+            ep.wait_any(1).unwrap()[0]
+        };
         // A, through the QP the window is bound to: lands.
-        a.client
-            .qp
-            .post_send(&SendWr::new(
-                1,
-                SendOp::Write(grant),
-                Some(src.sge(0..64).unwrap()),
-            ))
-            .unwrap();
-        a.client.wait(1).expect("A may write through its window");
+        let wc = write(&a.client, 1, &src);
+        assert_eq!(
+            wc.status,
+            WcStatus::Success,
+            "A may write through its window: {wc:?}"
+        );
         assert!(target.as_slice()[..64].iter().all(|&b| b == 0xab));
 
         // B, same PD, same rkey and address, another QP: refused.
         src.as_mut_slice().fill(0xcd);
-        b.client
-            .qp
-            .post_send(&SendWr::new(
-                2,
-                SendOp::Write(grant),
-                Some(src.sge(0..64).unwrap()),
-            ))
-            .unwrap();
-        let wc = b.client.wait_any(1).unwrap()[0];
+        let wc = write(&b.client, 2, &src);
         assert_eq!(wc.status, WcStatus::RemoteAccessError, "{wc:?}");
         assert!(
             target.as_slice()[..64].iter().all(|&b| b == 0xab),
@@ -126,15 +123,7 @@ fn a_window_bound_to_one_qp_refuses_every_other_qp_and_dies_with_its_window() {
 
         // Revoke: after the window is gone, A's rkey is dead too.
         drop(window);
-        a.client
-            .qp
-            .post_send(&SendWr::new(
-                3,
-                SendOp::Write(grant),
-                Some(src.sge(0..64).unwrap()),
-            ))
-            .unwrap();
-        let wc = a.client.wait_any(1).unwrap()[0];
+        let wc = write(&a.client, 3, &src);
         assert_eq!(wc.status, WcStatus::RemoteAccessError, "{wc:?}");
         assert!(
             target.as_slice()[..64].iter().all(|&b| b == 0xab),

@@ -11,7 +11,7 @@ use rdmactor::runtime::{
 };
 use rdmactor_services::echo::Echo;
 use rdmactor_tests::{
-    actix_run, assert_released, echo_ok, eventually, pattern, rdma_context, resource_counts,
+    actix_run, assert_released, echo_ok, eventually, pattern, rdma_context, resource_counts, serve,
     target_bin, test_addr, wait_idle,
 };
 
@@ -20,13 +20,7 @@ fn sigkilled_client_is_torn_down_and_others_keep_being_served() {
     let Some(_ctx) = rdma_context() else { return };
     let base = resource_counts();
     actix_run(async {
-        let server = Server::builder()
-            .listen(test_addr(), None)
-            .service("echo", Echo)
-            .start()
-            .expect("server");
-        let addr = server.local_addrs()[0];
-        let client = Client::start(NodeConfig::default()).expect("client");
+        let (server, addr, client) = serve("echo", Echo);
         let steady = client.connect(addr, "echo").await.expect("connect");
 
         let mut child = Command::new(target_bin("client"))

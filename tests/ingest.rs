@@ -13,8 +13,8 @@ use rdmactor_services::ingest::{
     seal, ImmCodec, Ingest, IngestConfig, IngestRequest, IngestResponse, IngestService, Record,
 };
 use rdmactor_tests::{
-    actix_run, assert_released, eventually, pattern, rdma_context, resource_counts, test_addr,
-    wait_idle,
+    actix_run, assert_released, eventually, pattern, rdma_context, resource_counts, serve,
+    test_addr, wait_idle,
 };
 
 fn env_or(name: &str, default: usize) -> usize {
@@ -159,13 +159,7 @@ fn overrunning_or_corrupting_clients_are_disconnected() {
             let delivered = delivered.clone();
             Arc::new(move |r: Record| delivered.lock().unwrap().push(r.data))
         };
-        let server = Server::builder()
-            .listen(test_addr(), None)
-            .service("ingest", IngestService::new(small_ring(), sink))
-            .start()
-            .expect("server");
-        let addr = server.local_addrs()[0];
-        let client = Client::start(NodeConfig::default()).expect("client");
+        let (server, addr, client) = serve("ingest", IngestService::new(small_ring(), sink));
         let mut good = Ingest::connect(&client, addr, "ingest").await.unwrap();
 
         // Raw connections that skip the slot bookkeeping.

@@ -9,14 +9,14 @@ use std::cell::Cell;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdmactor::runtime::{Client, ClientConnection, NodeConfig, Server};
+use rdmactor::runtime::{Client, ClientConnection};
 use rdmactor::verbs::{Access, MemoryRegion};
 use rdmactor_services::lambda::{
     self, checksum_native, CallError, FailureKind, Invocation, LambdaConfig, LambdaRef,
     LambdaService, Limits, ModuleHash, NativeLambdas, Sandbox,
 };
 use rdmactor_tests::{
-    actix_run, assert_released, eventually, pattern, rdma_context, resource_counts, test_addr,
+    actix_run, assert_released, eventually, pattern, rdma_context, resource_counts, serve,
     wait_idle,
 };
 
@@ -116,13 +116,7 @@ fn results_are_correct_and_bad_lambdas_fail_alone() {
     let base = resource_counts();
     actix_run(async {
         let (service, sandbox) = service();
-        let server = Server::builder()
-            .listen(test_addr(), None)
-            .service("lambda", service)
-            .start()
-            .expect("server");
-        let addr = server.local_addrs()[0];
-        let client = Client::start(NodeConfig::default()).expect("client");
+        let (server, addr, client) = serve("lambda", service);
         let good = client.connect(addr, "lambda").await.expect("connect");
         let bad = client.connect(addr, "lambda").await.expect("connect");
 
@@ -332,13 +326,7 @@ fn a_region_without_access_costs_only_its_connection() {
     let base = resource_counts();
     actix_run(async {
         let (service, _sandbox) = service();
-        let server = Server::builder()
-            .listen(test_addr(), None)
-            .service("lambda", service)
-            .start()
-            .expect("server");
-        let addr = server.local_addrs()[0];
-        let client = Client::start(NodeConfig::default()).expect("client");
+        let (server, addr, client) = serve("lambda", service);
         let careless = client.connect(addr, "lambda").await.expect("connect");
         let other = client.connect(addr, "lambda").await.expect("connect");
 

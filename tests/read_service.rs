@@ -12,7 +12,7 @@ use rdmactor::runtime::{Client, ClientConnection, NodeConfig, Server};
 use rdmactor_services::read::layout::FIRST_VERSION;
 use rdmactor_services::read::{self, ReadError, ReadRegions, ReadService, RegionHandle};
 use rdmactor_tests::{
-    actix_run, assert_released, pattern, rdma_context, resource_counts, test_addr, wait_idle,
+    actix_run, assert_released, pattern, rdma_context, resource_counts, serve, test_addr, wait_idle,
 };
 
 fn env_or(name: &str, default: u64) -> u64 {
@@ -236,13 +236,7 @@ fn static_regions_read_plainly_and_reads_past_the_end_fail() {
         regions.add_file("file", &file).unwrap();
         regions.add_static("small", b"0123456789".to_vec()).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
-        let server = Server::builder()
-            .listen(test_addr(), None)
-            .service("read", ReadService::new(regions))
-            .start()
-            .expect("server");
-        let addr = server.local_addrs()[0];
-        let client = Client::start(NodeConfig::default()).expect("client");
+        let (server, addr, client) = serve("read", ReadService::new(regions));
         let conn = client.connect(addr, "read").await.expect("connect");
 
         assert_eq!(read::list(&conn).await.unwrap(), ["file", "small"]);
