@@ -67,6 +67,12 @@ struct Args {
     /// GOOD upload. Repeatable.
     #[arg(long = "secret", value_name = "ID=KEY")]
     secrets: Vec<String>,
+    /// Slots in the window the `files` service grants an upload (chunks in flight).
+    #[arg(long, default_value_t = FilesConfig::DEFAULT_SLOTS)]
+    file_slots: u32,
+    /// Bytes per slot of that window (the chunk size), in KiB.
+    #[arg(long, default_value_t = FilesConfig::DEFAULT_SLOT_LEN >> 10)]
+    file_slot_kib: u32,
     /// `NAME=PATH`: serve the file at PATH as region NAME of the `read` service.
     /// Repeatable.
     #[arg(long = "region", value_name = "NAME=PATH")]
@@ -119,7 +125,13 @@ fn files_service(args: &Args) -> Result<Option<FileTransfer>> {
         }
         return Ok(None);
     };
-    let mut config = FilesConfig::new(dir).with_max_size(args.max_file_size);
+    let slot_len = args
+        .file_slot_kib
+        .checked_mul(1024)
+        .context("--file-slot-kib too large")?;
+    let mut config = FilesConfig::new(dir)
+        .with_max_size(args.max_file_size)
+        .with_window(args.file_slots, slot_len);
     for spec in &args.secrets {
         let (id, key) = spec
             .split_once('=')

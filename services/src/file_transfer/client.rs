@@ -26,7 +26,7 @@ use rdmactor::verbs::{Access, MemoryRegion, RemoteRegion, VerbsError};
 use super::config::Config;
 use super::endpoint::{Endpoint, Outcome, Output};
 use super::error::TransferError;
-use super::receiver::Receiver;
+use super::receiver::{Consumed, Receiver};
 use super::sender::Sender;
 use super::store::StoreError;
 use super::wire::{FileOffer, HashAlg, Msg, RemoteWindow, WindowGrant};
@@ -230,6 +230,8 @@ enum Event {
         result: Result<(), RequestError>,
     },
     Received(Option<Message>),
+    /// The chunks handed to a consume job were hashed and stored (`Err`: it panicked).
+    Consumed(std::thread::Result<Consumed>),
 }
 
 /// The loop shared by both directions: carry out outputs, wait for the next event,
@@ -245,6 +247,8 @@ struct Drive<'c, P> {
     /// Kept across waits, so no message is ever lost between two of them.
     recv: Option<Pending<'c, Option<Message>>>,
     window: Option<MemoryRegion>,
+    /// Received chunks being hashed and stored on a thread of their own (downloads).
+    consume: Option<Pending<'c, std::thread::Result<Consumed>>>,
     corrupt: Option<u32>,
     done: u64,
     total: u64,
@@ -260,6 +264,7 @@ impl<'c, P: FnMut(Progress<'_>)> Drive<'c, P> {
             ready: VecDeque::new(),
             recv: None,
             window: None,
+            consume: None,
             corrupt: None,
             done: 0,
             total: 0,
@@ -283,6 +288,12 @@ impl<'c, P: FnMut(Progress<'_>)> Drive<'c, P> {
                     result.map_err(|source| ClientError::Write { index, source })?;
                     ep.handle_write_done(index)?;
                     self.moved(u64::from(len));
+                }
+                Event::Consumed(consumed) => {
+                    let consumed = consumed.map_err(|_| {
+                        TransferError::Driver("hashing and storing chunks panicked".into())
+                    })?;
+                    ep.handle_consumed(consumed)?;
                 }
                 Event::Received(None) => return Err(ClientError::Closed),
                 Event::Received(Some(msg)) => match msg.imm {
@@ -397,11 +408,12 @@ impl<'c, P: FnMut(Progress<'_>)> Drive<'c, P> {
                         }),
                     }
                 }
-                // Downloads consume on this thread, as before (a client serves one
-                // transfer; the server is the side that must not block).
+                // Hashing and writing run on a thread of their own while this loop
+                // keeps taking chunks (and releasing their slots), so the server keeps
+                // writing and the executor that runs the connections is never blocked.
                 Output::Consume => {
                     if let Some(job) = ep.take_consume() {
-                        ep.handle_consumed(job.run())?;
+                        self.consume = Some(Box::pin(off_thread(move || job.run())));
                     }
                 }
                 Output::Prepare => {
@@ -442,7 +454,14 @@ impl<'c, P: FnMut(Progress<'_>)> Drive<'c, P> {
         let conn = self.conn;
         let mut recv = messages.then(|| self.recv.get_or_insert_with(|| Box::pin(conn.recv())));
         let writes = &mut self.writes;
+        let consume = &mut self.consume;
         let event = poll_fn(|cx| {
+            if let Some(job) = consume.as_mut() {
+                if let Poll::Ready(consumed) = job.as_mut().poll(cx) {
+                    *consume = None;
+                    return Poll::Ready(Event::Consumed(consumed));
+                }
+            }
             for i in 0..writes.len() {
                 if let Poll::Ready(result) = writes[i].reply.as_mut().poll(cx) {
                     let w = writes.remove(i);

@@ -24,8 +24,10 @@ pub struct Config {
 }
 
 impl Config {
-    /// 4 slots.
-    pub const DEFAULT_SLOTS: u32 = 4;
+    /// 8 slots: with 4, the sender waited for acknowledgements often enough to leave
+    /// the CPUs idle (measured under Soft-RoCE: 27 MB/s with 4 slots of 1 MiB, 30 MB/s
+    /// with 8, little more with 16, against 34 MB/s for `ib_write_bw` at 1 MiB).
+    pub const DEFAULT_SLOTS: u32 = 8;
     /// 1 MiB per slot.
     pub const DEFAULT_SLOT_LEN: u32 = 1 << 20;
     /// 1 TiB.
