@@ -277,7 +277,7 @@ fn four_clients_send_large_files_through_a_small_window() {
     on_two_threads(&[0u64, 1, 2, 3], |c| {
         write_random_file(&src.join(format!("large-{c}")), len, 1000 + c)
     });
-    // 4 slots of a 64th of the file, at most 1 MiB (the client pool's largest buffer):
+    // 4 slots of a 64th of the file, at most 1 MiB:
     // a window of 4 MiB for 256 MiB files, always a 16th of the file or less.
     let slot_len = (len / 64).min(MIB) as u32;
     let windows = actix_run(async {

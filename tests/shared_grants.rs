@@ -150,6 +150,14 @@ fn grants_give_their_access_until_revoked_and_end_with_the_region() {
         let err = b.write(g, b"nope".to_vec(), None).await.unwrap_err();
         assert!(remote_access_error(&err), "{err}");
         assert_eq!(&memory.read(48, 4).unwrap(), b"seco", "nothing written");
+        // Nor from a registered buffer written in place (`write_from`): same status.
+        let e = client.connect(addr, "grants").await.expect("connect");
+        let g = grant(&e).await;
+        let mut src = e.register(4, Access::NONE).expect("register");
+        src.as_mut_slice().copy_from_slice(b"nope");
+        let err = e.write_from(src, 0..4, g, None).await.unwrap_err();
+        assert!(remote_access_error(&err), "{err}");
+        assert_eq!(&memory.read(48, 4).unwrap(), b"seco", "nothing written");
 
         // One byte past the granted range (and the region).
         let c = client.connect(addr, "grants").await.expect("connect");
@@ -164,7 +172,7 @@ fn grants_give_their_access_until_revoked_and_end_with_the_region() {
         let answer = String::from_utf8_lossy(&answer);
         assert!(answer.contains("read-only"), "{answer}");
 
-        for conn in [a, b, c, d] {
+        for conn in [a, b, c, d, e] {
             conn.close().await;
         }
         wait_idle(&server, "connections to close", Duration::from_secs(20)).await;

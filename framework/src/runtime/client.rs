@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::ops::Range;
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -15,7 +16,9 @@ use super::node::Node;
 use super::service::{Message, OpId, Session, SessionError};
 use super::{CloseReason, SessionCx};
 use crate::proto::hello::Reject;
-use crate::verbs::{Access, EventChannel, MemoryRegion, RemoteRegion, VerbsError};
+use crate::verbs::{
+    Access, EventChannel, MemoryRegion, ProtectionDomain, RemoteRegion, VerbsError,
+};
 
 /// Why a connect failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -121,6 +124,7 @@ impl Client {
         Ok(ClientConnection {
             conn,
             inbox: Arc::new(tokio::sync::Mutex::new(inbox)),
+            pd: self.node.pd.clone(),
         })
     }
 
@@ -158,6 +162,8 @@ impl Client {
 pub struct ClientConnection {
     conn: Addr<ConnectionActor<ClientSession>>,
     inbox: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Message>>>,
+    /// The client's PD, for [`ClientConnection::register`].
+    pd: ProtectionDomain,
 }
 
 impl std::fmt::Debug for ClientConnection {
@@ -234,6 +240,34 @@ impl ClientConnection {
         .await
     }
 
+    /// Registers `len` bytes on the PD this connection uses (the client's), with
+    /// `access`: what [`Client::register`] does, for code that only holds a connection.
+    pub fn register(&self, len: usize, access: Access) -> Result<MemoryRegion, VerbsError> {
+        MemoryRegion::register(&self.pd, len, access)
+    }
+
+    /// RDMA WRITEs `src[range]` to `remote` in place (with an immediate when `imm` is
+    /// set), without the copy into a pool buffer that [`write`](Self::write) makes, and
+    /// hands `src` back once the WRITE completed, to be refilled. `src` must be registered
+    /// on this client's PD ([`Client::register`]; no access flags are needed for the NIC
+    /// to read it). On an error the region is dropped (deregistered).
+    pub async fn write_from(
+        &self,
+        src: MemoryRegion,
+        range: Range<usize>,
+        remote: RemoteRegion,
+        imm: Option<u32>,
+    ) -> Result<MemoryRegion, RequestError> {
+        self.call(|reply| ClientCall::WriteFrom {
+            src,
+            range,
+            remote,
+            imm,
+            reply,
+        })
+        .await
+    }
+
     /// Compare-and-swap; returns the old value.
     pub async fn compare_swap(
         &self,
@@ -299,6 +333,13 @@ pub(crate) enum ClientCall {
         imm: Option<u32>,
         reply: Reply<()>,
     },
+    WriteFrom {
+        src: MemoryRegion,
+        range: Range<usize>,
+        remote: RemoteRegion,
+        imm: Option<u32>,
+        reply: Reply<MemoryRegion>,
+    },
     Atomic {
         op: AtomicOp,
         remote: RemoteRegion,
@@ -312,6 +353,7 @@ pub(crate) enum ClientCall {
 enum PendingOp {
     Read(BufId, usize, Reply<Vec<u8>>),
     Write(BufId, Reply<()>),
+    WriteFrom(BufId, Reply<MemoryRegion>),
     Atomic(BufId, Reply<u64>),
 }
 
@@ -400,6 +442,17 @@ impl Session for ClientSession {
                 cx.free(buf);
                 let _ = reply.send(result.as_ref().map(|_| ()).map_err(fail));
             }
+            PendingOp::WriteFrom(buf, reply) => {
+                let out = match (&result, cx.take_back(buf)) {
+                    (Ok(()), Some(region)) => Ok(region),
+                    (Ok(()), None) => Err(RequestError::Invalid(
+                        "the written region could not be handed back".into(),
+                    )),
+                    (Err(e), _) => Err(fail(e)),
+                };
+                cx.free(buf);
+                let _ = reply.send(out);
+            }
             PendingOp::Atomic(buf, reply) => {
                 let out = match &result {
                     Ok(()) => Ok(u64::from_ne_bytes(
@@ -487,6 +540,30 @@ impl ClientSession {
                     Err(e) => drop(reply.send(Err(invalid(e)))),
                 }
             }
+            ClientCall::WriteFrom {
+                src,
+                range,
+                remote,
+                imm,
+                reply,
+            } => {
+                let started = cx.adopt(src).and_then(|buf| {
+                    let posted = cx.post(Op::Write {
+                        buf,
+                        range,
+                        dst: remote,
+                        imm,
+                    });
+                    if posted.is_err() {
+                        cx.free(buf);
+                    }
+                    posted.map(|op| (op, buf))
+                });
+                match started {
+                    Ok((op, buf)) => drop(self.ops.insert(op, PendingOp::WriteFrom(buf, reply))),
+                    Err(e) => drop(reply.send(Err(invalid(e)))),
+                }
+            }
             ClientCall::Atomic { op, remote, reply } => {
                 let started = cx.alloc(8).and_then(|buf| {
                     let spec = match op {
@@ -539,6 +616,7 @@ impl Handler<ClientCall> for ConnectionActor<ClientSession> {
                 | ClientCall::Send { reply, .. }
                 | ClientCall::SendAll { reply, .. } => drop(reply.send(Err(err))),
                 ClientCall::Atomic { reply, .. } => drop(reply.send(Err(err))),
+                ClientCall::WriteFrom { reply, .. } => drop(reply.send(Err(err))),
                 ClientCall::Close { .. } => {}
             }
         }

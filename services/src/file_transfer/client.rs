@@ -2,18 +2,18 @@
 //! [`Sender`]) and [`fetch_file`] (download, the client is the [`Receiver`]), driving
 //! the state machines over a [`ClientConnection`].
 //!
-//! Chunks of an upload go out with [`ClientConnection::write`], which copies each into
-//! a buffer of the client's memory pool: the server's `slot_len` must not exceed the
-//! pool's largest class (1 MiB by default, the default `slot_len` too). The window of
-//! a download is registered with [`Client::register`] and dropped (deregistered) as
-//! soon as the last chunk is in.
+//! Chunks of an upload are read from the file straight into a registered buffer per
+//! slot of the window and written from there ([`ClientConnection::write_from`], which
+//! hands the buffer back when the WRITE completed): no copy between the file and the
+//! NIC but the read itself. The window of a download is registered with
+//! [`Client::register`] and dropped (deregistered) as soon as the last chunk is in.
 //!
 //! A connection carries one transfer at a time, and nothing else meanwhile: the driver
 //! takes every message of [`ClientConnection::recv`] as part of the transfer. On any
 //! error the driver closes the connection, which makes the server drop its side of the
 //! transfer (and any partial file) instead of waiting for chunks that never come.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::future::{poll_fn, Future};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -218,16 +218,19 @@ type Pending<'c, T> = Pin<Box<dyn Future<Output = T> + Send + 'c>>;
 /// One chunk WRITE on its way.
 struct InFlight<'c> {
     index: u32,
+    slot: u32,
     len: u32,
-    reply: Pending<'c, Result<(), RequestError>>,
+    /// Hands the slot's staging buffer back when the WRITE completed.
+    reply: Pending<'c, Result<MemoryRegion, RequestError>>,
 }
 
 /// What the driver waits for.
 enum Event {
     Written {
         index: u32,
+        slot: u32,
         len: u32,
-        result: Result<(), RequestError>,
+        result: Result<MemoryRegion, RequestError>,
     },
     Received(Option<Message>),
     /// The chunks handed to a consume job were hashed and stored (`Err`: it panicked).
@@ -247,6 +250,9 @@ struct Drive<'c, P> {
     /// Kept across waits, so no message is ever lost between two of them.
     recv: Option<Pending<'c, Option<Message>>>,
     window: Option<MemoryRegion>,
+    /// An upload's staging buffers, by slot, while no WRITE uses them: each chunk is
+    /// read from the file straight into its slot's buffer and written from there.
+    staging: HashMap<u32, MemoryRegion>,
     /// Received chunks being hashed and stored on a thread of their own (downloads).
     consume: Option<Pending<'c, std::thread::Result<Consumed>>>,
     corrupt: Option<u32>,
@@ -264,6 +270,7 @@ impl<'c, P: FnMut(Progress<'_>)> Drive<'c, P> {
             ready: VecDeque::new(),
             recv: None,
             window: None,
+            staging: HashMap::new(),
             consume: None,
             corrupt: None,
             done: 0,
@@ -284,8 +291,14 @@ impl<'c, P: FnMut(Progress<'_>)> Drive<'c, P> {
                 return Ok(outcome);
             }
             match self.next_event(true).await {
-                Event::Written { index, len, result } => {
-                    result.map_err(|source| ClientError::Write { index, source })?;
+                Event::Written {
+                    index,
+                    slot,
+                    len,
+                    result,
+                } => {
+                    let buffer = result.map_err(|source| ClientError::Write { index, source })?;
+                    self.staging.insert(slot, buffer);
                     ep.handle_write_done(index)?;
                     self.moved(u64::from(len));
                 }
@@ -377,11 +390,25 @@ impl<'c, P: FnMut(Progress<'_>)> Drive<'c, P> {
                 }
                 // Dropping the region deregisters it: the rkey is dead from here on.
                 Output::Revoke => self.window = None,
-                // Each chunk is staged in a pooled buffer by `ClientConnection::write`.
-                Output::Stage { .. } => {}
+                // Each slot's buffer is registered when the slot is first used.
+                Output::Stage { .. } => self.staging.clear(),
                 Output::WriteChunk(chunk) => {
-                    let mut data = vec![0; chunk.len as usize];
-                    ep.fill_chunk(&chunk, &mut data)?;
+                    let len = chunk.len as usize;
+                    // The state machine reuses a slot only after its WRITE completed, so
+                    // its buffer is back (the first chunk of a slot is never the short
+                    // last one unless there are no more).
+                    let mut buffer = match self.staging.remove(&chunk.slot) {
+                        Some(b) if b.len() >= len => b,
+                        _ => self
+                            .conn
+                            .register(len.max(1), Access::NONE)
+                            .map_err(|source| ClientError::Register {
+                                len: chunk.len.into(),
+                                source,
+                            })?,
+                    };
+                    let data = &mut buffer.as_mut_slice()[..len];
+                    ep.fill_chunk(&chunk, data)?;
                     if self.corrupt == Some(chunk.index) {
                         data[0] ^= 0xff;
                     }
@@ -391,18 +418,20 @@ impl<'c, P: FnMut(Progress<'_>)> Drive<'c, P> {
                         rkey: chunk.remote.rkey,
                     };
                     let mut reply: Pending<'c, _> =
-                        Box::pin(self.conn.write(dst, data, Some(chunk.imm())));
+                        Box::pin(self.conn.write_from(buffer, 0..len, dst, Some(chunk.imm())));
                     // The WRITE is queued on the connection when its future is first
                     // polled. Poll it now, so chunks and the Done after them reach the
                     // queue pair in the order the state machine emitted them.
                     match poll_fn(|cx| Poll::Ready(reply.as_mut().poll(cx))).await {
                         Poll::Ready(result) => self.ready.push_back(Event::Written {
                             index: chunk.index,
+                            slot: chunk.slot,
                             len: chunk.len,
                             result,
                         }),
                         Poll::Pending => self.writes.push(InFlight {
                             index: chunk.index,
+                            slot: chunk.slot,
                             len: chunk.len,
                             reply,
                         }),
@@ -438,6 +467,7 @@ impl<'c, P: FnMut(Progress<'_>)> Drive<'c, P> {
                 }
                 Output::Finished(outcome) => {
                     self.window = None;
+                    self.staging.clear();
                     finished = Some(outcome);
                 }
             }
@@ -467,6 +497,7 @@ impl<'c, P: FnMut(Progress<'_>)> Drive<'c, P> {
                     let w = writes.remove(i);
                     return Poll::Ready(Event::Written {
                         index: w.index,
+                        slot: w.slot,
                         len: w.len,
                         result,
                     });

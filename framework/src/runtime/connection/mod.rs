@@ -931,6 +931,38 @@ impl<'a> SessionCx<'a> {
         Ok(self.insert_buf(Buf::Registered(mr), Some((window, grant))))
     }
 
+    /// Hands a region the application registered (on this connection's PD) to the
+    /// connection, so operations can use it in place: no copy into a pool buffer. Get it
+    /// back with [`take_back`](Self::take_back) once its operations completed.
+    pub fn adopt(&mut self, region: MemoryRegion) -> Result<BufId, SessionError> {
+        if !region.pd().same_as(&self.core.pd) {
+            return Err(SessionError::new(
+                "the region is registered on another protection domain",
+            ));
+        }
+        Ok(self.insert_buf(Buf::Registered(region), None))
+    }
+
+    /// Returns a buffer from [`adopt`](Self::adopt) (or [`register`](Self::register), if
+    /// it was registered without remote access) to the caller. `None`, and the buffer
+    /// stays, while operations still use it, for a pool buffer or one with a window
+    /// bound; `None` for an unknown id.
+    pub fn take_back(&mut self, id: BufId) -> Option<MemoryRegion> {
+        match self.core.bufs.get(id.0) {
+            Some(BufEntry {
+                grant: None,
+                buf: Buf::Registered(_),
+                inflight: 0,
+                freed: false,
+            }) => {}
+            _ => return None,
+        }
+        match self.core.bufs.remove(id.0).buf {
+            Buf::Registered(region) => Some(region),
+            Buf::Pooled(_) => unreachable!("checked above"),
+        }
+    }
+
     fn insert_buf(&mut self, buf: Buf, grant: Option<(MemoryWindow, RemoteRegion)>) -> BufId {
         BufId(self.core.bufs.insert(BufEntry {
             grant,
