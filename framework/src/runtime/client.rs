@@ -443,14 +443,16 @@ impl Session for ClientSession {
                 let _ = reply.send(result.as_ref().map(|_| ()).map_err(fail));
             }
             PendingOp::WriteFrom(buf, reply) => {
-                let out = match (&result, cx.take_back(buf)) {
-                    (Ok(()), Some(region)) => Ok(region),
-                    (Ok(()), None) => Err(RequestError::Invalid(
-                        "the written region could not be handed back".into(),
-                    )),
-                    (Err(e), _) => Err(fail(e)),
+                let out = match &result {
+                    Ok(()) => cx.take_back(buf).ok_or_else(|| {
+                        RequestError::Invalid("the written region could not be handed back".into())
+                    }),
+                    Err(e) => Err(fail(e)),
                 };
-                cx.free(buf);
+                if out.is_err() {
+                    // Not handed back: the connection keeps (and drops) it.
+                    cx.free(buf);
+                }
                 let _ = reply.send(out);
             }
             PendingOp::Atomic(buf, reply) => {
