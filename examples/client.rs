@@ -130,6 +130,21 @@ where
     Ok(total)
 }
 
+/// Runs `work(deadline)` on the poller thread, where `deadline` is `secs` from now, and
+/// returns the count it reports and that count per second of wall time.
+async fn per_second<F, Fut>(client: &Client, secs: f64, work: F) -> Result<(u64, f64)>
+where
+    F: FnOnce(Instant) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<u64>> + Send + 'static,
+{
+    let start = Instant::now();
+    let total = client
+        .run_on_poller(async move { work(Instant::now() + Duration::from_secs_f64(secs)).await })
+        .await
+        .context("poller stopped")??;
+    Ok((total, total as f64 / start.elapsed().as_secs_f64()))
+}
+
 fn report_latency(size: usize, iters: usize, mut rtts: Vec<Duration>) {
     rtts.sort();
     let pct = |p: f64| rtts[((rtts.len() - 1) as f64 * p) as usize].as_secs_f64() * 1e6;
@@ -269,27 +284,22 @@ async fn run(args: Args) -> Result<()> {
             secs,
         } => {
             let conns = connect_all(&client, &args, connections).await?;
-            let start = Instant::now();
-            let total = client
-                .run_on_poller(async move {
-                    let deadline = Instant::now() + Duration::from_secs_f64(secs);
-                    let workers = conns
-                        .iter()
-                        .flat_map(|c| (0..window).map(move |_| c.clone()))
-                        .map(|conn| async move {
-                            let payload = vec![0xa5; size];
-                            let mut done = 0u64;
-                            while Instant::now() < deadline {
-                                echo(&conn, payload.clone()).await?;
-                                done += 1;
-                            }
-                            anyhow::Ok(done)
-                        });
-                    sum_all(workers).await
-                })
-                .await
-                .context("poller stopped")??;
-            let rate = total as f64 / start.elapsed().as_secs_f64();
+            let (total, rate) = per_second(&client, secs, move |deadline| async move {
+                let workers = conns
+                    .iter()
+                    .flat_map(|c| (0..window).map(move |_| c.clone()))
+                    .map(|conn| async move {
+                        let payload = vec![0xa5; size];
+                        let mut done = 0u64;
+                        while Instant::now() < deadline {
+                            echo(&conn, payload.clone()).await?;
+                            done += 1;
+                        }
+                        anyhow::Ok(done)
+                    });
+                sum_all(workers).await
+            })
+            .await?;
             println!(
                 "RESULT kind=rate connections={connections} window={window} size={size} requests={total} req_per_s={rate:.0}"
             );
@@ -301,29 +311,24 @@ async fn run(args: Args) -> Result<()> {
             secs,
         } => {
             let conns = connect_all(&client, &args, connections).await?;
-            let start = Instant::now();
-            let total = client
-                .run_on_poller(async move {
-                    let deadline = Instant::now() + Duration::from_secs_f64(secs);
-                    let streams = conns.iter().map(|conn| async move {
-                        let payload = vec![0x3c; size];
-                        let mut sent = 0u64;
-                        while Instant::now() < deadline {
-                            conn.send_all(vec![payload.clone(); window]).await?;
-                            sent += window as u64;
-                            let count: u64 = conn.request_typed(&()).await?;
-                            anyhow::ensure!(
-                                count == sent,
-                                "server received {count} messages, {sent} were sent"
-                            );
-                        }
-                        anyhow::Ok(sent)
-                    });
-                    sum_all(streams).await
-                })
-                .await
-                .context("poller stopped")??;
-            let rate = total as f64 / start.elapsed().as_secs_f64();
+            let (total, rate) = per_second(&client, secs, move |deadline| async move {
+                let streams = conns.iter().map(|conn| async move {
+                    let payload = vec![0x3c; size];
+                    let mut sent = 0u64;
+                    while Instant::now() < deadline {
+                        conn.send_all(vec![payload.clone(); window]).await?;
+                        sent += window as u64;
+                        let count: u64 = conn.request_typed(&()).await?;
+                        anyhow::ensure!(
+                            count == sent,
+                            "server received {count} messages, {sent} were sent"
+                        );
+                    }
+                    anyhow::Ok(sent)
+                });
+                sum_all(streams).await
+            })
+            .await?;
             println!(
                 "RESULT kind=stream connections={connections} window={window} size={size} messages={total} msg_per_s={rate:.0}"
             );
