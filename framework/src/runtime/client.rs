@@ -599,14 +599,15 @@ impl ClientSession {
 impl Handler<ClientCall> for ConnectionActor<ClientSession> {
     type Result = ();
 
-    fn handle(&mut self, call: ClientCall, ctx: &mut Context<Self>) {
+    fn handle(&mut self, call: ClientCall, _: &mut Context<Self>) {
+        let mut conn = self.conn();
         if let ClientCall::Close { done } = call {
-            self.when_released(done);
-            self.begin_close(CloseReason::Local("closed by the client".into()), ctx);
+            conn.when_released(done);
+            conn.begin_close(CloseReason::Local("closed by the client".into()));
             return;
         }
         let mut call = Some(call);
-        self.with_session(ctx, |s, cx| s.handle(call.take().expect("once"), cx));
+        conn.with_session(|s, cx| s.handle(call.take().expect("once"), cx));
         if let Some(call) = call {
             // The connection is closing: answer instead of dropping the caller.
             let err = RequestError::Closed(CloseReason::Local("connection closing".into()));

@@ -17,7 +17,7 @@ use actix::prelude::*;
 use tokio::sync::oneshot;
 
 use super::client::{ClientSession, ConnectError};
-use super::connection::{CmNotice, ConnClosed, ConnectionActor};
+use super::connection::{CmNotice, ConnClosed, ConnectionActor, ConnectionParts};
 use super::node::Node;
 use super::service::{Framing, PeerInfo, Service, Session};
 use super::CloseReason;
@@ -206,11 +206,13 @@ impl CmActor {
         let label = format!("{}/qp{}/{}", fmt_addr(peer.addr), qp_num, service_name);
         let key = id.key();
         let cm = ctx.address().recipient();
-        let routes = self.node.routes.clone();
-        let arbiter = core.arbiter();
-        let actor = ConnectionActor::new(core, session, routes.clone(), cm, key, label.clone());
-        let addr = ConnectionActor::start_in_arbiter(&arbiter, move |_| actor);
-        routes.insert(qp_num, addr.clone().recipient());
+        let addr = ConnectionActor::start(ConnectionParts {
+            core,
+            session,
+            cm,
+            key,
+            label: label.clone(),
+        });
         self.conns.insert(key, addr.clone().recipient());
         let welcome = match framing {
             Framing::Framed => Welcome {
@@ -355,19 +357,14 @@ impl CmActor {
             qp_num,
             service
         );
-        let routes = self.node.routes.clone();
-        let arbiter = core.arbiter();
         let (session, inbox) = ClientSession::new(user);
-        let actor = ConnectionActor::new(
+        let addr = ConnectionActor::start(ConnectionParts {
             core,
             session,
-            routes.clone(),
-            ctx.address().recipient(),
+            cm: ctx.address().recipient(),
             key,
             label,
-        );
-        let addr = ConnectionActor::start_in_arbiter(&arbiter, move |_| actor);
-        routes.insert(qp_num, addr.clone().recipient());
+        });
         self.conns.insert(key, addr.clone().recipient());
         let hello = Hello {
             version: PROTOCOL_VERSION,

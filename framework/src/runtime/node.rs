@@ -1,14 +1,11 @@
 //! Device-level resources a server or client shares among all its connections: one
-//! context, one PD, the registered-memory pool, the poller threads, the routing table
-//! from QP number to connection actor.
+//! context, one PD, the registered-memory pool, the poller threads.
 
 use std::sync::Arc;
 
-use dashmap::DashMap;
-
 use super::config::NodeConfig;
 use super::connection::{Core, CoreParts};
-use super::poller::{Pollers, Routes};
+use super::poller::Pollers;
 use super::service::Framing;
 use crate::memory::{MrPool, PoolStats};
 use crate::proto::credits::CreditWindow;
@@ -18,7 +15,6 @@ pub(crate) struct Node {
     pub ctx: Context,
     pub pd: ProtectionDomain,
     pub pool: MrPool,
-    pub routes: Routes,
     pub config: NodeConfig,
     pollers: Pollers,
 }
@@ -29,13 +25,11 @@ impl Node {
         let ctx = Context::open(config.device.as_deref())?;
         let pd = ProtectionDomain::new(&ctx)?;
         let pool = MrPool::registered(&pd, config.pool.clone());
-        let routes: Routes = Arc::new(DashMap::new());
-        let pollers = Pollers::start(&ctx, config.pollers, config.poll_mode, routes.clone())?;
+        let pollers = Pollers::start(&ctx, config.pollers, config.poll_mode)?;
         Ok(Arc::new(Node {
             ctx,
             pd,
             pool,
-            routes,
             config,
             pollers,
         }))

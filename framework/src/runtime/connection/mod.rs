@@ -12,12 +12,14 @@ use std::collections::VecDeque;
 use std::ops::Range;
 use std::time::Duration;
 
-use actix::prelude::*;
 use slab::Slab;
 
+mod actor;
 mod grants;
 mod rendezvous;
 mod wake;
+
+pub(crate) use actor::{CmNotice, ConnClosed, ConnectionActor, ConnectionParts};
 
 pub use grants::{Grant, GrantId};
 pub use wake::{Blocking, BlockingError, SessionWaker};
@@ -25,8 +27,8 @@ pub use wake::{Blocking, BlockingError, SessionWaker};
 use self::grants::GrantEntry;
 use self::rendezvous::RendezvousOut;
 use self::wake::Wake;
-use super::poller::{Completions, CqReservation, Routes};
-use super::service::{Framing, Message, OpId, Session, SessionError};
+use super::poller::CqReservation;
+use super::service::{Framing, Message, OpId, SessionError};
 use super::CloseReason;
 use crate::memory::{Lease, MrPool, PoolError};
 use crate::proto::credits::CreditWindow;
@@ -225,6 +227,9 @@ pub(crate) struct Core {
     framing: Framing,
     recv: Vec<Lease>,
     recv_size: usize,
+    /// Receive slots consumed this turn, reposted after the turn's SENDs are posted: the
+    /// answer to a message goes out first, and the repost's credit rides a later frame.
+    reposts: Vec<usize>,
     credits: Option<CreditWindow>,
     inflight: Slab<Wr>,
     /// Unsignalled SENDs still holding a send-queue slot and their buffer, oldest first,
@@ -273,6 +278,7 @@ impl Core {
             framing: p.framing,
             recv: p.recv,
             recv_size: p.recv_size,
+            reposts: Vec::new(),
             credits: p.credits,
             inflight: Slab::new(),
             unsignaled: VecDeque::new(),
@@ -331,8 +337,17 @@ impl Core {
         self.recv_size - HEADER_LEN
     }
 
-    /// Posts as much queued work as credits and the send queue allow.
+    /// Posts as much queued work as credits and the send queue allow, then reposts the
+    /// receives consumed this turn (and sends the credit frame that may call for).
     fn pump(&mut self) -> Result<(), CloseReason> {
+        self.pump_sends()?;
+        if self.repost_receives()? {
+            self.pump_sends()?;
+        }
+        Ok(())
+    }
+
+    fn pump_sends(&mut self) -> Result<(), CloseReason> {
         match self.pump_queued() {
             Ok(()) => self.flush_sends(),
             Err(reason) => {
@@ -340,6 +355,23 @@ impl Core {
                 Err(reason)
             }
         }
+    }
+
+    /// Reposts the receives consumed this turn; true when there were any.
+    fn repost_receives(&mut self) -> Result<bool, CloseReason> {
+        if self.reposts.is_empty() || self.closing.is_some() {
+            return Ok(false);
+        }
+        let mut reposts = std::mem::take(&mut self.reposts);
+        for &slot in &reposts {
+            self.post_recv(slot).map_err(CloseReason::from_verbs)?;
+        }
+        if let Some(credits) = self.credits.as_mut() {
+            credits.handle_reposted(reposts.len() as u32);
+        }
+        reposts.clear();
+        self.reposts = reposts;
+        Ok(true)
     }
 
     fn pump_queued(&mut self) -> Result<(), CloseReason> {
@@ -436,29 +468,23 @@ impl Core {
         if self.batch.is_empty() {
             return Ok(());
         }
-        let mut wrs = Vec::with_capacity(self.batch.len());
-        for q in &self.batch {
-            let Some(Wr::Send {
-                lease: Some(lease),
-                signaled,
-                ..
-            }) = self.inflight.get(q.wr_id)
-            else {
-                unreachable!("a queued SEND owns its lease");
-            };
-            let sge = lease.sge(0..q.len).map_err(CloseReason::from_verbs)?;
-            let mut wr = SendWr::new(q.wr_id as u64, q.op, Some(sge));
-            wr.inline = q.len <= INLINE_MAX;
-            wr.signaled = *signaled;
-            wrs.push(wr);
-        }
-        let posted = match wrs.as_slice() {
-            [wr] => self.qp.post_send(wr),
-            list => self.qp.post_send_list(list),
+        let posted = match self.batch.as_slice() {
+            // The common case (one answer per turn) needs no chain.
+            [q] => queued_wr(&self.inflight, q)
+                .and_then(|wr| self.qp.post_send(&wr).map_err(CloseReason::from_verbs)),
+            batch => batch
+                .iter()
+                .map(|q| queued_wr(&self.inflight, q))
+                .collect::<Result<Vec<_>, _>>()
+                .and_then(|wrs| {
+                    self.qp
+                        .post_send_list(&wrs)
+                        .map_err(CloseReason::from_verbs)
+                }),
         };
-        if let Err(e) = posted {
+        if let Err(reason) = posted {
             self.forget_batch();
-            return Err(CloseReason::from_verbs(e));
+            return Err(reason);
         }
         self.batch.clear();
         Ok(())
@@ -676,7 +702,7 @@ impl Core {
                 } else {
                     self.recv[slot].as_slice()[..len].to_vec()
                 };
-                self.post_recv(slot).map_err(CloseReason::from_verbs)?;
+                self.reposts.push(slot);
                 self.deliveries.push_back(Delivery::Ready(Message {
                     tag: 0,
                     imm: wc.imm_data,
@@ -686,8 +712,7 @@ impl Core {
             Framing::Framed => {
                 if wc.opcode == WcOpcode::RecvRdmaWithImm {
                     self.credits.as_mut().expect("framed").handle_received(0);
-                    self.post_recv(slot).map_err(CloseReason::from_verbs)?;
-                    self.credits.as_mut().expect("framed").handle_reposted(1);
+                    self.reposts.push(slot);
                     self.deliveries.push_back(Delivery::Ready(Message {
                         tag: 0,
                         imm: wc.imm_data,
@@ -737,12 +762,28 @@ impl Core {
                         }
                     }
                 }
-                self.post_recv(slot).map_err(CloseReason::from_verbs)?;
-                self.credits.as_mut().expect("framed").handle_reposted(1);
+                self.reposts.push(slot);
             }
         }
         Ok(())
     }
+}
+
+/// The work request for a SEND queued by [`Core::post_send_lease`].
+fn queued_wr<'a>(inflight: &'a Slab<Wr>, q: &QueuedSend) -> Result<SendWr<'a>, CloseReason> {
+    let Some(Wr::Send {
+        lease: Some(lease),
+        signaled,
+        ..
+    }) = inflight.get(q.wr_id)
+    else {
+        unreachable!("a queued SEND owns its lease");
+    };
+    let sge = lease.sge(0..q.len).map_err(CloseReason::from_verbs)?;
+    let mut wr = SendWr::new(q.wr_id as u64, q.op, Some(sge));
+    wr.inline = q.len <= INLINE_MAX;
+    wr.signaled = *signaled;
+    Ok(wr)
 }
 
 impl Core {
@@ -1034,244 +1075,6 @@ impl<'a> SessionCx<'a> {
     /// Closes the connection after this callback returns.
     pub fn close(&mut self, reason: impl Into<String>) {
         self.close = Some(reason.into());
-    }
-}
-
-/// Connection-level notices from the CM actor.
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
-pub(crate) enum CmNotice {
-    /// ESTABLISHED; for active connections, the receive depth the server advertised.
-    Established { peer_recv_depth: Option<u16> },
-    /// DISCONNECTED (peer or local).
-    Disconnected,
-    /// Close for this reason (shutdown, failed accept, rejected connect).
-    Close(CloseReason),
-}
-
-/// Sent to the CM actor once a connection has released everything.
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
-pub(crate) struct ConnClosed {
-    pub key: crate::verbs::CmIdKey,
-    pub reason: CloseReason,
-}
-
-/// The actor driving one connection and its session.
-pub(crate) struct ConnectionActor<S: Session> {
-    core: Option<Core>,
-    session: S,
-    routes: Routes,
-    cm: Recipient<ConnClosed>,
-    key: crate::verbs::CmIdKey,
-    label: String,
-    reason: Option<CloseReason>,
-    released: Vec<tokio::sync::oneshot::Sender<()>>,
-}
-
-impl<S: Session> ConnectionActor<S> {
-    /// Answers `done` once the connection has released its resources.
-    pub(crate) fn when_released(&mut self, done: tokio::sync::oneshot::Sender<()>) {
-        if self.core.is_none() {
-            let _ = done.send(());
-        } else {
-            self.released.push(done);
-        }
-    }
-
-    pub(crate) fn new(
-        core: Core,
-        session: S,
-        routes: Routes,
-        cm: Recipient<ConnClosed>,
-        key: crate::verbs::CmIdKey,
-        label: String,
-    ) -> Self {
-        ConnectionActor {
-            core: Some(core),
-            session,
-            routes,
-            cm,
-            key,
-            label,
-            reason: None,
-            released: Vec::new(),
-        }
-    }
-
-    /// Runs `f` with the session and a context, then posts what it queued; an error or a
-    /// close request ends the connection.
-    pub(crate) fn with_session(
-        &mut self,
-        ctx: &mut Context<Self>,
-        f: impl FnOnce(&mut S, &mut SessionCx<'_>) -> Result<(), SessionError>,
-    ) {
-        let Some(core) = self.core.as_mut() else {
-            return;
-        };
-        if core.closing.is_some() {
-            return;
-        }
-        let mut cx = SessionCx::new(core);
-        let res = f(&mut self.session, &mut cx);
-        let close = cx.close.take();
-        match res {
-            Err(e) => self.begin_close(CloseReason::Session(e.0), ctx),
-            Ok(()) => match close {
-                Some(why) => self.begin_close(CloseReason::Local(why), ctx),
-                None => self.pump(ctx),
-            },
-        }
-    }
-
-    fn pump(&mut self, ctx: &mut Context<Self>) {
-        if let Some(core) = self.core.as_mut() {
-            if let Err(reason) = core.pump() {
-                self.begin_close(reason, ctx);
-            }
-        }
-    }
-
-    pub(crate) fn begin_close(&mut self, reason: CloseReason, ctx: &mut Context<Self>) {
-        let Some(core) = self.core.as_mut() else {
-            return;
-        };
-        if core.closing.is_some() {
-            return;
-        }
-        match &reason {
-            CloseReason::PeerDisconnected | CloseReason::Local(_) | CloseReason::Shutdown => {
-                tracing::info!(conn = %self.label, %reason, "closing")
-            }
-            _ => tracing::warn!(conn = %self.label, %reason, "closing"),
-        }
-        core.closing = Some(reason.clone());
-        core.pending.clear();
-        self.session.on_close(&reason);
-        self.reason = Some(reason);
-        // Both sides may disconnect at once; a second call fails harmlessly.
-        let _ = core.id.disconnect();
-        match core.qp.to_error() {
-            Ok(()) => core.flush_unsignaled(),
-            Err(e) => {
-                tracing::warn!(conn = %self.label, error = %e, "moving the QP to error failed")
-            }
-        }
-        if core.inflight.is_empty() {
-            self.finish(ctx);
-        } else {
-            ctx.run_later(DRAIN_TIMEOUT, |act, ctx| {
-                if let Some(core) = &act.core {
-                    tracing::warn!(
-                        conn = %act.label,
-                        outstanding = core.inflight.len(),
-                        "flushed completions did not all arrive; releasing anyway"
-                    );
-                }
-                act.finish(ctx);
-            });
-        }
-    }
-
-    fn finish(&mut self, ctx: &mut Context<Self>) {
-        let Some(core) = self.core.take() else {
-            return;
-        };
-        self.routes.remove(&core.qp_num());
-        // Release the QP, cm_id, CQ reservation and buffers before telling the CM actor,
-        // so a freed connection slot never exists alongside the resources it held.
-        drop(core);
-        let reason = self.reason.clone().unwrap_or(CloseReason::Shutdown);
-        tracing::debug!(conn = %self.label, "released");
-        for done in self.released.drain(..) {
-            let _ = done.send(());
-        }
-        self.cm.do_send(ConnClosed {
-            key: self.key,
-            reason,
-        });
-        ctx.stop();
-    }
-}
-
-impl<S: Session> Actor for ConnectionActor<S> {
-    type Context = Context<Self>;
-
-    fn started(&mut self, ctx: &mut Context<Self>) {
-        // Weak: a waker held by a job thread must not keep a closed connection alive.
-        let waker = ctx.address().recipient::<Wake>().downgrade();
-        if let Some(core) = self.core.as_mut() {
-            core.waker = Some(waker);
-        }
-    }
-}
-
-impl<S: Session> Handler<Completions> for ConnectionActor<S> {
-    type Result = ();
-
-    fn handle(&mut self, msg: Completions, ctx: &mut Context<Self>) {
-        for wc in &msg.0 {
-            let Some(core) = self.core.as_mut() else {
-                return;
-            };
-            match core.handle_completion(wc) {
-                Ok(Some((op, result))) if core.closing.is_some() => {
-                    // Draining: tell the session how the operation ended; nothing it
-                    // queues now is sent.
-                    let mut cx = SessionCx::new(core);
-                    let _ = self.session.on_op(&mut cx, op, result);
-                }
-                Ok(Some((op, result))) => {
-                    let failed = result.is_err();
-                    self.with_session(ctx, |s, cx| s.on_op(cx, op, result));
-                    if failed {
-                        self.begin_close(
-                            CloseReason::Completion(format!("{op:?} failed: {:?}", wc.status)),
-                            ctx,
-                        );
-                    }
-                }
-                Ok(None) => {}
-                Err(reason) => self.begin_close(reason, ctx),
-            }
-            while let Some(msg) = self.core.as_mut().and_then(|c| {
-                if c.closing.is_none() {
-                    c.next_delivery()
-                } else {
-                    None
-                }
-            }) {
-                self.with_session(ctx, |s, cx| s.on_message(cx, msg));
-            }
-        }
-        self.pump(ctx);
-        if let Some(core) = &self.core {
-            if core.closing.is_some() && core.inflight.is_empty() {
-                self.finish(ctx);
-            }
-        }
-    }
-}
-
-impl<S: Session> Handler<CmNotice> for ConnectionActor<S> {
-    type Result = ();
-
-    fn handle(&mut self, msg: CmNotice, ctx: &mut Context<Self>) {
-        match msg {
-            CmNotice::Established { peer_recv_depth } => {
-                let Some(core) = self.core.as_mut() else {
-                    return;
-                };
-                core.established = true;
-                if let (Some(depth), Some(credits)) = (peer_recv_depth, core.credits.as_mut()) {
-                    credits.handle_peer_depth(depth as u32);
-                }
-                tracing::info!(conn = %self.label, "established");
-                self.with_session(ctx, |s, cx| s.on_established(cx));
-            }
-            CmNotice::Disconnected => self.begin_close(CloseReason::PeerDisconnected, ctx),
-            CmNotice::Close(reason) => self.begin_close(reason, ctx),
-        }
     }
 }
 

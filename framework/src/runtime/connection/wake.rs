@@ -123,7 +123,7 @@ impl SessionCx<'_> {
 impl<S: Session> Handler<Wake> for ConnectionActor<S> {
     type Result = ();
 
-    fn handle(&mut self, msg: Wake, ctx: &mut Context<Self>) {
-        self.with_session(ctx, |s, cx| s.on_wake(cx, msg.0));
+    fn handle(&mut self, msg: Wake, _: &mut Context<Self>) {
+        self.conn().with_session(|s, cx| s.on_wake(cx, msg.0));
     }
 }
