@@ -152,8 +152,15 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
-/// Runs `fut` inside a fresh actix System (what servers and clients need).
+/// Runs `fut` inside a fresh actix System (what servers and clients need). With
+/// `RUST_LOG` set, the framework's logs go to the test's output.
 pub fn actix_run<F: std::future::Future>(fut: F) -> F::Output {
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+    }
     actix::System::new().block_on(fut)
 }
 

@@ -18,7 +18,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::rc::Weak;
+use std::rc::{Rc, Weak};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -54,15 +54,22 @@ pub(crate) trait Inbox {
 }
 
 thread_local! {
-    /// The connections this poller thread serves, by QP number. Weak: the connection's
-    /// actor owns it, and a connection whose actor is gone simply stops receiving.
-    static INBOXES: RefCell<HashMap<u32, Weak<dyn Inbox>>> = RefCell::new(HashMap::new());
+    /// The connections this poller thread serves, by QP number, with when each QP was
+    /// created. Weak: the connection's actor owns it, and a connection whose actor is
+    /// gone simply stops receiving.
+    static INBOXES: RefCell<HashMap<u32, Registered>> = RefCell::new(HashMap::new());
 }
 
-/// Registers `inbox` for `qp_num`'s completions. Must run on the poller thread that polls
-/// the QP's CQ (where [`CqReservation::arbiter`] runs the connection's actor).
-pub(crate) fn register(qp_num: u32, inbox: Weak<dyn Inbox>) {
-    INBOXES.with(|m| m.borrow_mut().insert(qp_num, inbox));
+struct Registered {
+    inbox: Weak<dyn Inbox>,
+    created: Instant,
+}
+
+/// Registers `inbox` for the completions of QP `qp_num`, created at `created`. Must run
+/// on the poller thread that polls the QP's CQ (where [`CqReservation::arbiter`] runs the
+/// connection's actor).
+pub(crate) fn register(qp_num: u32, inbox: Weak<dyn Inbox>, created: Instant) {
+    INBOXES.with(|m| m.borrow_mut().insert(qp_num, Registered { inbox, created }));
 }
 
 /// Stops delivering `qp_num`'s completions (on the same thread as [`register`]).
@@ -70,32 +77,45 @@ pub(crate) fn unregister(qp_num: u32) {
     INBOXES.with(|m| m.borrow_mut().remove(&qp_num));
 }
 
-fn inbox(qp_num: u32) -> Option<std::rc::Rc<dyn Inbox>> {
-    INBOXES.with(|m| m.borrow().get(&qp_num).and_then(Weak::upgrade))
+fn inbox(qp_num: u32) -> Option<(Rc<dyn Inbox>, Instant)> {
+    INBOXES.with(|m| {
+        let m = m.borrow();
+        let r = m.get(&qp_num)?;
+        Some((r.inbox.upgrade()?, r.created))
+    })
 }
 
-/// How long completions for a QP nobody registered are kept: a connection registers on
-/// its poller thread just after its QP is created, and a completion can beat it there.
-const PARK_LIMIT: Duration = Duration::from_secs(5);
+/// How long completions for a QP nobody registered are kept. A connection registers when
+/// its poller thread starts its actor, and a completion can beat it there: by seconds
+/// when many connections arrive at once (16 rping clients starting together delayed
+/// some registrations by 3 s under Soft-RoCE). Generous, because dropping a completion
+/// stalls its connection for good; completions of an earlier QP with the same number are
+/// told apart by the QP's creation time, not by this limit.
+const PARK_LIMIT: Duration = Duration::from_secs(30);
 
-/// Completions that arrived before their connection registered, per QP, oldest first.
+/// Completions that arrived before their connection registered, per QP, oldest first,
+/// with when the first of them was seen.
 #[derive(Default)]
 struct Parked(HashMap<u32, (Instant, Vec<WorkCompletion>)>);
 
 impl Parked {
-    /// Hands each parked batch whose connection has registered since; drops those
+    /// Hands each parked batch to its connection once it has registered; drops batches
+    /// older than the QP now registered under that number (rxe reuses QP numbers: they
+    /// belonged to a destroyed QP whose flushes came after its drain gave up), and those
     /// waiting longer than [`PARK_LIMIT`].
     fn retry(&mut self) {
         self.0.retain(|&qp, (since, wcs)| {
-            if let Some(inbox) = inbox(qp) {
-                inbox.completions(wcs);
-                return false;
+            match inbox(qp) {
+                Some((inbox, created)) if created <= *since => inbox.completions(wcs),
+                Some(_) => {
+                    tracing::debug!(qp, n = wcs.len(), "completions of a destroyed QP dropped")
+                }
+                None if since.elapsed() <= PARK_LIMIT => return true,
+                None => {
+                    tracing::debug!(qp, n = wcs.len(), "completions for an unknown QP dropped")
+                }
             }
-            if since.elapsed() > PARK_LIMIT {
-                tracing::debug!(qp, n = wcs.len(), "completions for an unknown QP dropped");
-                return false;
-            }
-            true
+            false
         });
     }
 }
@@ -414,9 +434,97 @@ fn deliver(qp: u32, batch: &[WorkCompletion], parked: &mut Parked) {
         return;
     }
     match inbox(qp) {
-        Some(inbox) => inbox.completions(batch),
+        Some((inbox, _)) => inbox.completions(batch),
         None => {
             parked.0.insert(qp, (Instant::now(), batch.to_vec()));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::verbs::{WcOpcode, WcStatus};
+
+    /// Records the wr_ids it is handed.
+    #[derive(Default)]
+    struct Recorder(RefCell<Vec<u64>>);
+
+    impl Inbox for Recorder {
+        fn completions(&self, wcs: &[WorkCompletion]) {
+            self.0.borrow_mut().extend(wcs.iter().map(|wc| wc.wr_id));
+        }
+    }
+
+    fn wc(qp_num: u32, wr_id: u64) -> WorkCompletion {
+        WorkCompletion {
+            wr_id,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Recv,
+            byte_len: 0,
+            imm_data: None,
+            qp_num,
+            vendor_err: 0,
+        }
+    }
+
+    fn registered(qp: u32, created: Instant) -> Rc<Recorder> {
+        let rec = Rc::new(Recorder::default());
+        let weak: Weak<dyn Inbox> = Rc::downgrade(&rec) as Weak<Recorder>;
+        register(qp, weak, created);
+        rec
+    }
+
+    #[test]
+    fn a_batch_is_split_per_connection_in_order() {
+        let (a, b) = (registered(7, Instant::now()), registered(8, Instant::now()));
+        let mut parked = Parked::default();
+        route(&[wc(7, 1), wc(7, 2), wc(8, 3), wc(7, 4)], &mut parked);
+        assert_eq!(*a.0.borrow(), [1, 2, 4]);
+        assert_eq!(*b.0.borrow(), [3]);
+        assert!(parked.0.is_empty());
+        unregister(7);
+        unregister(8);
+    }
+
+    #[test]
+    fn completions_that_beat_registration_wait_and_keep_their_order() {
+        let created = Instant::now();
+        let mut parked = Parked::default();
+        route(&[wc(9, 1)], &mut parked);
+        route(&[wc(9, 2)], &mut parked);
+        parked.retry();
+        assert_eq!(parked.0[&9].1.len(), 2, "kept while nobody registered");
+        let rec = registered(9, created);
+        // New ones queue behind the parked ones until the next retry delivers all.
+        route(&[wc(9, 3)], &mut parked);
+        assert!(rec.0.borrow().is_empty());
+        parked.retry();
+        assert_eq!(*rec.0.borrow(), [1, 2, 3]);
+        assert!(parked.0.is_empty());
+        route(&[wc(9, 4)], &mut parked);
+        assert_eq!(*rec.0.borrow(), [1, 2, 3, 4], "direct once registered");
+        unregister(9);
+    }
+
+    #[test]
+    fn completions_of_an_earlier_qp_with_the_same_number_are_dropped() {
+        let mut parked = Parked::default();
+        route(&[wc(10, 1)], &mut parked);
+        let rec = registered(10, Instant::now());
+        parked.retry();
+        assert!(rec.0.borrow().is_empty());
+        assert!(parked.0.is_empty());
+        unregister(10);
+    }
+
+    #[test]
+    fn a_dropped_connection_gets_nothing_and_nothing_breaks() {
+        let rec = registered(11, Instant::now());
+        drop(rec);
+        let mut parked = Parked::default();
+        route(&[wc(11, 1)], &mut parked);
+        assert_eq!(parked.0[&11].1.len(), 1);
+        unregister(11);
     }
 }

@@ -271,13 +271,18 @@ impl<S: Session> ConnectionActor<S> {
         let arbiter = parts.core.arbiter();
         ConnectionActor::start_in_arbiter(&arbiter, move |ctx| {
             let ConnectionParts {
-                core,
+                mut core,
                 session,
                 cm,
                 key,
                 label,
             } = parts;
-            let qp_num = core.qp_num();
+            // Set here, not in `started`: the poller may hand this connection a message
+            // before the actor's first turn, and a session that starts background work
+            // then must already have a waker that reaches it. Weak: a waker held by a job
+            // thread must not keep a closed connection alive.
+            core.waker = Some(ctx.address().recipient::<Wake>().downgrade());
+            let (qp_num, created) = (core.qp_num(), core.created);
             let conn = Rc::new_cyclic(|this| {
                 RefCell::new(Connection {
                     core: Some(core),
@@ -292,7 +297,7 @@ impl<S: Session> ConnectionActor<S> {
                 })
             });
             let inbox: Weak<dyn Inbox> = Rc::downgrade(&conn) as Weak<RefCell<Connection<S>>>;
-            poller::register(qp_num, inbox);
+            poller::register(qp_num, inbox, created);
             ConnectionActor { conn }
         })
     }
@@ -305,14 +310,6 @@ impl<S: Session> ConnectionActor<S> {
 
 impl<S: Session> Actor for ConnectionActor<S> {
     type Context = Context<Self>;
-
-    fn started(&mut self, ctx: &mut Context<Self>) {
-        // Weak: a waker held by a job thread must not keep a closed connection alive.
-        let waker = ctx.address().recipient::<Wake>().downgrade();
-        if let Some(core) = self.conn().core.as_mut() {
-            core.waker = Some(waker);
-        }
-    }
 }
 
 impl<S: Session> Handler<CmNotice> for ConnectionActor<S> {

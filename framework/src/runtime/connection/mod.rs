@@ -1,7 +1,8 @@
-//! The connection actor: one per cm_id. It owns the QP, the pre-posted receive buffers,
-//! the work requests in flight (a slab whose index is the wr_id), the credit window and
-//! the session, and it tears all of that down on every path: peer disconnect, local
-//! close, error completion, shutdown.
+//! One connection per cm_id. Its [`Core`] (this file) owns the QP, the pre-posted
+//! receive buffers, the work requests in flight (a slab whose index is the wr_id) and the
+//! credit window; `actor.rs` holds the lifecycle around it (completions in from the
+//! poller, session callbacks, teardown on every path: peer disconnect, local close,
+//! error completion, shutdown) and the actor that carries its mailbox.
 //!
 //! Teardown order: `rdma_disconnect`, QP to the error state, wait until every posted
 //! work request has come back (successful or flushed), then drop the QP, the cm_id and
@@ -10,7 +11,7 @@
 
 use std::collections::VecDeque;
 use std::ops::Range;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use slab::Slab;
 
@@ -227,8 +228,10 @@ pub(crate) struct Core {
     framing: Framing,
     recv: Vec<Lease>,
     recv_size: usize,
-    /// Receive slots consumed this turn, reposted after the turn's SENDs are posted: the
-    /// answer to a message goes out first, and the repost's credit rides a later frame.
+    /// Receive slots of a framed connection consumed this turn, reposted after the turn's
+    /// SENDs are posted: the answer to a message goes out first, and the repost's credit
+    /// rides a later frame (credits keep the peer from sending into the gap). Raw
+    /// connections repost at once.
     reposts: Vec<usize>,
     credits: Option<CreditWindow>,
     inflight: Slab<Wr>,
@@ -251,6 +254,9 @@ pub(crate) struct Core {
     pd: ProtectionDomain,
     closing: Option<CloseReason>,
     established: bool,
+    /// When the QP was created (just before this): the poller tells this QP's
+    /// completions from those of an earlier QP with the same number by it.
+    created: Instant,
     /// This connection's actor, for `SessionCx::waker` (set when the actor starts).
     waker: Option<actix::WeakRecipient<Wake>>,
 }
@@ -297,6 +303,7 @@ impl Core {
             pd: p.pd,
             closing: None,
             established: false,
+            created: Instant::now(),
             grants: Slab::new(),
             waker: None,
         }
@@ -702,7 +709,9 @@ impl Core {
                 } else {
                     self.recv[slot].as_slice()[..len].to_vec()
                 };
-                self.reposts.push(slot);
+                // At once: a plain peer has no credits to tell it when a receive is
+                // back, and may send its next message as soon as it has our answer.
+                self.post_recv(slot).map_err(CloseReason::from_verbs)?;
                 self.deliveries.push_back(Delivery::Ready(Message {
                     tag: 0,
                     imm: wc.imm_data,
