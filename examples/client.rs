@@ -9,6 +9,9 @@
 //! ```
 //! Each run ends with one `RESULT key=value ...` line for scripts (see scripts/bench).
 
+#[path = "report.rs"]
+mod report;
+
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -145,16 +148,6 @@ where
     Ok((total, total as f64 / start.elapsed().as_secs_f64()))
 }
 
-fn report_latency(size: usize, iters: usize, mut rtts: Vec<Duration>) {
-    rtts.sort();
-    let pct = |p: f64| rtts[((rtts.len() - 1) as f64 * p) as usize].as_secs_f64() * 1e6;
-    println!(
-        "RESULT kind=latency size={size} iters={iters} p50_us={:.2} p99_us={:.2}",
-        pct(0.50),
-        pct(0.99)
-    );
-}
-
 /// A client-side session that sends the next echo request from the reply's handler.
 struct Pinger {
     payload: Vec<u8>,
@@ -253,7 +246,7 @@ async fn run(args: Args) -> Result<()> {
                 .context("connect")?;
             let rtts = rx.await.context("the session ended early")??;
             conn.close().await;
-            report_latency(size, iters, rtts);
+            report::latency("latency", size, iters, rtts);
         }
         Run::Latency { iters, size, .. } => {
             let conn = connect_all(&client, &args, 1).await?.remove(0);
@@ -275,7 +268,7 @@ async fn run(args: Args) -> Result<()> {
                 })
                 .await
                 .context("poller stopped")??;
-            report_latency(size, iters, rtts);
+            report::latency("latency", size, iters, rtts);
         }
         Run::Rate {
             connections,

@@ -8,6 +8,9 @@
 //! verbs_pingpong client --addr 192.0.2.1:7480 --iters 5000 --size 64
 //! ```
 
+#[path = "report.rs"]
+mod report;
+
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -158,13 +161,7 @@ fn ping(pd: &ProtectionDomain, addr: SocketAddr, iters: usize, size: usize) -> R
     ep.qp.post_send(&bye)?;
     ep.wait(1)?;
     ep.disconnect()?;
-    rtts.sort();
-    let us = |d: Duration| d.as_secs_f64() * 1e6;
-    println!(
-        "RESULT kind=verbs_pingpong size={size} iters={iters} p50_us={:.2} p99_us={:.2}",
-        us(rtts[rtts.len() / 2]),
-        us(rtts[rtts.len() * 99 / 100])
-    );
+    report::latency("verbs_pingpong", size, iters, rtts);
     Ok(())
 }
 

@@ -257,7 +257,8 @@ pub(crate) struct Core {
     /// When the QP was created (just before this): the poller tells this QP's
     /// completions from those of an earlier QP with the same number by it.
     created: Instant,
-    /// This connection's actor, for `SessionCx::waker` (set when the actor starts).
+    /// This connection's actor, for `SessionCx::waker` (set when the actor is created,
+    /// before the poller can deliver anything).
     waker: Option<actix::WeakRecipient<Wake>>,
 }
 
@@ -369,15 +370,15 @@ impl Core {
         if self.reposts.is_empty() || self.closing.is_some() {
             return Ok(false);
         }
-        let mut reposts = std::mem::take(&mut self.reposts);
-        for &slot in &reposts {
-            self.post_recv(slot).map_err(CloseReason::from_verbs)?;
+        let n = self.reposts.len();
+        for i in 0..n {
+            self.post_recv(self.reposts[i])
+                .map_err(CloseReason::from_verbs)?;
         }
+        self.reposts.clear();
         if let Some(credits) = self.credits.as_mut() {
-            credits.handle_reposted(reposts.len() as u32);
+            credits.handle_reposted(n as u32);
         }
-        reposts.clear();
-        self.reposts = reposts;
         Ok(true)
     }
 
