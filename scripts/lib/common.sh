@@ -12,7 +12,52 @@ on_error() {
     local rc=$1 line=$2 cmd=$3 where=${BASH_SOURCE[1]:-$0}
     local func=${FUNCNAME[1]:-main}
     [ "$func" = main ] && func= || func=" in $func()"
-    printf '%s: line %s%s: `%s` failed (exit %s)\n' "${where##*/}" "$line" "$func" "$cmd" "$rc" >&2
+    printf "%s: line %s%s: '%s' failed (exit %s)\n" "${where##*/}" "$line" "$func" "$cmd" "$rc" >&2
     exit "$rc"
 }
-trap 'on_error $? $LINENO "$BASH_COMMAND"' ERR
+# A section that inspects exit statuses itself turns both off, then on again: the ERR
+# trap fires on any failing command, `set +e` or not.
+strict_off() { set +e; trap - ERR; }
+strict_on() { set -e; trap 'on_error $? $LINENO "$BASH_COMMAND"' ERR; }
+strict_on
+
+# apt_install WHO PKG...: installs the packages dpkg does not list as installed, as root
+# (or through sudo), quietly; on failure it prints apt's own output and the ERR trap
+# names the step. WHO prefixes the progress line.
+apt_install() {
+    local who=$1 p status missing=()
+    shift
+    for p in "$@"; do
+        # dpkg-query exits 1 for a package it has never seen: that means "missing" too.
+        status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null) || status=
+        [ "$status" = installed ] || missing+=("$p")
+    done
+    ((${#missing[@]})) || return 0
+    local sudo=()
+    if [ "$(id -u)" != 0 ]; then
+        command -v sudo >/dev/null || {
+            echo "$who: missing packages ${missing[*]}: run as root (or install sudo) to install them" >&2
+            return 1
+        }
+        sudo=(sudo)
+    fi
+    echo "$who: installing ${missing[*]}" >&2
+    # Lock::Timeout waits for another apt/dpkg run instead of failing at once.
+    local apt=("${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -y -q
+        -o DPkg::Lock::Timeout=1800 -o APT::Sandbox::User=root)
+    local log
+    log=$(mktemp)
+    if ! "${apt[@]}" update >"$log" 2>&1; then
+        echo "$who: apt-get update failed:" >&2
+        tail -n 20 "$log" >&2
+        rm -f "$log"
+        return 1
+    fi
+    if ! "${apt[@]}" install --no-install-recommends "${missing[@]}" >"$log" 2>&1; then
+        echo "$who: apt-get install ${missing[*]} failed:" >&2
+        tail -n 20 "$log" >&2
+        rm -f "$log"
+        return 1
+    fi
+    rm -f "$log"
+}

@@ -41,8 +41,9 @@ while read -r mod; do
     esac
 done </lib/modules/order
 
-run_id= mtu=1500
-for arg in $(cat /proc/cmdline); do
+run_id="" mtu=1500
+read -r cmdline </proc/cmdline
+for arg in $cmdline; do
     case "$arg" in
         softroce_run=*) run_id=${arg#softroce_run=} ;;
         softroce_mtu=*) mtu=${arg#softroce_mtu=} ;;
@@ -101,7 +102,7 @@ sysctl_set net/ipv4/tcp_max_syn_backlog 4096
 sysctl_set net/ipv4/ip_local_port_range "10000 65000"
 
 # The command's output channels (virtio-serial ports named by the host).
-out= err=
+out="" err=""
 for p in /sys/class/virtio-ports/*; do
     [ -f "$p/name" ] || continue
     case "$(cat "$p/name")" in
@@ -109,7 +110,9 @@ for p in /sys/class/virtio-ports/*; do
         err) err=/dev/${p##*/} ;;
     esac
 done
-[ -c "$out" ] && [ -c "$err" ] || fail "virtio ports out/err not found"
+if [ ! -c "$out" ] || [ ! -c "$err" ]; then
+    fail "virtio ports out/err not found"
+fi
 
 : >"$run/ready"
 chroot $R /usr/bin/env -i /bin/bash --noprofile --norc "$repo_path/.softroce/runs/$run_id/run.sh" \
