@@ -91,6 +91,8 @@ mod client;
 mod config;
 mod endpoint;
 mod error;
+#[doc(hidden)]
+pub mod fuzz;
 mod hash;
 mod name;
 mod receiver;

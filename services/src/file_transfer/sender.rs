@@ -235,6 +235,14 @@ impl Sender {
                 grant.region.len, grant.slots, grant.slot_len
             ));
         }
+        // The last byte of the window must be addressable: a peer-chosen address near
+        // u64::MAX would make every slot's address overflow.
+        if grant.region.addr.checked_add(window_len).is_none() {
+            return Err(format!(
+                "window of {window_len} bytes at {:#x} wraps around the address space",
+                grant.region.addr
+            ));
+        }
         if window_len > self.max_window || usize::try_from(window_len).is_err() {
             return Err(format!(
                 "window of {window_len} bytes, more than the {} accepted",
@@ -256,9 +264,14 @@ impl Sender {
     }
 
     /// Hands out every chunk that has a free slot; `Done` after the last one.
-    fn issue(&mut self) {
+    ///
+    /// # Errors
+    ///
+    /// [`TransferError::BadGrant`] if a slot falls outside the granted window (which
+    /// `check_grant` rules out; checked again because the window is the peer's word).
+    fn issue(&mut self) -> Result<()> {
         if self.state != State::Sending {
-            return;
+            return Ok(());
         }
         if let Some(p) = &mut self.pipe {
             while p.issued < p.chunks && p.slot_free_for(p.issued) {
@@ -266,11 +279,12 @@ impl Sender {
                 let slot = (index % u64::from(p.grant.slots)) as u32;
                 let offset = u64::from(slot) * u64::from(p.grant.slot_len);
                 let len = chunk_len(self.offer.len, p.grant.slot_len, index);
-                let remote = p
-                    .grant
-                    .region
-                    .slice(offset, u64::from(len))
-                    .expect("checked: slots * slot_len == region.len");
+                let Some(remote) = p.grant.region.slice(offset, u64::from(len)) else {
+                    let e = TransferError::BadGrant(format!(
+                        "chunk {index} ({len} bytes at offset {offset}) outside the window"
+                    ));
+                    return self.fail(e);
+                };
                 p.slots[slot as usize] = Some(SlotUse {
                     index,
                     written: false,
@@ -285,11 +299,12 @@ impl Sender {
                 }));
             }
             if p.issued < p.chunks {
-                return;
+                return Ok(());
             }
         }
         self.out.push_back(Output::Send(Msg::Done));
         self.state = State::AwaitVerdict;
+        Ok(())
     }
 
     fn ack(&mut self, next: u32) -> Result<()> {
@@ -310,8 +325,7 @@ impl Sender {
             return self.fail(e);
         }
         p.acked = n;
-        self.issue();
-        Ok(())
+        self.issue()
     }
 }
 
@@ -349,8 +363,7 @@ impl Endpoint for Sender {
                     }
                     self.pipe = pipe;
                     self.state = State::Sending;
-                    self.issue();
-                    Ok(())
+                    self.issue()
                 }
                 Err(why) => self.fail(TransferError::BadGrant(why)),
             },
@@ -450,8 +463,7 @@ impl Endpoint for Sender {
         match slot {
             Some(u) => {
                 u.written = true;
-                self.issue();
-                Ok(())
+                self.issue()
             }
             None => {
                 let e = TransferError::Driver(format!(

@@ -738,3 +738,31 @@ fn a_fetch_waits_for_its_preparation_and_nothing_else_is_taken_meanwhile() {
         "one result per fetch"
     );
 }
+
+/// Security issue item 1: a `Grant` whose region ends beyond `u64::MAX` used to panic
+/// the server's sender (`RemoteWindow::slice(..).expect(..)`) on the poller thread. It
+/// is now a `BadGrant` error that ends only this transfer.
+#[test]
+fn a_grant_at_the_top_of_the_address_space_is_refused_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("f"), b"hi").unwrap();
+    let mut s = Sender::for_fetch(dir.path(), "f", HashAlg::Sha256).unwrap();
+    assert!(matches!(s.poll_output(), Some(Output::Send(Msg::Offer(_)))));
+    let hostile = Msg::Grant {
+        window: Some(WindowGrant {
+            region: RemoteWindow {
+                addr: u64::MAX,
+                len: 2,
+                rkey: 1,
+            },
+            slots: 2,
+            slot_len: 1,
+        }),
+    };
+    let e = s.handle_msg(hostile).unwrap_err();
+    assert!(
+        matches!(&e, TransferError::BadGrant(why) if why.contains("wraps")),
+        "{e}"
+    );
+    assert_eq!(s.poll_output(), None, "no WRITE was handed out");
+}
