@@ -7,6 +7,7 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Read, Seek};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::endpoint::{unexpected, Auth, ChunkWrite, Endpoint, Outcome, Output};
 use super::error::{Result, TransferError};
@@ -143,7 +144,8 @@ impl Sender {
     pub fn from_file(path: &Path, name: &str, alg: HashAlg, overwrite: bool) -> Result<Sender> {
         validate_name(name)?;
         let file = File::open(path).map_err(TransferError::Source)?;
-        let (file, offer) = hashed(file, name, alg, overwrite).map_err(TransferError::Source)?;
+        let (file, offer) = hashed(file, name, alg, overwrite, &AtomicBool::new(false))
+            .map_err(TransferError::Source)?;
         Sender::new(offer, Box::new(file))
     }
 
@@ -159,6 +161,22 @@ impl Sender {
         name: &str,
         alg: HashAlg,
     ) -> std::result::Result<Sender, RejectReason> {
+        Sender::for_fetch_cancellable(dir, name, alg, &AtomicBool::new(false))
+    }
+
+    /// [`for_fetch`](Self::for_fetch) that gives up, with `Unavailable`, as soon as
+    /// `cancel` is set: hashing a file of up to [`Config::max_size`] takes long, and a
+    /// client that left should not keep a blocking-pool thread reading for it.
+    ///
+    /// # Errors
+    ///
+    /// As [`for_fetch`](Self::for_fetch), and `Unavailable` once cancelled.
+    pub fn for_fetch_cancellable(
+        dir: &Path,
+        name: &str,
+        alg: HashAlg,
+        cancel: &AtomicBool,
+    ) -> std::result::Result<Sender, RejectReason> {
         let (file, _) = open_source(dir, name).map_err(|e| match e {
             StoreError::Name(e) => RejectReason::BadName {
                 reason: e.to_string(),
@@ -171,7 +189,7 @@ impl Sender {
         let unavailable = |e: io::Error| RejectReason::Unavailable {
             reason: e.to_string(),
         };
-        let (file, offer) = hashed(file, name, alg, false).map_err(unavailable)?;
+        let (file, offer) = hashed(file, name, alg, false, cancel).map_err(unavailable)?;
         Sender::new(offer, Box::new(file)).map_err(|e| RejectReason::BadName {
             reason: e.to_string(),
         })
@@ -329,14 +347,36 @@ impl Sender {
     }
 }
 
-/// Hashes `file` whole, rewinds it, and builds the offer.
+/// A reader that fails once `cancel` is set, checked before every read.
+struct Cancellable<'a, R> {
+    inner: R,
+    cancel: &'a AtomicBool,
+}
+
+impl<R: Read> Read for Cancellable<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.cancel.load(Ordering::Relaxed) {
+            return Err(io::Error::other("cancelled: the client left"));
+        }
+        self.inner.read(buf)
+    }
+}
+
+/// Hashes `file` whole (until `cancel` is set), rewinds it, and builds the offer.
 fn hashed(
     mut file: File,
     name: &str,
     alg: HashAlg,
     overwrite: bool,
+    cancel: &AtomicBool,
 ) -> io::Result<(File, FileOffer)> {
-    let (digest, len) = hash_reader(alg, &mut file)?;
+    let (digest, len) = hash_reader(
+        alg,
+        Cancellable {
+            inner: &mut file,
+            cancel,
+        },
+    )?;
     file.rewind()?;
     let offer = FileOffer {
         name: name.to_owned(),
@@ -730,6 +770,21 @@ mod tests {
             s.fill_chunk(&c, &mut [0; 8]),
             Err(TransferError::SourceTruncated { at: 0, len: 8 })
         ));
+    }
+
+    /// Security issue item 7: a fetch kept hashing (up to 1 TiB) after its client left.
+    /// A cancelled preparation stops at its next read.
+    #[test]
+    fn a_cancelled_fetch_stops_hashing() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), vec![7u8; 1 << 20]).unwrap();
+        let cancel = AtomicBool::new(true);
+        let e =
+            Sender::for_fetch_cancellable(dir.path(), "f", HashAlg::Sha256, &cancel).unwrap_err();
+        assert!(
+            matches!(&e, RejectReason::Unavailable { reason } if reason.contains("cancelled")),
+            "{e}"
+        );
     }
 
     #[test]
