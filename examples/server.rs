@@ -2,7 +2,7 @@
 //!
 //! ```sh
 //! server --listen 192.0.2.1:7471 --listen 192.0.2.1:7174=rping --max-connections 1000
-//! server --listen 192.0.2.1:7471 --files-dir /srv/files --secret alice=s3cret
+//! server --listen 192.0.2.1:7471 --files-dir /srv/files --secret-file /etc/rdmactor/secrets
 //! ```
 //! rdmactor clients pick a service by name in their connect request; plain rdma_cm
 //! clients (rping, lab programs) reach the default service of the port they connect to.
@@ -64,9 +64,20 @@ struct Args {
     #[arg(long, default_value_t = FilesConfig::DEFAULT_MAX_SIZE)]
     max_file_size: u64,
     /// `ID=KEY`: the secret the `files` service answers to `Identify` with ID after a
-    /// GOOD upload. Repeatable.
+    /// GOOD upload of a new, non-empty file named ID. Repeatable. Shows in
+    /// /proc/PID/cmdline: prefer --secret-file.
     #[arg(long = "secret", value_name = "ID=KEY")]
     secrets: Vec<String>,
+    /// A file of `ID=KEY` lines (`#` comments), read like --secret.
+    #[arg(long, value_name = "PATH")]
+    secret_file: Option<PathBuf>,
+    /// Let every client fetch every regular, non-hidden file of --files-dir (default:
+    /// only files it uploaded on the same connection).
+    #[arg(long)]
+    files_public_fetch: bool,
+    /// Let every client overwrite every file (default: only its own uploads).
+    #[arg(long)]
+    files_overwrite_others: bool,
     /// Slots in the window the `files` service grants an upload (chunks in flight).
     #[arg(long, default_value_t = FilesConfig::DEFAULT_SLOTS)]
     file_slots: u32,
@@ -120,8 +131,8 @@ fn parse_listen(spec: &str) -> Result<(SocketAddr, Option<String>)> {
 /// The `files` service, if `--files-dir` asks for it.
 fn files_service(args: &Args) -> Result<Option<FileTransfer>> {
     let Some(dir) = &args.files_dir else {
-        if !args.secrets.is_empty() {
-            bail!("--secret needs --files-dir");
+        if !args.secrets.is_empty() || args.secret_file.is_some() {
+            bail!("--secret and --secret-file need --files-dir");
         }
         return Ok(None);
     };
@@ -138,6 +149,18 @@ fn files_service(args: &Args) -> Result<Option<FileTransfer>> {
             .with_context(|| format!("--secret {spec:?} is not ID=KEY"))?;
         config = config.with_secret(id, key);
     }
+    if let Some(path) = &args.secret_file {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("--secret-file {}", path.display()))?;
+        for (id, key) in rdmactor_services::file_transfer::parse_secrets(&text)
+            .with_context(|| format!("--secret-file {}", path.display()))?
+        {
+            config = config.with_secret(id, key);
+        }
+    }
+    config = config
+        .with_public_fetch(args.files_public_fetch)
+        .with_overwrite_others(args.files_overwrite_others);
     FileTransfer::new(config)
         .map(Some)
         .with_context(|| format!("files service in {}", dir.display()))

@@ -546,7 +546,8 @@ fn fetched_files_match_the_served_ones() {
     }
     write_random_file(&src.join("up"), 3 * MIB, 40);
     actix_run(async {
-        let server = files_server(Config::new(&store));
+        // Files the operator put there: served to everyone only when the server says so.
+        let server = files_server(Config::new(&store).with_public_fetch(true));
         let addr = server.local_addrs()[0];
         let client = Client::start(NodeConfig::default()).expect("client");
         let conn = client.connect(addr, "files").await.expect("connect");
@@ -608,30 +609,44 @@ fn fetched_files_match_the_served_ones() {
 }
 
 #[test]
-fn identify_answers_known_ids_only() {
+fn identify_answers_only_the_id_an_upload_proved() {
     let Some(_ctx) = rdma_context() else { return };
     let base = resource_counts();
     let scratch = Scratch::new("identify");
     let (src, store) = (scratch.sub("src"), scratch.sub("store"));
     write_random_file(&src.join("f"), 5000, 51);
+    write_random_file(&src.join("empty"), 0, 52);
     actix_run(async {
-        let server = files_server(Config::new(&store).with_secret("alice", "a-key"));
+        let server = files_server(
+            Config::new(&store)
+                .with_secret("alice", "a-key")
+                .with_secret("bob", "b-key"),
+        );
         let addr = server.local_addrs()[0];
         let client = Client::start(NodeConfig::default()).expect("client");
         let conn = client.connect(addr, "files").await.expect("connect");
-        for (name, id) in [("f1", "alice"), ("f2", "mallory")] {
+        // (source, stored name, ID): a new non-empty file named after the ID proves it;
+        // an empty one (security issue item 5), another name, or an unknown ID do not,
+        // and all three get the same Refused.
+        for (file, name, id) in [
+            ("empty", "bob", "bob"),
+            ("f", "f2", "bob"),
+            ("f", "mallory", "mallory"),
+            ("f", "alice", "alice"),
+        ] {
             let opts = SendOptions {
                 identity: Some(id.into()),
                 ..SendOptions::default()
             };
-            let (outcome, _) = send(&conn, &src.join("f"), name, &opts).await;
+            let (outcome, _) = send(&conn, &src.join(file), name, &opts).await;
             let Outcome::Delivered { auth: Some(auth) } = outcome else {
                 panic!("{name}: {outcome:?}");
             };
-            match (id, auth) {
+            match (name, auth) {
                 ("alice", Auth::Secret(key)) => assert_eq!(key.expose(), "a-key"),
-                ("mallory", Auth::Refused) => {}
-                (id, auth) => panic!("{id}: {auth:?}"),
+                ("alice", auth) => panic!("alice: {auth:?}"),
+                (_, Auth::Refused) => {}
+                (name, auth) => panic!("{name}: {auth:?}"),
             }
         }
         // Identify outside a GOOD transfer is a protocol error: the server hangs up.
@@ -644,6 +659,70 @@ fn identify_answers_known_ids_only() {
         close_all(&server, client, vec![conn, rogue]).await;
         server.shutdown().await;
     });
-    assert_eq!(names(&store), set(&["f1", "f2"]));
+    assert_eq!(names(&store), set(&["alice", "bob", "f2", "mallory"]));
+    assert_released(&base);
+}
+
+/// Security issue item 1: a client fetches its own 2-byte file and answers the offer
+/// with a grant at the top of the address space. That used to panic the server's
+/// sender on the poller thread and freeze every connection on it; now it ends only
+/// that client's connection and another client's echo is answered.
+#[test]
+fn a_hostile_grant_ends_only_its_connection() {
+    let Some(_ctx) = rdma_context() else { return };
+    let base = resource_counts();
+    let scratch = Scratch::new("hostile-grant");
+    let (src, store) = (scratch.sub("src"), scratch.sub("store"));
+    fs::write(src.join("f"), b"hi").expect("source");
+    actix_run(async {
+        let server = Server::builder()
+            .listen(test_addr(), None)
+            .service(
+                "files",
+                FileTransfer::new(Config::new(&store)).expect("files"),
+            )
+            .service("echo", rdmactor_services::echo::Echo)
+            .start()
+            .expect("server");
+        let addr = server.local_addrs()[0];
+        let client = Client::start(NodeConfig::default()).expect("client");
+        let hostile = client.connect(addr, "files").await.expect("connect");
+        let (outcome, _) = send(&hostile, &src.join("f"), "f", &SendOptions::default()).await;
+        assert!(delivered(&outcome), "{outcome:?}");
+        let fetch = Msg::Fetch {
+            name: "f".into(),
+            alg: HashAlg::Sha256,
+        };
+        hostile.send(fetch.encode()).await.expect("send Fetch");
+        let offer = hostile.recv().await.expect("the offer");
+        assert!(
+            matches!(Msg::decode(&offer.data), Ok(Msg::Offer(o)) if o.len == 2),
+            "{offer:?}"
+        );
+        let grant = Msg::Grant {
+            window: Some(WindowGrant {
+                region: rdmactor_services::file_transfer::RemoteWindow {
+                    addr: u64::MAX,
+                    len: 2,
+                    rkey: 1,
+                },
+                slots: 2,
+                slot_len: 1,
+            }),
+        };
+        hostile.send(grant.encode()).await.expect("send Grant");
+        let closed = tokio::time::timeout(Duration::from_secs(20), hostile.recv()).await;
+        assert_eq!(closed, Ok(None), "the hostile connection is closed");
+        let other = client.connect(addr, "echo").await.expect("connect echo");
+        tokio::time::timeout(
+            Duration::from_secs(20),
+            rdmactor_tests::echo_ok(&other, b"still served".to_vec()),
+        )
+        .await
+        .expect("another client's echo is answered");
+        close_all(&server, client, vec![hostile, other]).await;
+        server.shutdown().await;
+    });
+    assert_eq!(names(&store), set(&["f"]));
     assert_released(&base);
 }

@@ -373,3 +373,63 @@ fn a_region_without_access_costs_only_its_connection() {
     });
     assert_released(&base);
 }
+
+/// Security issue item 6: 100 infinite-loop invocations asking for `wall_clock_ms = 0`
+/// (and the default cap's 1e9 fuel) used to time out at once while each worker burned
+/// on, so the 64 workers filled up and every other client got `Busy`. With the floor,
+/// and timed-out work stopped for real, the other client is still served and no worker
+/// is left running.
+#[test]
+fn a_hundred_instant_timeouts_do_not_starve_another_client() {
+    let Some(_ctx) = rdma_context() else { return };
+    let base = resource_counts();
+    actix_run(async {
+        let sandbox = Arc::new(Sandbox::new());
+        let natives = Arc::new(NativeLambdas::new());
+        let service = LambdaService::new(sandbox.clone(), natives, LambdaConfig::default());
+        let (server, addr, client) = serve("lambda", service);
+        let hostile = client.connect(addr, "lambda").await.expect("connect");
+        let other = client.connect(addr, "lambda").await.expect("connect");
+        let looping = lambda::upload(&hostile, &module("infinite_loop"))
+            .await
+            .unwrap();
+        let small = Regions::new(&client, b"x", 64);
+        let zero = Limits {
+            wall_clock: Duration::ZERO,
+            ..Limits::default()
+        };
+        let inv = small.invocation(LambdaRef::Module(looping), 1, Some(zero));
+        let (mut timeouts, mut busy) = (0, 0);
+        // Four at a time, the per-connection limit.
+        for _ in 0..25 {
+            let calls = (0..4).map(|_| lambda::invoke(&hostile, &inv));
+            for r in futures::future::join_all(calls).await {
+                match r {
+                    Err(CallError::Failed(f)) if f.kind == FailureKind::Timeout => timeouts += 1,
+                    Err(CallError::Failed(f)) if f.kind == FailureKind::Busy => busy += 1,
+                    other => panic!("looping invocation: {other:?}"),
+                }
+            }
+        }
+        println!("100 instant timeouts: {timeouts} timed out, {busy} busy");
+        assert!(timeouts > 0);
+        let checksum = lambda::upload(&other, &module("checksum")).await.unwrap();
+        let input = pattern(4096, 5);
+        let regions = Regions::new(&client, &input, 64);
+        let len = lambda::invoke(
+            &other,
+            &regions.invocation(LambdaRef::Module(checksum), input.len(), None),
+        )
+        .await
+        .expect("the other client is served, not Busy");
+        assert_eq!(regions.output(len), checksum_native(&input));
+        assert_eq!(sandbox.running_workers(), 0, "no timed-out worker burns on");
+        hostile.close().await;
+        other.close().await;
+        drop((small, regions));
+        wait_idle(&server, "connections to close", Duration::from_secs(20)).await;
+        client.shutdown().await;
+        server.shutdown().await;
+    });
+    assert_released(&base);
+}

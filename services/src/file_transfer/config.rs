@@ -19,8 +19,18 @@ pub struct Config {
     pub slot_len: u32,
     /// Largest window a peer may grant us when we send (our staging buffer).
     pub max_window: u64,
-    /// Secret keys by sender ID, answered after GOOD.
+    /// Secret keys by sender ID. `Identify{id}` gets the key only right after this
+    /// connection's GOOD upload of a new, non-empty file named exactly `id` (the
+    /// upload proves the ID); every other `Identify` gets `Refused`, whether the ID is
+    /// configured or not, so answers do not enumerate IDs.
     pub secrets: HashMap<String, SecretKey>,
+    /// Serve a `Fetch` of any regular, non-hidden file in [`dir`](Self::dir). Off by
+    /// default: a connection fetches only files it uploaded itself.
+    pub public_fetch: bool,
+    /// Let an offer with `overwrite` replace any file. Off by default: a connection
+    /// replaces only files it uploaded itself (an offer to overwrite anyone else's file
+    /// is treated as one without `overwrite`, so an existing file is `Exists`).
+    pub overwrite_others: bool,
 }
 
 impl Config {
@@ -44,7 +54,23 @@ impl Config {
             slot_len: Config::DEFAULT_SLOT_LEN,
             max_window: Config::DEFAULT_MAX_WINDOW,
             secrets: HashMap::new(),
+            public_fetch: false,
+            overwrite_others: false,
         }
+    }
+
+    /// Serves every regular, non-hidden file to every client (see
+    /// [`public_fetch`](Self::public_fetch)).
+    pub fn with_public_fetch(mut self, on: bool) -> Config {
+        self.public_fetch = on;
+        self
+    }
+
+    /// Lets any client overwrite any file (see
+    /// [`overwrite_others`](Self::overwrite_others)).
+    pub fn with_overwrite_others(mut self, on: bool) -> Config {
+        self.overwrite_others = on;
+        self
     }
 
     /// Sets the window geometry.
@@ -91,9 +117,50 @@ impl Config {
     }
 }
 
+/// Parses a secrets file: one `ID=KEY` per line; blank lines and lines starting with
+/// `#` are skipped; the key is everything after the first `=` (the line's trailing
+/// `\r` removed). A file keeps keys out of `/proc/PID/cmdline`, where `--secret`
+/// values show to every local user.
+///
+/// # Errors
+///
+/// [`TransferError::Invalid`] naming the line number (never the line: it holds a key).
+pub fn parse_secrets(text: &str) -> Result<Vec<(String, SecretKey)>> {
+    let mut secrets = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.strip_suffix('\r').unwrap_or(line);
+        if line.trim().is_empty() || line.trim_start().starts_with('#') {
+            continue;
+        }
+        match line.split_once('=') {
+            Some((id, key)) if !id.trim().is_empty() && !key.is_empty() => {
+                secrets.push((id.trim().to_owned(), SecretKey::from(key)));
+            }
+            _ => {
+                return Err(TransferError::Invalid(format!(
+                    "secrets line {} is not ID=KEY",
+                    i + 1
+                )))
+            }
+        }
+    }
+    Ok(secrets)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn secrets_files_hold_id_key_lines() {
+        let got = parse_secrets("# lab keys\nalice=a=1\r\n\n bob =b\n").unwrap();
+        let got: Vec<(&str, &str)> = got.iter().map(|(i, k)| (i.as_str(), k.expose())).collect();
+        assert_eq!(got, vec![("alice", "a=1"), ("bob", "b")]);
+        let e = parse_secrets("alice=k\nhunter2\n").unwrap_err().to_string();
+        assert!(e.contains("line 2") && !e.contains("hunter2"), "{e}");
+        assert!(parse_secrets("=k").is_err());
+        assert!(parse_secrets("id=").is_err());
+    }
 
     #[test]
     fn defaults_are_valid_and_bad_geometry_is_not() {

@@ -270,6 +270,15 @@ impl PrepareFetch {
     pub fn run(self) -> std::result::Result<super::sender::Sender, super::wire::RejectReason> {
         super::sender::Sender::for_fetch(&self.dir, &self.name, self.alg)
     }
+
+    /// [`run`](Self::run) that gives up as soon as `cancel` is set (the driver sets it
+    /// when the connection closes).
+    pub fn run_cancellable(
+        self,
+        cancel: &std::sync::atomic::AtomicBool,
+    ) -> std::result::Result<super::sender::Sender, super::wire::RejectReason> {
+        super::sender::Sender::for_fetch_cancellable(&self.dir, &self.name, self.alg, cancel)
+    }
 }
 
 pub(crate) fn unexpected<E: Endpoint + ?Sized>(ep: &E, what: String) -> TransferError {

@@ -91,6 +91,8 @@ mod client;
 mod config;
 mod endpoint;
 mod error;
+#[doc(hidden)]
+pub mod fuzz;
 mod hash;
 mod name;
 mod receiver;
@@ -101,7 +103,7 @@ mod store;
 mod wire;
 
 pub use client::{fetch_file, send_file, ClientError, FetchOptions, Progress, SendOptions};
-pub use config::Config;
+pub use config::{parse_secrets, Config};
 pub use endpoint::{Auth, ChunkWrite, Endpoint, Outcome, Output, PrepareFetch};
 pub use error::{Result, TransferError};
 pub use hash::{hash_bytes, hash_file, hash_reader, Hasher};
@@ -110,7 +112,7 @@ pub use receiver::{ConsumeJob, Consumed, Receiver, Sink};
 pub use sender::Sender;
 pub use server::Server;
 pub use session::FileTransfer;
-pub use store::{open_source, StoreError, TempFile};
+pub use store::{open_source, sweep_temp_files, StoreError, TempFile};
 pub use wire::{
     BadReason, Digest, FileOffer, HashAlg, Msg, RejectReason, RemoteWindow, SecretKey, WindowGrant,
     DIGEST_LEN, MAX_CHUNKS, MAX_MSG_LEN,

@@ -22,6 +22,10 @@ use super::wire::{
 /// A verified file waiting for its commit.
 #[derive(Debug)]
 struct Committing {
+    /// The offered name, and whether the offer asked to overwrite: a new file of at
+    /// least one byte proves the ID of the same name (see [`Config::secrets`]).
+    name: String,
+    overwrite: bool,
     len: u64,
     digest: super::wire::Digest,
     /// Taken by the driver (`take_commit`); dropping it unused removes the temporary file.
@@ -193,6 +197,9 @@ pub struct Receiver {
     config: Arc<Config>,
     state: State,
     out: VecDeque<Output>,
+    /// The ID the last GOOD upload proved: its file name, if the file was new and not
+    /// empty. Taken by the one `Identify` that may follow.
+    proved_id: Option<String>,
 }
 
 impl Receiver {
@@ -202,6 +209,7 @@ impl Receiver {
             config,
             state: State::AwaitOffer,
             out: VecDeque::new(),
+            proved_id: None,
         }
     }
 
@@ -343,6 +351,8 @@ impl Receiver {
         // fsync and rename block: the driver runs them elsewhere and reports back.
         self.out.push_back(Output::Commit);
         self.state = State::Committing(Box::new(Committing {
+            name: offer.name,
+            overwrite: offer.overwrite,
             len: offer.len,
             digest: got,
             temp: Some(temp),
@@ -410,7 +420,10 @@ impl Endpoint for Receiver {
             }
             (State::Receiving(inc), Msg::Done) => self.done(inc),
             (State::Finished { may_identify: true }, Msg::Identify { id }) => {
-                let answer = match self.config.secrets.get(&id) {
+                // Only the ID this upload proved, and the same `Refused` for an unknown
+                // ID as for an unproved one.
+                let proved = self.proved_id.take().filter(|p| *p == id);
+                let answer = match proved.and_then(|id| self.config.secrets.get(&id)) {
                     Some(key) => Msg::Secret { key: key.clone() },
                     None => Msg::Refused,
                 };
@@ -549,6 +562,9 @@ impl Endpoint for Receiver {
     ) -> Result<()> {
         match mem::replace(&mut self.state, State::Failed) {
             State::Committing(c) => {
+                if result.is_ok() && c.len > 0 && !c.overwrite {
+                    self.proved_id = Some(c.name.clone());
+                }
                 self.verdict(
                     result
                         .map(|path| Outcome::Stored {
@@ -909,23 +925,51 @@ mod tests {
     #[test]
     fn identify_after_good_answers_once() {
         let dir = tempfile::tempdir().unwrap();
-        for (id, answer) in [
-            (
-                "alice",
-                Msg::Secret {
-                    key: "a-key".into(),
-                },
-            ),
-            ("mallory", Msg::Refused),
-        ] {
+        // Proved: a new, non-empty file named after the ID.
+        let mut r = Receiver::new(config(dir.path()));
+        r.handle_msg(offer("alice", b"x")).unwrap();
+        granted(&mut r, 1);
+        r.handle_chunk(0, b"x").unwrap();
+        r.handle_msg(Msg::Done).unwrap();
+        drain(&mut r);
+        r.handle_msg(Msg::Identify { id: "alice".into() }).unwrap();
+        let secret = Msg::Secret {
+            key: "a-key".into(),
+        };
+        assert_eq!(drain(&mut r), vec![Output::Send(secret)]);
+        assert!(r.handle_msg(Msg::Identify { id: "alice".into() }).is_err());
+    }
+
+    /// Security issue item 5: a 0-byte upload used to get the secret of any configured
+    /// ID, and Refused vs Secret told which IDs exist. An empty upload proves nothing,
+    /// and an unproved known ID gets the same `Refused` as an unknown one.
+    #[test]
+    fn an_empty_upload_proves_no_id() {
+        let dir = tempfile::tempdir().unwrap();
+        for id in ["alice", "mallory"] {
             let mut r = Receiver::new(config(dir.path()));
             r.handle_msg(offer(id, b"")).unwrap();
             r.handle_msg(Msg::Done).unwrap();
             drain(&mut r);
             r.handle_msg(Msg::Identify { id: id.into() }).unwrap();
-            assert_eq!(drain(&mut r), vec![Output::Send(answer)]);
+            assert_eq!(drain(&mut r), vec![Output::Send(Msg::Refused)], "{id}");
             assert!(r.handle_msg(Msg::Identify { id: id.into() }).is_err());
         }
+    }
+
+    /// The ID must be the uploaded file's name: uploading `f` proves nothing about
+    /// `alice`.
+    #[test]
+    fn an_upload_proves_only_the_id_it_is_named_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = Receiver::new(config(dir.path()));
+        r.handle_msg(offer("f", b"x")).unwrap();
+        granted(&mut r, 1);
+        r.handle_chunk(0, b"x").unwrap();
+        r.handle_msg(Msg::Done).unwrap();
+        drain(&mut r);
+        r.handle_msg(Msg::Identify { id: "alice".into() }).unwrap();
+        assert_eq!(drain(&mut r), vec![Output::Send(Msg::Refused)]);
     }
 
     #[test]

@@ -7,6 +7,7 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Read, Seek};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::endpoint::{unexpected, Auth, ChunkWrite, Endpoint, Outcome, Output};
 use super::error::{Result, TransferError};
@@ -143,7 +144,8 @@ impl Sender {
     pub fn from_file(path: &Path, name: &str, alg: HashAlg, overwrite: bool) -> Result<Sender> {
         validate_name(name)?;
         let file = File::open(path).map_err(TransferError::Source)?;
-        let (file, offer) = hashed(file, name, alg, overwrite).map_err(TransferError::Source)?;
+        let (file, offer) = hashed(file, name, alg, overwrite, &AtomicBool::new(false))
+            .map_err(TransferError::Source)?;
         Sender::new(offer, Box::new(file))
     }
 
@@ -159,6 +161,22 @@ impl Sender {
         name: &str,
         alg: HashAlg,
     ) -> std::result::Result<Sender, RejectReason> {
+        Sender::for_fetch_cancellable(dir, name, alg, &AtomicBool::new(false))
+    }
+
+    /// [`for_fetch`](Self::for_fetch) that gives up, with `Unavailable`, as soon as
+    /// `cancel` is set: hashing a file of up to [`Config::max_size`] takes long, and a
+    /// client that left should not keep a blocking-pool thread reading for it.
+    ///
+    /// # Errors
+    ///
+    /// As [`for_fetch`](Self::for_fetch), and `Unavailable` once cancelled.
+    pub fn for_fetch_cancellable(
+        dir: &Path,
+        name: &str,
+        alg: HashAlg,
+        cancel: &AtomicBool,
+    ) -> std::result::Result<Sender, RejectReason> {
         let (file, _) = open_source(dir, name).map_err(|e| match e {
             StoreError::Name(e) => RejectReason::BadName {
                 reason: e.to_string(),
@@ -171,7 +189,7 @@ impl Sender {
         let unavailable = |e: io::Error| RejectReason::Unavailable {
             reason: e.to_string(),
         };
-        let (file, offer) = hashed(file, name, alg, false).map_err(unavailable)?;
+        let (file, offer) = hashed(file, name, alg, false, cancel).map_err(unavailable)?;
         Sender::new(offer, Box::new(file)).map_err(|e| RejectReason::BadName {
             reason: e.to_string(),
         })
@@ -235,6 +253,14 @@ impl Sender {
                 grant.region.len, grant.slots, grant.slot_len
             ));
         }
+        // The last byte of the window must be addressable: a peer-chosen address near
+        // u64::MAX would make every slot's address overflow.
+        if grant.region.addr.checked_add(window_len).is_none() {
+            return Err(format!(
+                "window of {window_len} bytes at {:#x} wraps around the address space",
+                grant.region.addr
+            ));
+        }
         if window_len > self.max_window || usize::try_from(window_len).is_err() {
             return Err(format!(
                 "window of {window_len} bytes, more than the {} accepted",
@@ -256,9 +282,14 @@ impl Sender {
     }
 
     /// Hands out every chunk that has a free slot; `Done` after the last one.
-    fn issue(&mut self) {
+    ///
+    /// # Errors
+    ///
+    /// [`TransferError::BadGrant`] if a slot falls outside the granted window (which
+    /// `check_grant` rules out; checked again because the window is the peer's word).
+    fn issue(&mut self) -> Result<()> {
         if self.state != State::Sending {
-            return;
+            return Ok(());
         }
         if let Some(p) = &mut self.pipe {
             while p.issued < p.chunks && p.slot_free_for(p.issued) {
@@ -266,11 +297,12 @@ impl Sender {
                 let slot = (index % u64::from(p.grant.slots)) as u32;
                 let offset = u64::from(slot) * u64::from(p.grant.slot_len);
                 let len = chunk_len(self.offer.len, p.grant.slot_len, index);
-                let remote = p
-                    .grant
-                    .region
-                    .slice(offset, u64::from(len))
-                    .expect("checked: slots * slot_len == region.len");
+                let Some(remote) = p.grant.region.slice(offset, u64::from(len)) else {
+                    let e = TransferError::BadGrant(format!(
+                        "chunk {index} ({len} bytes at offset {offset}) outside the window"
+                    ));
+                    return self.fail(e);
+                };
                 p.slots[slot as usize] = Some(SlotUse {
                     index,
                     written: false,
@@ -285,11 +317,12 @@ impl Sender {
                 }));
             }
             if p.issued < p.chunks {
-                return;
+                return Ok(());
             }
         }
         self.out.push_back(Output::Send(Msg::Done));
         self.state = State::AwaitVerdict;
+        Ok(())
     }
 
     fn ack(&mut self, next: u32) -> Result<()> {
@@ -310,19 +343,40 @@ impl Sender {
             return self.fail(e);
         }
         p.acked = n;
-        self.issue();
-        Ok(())
+        self.issue()
     }
 }
 
-/// Hashes `file` whole, rewinds it, and builds the offer.
+/// A reader that fails once `cancel` is set, checked before every read.
+struct Cancellable<'a, R> {
+    inner: R,
+    cancel: &'a AtomicBool,
+}
+
+impl<R: Read> Read for Cancellable<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.cancel.load(Ordering::Relaxed) {
+            return Err(io::Error::other("cancelled: the client left"));
+        }
+        self.inner.read(buf)
+    }
+}
+
+/// Hashes `file` whole (until `cancel` is set), rewinds it, and builds the offer.
 fn hashed(
     mut file: File,
     name: &str,
     alg: HashAlg,
     overwrite: bool,
+    cancel: &AtomicBool,
 ) -> io::Result<(File, FileOffer)> {
-    let (digest, len) = hash_reader(alg, &mut file)?;
+    let (digest, len) = hash_reader(
+        alg,
+        Cancellable {
+            inner: &mut file,
+            cancel,
+        },
+    )?;
     file.rewind()?;
     let offer = FileOffer {
         name: name.to_owned(),
@@ -349,8 +403,7 @@ impl Endpoint for Sender {
                     }
                     self.pipe = pipe;
                     self.state = State::Sending;
-                    self.issue();
-                    Ok(())
+                    self.issue()
                 }
                 Err(why) => self.fail(TransferError::BadGrant(why)),
             },
@@ -450,8 +503,7 @@ impl Endpoint for Sender {
         match slot {
             Some(u) => {
                 u.written = true;
-                self.issue();
-                Ok(())
+                self.issue()
             }
             None => {
                 let e = TransferError::Driver(format!(
@@ -718,6 +770,21 @@ mod tests {
             s.fill_chunk(&c, &mut [0; 8]),
             Err(TransferError::SourceTruncated { at: 0, len: 8 })
         ));
+    }
+
+    /// Security issue item 7: a fetch kept hashing (up to 1 TiB) after its client left.
+    /// A cancelled preparation stops at its next read.
+    #[test]
+    fn a_cancelled_fetch_stops_hashing() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), vec![7u8; 1 << 20]).unwrap();
+        let cancel = AtomicBool::new(true);
+        let e =
+            Sender::for_fetch_cancellable(dir.path(), "f", HashAlg::Sha256, &cancel).unwrap_err();
+        assert!(
+            matches!(&e, RejectReason::Unavailable { reason } if reason.contains("cancelled")),
+            "{e}"
+        );
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! the [`Sender`] of a file from [`Config::dir`] (download). `Identify` is answered
 //! after an upload's GOOD.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -12,7 +12,7 @@ use super::endpoint::{ChunkWrite, Endpoint, Outcome, Output, PrepareFetch};
 use super::error::Result;
 use super::receiver::Receiver;
 use super::sender::Sender;
-use super::wire::{Msg, RemoteWindow};
+use super::wire::{Msg, RejectReason, RemoteWindow};
 
 #[derive(Debug)]
 enum Role {
@@ -36,6 +36,9 @@ enum Role {
 pub struct Server {
     config: Arc<Config>,
     role: Role,
+    /// Names this connection stored: the files it may fetch and overwrite unless
+    /// [`Config::public_fetch`] / [`Config::overwrite_others`] say anyone may.
+    owned: HashSet<String>,
     /// Outputs of a role that was replaced, and fetch refusals.
     out: VecDeque<Output>,
 }
@@ -46,6 +49,7 @@ impl Server {
         Server {
             config,
             role: Role::Idle,
+            owned: HashSet::new(),
             out: VecDeque::new(),
         }
     }
@@ -88,12 +92,34 @@ impl Endpoint for Server {
     fn handle_msg(&mut self, msg: Msg) -> Result<()> {
         let between = self.is_finished();
         match msg {
-            Msg::Offer(_) if between => {
+            Msg::Offer(mut offer) if between => {
                 self.retire();
+                // Overwriting someone else's file is asked for as if it were not:
+                // the receiver then answers `Exists` if the file is there.
+                if !self.config.overwrite_others && !self.owned.contains(&offer.name) {
+                    offer.overwrite = false;
+                }
                 let mut r = Receiver::new(Arc::clone(&self.config));
-                let res = r.handle_msg(msg);
+                let res = r.handle_msg(Msg::Offer(offer));
                 self.role = Role::Receive(r);
                 res
+            }
+            Msg::Fetch { name, .. }
+                if between
+                    && super::name::validate_name(&name).is_ok()
+                    && (name.starts_with('.')
+                        || !(self.config.public_fetch || self.owned.contains(&name))) =>
+            {
+                // Hidden files are never served; others' files only when public. The
+                // answer is the one for a missing file, so it says nothing about them.
+                // (Bad names go on to the preparation, which says what is wrong.)
+                self.retire();
+                self.out.push_back(Output::Send(Msg::Reject {
+                    reason: RejectReason::NotFound,
+                }));
+                self.out
+                    .push_back(Output::Finished(Outcome::Rejected(RejectReason::NotFound)));
+                Ok(())
             }
             Msg::Fetch { name, alg } if between => {
                 self.retire();
@@ -113,9 +139,18 @@ impl Endpoint for Server {
     }
 
     fn poll_output(&mut self) -> Option<Output> {
-        self.out
+        let out = self
+            .out
             .pop_front()
-            .or_else(|| self.role_mut().and_then(|ep| ep.poll_output()))
+            .or_else(|| self.role_mut().and_then(|ep| ep.poll_output()));
+        if let (Some(Output::Finished(Outcome::Stored { path, .. })), Role::Receive(_)) =
+            (&out, &self.role)
+        {
+            if let Some(name) = path.file_name().and_then(|n| n.to_str()) {
+                self.owned.insert(name.to_owned());
+            }
+        }
+        out
     }
 
     fn is_finished(&self) -> bool {

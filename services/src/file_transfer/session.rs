@@ -16,6 +16,7 @@
 //! registration per transfer costs little next to a file.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use rdmactor::runtime::{
@@ -55,7 +56,12 @@ impl FileTransfer {
     /// # Errors
     ///
     /// [`TransferError::Invalid`] for a bad window geometry or a `dir` that is not a
-    /// directory.
+    /// directory; [`TransferError::Store`] if leftover temporary files cannot be
+    /// removed.
+    ///
+    /// Removes the temporary files an earlier server left after a crash
+    /// ([`sweep_temp_files`](super::store::sweep_temp_files)), so create the service
+    /// before any other process uses the directory for transfers.
     pub fn new(config: Config) -> Result<FileTransfer> {
         config.validate()?;
         if !config.dir.is_dir() {
@@ -63,6 +69,10 @@ impl FileTransfer {
                 "{} is not a directory",
                 config.dir.display()
             )));
+        }
+        let swept = super::store::sweep_temp_files(&config.dir)?;
+        if swept > 0 {
+            tracing::info!(dir = %config.dir.display(), swept, "removed temporary files left by a crash");
         }
         Ok(FileTransfer {
             config: Arc::new(config),
@@ -89,6 +99,7 @@ impl Service for FileTransfer {
             commit: None,
             consume: None,
             prepare: None,
+            closed: Arc::new(AtomicBool::new(false)),
         })
     }
 }
@@ -120,6 +131,8 @@ struct FileSession {
     consume: Option<Blocking<Consumed>>,
     /// The preparation (open, hash) of a fetched file, running on the blocking pool.
     prepare: Option<Blocking<std::result::Result<super::sender::Sender, RejectReason>>>,
+    /// Set when the connection closes, so that a fetch being hashed stops reading.
+    closed: Arc<AtomicBool>,
 }
 
 /// The `on_wake` token of a finished commit.
@@ -209,7 +222,9 @@ impl FileSession {
                     let job = self.server()?.take_prepare().ok_or_else(|| {
                         SessionError::new("file transfer: a fetch to prepare without a job")
                     })?;
-                    self.prepare = Some(cx.spawn_blocking(PREPARED, move || job.run()));
+                    let closed = Arc::clone(&self.closed);
+                    self.prepare =
+                        Some(cx.spawn_blocking(PREPARED, move || job.run_cancellable(&closed)));
                 }
                 Output::Commit => {
                     let temp = self.server()?.take_commit().ok_or_else(|| {
@@ -347,6 +362,7 @@ impl Session for FileSession {
     }
 
     fn on_close(&mut self, reason: &CloseReason) {
+        self.closed.store(true, Ordering::Relaxed);
         let committing = self.commit.take().is_some();
         if committing {
             tracing::info!(peer = %self.peer, %reason,

@@ -216,6 +216,30 @@ pub fn open_source(dir: &Path, name: &str) -> Result<(File, u64), StoreError> {
     Ok((file, meta.len()))
 }
 
+/// Removes the temporary files a crashed server left in `dir` (regular files named
+/// `.NAME.rdmactor-tmp-*`); a [`TempFile`] removes its own on drop, but nothing runs
+/// after a crash or SIGKILL. Call it once before serving, when no transfer can own
+/// one. Returns how many were removed.
+///
+/// # Errors
+///
+/// `dir` cannot be listed, or a temporary file cannot be removed.
+pub fn sweep_temp_files(dir: &Path) -> Result<usize, StoreError> {
+    let mut removed = 0;
+    for entry in fs::read_dir(dir).map_err(io_err("list", dir))? {
+        let entry = entry.map_err(io_err("list", dir))?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let is_file = entry.file_type().is_ok_and(|t| t.is_file());
+        if is_file && name.starts_with('.') && name.contains(TEMP_MARKER) {
+            let path = entry.path();
+            fs::remove_file(&path).map_err(io_err("remove", &path))?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
 /// Fsyncs a directory, so that names created or renamed in it survive a crash.
 fn sync_dir(dir: &Path) -> Result<(), StoreError> {
     File::open(dir)
@@ -284,6 +308,23 @@ pub(crate) mod tests {
         assert_eq!(p, dir.path().join("out.bin"));
         assert_eq!(fs::read(&p).unwrap(), b"hello world");
         assert_eq!(entries(dir.path()), vec!["out.bin"]);
+    }
+
+    /// Security issue item 7: temporary files left by a crash were never removed.
+    #[test]
+    fn a_sweep_removes_only_leftover_temp_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = TempFile::create(dir.path(), "big", false).unwrap();
+        std::mem::forget(t); // what a crash leaves
+        fs::write(dir.path().join("keep"), b"k").unwrap();
+        fs::write(dir.path().join(".keep"), b"k").unwrap();
+        fs::create_dir(dir.path().join(".d.rdmactor-tmp-0")).unwrap();
+        assert_eq!(entries(dir.path()).len(), 4);
+        assert_eq!(sweep_temp_files(dir.path()).unwrap(), 1);
+        assert_eq!(
+            entries(dir.path()),
+            vec![".d.rdmactor-tmp-0", ".keep", "keep"]
+        );
     }
 
     #[test]

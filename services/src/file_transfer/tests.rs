@@ -235,13 +235,22 @@ impl Pair {
     }
 }
 
+/// An open server: any client fetches and overwrites any file, as the transfer tests
+/// below assume; the authorization tests use [`owner_config`].
 fn server_config(dir: &Path) -> Arc<Config> {
     Arc::new(
         Config::new(dir)
             .with_window(SLOTS, SLOT_LEN)
             .with_max_size(16 << 20)
-            .with_secret("alice", "alice-key"),
+            .with_secret("alice", "alice-key")
+            .with_public_fetch(true)
+            .with_overwrite_others(true),
     )
+}
+
+/// The default authorization: fetch and overwrite only one's own files.
+fn owner_config(dir: &Path) -> Arc<Config> {
+    Arc::new(Config::new(dir).with_window(SLOTS, SLOT_LEN))
 }
 
 fn data(len: usize, seed: u8) -> Vec<u8> {
@@ -639,7 +648,7 @@ fn one_connection_carries_several_transfers() {
 
     let mut pair = Pair::new(
         Box::new(
-            Sender::from_file(&src, "a", HashAlg::Blake3, false)
+            Sender::from_file(&src, "alice", HashAlg::Blake3, false)
                 .unwrap()
                 .with_identity("alice"),
         ),
@@ -649,7 +658,7 @@ fn one_connection_carries_several_transfers() {
     // Then a download of what was uploaded, then another upload, on the same server.
     let fetch = Receiver::fetch(
         Arc::new(Config::new(local.path())),
-        "a",
+        "alice",
         HashAlg::Sha256,
         false,
     )
@@ -659,9 +668,9 @@ fn one_connection_carries_several_transfers() {
     pair.sides[0].ep = Some(upload(&src, "b", HashAlg::Sha256, false));
     pair.run().unwrap();
 
-    assert_eq!(std::fs::read(local.path().join("a")).unwrap(), bytes);
+    assert_eq!(std::fs::read(local.path().join("alice")).unwrap(), bytes);
     assert_eq!(std::fs::read(dst.path().join("b")).unwrap(), bytes);
-    assert_eq!(entries(dst.path()), vec!["a", "b"]);
+    assert_eq!(entries(dst.path()), vec!["alice", "b"]);
     assert_eq!(pair.server().outcomes.len(), 3);
     assert!(matches!(
         pair.client().outcomes.as_slice(),
@@ -737,4 +746,108 @@ fn a_fetch_waits_for_its_preparation_and_nothing_else_is_taken_meanwhile() {
         s.handle_prepared(Err(RejectReason::NotFound)).is_err(),
         "one result per fetch"
     );
+}
+
+/// Security issue item 1: a `Grant` whose region ends beyond `u64::MAX` used to panic
+/// the server's sender (`RemoteWindow::slice(..).expect(..)`) on the poller thread. It
+/// is now a `BadGrant` error that ends only this transfer.
+#[test]
+fn a_grant_at_the_top_of_the_address_space_is_refused_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("f"), b"hi").unwrap();
+    let mut s = Sender::for_fetch(dir.path(), "f", HashAlg::Sha256).unwrap();
+    assert!(matches!(s.poll_output(), Some(Output::Send(Msg::Offer(_)))));
+    let hostile = Msg::Grant {
+        window: Some(WindowGrant {
+            region: RemoteWindow {
+                addr: u64::MAX,
+                len: 2,
+                rkey: 1,
+            },
+            slots: 2,
+            slot_len: 1,
+        }),
+    };
+    let e = s.handle_msg(hostile).unwrap_err();
+    assert!(
+        matches!(&e, TransferError::BadGrant(why) if why.contains("wraps")),
+        "{e}"
+    );
+    assert_eq!(s.poll_output(), None, "no WRITE was handed out");
+}
+
+/// Security issue item 5: without the server saying otherwise, a connection fetches and
+/// overwrites only files it uploaded itself, and hidden files are never served.
+#[test]
+fn fetch_and_overwrite_only_ones_own_files_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let local = tempfile::tempdir().unwrap();
+    let src_dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("theirs"), b"someone else's").unwrap();
+    std::fs::write(dir.path().join(".hidden"), b"hidden").unwrap();
+    let src = src_dir.path().join("src");
+    std::fs::write(&src, b"mine").unwrap();
+    let fetch = |name: &str| {
+        Box::new(
+            Receiver::fetch(
+                Arc::new(Config::new(local.path())),
+                name,
+                HashAlg::Sha256,
+                true,
+            )
+            .unwrap(),
+        )
+    };
+
+    let mut pair = Pair::new(
+        fetch("theirs"),
+        Box::new(Server::new(owner_config(dir.path()))),
+    );
+    pair.run().unwrap();
+    assert_eq!(
+        pair.client().outcomes,
+        vec![Outcome::Rejected(RejectReason::NotFound)]
+    );
+    // Overwriting someone else's file is refused as if overwrite had not been asked.
+    pair.sides[0].ep = Some(upload(&src, "theirs", HashAlg::Sha256, true));
+    pair.run().unwrap();
+    assert_eq!(
+        pair.client().outcomes[1],
+        Outcome::Rejected(RejectReason::Exists)
+    );
+    assert_eq!(
+        std::fs::read(dir.path().join("theirs")).unwrap(),
+        b"someone else's"
+    );
+    // One's own upload: fetched and overwritten.
+    pair.sides[0].ep = Some(upload(&src, "mine", HashAlg::Sha256, false));
+    pair.run().unwrap();
+    pair.sides[0].ep = Some(upload(&src, "mine", HashAlg::Sha256, true));
+    pair.run().unwrap();
+    pair.sides[0].ep = Some(fetch("mine"));
+    pair.run().unwrap();
+    assert!(matches!(
+        pair.client().outcomes[2..],
+        [
+            Outcome::Delivered { .. },
+            Outcome::Delivered { .. },
+            Outcome::Stored { .. }
+        ]
+    ));
+    assert_eq!(std::fs::read(local.path().join("mine")).unwrap(), b"mine");
+    // A new connection does not own "mine"; hidden files are not served even when
+    // every other file is.
+    let mut other = Pair::new(
+        fetch("mine"),
+        Box::new(Server::new(owner_config(dir.path()))),
+    );
+    other.run().unwrap();
+    let mut public = Pair::new(fetch(".hidden"), server(dir.path()));
+    public.run().unwrap();
+    for p in [&other, &public] {
+        assert_eq!(
+            p.client().outcomes,
+            vec![Outcome::Rejected(RejectReason::NotFound)]
+        );
+    }
 }

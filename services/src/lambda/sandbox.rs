@@ -5,16 +5,17 @@ use std::collections::HashMap;
 use std::fmt;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::mpsc;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use wasmi::errors::{ErrorKind, MemoryError};
 use wasmi::{
     CompilationMode, Config, CustomFuelCosts, EnforcedLimits, Engine, ExternType, Instance, Memory,
-    Module, Store, StoreLimits, StoreLimitsBuilder, TrapCode, ValType,
+    Module, Store, StoreLimits, StoreLimitsBuilder, TrapCode, TypedFunc, TypedResumableCall,
+    ValType, WasmParams, WasmResults,
 };
 
 /// Everything that can go wrong when loading or running a lambda.
@@ -48,8 +49,7 @@ pub enum LambdaError {
     /// No module with this hash was loaded, or no native lambda has this name.
     #[error("unknown lambda {0}")]
     UnknownLambda(String),
-    /// [`SandboxConfig::max_workers`] invocations are still running (some may have timed
-    /// out and are burning their remaining fuel).
+    /// [`SandboxConfig::max_workers`] invocations are still running.
     #[error("all {limit} lambda workers are busy")]
     Busy {
         /// The configured limit.
@@ -156,7 +156,8 @@ pub struct SandboxConfig {
     pub max_module_bytes: usize,
     /// Most modules kept in the cache; [`Sandbox::unload`] makes room.
     pub max_cached_modules: usize,
-    /// Most invocations running at once, counting timed-out ones still burning their fuel.
+    /// Most invocations running at once. A timed-out invocation stops within one fuel
+    /// slice of its deadline, and its worker counts until it has.
     pub max_workers: usize,
 }
 
@@ -219,6 +220,11 @@ const WASM_PAGE_BYTES: u64 = 64 << 10;
 const MAX_TABLE_ELEMENTS: usize = 100_000;
 /// Most tables a guest may define (as [`EnforcedLimits::strict`] allows at load).
 const MAX_TABLES: usize = 100;
+/// Fuel the guest gets at a time; between slices the worker checks the wall clock. wasmi
+/// has no interrupt, so this is what makes a timeout stop the work for real (a slice
+/// takes well under a millisecond in release builds, a few in debug builds) instead of
+/// leaving a worker burning the rest of its fuel after the caller was told `Timeout`.
+const FUEL_SLICE: u64 = 100_000;
 
 /// A validated, compiled module and what `run` needs to know about it.
 #[derive(Debug, Clone)]
@@ -404,6 +410,7 @@ impl Sandbox {
         let worker = WorkerSlot::claim(&self.running, self.config.max_workers)?;
         let engine = self.engine.clone();
         let limits = *limits;
+        let deadline = Instant::now() + limits.wall_clock;
         let (tx, rx) = mpsc::sync_channel(1);
         thread::Builder::new()
             .name("lambda".into())
@@ -412,7 +419,7 @@ impl Sandbox {
             .stack_size(8 << 20)
             .spawn(move || {
                 let outcome = panic::catch_unwind(AssertUnwindSafe(|| {
-                    invoke(&engine, &compiled, &input, &limits)
+                    invoke(&engine, &compiled, &input, &limits, deadline)
                 }))
                 .unwrap_or_else(|panic| Err(LambdaError::Trap(panic_message(&*panic))));
                 // Free the slot before answering, so that the caller's next run finds it.
@@ -421,15 +428,12 @@ impl Sandbox {
                 let _ = tx.send(outcome);
             })
             .map_err(|e| LambdaError::Trap(format!("cannot start a worker thread: {e}")))?;
-        match rx.recv_timeout(limits.wall_clock) {
-            Ok(outcome) => outcome,
-            Err(RecvTimeoutError::Timeout) => Err(LambdaError::Timeout {
-                limit: limits.wall_clock,
-            }),
-            Err(RecvTimeoutError::Disconnected) => {
-                Err(LambdaError::Trap("the worker thread died".into()))
-            }
-        }
+        // The worker checks the deadline between fuel slices and answers `Timeout`
+        // itself, so waiting for it returns soon after the deadline, and only once the
+        // guest has really stopped: the caller's job (and its per-connection count)
+        // lasts exactly as long as the work.
+        rx.recv()
+            .unwrap_or_else(|_| Err(LambdaError::Trap("the worker thread died".into())))
     }
 }
 
@@ -489,7 +493,13 @@ fn check_abi(module: Module) -> Result<Compiled> {
 
 /// One invocation, in a fresh store: instantiate, `alloc`, copy the input in, `run`, copy
 /// the output out.
-fn invoke(engine: &Engine, compiled: &Compiled, input: &[u8], limits: &Limits) -> Result<Vec<u8>> {
+fn invoke(
+    engine: &Engine,
+    compiled: &Compiled,
+    input: &[u8],
+    limits: &Limits,
+    deadline: Instant,
+) -> Result<Vec<u8>> {
     let memory_limit = LambdaError::MemoryLimit {
         limit: limits.max_memory_bytes,
     };
@@ -516,17 +526,24 @@ fn invoke(engine: &Engine, compiled: &Compiled, input: &[u8], limits: &Limits) -
             .build(),
     );
     store.limiter(|limits: &mut StoreLimits| limits);
-    store
-        .set_fuel(limits.fuel)
-        .map_err(|e| LambdaError::Trap(e.to_string()))?;
-
+    let fuel_err = |e: wasmi::Error| LambdaError::Trap(e.to_string());
+    // Instantiation runs no guest code (no start function), only bounded set-up: it
+    // gets the whole budget; the calls then get it a slice at a time.
+    store.set_fuel(limits.fuel).map_err(fuel_err)?;
     let instance =
         Instance::new(&mut store, &compiled.module, &[]).map_err(|e| match e.kind() {
             ErrorKind::Memory(
                 MemoryError::ResourceLimiterDeniedAllocation | MemoryError::OutOfSystemMemory,
             ) => memory_limit.clone(),
-            _ => classify(&store, None, &e, limits),
+            _ => classify(&store, None, &e, limits, 0),
         })?;
+    let left = store.get_fuel().map_err(fuel_err)?;
+    let mut meter = Meter {
+        reserve: left - left.min(FUEL_SLICE),
+        deadline,
+        limits: *limits,
+    };
+    store.set_fuel(left.min(FUEL_SLICE)).map_err(fuel_err)?;
     let missing = |what: &str| LambdaError::MissingExport(what.to_string());
     let memory = instance
         .get_memory(&store, EXPORT_MEMORY)
@@ -542,9 +559,7 @@ fn invoke(engine: &Engine, compiled: &Compiled, input: &[u8], limits: &Limits) -
         len: input.len(),
         limit: i32::MAX as usize,
     })?;
-    let ptr = alloc
-        .call(&mut store, len)
-        .map_err(|e| classify(&store, Some(memory), &e, limits))?;
+    let ptr = meter.call(&mut store, memory, &alloc, len)?;
     memory
         .write(&mut store, ptr as u32 as usize, input)
         .map_err(|_| {
@@ -553,9 +568,7 @@ fn invoke(engine: &Engine, compiled: &Compiled, input: &[u8], limits: &Limits) -
                 memory.data_size(&store)
             ))
         })?;
-    let packed = run
-        .call(&mut store, (ptr, len))
-        .map_err(|e| classify(&store, Some(memory), &e, limits))?;
+    let packed = meter.call(&mut store, memory, &run, (ptr, len))?;
     if packed < 0 {
         return Err(LambdaError::GuestError(packed));
     }
@@ -580,6 +593,62 @@ fn invoke(engine: &Engine, compiled: &Compiled, input: &[u8], limits: &Limits) -
         })
 }
 
+/// The fuel not yet handed to the store, and the wall-clock deadline, of one
+/// invocation.
+struct Meter {
+    /// Fuel of [`Limits::fuel`] not yet put into the store.
+    reserve: u64,
+    deadline: Instant,
+    limits: Limits,
+}
+
+impl Meter {
+    /// Calls `func`, topping the store's fuel up one [`FUEL_SLICE`] at a time from the
+    /// reserve and checking the deadline before each top-up. Ends with
+    /// [`LambdaError::Timeout`] once the deadline passed, with
+    /// [`LambdaError::OutOfFuel`] once the reserve cannot pay what the guest needs.
+    fn call<P: WasmParams, R: WasmResults>(
+        &mut self,
+        store: &mut Store<StoreLimits>,
+        memory: Memory,
+        func: &TypedFunc<P, R>,
+        params: P,
+    ) -> Result<R> {
+        let limits = self.limits;
+        let mut call = func
+            .call_resumable(&mut *store, params)
+            .map_err(|e| classify(store, Some(memory), &e, &limits, self.reserve))?;
+        loop {
+            let out_of_fuel = match call {
+                TypedResumableCall::Finished(r) => return Ok(r),
+                TypedResumableCall::HostTrap(_) => {
+                    // Lambdas import nothing, so there is no host function to trap in.
+                    return Err(LambdaError::Trap("unexpected host trap".into()));
+                }
+                TypedResumableCall::OutOfFuel(call) => call,
+            };
+            if Instant::now() >= self.deadline {
+                return Err(LambdaError::Timeout {
+                    limit: limits.wall_clock,
+                });
+            }
+            let have = store.get_fuel().unwrap_or(0);
+            let need = out_of_fuel.required_fuel();
+            if have.saturating_add(self.reserve) < need {
+                return Err(LambdaError::OutOfFuel { fuel: limits.fuel });
+            }
+            let add = need.saturating_sub(have).max(FUEL_SLICE).min(self.reserve);
+            self.reserve -= add;
+            store
+                .set_fuel(have + add)
+                .map_err(|e| LambdaError::Trap(e.to_string()))?;
+            call = out_of_fuel
+                .resume(&mut *store)
+                .map_err(|e| classify(store, Some(memory), &e, &limits, self.reserve))?;
+        }
+    }
+}
+
 /// Turns a wasmi error from instantiation or a call into a [`LambdaError`].
 ///
 /// wasmi 2 does not export the error type of [`wasmi::ResourceLimiter`], so a limiter that
@@ -589,18 +658,19 @@ fn invoke(engine: &Engine, compiled: &Compiled, input: &[u8], limits: &Limits) -
 /// A refused `memory.grow` traps with [`TrapCode::GrowthOperationLimited`], but wasmi also
 /// uses that trap when a `memory.grow` the limiter allowed finds too little fuel left. The
 /// two are told apart by the remaining fuel: any grow within the limit costs at most
-/// `(limit - current size) / BYTES_PER_FUEL`, so with at least that much left, the limit
-/// refused it.
+/// `(limit - current size) / BYTES_PER_FUEL`, so with at least that much left (in the
+/// store and in the `reserve` not yet handed to it), the limit refused it.
 fn classify(
     store: &Store<StoreLimits>,
     memory: Option<Memory>,
     e: &wasmi::Error,
     limits: &Limits,
+    reserve: u64,
 ) -> LambdaError {
     match e.as_trap_code() {
         Some(TrapCode::OutOfFuel) => LambdaError::OutOfFuel { fuel: limits.fuel },
         Some(TrapCode::GrowthOperationLimited) => {
-            let fuel_left = store.get_fuel().unwrap_or(0);
+            let fuel_left = store.get_fuel().unwrap_or(0).saturating_add(reserve);
             let current = memory.map_or(0, |m| m.data_size(store));
             let max_grow_cost =
                 limits.max_memory_bytes.saturating_sub(current) as u64 / u64::from(BYTES_PER_FUEL);

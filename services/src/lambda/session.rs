@@ -202,16 +202,23 @@ pub struct LambdaConfig {
     /// Job threads the whole service may run at once (native lambdas have no other
     /// bound; modules are also bounded by the sandbox's `max_workers`).
     pub max_jobs: usize,
+    /// The least wall clock an invocation gets, whatever the client asks for (at most
+    /// `cap.wall_clock`). Without a floor, `wall_clock_ms = 0` made every invocation a
+    /// free instant timeout: the client's job slot came back at once while work was
+    /// still being set up and torn down, so one client could keep the workers busy.
+    pub min_wall_clock: Duration,
 }
 
 impl Default for LambdaConfig {
-    /// [`Limits::default`] as the cap, 16 MiB inputs, 4 jobs per connection, 64 in all.
+    /// [`Limits::default`] as the cap, 16 MiB inputs, 4 jobs per connection, 64 in all,
+    /// at least 10 ms of wall clock per invocation.
     fn default() -> Self {
         LambdaConfig {
             cap: Limits::default(),
             max_input: 16 << 20,
             max_jobs_per_connection: 4,
             max_jobs: 64,
+            min_wall_clock: Duration::from_millis(10),
         }
     }
 }
@@ -356,6 +363,10 @@ impl Invocations {
                     LambdaRef::Module(hash) => {
                         let wished = limits.map_or(self.config.cap, Limits::from);
                         let mut limits = wished.capped_by(&self.config.cap);
+                        limits.wall_clock = limits
+                            .wall_clock
+                            .max(self.config.min_wall_clock)
+                            .min(self.config.cap.wall_clock);
                         limits.max_output = limits
                             .max_output
                             .min(usize::try_from(output.len).unwrap_or(usize::MAX));
@@ -846,6 +857,7 @@ mod tests {
             max_input: 4096,
             max_jobs_per_connection: 2,
             max_jobs: 8,
+            min_wall_clock: Duration::from_millis(10),
         }
     }
 
@@ -952,6 +964,39 @@ mod tests {
                 max_output: 10
             }
         );
+    }
+
+    /// Security issue item 6: `wall_clock_ms = 0` used to pass through (limits were only
+    /// capped downwards), so every invocation timed out at once and freed its job slot.
+    #[test]
+    fn a_zero_wall_clock_is_raised_to_the_floor() {
+        let mut inv = Invocations::new(config());
+        let wished = WireLimits {
+            fuel: u64::MAX,
+            max_memory_bytes: 1 << 20,
+            wall_clock_ms: 0,
+            max_output: 10,
+        };
+        inv.handle_request(
+            1,
+            LambdaRequest::Invoke {
+                lambda: LambdaRef::Module(hash()),
+                input: region(1, 10),
+                input_len: 0,
+                output: region(2, 100),
+                limits: Some(wished),
+            },
+        );
+        let acts = actions(&mut inv);
+        let [Action::Run {
+            work: Work::Module(_, limits),
+            ..
+        }] = &acts[..]
+        else {
+            panic!("{acts:?}");
+        };
+        assert_eq!(limits.wall_clock, Duration::from_millis(10));
+        assert_eq!(limits.fuel, 1000, "fuel capped as before");
     }
 
     #[test]

@@ -135,16 +135,41 @@ fn infinite_loop_times_out() {
         elapsed >= wall_clock && elapsed < wall_clock * 5,
         "{elapsed:?}"
     );
-    // The abandoned worker still runs, then stops when its fuel runs out.
-    assert_eq!(sandbox.running_workers(), 1);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while sandbox.running_workers() > 0 {
+    // The answer came only once the guest had stopped: no worker burns on.
+    assert_eq!(sandbox.running_workers(), 0);
+}
+
+/// Security issue item 6: a timed-out invocation used to keep its worker until its fuel
+/// (up to 1e9 units) ran out, so 100 instant timeouts filled every worker and everyone
+/// else got `Busy`. Now each one stops at its deadline and frees its worker.
+#[test]
+fn a_hundred_instant_timeouts_leave_no_worker_behind() {
+    let sandbox = Sandbox::with_config(SandboxConfig {
+        max_workers: 4,
+        ..SandboxConfig::default()
+    });
+    let looping = sandbox.load(&example("infinite_loop")).unwrap();
+    let checksum = sandbox.load(&example("checksum")).unwrap();
+    let endless = Limits {
+        fuel: 1_000_000_000,
+        wall_clock: Duration::ZERO,
+        ..limits()
+    };
+    for i in 0..100 {
         assert!(
-            Instant::now() < deadline,
-            "the abandoned worker never ended"
+            matches!(
+                sandbox.run(&looping, b"x", &endless),
+                Err(LambdaError::Timeout { .. })
+            ),
+            "invocation {i}"
         );
-        thread::sleep(Duration::from_millis(10));
+        assert_eq!(sandbox.running_workers(), 0, "after invocation {i}");
     }
+    let input = bytes(1000);
+    assert_eq!(
+        sandbox.run(&checksum, &input, &limits()).unwrap(),
+        checksum_native(&input)
+    );
 }
 
 #[test]
@@ -441,20 +466,27 @@ fn sandbox_limits_are_enforced() {
         sandbox.load(&example("trap")),
         Err(LambdaError::CacheFull { limit: 1 })
     );
-    // A timed-out invocation keeps its worker until its fuel (about 0.5 s) runs out.
+    // The one worker is busy while an invocation runs.
     let limits = Limits {
-        fuel: fuel_per_second(&sandbox) / 2,
-        wall_clock: Duration::from_millis(20),
+        fuel: fuel_per_second(&sandbox) * 5,
+        wall_clock: Duration::from_millis(500),
         ..limits()
     };
-    assert!(matches!(
-        sandbox.run(&looping, b"", &limits),
-        Err(LambdaError::Timeout { .. })
-    ));
-    assert_eq!(
-        sandbox.run(&looping, b"", &limits),
-        Err(LambdaError::Busy { limit: 1 })
-    );
+    thread::scope(|s| {
+        let long = s.spawn(|| sandbox.run(&looping, b"", &limits));
+        while sandbox.running_workers() == 0 {
+            thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(
+            sandbox.run(&looping, b"", &limits),
+            Err(LambdaError::Busy { limit: 1 })
+        );
+        assert!(matches!(
+            long.join().unwrap(),
+            Err(LambdaError::Timeout { .. })
+        ));
+    });
+    assert_eq!(sandbox.running_workers(), 0);
 }
 
 #[test]
