@@ -8,8 +8,9 @@
 //! 2. **rping**: 8 unmodified `rping -c -V` processes (rdma-core) at once against the
 //!    port whose default service is `rping`: plain rdma_cm clients, no rdmactor code.
 //! 3. **files**: the `ft` binary uploads a 4 MiB file with SHA-256; the server verifies
-//!    the digest, stores it (temp file, fsync, rename) and, because the upload proved the
-//!    ID, answers `Identify` with the secret; the stored bytes are compared with the source.
+//!    the digest, stores it (temp file, fsync, rename) and, because this upload created
+//!    the file the ID names, answers `Identify` with its secret; the stored bytes are
+//!    compared with the source.
 //! 4. **read**: 8 clients read a region with one-sided RDMA READs while the server keeps
 //!    updating it in place; every value must be whole (one version) and every client must
 //!    see it change, without ever sending the server a message.
@@ -78,7 +79,10 @@ struct Args {
     readers: usize,
 }
 
-/// The secret the `files` service releases to the uploader that proves ID `demo`.
+/// The ID whose secret the demo's upload earns: the `files` service releases a secret
+/// only to the connection whose GOOD upload created the file of that name.
+const ID: &str = "report.bin";
+/// The secret the operator configured for [`ID`].
 const SECRET: &str = "the-cake-is-a-lie";
 /// The live region: `WORDS` little-endian u64 words, all equal to `version / 2`.
 const WORDS: usize = 512;
@@ -129,7 +133,7 @@ async fn run(args: Args) -> Result<()> {
         .service("rping", Rping::default())
         .service(
             "files",
-            FileTransfer::new(FilesConfig::new(&store).with_secret("demo", SECRET))?,
+            FileTransfer::new(FilesConfig::new(&store).with_secret(ID, SECRET))?,
         )
         .service("read", ReadService::new(regions))
         .service("lambda", lambda_service())
@@ -389,18 +393,18 @@ fn sibling(name: &str) -> Result<PathBuf> {
 }
 
 async fn files(addr: SocketAddr, work: &Path, store: &Path) -> Result<Row> {
-    let source = work.join("report.bin");
+    let source = work.join(ID);
     let content = pattern(4 << 20, 42);
     std::fs::write(&source, &content)?;
     let child = Command::new(sibling("ft")?)
-        .args(["--addr", &addr.to_string(), "send", "--id", "demo"])
+        .args(["--addr", &addr.to_string(), "send", "--id", ID])
         .arg(&source)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .context("starting ft")?;
-    println!("      ft --addr {addr} send --id demo report.bin   (4 MiB, SHA-256)");
+    println!("      ft --addr {addr} send --id {ID} {ID}   (4 MiB, SHA-256)");
     let mut procs = vec![Proc {
         what: "ft send".into(),
         child,
@@ -421,7 +425,7 @@ async fn files(addr: SocketAddr, work: &Path, store: &Path) -> Result<Row> {
     ensure!(secret == SECRET, "the secret differs: {secret}");
     println!("      {good}");
     println!("      SECRET {secret}");
-    let stored = std::fs::read(store.join("report.bin")).context("the stored file")?;
+    let stored = std::fs::read(store.join(ID)).context("the stored file")?;
     ensure!(stored == content, "the stored file differs from the source");
     Ok(Row {
         service: "files",
