@@ -4,5 +4,5 @@
 mod pool;
 
 pub use pool::{
-    ChunkSource, Lease, MrPool, Pool, PoolConfig, PoolError, PoolStats, RegisteredChunks,
+    Charge, ChunkSource, Lease, MrPool, Pool, PoolConfig, PoolError, PoolStats, RegisteredChunks,
 };

@@ -3,11 +3,28 @@
 //! recycles chunks through free lists. The total is capped by configuration: when the cap
 //! is reached a lease fails with [`PoolError::Exhausted`] instead of registering more.
 //!
+//! Three rules keep one kind of use from starving another until a restart:
+//!
+//! - **Idle arenas go back.** An arena whose chunks have all come back is deregistered
+//!   and freed as long as more than [`PoolConfig::keep_bytes`] stay registered, and any
+//!   idle arena is reclaimed when a class needs room under the cap. A burst of 1 MiB
+//!   leases no longer leaves the cap registered as 1 MiB chunks nobody uses.
+//! - **Receive buffers keep a reservation.** Every class but the smallest (the one
+//!   receives are posted in), together with memory registered outside the pool and
+//!   counted against its cap ([`Pool::charge`], rendezvous buffers), may use at most
+//!   `max_bytes - reserved_smallest`: bulk transfers can never take the last of the cap
+//!   from the receive buffers new connections need.
+//! - **A class that cannot grow borrows from a larger one.** When the cap stops a class
+//!   from registering another arena, a free chunk of a larger class serves instead.
+//!
 //! The bookkeeping is generic over where chunks come from ([`ChunkSource`]), so it is
 //! tested without RDMA; [`MrPool`] is the pool over registered memory.
 
+use std::collections::BTreeSet;
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex};
+
+use slab::Slab;
 
 use crate::verbs::{Access, MemoryRegion, ProtectionDomain, VerbsError};
 
@@ -18,8 +35,16 @@ pub struct PoolConfig {
     pub classes: Vec<usize>,
     /// Bytes registered at a time when a class runs dry (at least one chunk).
     pub arena_bytes: usize,
-    /// Cap on bytes registered by the pool in all.
+    /// Cap on bytes registered by the pool in all, including what [`Pool::charge`]
+    /// counts.
     pub max_bytes: usize,
+    /// Bytes of the cap only the smallest class may use: the receive buffers every new
+    /// connection needs stay available however much bulk memory is in use.
+    pub reserved_smallest: usize,
+    /// Idle arenas are kept (not deregistered) while no more than this many bytes are
+    /// registered: re-registering costs a system call and page pinning, so a steady load
+    /// should not pay it per lease.
+    pub keep_bytes: usize,
 }
 
 impl Default for PoolConfig {
@@ -28,6 +53,9 @@ impl Default for PoolConfig {
             classes: vec![4 << 10, 64 << 10, 1 << 20],
             arena_bytes: 4 << 20,
             max_bytes: 1 << 30,
+            // 4096 receive buffers of 4 KiB: 256 connections of 16 receives each.
+            reserved_smallest: 16 << 20,
+            keep_bytes: 64 << 20,
         }
     }
 }
@@ -45,11 +73,22 @@ pub enum PoolError {
         largest: usize,
     },
     /// Registering another arena would pass the configured cap.
-    #[error("memory pool exhausted: {class} B chunks all leased and {limit} B already registered")]
+    #[error("memory pool exhausted: no free {class} B chunk and the cap of {limit} B reached")]
     Exhausted {
         /// The class that ran dry.
         class: usize,
-        /// The configured cap.
+        /// The cap that applied (the configured cap, less the receive reservation for
+        /// classes other than the smallest).
+        limit: usize,
+    },
+    /// Memory registered outside the pool would pass the cap.
+    #[error("registering {len} B would pass the pool's cap: {in_use} B of {limit} B in use")]
+    ChargeRefused {
+        /// Bytes asked for.
+        len: usize,
+        /// Bytes registered or charged now, other than the smallest class's.
+        in_use: usize,
+        /// The cap for them (the configured cap less the receive reservation).
         limit: usize,
     },
     /// Registering an arena failed.
@@ -61,7 +100,8 @@ pub enum PoolError {
 pub trait ChunkSource: Send + Sync + 'static {
     /// A chunk of memory.
     type Chunk: Send;
-    /// Produces `count` chunks of `size` bytes (one arena's worth).
+    /// Produces `count` chunks of `size` bytes (one arena's worth). The arena is released
+    /// when the last of its chunks is dropped.
     fn grow(&self, size: usize, count: usize) -> Result<Vec<Self::Chunk>, PoolError>;
 }
 
@@ -86,16 +126,63 @@ pub type MrPool = Pool<RegisteredChunks>;
 /// Counters for metrics and leak checks.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PoolStats {
-    /// Bytes registered so far.
+    /// Bytes registered in arenas now.
     pub registered_bytes: usize,
+    /// Bytes registered outside the pool and counted against its cap now
+    /// ([`Pool::charge`]).
+    pub charged_bytes: usize,
+    /// The most `registered_bytes + charged_bytes` has been.
+    pub peak_bytes: usize,
     /// Chunks leased right now, per class.
     pub leased: Vec<usize>,
+    /// Arenas registered now, per class.
+    pub arenas: Vec<usize>,
+}
+
+struct Arena<C> {
+    free: Vec<C>,
+    chunks: usize,
 }
 
 struct Class<C> {
     size: usize,
-    free: Vec<C>,
+    /// Chunks per arena.
+    count: usize,
+    arenas: Slab<Arena<C>>,
+    /// Arenas with a free chunk; leases take the lowest, so high arenas drain and go back.
+    with_free: BTreeSet<usize>,
     leased: usize,
+}
+
+impl<C> Class<C> {
+    fn arena_bytes(&self) -> usize {
+        self.size * self.count
+    }
+
+    fn take(&mut self) -> Option<(usize, C)> {
+        let &id = self.with_free.first()?;
+        let arena = &mut self.arenas[id];
+        let chunk = arena.free.pop().expect("listed as having a free chunk");
+        if arena.free.is_empty() {
+            self.with_free.remove(&id);
+        }
+        self.leased += 1;
+        Some((id, chunk))
+    }
+
+    /// An arena none of whose chunks is leased, if any.
+    fn idle_arena(&self) -> Option<usize> {
+        self.with_free
+            .iter()
+            .rev()
+            .copied()
+            .find(|&id| self.arenas[id].free.len() == self.arenas[id].chunks)
+    }
+
+    fn remove_arena(&mut self, id: usize) -> Vec<C> {
+        self.with_free.remove(&id);
+        self.arenas.remove(id).free
+    }
 }
 
 struct Shared<S: ChunkSource> {
@@ -106,7 +193,74 @@ struct Shared<S: ChunkSource> {
 
 struct State<C> {
     classes: Vec<Class<C>>,
+    /// Bytes in arenas, all classes.
     registered: usize,
+    /// Bytes in arenas of the smallest class.
+    registered_smallest: usize,
+    charged: usize,
+    peak: usize,
+}
+
+impl<C> State<C> {
+    fn in_use(&self) -> usize {
+        self.registered + self.charged
+    }
+
+    /// What counts against the bulk limit: everything but the smallest class.
+    fn bulk(&self) -> usize {
+        self.in_use() - self.registered_smallest
+    }
+
+    fn fits(&self, config: &PoolConfig, bytes: usize, smallest: bool) -> bool {
+        if smallest {
+            self.in_use() + bytes <= config.max_bytes
+        } else {
+            self.bulk() + bytes <= bulk_limit(config)
+        }
+    }
+
+    fn note_peak(&mut self) {
+        self.peak = self.peak.max(self.in_use());
+    }
+
+    /// Deregisters idle arenas of classes other than `except` until `bytes` more fit
+    /// (`smallest`: under the whole cap, else under the bulk limit). The released chunks
+    /// are returned to be dropped after the lock. False if they still do not fit.
+    fn make_room(
+        &mut self,
+        config: &PoolConfig,
+        bytes: usize,
+        smallest: bool,
+        except: Option<usize>,
+        released: &mut Vec<Vec<C>>,
+    ) -> bool {
+        while !self.fits(config, bytes, smallest) {
+            // Reclaiming the smallest class's arenas frees nothing under the bulk limit.
+            let first = if smallest { 0 } else { 1 };
+            let victim = (first..self.classes.len())
+                .rev()
+                .filter(|&c| Some(c) != except)
+                .find_map(|c| self.classes[c].idle_arena().map(|a| (c, a)));
+            let Some((c, a)) = victim else {
+                return false;
+            };
+            self.release_arena(c, a, released);
+        }
+        true
+    }
+
+    fn release_arena(&mut self, class: usize, arena: usize, released: &mut Vec<Vec<C>>) {
+        let bytes = self.classes[class].arena_bytes();
+        released.push(self.classes[class].remove_arena(arena));
+        self.registered -= bytes;
+        if class == 0 {
+            self.registered_smallest -= bytes;
+        }
+    }
+}
+
+fn bulk_limit(config: &PoolConfig) -> usize {
+    config.max_bytes.saturating_sub(config.reserved_smallest)
 }
 
 /// A size-class pool; cheap to clone, shareable across threads.
@@ -134,12 +288,15 @@ impl<S: ChunkSource> Pool<S> {
     pub fn new(source: S, mut config: PoolConfig) -> Self {
         config.classes.sort_unstable();
         config.classes.dedup();
+        let arena_bytes = config.arena_bytes;
         let classes = config
             .classes
             .iter()
             .map(|&size| Class {
                 size,
-                free: Vec::new(),
+                count: (arena_bytes / size).max(1),
+                arenas: Slab::new(),
+                with_free: BTreeSet::new(),
                 leased: 0,
             })
             .collect();
@@ -150,6 +307,9 @@ impl<S: ChunkSource> Pool<S> {
                 state: Mutex::new(State {
                     classes,
                     registered: 0,
+                    registered_smallest: 0,
+                    charged: 0,
+                    peak: 0,
                 }),
             }),
         }
@@ -165,7 +325,9 @@ impl<S: ChunkSource> Pool<S> {
         self.shared.config.classes.last().copied().unwrap_or(0)
     }
 
-    /// Leases a chunk of at least `len` bytes (the smallest class that fits).
+    /// Leases a chunk of at least `len` bytes: the smallest class that fits, registering
+    /// another arena for it if it has no free chunk (reclaiming idle arenas of other
+    /// classes if the cap requires), else a free chunk of a larger class.
     pub fn lease(&self, len: usize) -> Result<Lease<S>, PoolError> {
         let cfg = &self.shared.config;
         let class =
@@ -176,26 +338,82 @@ impl<S: ChunkSource> Pool<S> {
                     len,
                     largest: self.largest(),
                 })?;
+        let mut released = Vec::new();
+        let result = self.lease_class(class, &mut released);
+        drop(released);
+        result
+    }
+
+    fn lease_class(
+        &self,
+        class: usize,
+        released: &mut Vec<Vec<S::Chunk>>,
+    ) -> Result<Lease<S>, PoolError> {
+        let cfg = &self.shared.config;
         let mut state = self.shared.state.lock().expect("pool lock");
-        if state.classes[class].free.is_empty() {
-            let size = state.classes[class].size;
-            let count = (cfg.arena_bytes / size).max(1);
-            let bytes = size * count;
-            if state.registered + bytes > cfg.max_bytes {
-                return Err(PoolError::Exhausted {
-                    class: size,
-                    limit: cfg.max_bytes,
-                });
-            }
-            let chunks = self.shared.source.grow(size, count)?;
-            state.registered += bytes;
-            state.classes[class].free.extend(chunks);
-        }
-        let chunk = state.classes[class].free.pop().expect("refilled above");
-        state.classes[class].leased += 1;
-        Ok(Lease {
+        let lease = |(arena, chunk), class| Lease {
             chunk: Some(chunk),
             class,
+            arena,
+            pool: self.shared.clone(),
+        };
+        if let Some(taken) = state.classes[class].take() {
+            return Ok(lease(taken, class));
+        }
+        let bytes = state.classes[class].arena_bytes();
+        if state.make_room(cfg, bytes, class == 0, Some(class), released) {
+            let (size, count) = (state.classes[class].size, state.classes[class].count);
+            let chunks = self.shared.source.grow(size, count)?;
+            state.registered += bytes;
+            if class == 0 {
+                state.registered_smallest += bytes;
+            }
+            state.note_peak();
+            let c = &mut state.classes[class];
+            let id = c.arenas.insert(Arena {
+                chunks: chunks.len(),
+                free: chunks,
+            });
+            c.with_free.insert(id);
+            let taken = c.take().expect("a fresh arena has chunks");
+            return Ok(lease(taken, class));
+        }
+        for larger in class + 1..state.classes.len() {
+            if let Some(taken) = state.classes[larger].take() {
+                return Ok(lease(taken, larger));
+            }
+        }
+        Err(PoolError::Exhausted {
+            class: state.classes[class].size,
+            limit: if class == 0 {
+                cfg.max_bytes
+            } else {
+                bulk_limit(cfg)
+            },
+        })
+    }
+
+    /// Counts `len` bytes the caller registers outside the pool (a rendezvous buffer of
+    /// exactly one message) against the pool's cap, under the same limit as every class
+    /// but the smallest, until the returned [`Charge`] is dropped. Checked before the
+    /// caller allocates anything; idle arenas are reclaimed to make room if needed.
+    pub fn charge(&self, len: usize) -> Result<Charge<S>, PoolError> {
+        let cfg = &self.shared.config;
+        let mut released = Vec::new();
+        let mut state = self.shared.state.lock().expect("pool lock");
+        if !state.make_room(cfg, len, false, None, &mut released) {
+            return Err(PoolError::ChargeRefused {
+                len,
+                in_use: state.bulk(),
+                limit: bulk_limit(cfg),
+            });
+        }
+        state.charged += len;
+        state.note_peak();
+        drop(state);
+        drop(released);
+        Ok(Charge {
+            len,
             pool: self.shared.clone(),
         })
     }
@@ -205,7 +423,10 @@ impl<S: ChunkSource> Pool<S> {
         let state = self.shared.state.lock().expect("pool lock");
         PoolStats {
             registered_bytes: state.registered,
+            charged_bytes: state.charged,
+            peak_bytes: state.peak,
             leased: state.classes.iter().map(|c| c.leased).collect(),
+            arenas: state.classes.iter().map(|c| c.arenas.len()).collect(),
         }
     }
 }
@@ -219,10 +440,12 @@ impl<S: ChunkSource> std::fmt::Debug for Pool<S> {
     }
 }
 
-/// A chunk on loan from a pool; goes back to its free list when dropped.
+/// A chunk on loan from a pool; goes back to its free list when dropped, and its arena
+/// back to the system once wholly idle (above [`PoolConfig::keep_bytes`]).
 pub struct Lease<S: ChunkSource = RegisteredChunks> {
     chunk: Option<S::Chunk>,
     class: usize,
+    arena: usize,
     pool: Arc<Shared<S>>,
 }
 
@@ -241,12 +464,24 @@ impl<S: ChunkSource> DerefMut for Lease<S> {
 
 impl<S: ChunkSource> Drop for Lease<S> {
     fn drop(&mut self) {
-        if let Some(chunk) = self.chunk.take() {
-            let mut state = self.pool.state.lock().expect("pool lock");
-            let class = &mut state.classes[self.class];
-            class.leased -= 1;
-            class.free.push(chunk);
+        let Some(chunk) = self.chunk.take() else {
+            return;
+        };
+        let mut released = Vec::new();
+        let mut state = self.pool.state.lock().expect("pool lock");
+        let class = &mut state.classes[self.class];
+        class.leased -= 1;
+        let arena = &mut class.arenas[self.arena];
+        arena.free.push(chunk);
+        let idle = arena.free.len() == arena.chunks;
+        class.with_free.insert(self.arena);
+        let bytes = class.arena_bytes();
+        if idle && state.registered >= self.pool.config.keep_bytes + bytes {
+            state.release_arena(self.class, self.arena, &mut released);
         }
+        // Deregistration is a system call: not under the lock.
+        drop(state);
+        drop(released);
     }
 }
 
@@ -256,12 +491,44 @@ impl<S: ChunkSource> std::fmt::Debug for Lease<S> {
     }
 }
 
+/// Bytes registered outside the pool and counted against its cap (see [`Pool::charge`]);
+/// uncounted when dropped.
+pub struct Charge<S: ChunkSource = RegisteredChunks> {
+    len: usize,
+    pool: Arc<Shared<S>>,
+}
+
+impl<S: ChunkSource> Charge<S> {
+    /// Bytes counted.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a charge of nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl<S: ChunkSource> Drop for Charge<S> {
+    fn drop(&mut self) {
+        self.pool.state.lock().expect("pool lock").charged -= self.len;
+    }
+}
+
+impl<S: ChunkSource> std::fmt::Debug for Charge<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Charge").field("len", &self.len).finish()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    /// Plain heap chunks, counting arenas, so the bookkeeping is tested without RDMA.
+    /// Plain heap chunks, counting arenas grown and chunks dropped, so the bookkeeping is
+    /// tested without RDMA.
     #[derive(Default)]
     struct Heap {
         arenas: AtomicUsize,
@@ -275,6 +542,8 @@ mod tests {
         }
     }
 
+    /// Classes of 64, 256 and 1024 B in arenas of 1 KiB; nothing reserved, every idle
+    /// arena kept (the behaviour of a pool that never shrinks).
     fn pool(max: usize) -> Pool<Heap> {
         Pool::new(
             Heap::default(),
@@ -282,6 +551,23 @@ mod tests {
                 classes: vec![1024, 64, 256],
                 arena_bytes: 1024,
                 max_bytes: max,
+                reserved_smallest: 0,
+                keep_bytes: usize::MAX / 2,
+            },
+        )
+    }
+
+    /// The same classes under a cap of 16 KiB, 2 KiB of it reserved for the smallest
+    /// class, idle arenas returned down to `keep` bytes.
+    fn shrinking(keep: usize) -> Pool<Heap> {
+        Pool::new(
+            Heap::default(),
+            PoolConfig {
+                classes: vec![64, 256, 1024],
+                arena_bytes: 1024,
+                max_bytes: 16 << 10,
+                reserved_smallest: 2 << 10,
+                keep_bytes: keep,
             },
         )
     }
@@ -345,5 +631,115 @@ mod tests {
         let leases: Vec<_> = (0..8).map(|_| p.lease(200).unwrap()).collect();
         std::thread::spawn(move || drop(leases)).join().unwrap();
         assert_eq!(p.stats().leased, vec![0, 0, 0]);
+    }
+
+    /// Issue 16, item 4, scaled down: a burst of largest-class leases takes all the cap
+    /// it may, yet the smallest class (receive buffers) still leases from its
+    /// reservation; once the burst is over its arenas go back and the whole cap serves
+    /// the smallest class.
+    #[test]
+    fn a_burst_of_large_leases_never_starves_the_smallest_class() {
+        let p = shrinking(0);
+        let mut burst = Vec::new();
+        while let Ok(l) = p.lease(1024) {
+            burst.push(l);
+        }
+        assert_eq!(burst.len(), 14, "the cap less the 2 KiB reservation");
+        assert!(matches!(
+            p.lease(1024),
+            Err(PoolError::Exhausted {
+                class: 1024,
+                limit: 14336
+            })
+        ));
+        let recv: Vec<_> = (0..32).map(|_| p.lease(64).unwrap()).collect();
+        assert_eq!(p.stats().registered_bytes, 16 << 10);
+        drop(burst);
+        let stats = p.stats();
+        assert_eq!(
+            stats.arenas,
+            vec![2, 0, 0],
+            "idle arenas returned: {stats:?}"
+        );
+        assert_eq!(stats.registered_bytes, 2048);
+        let more: Vec<_> = (0..16 * 16 - 32).map(|_| p.lease(64).unwrap()).collect();
+        assert_eq!(p.stats().registered_bytes, 16 << 10, "the whole cap");
+        drop((recv, more));
+        assert_eq!(p.stats().registered_bytes, 0);
+        assert_eq!(p.stats().peak_bytes, 16 << 10);
+    }
+
+    #[test]
+    fn idle_arenas_are_kept_up_to_the_floor() {
+        let p = shrinking(3 << 10);
+        let held: Vec<_> = (0..6).map(|_| p.lease(1024).unwrap()).collect();
+        drop(held);
+        assert_eq!(p.stats().registered_bytes, 3 << 10, "kept for reuse");
+        let grown = p.shared.source.arenas.load(Ordering::Relaxed);
+        let again: Vec<_> = (0..3).map(|_| p.lease(1024).unwrap()).collect();
+        assert_eq!(
+            p.shared.source.arenas.load(Ordering::Relaxed),
+            grown,
+            "kept arenas serve without registering"
+        );
+        drop(again);
+    }
+
+    /// Arenas kept under the floor are still reclaimed when another class needs the room.
+    #[test]
+    fn kept_arenas_are_reclaimed_under_pressure() {
+        let p = shrinking(usize::MAX / 2);
+        drop((0..14).map(|_| p.lease(1024).unwrap()).collect::<Vec<_>>());
+        assert_eq!(p.stats().registered_bytes, 14 << 10, "all kept");
+        let small: Vec<_> = (0..16 * 16).map(|_| p.lease(64).unwrap()).collect();
+        assert_eq!(p.stats().arenas, vec![16, 0, 0]);
+        drop(small);
+    }
+
+    #[test]
+    fn a_class_that_cannot_grow_borrows_a_larger_free_chunk() {
+        let p = Pool::new(
+            Heap::default(),
+            PoolConfig {
+                classes: vec![64, 256, 1024],
+                arena_bytes: 2048,
+                max_bytes: 16 << 10,
+                reserved_smallest: 2 << 10,
+                keep_bytes: usize::MAX / 2,
+            },
+        );
+        let mut big: Vec<_> = (0..14).map(|_| p.lease(1024).unwrap()).collect();
+        // One 1 KiB chunk free in an arena still in use; the bulk limit is reached.
+        big.pop();
+        let mid = p.lease(256).unwrap();
+        assert_eq!(mid.len(), 1024, "borrowed from the larger class");
+        assert_eq!(p.stats().leased, vec![0, 0, 14]);
+        assert!(p.lease(256).is_err(), "nothing left to borrow");
+        drop(mid);
+        assert_eq!(
+            p.stats().leased,
+            vec![0, 0, 13],
+            "returned to its own class"
+        );
+        drop(big);
+    }
+
+    #[test]
+    fn charges_count_against_the_bulk_limit() {
+        let p = shrinking(usize::MAX / 2);
+        drop(p.lease(1024).unwrap());
+        let c = p.charge(14 << 10).unwrap();
+        assert_eq!(c.len(), 14 << 10);
+        let err = p.charge(1).unwrap_err();
+        assert!(matches!(err, PoolError::ChargeRefused { .. }), "{err}");
+        assert_eq!(
+            p.stats().registered_bytes,
+            0,
+            "the idle 1 KiB arena was reclaimed for the first charge"
+        );
+        assert!(p.lease(64).is_ok(), "the reservation still serves");
+        drop(c);
+        assert_eq!(p.stats().charged_bytes, 0);
+        assert!(p.charge(14 << 10).is_ok());
     }
 }

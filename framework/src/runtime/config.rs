@@ -1,5 +1,7 @@
 //! Configuration shared by servers and clients.
 
+use std::time::Duration;
+
 use crate::memory::PoolConfig;
 
 use super::poller::PollMode;
@@ -26,6 +28,19 @@ pub struct NodeConfig {
     /// RNR retries this side's sends make (7: forever). Credits keep rdmactor peers from
     /// ever needing them; plain clients may.
     pub rnr_retry_count: u8,
+    /// Largest framed message a connection sends or accepts (at most
+    /// [`MAX_MESSAGE`](super::MAX_MESSAGE)). A peer's rendezvous offer names its length
+    /// and the receiver registers that much, so the peer must not choose it freely.
+    pub max_message: usize,
+    /// Bytes one connection may have registered for rendezvous messages at once, in each
+    /// direction: offers received are READ into at most this much (more wait), offers
+    /// sent keep at most this much exposed until the peer says Done. Counted against the
+    /// pool's cap as well.
+    pub rendezvous_budget: usize,
+    /// How long a rendezvous offer we sent may wait for the peer's Done. A peer that
+    /// never says it would keep the registration (and its window) forever; at the
+    /// deadline the window is revoked, the memory freed and the connection closed.
+    pub rendezvous_deadline: Duration,
 }
 
 impl Default for NodeConfig {
@@ -40,6 +55,9 @@ impl Default for NodeConfig {
             raw_recv_depth: 8,
             send_depth: 64,
             rnr_retry_count: 7,
+            max_message: 16 << 20,
+            rendezvous_budget: 32 << 20,
+            rendezvous_deadline: Duration::from_secs(30),
         }
     }
 }

@@ -91,6 +91,9 @@ impl Node {
             send_depth: cfg.send_depth,
             pool: self.pool.clone(),
             pd: self.pd.clone(),
+            max_message: cfg.max_message.min(super::MAX_MESSAGE),
+            rendezvous_budget: cfg.rendezvous_budget,
+            rendezvous_deadline: cfg.rendezvous_deadline,
         });
         core.post_all_receives().map_err(|e| e.to_string())?;
         Ok(core)

@@ -142,6 +142,14 @@ pub enum VerbsError {
     /// Waiting for an event or completion exceeded its deadline.
     #[error("timed out waiting for {0}")]
     Timeout(&'static str),
+    /// The allocator could not provide the bytes to register. An error, not an abort:
+    /// the size may come from a peer, and one connection's request must not end the
+    /// process.
+    #[error("allocating {len} bytes for a registration failed")]
+    OutOfMemory {
+        /// Bytes asked for.
+        len: usize,
+    },
 }
 
 /// Result alias of the verbs layer.

@@ -173,7 +173,8 @@ pub struct MemoryRegion {
 }
 
 /// `len` zeroed, page-aligned bytes (pages are what the NIC pins), and their layout for
-/// freeing them. `what` names the caller in the error for an empty region.
+/// freeing them. `what` names the caller in the error for an empty region; an
+/// allocation the system refuses is [`VerbsError::OutOfMemory`].
 pub(super) fn alloc_pages(len: usize, what: &str) -> Result<(NonNull<u8>, Layout)> {
     if len == 0 {
         return Err(VerbsError::InvalidArgument(format!(
@@ -184,9 +185,9 @@ pub(super) fn alloc_pages(len: usize, what: &str) -> Result<(NonNull<u8>, Layout
         .map_err(|e| VerbsError::InvalidArgument(format!("region of {len} bytes: {e}")))?;
     // SAFETY: `layout` has non-zero size.
     let buf = unsafe { std::alloc::alloc_zeroed(layout) };
-    let Some(buf) = NonNull::new(buf) else {
-        std::alloc::handle_alloc_error(layout);
-    };
+    // A failed allocation is reported, never `handle_alloc_error`'s abort: the length
+    // may have come from a peer.
+    let buf = NonNull::new(buf).ok_or(VerbsError::OutOfMemory { len })?;
     Ok((buf, layout))
 }
 
@@ -362,6 +363,18 @@ mod tests {
             "overflow is refused, not wrapped"
         );
         assert_eq!(r.slice(100, 0).unwrap().len, 0);
+    }
+
+    /// Issue 16: a size the allocator cannot serve is an error, not `handle_alloc_error`'s
+    /// abort of the whole process.
+    #[test]
+    fn a_failed_allocation_is_an_error() {
+        let len = isize::MAX as usize - 8191;
+        let err = alloc_pages(len, "register").unwrap_err();
+        assert!(
+            matches!(err, VerbsError::OutOfMemory { len: l } if l == len),
+            "{err}"
+        );
     }
 
     #[test]

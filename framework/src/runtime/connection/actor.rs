@@ -115,8 +115,30 @@ impl<S: Session> Connection<S> {
         if let Some(core) = self.core.as_mut() {
             if let Err(reason) = core.pump() {
                 self.begin_close(reason);
+            } else if let Some(at) = core.poll_rendezvous_timer() {
+                self.arm_rendezvous_timer(at);
             }
         }
+    }
+
+    /// At `at`, offers the peer has not released by then are revoked and the connection
+    /// closes (see `rendezvous.rs`); otherwise the next pump arms the next deadline.
+    fn arm_rendezvous_timer(&mut self, at: std::time::Instant) {
+        let this = self.this.clone();
+        actix::spawn(async move {
+            actix::clock::sleep_until(actix::clock::Instant::from_std(at)).await;
+            let Some(conn) = this.upgrade() else {
+                return;
+            };
+            let mut conn = conn.borrow_mut();
+            let Some(core) = conn.core.as_mut() else {
+                return;
+            };
+            match core.handle_rendezvous_timer(std::time::Instant::now()) {
+                Ok(()) => conn.pump(),
+                Err(reason) => conn.begin_close(reason),
+            }
+        });
     }
 
     pub(crate) fn begin_close(&mut self, reason: CloseReason) {

@@ -31,7 +31,8 @@ use self::wake::Wake;
 use super::poller::CqReservation;
 use super::service::{Framing, Message, OpId, SessionError};
 use super::CloseReason;
-use crate::memory::{Lease, MrPool, PoolError};
+use crate::memory::{Charge, Lease, MrPool, PoolError};
+use crate::proto::budget::Budget;
 use crate::proto::credits::CreditWindow;
 use crate::proto::frame::{FrameKind, Header, RendezvousOffer, HEADER_LEN};
 use crate::verbs::{
@@ -56,7 +57,9 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// a signalled completion on the send queue means every earlier request there is done.
 const SIGNAL_EVERY: usize = 16;
 
-/// Largest message a framed connection accepts through rendezvous.
+/// Largest message a framed connection can carry (the frame's length field allows up to
+/// 4 GiB); each connection's limit is [`NodeConfig::max_message`](super::NodeConfig),
+/// 16 MiB by default.
 pub const MAX_MESSAGE: usize = 1 << 30;
 
 /// A buffer a session allocated for one-sided operations.
@@ -170,6 +173,8 @@ enum Wr {
         tag: u32,
         key: u32,
         len: usize,
+        /// Counts a buffer registered for this message alone against the pool's cap.
+        _charge: Option<Charge>,
     },
     Op {
         op: OpId,
@@ -252,6 +257,14 @@ pub(crate) struct Core {
     next_seq: u64,
     pool: MrPool,
     pd: ProtectionDomain,
+    /// Bytes registered for rendezvous messages being READ from the peer.
+    budget_in: Budget,
+    /// Bytes registered for rendezvous messages offered to the peer, until its Done.
+    budget_out: Budget,
+    /// How long an offer may wait for the peer's Done (see `rendezvous.rs`).
+    rendezvous_deadline: Duration,
+    /// A timer for the oldest offer's deadline is armed.
+    rendezvous_timer: bool,
     closing: Option<CloseReason>,
     established: bool,
     /// When the QP was created (just before this): the poller tells this QP's
@@ -274,6 +287,9 @@ pub(crate) struct CoreParts {
     pub send_depth: u32,
     pub pool: MrPool,
     pub pd: ProtectionDomain,
+    pub max_message: usize,
+    pub rendezvous_budget: usize,
+    pub rendezvous_deadline: Duration,
 }
 
 impl Core {
@@ -302,6 +318,10 @@ impl Core {
             next_seq: 0,
             pool: p.pool,
             pd: p.pd,
+            budget_in: Budget::new(p.rendezvous_budget, p.max_message),
+            budget_out: Budget::new(p.rendezvous_budget, p.max_message),
+            rendezvous_deadline: p.rendezvous_deadline,
+            rendezvous_timer: false,
             closing: None,
             established: false,
             created: Instant::now(),
@@ -389,9 +409,14 @@ impl Core {
             };
             let allowed = match (next, &self.credits) {
                 // A rendezvous offer also binds a window: two send-queue slots.
+                // ... and registers the message: within the budget (waits for Dones).
                 (Outgoing::Data { bytes, .. }, Some(c)) if bytes.len() > self.eager_limit() => {
-                    c.can_send_data() && self.send_outstanding + 1 < self.send_depth
+                    c.can_send_data()
+                        && self.send_outstanding + 1 < self.send_depth
+                        && self.budget_out.fits(bytes.len())
                 }
+                // A READ of an offer waits for earlier READs to free the budget.
+                (Outgoing::Read { len, .. }, _) => self.budget_in.fits(*len),
                 (Outgoing::Data { .. } | Outgoing::Done { .. } | Outgoing::Credit, Some(c)) => {
                     c.can_send_data()
                 }
@@ -608,35 +633,7 @@ impl Core {
                 tag,
                 offer,
                 len,
-            } => {
-                self.flush_sends()?;
-                let buf = if len <= self.pool.largest() {
-                    Buf::Pooled(self.pool.lease(len).map_err(CloseReason::from_pool)?)
-                } else {
-                    Buf::Registered(
-                        MemoryRegion::register(&self.pd, len, Access::LOCAL_WRITE)
-                            .map_err(CloseReason::from_verbs)?,
-                    )
-                };
-                let entry = self.inflight.vacant_entry();
-                let remote = RemoteRegion {
-                    addr: offer.addr,
-                    len: len as u64,
-                    rkey: offer.rkey,
-                };
-                let sge = buf.region().sge(0..len).map_err(CloseReason::from_verbs)?;
-                let wr = SendWr::new(entry.key() as u64, SendOp::Read(remote), Some(sge));
-                self.qp.post_send(&wr).map_err(CloseReason::from_verbs)?;
-                entry.insert(Wr::RendezvousRead {
-                    buf,
-                    seq,
-                    tag,
-                    key: offer.key,
-                    len,
-                });
-                self.send_outstanding += 1;
-                Ok(())
-            }
+            } => self.post_rendezvous_read(seq, tag, offer, len),
         }
     }
 
@@ -744,11 +741,10 @@ impl Core {
                     FrameKind::Credit => {}
                     FrameKind::RendezvousOffer => {
                         let len = header.len as usize;
-                        if len > MAX_MESSAGE {
-                            return Err(CloseReason::Protocol(format!(
-                                "rendezvous of {len} bytes exceeds {MAX_MESSAGE}"
-                            )));
-                        }
+                        // Before anything is allocated for it.
+                        self.budget_in
+                            .check(len)
+                            .map_err(|e| CloseReason::Protocol(e.to_string()))?;
                         let seq = self.next_seq;
                         self.next_seq += 1;
                         self.deliveries.push_back(Delivery::Waiting(seq));
@@ -759,18 +755,7 @@ impl Core {
                             len,
                         });
                     }
-                    FrameKind::RendezvousDone => {
-                        if self
-                            .rendezvous_out
-                            .try_remove(header.tag as usize)
-                            .is_none()
-                        {
-                            return Err(CloseReason::Protocol(format!(
-                                "rendezvous done for unknown region {}",
-                                header.tag
-                            )));
-                        }
-                    }
+                    FrameKind::RendezvousDone => self.handle_rendezvous_done(header.tag)?,
                 }
                 self.reposts.push(slot);
             }
@@ -844,8 +829,10 @@ impl Core {
                 tag,
                 key,
                 len,
+                ..
             } => {
                 let data = buf.region().as_slice()[..len].to_vec();
+                self.budget_in.release(len);
                 if let Some(d) = self
                     .deliveries
                     .iter_mut()
@@ -894,17 +881,17 @@ impl<'a> SessionCx<'a> {
         SessionCx { core, close: None }
     }
 
-    /// Sends a framed message with `tag` (any size up to [`MAX_MESSAGE`]: small ones go
-    /// inline, large ones through an RDMA READ rendezvous). Queued when out of credits.
+    /// Sends a framed message with `tag` (any size up to the connection's
+    /// `max_message` and rendezvous budget: small ones go inline, large ones through an
+    /// RDMA READ rendezvous). Queued when out of credits or budget.
     pub fn send(&mut self, tag: u32, data: Vec<u8>) -> Result<(), SessionError> {
         if self.core.credits.is_none() {
             return Err(SessionError::new("send on a raw connection; use send_raw"));
         }
-        if data.len() > MAX_MESSAGE {
-            return Err(SessionError::new(format!(
-                "message of {} bytes is too large",
-                data.len()
-            )));
+        if data.len() > self.core.eager_limit() {
+            self.core.budget_out.check(data.len()).map_err(|e| {
+                SessionError::new(format!("message of {} bytes refused: {e}", data.len()))
+            })?;
         }
         self.core
             .pending

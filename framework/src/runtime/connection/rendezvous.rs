@@ -1,16 +1,28 @@
-//! Large messages sent by rendezvous: the bytes exposed to this peer alone, for its
-//! RDMA READ, until it says Done.
+//! Large messages by rendezvous: the bytes exposed to this peer alone, for its RDMA
+//! READ, until it says Done; and the peer's offers READ into memory of ours.
+//!
+//! Both directions are bounded by the connection's budget (`proto::budget`) and count
+//! against the pool's cap: an offer's length comes from the peer, so it is checked
+//! before anything is allocated, and a peer that never says Done loses its access (and
+//! the connection) at the deadline instead of keeping our memory registered forever.
+
+use std::time::Instant;
 
 use super::{Buf, CloseReason, Core, Wr};
+use crate::memory::Charge;
 use crate::proto::frame::{FrameKind, RendezvousOffer, OFFER_LEN};
-use crate::verbs::{Access, MemoryRegion, MemoryWindow};
+use crate::verbs::{Access, MemoryRegion, MemoryWindow, RemoteRegion, SendOp, SendWr};
 
 /// A large message exposed to the peer for its RDMA READ: a window bound to this
 /// connection's QP with REMOTE_READ over exactly the message's bytes. Field order is drop
-/// order: the window (the peer's access) goes before the memory.
+/// order: the window (the peer's access) goes before the memory, and the memory before
+/// the pool stops counting it.
 pub(super) struct RendezvousOut {
     _window: MemoryWindow,
     _buf: Buf,
+    _charge: Charge,
+    len: usize,
+    offered: Instant,
 }
 
 impl Core {
@@ -18,8 +30,9 @@ impl Core {
     /// message with `MW_BIND` and no remote access, exactly as long as the message, binds
     /// a window to this QP over it with REMOTE_READ, and sends the offer. Least access for
     /// the shortest time: only this peer can READ, only those bytes, and only until it
-    /// says Done (the window is deallocated then, or when the connection closes). Needs
-    /// two send-queue slots (the bind, then the offer), which `pump` checks.
+    /// says Done (the window is deallocated then, at the deadline, or when the connection
+    /// closes). Needs two send-queue slots (the bind, then the offer) and room in the
+    /// outgoing budget, which `pump` checks.
     ///
     /// Not a window over a pool chunk: rxe checks a READ through a window against the
     /// range of the MR underneath, not the window's (observed in the Soft-RoCE VM, see
@@ -34,6 +47,7 @@ impl Core {
         // The bind goes on the send queue now; SENDs queued before it go first.
         self.flush_sends()?;
         let len = bytes.len();
+        let charge = self.pool.charge(len).map_err(CloseReason::from_pool)?;
         let mut mr = MemoryRegion::register(&self.pd, len, Access::LOCAL_WRITE | Access::MW_BIND)
             .map_err(CloseReason::from_verbs)?;
         mr.as_mut_slice().copy_from_slice(&bytes);
@@ -51,9 +65,13 @@ impl Core {
             .map_err(CloseReason::from_verbs)?;
         slot.insert(Wr::Bind);
         self.send_outstanding += 1;
+        self.budget_out.take(len);
         let key = self.rendezvous_out.insert(RendezvousOut {
             _window: window,
             _buf: buf,
+            _charge: charge,
+            len,
+            offered: Instant::now(),
         }) as u32;
         let offer = RendezvousOffer {
             addr: remote.addr,
@@ -63,6 +81,101 @@ impl Core {
         let mut body = [0u8; OFFER_LEN];
         offer.encode(&mut body);
         self.post_frame(FrameKind::RendezvousOffer, tag, len as u32, &body)
+    }
+
+    /// The peer READ the offer `key`: revoke its window, free the memory, release the
+    /// budget.
+    pub(super) fn handle_rendezvous_done(&mut self, key: u32) -> Result<(), CloseReason> {
+        let out = self
+            .rendezvous_out
+            .try_remove(key as usize)
+            .ok_or_else(|| {
+                CloseReason::Protocol(format!("rendezvous done for unknown region {key}"))
+            })?;
+        self.budget_out.release(out.len);
+        Ok(())
+    }
+
+    /// READs the peer's offer of `len` bytes (already checked against the budget when it
+    /// arrived; `pump` waited until it fits the bytes in use) into a pool chunk, or for
+    /// messages larger than the largest class into memory registered for it alone and
+    /// counted against the pool's cap before it is allocated.
+    pub(super) fn post_rendezvous_read(
+        &mut self,
+        seq: u64,
+        tag: u32,
+        offer: RendezvousOffer,
+        len: usize,
+    ) -> Result<(), CloseReason> {
+        self.flush_sends()?;
+        let (buf, charge) = if len <= self.pool.largest() {
+            let lease = self.pool.lease(len).map_err(CloseReason::from_pool)?;
+            (Buf::Pooled(lease), None)
+        } else {
+            let charge = self.pool.charge(len).map_err(CloseReason::from_pool)?;
+            let mr = MemoryRegion::register(&self.pd, len, Access::LOCAL_WRITE)
+                .map_err(CloseReason::from_verbs)?;
+            (Buf::Registered(mr), Some(charge))
+        };
+        let entry = self.inflight.vacant_entry();
+        let remote = RemoteRegion {
+            addr: offer.addr,
+            len: len as u64,
+            rkey: offer.rkey,
+        };
+        let sge = buf.region().sge(0..len).map_err(CloseReason::from_verbs)?;
+        let wr = SendWr::new(entry.key() as u64, SendOp::Read(remote), Some(sge));
+        self.qp.post_send(&wr).map_err(CloseReason::from_verbs)?;
+        entry.insert(Wr::RendezvousRead {
+            buf,
+            seq,
+            tag,
+            key: offer.key,
+            len,
+            _charge: charge,
+        });
+        self.budget_in.take(len);
+        self.send_outstanding += 1;
+        Ok(())
+    }
+
+    /// When the connection should next look at its offers' deadlines: the oldest offer's,
+    /// once per armed timer (`None` while a timer is armed or nothing is offered).
+    pub(super) fn poll_rendezvous_timer(&mut self) -> Option<Instant> {
+        if self.rendezvous_timer || self.closing.is_some() {
+            return None;
+        }
+        let oldest = self.rendezvous_out.iter().map(|(_, o)| o.offered).min()?;
+        self.rendezvous_timer = true;
+        Some(oldest + self.rendezvous_deadline)
+    }
+
+    /// The timer from [`Core::poll_rendezvous_timer`] fired. Offers older than the
+    /// deadline are revoked (window deallocated) and freed at once, and the connection
+    /// must close: its peer did not say Done in time.
+    pub(super) fn handle_rendezvous_timer(&mut self, now: Instant) -> Result<(), CloseReason> {
+        self.rendezvous_timer = false;
+        let deadline = self.rendezvous_deadline;
+        let expired: Vec<usize> = self
+            .rendezvous_out
+            .iter()
+            .filter(|(_, o)| o.offered + deadline <= now)
+            .map(|(key, _)| key)
+            .collect();
+        if expired.is_empty() {
+            return Ok(());
+        }
+        let mut bytes = 0;
+        for key in &expired {
+            let out = self.rendezvous_out.remove(*key);
+            bytes += out.len;
+            self.budget_out.release(out.len);
+        }
+        Err(CloseReason::Protocol(format!(
+            "{} rendezvous offer(s) of {bytes} bytes in all not released by the peer \
+             (no Done) within {deadline:?}; revoked",
+            expired.len()
+        )))
     }
 }
 

@@ -1,0 +1,330 @@
+//! Issue 16, items 3 and 4: what a peer can make the server register, and that bulk use
+//! of the pool never locks new connections out.
+//!
+//! - A peer's rendezvous offers beyond the connection's budget are refused (the
+//!   connection closes with the reason) before anything is allocated or registered.
+//! - A rendezvous reply the peer never releases (no Done) is revoked and freed at the
+//!   deadline, and the connection closes with the reason.
+//! - 16 connections × 64 rendezvous messages of 1 MiB, then 500 connections at once: the
+//!   pool returns its idle 1 MiB arenas and keeps receive buffers reserved, so every
+//!   connect succeeds.
+//!
+//! The misbehaving peers are plain verbs clients speaking rdmactor's frames by hand.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rdmactor::blocking::{self, EndpointOptions};
+use rdmactor::memory::PoolConfig;
+use rdmactor::proto::frame::{FrameKind, Header, RendezvousOffer, HEADER_LEN, OFFER_LEN};
+use rdmactor::proto::hello::{Hello, PROTOCOL_VERSION};
+use rdmactor::runtime::{
+    CloseReason, Message, NodeConfig, PeerInfo, Server, Service, Session, SessionCx, SessionError,
+};
+use rdmactor::verbs::{Access, MemoryRegion, ProtectionDomain, RecvWr, SendOp, SendWr};
+use rdmactor_services::echo::Discard;
+use rdmactor_tests::{actix_run, eventually, rdma_context, test_addr};
+
+/// Why each of a service's connections closed.
+type Reasons = Arc<Mutex<Vec<String>>>;
+
+/// Answers every message with `reply_len` bytes (by rendezvous when large) and records
+/// why its connections close.
+struct Big {
+    reply_len: usize,
+    reasons: Reasons,
+}
+
+impl Service for Big {
+    fn session(&self, _peer: &PeerInfo) -> Box<dyn Session> {
+        Box::new(BigSession {
+            reply_len: self.reply_len,
+            reasons: self.reasons.clone(),
+        })
+    }
+}
+
+struct BigSession {
+    reply_len: usize,
+    reasons: Reasons,
+}
+
+impl Session for BigSession {
+    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
+        cx.reply(&msg, vec![7; self.reply_len])
+    }
+    fn on_close(&mut self, reason: &CloseReason) {
+        self.reasons.lock().unwrap().push(reason.to_string());
+    }
+}
+
+/// Connect private data asking for `service`, as an rdmactor client sends it.
+fn hello(service: &str) -> Vec<u8> {
+    Hello {
+        version: PROTOCOL_VERSION,
+        service: service.into(),
+        recv_depth: 16,
+        recv_size: 4096,
+    }
+    .encode()
+    .unwrap()
+}
+
+fn frame(kind: FrameKind, tag: u32, len: u32, body: &[u8]) -> Vec<u8> {
+    let mut out = vec![0; HEADER_LEN + body.len()];
+    Header {
+        kind,
+        credits: 0,
+        len,
+        tag,
+    }
+    .encode(&mut out[..HEADER_LEN]);
+    out[HEADER_LEN..].copy_from_slice(body);
+    out
+}
+
+/// Waits, without blocking the actix System, for a plain client's thread.
+async fn join(thread: std::thread::JoinHandle<()>) {
+    while !thread.is_finished() {
+        actix_rt::time::sleep(Duration::from_millis(10)).await;
+    }
+    thread.join().expect("plain client");
+}
+
+/// 64 offers of 1 GiB each: the first is refused against the budget and ends the
+/// connection; the server never allocates or registers any of them (its peak of
+/// registered memory stays at its receive buffers).
+#[test]
+fn oversized_rendezvous_offers_are_refused_without_registration() {
+    let Some(ctx) = rdma_context() else { return };
+    actix_run(async move {
+        let reasons = Reasons::default();
+        let server = Server::builder()
+            .listen(test_addr(), None)
+            .service(
+                "big",
+                Big {
+                    reply_len: 0,
+                    reasons: reasons.clone(),
+                },
+            )
+            .start()
+            .expect("server");
+        let addr = server.local_addrs()[0];
+        let plain = std::thread::spawn(move || {
+            let pd = ProtectionDomain::new(&ctx).unwrap();
+            let mut out = MemoryRegion::register(&pd, 64 * 64, Access::NONE).unwrap();
+            let back = MemoryRegion::register(&pd, 16 * 4096, Access::LOCAL_WRITE).unwrap();
+            let ep = blocking::connect(
+                &pd,
+                addr,
+                &EndpointOptions::default(),
+                &hello("big"),
+                |qp| {
+                    (0..16).try_for_each(|i| {
+                        qp.post_recv(&[RecvWr {
+                            wr_id: 1000 + i as u64,
+                            local: Some(back.sge(i * 4096..(i + 1) * 4096)?),
+                        }])
+                    })
+                },
+            )
+            .unwrap();
+            let mut body = [0; OFFER_LEN];
+            for i in 0..64u32 {
+                RendezvousOffer {
+                    addr: 0x10000,
+                    rkey: 0x1234,
+                    key: i,
+                }
+                .encode(&mut body);
+                let f = frame(FrameKind::RendezvousOffer, i, 1 << 30, &body);
+                let at = i as usize * 64;
+                out.as_mut_slice()[at..at + f.len()].copy_from_slice(&f);
+            }
+            // 15 within the credits the server granted, the rest as the receives allow
+            // (RNR retries): the server closes at the first.
+            for i in 0..64usize {
+                let sge = out.sge(i * 64..i * 64 + HEADER_LEN + OFFER_LEN).unwrap();
+                if ep
+                    .qp
+                    .post_send(&SendWr::new(i as u64, SendOp::Send, Some(sge)))
+                    .is_err()
+                {
+                    break;
+                }
+            }
+            ep.wait_disconnected().expect("the server disconnects");
+            drop(back);
+        });
+        join(plain).await;
+        eventually(
+            "the connection to close",
+            Duration::from_secs(10),
+            || async { !reasons.lock().unwrap().is_empty() },
+        )
+        .await;
+        let reason = reasons.lock().unwrap()[0].clone();
+        assert!(
+            reason.contains("rendezvous offer of 1073741824 bytes exceeds the connection's budget"),
+            "closed for: {reason}"
+        );
+        let stats = server.stats().await;
+        assert!(
+            stats.pool.peak_bytes <= 4 << 20,
+            "nothing registered beyond one receive arena: {stats:?}"
+        );
+        assert_eq!(stats.pool.charged_bytes, 0);
+        assert_eq!(stats.rejected, 0);
+        server.shutdown().await;
+    });
+}
+
+/// The server answers with a 1 MiB rendezvous offer; the client never READs it nor
+/// says Done. At the deadline the server revokes the window, frees the registration
+/// and closes the connection, naming why.
+#[test]
+fn rendezvous_replies_never_released_are_reclaimed_at_the_deadline() {
+    let Some(ctx) = rdma_context() else { return };
+    actix_run(async move {
+        let reasons = Reasons::default();
+        let server = Server::builder()
+            .config(NodeConfig {
+                rendezvous_deadline: Duration::from_secs(2),
+                ..NodeConfig::default()
+            })
+            .listen(test_addr(), None)
+            .service(
+                "big",
+                Big {
+                    reply_len: 1 << 20,
+                    reasons: reasons.clone(),
+                },
+            )
+            .start()
+            .expect("server");
+        let addr = server.local_addrs()[0];
+        let (offered_tx, offered_rx) = std::sync::mpsc::channel();
+        let plain = std::thread::spawn(move || {
+            let pd = ProtectionDomain::new(&ctx).unwrap();
+            let mut out = MemoryRegion::register(&pd, 4096, Access::NONE).unwrap();
+            let back = MemoryRegion::register(&pd, 4096, Access::LOCAL_WRITE).unwrap();
+            let opts = EndpointOptions {
+                timeout: Duration::from_secs(20),
+                ..EndpointOptions::default()
+            };
+            let ep = blocking::connect(&pd, addr, &opts, &hello("big"), |qp| {
+                qp.post_recv(&[RecvWr {
+                    wr_id: 1,
+                    local: Some(back.sge_all()),
+                }])
+            })
+            .unwrap();
+            let f = frame(FrameKind::Data, 9, 5, b"hello");
+            out.as_mut_slice()[..f.len()].copy_from_slice(&f);
+            ep.qp
+                .post_send(&SendWr::new(
+                    2,
+                    SendOp::Send,
+                    Some(out.sge(0..f.len()).unwrap()),
+                ))
+                .unwrap();
+            let wcs = ep.wait(2).unwrap();
+            let recv = wcs.iter().find(|w| w.wr_id == 1).expect("a reply");
+            let (header, _) = Header::decode(&back.as_slice()[..recv.byte_len as usize]).unwrap();
+            assert_eq!(header.kind, FrameKind::RendezvousOffer);
+            assert_eq!(header.len, 1 << 20);
+            offered_tx.send(()).unwrap();
+            // Never READ, never Done.
+            ep.wait_disconnected()
+                .expect("the server disconnects at the deadline");
+        });
+        // Polled, not blocked on: the server runs on this thread.
+        eventually("the reply's offer", Duration::from_secs(20), || {
+            let got = offered_rx.try_recv().is_ok();
+            async move { got }
+        })
+        .await;
+        let held = server.stats().await.pool.charged_bytes;
+        assert_eq!(
+            held,
+            1 << 20,
+            "the reply is registered until Done or deadline"
+        );
+        join(plain).await;
+        eventually(
+            "the connection to close",
+            Duration::from_secs(10),
+            || async { !reasons.lock().unwrap().is_empty() },
+        )
+        .await;
+        let reason = reasons.lock().unwrap()[0].clone();
+        assert!(
+            reason.contains("not released by the peer (no Done) within 2s"),
+            "closed for: {reason}"
+        );
+        eventually("the reply to be freed", Duration::from_secs(10), || async {
+            let s = server.stats().await;
+            s.pool.charged_bytes == 0 && s.connections == 0
+        })
+        .await;
+        server.shutdown().await;
+    });
+}
+
+/// Issue 16, item 4: 16 connections each send 64 messages of 1 MiB by rendezvous (the
+/// server READs them into 1 MiB pool chunks), then 500 connections are opened and held
+/// at once. With a pool that kept every arena it ever registered, the 1 MiB chunks held
+/// the cap and no receive buffer could be leased: connects were rejected.
+#[test]
+fn bulk_rendezvous_never_starves_new_connections() {
+    let Some(_ctx) = rdma_context() else { return };
+    actix_run(async move {
+        let server = Server::builder()
+            .config(NodeConfig {
+                // A small cap so the burst reaches it.
+                pool: PoolConfig {
+                    max_bytes: 64 << 20,
+                    ..PoolConfig::default()
+                },
+                // 16 × 2 MiB stays inside the cap less the receive reservation.
+                rendezvous_budget: 2 << 20,
+                max_message: 1 << 20,
+                ..NodeConfig::default()
+            })
+            .listen(test_addr(), None)
+            .service("discard", Discard)
+            .max_connections(1000)
+            .start()
+            .expect("server");
+        let addr = server.local_addrs()[0];
+        let client = rdmactor::runtime::Client::start(NodeConfig::default()).expect("client");
+        let bulk = rdmactor_tests::connect_n(&client, addr, "discard", 16).await;
+        let sends = bulk.iter().enumerate().map(|(c, conn)| async move {
+            let mut sent = 0u64;
+            for round in 0..8 {
+                let batch = (0..8).map(|_| vec![c as u8; 1 << 20]).collect();
+                conn.send_all(batch)
+                    .await
+                    .unwrap_or_else(|e| panic!("connection {c} round {round}: {e}"));
+                sent += 8;
+                let count: u64 = conn
+                    .request_typed(&())
+                    .await
+                    .unwrap_or_else(|e| panic!("connection {c} barrier {round}: {e}"));
+                assert_eq!(count, sent);
+            }
+        });
+        futures::future::join_all(sends).await;
+        let after = server.stats().await;
+        eprintln!("after the burst: {after:?}");
+        let many = rdmactor_tests::connect_n(&client, addr, "discard", 500).await;
+        let stats = server.stats().await;
+        assert_eq!(stats.connections, 516, "{stats:?}");
+        assert_eq!(stats.rejected, 0, "{stats:?}");
+        let mut conns = bulk;
+        conns.extend(many);
+        rdmactor_tests::close_all(&server, client, conns).await;
+        server.shutdown().await;
+    });
+}
