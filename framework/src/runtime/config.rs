@@ -26,6 +26,16 @@ pub struct NodeConfig {
     /// RNR retries this side's sends make (7: forever). Credits keep rdmactor peers from
     /// ever needing them; plain clients may.
     pub rnr_retry_count: u8,
+    /// Most bytes of messages a connection may hold queued for sending (waiting for
+    /// credits or for room in the send queue). A peer that stops receiving (a raw peer
+    /// that posts no receives, a framed one that returns no credits) would otherwise make
+    /// every answer to its requests pile up here; past this bound the connection closes
+    /// with [`CloseReason::Backlog`](super::CloseReason::Backlog). One message is always
+    /// accepted into an empty queue, however large (up to `MAX_MESSAGE`).
+    pub max_queued_bytes: usize,
+    /// Most work items (messages, one-sided operations) a connection may hold queued;
+    /// bounds the per-item overhead of many small messages the same way.
+    pub max_queued_sends: usize,
 }
 
 impl Default for NodeConfig {
@@ -40,6 +50,8 @@ impl Default for NodeConfig {
             raw_recv_depth: 8,
             send_depth: 64,
             rnr_retry_count: 7,
+            max_queued_bytes: 16 << 20,
+            max_queued_sends: 4096,
         }
     }
 }
