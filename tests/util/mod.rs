@@ -268,3 +268,135 @@ pub fn serve(
         rdmactor::runtime::Client::start(rdmactor::runtime::NodeConfig::default()).expect("client");
     (server, addr, client)
 }
+
+/// Wraps a service and records why each of its connections closed (`CloseReason`'s
+/// text), so tests can check the reason a misbehaving peer or session was given.
+pub struct Recorded<S> {
+    inner: S,
+    reasons: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl<S> Recorded<S> {
+    /// `inner`, recording into a list the caller reads with [`Recorded::reasons`].
+    pub fn new(inner: S) -> (Recorded<S>, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+        let reasons = std::sync::Arc::default();
+        let rec = Recorded {
+            inner,
+            reasons: std::sync::Arc::clone(&reasons),
+        };
+        (rec, reasons)
+    }
+}
+
+impl<S: rdmactor::runtime::Service> rdmactor::runtime::Service for Recorded<S> {
+    fn framing(&self) -> rdmactor::runtime::Framing {
+        self.inner.framing()
+    }
+
+    fn session(&self, peer: &rdmactor::runtime::PeerInfo) -> Box<dyn rdmactor::runtime::Session> {
+        Box::new(RecordingSession {
+            inner: self.inner.session(peer),
+            reasons: self.reasons.clone(),
+        })
+    }
+}
+
+struct RecordingSession {
+    inner: Box<dyn rdmactor::runtime::Session>,
+    reasons: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl rdmactor::runtime::Session for RecordingSession {
+    fn on_established(
+        &mut self,
+        cx: &mut rdmactor::runtime::SessionCx<'_>,
+    ) -> Result<(), rdmactor::runtime::SessionError> {
+        self.inner.on_established(cx)
+    }
+    fn on_message(
+        &mut self,
+        cx: &mut rdmactor::runtime::SessionCx<'_>,
+        msg: rdmactor::runtime::Message,
+    ) -> Result<(), rdmactor::runtime::SessionError> {
+        self.inner.on_message(cx, msg)
+    }
+    fn on_op(
+        &mut self,
+        cx: &mut rdmactor::runtime::SessionCx<'_>,
+        op: rdmactor::runtime::OpId,
+        result: rdmactor::verbs::Result<()>,
+    ) -> Result<(), rdmactor::runtime::SessionError> {
+        self.inner.on_op(cx, op, result)
+    }
+    fn on_wake(
+        &mut self,
+        cx: &mut rdmactor::runtime::SessionCx<'_>,
+        token: u64,
+    ) -> Result<(), rdmactor::runtime::SessionError> {
+        self.inner.on_wake(cx, token)
+    }
+    fn on_close(&mut self, reason: &rdmactor::runtime::CloseReason) {
+        self.reasons.lock().unwrap().push(reason.to_string());
+        self.inner.on_close(reason)
+    }
+}
+
+/// This process's resident set size in KiB (`VmRSS` in `/proc/self/status`). The tests
+/// run their server in-process, so its growth bounds what the server kept in memory.
+pub fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS line")
+}
+
+/// Posts up to `count` SENDs of `bytes` (their contents chosen per index by `fill`) on a
+/// blocking endpoint, keeping at most `window` in flight and never posting a receive, as
+/// fast as the QP completes them. Stops early when `stop` returns true, when a SEND
+/// fails (the server closed the connection) or when none completes for the endpoint's
+/// timeout. Returns how many SENDs completed successfully.
+pub fn flood_sends(
+    ep: &Endpoint,
+    buf: &mut rdmactor::verbs::MemoryRegion,
+    bytes: usize,
+    count: usize,
+    window: usize,
+    mut fill: impl FnMut(usize, &mut [u8]),
+    stop: impl Fn() -> bool,
+) -> usize {
+    use rdmactor::verbs::{SendOp, SendWr};
+    let (mut posted, mut done, mut inflight) = (0, 0, 0);
+    while done < count {
+        if posted < count && inflight < window && !stop() {
+            // One buffer for every SEND: a SEND's bytes are read when it is processed,
+            // and the tests that care about contents post them one at a time.
+            fill(posted, &mut buf.as_mut_slice()[..bytes]);
+            let wr = SendWr::new(
+                posted as u64,
+                SendOp::Send,
+                Some(buf.sge(0..bytes).unwrap()),
+            );
+            if ep.qp.post_send(&wr).is_err() {
+                break;
+            }
+            posted += 1;
+            inflight += 1;
+            if inflight < window && !stop() {
+                continue;
+            }
+        }
+        if inflight == 0 {
+            break;
+        }
+        match ep.wait_any(1) {
+            Ok(wcs) if wcs.iter().all(|wc| wc.ok().is_ok()) => {
+                done += wcs.len();
+                inflight -= wcs.len();
+            }
+            _ => break,
+        }
+    }
+    done
+}

@@ -16,6 +16,14 @@
 //!   credit-only frame makes its receiver owe one credit, which is below the first
 //!   trigger, so credit frames do not ping-pong (the harness below checks both rules).
 //!
+//! The window also polices the peer, since the receiving side cannot trust it: a frame
+//! that arrives while the peer holds no credit by our count, or a grant that would give
+//! us more credits than the peer has receives, is a protocol violation
+//! ([`CreditError`]). Without the first check a peer that ignores credits keeps the
+//! receive queue busy (every repost is used at once) while our answers, held back for
+//! lack of credits, pile up in memory; without the second, a hostile grant overflows
+//! the counter.
+//!
 //! The window performs no I/O; the connection actor drives it (`handle_*` on input,
 //! `poll_*`/`take_*` for output).
 
@@ -23,11 +31,32 @@
 /// credit-only trigger needs two owed credits to stay quiet.
 pub const MIN_DEPTH: u32 = 4;
 
+/// How a peer broke the credit rules; the connection closes with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CreditError {
+    /// A frame (or WRITE_WITH_IMM) consumed a receive the peer held no credit for.
+    #[error("peer sent a frame without a credit (it had used every credit we granted)")]
+    FrameWithoutCredit,
+    /// The peer returned more credits than it has receives to back them.
+    #[error("peer returned {returned} credits while we held {held}; it has only {depth} receives")]
+    ExcessCredits {
+        /// Credits we held before the grant.
+        held: u32,
+        /// Credits the grant returned.
+        returned: u32,
+        /// The peer's receive depth (the most credits we can ever hold).
+        depth: u32,
+    },
+}
+
 /// Flow-control state of one connection.
 #[derive(Debug, Clone)]
 pub struct CreditWindow {
-    /// Frames we may still send.
+    /// Frames we may still send; never above `peer_depth`.
     send_credits: u32,
+    /// The peer's receive depth; `None` until the accept tells the active side.
+    peer_depth: Option<u32>,
     /// Receives we reposted but have not told the peer about.
     owed: u32,
     /// Credits the peer holds by our count: granted to it minus frames received.
@@ -49,6 +78,7 @@ impl CreditWindow {
         );
         CreditWindow {
             send_credits: peer_recv_depth,
+            peer_depth: Some(peer_recv_depth),
             owed: 0,
             peer_credits: recv_depth,
             recv_depth,
@@ -61,15 +91,30 @@ impl CreditWindow {
         assert!(recv_depth >= MIN_DEPTH, "receive depth below {MIN_DEPTH}");
         CreditWindow {
             send_credits: 0,
+            peer_depth: None,
             owed: 0,
             peer_credits: recv_depth,
             recv_depth,
         }
     }
 
-    /// The peer's receive depth became known (accept private data).
-    pub fn handle_peer_depth(&mut self, depth: u32) {
-        self.send_credits += depth;
+    /// The peer's receive depth became known (accept private data). Credits granted
+    /// before it (none, from a peer that keeps the rules: it owes nothing before we
+    /// sent) must still fit within it.
+    pub fn handle_peer_depth(&mut self, depth: u32) -> Result<(), CreditError> {
+        let excess = CreditError::ExcessCredits {
+            held: self.send_credits,
+            returned: depth,
+            depth,
+        };
+        self.peer_depth = Some(depth);
+        match self.send_credits.checked_add(depth) {
+            Some(total) if total <= depth => {
+                self.send_credits = total;
+                Ok(())
+            }
+            _ => Err(excess),
+        }
     }
 
     /// Takes one credit for an RDMA WRITE_WITH_IMM: it consumes a peer receive but has no
@@ -105,9 +150,29 @@ impl CreditWindow {
     }
 
     /// A frame from the peer consumed one of our receives and granted us `credits`.
-    pub fn handle_received(&mut self, credits: u32) {
-        self.send_credits += credits;
-        self.peer_credits = self.peer_credits.saturating_sub(1);
+    ///
+    /// # Errors
+    /// [`CreditError::FrameWithoutCredit`] when the peer held no credit for it, and
+    /// [`CreditError::ExcessCredits`] when the grant would leave us more credits than
+    /// the peer has receives (before its depth is known: more than any depth the
+    /// connect private data can carry). The window is unchanged then.
+    pub fn handle_received(&mut self, credits: u32) -> Result<(), CreditError> {
+        let Some(peer_credits) = self.peer_credits.checked_sub(1) else {
+            return Err(CreditError::FrameWithoutCredit);
+        };
+        let depth = self.peer_depth.unwrap_or(u16::MAX as u32);
+        match self.send_credits.checked_add(credits) {
+            Some(total) if total <= depth => {
+                self.send_credits = total;
+                self.peer_credits = peer_credits;
+                Ok(())
+            }
+            _ => Err(CreditError::ExcessCredits {
+                held: self.send_credits,
+                returned: credits,
+                depth,
+            }),
+        }
     }
 
     /// We reposted `n` receive buffers.
@@ -169,7 +234,9 @@ mod tests {
                 "RNR: frame arrived with no receive posted"
             );
             self.posted[to] -= 1;
-            self.side[to].handle_received(grant);
+            self.side[to]
+                .handle_received(grant)
+                .expect("peers keeping the rules");
             if is_data {
                 self.delivered[to] += 1;
             }
@@ -279,6 +346,67 @@ mod tests {
             assert_eq!(l.delivered[1], sent[0]);
             assert_eq!(l.delivered[0], sent[1]);
         }
+    }
+
+    #[test]
+    fn a_frame_beyond_the_granted_credits_is_a_violation() {
+        let mut w = CreditWindow::new(4, 4);
+        for _ in 0..4 {
+            w.handle_received(0)
+                .expect("within the 4 credits we granted");
+        }
+        assert_eq!(w.handle_received(0), Err(CreditError::FrameWithoutCredit));
+        // Reposting is not granting: until a frame carries the grant, the peer has none.
+        w.handle_reposted(4);
+        assert_eq!(w.handle_received(0), Err(CreditError::FrameWithoutCredit));
+        assert!(w.poll_credit_frame());
+        assert_eq!(w.take_for_send(), 4);
+        for _ in 0..4 {
+            w.handle_received(0).expect("granted");
+        }
+        assert_eq!(w.handle_received(0), Err(CreditError::FrameWithoutCredit));
+    }
+
+    #[test]
+    fn an_overflowing_grant_is_a_violation_not_a_panic() {
+        let mut w = CreditWindow::new(8, 8);
+        w.take_for_send();
+        w.handle_received(1).expect("the one we used comes back");
+        let err = w.handle_received(u32::MAX).unwrap_err();
+        assert_eq!(
+            err,
+            CreditError::ExcessCredits {
+                held: 8,
+                returned: u32::MAX,
+                depth: 8
+            }
+        );
+        assert_eq!(w.send_credits(), 8, "unchanged by the refused grant");
+    }
+
+    #[test]
+    fn more_credits_than_the_peer_has_receives_is_a_violation() {
+        let mut w = CreditWindow::new(8, 8);
+        w.take_for_send();
+        w.take_for_send();
+        // Two used: the peer can return at most two.
+        assert!(matches!(
+            w.handle_received(3),
+            Err(CreditError::ExcessCredits { returned: 3, .. })
+        ));
+        w.handle_received(2).expect("exactly what we used");
+    }
+
+    #[test]
+    fn the_active_side_checks_grants_against_the_depth_it_learns() {
+        let mut w = CreditWindow::awaiting_peer(8);
+        assert!(w.handle_received(u32::MAX).is_err());
+        w.handle_peer_depth(16).expect("first depth");
+        assert_eq!(w.send_credits(), 16);
+        assert!(w.handle_received(1).is_err(), "already holds all 16");
+        let mut early = CreditWindow::awaiting_peer(8);
+        early.handle_received(5).expect("below any depth");
+        assert!(early.handle_peer_depth(4).is_err(), "5 granted, 4 receives");
     }
 
     #[test]

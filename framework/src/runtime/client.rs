@@ -600,6 +600,7 @@ impl Handler<ClientCall> for ConnectionActor<ClientSession> {
     type Result = ();
 
     fn handle(&mut self, call: ClientCall, _: &mut Context<Self>) {
+        let _guard = super::poller::AbortOnUnwind::new("client connection actor");
         let mut conn = self.conn();
         if let ClientCall::Close { done } = call {
             conn.when_released(done);

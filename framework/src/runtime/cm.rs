@@ -202,7 +202,26 @@ impl CmActor {
             qp_num,
             service: service_name.clone(),
         };
-        let session = service.session(&peer);
+        // The service's code, on the CM actor's thread: a panic here would end the actor
+        // that accepts every connection. Refused with the reason instead (the prepared
+        // QP and buffers are released as `core` drops).
+        let session = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            service.session(&peer)
+        })) {
+            Ok(session) => session,
+            Err(payload) => {
+                let why = crate::runtime::connection::panic_message(&*payload);
+                tracing::error!(service = %service_name, panic = %why, "Service::session panicked");
+                drop(core);
+                return self.reject(
+                    &id,
+                    Reject::new(
+                        RejectCode::Internal,
+                        format!("service {service_name:?} panicked: {why}"),
+                    ),
+                );
+            }
+        };
         let label = format!("{}/qp{}/{}", fmt_addr(peer.addr), qp_num, service_name);
         let key = id.key();
         let cm = ctx.address().recipient();

@@ -41,6 +41,16 @@ pub struct NodeConfig {
     /// never says it would keep the registration (and its window) forever; at the
     /// deadline the window is revoked, the memory freed and the connection closed.
     pub rendezvous_deadline: Duration,
+    /// Most bytes of messages a connection may hold queued for sending (waiting for
+    /// credits or for room in the send queue). A peer that stops receiving (a raw peer
+    /// that posts no receives, a framed one that returns no credits) would otherwise make
+    /// every answer to its requests pile up here; past this bound the connection closes
+    /// with [`CloseReason::Backlog`](super::CloseReason::Backlog). One message is always
+    /// accepted into an empty queue, however large (up to `MAX_MESSAGE`).
+    pub max_queued_bytes: usize,
+    /// Most work items (messages, one-sided operations) a connection may hold queued;
+    /// bounds the per-item overhead of many small messages the same way.
+    pub max_queued_sends: usize,
 }
 
 impl Default for NodeConfig {
@@ -58,6 +68,8 @@ impl Default for NodeConfig {
             max_message: 16 << 20,
             rendezvous_budget: 32 << 20,
             rendezvous_deadline: Duration::from_secs(30),
+            max_queued_bytes: 16 << 20,
+            max_queued_sends: 4096,
         }
     }
 }

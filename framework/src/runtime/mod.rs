@@ -53,6 +53,20 @@ pub enum CloseReason {
     /// The memory pool could not serve the connection.
     #[error("memory: {0}")]
     Memory(String),
+    /// The session panicked in one of its callbacks; the message is the panic's. The
+    /// framework caught it at the session boundary, so only this connection ends.
+    #[error("session panicked: {0}")]
+    SessionPanicked(String),
+    /// More was queued for sending than the connection may hold
+    /// (`NodeConfig::max_queued_bytes`, `max_queued_sends`): the peer is not taking
+    /// what it asked for (no receives posted, no credits returned).
+    #[error("peer not receiving: {bytes} bytes queued in {sends} sends")]
+    Backlog {
+        /// Bytes of queued messages.
+        bytes: usize,
+        /// Queued work items.
+        sends: usize,
+    },
     /// The server or client is shutting down.
     #[error("shutting down")]
     Shutdown,

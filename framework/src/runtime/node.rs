@@ -89,6 +89,8 @@ impl Node {
             recv_size: size,
             credits,
             send_depth: cfg.send_depth,
+            max_queued_bytes: cfg.max_queued_bytes,
+            max_queued_sends: cfg.max_queued_sends,
             pool: self.pool.clone(),
             pd: self.pd.clone(),
             max_message: cfg.max_message.min(super::MAX_MESSAGE),

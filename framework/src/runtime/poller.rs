@@ -201,7 +201,7 @@ impl Pollers {
             };
             let arbiter = Arbiter::new();
             let task = poll_task(shared.clone(), channel.clone(), mode);
-            arbiter.spawn(task);
+            arbiter.spawn(abort_if_it_panics("CQ poller", task));
             pollers.push(Poller {
                 shared,
                 channel,
@@ -274,6 +274,57 @@ impl Drop for Pollers {
             }
         }
     }
+}
+
+/// Aborts the process if dropped while its thread unwinds from a panic.
+///
+/// A poller thread runs its polling loop and its connections' actors as tasks of one
+/// actix arbiter, and a task that panics is dropped silently (tokio catches the panic):
+/// the thread would live on with nobody polling its CQs, and the process would keep
+/// accepting connections it never serves. Panics inside sessions are caught where the
+/// framework calls them and close that connection only; a panic that still gets here is
+/// the framework's own, and the state it leaves (connections half torn down, CQ slots
+/// reserved forever) cannot be trusted. So: say so loudly and end the process, for a
+/// supervisor to restart, rather than stay half alive.
+pub(crate) struct AbortOnUnwind {
+    what: &'static str,
+}
+
+impl AbortOnUnwind {
+    /// A guard naming what it protects, for the message.
+    pub(crate) fn new(what: &'static str) -> AbortOnUnwind {
+        AbortOnUnwind { what }
+    }
+}
+
+impl Drop for AbortOnUnwind {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let thread = std::thread::current();
+            let name = thread.name().unwrap_or("unnamed");
+            tracing::error!(
+                what = self.what,
+                thread = name,
+                "panic outside any session; aborting"
+            );
+            eprintln!(
+                "rdmactor: {} panicked on thread {name} outside any session (the panic is \
+                 printed above); aborting the process instead of leaving its connections \
+                 unpolled",
+                self.what
+            );
+            std::process::abort();
+        }
+    }
+}
+
+/// Runs `fut` with an [`AbortOnUnwind`] guard held across every poll.
+pub(crate) async fn abort_if_it_panics<F: std::future::Future>(
+    what: &'static str,
+    fut: F,
+) -> F::Output {
+    let _guard = AbortOnUnwind::new(what);
+    fut.await
 }
 
 /// The polling loop of one poller thread. Completions go straight to their connections;
@@ -515,6 +566,48 @@ mod tests {
         assert!(rec.0.borrow().is_empty());
         assert!(parked.0.is_empty());
         unregister(10);
+    }
+
+    /// Re-runs this test binary with only `test` selected and `RDMACTOR_TEST_CHILD` set.
+    fn run_child(test: &str) -> std::process::Output {
+        std::process::Command::new(std::env::current_exe().expect("test binary"))
+            .args(["--exact", test, "--nocapture", "--test-threads=1"])
+            .env("RDMACTOR_TEST_CHILD", "1")
+            .output()
+            .expect("run the child test")
+    }
+
+    #[test]
+    fn a_panic_on_a_poller_thread_takes_the_process_down_loudly() {
+        if std::env::var_os("RDMACTOR_TEST_CHILD").is_some() {
+            // As `Pollers::start` does: a task on an arbiter thread, guarded. Without
+            // the guard the panic ends the task only, and this child would exit 0.
+            let sys = actix::System::new();
+            sys.block_on(async {
+                let arbiter = Arbiter::new();
+                arbiter.spawn(abort_if_it_panics("CQ poller", async {
+                    panic!("a framework bug on the poller thread");
+                }));
+                actix::clock::sleep(Duration::from_secs(5)).await;
+            });
+            return;
+        }
+        let out = run_child(
+            "runtime::poller::tests::a_panic_on_a_poller_thread_takes_the_process_down_loudly",
+        );
+        use std::os::unix::process::ExitStatusExt;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.signal(),
+            Some(6),
+            "SIGABRT; {:?}\n{stderr}",
+            out.status
+        );
+        assert!(
+            stderr.contains("a framework bug on the poller thread"),
+            "{stderr}"
+        );
+        assert!(stderr.contains("CQ poller panicked on thread"), "{stderr}");
     }
 
     #[test]

@@ -22,7 +22,7 @@ use actix::WeakAddr;
 
 use super::wake::Wake;
 use super::{Core, SessionCx, DRAIN_TIMEOUT};
-use crate::runtime::poller::{self, Inbox};
+use crate::runtime::poller::{self, AbortOnUnwind, Inbox};
 use crate::runtime::service::{Session, SessionError};
 use crate::runtime::CloseReason;
 use crate::verbs::{CmIdKey, WorkCompletion};
@@ -88,7 +88,13 @@ impl<S: Session> Connection<S> {
     }
 
     /// Runs `f` with the session and a context, then posts what it queued; an error or a
-    /// close request ends the connection.
+    /// close request ends the connection, and so does a panic.
+    ///
+    /// Every call into a session goes through here (or [`catch_session_panic`] directly):
+    /// the session runs on the poller thread's stack, and a panic unwinding out of it
+    /// would end the poller's task, and with it every connection on that thread, while
+    /// the process kept accepting connections nobody polls. Caught here, it ends only
+    /// this connection, with the panic's message as the reason.
     pub(crate) fn with_session(
         &mut self,
         f: impl FnOnce(&mut S, &mut SessionCx<'_>) -> Result<(), SessionError>,
@@ -100,10 +106,10 @@ impl<S: Session> Connection<S> {
             return;
         }
         let mut cx = SessionCx::new(core);
-        let res = f(&mut self.session, &mut cx);
+        let res = catch_session_panic(|| f(&mut self.session, &mut cx));
         let close = cx.close.take();
         match res {
-            Err(e) => self.begin_close(CloseReason::Session(e.0)),
+            Err(reason) => self.begin_close(reason),
             Ok(()) => match close {
                 Some(why) => self.begin_close(CloseReason::Local(why)),
                 None => self.pump(),
@@ -155,8 +161,14 @@ impl<S: Session> Connection<S> {
             _ => tracing::warn!(conn = %self.label, %reason, "closing"),
         }
         core.closing = Some(reason.clone());
-        core.pending.clear();
-        self.session.on_close(&reason);
+        core.clear_queue();
+        let session = &mut self.session;
+        if let Err(panicked) = catch_session_panic(|| {
+            session.on_close(&reason);
+            Ok(())
+        }) {
+            tracing::warn!(conn = %self.label, reason = %panicked, "on_close panicked");
+        }
         self.reason = Some(reason);
         // Both sides may disconnect at once; a second call fails harmlessly.
         let _ = core.id.disconnect();
@@ -171,21 +183,24 @@ impl<S: Session> Connection<S> {
             return;
         }
         let this = self.this.clone();
-        actix::spawn(async move {
-            actix::clock::sleep(DRAIN_TIMEOUT).await;
-            let Some(conn) = this.upgrade() else {
-                return;
-            };
-            let mut conn = conn.borrow_mut();
-            if let Some(core) = &conn.core {
-                tracing::warn!(
-                    conn = %conn.label,
-                    outstanding = core.inflight.len(),
-                    "flushed completions did not all arrive; releasing anyway"
-                );
-            }
-            conn.finish();
-        });
+        actix::spawn(poller::abort_if_it_panics(
+            "connection drain timer",
+            async move {
+                actix::clock::sleep(DRAIN_TIMEOUT).await;
+                let Some(conn) = this.upgrade() else {
+                    return;
+                };
+                let mut conn = conn.borrow_mut();
+                if let Some(core) = &conn.core {
+                    tracing::warn!(
+                        conn = %conn.label,
+                        outstanding = core.inflight.len(),
+                        "flushed completions did not all arrive; releasing anyway"
+                    );
+                }
+                conn.finish();
+            },
+        ));
     }
 
     fn finish(&mut self) {
@@ -222,7 +237,11 @@ impl<S: Session> Connection<S> {
                     // Draining: tell the session how the operation ended; nothing it
                     // queues now is sent.
                     let mut cx = SessionCx::new(core);
-                    let _ = self.session.on_op(&mut cx, op, result);
+                    let session = &mut self.session;
+                    if let Err(reason) = catch_session_panic(|| session.on_op(&mut cx, op, result))
+                    {
+                        tracing::debug!(conn = %self.label, %reason, "on_op while draining");
+                    }
                 }
                 Ok(Some((op, result))) => {
                     let failed = result.is_err();
@@ -263,7 +282,10 @@ impl<S: Session> Connection<S> {
                 };
                 core.established = true;
                 if let (Some(depth), Some(credits)) = (peer_recv_depth, core.credits.as_mut()) {
-                    credits.handle_peer_depth(depth as u32);
+                    if let Err(e) = credits.handle_peer_depth(depth as u32) {
+                        self.begin_close(CloseReason::from_credits(e));
+                        return;
+                    }
                 }
                 tracing::info!(conn = %self.label, "established");
                 self.with_session(|s, cx| s.on_established(cx));
@@ -272,6 +294,32 @@ impl<S: Session> Connection<S> {
             CmNotice::Close(reason) => self.begin_close(reason),
         }
     }
+}
+
+/// Calls into a session, turning an error into [`CloseReason::Session`] and a panic
+/// into [`CloseReason::SessionPanicked`] (the session is not touched again but for
+/// `on_close`, itself guarded).
+///
+/// `AssertUnwindSafe`: after a panic the connection only tears down. The session may be
+/// left half-updated, which is why nothing but `on_close` sees it again; the `Core` the
+/// context borrows is changed by `SessionCx` methods in steps that each leave it usable
+/// for teardown (queues, slabs of buffers and work requests).
+pub(crate) fn catch_session_panic(
+    f: impl FnOnce() -> Result<(), SessionError>,
+) -> Result<(), CloseReason> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(res) => res.map_err(|e| CloseReason::Session(e.0)),
+        Err(payload) => Err(CloseReason::SessionPanicked(panic_message(&*payload))),
+    }
+}
+
+/// The message of a panic payload (`panic!` with a literal or with format arguments).
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic with a non-string payload".to_owned())
 }
 
 impl<S: Session> Inbox for RefCell<Connection<S>> {
@@ -338,6 +386,8 @@ impl<S: Session> Handler<CmNotice> for ConnectionActor<S> {
     type Result = ();
 
     fn handle(&mut self, notice: CmNotice, _: &mut Context<Self>) {
+        // Sessions' panics are caught inside; one that gets here is the framework's.
+        let _guard = AbortOnUnwind::new("connection actor");
         self.conn().on_notice(notice);
     }
 }

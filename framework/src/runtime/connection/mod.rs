@@ -20,7 +20,7 @@ mod grants;
 mod rendezvous;
 mod wake;
 
-pub(crate) use actor::{CmNotice, ConnClosed, ConnectionActor, ConnectionParts};
+pub(crate) use actor::{panic_message, CmNotice, ConnClosed, ConnectionActor, ConnectionParts};
 
 pub use grants::{Grant, GrantId};
 pub use wake::{Blocking, BlockingError, SessionWaker};
@@ -33,7 +33,7 @@ use super::service::{Framing, Message, OpId, SessionError};
 use super::CloseReason;
 use crate::memory::{Charge, Lease, MrPool, PoolError};
 use crate::proto::budget::Budget;
-use crate::proto::credits::CreditWindow;
+use crate::proto::credits::{CreditError, CreditWindow};
 use crate::proto::frame::{FrameKind, Header, RendezvousOffer, HEADER_LEN};
 use crate::verbs::{
     Access, CmId, MemoryRegion, MemoryWindow, ProtectionDomain, QueuePair, RecvWr, RemoteRegion,
@@ -213,6 +213,16 @@ enum Outgoing {
     },
 }
 
+impl Outgoing {
+    /// Bytes this item holds in memory while queued.
+    fn bytes(&self) -> usize {
+        match self {
+            Outgoing::Data { bytes, .. } | Outgoing::Raw { bytes, .. } => bytes.len(),
+            _ => 0,
+        }
+    }
+}
+
 enum Delivery {
     Ready(Message),
     Waiting(u64),
@@ -250,7 +260,12 @@ pub(crate) struct Core {
     batch: Vec<QueuedSend>,
     send_outstanding: u32,
     send_depth: u32,
+    /// Work decided but not posted yet (no credit, or the send queue is full).
     pending: VecDeque<Outgoing>,
+    /// Bytes of the messages in `pending`, bounded by `max_queued_bytes`.
+    pending_bytes: usize,
+    max_queued_bytes: usize,
+    max_queued_sends: usize,
     deliveries: VecDeque<Delivery>,
     rendezvous_out: Slab<RendezvousOut>,
     next_op: u64,
@@ -285,6 +300,8 @@ pub(crate) struct CoreParts {
     pub recv_size: usize,
     pub credits: Option<CreditWindow>,
     pub send_depth: u32,
+    pub max_queued_bytes: usize,
+    pub max_queued_sends: usize,
     pub pool: MrPool,
     pub pd: ProtectionDomain,
     pub max_message: usize,
@@ -311,6 +328,9 @@ impl Core {
             send_outstanding: 0,
             send_depth: p.send_depth,
             pending: VecDeque::new(),
+            pending_bytes: 0,
+            max_queued_bytes: p.max_queued_bytes,
+            max_queued_sends: p.max_queued_sends,
             deliveries: VecDeque::new(),
             bufs: Slab::new(),
             rendezvous_out: Slab::new(),
@@ -366,11 +386,48 @@ impl Core {
     }
 
     /// Posts as much queued work as credits and the send queue allow, then reposts the
-    /// receives consumed this turn (and sends the credit frame that may call for).
+    /// receives consumed this turn (and sends the credit frame that may call for). What
+    /// stays queued must fit the connection's bound (see [`Core::check_backlog`]).
     fn pump(&mut self) -> Result<(), CloseReason> {
         self.pump_sends()?;
         if self.repost_receives()? {
             self.pump_sends()?;
+        }
+        self.check_backlog()
+    }
+
+    /// Queues work for [`Core::pump`], counting its bytes.
+    fn queue(&mut self, item: Outgoing) {
+        self.pending_bytes += item.bytes();
+        self.pending.push_back(item);
+    }
+
+    /// Takes the next queued work item.
+    fn dequeue(&mut self) -> Option<Outgoing> {
+        let item = self.pending.pop_front()?;
+        self.pending_bytes -= item.bytes();
+        Some(item)
+    }
+
+    /// Drops everything queued (the connection is closing).
+    fn clear_queue(&mut self) {
+        self.pending.clear();
+        self.pending_bytes = 0;
+    }
+
+    /// Checked after each pump, when everything that could be posted was: what is left
+    /// waits for the peer (credits, receives, acknowledgements). A peer that asks for
+    /// answers and never takes them would make that grow without end, so past the bound
+    /// the connection closes. A single message is always allowed, however large.
+    fn check_backlog(&self) -> Result<(), CloseReason> {
+        let sends = self.pending.len();
+        if sends > 1
+            && (self.pending_bytes > self.max_queued_bytes || sends > self.max_queued_sends)
+        {
+            return Err(CloseReason::Backlog {
+                bytes: self.pending_bytes,
+                sends,
+            });
         }
         Ok(())
     }
@@ -433,7 +490,7 @@ impl Core {
             if !allowed {
                 break;
             }
-            let item = self.pending.pop_front().expect("front exists");
+            let item = self.dequeue().expect("front exists");
             self.post_outgoing(item)?;
         }
         if self.closing.is_none() && self.send_outstanding < self.send_depth {
@@ -718,7 +775,11 @@ impl Core {
             }
             Framing::Framed => {
                 if wc.opcode == WcOpcode::RecvRdmaWithImm {
-                    self.credits.as_mut().expect("framed").handle_received(0);
+                    self.credits
+                        .as_mut()
+                        .expect("framed")
+                        .handle_received(0)
+                        .map_err(CloseReason::from_credits)?;
                     self.reposts.push(slot);
                     self.deliveries.push_back(Delivery::Ready(Message {
                         tag: 0,
@@ -731,7 +792,9 @@ impl Core {
                     .map_err(|e| CloseReason::Protocol(e.to_string()))?;
                 let body = body.to_vec();
                 let credits = self.credits.as_mut().expect("framed");
-                credits.handle_received(header.credits);
+                credits
+                    .handle_received(header.credits)
+                    .map_err(CloseReason::from_credits)?;
                 match header.kind {
                     FrameKind::Data => self.deliveries.push_back(Delivery::Ready(Message {
                         tag: header.tag,
@@ -748,7 +811,7 @@ impl Core {
                         let seq = self.next_seq;
                         self.next_seq += 1;
                         self.deliveries.push_back(Delivery::Waiting(seq));
-                        self.pending.push_back(Outgoing::Read {
+                        self.queue(Outgoing::Read {
                             seq,
                             tag: header.tag,
                             offer: RendezvousOffer::decode(&body),
@@ -844,7 +907,7 @@ impl Core {
                         data,
                     });
                 }
-                self.pending.push_back(Outgoing::Done { tag: key });
+                self.queue(Outgoing::Done { tag: key });
             }
         }
         Ok(None)
@@ -893,9 +956,7 @@ impl<'a> SessionCx<'a> {
                 SessionError::new(format!("message of {} bytes refused: {e}", data.len()))
             })?;
         }
-        self.core
-            .pending
-            .push_back(Outgoing::Data { tag, bytes: data });
+        self.core.queue(Outgoing::Data { tag, bytes: data });
         Ok(())
     }
 
@@ -917,7 +978,7 @@ impl<'a> SessionCx<'a> {
                 data.len()
             )));
         }
-        self.core.pending.push_back(Outgoing::Raw {
+        self.core.queue(Outgoing::Raw {
             bytes: data.to_vec(),
             imm,
         });
@@ -1057,7 +1118,7 @@ impl<'a> SessionCx<'a> {
         self.entry(op.buf())?;
         let id = OpId(self.core.next_op);
         self.core.next_op += 1;
-        self.core.pending.push_back(Outgoing::Op {
+        self.core.queue(Outgoing::Op {
             op: id,
             op_spec: op,
         });
@@ -1081,5 +1142,8 @@ impl CloseReason {
     }
     fn from_pool(e: PoolError) -> CloseReason {
         CloseReason::Memory(e.to_string())
+    }
+    pub(crate) fn from_credits(e: CreditError) -> CloseReason {
+        CloseReason::Protocol(e.to_string())
     }
 }

@@ -105,14 +105,8 @@ impl SessionCx<'_> {
         let (tx, rx) = mpsc::sync_channel(1);
         let waker = self.waker();
         tokio::task::spawn_blocking(move || {
-            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| {
-                let msg = p
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| p.downcast_ref::<String>().cloned())
-                    .unwrap_or_default();
-                BlockingError::Panicked(msg)
-            });
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+                .map_err(|p| BlockingError::Panicked(super::actor::panic_message(&*p)));
             let _ = tx.send(result);
             waker.wake(token);
         });
@@ -124,6 +118,7 @@ impl<S: Session> Handler<Wake> for ConnectionActor<S> {
     type Result = ();
 
     fn handle(&mut self, msg: Wake, _: &mut Context<Self>) {
+        let _guard = crate::runtime::poller::AbortOnUnwind::new("connection actor");
         self.conn().with_session(|s, cx| s.on_wake(cx, msg.0));
     }
 }

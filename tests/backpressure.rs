@@ -1,0 +1,279 @@
+//! Peers that do not keep up their side of flow control: a plain verbs client that
+//! floods raw-echo with SENDs and never posts a receive, a framed client that never
+//! returns credits, one that sends beyond its credits, and one that returns more
+//! credits than could exist. Each connection is closed with a reason naming what went
+//! wrong, and the server's memory stays bounded while it happens.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rdmactor::blocking::{self, Endpoint, EndpointOptions};
+use rdmactor::proto::frame::{FrameKind, Header, HEADER_LEN};
+use rdmactor::proto::hello::{Hello, Welcome, PROTOCOL_VERSION};
+use rdmactor::runtime::{Message, PeerInfo, Server, Service, Session, SessionCx, SessionError};
+use rdmactor::verbs::{Access, MemoryRegion, ProtectionDomain, RecvWr};
+use rdmactor_services::echo::RawEcho;
+use rdmactor_tests::{
+    actix_run, assert_released, eventually, flood_sends, rdma_context, resource_counts, rss_kib,
+    test_addr, wait_idle, Recorded,
+};
+
+/// Runs `client` on its own thread (it blocks) while this thread keeps the server's
+/// actors going, and returns its result.
+async fn off_thread<T: Send + 'static>(client: impl FnOnce() -> T + Send + 'static) -> T {
+    let handle = std::thread::spawn(client);
+    while !handle.is_finished() {
+        actix_rt::time::sleep(Duration::from_millis(10)).await;
+    }
+    handle.join().expect("client thread")
+}
+
+fn has(reasons: &Mutex<Vec<String>>, what: &str) -> bool {
+    reasons.lock().unwrap().iter().any(|r| r.contains(what))
+}
+
+#[test]
+fn raw_peer_that_never_receives_is_closed_and_server_memory_stays_bounded() {
+    let Some(ctx) = rdma_context() else { return };
+    let base = resource_counts();
+    actix_run(async {
+        let (service, reasons) = Recorded::new(RawEcho::default());
+        // A bound below the default (4096 sends): under Soft-RoCE the flood stalls after
+        // about 1,000 to 2,000 SENDs once the server's replies sit in RNR retries (rxe
+        // stops completing the client's SENDs; not understood yet), before the default
+        // bound is reached.
+        let config = rdmactor::runtime::NodeConfig {
+            max_queued_sends: 512,
+            ..Default::default()
+        };
+        let server = Server::builder()
+            .config(config)
+            .listen(test_addr(), Some("raw-echo"))
+            .service("raw-echo", service)
+            .start()
+            .expect("server");
+        let addr = server.local_addrs()[0];
+        let before = rss_kib();
+        let (ctx, seen) = (ctx.clone(), reasons.clone());
+        let (sent, peak) = off_thread(move || {
+            let pd = ProtectionDomain::new(&ctx).unwrap();
+            let mut out = MemoryRegion::register(&pd, 4096, Access::NONE).unwrap();
+            let ep =
+                blocking::connect(&pd, addr, &EndpointOptions::default(), &[], |_| Ok(())).unwrap();
+            // 100,000 SENDs of 4 KiB and not one receive posted: every echo meets RNR
+            // (retried forever, rnr_retry_count 7), so the server's replies pile up.
+            let mut peak = 0;
+            let sent = flood_sends(
+                &ep,
+                &mut out,
+                4096,
+                100_000,
+                32,
+                |i, b| {
+                    if i % 4096 == 0 {
+                        peak = peak.max(rss_kib());
+                    }
+                    if i % 1024 == 0 && std::env::var_os("RDMACTOR_PROGRESS").is_some() {
+                        eprintln!("raw flood: {i} SENDs posted, RSS {} KiB", rss_kib());
+                    }
+                    b[0] = i as u8;
+                },
+                || !seen.lock().unwrap().is_empty(),
+            );
+            drop(ep);
+            (sent, peak.max(rss_kib()))
+        })
+        .await;
+        let grown = peak.saturating_sub(before);
+        println!("raw flood: {sent} SENDs completed, server RSS grew by {grown} KiB");
+        eventually(
+            "the flooding connection to close",
+            Duration::from_secs(30),
+            || {
+                let reasons = reasons.clone();
+                async move { has(&reasons, "peer not receiving") }
+            },
+        )
+        .await;
+        assert!(
+            grown < 64 * 1024,
+            "RSS grew by {grown} KiB while {sent} replies were refused: {:?}",
+            reasons.lock().unwrap()
+        );
+        wait_idle(&server, "connections to close", Duration::from_secs(30)).await;
+        server.shutdown().await;
+    });
+    assert_released(&base);
+}
+
+/// A framed service answering every message with its bytes.
+struct Mirror;
+
+impl Service for Mirror {
+    fn session(&self, _peer: &PeerInfo) -> Box<dyn Session> {
+        Box::new(MirrorSession)
+    }
+}
+
+struct MirrorSession;
+
+impl Session for MirrorSession {
+    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
+        let data = msg.data.clone();
+        cx.reply(&msg, data)
+    }
+}
+
+/// A framed rdmactor connection made by hand: the hello, `depth` receives of 4 KiB
+/// posted (so the server's frames never meet RNR) and the server's advertised depth.
+fn framed_connect(
+    pd: &ProtectionDomain,
+    addr: std::net::SocketAddr,
+) -> (Endpoint, u16, Vec<MemoryRegion>) {
+    let depth = 16u16;
+    let hello = Hello {
+        version: PROTOCOL_VERSION,
+        service: "mirror".into(),
+        recv_depth: depth,
+        recv_size: 4096,
+    }
+    .encode()
+    .unwrap();
+    let recv: Vec<MemoryRegion> = (0..depth)
+        .map(|_| MemoryRegion::register(pd, 4096, Access::LOCAL_WRITE).unwrap())
+        .collect();
+    let ep = blocking::connect(pd, addr, &EndpointOptions::default(), &hello, |qp| {
+        for (i, mr) in recv.iter().enumerate() {
+            qp.post_recv(&[RecvWr {
+                wr_id: 1_000_000 + i as u64,
+                local: Some(mr.sge_all()),
+            }])?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    let server_depth = Welcome::decode(&ep.peer_data).expect("welcome").recv_depth;
+    (ep, server_depth, recv)
+}
+
+fn frame(b: &mut [u8], credits: u32, body_len: usize) {
+    Header {
+        kind: FrameKind::Data,
+        credits,
+        len: body_len as u32,
+        tag: 7,
+    }
+    .encode(&mut b[..HEADER_LEN]);
+}
+
+/// Starts a `mirror` server recording its close reasons.
+fn mirror_server() -> (Server, std::net::SocketAddr, Arc<Mutex<Vec<String>>>) {
+    let (service, reasons) = Recorded::new(Mirror);
+    let server = Server::builder()
+        .listen(test_addr(), None)
+        .service("mirror", service)
+        .start()
+        .expect("server");
+    let addr = server.local_addrs()[0];
+    (server, addr, reasons)
+}
+
+#[test]
+fn framed_peer_sending_beyond_its_credits_is_closed_as_a_protocol_violation() {
+    let Some(ctx) = rdma_context() else { return };
+    let base = resource_counts();
+    actix_run(async {
+        let (server, addr, reasons) = mirror_server();
+        let before = rss_kib();
+        let (ctx, seen) = (ctx.clone(), reasons.clone());
+        let (sent, depth, peak) = off_thread(move || {
+            let pd = ProtectionDomain::new(&ctx).unwrap();
+            let (ep, depth, _recv) = framed_connect(&pd, addr);
+            let mut out = MemoryRegion::register(&pd, 4096, Access::NONE).unwrap();
+            // Never returns a credit (header credits 0) and ignores its own: sends as
+            // fast as the server reposts. The server's replies can never go out.
+            let mut peak = 0;
+            let sent = flood_sends(
+                &ep,
+                &mut out,
+                1024,
+                100_000,
+                32,
+                |i, b| {
+                    if i % 4096 == 0 {
+                        peak = peak.max(rss_kib());
+                    }
+                    frame(b, 0, 1024 - HEADER_LEN)
+                },
+                || !seen.lock().unwrap().is_empty(),
+            );
+            (sent, depth, peak.max(rss_kib()))
+        })
+        .await;
+        let grown = peak.saturating_sub(before);
+        println!(
+            "framed flood: {sent} frames completed (server depth {depth}), RSS grew by {grown} KiB"
+        );
+        eventually("the connection to close", Duration::from_secs(30), || {
+            let reasons = reasons.clone();
+            async move { !reasons.lock().unwrap().is_empty() }
+        })
+        .await;
+        let got = reasons.lock().unwrap().clone();
+        assert!(
+            got[0].contains("protocol violation") && got[0].contains("credit"),
+            "{got:?}"
+        );
+        // Its own depth, the grants the server's replies carried (at most one depth's
+        // worth before the server runs out of credits) and the 32 SENDs in flight.
+        assert!(
+            sent <= 2 * depth as usize + 32,
+            "{sent} frames accepted from a peer with {depth} credits"
+        );
+        assert!(grown < 64 * 1024, "RSS grew by {grown} KiB");
+        wait_idle(&server, "connections to close", Duration::from_secs(30)).await;
+        server.shutdown().await;
+    });
+    assert_released(&base);
+}
+
+#[test]
+fn framed_peer_returning_impossible_credits_is_closed_as_a_protocol_violation() {
+    let Some(ctx) = rdma_context() else { return };
+    let base = resource_counts();
+    actix_run(async {
+        let (server, addr, reasons) = mirror_server();
+        let (ctx, seen) = (ctx.clone(), reasons.clone());
+        off_thread(move || {
+            let pd = ProtectionDomain::new(&ctx).unwrap();
+            let (ep, _depth, _recv) = framed_connect(&pd, addr);
+            let mut out = MemoryRegion::register(&pd, 4096, Access::NONE).unwrap();
+            // One frame granting u32::MAX credits: the server never granted us a frame
+            // to answer with, let alone four billion (this overflowed its counter).
+            flood_sends(
+                &ep,
+                &mut out,
+                HEADER_LEN + 4,
+                1,
+                1,
+                |_, b| frame(b, u32::MAX, 4),
+                || !seen.lock().unwrap().is_empty(),
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        })
+        .await;
+        eventually("the connection to close", Duration::from_secs(30), || {
+            let reasons = reasons.clone();
+            async move { !reasons.lock().unwrap().is_empty() }
+        })
+        .await;
+        let got = reasons.lock().unwrap().clone();
+        assert!(
+            got[0].contains("protocol violation") && got[0].contains("credits"),
+            "{got:?}"
+        );
+        wait_idle(&server, "connections to close", Duration::from_secs(30)).await;
+        server.shutdown().await;
+    });
+    assert_released(&base);
+}
