@@ -14,8 +14,8 @@ use rdmactor::runtime::{Message, PeerInfo, Server, Service, Session, SessionCx, 
 use rdmactor::verbs::{Access, MemoryRegion, ProtectionDomain, RecvWr};
 use rdmactor_services::echo::RawEcho;
 use rdmactor_tests::{
-    actix_run, assert_released, eventually, flood_sends, rdma_context, resource_counts, rss_kib,
-    test_addr, wait_idle, Recorded,
+    actix_run, assert_released, eventually, first_close_reason, flood_sends, rdma_context,
+    resource_counts, rss_kib, test_addr, wait_idle, Recorded,
 };
 
 /// Runs `client` on its own thread (it blocks) while this thread keeps the server's
@@ -214,14 +214,9 @@ fn framed_peer_sending_beyond_its_credits_is_closed_as_a_protocol_violation() {
         println!(
             "framed flood: {sent} frames completed (server depth {depth}), RSS grew by {grown} KiB"
         );
-        eventually("the connection to close", Duration::from_secs(30), || {
-            let reasons = reasons.clone();
-            async move { !reasons.lock().unwrap().is_empty() }
-        })
-        .await;
-        let got = reasons.lock().unwrap().clone();
+        let got = first_close_reason(&reasons, Duration::from_secs(30)).await;
         assert!(
-            got[0].contains("protocol violation") && got[0].contains("credit"),
+            got.contains("protocol violation") && got.contains("credit"),
             "{got:?}"
         );
         // Its own depth, the grants the server's replies carried (at most one depth's
@@ -262,14 +257,9 @@ fn framed_peer_returning_impossible_credits_is_closed_as_a_protocol_violation() 
             std::thread::sleep(Duration::from_millis(200));
         })
         .await;
-        eventually("the connection to close", Duration::from_secs(30), || {
-            let reasons = reasons.clone();
-            async move { !reasons.lock().unwrap().is_empty() }
-        })
-        .await;
-        let got = reasons.lock().unwrap().clone();
+        let got = first_close_reason(&reasons, Duration::from_secs(30)).await;
         assert!(
-            got[0].contains("protocol violation") && got[0].contains("credits"),
+            got.contains("protocol violation") && got.contains("credits"),
             "{got:?}"
         );
         wait_idle(&server, "connections to close", Duration::from_secs(30)).await;

@@ -11,7 +11,6 @@
 //!
 //! The misbehaving peers are plain verbs clients speaking rdmactor's frames by hand.
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rdmactor::blocking::{self, EndpointOptions};
@@ -23,10 +22,7 @@ use rdmactor::runtime::{
 };
 use rdmactor::verbs::{Access, MemoryRegion, ProtectionDomain, RecvWr, SendOp, SendWr};
 use rdmactor_services::echo::Discard;
-use rdmactor_tests::{actix_run, eventually, rdma_context, test_addr};
-
-/// Why each of a service's connections closed.
-type Reasons = Arc<Mutex<Vec<String>>>;
+use rdmactor_tests::{actix_run, eventually, first_close_reason, rdma_context, test_addr, Reasons};
 
 /// Answers every message with `reply_len` bytes (by rendezvous when large) and records
 /// why its connections close.
@@ -158,13 +154,7 @@ fn oversized_rendezvous_offers_are_refused_without_registration() {
             drop(back);
         });
         join(plain).await;
-        eventually(
-            "the connection to close",
-            Duration::from_secs(10),
-            || async { !reasons.lock().unwrap().is_empty() },
-        )
-        .await;
-        let reason = reasons.lock().unwrap()[0].clone();
+        let reason = first_close_reason(&reasons, Duration::from_secs(10)).await;
         assert!(
             reason.contains("rendezvous offer of 1073741824 bytes exceeds the connection's budget"),
             "closed for: {reason}"
@@ -252,13 +242,7 @@ fn rendezvous_replies_never_released_are_reclaimed_at_the_deadline() {
             "the reply is registered until Done or deadline"
         );
         join(plain).await;
-        eventually(
-            "the connection to close",
-            Duration::from_secs(10),
-            || async { !reasons.lock().unwrap().is_empty() },
-        )
-        .await;
-        let reason = reasons.lock().unwrap()[0].clone();
+        let reason = first_close_reason(&reasons, Duration::from_secs(10)).await;
         assert!(
             reason.contains("not released by the peer (no Done) within 2s"),
             "closed for: {reason}"

@@ -400,3 +400,18 @@ pub fn flood_sends(
     }
     done
 }
+
+/// Close reasons a test service records (see [`Recorded`]).
+pub type Reasons = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+
+/// Waits until a connection recorded in `reasons` has closed, and returns the first
+/// reason.
+pub async fn first_close_reason(reasons: &Reasons, within: Duration) -> String {
+    eventually("the connection to close", within, || {
+        let reasons = reasons.clone();
+        async move { !reasons.lock().unwrap().is_empty() }
+    })
+    .await;
+    let first = reasons.lock().unwrap()[0].clone();
+    first
+}
