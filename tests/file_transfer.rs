@@ -420,6 +420,14 @@ fn a_killed_sender_leaves_no_file_and_the_server_keeps_serving() {
             Duration::from_secs(30),
         )
         .await;
+        // The temporary file is removed by the service's reaper thread, off the
+        // poller: soon after the connection goes, not necessarily before.
+        eventually(
+            "the temporary file to be removed",
+            Duration::from_secs(10),
+            || async { names(&store).is_empty() },
+        )
+        .await;
         assert_eq!(names(&store), set(&[]), "no file, no temporary file");
 
         let client = Client::start(NodeConfig::default()).expect("client");

@@ -13,7 +13,7 @@ use super::endpoint::{unexpected, Endpoint, Outcome, Output};
 use super::error::{Result, TransferError};
 use super::hash::Hasher;
 use super::name::validate_name;
-use super::store::{StoreError, TempFile};
+use super::store::{Reaper, StoreError, TempFile};
 use super::wire::{
     chunk_count, chunk_len, BadReason, FileOffer, HashAlg, Msg, RejectReason, RemoteWindow,
     WindowGrant, MAX_CHUNKS,
@@ -30,6 +30,9 @@ struct Committing {
     digest: super::wire::Digest,
     /// Taken by the driver (`take_commit`); dropping it unused removes the temporary file.
     temp: Option<TempFile>,
+    /// The hash did not match: the temporary file is [abandoned](TempFile::abandon), its
+    /// commit removes it, and the verdict is BAD with this digest whatever the commit did.
+    mismatch: Option<super::wire::Digest>,
 }
 
 /// Where received chunks go, in order: the running hash and the temporary file. It
@@ -200,6 +203,8 @@ pub struct Receiver {
     /// The ID the last GOOD upload proved: its file name, if the file was new and not
     /// empty. Taken by the one `Identify` that may follow.
     proved_id: Option<String>,
+    /// Given to each temporary file (see [`TempFile::set_reaper`]).
+    reaper: Option<Reaper>,
 }
 
 impl Receiver {
@@ -210,7 +215,14 @@ impl Receiver {
             state: State::AwaitOffer,
             out: VecDeque::new(),
             proved_id: None,
+            reaper: None,
         }
+    }
+
+    /// Hands the temporary files this receiver abandons (a failure, a dropped receiver)
+    /// to `reaper` to remove instead of removing them on the thread that drops them.
+    pub fn set_reaper(&mut self, reaper: Reaper) {
+        self.reaper = Some(reaper);
     }
 
     /// A receiver that asks for `name` hashed with `alg` (the client of a download) and
@@ -286,7 +298,7 @@ impl Receiver {
             });
         }
         let slots = u64::from(config.slots.max(1)).min(chunks.max(1)) as u32;
-        let temp = match TempFile::create(&config.dir, &offer.name, overwrite) {
+        let mut temp = match TempFile::create(&config.dir, &offer.name, overwrite) {
             Ok(t) => t,
             Err(StoreError::Exists(_)) => return self.reject(RejectReason::Exists),
             Err(e) => {
@@ -295,6 +307,9 @@ impl Receiver {
                 })
             }
         };
+        if let Some(reaper) = &self.reaper {
+            temp.set_reaper(reaper.clone());
+        }
         let inc = Box::new(Incoming {
             sink: Some(Box::new(Sink {
                 hasher: Hasher::new(offer.digest.alg),
@@ -341,14 +356,16 @@ impl Receiver {
             self.out.push_back(Output::Revoke);
         }
         let Incoming { offer, sink, .. } = *inc;
-        let Sink { hasher, temp } = *sink.expect("checked above");
+        let Sink { hasher, mut temp } = *sink.expect("checked above");
         let got = hasher.finalize();
-        if got != offer.digest {
-            drop(temp);
-            self.verdict(Err(BadReason::Mismatch { got }));
-            return Ok(());
-        }
-        // fsync and rename block: the driver runs them elsewhere and reports back.
+        // A mismatch goes the way of a commit too, so that the temporary file is
+        // removed off this thread and before BAD tells the peer it is gone.
+        let mismatch = (got != offer.digest).then(|| {
+            temp.abandon();
+            got
+        });
+        // fsync and rename (or removal) block: the driver runs them elsewhere and
+        // reports back.
         self.out.push_back(Output::Commit);
         self.state = State::Committing(Box::new(Committing {
             name: offer.name,
@@ -356,6 +373,7 @@ impl Receiver {
             len: offer.len,
             digest: got,
             temp: Some(temp),
+            mismatch,
         }));
         Ok(())
     }
@@ -562,6 +580,17 @@ impl Endpoint for Receiver {
     ) -> Result<()> {
         match mem::replace(&mut self.state, State::Failed) {
             State::Committing(c) => {
+                if let Some(got) = c.mismatch {
+                    if let Some(e) = result
+                        .as_ref()
+                        .err()
+                        .filter(|e| !matches!(e, StoreError::Abandoned(_)))
+                    {
+                        tracing::warn!(error = %e, "cannot remove the temporary file of a mismatch");
+                    }
+                    self.verdict(Err(BadReason::Mismatch { got }));
+                    return Ok(());
+                }
                 if result.is_ok() && c.len > 0 && !c.overwrite {
                     self.proved_id = Some(c.name.clone());
                 }
@@ -904,13 +933,38 @@ mod tests {
         granted(&mut r, 4);
         r.handle_chunk(0, b"abcX").unwrap();
         r.handle_msg(Msg::Done).unwrap();
+        // The removal goes the way of a commit, before the verdict.
+        let mut before = Vec::new();
+        while let Some(out) = r.poll_output() {
+            if out == Output::Consume {
+                let job = r.take_consume().expect("chunks to consume");
+                r.handle_consumed(job.run()).unwrap();
+            } else {
+                before.push(out);
+            }
+        }
+        assert_eq!(
+            before,
+            vec![Output::Revoke, Output::Commit],
+            "BAD waits for the removal"
+        );
+        let temp = r.take_commit().expect("the abandoned file");
+        assert!(temp.is_abandoned());
+        assert_eq!(
+            entries(dir.path()).len(),
+            1,
+            "still there until the job runs"
+        );
+        assert!(matches!(temp.commit(), Err(StoreError::Abandoned(_))));
+        assert!(entries(dir.path()).is_empty(), "removed by the job");
+        r.handle_committed(Err(StoreError::NotFound("x".into())))
+            .unwrap();
         let out = drain(&mut r);
         let got = hash_bytes(HashAlg::Sha256, b"abcX");
         let reason = BadReason::Mismatch { got };
         assert_eq!(
             out,
             vec![
-                Output::Revoke,
                 Output::Send(Msg::Bad {
                     reason: reason.clone()
                 }),

@@ -12,6 +12,7 @@ use super::endpoint::{ChunkWrite, Endpoint, Outcome, Output, PrepareFetch};
 use super::error::Result;
 use super::receiver::Receiver;
 use super::sender::Sender;
+use super::store::Reaper;
 use super::wire::{Msg, RejectReason, RemoteWindow};
 
 #[derive(Debug)]
@@ -41,6 +42,8 @@ pub struct Server {
     owned: HashSet<String>,
     /// Outputs of a role that was replaced, and fetch refusals.
     out: VecDeque<Output>,
+    /// Given to every upload's receiver (see [`Receiver::set_reaper`]).
+    reaper: Option<Reaper>,
 }
 
 impl Server {
@@ -51,7 +54,15 @@ impl Server {
             role: Role::Idle,
             owned: HashSet::new(),
             out: VecDeque::new(),
+            reaper: None,
         }
+    }
+
+    /// Has every upload's abandoned temporary file removed by `reaper` rather than on
+    /// the thread that drops it (see [`Receiver::set_reaper`]).
+    pub fn with_reaper(mut self, reaper: Reaper) -> Server {
+        self.reaper = Some(reaper);
+        self
     }
 
     fn role(&self) -> Option<&dyn Endpoint> {
@@ -100,6 +111,9 @@ impl Endpoint for Server {
                     offer.overwrite = false;
                 }
                 let mut r = Receiver::new(Arc::clone(&self.config));
+                if let Some(reaper) = &self.reaper {
+                    r.set_reaper(reaper.clone());
+                }
                 let res = r.handle_msg(Msg::Offer(offer));
                 self.role = Role::Receive(r);
                 res

@@ -30,7 +30,7 @@ use super::endpoint::{Endpoint, Outcome, Output};
 use super::error::{Result, TransferError};
 use super::receiver::Consumed;
 use super::server::Server;
-use super::store::StoreError;
+use super::store::{Reaper, StoreError};
 use super::wire::{Msg, RejectReason, RemoteWindow};
 
 /// The file-transfer service (register it as `files`): uploads into
@@ -43,10 +43,15 @@ use super::wire::{Msg, RejectReason, RemoteWindow};
 /// offer or verdict goes out when they are done. So do hashing and appending received
 /// chunks: each chunk is copied out of the window on the poller thread (a memcpy) and
 /// consumed by a job, one at a time per transfer; a slot is acked once its chunk is
-/// consumed, which bounds what waits to the window.
+/// consumed, which bounds what waits to the window. The temporary file of an upload
+/// whose hash did not match is removed by the commit job, before BAD goes out; one
+/// abandoned otherwise (an error, a closed connection) goes to the service's
+/// [`Reaper`] thread.
 #[derive(Debug, Clone)]
 pub struct FileTransfer {
     config: Arc<Config>,
+    /// Removes the temporary files of failed or abandoned uploads off the poller.
+    reaper: Reaper,
 }
 
 impl FileTransfer {
@@ -74,8 +79,14 @@ impl FileTransfer {
         if swept > 0 {
             tracing::info!(dir = %config.dir.display(), swept, "removed temporary files left by a crash");
         }
+        let reaper = Reaper::start().map_err(|source| StoreError::Io {
+            op: "spawn the temporary-file reaper for",
+            path: config.dir.clone(),
+            source,
+        })?;
         Ok(FileTransfer {
             config: Arc::new(config),
+            reaper,
         })
     }
 
@@ -88,7 +99,7 @@ impl FileTransfer {
 impl Service for FileTransfer {
     fn session(&self, peer: &PeerInfo) -> Box<dyn Session> {
         Box::new(FileSession {
-            server: Some(Server::new(Arc::clone(&self.config))),
+            server: Some(Server::new(Arc::clone(&self.config)).with_reaper(self.reaper.clone())),
             peer: peer
                 .addr
                 .map_or_else(|| format!("qp {}", peer.qp_num), |a| a.to_string()),
@@ -106,8 +117,9 @@ impl Service for FileTransfer {
 
 /// One connection's driver.
 struct FileSession {
-    /// `None` once the connection closed: dropping the state machine removes the
-    /// temporary file of an unfinished upload right away, not when the actor goes.
+    /// `None` once the connection closed: dropping the state machine hands the
+    /// temporary file of an unfinished upload to the reaper right away, not when the
+    /// actor goes.
     server: Option<Server>,
     /// For logs.
     peer: String,

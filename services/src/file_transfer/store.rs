@@ -2,7 +2,11 @@
 //! file in the destination directory (`.NAME.rdmactor-tmp-XXXXXXXXXXXXXXXX`), fsynced,
 //! and only then given the final name, after which the directory is fsynced too. A
 //! [`TempFile`] that is dropped without [`commit`](TempFile::commit) (BAD, abort, a
-//! connection that died) removes its temporary file.
+//! connection that died) removes its temporary file: at once, or on a [`Reaper`]'s
+//! thread if it was given one, so that a slow disk does not stall the thread that drops
+//! it (the server's poller). A file whose hash did not match is
+//! [abandoned](TempFile::abandon) instead: its `commit` removes it, so the driver that
+//! runs commits off the poller removes it too, before the verdict goes out.
 //!
 //! Without `overwrite`, the final name is created with `link(2)`, which fails if the
 //! name exists, so a file that appeared during the transfer is never replaced. With
@@ -15,6 +19,8 @@ use std::hash::{BuildHasher, Hasher as _};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::thread;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::name::{validate_name, NameError, MAX_NAME_LEN, TEMP_MARKER};
@@ -35,6 +41,9 @@ pub enum StoreError {
     /// No regular file of that name (missing, a directory, a symlink, ...).
     #[error("{} is not a regular file", .0.display())]
     NotFound(PathBuf),
+    /// The file was [abandoned](TempFile::abandon): `commit` removed it.
+    #[error("{} abandoned", .0.display())]
+    Abandoned(PathBuf),
     /// A file-system call failed.
     #[error("{op} {} failed: {source}", path.display())]
     Io {
@@ -67,6 +76,44 @@ pub struct TempFile {
     written: u64,
     /// The temporary name still exists (until commit or removal).
     temp_exists: bool,
+    /// `commit` removes the file instead of naming it.
+    abandoned: bool,
+    /// Where Drop sends the temporary file to be removed; `None`: removed in Drop.
+    reaper: Option<Reaper>,
+}
+
+/// A thread that closes and removes abandoned temporary files, so that whoever drops a
+/// [`TempFile`] does not wait for the disk ([`TempFile::set_reaper`]). Cloning shares
+/// the thread; it ends when the last clone and the last file handed to it are gone.
+#[derive(Debug, Clone)]
+pub struct Reaper {
+    tx: mpsc::Sender<(Option<File>, PathBuf)>,
+}
+
+impl Reaper {
+    /// Starts the thread.
+    ///
+    /// # Errors
+    ///
+    /// The thread cannot be spawned.
+    pub fn start() -> io::Result<Reaper> {
+        let (tx, rx) = mpsc::channel::<(Option<File>, PathBuf)>();
+        thread::Builder::new()
+            .name("files-reaper".into())
+            .spawn(move || {
+                for (file, path) in rx {
+                    drop(file);
+                    remove_temp(&path);
+                }
+            })?;
+        Ok(Reaper { tx })
+    }
+}
+
+fn remove_temp(path: &Path) {
+    if let Err(e) = fs::remove_file(path) {
+        tracing::warn!(path = %path.display(), error = %e, "cannot remove temporary file");
+    }
 }
 
 impl TempFile {
@@ -102,7 +149,25 @@ impl TempFile {
             overwrite,
             written: 0,
             temp_exists: true,
+            abandoned: false,
+            reaper: None,
         })
+    }
+
+    /// From now on, dropping this file without a commit hands its removal to `reaper`.
+    pub fn set_reaper(&mut self, reaper: Reaper) {
+        self.reaper = Some(reaper);
+    }
+
+    /// Marks the file as not to be kept: [`commit`](Self::commit) then removes it and
+    /// returns [`StoreError::Abandoned`].
+    pub fn abandon(&mut self) {
+        self.abandoned = true;
+    }
+
+    /// Whether [`abandon`](Self::abandon) was called.
+    pub fn is_abandoned(&self) -> bool {
+        self.abandoned
     }
 
     /// Appends bytes.
@@ -138,9 +203,19 @@ impl TempFile {
     ///
     /// # Errors
     ///
-    /// [`StoreError::Exists`] if the name appeared meanwhile (without overwrite), or
-    /// the failing file-system call.
+    /// [`StoreError::Exists`] if the name appeared meanwhile (without overwrite),
+    /// [`StoreError::Abandoned`] (after removing it) for an abandoned file, or the
+    /// failing file-system call.
     pub fn commit(mut self) -> Result<PathBuf, StoreError> {
+        if self.abandoned {
+            self.file.take();
+            if self.temp_exists {
+                // On error Drop tries again.
+                fs::remove_file(&self.temp).map_err(io_err("remove", &self.temp))?;
+                self.temp_exists = false;
+            }
+            return Err(StoreError::Abandoned(self.temp.clone()));
+        }
         let file = self.file.take().expect("open until commit");
         file.sync_all().map_err(io_err("fsync", &self.temp))?;
         drop(file);
@@ -184,12 +259,18 @@ impl TempFile {
 
 impl Drop for TempFile {
     fn drop(&mut self) {
-        self.file.take();
-        if self.temp_exists {
-            if let Err(e) = fs::remove_file(&self.temp) {
-                tracing::warn!(path = %self.temp.display(), error = %e, "cannot remove temporary file");
+        let file = self.file.take();
+        if !self.temp_exists {
+            return;
+        }
+        if let Some(reaper) = &self.reaper {
+            match reaper.tx.send((file, self.temp.clone())) {
+                Ok(()) => return,
+                // The thread is gone: remove it here.
+                Err(mpsc::SendError((file, _))) => drop(file),
             }
         }
+        remove_temp(&self.temp);
     }
 }
 
@@ -334,6 +415,42 @@ pub(crate) mod tests {
         t.write_all(b"partial").unwrap();
         drop(t);
         assert!(entries(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn a_reaper_removes_dropped_temps_on_its_own_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let reaper = Reaper::start().unwrap();
+        let mut t = TempFile::create(dir.path(), "f", false).unwrap();
+        t.set_reaper(reaper.clone());
+        t.write_all(b"partial").unwrap();
+        drop(t);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !entries(dir.path()).is_empty() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the reaper removes it"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        // A committed file is not the reaper's business.
+        let mut t = TempFile::create(dir.path(), "g", false).unwrap();
+        t.set_reaper(reaper);
+        t.write_all(b"whole").unwrap();
+        t.commit().unwrap();
+        assert_eq!(entries(dir.path()), vec!["g".to_string()]);
+    }
+
+    #[test]
+    fn an_abandoned_file_is_removed_by_commit_and_never_named() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("f"), b"good").unwrap();
+        let mut t = TempFile::create(dir.path(), "f", true).unwrap();
+        t.write_all(b"bad").unwrap();
+        t.abandon();
+        assert!(matches!(t.commit(), Err(StoreError::Abandoned(_))));
+        assert_eq!(entries(dir.path()), vec!["f".to_string()]);
+        assert_eq!(fs::read(dir.path().join("f")).unwrap(), b"good");
     }
 
     #[test]
