@@ -593,6 +593,22 @@ fn fetched_files_match_the_served_ones() {
         .await
         .expect("fetch");
         assert_eq!(outcome, Outcome::Rejected(RejectReason::Exists));
+        // Through a small window: 81 chunks, each read on the server's blocking pool
+        // (one at a time) and its slot reused, still in order and verified.
+        let small = scratch.sub("out-small");
+        let opts = FetchOptions {
+            slots: 2,
+            slot_len: 64 << 10,
+            ..FetchOptions::default()
+        };
+        let outcome = fetch_file(&conn, &client, "five", &small, &opts, |_| {})
+            .await
+            .expect("fetch through a small window");
+        assert!(
+            matches!(&outcome, Outcome::Stored { len, .. } if *len == 5 * MIB + 7),
+            "{outcome:?}"
+        );
+        assert_eq!(sha256_file(&small.join("five")), shas[0], "five differs");
         let outcome = fetch_file(
             &conn,
             &client,

@@ -206,6 +206,28 @@ pub trait Endpoint {
         Err(unexpected(self, format!("fill of chunk {}", chunk.index)))
     }
 
+    /// Sender: the chunk of an [`Output::WriteChunk`] to read off the thread that serves
+    /// the connection, instead of [`fill_chunk`](Self::fill_chunk). One at a time; the
+    /// outputs after the `WriteChunk` wait for [`handle_read`](Self::handle_read).
+    ///
+    /// # Errors
+    ///
+    /// Not the next chunk, or a read is out already.
+    fn take_read(&mut self, chunk: &ChunkWrite) -> Result<super::sender::ReadJob> {
+        Err(unexpected(self, format!("read of chunk {}", chunk.index)))
+    }
+
+    /// Sender: what a [`ReadJob`](super::sender::ReadJob) read; returns the chunk's
+    /// bytes, to copy into its [`ChunkWrite::range`] of the staging buffer and post.
+    ///
+    /// # Errors
+    ///
+    /// The source failed or was short, or a read that was not handed out.
+    fn handle_read(&mut self, read: super::sender::ChunkRead) -> Result<Vec<u8>> {
+        let _ = read;
+        Err(unexpected(self, "a chunk read".into()))
+    }
+
     /// Sender: the WRITE of chunk `index` completed locally.
     ///
     /// # Errors

@@ -94,7 +94,8 @@ impl Pipeline {
 /// only chunks that were written.
 pub struct Sender {
     offer: FileOffer,
-    source: Box<dyn Read + Send>,
+    /// `None` while a [`ReadJob`] has it.
+    source: Option<Box<dyn Read + Send>>,
     identity: Option<String>,
     max_window: u64,
     state: State,
@@ -126,7 +127,7 @@ impl Sender {
         out.push_back(Output::Send(Msg::Offer(offer.clone())));
         Ok(Sender {
             offer,
-            source,
+            source: Some(source),
             identity: None,
             max_window: Config::DEFAULT_MAX_WINDOW,
             state: State::Offered,
@@ -325,6 +326,52 @@ impl Sender {
         Ok(())
     }
 
+    /// Checks that `chunk` is the next one to fill and `len` its length; returns its
+    /// offset in the file.
+    fn check_fill(&mut self, chunk: &ChunkWrite, len: usize) -> Result<u64> {
+        let ok_state = !matches!(self.state, State::Offered | State::Failed);
+        let Some(p) = self.pipe.as_mut().filter(|_| ok_state) else {
+            let e = unexpected(self, format!("fill of chunk {}", chunk.index));
+            return self.fail(e);
+        };
+        let index = u64::from(chunk.index);
+        if index != p.filled || index >= p.issued {
+            let e = TransferError::Driver(format!(
+                "fill of chunk {}, expected chunk {} (issued {})",
+                chunk.index, p.filled, p.issued
+            ));
+            return self.fail(e);
+        }
+        let expected = chunk_len(self.offer.len, p.grant.slot_len, index);
+        if len != expected as usize || chunk.len != expected {
+            let e = TransferError::Driver(format!(
+                "chunk {} is {expected} bytes, given {len} to fill",
+                chunk.index,
+            ));
+            return self.fail(e);
+        }
+        Ok(index * u64::from(p.grant.slot_len))
+    }
+
+    /// Counts the next chunk as filled (so it may be acknowledged), or fails with the
+    /// source's error.
+    fn filled(&mut self, at: u64, result: io::Result<()>) -> Result<()> {
+        if let Some(p) = self.pipe.as_mut() {
+            p.filled += 1;
+        }
+        if let Err(e) = result {
+            let e = match e.kind() {
+                io::ErrorKind::UnexpectedEof => TransferError::SourceTruncated {
+                    at,
+                    len: self.offer.len,
+                },
+                _ => TransferError::Source(e),
+            };
+            return self.fail(e);
+        }
+        Ok(())
+    }
+
     fn ack(&mut self, next: u32) -> Result<()> {
         let bad = |why: String| TransferError::BadAck { next, why };
         let Some(p) = &mut self.pipe else {
@@ -344,6 +391,64 @@ impl Sender {
         }
         p.acked = n;
         self.issue()
+    }
+}
+
+/// One chunk to read from the file, off the thread that serves the connection: it owns
+/// the sender's source while it runs. Get it with [`Endpoint::take_read`] for an
+/// [`Output::WriteChunk`], run it, and hand the result to [`Endpoint::handle_read`],
+/// which gives back the bytes to copy into the chunk's range of the staging buffer.
+pub struct ReadJob {
+    source: Box<dyn Read + Send>,
+    index: u32,
+    at: u64,
+    len: u32,
+}
+
+impl std::fmt::Debug for ReadJob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadJob")
+            .field("index", &self.index)
+            .field("at", &self.at)
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ReadJob {
+    /// Reads the chunk (blocks on the file).
+    pub fn run(mut self) -> ChunkRead {
+        let mut bytes = vec![0; self.len as usize];
+        let result = self.source.read_exact(&mut bytes).map(|()| bytes);
+        ChunkRead {
+            source: self.source,
+            index: self.index,
+            at: self.at,
+            result,
+        }
+    }
+
+    /// The chunk it reads.
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+}
+
+/// What a [`ReadJob`] read: hand it to [`Endpoint::handle_read`].
+pub struct ChunkRead {
+    source: Box<dyn Read + Send>,
+    index: u32,
+    at: u64,
+    result: io::Result<Vec<u8>>,
+}
+
+impl std::fmt::Debug for ChunkRead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChunkRead")
+            .field("index", &self.index)
+            .field("at", &self.at)
+            .field("result", &self.result.as_ref().map(Vec::len))
+            .finish_non_exhaustive()
     }
 }
 
@@ -454,41 +559,84 @@ impl Endpoint for Sender {
     }
 
     fn fill_chunk(&mut self, chunk: &ChunkWrite, dst: &mut [u8]) -> Result<()> {
-        let ok_state = !matches!(self.state, State::Offered | State::Failed);
-        let Some(p) = self.pipe.as_mut().filter(|_| ok_state) else {
-            let e = unexpected(self, format!("fill of chunk {}", chunk.index));
+        let at = self.check_fill(chunk, dst.len())?;
+        let Some(source) = self.source.as_mut() else {
+            let e = TransferError::Driver(format!(
+                "fill of chunk {} while a read job has the source",
+                chunk.index
+            ));
             return self.fail(e);
         };
-        let index = u64::from(chunk.index);
-        if index != p.filled || index >= p.issued {
+        let result = source.read_exact(dst);
+        self.filled(at, result)
+    }
+
+    fn take_read(&mut self, chunk: &ChunkWrite) -> Result<ReadJob> {
+        let at = self.check_fill(chunk, chunk.len as usize)?;
+        let Some(source) = self.source.take() else {
             let e = TransferError::Driver(format!(
-                "fill of chunk {}, expected chunk {} (issued {})",
-                chunk.index, p.filled, p.issued
+                "read of chunk {} while another read job has the source",
+                chunk.index
             ));
             return self.fail(e);
-        }
-        let len = chunk_len(self.offer.len, p.grant.slot_len, index);
-        if dst.len() != len as usize || chunk.len != len {
-            let e = TransferError::Driver(format!(
-                "chunk {} is {len} bytes, given {} to fill",
-                chunk.index,
-                dst.len()
-            ));
+        };
+        Ok(ReadJob {
+            source,
+            index: chunk.index,
+            at,
+            len: chunk.len,
+        })
+    }
+
+    fn handle_read(&mut self, read: ChunkRead) -> Result<Vec<u8>> {
+        let ChunkRead {
+            source,
+            index,
+            at,
+            result,
+        } = read;
+        if self.source.is_some() {
+            let e =
+                TransferError::Driver(format!("a read of chunk {index} that was never handed out"));
             return self.fail(e);
         }
-        let at = index * u64::from(p.grant.slot_len);
-        p.filled += 1;
-        if let Err(e) = self.source.read_exact(dst) {
-            let e = match e.kind() {
-                io::ErrorKind::UnexpectedEof => TransferError::SourceTruncated {
-                    at,
-                    len: self.offer.len,
-                },
-                _ => TransferError::Source(e),
-            };
+        self.source = Some(source);
+        let chunk = self.pipe.as_ref().map(|p| {
+            let len = chunk_len(self.offer.len, p.grant.slot_len, u64::from(index));
+            ChunkWrite {
+                index,
+                slot: 0,
+                offset: 0,
+                len,
+                remote: p.grant.region,
+            }
+        });
+        // The same checks as when it was handed out: still the next chunk to fill.
+        let Some(chunk) = chunk else {
+            let e = unexpected(self, format!("read of chunk {index}"));
+            return self.fail(e);
+        };
+        let checked = self.check_fill(&chunk, chunk.len as usize)?;
+        if checked != at {
+            let e =
+                TransferError::Driver(format!("read of chunk {index} at the wrong offset {at}"));
             return self.fail(e);
         }
-        Ok(())
+        match result {
+            Ok(bytes) if bytes.len() == chunk.len as usize => {
+                self.filled(at, Ok(()))?;
+                Ok(bytes)
+            }
+            Ok(bytes) => {
+                let e = TransferError::Driver(format!(
+                    "read of chunk {index} gave {} bytes, not {}",
+                    bytes.len(),
+                    chunk.len
+                ));
+                self.fail(e)
+            }
+            Err(e) => self.filled(at, Err(e)).map(|()| Vec::new()),
+        }
     }
 
     fn handle_write_done(&mut self, index: u32) -> Result<()> {
@@ -768,6 +916,93 @@ mod tests {
         };
         assert!(matches!(
             s.fill_chunk(&c, &mut [0; 8]),
+            Err(TransferError::SourceTruncated { at: 0, len: 8 })
+        ));
+    }
+
+    #[test]
+    fn read_jobs_fill_chunks_in_order_off_the_state_machine() {
+        let data = b"abcdefghij"; // 3 chunks of 4 through 2 slots
+        let mut s = sender(data);
+        drain(&mut s);
+        s.handle_msg(grant(2, 4)).unwrap();
+        let out = drain(&mut s);
+        let chunks: Vec<ChunkWrite> = out
+            .iter()
+            .filter_map(|o| match o {
+                Output::WriteChunk(c) => Some(*c),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(chunks.len(), 2);
+        let job = s.take_read(&chunks[0]).unwrap();
+        assert_eq!(job.index(), 0);
+        // The job owns what it needs: it runs with the state machine borrowed elsewhere.
+        let read = std::thread::spawn(move || job.run()).join().unwrap();
+        assert_eq!(s.handle_read(read).unwrap(), b"abcd");
+        let read = s.take_read(&chunks[1]).unwrap().run();
+        assert_eq!(s.handle_read(read).unwrap(), b"efgh");
+        s.handle_msg(Msg::Ack { next: 2 }).unwrap();
+        s.handle_write_done(0).unwrap();
+        let out = drain(&mut s);
+        let Some(Output::WriteChunk(c2)) = out.first().cloned() else {
+            panic!("{out:?}")
+        };
+        assert_eq!((c2.index, c2.len), (2, 2));
+        // Done follows the last WriteChunk: a driver holds it back until the read.
+        assert_eq!(out.get(1), Some(&Output::Send(Msg::Done)));
+        let read = s.take_read(&c2).unwrap().run();
+        assert_eq!(s.handle_read(read).unwrap(), b"ij");
+    }
+
+    #[test]
+    fn a_chunk_not_yet_read_cannot_be_acked_or_read_twice() {
+        let mut s = sender(b"abcdefgh");
+        drain(&mut s);
+        s.handle_msg(grant(2, 4)).unwrap();
+        let out = drain(&mut s);
+        let [_, Output::WriteChunk(c0), Output::WriteChunk(c1), _] = out.as_slice() else {
+            panic!("{out:?}")
+        };
+        let (c0, c1) = (*c0, *c1);
+        let _job = s.take_read(&c0).unwrap();
+        // Its read is out: the peer cannot have it yet.
+        assert!(matches!(
+            s.handle_msg(Msg::Ack { next: 1 }),
+            Err(TransferError::BadAck { .. })
+        ));
+
+        let mut s = sender(b"abcdefgh");
+        drain(&mut s);
+        s.handle_msg(grant(2, 4)).unwrap();
+        drain(&mut s);
+        let _job = s.take_read(&c0).unwrap();
+        assert!(matches!(s.take_read(&c1), Err(TransferError::Driver(_))));
+        let mut s = sender(b"abcdefgh");
+        drain(&mut s);
+        s.handle_msg(grant(2, 4)).unwrap();
+        drain(&mut s);
+        assert!(s.take_read(&c1).is_err(), "chunk 1 before chunk 0");
+    }
+
+    #[test]
+    fn a_short_source_is_an_error_in_a_read_job_too() {
+        let offer = FileOffer {
+            name: "f".into(),
+            len: 8,
+            digest: hash_bytes(HashAlg::Sha256, b"abcdefgh"),
+            overwrite: false,
+        };
+        let mut s = Sender::new(offer, Box::new(Cursor::new(b"abcd".to_vec()))).unwrap();
+        drain(&mut s);
+        s.handle_msg(grant(1, 8)).unwrap();
+        let out = drain(&mut s);
+        let Output::WriteChunk(c) = out[1] else {
+            panic!()
+        };
+        let read = s.take_read(&c).unwrap().run();
+        assert!(matches!(
+            s.handle_read(read),
             Err(TransferError::SourceTruncated { at: 0, len: 8 })
         ));
     }

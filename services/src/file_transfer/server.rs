@@ -233,6 +233,23 @@ impl Endpoint for Server {
         }
     }
 
+    fn take_read(&mut self, chunk: &ChunkWrite) -> Result<super::sender::ReadJob> {
+        match self.role_mut() {
+            Some(ep) => ep.take_read(chunk),
+            None => Err(super::endpoint::unexpected(
+                self,
+                format!("read of chunk {}", chunk.index),
+            )),
+        }
+    }
+
+    fn handle_read(&mut self, read: super::sender::ChunkRead) -> Result<Vec<u8>> {
+        match self.role_mut() {
+            Some(ep) => ep.handle_read(read),
+            None => Err(super::endpoint::unexpected(self, "a chunk read".into())),
+        }
+    }
+
     fn take_consume(&mut self) -> Option<super::receiver::ConsumeJob> {
         self.role_mut().and_then(|ep| ep.take_consume())
     }

@@ -26,9 +26,10 @@ use rdmactor::runtime::{
 use rdmactor::verbs::{Access, RemoteRegion};
 
 use super::config::Config;
-use super::endpoint::{Endpoint, Outcome, Output};
+use super::endpoint::{ChunkWrite, Endpoint, Outcome, Output};
 use super::error::{Result, TransferError};
 use super::receiver::Consumed;
+use super::sender::ChunkRead;
 use super::server::Server;
 use super::store::{Reaper, StoreError};
 use super::wire::{Msg, RejectReason, RemoteWindow};
@@ -46,7 +47,8 @@ use super::wire::{Msg, RejectReason, RemoteWindow};
 /// consumed, which bounds what waits to the window. The temporary file of an upload
 /// whose hash did not match is removed by the commit job, before BAD goes out; one
 /// abandoned otherwise (an error, a closed connection) goes to the service's
-/// [`Reaper`] thread.
+/// [`Reaper`] thread. A download's chunks are read from the file on the blocking pool
+/// too, one at a time, and copied into the staging buffer and posted when read.
 #[derive(Debug, Clone)]
 pub struct FileTransfer {
     config: Arc<Config>,
@@ -111,6 +113,7 @@ impl Service for FileTransfer {
             consume: None,
             prepare: None,
             closed: Arc::new(AtomicBool::new(false)),
+            reading: None,
         })
     }
 }
@@ -145,6 +148,9 @@ struct FileSession {
     prepare: Option<Blocking<std::result::Result<super::sender::Sender, RejectReason>>>,
     /// Set when the connection closes, so that a fetch being hashed stops reading.
     closed: Arc<AtomicBool>,
+    /// The chunk of a download being read on the blocking pool; its WRITE is posted,
+    /// and the state machine's later outputs carried out, when the read is done.
+    reading: Option<(ChunkWrite, Blocking<ChunkRead>)>,
 }
 
 /// The `on_wake` token of a finished commit.
@@ -153,6 +159,8 @@ const COMMIT_DONE: u64 = 1;
 const PREPARED: u64 = 2;
 /// The `on_wake` token of consumed chunks.
 const CONSUMED: u64 = 3;
+/// The `on_wake` token of a chunk read for a download.
+const CHUNK_READ: u64 = 4;
 
 fn fail(e: TransferError) -> SessionError {
     SessionError::new(format!("file transfer: {e}"))
@@ -176,8 +184,12 @@ impl FileSession {
         self.server.as_mut().ok_or_else(closed)
     }
 
-    /// Carries out every pending output, in order (see [`Endpoint`]).
+    /// Carries out every pending output, in order (see [`Endpoint`]), until one waits
+    /// for a chunk read.
     fn drive(&mut self, cx: &mut SessionCx<'_>) -> std::result::Result<(), SessionError> {
+        if self.reading.is_some() {
+            return Ok(());
+        }
         while let Some(out) = self.server()?.poll_output() {
             match out {
                 Output::Send(msg) => cx.send(0, msg.encode())?,
@@ -203,27 +215,14 @@ impl FileSession {
                     self.staging = Some(cx.register(len, Access::NONE)?);
                 }
                 Output::WriteChunk(chunk) => {
-                    let buf = self
-                        .staging
-                        .ok_or_else(|| SessionError::new("file transfer: chunk before Stage"))?;
-                    let range = chunk.range();
-                    let dst = cx
-                        .bytes_mut(buf)?
-                        .get_mut(range.clone())
-                        .ok_or_else(|| SessionError::new("file transfer: chunk outside stage"))?;
-                    let server = self.server.as_mut().ok_or_else(closed)?;
-                    server.fill_chunk(&chunk, dst).map_err(fail)?;
-                    let op = cx.post(Op::Write {
-                        buf,
-                        range,
-                        dst: RemoteRegion {
-                            addr: chunk.remote.addr,
-                            len: chunk.remote.len,
-                            rkey: chunk.remote.rkey,
-                        },
-                        imm: Some(chunk.imm()),
-                    })?;
-                    self.writes.insert(op, (self.transfer, chunk.index));
+                    if self.staging.is_none() {
+                        return Err(SessionError::new("file transfer: chunk before Stage"));
+                    }
+                    // Read on the blocking pool; the outputs after this one (more
+                    // chunks, `Done`) wait for it, so they keep their order.
+                    let job = self.server()?.take_read(&chunk).map_err(fail)?;
+                    self.reading = Some((chunk, cx.spawn_blocking(CHUNK_READ, move || job.run())));
+                    return Ok(());
                 }
                 Output::Consume => {
                     if let Some(job) = self.server()?.take_consume() {
@@ -257,6 +256,37 @@ impl FileSession {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Copies a chunk read off the poller into its range of the staging buffer (a
+    /// memcpy) and posts its WRITE_WITH_IMM.
+    fn post_chunk(
+        &mut self,
+        cx: &mut SessionCx<'_>,
+        chunk: &ChunkWrite,
+        bytes: &[u8],
+    ) -> std::result::Result<(), SessionError> {
+        let buf = self
+            .staging
+            .ok_or_else(|| SessionError::new("file transfer: chunk before Stage"))?;
+        let range = chunk.range();
+        cx.bytes_mut(buf)?
+            .get_mut(range.clone())
+            .filter(|dst| dst.len() == bytes.len())
+            .ok_or_else(|| SessionError::new("file transfer: chunk outside stage"))?
+            .copy_from_slice(bytes);
+        let op = cx.post(Op::Write {
+            buf,
+            range,
+            dst: RemoteRegion {
+                addr: chunk.remote.addr,
+                len: chunk.remote.len,
+                rkey: chunk.remote.rkey,
+            },
+            imm: Some(chunk.imm()),
+        })?;
+        self.writes.insert(op, (self.transfer, chunk.index));
         Ok(())
     }
 
@@ -332,6 +362,22 @@ impl Session for FileSession {
         cx: &mut SessionCx<'_>,
         token: u64,
     ) -> std::result::Result<(), SessionError> {
+        if token == CHUNK_READ {
+            let Some(result) = self
+                .reading
+                .as_ref()
+                .and_then(|(_, blocking)| blocking.try_take())
+            else {
+                return Ok(());
+            };
+            let (chunk, _) = self.reading.take().expect("checked above");
+            let read = result.map_err(|e| {
+                SessionError::new(format!("file transfer: reading chunk {}: {e}", chunk.index))
+            })?;
+            let bytes = self.server()?.handle_read(read).map_err(fail)?;
+            self.post_chunk(cx, &chunk, &bytes)?;
+            return self.drive(cx);
+        }
         if token == CONSUMED {
             let Some(result) = self.consume.as_ref().and_then(Blocking::try_take) else {
                 return Ok(());
@@ -387,5 +433,6 @@ impl Session for FileSession {
             }
         }
         self.writes.clear();
+        self.reading = None;
     }
 }
