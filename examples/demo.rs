@@ -135,7 +135,7 @@ async fn run(args: Args) -> Result<()> {
             "files",
             FileTransfer::new(FilesConfig::new(&store).with_secret(ID, SECRET))?,
         )
-        .service("read", ReadService::new(regions))
+        .service("read", ReadService::new(regions.clone()))
         .service("lambda", lambda_service())
         .service(
             "ingest",
@@ -143,6 +143,8 @@ async fn run(args: Args) -> Result<()> {
         )
         .start()
         .context("starting the server (is there an RDMA device? run scripts/demo)")?;
+    // Register the read regions now, on this thread, not on the poller at first lookup.
+    regions.register_all(server.protection_domain())?;
     println!(
         "server: echo, files, read, lambda, ingest on {addr}; rping on {rping_addr} (pid {})",
         std::process::id()

@@ -205,7 +205,7 @@ fn main() -> Result<()> {
             .service("pingpong", PingPongService)
             .service("rping", Rping::default())
             .service("lambda", lambda_service())
-            .service("read", ReadService::new(regions))
+            .service("read", ReadService::new(regions.clone()))
             .service(
                 "ingest",
                 IngestService::new(
@@ -227,6 +227,10 @@ fn main() -> Result<()> {
             builder = builder.listen(*addr, default.as_deref());
         }
         let server = builder.start().context("starting the server")?;
+        // Files given with --region are pinned now, not on the poller at first lookup.
+        regions
+            .register_all(server.protection_domain())
+            .context("registering the read regions")?;
         for addr in server.local_addrs() {
             println!("listening on {addr}");
         }

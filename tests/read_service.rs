@@ -236,7 +236,18 @@ fn static_regions_read_plainly_and_reads_past_the_end_fail() {
         regions.add_file("file", &file).unwrap();
         regions.add_static("small", b"0123456789".to_vec()).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
-        let (server, addr, client) = serve("read", ReadService::new(regions));
+        let (server, addr, client) = serve("read", ReadService::new(regions.clone()));
+        // Registered up front, from this thread: two more MRs before any client asks
+        // (otherwise the first lookup would pin them on the poller thread).
+        let before = resource_counts().get("mr");
+        regions.register_all(server.protection_domain()).unwrap();
+        assert_eq!(
+            resource_counts().get("mr"),
+            before + 2,
+            "both regions registered"
+        );
+        regions.register_all(server.protection_domain()).unwrap();
+        assert_eq!(resource_counts().get("mr"), before + 2, "registered once");
         let conn = client.connect(addr, "read").await.expect("connect");
 
         assert_eq!(read::list(&conn).await.unwrap(), ["file", "small"]);

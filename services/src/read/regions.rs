@@ -325,6 +325,29 @@ impl ReadRegions {
         names
     }
 
+    /// Registers every region added so far on `pd` (the server's:
+    /// [`Server::protection_domain`](rdmactor::runtime::Server::protection_domain)), from
+    /// the calling thread. Without it a region is registered when a client first looks it
+    /// up, on the poller thread that also runs every other connection's actor: pinning a
+    /// large file or buffer there stalls them all for as long as it takes. Regions added
+    /// later are registered on first use as before.
+    ///
+    /// # Errors
+    /// [`RegionError::Register`] for the first region whose registration fails.
+    pub fn register_all(&self, pd: &ProtectionDomain) -> Result<(), RegionError> {
+        let regions: Vec<Arc<Region>> = self
+            .regions
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect();
+        for region in regions {
+            region.shared(pd)?;
+        }
+        Ok(())
+    }
+
     pub(crate) fn get(&self, name: &str) -> Option<Arc<Region>> {
         self.regions
             .read()
