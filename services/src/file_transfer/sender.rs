@@ -899,8 +899,8 @@ mod tests {
         assert!(s.handle_write_done(0).is_err(), "completion before fill");
     }
 
-    #[test]
-    fn a_short_source_is_an_error() {
+    /// A sender whose source holds 4 of the 8 bytes it offered, with its one chunk due.
+    fn short_source() -> (Sender, ChunkWrite) {
         let offer = FileOffer {
             name: "f".into(),
             len: 8,
@@ -914,6 +914,12 @@ mod tests {
         let Output::WriteChunk(c) = out[1] else {
             panic!()
         };
+        (s, c)
+    }
+
+    #[test]
+    fn a_short_source_is_an_error() {
+        let (mut s, c) = short_source();
         assert!(matches!(
             s.fill_chunk(&c, &mut [0; 8]),
             Err(TransferError::SourceTruncated { at: 0, len: 8 })
@@ -987,19 +993,7 @@ mod tests {
 
     #[test]
     fn a_short_source_is_an_error_in_a_read_job_too() {
-        let offer = FileOffer {
-            name: "f".into(),
-            len: 8,
-            digest: hash_bytes(HashAlg::Sha256, b"abcdefgh"),
-            overwrite: false,
-        };
-        let mut s = Sender::new(offer, Box::new(Cursor::new(b"abcd".to_vec()))).unwrap();
-        drain(&mut s);
-        s.handle_msg(grant(1, 8)).unwrap();
-        let out = drain(&mut s);
-        let Output::WriteChunk(c) = out[1] else {
-            panic!()
-        };
+        let (mut s, c) = short_source();
         let read = s.take_read(&c).unwrap().run();
         assert!(matches!(
             s.handle_read(read),
