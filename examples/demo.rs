@@ -398,7 +398,7 @@ async fn files(addr: SocketAddr, work: &Path, store: &Path) -> Result<Row> {
     let source = work.join(ID);
     let content = pattern(4 << 20, 42);
     std::fs::write(&source, &content)?;
-    let child = Command::new(sibling("ft")?)
+    let mut child = Command::new(sibling("ft")?)
         .args(["--addr", &addr.to_string(), "send", "--id", ID])
         .arg(&source)
         .stdin(Stdio::null())
@@ -407,12 +407,12 @@ async fn files(addr: SocketAddr, work: &Path, store: &Path) -> Result<Row> {
         .spawn()
         .context("starting ft")?;
     println!("      ft --addr {addr} send --id {ID} {ID}   (4 MiB, SHA-256)");
-    let mut procs = vec![Proc {
+    let mut stdout = child.stdout.take().context("ft stdout")?;
+    let ft = Proc {
         what: "ft send".into(),
         child,
-    }];
-    let mut stdout = procs[0].child.stdout.take().context("ft stdout")?;
-    let (_, failed) = wait_all(std::mem::take(&mut procs), Duration::from_secs(120)).await?;
+    };
+    let (_, failed) = wait_all(vec![ft], Duration::from_secs(120)).await?;
     let mut out = String::new();
     std::io::Read::read_to_string(&mut stdout, &mut out)?;
     ensure!(failed.is_empty(), "{}; stdout: {out}", failed.join("; "));

@@ -45,16 +45,18 @@ apt_install() {
     # Lock::Timeout waits for another apt/dpkg run instead of failing at once.
     local apt=("${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -y -q
         -o DPkg::Lock::Timeout=1800 -o APT::Sandbox::User=root)
-    local log
+    apt_quietly "$who" "${apt[@]}" update || return 1
+    apt_quietly "$who" "${apt[@]}" install --no-install-recommends "${missing[@]}" || return 1
+}
+
+# apt_quietly WHO CMD...: runs an apt command with its output kept aside, and shows the
+# end of that output only when it fails.
+apt_quietly() {
+    local who=$1 log
+    shift
     log=$(mktemp)
-    if ! "${apt[@]}" update >"$log" 2>&1; then
-        echo "$who: apt-get update failed:" >&2
-        tail -n 20 "$log" >&2
-        rm -f "$log"
-        return 1
-    fi
-    if ! "${apt[@]}" install --no-install-recommends "${missing[@]}" >"$log" 2>&1; then
-        echo "$who: apt-get install ${missing[*]} failed:" >&2
+    if ! "$@" >"$log" 2>&1; then
+        echo "$who: '${*}' failed:" >&2
         tail -n 20 "$log" >&2
         rm -f "$log"
         return 1

@@ -871,6 +871,15 @@ mod tests {
         }
     }
 
+    /// [`invoke`] of the test module on an empty input, asking for `wished`.
+    fn invoke_with_limits(wished: WireLimits) -> LambdaRequest {
+        let mut req = invoke(LambdaRef::Module(hash()), 0, 100);
+        if let LambdaRequest::Invoke { limits, .. } = &mut req {
+            *limits = Some(wished);
+        }
+        req
+    }
+
     fn hash() -> ModuleHash {
         ModuleHash::of(b"module")
     }
@@ -937,16 +946,7 @@ mod tests {
             wall_clock: Duration::from_secs(60),
             max_output: 10,
         };
-        inv.handle_request(
-            1,
-            LambdaRequest::Invoke {
-                lambda: LambdaRef::Module(hash()),
-                input: region(1, 10),
-                input_len: 0,
-                output: region(2, 100),
-                limits: Some(wished.into()),
-            },
-        );
+        inv.handle_request(1, invoke_with_limits(wished.into()));
         let acts = actions(&mut inv);
         let [Action::Run {
             work: Work::Module(_, limits),
@@ -977,16 +977,7 @@ mod tests {
             wall_clock_ms: 0,
             max_output: 10,
         };
-        inv.handle_request(
-            1,
-            LambdaRequest::Invoke {
-                lambda: LambdaRef::Module(hash()),
-                input: region(1, 10),
-                input_len: 0,
-                output: region(2, 100),
-                limits: Some(wished),
-            },
-        );
+        inv.handle_request(1, invoke_with_limits(wished));
         let acts = actions(&mut inv);
         let [Action::Run {
             work: Work::Module(_, limits),
