@@ -11,6 +11,8 @@
 
 #[path = "report.rs"]
 mod report;
+#[path = "transport.rs"]
+mod transport;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -37,6 +39,8 @@ struct Args {
     busy_poll: bool,
     #[command(subcommand)]
     run: Run,
+    #[command(flatten)]
+    transport: transport::Transport,
 }
 
 #[derive(Subcommand)]
@@ -223,7 +227,7 @@ async fn run(args: Args) -> Result<()> {
         } else {
             PollMode::EVENT
         },
-        ..NodeConfig::default()
+        ..args.transport.apply(NodeConfig::default())
     })?;
     match args.run {
         Run::Latency {

@@ -24,6 +24,9 @@
 //! `demo --ip <address of the RDMA interface>`. The exit status is 0 only when every
 //! operation was verified and the server shut down cleanly.
 
+#[path = "transport.rs"]
+mod transport;
+
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -77,6 +80,25 @@ struct Args {
     /// Concurrent one-sided readers of the live region.
     #[arg(long, default_value_t = 8)]
     readers: usize,
+    /// Size of the file the `files` step uploads (and, against a remote server, fetches
+    /// back), in MiB.
+    #[arg(long, default_value_t = 4)]
+    file_mib: usize,
+    /// Only serve (on --ip): print a `ready` line, then serve until SIGINT or SIGTERM,
+    /// shut down cleanly and print what was served. The clients run elsewhere, with
+    /// `--server`.
+    #[arg(long, conflicts_with = "server")]
+    serve: bool,
+    /// Only run the clients, against a `demo --serve` at this address (another host).
+    /// The `files` step then fetches its upload back to compare it, since the store is
+    /// not here to look at.
+    #[arg(long, value_name = "IP")]
+    server: Option<IpAddr>,
+    /// Where `--serve` stores uploads (default: a temporary directory, removed at exit).
+    #[arg(long, requires = "serve")]
+    store: Option<PathBuf>,
+    #[command(flatten)]
+    transport: transport::Transport,
 }
 
 /// The ID whose secret the demo's upload earns: the `files` service releases a secret
@@ -113,44 +135,115 @@ fn main() -> Result<()> {
 async fn run(args: Args) -> Result<()> {
     let started = Instant::now();
     let work = std::env::temp_dir().join(format!("rdmactor-demo-{}", std::process::id()));
-    let store = work.join("store");
-    std::fs::create_dir_all(&store).with_context(|| format!("creating {}", store.display()))?;
+    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    let config = args.transport.apply(NodeConfig::default());
+    let result = if args.serve {
+        serve(&args, config, &work).await
+    } else {
+        demo(&args, config, &work, started).await
+    };
+    let _ = std::fs::remove_dir_all(&work);
+    result
+}
 
-    // --- The server: every service behind one CM actor. ------------------------------
-    let regions = ReadRegions::new();
-    let live = regions.add_buffer_with_copies(
-        "live",
-        (FIRST_VERSION / 2).to_le_bytes().repeat(WORDS),
-        64,
-    )?;
-    let addr = SocketAddr::new(args.ip, args.port);
-    let rping_addr = SocketAddr::new(args.ip, args.rping_port);
-    let server = Server::builder()
-        .listen(addr, None)
-        .listen(rping_addr, Some("rping"))
-        .max_connections(1024)
-        .service("echo", Echo)
-        .service("rping", Rping::default())
-        .service(
-            "files",
-            FileTransfer::new(FilesConfig::new(&store).with_secret(ID, SECRET))?,
-        )
-        .service("read", ReadService::new(regions.clone()))
-        .service("lambda", lambda_service())
-        .service(
-            "ingest",
-            IngestService::new(IngestConfig::default(), Arc::new(|_: Record| {})),
-        )
-        .start()
-        .context("starting the server (is there an RDMA device? run scripts/demo)")?;
-    // Register the read regions now, on this thread, not on the poller at first lookup.
-    regions.register_all(server.protection_domain())?;
-    println!(
-        "server: echo, files, read, lambda, ingest on {addr}; rping on {rping_addr} (pid {})",
-        std::process::id()
-    );
-    let updater = Updater::start(live);
-    let client = Client::start(NodeConfig::default()).context("starting the client node")?;
+/// The demo's server: every service behind one CM actor, and the thread that keeps the
+/// `read` service's live region changing.
+struct DemoServer {
+    server: Server,
+    updater: Updater,
+    store: PathBuf,
+}
+
+impl DemoServer {
+    /// `public_fetch`: any client may fetch any stored file (a client on another host
+    /// fetches its upload back on a new connection to compare it).
+    fn start(args: &Args, config: NodeConfig, store: PathBuf, public_fetch: bool) -> Result<Self> {
+        std::fs::create_dir_all(&store).with_context(|| format!("creating {}", store.display()))?;
+        let regions = ReadRegions::new();
+        let live = regions.add_buffer_with_copies(
+            "live",
+            (FIRST_VERSION / 2).to_le_bytes().repeat(WORDS),
+            64,
+        )?;
+        let addr = SocketAddr::new(args.ip, args.port);
+        let rping_addr = SocketAddr::new(args.ip, args.rping_port);
+        let files = FilesConfig::new(&store)
+            .with_secret(ID, SECRET)
+            .with_public_fetch(public_fetch);
+        let server = Server::builder()
+            .config(config)
+            .listen(addr, None)
+            .listen(rping_addr, Some("rping"))
+            .max_connections(1024)
+            .service("echo", Echo)
+            .service("rping", Rping::default())
+            .service("files", FileTransfer::new(files)?)
+            .service("read", ReadService::new(regions.clone()))
+            .service("lambda", lambda_service())
+            .service(
+                "ingest",
+                IngestService::new(IngestConfig::default(), Arc::new(|_: Record| {})),
+            )
+            .start()
+            .context("starting the server (is there an RDMA device? run scripts/demo)")?;
+        // Register the read regions now, on this thread, not on the poller at first lookup.
+        regions.register_all(server.protection_domain())?;
+        println!(
+            "server: echo, files, read, lambda, ingest on {addr}; rping on {rping_addr} (pid {})",
+            std::process::id()
+        );
+        let updater = Updater::start(live);
+        Ok(DemoServer {
+            server,
+            updater,
+            store,
+        })
+    }
+
+    /// Shuts down (every connection closed, everything released) and says what was served.
+    async fn stop(self) {
+        let updates = self.updater.stop();
+        let stats = self.server.stats().await;
+        self.server.shutdown().await;
+        println!(
+            "server: {} connections accepted, {} rejected, {} closed; the live region was \
+             updated {updates} times; shut down cleanly",
+            stats.accepted, stats.rejected, stats.closed,
+        );
+    }
+}
+
+/// `demo --serve`: the server alone, until SIGINT or SIGTERM.
+async fn serve(args: &Args, config: NodeConfig, work: &Path) -> Result<()> {
+    let store = args.store.clone().unwrap_or_else(|| work.join("store"));
+    let server = DemoServer::start(args, config, store, true)?;
+    println!("ready: serving until SIGINT or SIGTERM");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    server.stop().await;
+    Ok(())
+}
+
+/// The clients' steps, against a server of our own or (`--server`) another host's.
+async fn demo(args: &Args, config: NodeConfig, work: &Path, started: Instant) -> Result<()> {
+    let local = match args.server {
+        Some(_) => None,
+        None => Some(DemoServer::start(
+            args,
+            config.clone(),
+            work.join("store"),
+            false,
+        )?),
+    };
+    let ip = args.server.unwrap_or(args.ip);
+    let addr = SocketAddr::new(ip, args.port);
+    let rping_addr = SocketAddr::new(ip, args.rping_port);
+    let store = local.as_ref().map(|s| s.store.clone());
+    let client = Client::start(config).context("starting the client node")?;
 
     // --- The clients, one step at a time; a failed step is reported, the rest run. ---
     let mut rows = Vec::new();
@@ -172,6 +265,12 @@ async fn run(args: Args) -> Result<()> {
                         "      {}: {} verified in {:.1} s",
                         row.service, row.verified, row.secs
                     );
+                    println!(
+                        "RESULT step={} secs={:.3} verified={}",
+                        row.service,
+                        row.secs,
+                        row.verified.replace(' ', "_")
+                    );
                     rows.push(row);
                 }
                 Err(e) => {
@@ -191,17 +290,20 @@ async fn run(args: Args) -> Result<()> {
         "rping",
         rping(rping_addr, args.rping_clients, args.rping_count)
     );
-    step!(3, "files", files(addr, &work, &store));
+    step!(
+        3,
+        "files",
+        files(addr, work, store.as_deref(), args.file_mib << 20)
+    );
     step!(4, "read", readers(&client, addr, args.readers));
     step!(5, "lambda", lambdas(&client, addr));
-    step!(6, "hostile", hostile(&client, addr, &store));
+    step!(6, "hostile", hostile(&client, addr, store.as_deref()));
 
     // --- Shutdown: clients first, then the server; everything must come back. --------
-    let updates = updater.stop();
     client.shutdown().await;
-    let stats = server.stats().await;
-    server.shutdown().await;
-    let _ = std::fs::remove_dir_all(&work);
+    if let Some(server) = local {
+        server.stop().await;
+    }
 
     println!();
     println!(
@@ -215,14 +317,7 @@ async fn run(args: Args) -> Result<()> {
         );
     }
     println!();
-    println!(
-        "server: {} connections accepted, {} rejected, {} closed; the live region was updated \
-         {updates} times; shut down cleanly after {:.1} s",
-        stats.accepted,
-        stats.rejected,
-        stats.closed,
-        started.elapsed().as_secs_f64()
-    );
+    println!("done in {:.1} s", started.elapsed().as_secs_f64());
     if !failures.is_empty() {
         bail!("{} step(s) failed: {}", failures.len(), failures.join("; "));
     }
@@ -394,45 +489,87 @@ fn sibling(name: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
-async fn files(addr: SocketAddr, work: &Path, store: &Path) -> Result<Row> {
-    let source = work.join(ID);
-    let content = pattern(4 << 20, 42);
-    std::fs::write(&source, &content)?;
+/// Runs the `ft` binary next to this one with `args`; its stdout once it exited 0.
+async fn ft(addr: SocketAddr, args: &[&str]) -> Result<String> {
     let mut child = Command::new(sibling("ft")?)
-        .args(["--addr", &addr.to_string(), "send", "--id", ID])
-        .arg(&source)
+        .arg("--addr")
+        .arg(addr.to_string())
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .context("starting ft")?;
-    println!("      ft --addr {addr} send --id {ID} {ID}   (4 MiB, SHA-256)");
+    println!("      ft --addr {addr} {}", args.join(" "));
     let mut stdout = child.stdout.take().context("ft stdout")?;
-    let ft = Proc {
-        what: "ft send".into(),
+    let proc = Proc {
+        what: format!("ft {}", args[0]),
         child,
     };
-    let (_, failed) = wait_all(vec![ft], Duration::from_secs(120)).await?;
+    let (_, failed) = wait_all(vec![proc], Duration::from_secs(120)).await?;
     let mut out = String::new();
     std::io::Read::read_to_string(&mut stdout, &mut out)?;
     ensure!(failed.is_empty(), "{}; stdout: {out}", failed.join("; "));
+    Ok(out)
+}
+
+/// Uploads `len` bytes with `ft send` and checks them: in the server's store when it is
+/// ours (`store`), else by fetching them back with `ft fetch` (the server on the other
+/// host stored them under a name of this process's own).
+async fn files(addr: SocketAddr, work: &Path, store: Option<&Path>, len: usize) -> Result<Row> {
+    let name = match store {
+        Some(_) => ID.to_owned(),
+        None => format!("demo-{}.bin", std::process::id()),
+    };
+    let source = work.join(&name);
+    let content = pattern(len, 42);
+    std::fs::write(&source, &content)?;
+    let source_arg = source.to_string_lossy().into_owned();
+    let mib = len >> 20;
+    let out = match store {
+        Some(_) => ft(addr, &["send", "--id", ID, &source_arg]).await?,
+        None => ft(addr, &["send", &source_arg]).await?,
+    };
     let good = out
         .lines()
         .find(|l| l.starts_with("GOOD "))
         .with_context(|| format!("no GOOD verdict: {out}"))?;
+    println!("      {good}");
+    let Some(store) = store else {
+        let back = work.join("fetched");
+        std::fs::create_dir_all(&back)?;
+        let back_arg = back.to_string_lossy().into_owned();
+        let out = ft(addr, &["fetch", "--out", &back_arg, &name]).await?;
+        let good = out
+            .lines()
+            .find(|l| l.starts_with("GOOD "))
+            .with_context(|| format!("no GOOD verdict for the fetch: {out}"))?;
+        println!("      {good}");
+        let fetched = std::fs::read(back.join(&name)).context("the fetched file")?;
+        ensure!(
+            fetched == content,
+            "the fetched file differs from the source"
+        );
+        return Ok(Row {
+            service: "files",
+            clients: 2,
+            operations: format!("upload and fetch {mib} MiB"),
+            verified: "GOOD both ways, bytes".into(),
+            secs: 0.0,
+        });
+    };
     let secret = out
         .lines()
         .find_map(|l| l.strip_prefix("SECRET "))
         .with_context(|| format!("no secret released: {out}"))?;
     ensure!(secret == SECRET, "the secret differs: {secret}");
-    println!("      {good}");
     println!("      SECRET {secret}");
     let stored = std::fs::read(store.join(ID)).context("the stored file")?;
     ensure!(stored == content, "the stored file differs from the source");
     Ok(Row {
         service: "files",
         clients: 1,
-        operations: "upload 4 MiB, Identify".into(),
+        operations: format!("upload {mib} MiB, Identify"),
         verified: "GOOD, secret, bytes".into(),
         secs: 0.0,
     })
@@ -563,7 +700,7 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-async fn hostile(client: &Client, addr: SocketAddr, store: &Path) -> Result<Row> {
+async fn hostile(client: &Client, addr: SocketAddr, store: Option<&Path>) -> Result<Row> {
     let mut refused = 0;
 
     // A path trick: the name must stay inside the store. `send_file` would refuse such a
@@ -587,10 +724,13 @@ async fn hostile(client: &Client, addr: SocketAddr, store: &Path) -> Result<Row>
         }
         other => bail!("an offer to store `../escape` was answered {other:?}"),
     }
-    ensure!(
-        !store.with_file_name("escape").exists(),
-        "a file escaped the store"
-    );
+    // (A remote server's store is checked on its host.)
+    if let Some(store) = store {
+        ensure!(
+            !store.with_file_name("escape").exists(),
+            "a file escaped the store"
+        );
+    }
     conn.close().await;
 
     // An rkey that belongs to another connection: a remote access error ends only the

@@ -11,6 +11,9 @@
 //! the offer to the verdict (hashing the file before the offer is not counted), for
 //! scripts/bench. The exit status is 0 only if every file was GOOD.
 
+#[path = "transport.rs"]
+mod transport;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -51,6 +54,8 @@ struct Args {
     service: String,
     #[command(subcommand)]
     cmd: Cmd,
+    #[command(flatten)]
+    transport: transport::Transport,
 }
 
 #[derive(Subcommand)]
@@ -202,7 +207,8 @@ async fn connection(
 }
 
 async fn run(args: Args) -> Result<bool> {
-    let client = Client::start(NodeConfig::default()).context("starting the client")?;
+    let client = Client::start(args.transport.apply(NodeConfig::default()))
+        .context("starting the client")?;
     let mut conn = None;
     let mut all_good = true;
     match &args.cmd {

@@ -8,6 +8,9 @@
 //! clients (rping, lab programs) reach the default service of the port they connect to.
 //! SIGINT or SIGTERM: stop accepting, disconnect everyone, release everything, exit 0.
 
+#[path = "transport.rs"]
+mod transport;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -88,6 +91,8 @@ struct Args {
     /// Repeatable.
     #[arg(long = "region", value_name = "NAME=PATH")]
     regions: Vec<String>,
+    #[command(flatten)]
+    transport: transport::Transport,
 }
 
 /// The `read` service's regions from `--region` (files, loaded read-only).
@@ -186,7 +191,7 @@ fn main() -> Result<()> {
             max_bytes: args.pool_mib << 20,
             ..PoolConfig::default()
         },
-        ..NodeConfig::default()
+        ..args.transport.apply(NodeConfig::default())
     };
     let listeners = args
         .listen

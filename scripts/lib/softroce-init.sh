@@ -4,7 +4,8 @@
 # It loads the modules listed in /lib/modules/order, mounts the host's root
 # filesystem (9p tag "hostroot", read-only) on /newroot and the repository
 # (9p tag "repo", writable) over its own path inside it, brings up Soft-RoCE
-# (rxe0 on the dummy interface rxenet0, 192.0.2.1/24, MTU from softroce_mtu=),
+# (rxe0 on the VM's NIC if qemu gave it one, else on the dummy interface rxenet0;
+# address from softroce_ip=, default 192.0.2.1/24; MTU from softroce_mtu=),
 # then runs the per-run script <repo>/.softroce/runs/<id>/run.sh chrooted into
 # /newroot. The command's stdout/stderr go to the virtio ports "out"/"err",
 # which the host connects to its own stdout/stderr. The exit status is written
@@ -41,12 +42,14 @@ while read -r mod; do
     esac
 done </lib/modules/order
 
-run_id="" mtu=1500
+run_id="" mtu=1500 host=softroce ip=192.0.2.1
 read -r cmdline </proc/cmdline
 for arg in $cmdline; do
     case "$arg" in
         softroce_run=*) run_id=${arg#softroce_run=} ;;
         softroce_mtu=*) mtu=${arg#softroce_mtu=} ;;
+        softroce_host=*) host=${arg#softroce_host=} ;;
+        softroce_ip=*) ip=${arg#softroce_ip=} ;;
     esac
 done
 [ -n "$run_id" ] || fail "no softroce_run= on the kernel command line"
@@ -78,16 +81,31 @@ mount -t tmpfs -o mode=0755 tmpfs $R/run || true
 [ -d "$R$repo_path" ] || mkdir -p "$R$repo_path"
 mount -o bind /repo "$R$repo_path" || fail "cannot bind the repository to $repo_path"
 
-# Networking: nothing leaves the VM (qemu has no NIC); rxe runs over a dummy
-# interface. iproute2 (ip, rdma) comes from the host via the chroot.
-hostname softroce
+# Networking. One VM (scripts/softroce): nothing leaves it (qemu gives it no NIC)
+# and rxe runs over a dummy interface. Two VMs (scripts/wire): rxe runs over the
+# virtio NIC qemu joined to the other host's; this is the only network either has.
+# iproute2 (ip, rdma, tc) comes from the host via the chroot.
+hostname "$host"
 ip link set lo up || fail "cannot bring lo up"
 in_root() { chroot $R /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin "$@"; }
-in_root ip link add rxenet0 type dummy || fail "cannot create rxenet0"
-in_root ip link set rxenet0 mtu "$mtu" || fail "cannot set the MTU of rxenet0 to $mtu"
-in_root ip link set rxenet0 up || fail "cannot bring rxenet0 up"
-in_root ip addr add 192.0.2.1/24 dev rxenet0 || fail "cannot address rxenet0"
-in_root rdma link add rxe0 type rxe netdev rxenet0 || fail "cannot create rxe0"
+netdev=""
+for n in /sys/class/net/*; do
+    # Only a device-backed interface (the virtio NIC) has "device"; lo and the
+    # dummy module's own dummy0 do not.
+    if [ -e "$n/device" ]; then
+        netdev=${n##*/}
+        break
+    fi
+done
+if [ -z "$netdev" ]; then
+    netdev=rxenet0
+    in_root ip link add rxenet0 type dummy || fail "cannot create rxenet0"
+fi
+in_root ip link set "$netdev" mtu "$mtu" || fail "cannot set the MTU of $netdev to $mtu"
+in_root ip link set "$netdev" up || fail "cannot bring $netdev up"
+in_root ip addr add "$ip/24" dev "$netdev" || fail "cannot address $netdev"
+in_root rdma link add rxe0 type rxe netdev "$netdev" || fail "cannot create rxe0"
+echo "$netdev" >"$run/netdev"
 
 # Generous socket limits for many connections (TCP side channels, rdma_cm).
 sysctl_set() { [ -w "/proc/sys/$1" ] && echo "$2" >"/proc/sys/$1"; }

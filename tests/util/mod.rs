@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 use rdmactor::blocking::{self, Endpoint, EndpointOptions, Listener};
 use rdmactor::verbs::{CmId, Context, EventChannel, ProtectionDomain, QueuePair, Result};
 
+pub mod wire;
+
 /// Opens the test device, or returns `None` (test skipped) when there is none and the run
 /// does not require one.
 ///
@@ -75,19 +77,25 @@ pub fn resource_counts() -> ResourceCounts {
         .output()
         .expect("run `rdma resource show` (iproute2)");
     assert!(out.status.success(), "rdma resource show failed: {out:?}");
-    let text = String::from_utf8_lossy(&out.stdout);
-    // "0: rxe0: pd 1 cq 2 qp 1 cm_id 0 mr 0 ctx 0 srq 0": key/value pairs after the name.
-    let line = text.lines().next().unwrap_or_default();
-    let mut counts = BTreeMap::new();
-    let fields: Vec<&str> = line.split_whitespace().skip(2).collect();
-    for pair in fields.chunks(2) {
-        if let [k, v] = pair {
-            if let Ok(v) = v.parse() {
-                counts.insert((*k).to_owned(), v);
+    ResourceCounts::parse(&String::from_utf8_lossy(&out.stdout))
+}
+
+impl ResourceCounts {
+    /// Parses `rdma resource show` output (its first device).
+    pub fn parse(text: &str) -> ResourceCounts {
+        // "0: rxe0: pd 1 cq 2 qp 1 cm_id 0 mr 0 ctx 0 srq 0": key/value pairs after the name.
+        let line = text.lines().next().unwrap_or_default();
+        let mut counts = BTreeMap::new();
+        let fields: Vec<&str> = line.split_whitespace().skip(2).collect();
+        for pair in fields.chunks(2) {
+            if let [k, v] = pair {
+                if let Ok(v) = v.parse() {
+                    counts.insert((*k).to_owned(), v);
+                }
             }
         }
+        ResourceCounts(counts)
     }
-    ResourceCounts(counts)
 }
 
 /// Asserts every tracked count returns to `baseline` (allowing the kernel a few seconds

@@ -246,7 +246,7 @@ impl CmActor {
             responder_resources: ev.initiator_depth.clamp(1, 16),
             initiator_depth: ev.responder_resources.clamp(1, 16),
             rnr_retry_count: self.node.config.rnr_retry_count,
-            ..ConnParam::default()
+            retry_count: self.node.config.retry_count,
         };
         if let Err(e) = id.accept(&param) {
             addr.do_send(CmNotice::Close(CloseReason::Verbs(e.to_string())));
@@ -402,6 +402,7 @@ impl CmActor {
         if let Err(e) = id.connect(&ConnParam {
             private_data: &data,
             rnr_retry_count: self.node.config.rnr_retry_count,
+            retry_count: self.node.config.retry_count,
             ..ConnParam::default()
         }) {
             self.fail_connect(key, ConnectError::Verbs(e.to_string()));

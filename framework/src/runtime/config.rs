@@ -28,6 +28,28 @@ pub struct NodeConfig {
     /// RNR retries this side's sends make (7: forever). Credits keep rdmactor peers from
     /// ever needing them; plain clients may.
     pub rnr_retry_count: u8,
+    /// Transport retries (0..=6) a request makes before it fails with `RetryExceeded`:
+    /// with [`ack_timeout`](Self::ack_timeout), how long a lost packet or a dead peer is
+    /// retried. Given to rdma_cm for both directions of the connection. Not 7: Soft-RoCE
+    /// reads 7 as "retry forever" (as the RNR count does), so a request to a dead host
+    /// would never fail there (seen: `ib_write_bw`, whose retry count is 7, still
+    /// retrying 90 s after its peer's host was killed).
+    pub retry_count: u8,
+    /// Local ACK timeout exponent: 4.096 µs × 2^`ack_timeout` before a request is
+    /// retransmitted (18: 1.07 s, about what rdma_cm derives on RoCE). Short enough that
+    /// a dead peer is noticed within seconds; not much shorter, because a retransmission
+    /// resends everything after the lost packet (go-back-N): across a wire to a slow
+    /// receiver, 268 ms (16) turned queueing delay into retransmission storms (see the
+    /// README's known gaps).
+    pub ack_timeout: u8,
+    /// Probe a connection that has been silent this long (no completion of any kind)
+    /// with a zero-length RDMA WRITE: a live peer's RC transport ACKs it without its
+    /// application doing anything (plain verbs clients included); a dead one makes it
+    /// fail with `RetryExceeded`, and the connection closes with
+    /// [`CloseReason::PeerUnreachable`](super::CloseReason::PeerUnreachable). `None`:
+    /// never probe (a peer that dies while both sides wait would hold its connection
+    /// until the CM notices, which for a host that vanished is never).
+    pub keepalive: Option<Duration>,
     /// Largest framed message a connection sends or accepts (at most
     /// [`MAX_MESSAGE`](super::MAX_MESSAGE)). A peer's rendezvous offer names its length
     /// and the receiver registers that much, so the peer must not choose it freely.
@@ -65,11 +87,64 @@ impl Default for NodeConfig {
             raw_recv_depth: 8,
             send_depth: 64,
             rnr_retry_count: 7,
+            retry_count: 6,
+            ack_timeout: 18,
+            keepalive: Some(Duration::from_secs(5)),
             max_message: 16 << 20,
             rendezvous_budget: 32 << 20,
             rendezvous_deadline: Duration::from_secs(30),
             max_queued_bytes: 16 << 20,
             max_queued_sends: 4096,
         }
+    }
+}
+
+impl NodeConfig {
+    /// How long one request may go unacknowledged before it fails: the first try plus
+    /// `retry_count` retransmissions, each after the ACK timeout. (Soft-RoCE adds up to
+    /// a timer tick per try.)
+    pub fn retry_span(&self) -> Duration {
+        let timeout = Duration::from_nanos(4096u64 << self.ack_timeout.min(31));
+        timeout * (u32::from(self.retry_count.min(6)) + 1)
+    }
+
+    /// The longest a connection to a peer that died silently (host crashed, cable cut)
+    /// stays open: up to two keepalive periods until a probe goes out (silence is checked
+    /// once per period), then the probe's [`retry_span`](Self::retry_span), rounded up to
+    /// whole periods, plus one period (the probe is given up on even if the transport
+    /// never fails it). A connection with requests in flight usually notices after one
+    /// retry span. `None` without keepalive. With the defaults: 2 × 5 s + 2 × 5 s + 5 s =
+    /// 25 s at most; the transport's own verdict (7 × 1.07 s after the probe) comes
+    /// sooner, 12 to 18 s after the peer died.
+    pub fn dead_peer_bound(&self) -> Option<Duration> {
+        self.keepalive.filter(|k| !k.is_zero()).map(|k| {
+            let span_periods = self.retry_span().as_nanos().div_ceil(k.as_nanos()) as u32;
+            k * (2 + span_periods + 1)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dead_peer_bound_adds_two_keepalive_periods_to_the_retry_span() {
+        let cfg = NodeConfig::default();
+        // 4.096 µs × 2^18 = 1.07 s, tried 7 times.
+        assert_eq!(cfg.retry_span(), Duration::from_nanos(4096 << 18) * 7);
+        // Two periods to the probe, 7.5 s of retries (two periods), one more period.
+        assert_eq!(cfg.dead_peer_bound(), Some(Duration::from_secs(25)));
+        let none = NodeConfig {
+            keepalive: None,
+            ..NodeConfig::default()
+        };
+        assert_eq!(none.dead_peer_bound(), None);
+        let max = NodeConfig {
+            ack_timeout: 200,
+            retry_count: 200,
+            ..NodeConfig::default()
+        };
+        assert_eq!(max.retry_span(), Duration::from_nanos(4096 << 31) * 7);
     }
 }

@@ -44,6 +44,12 @@ pub enum CloseReason {
     /// The service session returned an error.
     #[error("session error: {0}")]
     Session(String),
+    /// The peer stopped acknowledging: a request (or a keepalive probe of a silent
+    /// connection) was retransmitted `NodeConfig::retry_count` times without an ACK. The
+    /// peer's host died, or the network between has been down for longer than the retry
+    /// span; either way it may never say goodbye, so this side closes.
+    #[error("peer unreachable: {0}")]
+    PeerUnreachable(String),
     /// A work request failed (the QP is in the error state).
     #[error("work request failed: {0}")]
     Completion(String),

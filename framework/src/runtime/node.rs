@@ -69,6 +69,9 @@ impl Node {
         let qp = id
             .create_qp(&self.pd, cq.cq(), cq.cq(), caps)
             .map_err(|e: VerbsError| e.to_string())?;
+        // Before connect/accept: applied when rdma_cm moves the QP to RTS.
+        id.set_ack_timeout(cfg.ack_timeout)
+            .map_err(|e: VerbsError| e.to_string())?;
         let recv = (0..depth)
             .map(|_| self.pool.lease(size))
             .collect::<std::result::Result<Vec<_>, _>>()
@@ -96,6 +99,8 @@ impl Node {
             max_message: cfg.max_message.min(super::MAX_MESSAGE),
             rendezvous_budget: cfg.rendezvous_budget,
             rendezvous_deadline: cfg.rendezvous_deadline,
+            keepalive: cfg.keepalive,
+            retry_span: cfg.retry_span(),
         });
         core.post_all_receives().map_err(|e| e.to_string())?;
         Ok(core)

@@ -424,6 +424,32 @@ impl CmId {
         Ok(id)
     }
 
+    /// Sets the local ACK timeout of the id's QP to 4.096 µs × 2^`exponent` (the
+    /// exponent is the IB `timeout` attribute, 0..=31). rdma_cm otherwise derives it from
+    /// the path's packet lifetime (about half a second on RoCE). With the QP's retry
+    /// count it bounds how long a request to a dead peer lingers before it fails with
+    /// `RetryExceeded`. Takes effect when the QP reaches RTS: call it before
+    /// [`connect`](Self::connect) or [`accept`](Self::accept).
+    pub fn set_ack_timeout(&self, exponent: u8) -> Result<()> {
+        // librdmacm's option names (rdma_cma.h): level RDMA_OPTION_ID, option
+        // RDMA_OPTION_ID_ACK_TIMEOUT, a u8 value.
+        const RDMA_OPTION_ID: i32 = 0;
+        const RDMA_OPTION_ID_ACK_TIMEOUT: i32 = 3;
+        let mut value = exponent.min(31);
+        // SAFETY: the id is alive; the option value is a valid u8 for the call's duration
+        // and its length is given exactly.
+        let ret = unsafe {
+            rdma_set_option(
+                self.inner.as_ptr(),
+                RDMA_OPTION_ID,
+                RDMA_OPTION_ID_ACK_TIMEOUT,
+                (&mut value as *mut u8).cast(),
+                std::mem::size_of::<u8>(),
+            )
+        };
+        check(Verb::SetOption, ret)
+    }
+
     /// Starts listening; CONNECT_REQUEST events follow on the channel.
     pub fn listen(&self, backlog: i32) -> Result<()> {
         // SAFETY: the id is alive and bound.

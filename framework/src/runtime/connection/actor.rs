@@ -25,7 +25,7 @@ use super::{Core, SessionCx, DRAIN_TIMEOUT};
 use crate::runtime::poller::{self, AbortOnUnwind, Inbox};
 use crate::runtime::service::{Session, SessionError};
 use crate::runtime::CloseReason;
-use crate::verbs::{CmIdKey, WorkCompletion};
+use crate::verbs::{CmIdKey, WcStatus, WorkCompletion};
 
 /// Connection-level notices from the CM actor.
 #[derive(Message, Debug)]
@@ -147,6 +147,36 @@ impl<S: Session> Connection<S> {
         });
     }
 
+    /// Checks the connection's silence once per keepalive period, for as long as it is
+    /// open (see `liveness.rs`).
+    fn arm_keepalive(&mut self) {
+        let Some(period) = self.core.as_ref().and_then(|c| c.liveness.period()) else {
+            return;
+        };
+        let this = self.this.clone();
+        actix::spawn(poller::abort_if_it_panics(
+            "connection keepalive timer",
+            async move {
+                loop {
+                    actix::clock::sleep(period).await;
+                    let Some(conn) = this.upgrade() else {
+                        return;
+                    };
+                    let mut conn = conn.borrow_mut();
+                    let Some(core) = conn.core.as_mut() else {
+                        return;
+                    };
+                    if core.closing.is_some() {
+                        return;
+                    }
+                    if let Err(reason) = core.keepalive_check() {
+                        conn.begin_close(reason);
+                    }
+                }
+            },
+        ));
+    }
+
     pub(crate) fn begin_close(&mut self, reason: CloseReason) {
         let Some(core) = self.core.as_mut() else {
             return;
@@ -228,6 +258,9 @@ impl<S: Session> Connection<S> {
     /// Handles a batch of this connection's completions, in CQ order: operation results
     /// and received messages go to the session, then whatever it queued is posted.
     fn on_completions(&mut self, wcs: &[WorkCompletion]) {
+        if let Some(core) = self.core.as_mut() {
+            core.liveness.heard();
+        }
         for wc in wcs {
             let Some(core) = self.core.as_mut() else {
                 return;
@@ -244,13 +277,15 @@ impl<S: Session> Connection<S> {
                     }
                 }
                 Ok(Some((op, result))) => {
-                    let failed = result.is_err();
+                    let failed = result.as_ref().err().map(|e| match e.completion_status() {
+                        Some(WcStatus::RetryExceeded) => CloseReason::PeerUnreachable(format!(
+                            "{op:?} got no ACK after the transport's retries"
+                        )),
+                        _ => CloseReason::Completion(format!("{op:?} failed: {:?}", wc.status)),
+                    });
                     self.with_session(|s, cx| s.on_op(cx, op, result));
-                    if failed {
-                        self.begin_close(CloseReason::Completion(format!(
-                            "{op:?} failed: {:?}",
-                            wc.status
-                        )));
+                    if let Some(reason) = failed {
+                        self.begin_close(reason);
                     }
                 }
                 Ok(None) => {}
@@ -288,6 +323,7 @@ impl<S: Session> Connection<S> {
                     }
                 }
                 tracing::info!(conn = %self.label, "established");
+                self.arm_keepalive();
                 self.with_session(|s, cx| s.on_established(cx));
             }
             CmNotice::Disconnected => self.begin_close(CloseReason::PeerDisconnected),

@@ -17,6 +17,7 @@ use slab::Slab;
 
 mod actor;
 mod grants;
+mod liveness;
 mod rendezvous;
 mod wake;
 
@@ -26,6 +27,7 @@ pub use grants::{Grant, GrantId};
 pub use wake::{Blocking, BlockingError, SessionWaker};
 
 use self::grants::GrantEntry;
+use self::liveness::{Liveness, Verdict};
 use self::rendezvous::RendezvousOut;
 use self::wake::Wake;
 use super::poller::CqReservation;
@@ -37,7 +39,7 @@ use crate::proto::credits::{CreditError, CreditWindow};
 use crate::proto::frame::{FrameKind, Header, RendezvousOffer, HEADER_LEN};
 use crate::verbs::{
     Access, CmId, MemoryRegion, MemoryWindow, ProtectionDomain, QueuePair, RecvWr, RemoteRegion,
-    SendOp, SendWr, VerbsError, WcOpcode, WorkCompletion,
+    SendOp, SendWr, VerbsError, WcOpcode, WcStatus, WorkCompletion,
 };
 
 /// SENDs up to this size are copied into the work request (the QP's max_inline_data).
@@ -160,6 +162,8 @@ enum Wr {
     Recv(usize),
     /// A memory-window bind (see `SessionCx::register`).
     Bind,
+    /// A keepalive probe: a zero-length RDMA WRITE (see `liveness.rs`).
+    Probe,
     /// A SEND; `seq` orders it among this connection's SENDs (see `Core::unsignaled`).
     Send {
         #[allow(dead_code)]
@@ -282,6 +286,8 @@ pub(crate) struct Core {
     rendezvous_timer: bool,
     closing: Option<CloseReason>,
     established: bool,
+    /// When to probe a silent peer (see `liveness.rs`).
+    liveness: Liveness,
     /// When the QP was created (just before this): the poller tells this QP's
     /// completions from those of an earlier QP with the same number by it.
     created: Instant,
@@ -307,6 +313,8 @@ pub(crate) struct CoreParts {
     pub max_message: usize,
     pub rendezvous_budget: usize,
     pub rendezvous_deadline: Duration,
+    pub keepalive: Option<Duration>,
+    pub retry_span: Duration,
 }
 
 impl Core {
@@ -344,6 +352,7 @@ impl Core {
             rendezvous_timer: false,
             closing: None,
             established: false,
+            liveness: Liveness::new(p.keepalive, p.retry_span),
             created: Instant::now(),
             grants: Slab::new(),
             waker: None,
@@ -374,6 +383,45 @@ impl Core {
 
     pub(crate) fn qp_num(&self) -> u32 {
         self.qp.qp_num()
+    }
+
+    /// The keepalive check, once per period: probes the peer if the connection has been
+    /// silent since the last check (see `liveness.rs`).
+    pub(crate) fn keepalive_check(&mut self) -> Result<(), CloseReason> {
+        if !self.established || self.closing.is_some() {
+            return Ok(());
+        }
+        match self.liveness.check() {
+            Verdict::Fine => return Ok(()),
+            Verdict::Probe => {}
+            Verdict::Unreachable => {
+                return Err(CloseReason::PeerUnreachable(format!(
+                    "a keepalive probe went unanswered for {:?} and nothing else was heard",
+                    self.liveness.unanswered_for()
+                )))
+            }
+        }
+        if self.send_outstanding >= self.send_depth {
+            // A full send queue with nothing completing: its own requests will fail if
+            // the peer is gone.
+            return Ok(());
+        }
+        let slot = self.inflight.vacant_entry();
+        let nothing = RemoteRegion {
+            addr: 0,
+            len: 0,
+            rkey: 0,
+        };
+        let wr = SendWr::new(slot.key() as u64, SendOp::Write(nothing), None);
+        self.qp.post_send(&wr).map_err(CloseReason::from_verbs)?;
+        slot.insert(Wr::Probe);
+        self.send_outstanding += 1;
+        self.liveness.probe_posted();
+        tracing::debug!(
+            qp = self.qp.qp_num(),
+            "silent connection: keepalive probe posted"
+        );
+        Ok(())
     }
 
     /// The poller thread that polls this connection's CQ; its actor must run there.
@@ -858,6 +906,17 @@ impl Core {
         if !matches!(wr, Wr::Recv(_)) {
             self.send_outstanding -= 1;
         }
+        if let Wr::Probe = wr {
+            self.liveness.probe_completed();
+            tracing::debug!(qp = self.qp.qp_num(), status = ?wc.status, "keepalive probe completed");
+            if self.closing.is_some() {
+                return Ok(None);
+            }
+            return match wc.ok() {
+                Ok(_) => Ok(None),
+                Err(e) => Err(CloseReason::from_completion(e)),
+            };
+        }
         if let Wr::Send { seq, signaled, .. } = wr {
             if signaled {
                 self.release_unsignaled(seq);
@@ -866,7 +925,7 @@ impl Core {
                 return Ok(None);
             }
             if let Err(e) = wc.ok() {
-                return Err(CloseReason::Completion(e.to_string()));
+                return Err(CloseReason::from_completion(e));
             }
             self.recycle(wr);
             return Ok(None);
@@ -881,11 +940,11 @@ impl Core {
             return Ok(None);
         }
         if let Err(e) = wc.ok() {
-            return Err(CloseReason::Completion(e.to_string()));
+            return Err(CloseReason::from_completion(e));
         }
         match wr {
             Wr::Recv(slot) => self.handle_recv(slot, wc)?,
-            Wr::Send { .. } | Wr::Op { .. } | Wr::Bind => {}
+            Wr::Send { .. } | Wr::Op { .. } | Wr::Bind | Wr::Probe => {}
             Wr::RendezvousRead {
                 buf,
                 seq,
@@ -1145,5 +1204,15 @@ impl CloseReason {
     }
     pub(crate) fn from_credits(e: CreditError) -> CloseReason {
         CloseReason::Protocol(e.to_string())
+    }
+    /// A failed work request: `PeerUnreachable` when the transport gave up retrying (the
+    /// peer stopped acknowledging), `Completion` for every other status.
+    pub(crate) fn from_completion(e: VerbsError) -> CloseReason {
+        match e.completion_status() {
+            Some(WcStatus::RetryExceeded) => {
+                CloseReason::PeerUnreachable(format!("no ACK after the transport's retries ({e})"))
+            }
+            _ => CloseReason::Completion(e.to_string()),
+        }
     }
 }

@@ -1,0 +1,35 @@
+//! The transport options the example binaries share: how long a lost packet or a dead
+//! peer is retried, and when a silent connection is probed (see `NodeConfig`).
+
+use std::time::Duration;
+
+use rdmactor::runtime::NodeConfig;
+
+/// `--retry-count`, `--ack-timeout`, `--keepalive`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Transport {
+    /// Transport retries before a request to a silent peer fails (0..=6; Soft-RoCE reads
+    /// 7 as forever).
+    #[arg(long, default_value_t = NodeConfig::default().retry_count)]
+    pub retry_count: u8,
+    /// Local ACK timeout exponent: wait 4.096 µs × 2^N for an ACK before retransmitting
+    /// (18: 1.07 s; 20: 4.3 s).
+    #[arg(long, default_value_t = NodeConfig::default().ack_timeout)]
+    pub ack_timeout: u8,
+    /// Probe a connection that has been silent this many seconds, to notice a peer that
+    /// died without a word (0: never).
+    #[arg(long, default_value_t = NodeConfig::default().keepalive.map_or(0.0, |d| d.as_secs_f64()))]
+    pub keepalive: f64,
+}
+
+impl Transport {
+    /// `config` with these options.
+    pub fn apply(&self, config: NodeConfig) -> NodeConfig {
+        NodeConfig {
+            retry_count: self.retry_count.min(6),
+            ack_timeout: self.ack_timeout.min(31),
+            keepalive: (self.keepalive > 0.0).then(|| Duration::from_secs_f64(self.keepalive)),
+            ..config
+        }
+    }
+}

@@ -1,0 +1,349 @@
+//! Across a wire: the server on host a, its clients on host b, RoCE packets crossing a
+//! virtual wire between two Soft-RoCE VMs (`scripts/wire`), and then the wire broken on
+//! purpose: loss and delay, the cable pulled for 10 s mid-upload, host b killed outright.
+//!
+//! These tests run on this machine, not in a VM: they steer the two hosts through
+//! `scripts/wire ctl` (see `util::wire`). Each starts its own server on a and stops it,
+//! and leaves the wire as it found it (no netem, link up, b running).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use rdmactor::runtime::NodeConfig;
+use rdmactor_tests::target_bin;
+use rdmactor_tests::wire::{Host, Wire};
+
+/// Where the demo server listens (rdmactor services; rping on 7174).
+const PORT: &str = "7471";
+
+fn bin(name: &str) -> String {
+    target_bin(name).to_string_lossy().into_owned()
+}
+
+fn server_addr() -> String {
+    format!("{}:{PORT}", Host::A.ip())
+}
+
+/// A `demo --serve` on host a, storing uploads in a's own /tmp.
+struct DemoServer<'w> {
+    wire: &'w Wire,
+    job: String,
+    store: String,
+    stopped: bool,
+}
+
+impl<'w> DemoServer<'w> {
+    fn start(wire: &'w Wire, extra: &[&str]) -> DemoServer<'w> {
+        let store = format!("/tmp/store-{}", std::process::id());
+        let demo = bin("demo");
+        let mut cmd = vec![
+            demo.as_str(),
+            "--serve",
+            "--ip",
+            Host::A.ip(),
+            "--port",
+            PORT,
+            "--store",
+            store.as_str(),
+        ];
+        cmd.extend_from_slice(extra);
+        let job = wire.spawn(Host::A, &cmd);
+        wire.wait_for_output(Host::A, &job, "ready", Duration::from_secs(60));
+        DemoServer {
+            wire,
+            job,
+            store,
+            stopped: false,
+        }
+    }
+
+    /// Names in the store, hidden (temp) files included.
+    fn stored(&self) -> Vec<String> {
+        self.wire
+            .sh(Host::A, &format!("ls -A {}", self.store))
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// SIGTERM, then the server must shut down cleanly.
+    fn stop(mut self) {
+        self.stopped = true;
+        self.wire.signal(Host::A, &self.job, "TERM");
+        let job = self
+            .wire
+            .wait(Host::A, &self.job, Duration::from_secs(60))
+            .ok("demo --serve");
+        assert!(
+            job.stdout.contains("shut down cleanly"),
+            "no clean shutdown: {job:#?}"
+        );
+    }
+}
+
+impl Drop for DemoServer<'_> {
+    /// A test that failed half-way still frees the port for the next one.
+    fn drop(&mut self) {
+        if !self.stopped {
+            self.wire.kill_job_quietly(Host::A, &self.job);
+        }
+    }
+}
+
+/// `RESULT step=NAME secs=S ...` lines of a `demo --server` run.
+fn step_secs(stdout: &str) -> BTreeMap<String, f64> {
+    stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("RESULT step="))
+        .filter_map(|rest| {
+            let mut fields = rest.split_whitespace();
+            let step = fields.next()?.to_owned();
+            let secs = fields.next()?.strip_prefix("secs=")?.parse().ok()?;
+            Some((step, secs))
+        })
+        .collect()
+}
+
+/// The demo's clients on b against a: 50 echo clients, 8 unmodified `rping -V`, a
+/// 64 MiB upload and fetch (SHA-256 both ways, then the bytes compared), 8 one-sided
+/// readers, a lambda checked against native Rust, and the hostile clients.
+fn demo_clients(wire: &Wire) -> BTreeMap<String, f64> {
+    let demo = bin("demo");
+    let job = wire
+        .run(
+            Host::B,
+            &[
+                &demo,
+                "--server",
+                Host::A.ip(),
+                "--port",
+                PORT,
+                "--echo-clients",
+                "50",
+                "--rping-clients",
+                "8",
+                "--file-mib",
+                "64",
+            ],
+            Duration::from_secs(900),
+        )
+        .ok("demo --server");
+    println!("{}", job.stdout);
+    let steps = step_secs(&job.stdout);
+    assert_eq!(
+        steps.keys().map(String::as_str).collect::<Vec<_>>(),
+        ["echo", "files", "hostile", "lambda", "read", "rping"],
+        "every step must have been verified: {}",
+        job.stdout
+    );
+    steps
+}
+
+#[test]
+fn services_across_the_wire_clean_then_lossy() {
+    let Some(wire) = Wire::from_env() else { return };
+    let before = wire.resources(Host::A);
+    let server = DemoServer::start(&wire, &[]);
+    let serving = wire.resources(Host::A);
+
+    let clean = demo_clients(&wire);
+
+    // 1% loss, 2 ms delay (both directions: b's egress and a's), some reordering: RC
+    // retransmits, and every byte must still verify.
+    let spec = "delay 2ms loss 1% reorder 5% 50%";
+    wire.netem(Host::B, spec);
+    wire.netem(Host::A, spec);
+    let lossy = demo_clients(&wire);
+    wire.netem_off(Host::B);
+    wire.netem_off(Host::A);
+
+    println!("step      clean (s)   {spec} (s)   slower");
+    for (step, secs) in &clean {
+        let l = lossy[step];
+        println!("{step:<9} {secs:>9.2}   {l:>9.2}   {:>5.1}x", l / secs);
+    }
+    let stored = server.stored();
+    assert!(
+        stored.iter().all(|n| !n.starts_with('.')),
+        "temp files left in the store: {stored:?}"
+    );
+    // Everyone's connections are gone again (the pool may keep its registrations).
+    wire.wait_resources(Host::A, &serving, &["qp", "cm_id"], Duration::from_secs(30));
+    server.stop();
+    wire.wait_resources(
+        Host::A,
+        &before,
+        &["pd", "cq", "qp", "mr", "cm_id"],
+        Duration::from_secs(30),
+    );
+}
+
+/// A 64 MiB file of random bytes on b; its SHA-256.
+fn random_file_on_b(wire: &Wire, path: &str, mib: usize) -> String {
+    let out = wire.sh(
+        Host::B,
+        &format!("head -c {mib}M /dev/urandom >{path} && sha256sum {path}"),
+    );
+    out.split_whitespace().next().expect("sha256sum").to_owned()
+}
+
+/// Waits until the store on a holds an upload's temp file: the transfer is under way.
+fn wait_for_upload(server: &DemoServer<'_>) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !server.stored().iter().any(|n| n.starts_with('.')) {
+        assert!(Instant::now() < deadline, "the upload never started");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Pulls b's cable for 10 s in the middle of an upload and returns `ft send`'s result.
+fn upload_across_a_10s_link_outage(
+    wire: &Wire,
+    server: &DemoServer<'_>,
+    name: &str,
+    transport: &[&str],
+) -> (rdmactor_tests::wire::Job, String) {
+    let path = format!("/tmp/{name}");
+    let sum = random_file_on_b(wire, &path, 64);
+    let ft = bin("ft");
+    let addr = server_addr();
+    let mut cmd = vec![ft.as_str(), "--addr", addr.as_str()];
+    cmd.extend_from_slice(transport);
+    cmd.extend(["send", path.as_str()]);
+    let job = wire.spawn(Host::B, &cmd);
+    wait_for_upload(server);
+    wire.link(Host::B, false);
+    std::thread::sleep(Duration::from_secs(10));
+    wire.link(Host::B, true);
+    (wire.wait(Host::B, &job, Duration::from_secs(300)), sum)
+}
+
+/// An echo client on b (verified payloads), which must succeed: the server still serves.
+fn echo_from_b(wire: &Wire) {
+    let client = bin("client");
+    wire.run(
+        Host::B,
+        &[
+            &client,
+            "--addr",
+            &server_addr(),
+            "echo",
+            "--connections",
+            "4",
+            "--requests",
+            "200",
+        ],
+        Duration::from_secs(120),
+    )
+    .ok("echo client");
+}
+
+#[test]
+fn link_down_for_10s_with_default_timeouts_fails_cleanly() {
+    let Some(wire) = Wire::from_env() else { return };
+    let server = DemoServer::start(&wire, &[]);
+    let serving = wire.resources(Host::A);
+    let (job, _) = upload_across_a_10s_link_outage(&wire, &server, "outage-default.bin", &[]);
+    // Defaults give up after 7 × 1.07 s without an ACK: the upload fails, and says why.
+    assert_ne!(job.status, 0, "the upload survived: {job:#?}");
+    let said = format!("{}{}", job.stdout, job.stderr);
+    assert!(
+        said.contains("unreachable"),
+        "ft did not say the peer was unreachable: {job:#?}"
+    );
+    // The server noticed too (its keepalive probe went unanswered), freed the connection
+    // and removed the temp file; nothing half-written is left.
+    let bound = NodeConfig::default().dead_peer_bound().expect("keepalive");
+    wire.wait_resources(
+        Host::A,
+        &serving,
+        &["qp", "cm_id"],
+        bound + Duration::from_secs(15),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !server.stored().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "left in the store: {:?}",
+            server.stored()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    echo_from_b(&wire);
+    server.stop();
+}
+
+#[test]
+fn link_down_for_10s_with_long_timeouts_completes() {
+    let Some(wire) = Wire::from_env() else { return };
+    // 4.096 µs × 2^20 = 4.3 s per try, 7 tries: about 30 s of silence survived on both
+    // sides, and no keepalive probe within the outage.
+    let long = ["--ack-timeout", "20", "--keepalive", "30"];
+    let server = DemoServer::start(&wire, &long);
+    let (job, sum) = upload_across_a_10s_link_outage(&wire, &server, "outage-long.bin", &long);
+    let job = job.ok("ft send across a 10 s outage");
+    assert!(job.stdout.contains("GOOD"), "{job:#?}");
+    let stored = wire.sh(
+        Host::A,
+        &format!("sha256sum {}/outage-long.bin", server.store),
+    );
+    assert!(stored.starts_with(&sum), "stored {stored}, sent {sum}");
+    echo_from_b(&wire);
+    server.stop();
+}
+
+#[test]
+fn host_b_killed_mid_upload_and_mid_echo() {
+    let Some(wire) = Wire::from_env() else { return };
+    let server = DemoServer::start(&wire, &[]);
+    let serving = wire.resources(Host::A);
+    let path = "/tmp/killed.bin";
+    random_file_on_b(&wire, path, 256);
+    let ft = bin("ft");
+    let client = bin("client");
+    let addr = server_addr();
+    wire.spawn(Host::B, &[&ft, "--addr", &addr, "send", path]);
+    let echo = wire.spawn(
+        Host::B,
+        &[
+            &client,
+            "--addr",
+            &addr,
+            "echo",
+            "--connections",
+            "8",
+            "--forever",
+        ],
+    );
+    wire.wait_for_output(Host::B, &echo, "connected 8", Duration::from_secs(60));
+    wait_for_upload(&server);
+    let busy = wire.resources(Host::A);
+    assert!(
+        busy.get("qp") >= serving.get("qp") + 9,
+        "b's 9 connections are not all up: {busy:?}"
+    );
+
+    wire.kill(Host::B);
+    let bound = NodeConfig::default().dead_peer_bound().expect("keepalive");
+    let took = wire.wait_resources(
+        Host::A,
+        &serving,
+        &["qp", "cm_id"],
+        bound + Duration::from_secs(15),
+    );
+    println!("host b killed: a released its 9 connections in {took:.1?} (bound {bound:.1?})");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !server.stored().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "left in the store: {:?}",
+            server.stored()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // b comes back (same address, same MAC): its new clients are served.
+    wire.boot(Host::B);
+    echo_from_b(&wire);
+    server.stop();
+}
