@@ -97,6 +97,9 @@ struct Args {
     /// Where `--serve` stores uploads (default: a temporary directory, removed at exit).
     #[arg(long, requires = "serve")]
     store: Option<PathBuf>,
+    /// Seconds each step may take before it counts as failed.
+    #[arg(long, default_value_t = 120)]
+    step_secs: u64,
     #[command(flatten)]
     transport: transport::Transport,
 }
@@ -253,7 +256,7 @@ async fn demo(args: &Args, config: NodeConfig, work: &Path, started: Instant) ->
         ($n:expr, $name:expr, $fut:expr) => {{
             println!("[{}/{steps}] {}", $n, $name);
             let t = Instant::now();
-            let limit = Duration::from_secs(120);
+            let limit = Duration::from_secs(args.step_secs);
             let result = match actix_rt::time::timeout(limit, $fut).await {
                 Ok(result) => result,
                 Err(_) => Err(anyhow::anyhow!("no result after {limit:?}")),

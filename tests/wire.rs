@@ -91,7 +91,7 @@ impl Drop for DemoServer<'_> {
 }
 
 /// `RESULT step=NAME secs=S ...` lines of a `demo --server` run.
-fn step_secs(stdout: &str) -> BTreeMap<String, f64> {
+fn step_secs_of(stdout: &str) -> BTreeMap<String, f64> {
     stdout
         .lines()
         .filter_map(|l| l.strip_prefix("RESULT step="))
@@ -104,11 +104,13 @@ fn step_secs(stdout: &str) -> BTreeMap<String, f64> {
         .collect()
 }
 
-/// The demo's clients on b against a: 50 echo clients, 8 unmodified `rping -V`, a
-/// 64 MiB upload and fetch (SHA-256 both ways, then the bytes compared), 8 one-sided
-/// readers, a lambda checked against native Rust, and the hostile clients.
-fn demo_clients(wire: &Wire) -> BTreeMap<String, f64> {
+/// The demo's clients on b against a: 50 echo clients, 8 unmodified `rping -V`, an
+/// upload and fetch of `file_mib` (SHA-256 both ways, then the bytes compared), 8
+/// one-sided readers, a lambda checked against native Rust, and the hostile clients.
+fn demo_clients(wire: &Wire, file_mib: usize, step_secs: u64) -> BTreeMap<String, f64> {
     let demo = bin("demo");
+    let file_mib = file_mib.to_string();
+    let step_secs = step_secs.to_string();
     let job = wire
         .run(
             Host::B,
@@ -123,13 +125,15 @@ fn demo_clients(wire: &Wire) -> BTreeMap<String, f64> {
                 "--rping-clients",
                 "8",
                 "--file-mib",
-                "64",
+                &file_mib,
+                "--step-secs",
+                &step_secs,
             ],
-            Duration::from_secs(900),
+            Duration::from_secs(1800),
         )
         .ok("demo --server");
     println!("{}", job.stdout);
-    let steps = step_secs(&job.stdout);
+    let steps = step_secs_of(&job.stdout);
     assert_eq!(
         steps.keys().map(String::as_str).collect::<Vec<_>>(),
         ["echo", "files", "hostile", "lambda", "read", "rping"],
@@ -146,18 +150,19 @@ fn services_across_the_wire_clean_then_lossy() {
     let server = DemoServer::start(&wire, &[]);
     let serving = wire.resources(Host::A);
 
-    let clean = demo_clients(&wire);
+    let clean = demo_clients(&wire, 64, 120);
 
-    // 1% loss, 2 ms delay (both directions: b's egress and a's), some reordering: RC
-    // retransmits, and every byte must still verify.
-    let spec = "delay 2ms loss 1% reorder 5% 50%";
+    // 1% loss and 2 ms delay on b's NIC (what b sends: requests, uploads, READ
+    // responses): RC retransmits, and every byte must still verify. rxe has no fast
+    // retransmit: a lost last packet or ACK costs a whole ACK timeout (1.07 s), so the
+    // file is smaller here (perftest's `ib_write_bw` did not move 64 MiB in 140 s under
+    // the same fault in both directions; see the README's known gaps).
+    let spec = "delay 2ms loss 1%";
     wire.netem(Host::B, spec);
-    wire.netem(Host::A, spec);
-    let lossy = demo_clients(&wire);
+    let lossy = demo_clients(&wire, 8, 300);
     wire.netem_off(Host::B);
-    wire.netem_off(Host::A);
 
-    println!("step      clean (s)   {spec} (s)   slower");
+    println!("step      clean (s)   {spec} on b (s)   slower (files: 64 MiB clean, 8 MiB lossy)");
     for (step, secs) in &clean {
         let l = lossy[step];
         println!("{step:<9} {secs:>9.2}   {l:>9.2}   {:>5.1}x", l / secs);
@@ -196,12 +201,24 @@ fn wait_for_upload(server: &DemoServer<'_>) {
     }
 }
 
-/// Pulls b's cable for 10 s in the middle of an upload and returns `ft send`'s result.
-fn upload_across_a_10s_link_outage(
+/// What breaks for 10 s in the middle of an upload.
+#[derive(Debug, Clone, Copy)]
+enum Outage {
+    /// b's cable is pulled (carrier off at b's NIC: b's port goes down too).
+    CablePulled,
+    /// The wire between drops every packet (netem loss 100% on both NICs); neither host
+    /// sees its link go down, as when a switch between them fails.
+    Partition,
+}
+
+/// Breaks the wire for 10 s in the middle of an upload from b; `ft send`'s result and
+/// the file's SHA-256.
+fn upload_across_a_10s_outage(
     wire: &Wire,
     server: &DemoServer<'_>,
     name: &str,
     transport: &[&str],
+    outage: Outage,
 ) -> (rdmactor_tests::wire::Job, String) {
     let path = format!("/tmp/{name}");
     let sum = random_file_on_b(wire, &path, 64);
@@ -212,9 +229,20 @@ fn upload_across_a_10s_link_outage(
     cmd.extend(["send", path.as_str()]);
     let job = wire.spawn(Host::B, &cmd);
     wait_for_upload(server);
-    wire.link(Host::B, false);
-    std::thread::sleep(Duration::from_secs(10));
-    wire.link(Host::B, true);
+    match outage {
+        Outage::CablePulled => {
+            wire.link(Host::B, false);
+            std::thread::sleep(Duration::from_secs(10));
+            wire.link(Host::B, true);
+        }
+        Outage::Partition => {
+            wire.netem(Host::A, "loss 100%");
+            wire.netem(Host::B, "loss 100%");
+            std::thread::sleep(Duration::from_secs(10));
+            wire.netem_off(Host::B);
+            wire.netem_off(Host::A);
+        }
+    }
     (wire.wait(Host::B, &job, Duration::from_secs(300)), sum)
 }
 
@@ -239,16 +267,18 @@ fn echo_from_b(wire: &Wire) {
 }
 
 #[test]
-fn link_down_for_10s_with_default_timeouts_fails_cleanly() {
+fn cable_pulled_for_10s_mid_upload_fails_cleanly() {
     let Some(wire) = Wire::from_env() else { return };
     let server = DemoServer::start(&wire, &[]);
     let serving = wire.resources(Host::A);
-    let (job, _) = upload_across_a_10s_link_outage(&wire, &server, "outage-default.bin", &[]);
-    // Defaults give up after 7 × 1.07 s without an ACK: the upload fails, and says why.
+    let (job, _) =
+        upload_across_a_10s_outage(&wire, &server, "outage-cable.bin", &[], Outage::CablePulled);
+    // b's port goes down with its carrier and b's rdma_cm ends the connection
+    // (UNREACHABLE), whatever the QP's timeouts: the upload fails, and says why.
     assert_ne!(job.status, 0, "the upload survived: {job:#?}");
     let said = format!("{}{}", job.stdout, job.stderr);
     assert!(
-        said.contains("unreachable"),
+        said.contains("peer unreachable"),
         "ft did not say the peer was unreachable: {job:#?}"
     );
     // The server noticed too (its keepalive probe went unanswered), freed the connection
@@ -274,14 +304,15 @@ fn link_down_for_10s_with_default_timeouts_fails_cleanly() {
 }
 
 #[test]
-fn link_down_for_10s_with_long_timeouts_completes() {
+fn partition_of_10s_mid_upload_is_ridden_out_with_long_timeouts() {
     let Some(wire) = Wire::from_env() else { return };
     // 4.096 µs × 2^20 = 4.3 s per try, 7 tries: about 30 s of silence survived on both
     // sides, and no keepalive probe within the outage.
     let long = ["--ack-timeout", "20", "--keepalive", "30"];
     let server = DemoServer::start(&wire, &long);
-    let (job, sum) = upload_across_a_10s_link_outage(&wire, &server, "outage-long.bin", &long);
-    let job = job.ok("ft send across a 10 s outage");
+    let (job, sum) =
+        upload_across_a_10s_outage(&wire, &server, "outage-long.bin", &long, Outage::Partition);
+    let job = job.ok("ft send across a 10 s partition");
     assert!(job.stdout.contains("GOOD"), "{job:#?}");
     let stored = wire.sh(
         Host::A,

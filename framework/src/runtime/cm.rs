@@ -278,9 +278,13 @@ impl CmActor {
                     c.do_send(CmNotice::Close(CloseReason::Verbs("device removed".into())));
                 }
             }
-            kind @ (CmEventKind::ConnectError
-            | CmEventKind::Unreachable
-            | CmEventKind::Rejected) => {
+            CmEventKind::Unreachable => {
+                // The CM's own messages to the peer timed out: across a wire, a dead or
+                // cut-off peer, which is what the transport's RetryExceeded says too.
+                let why = format!("rdma_cm UNREACHABLE (status {})", ev.status);
+                self.notify(ev.id, CmNotice::Close(CloseReason::PeerUnreachable(why)));
+            }
+            kind @ (CmEventKind::ConnectError | CmEventKind::Rejected) => {
                 let why = format!("{kind:?} (status {})", ev.status);
                 self.notify(ev.id, CmNotice::Close(CloseReason::Verbs(why)));
             }
