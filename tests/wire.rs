@@ -36,7 +36,10 @@ impl<'w> DemoServer<'w> {
     fn start(wire: &'w Wire, extra: &[&str]) -> DemoServer<'w> {
         let store = format!("/tmp/store-{}", std::process::id());
         let demo = bin("demo");
+        // Warnings name why the server closed a connection.
         let mut cmd = vec![
+            "env",
+            "RUST_LOG=rdmactor=warn",
             demo.as_str(),
             "--serve",
             "--ip",
@@ -107,31 +110,38 @@ fn step_secs_of(stdout: &str) -> BTreeMap<String, f64> {
 /// The demo's clients on b against a: 50 echo clients, 8 unmodified `rping -V`, an
 /// upload and fetch of `file_mib` (SHA-256 both ways, then the bytes compared), 8
 /// one-sided readers, a lambda checked against native Rust, and the hostile clients.
-fn demo_clients(wire: &Wire, file_mib: usize, step_secs: u64) -> BTreeMap<String, f64> {
+fn demo_clients(
+    wire: &Wire,
+    server: &DemoServer<'_>,
+    file_mib: usize,
+    step_secs: u64,
+) -> BTreeMap<String, f64> {
     let demo = bin("demo");
     let file_mib = file_mib.to_string();
     let step_secs = step_secs.to_string();
-    let job = wire
-        .run(
-            Host::B,
-            &[
-                &demo,
-                "--server",
-                Host::A.ip(),
-                "--port",
-                PORT,
-                "--echo-clients",
-                "50",
-                "--rping-clients",
-                "8",
-                "--file-mib",
-                &file_mib,
-                "--step-secs",
-                &step_secs,
-            ],
-            Duration::from_secs(1800),
-        )
-        .ok("demo --server");
+    let job = wire.run(
+        Host::B,
+        &[
+            &demo,
+            "--server",
+            Host::A.ip(),
+            "--port",
+            PORT,
+            "--echo-clients",
+            "50",
+            "--rping-clients",
+            "8",
+            "--file-mib",
+            &file_mib,
+            "--step-secs",
+            &step_secs,
+        ],
+        Duration::from_secs(1800),
+    );
+    if job.status != 0 {
+        let said = wire.stderr_so_far(Host::A, &server.job);
+        panic!("demo --server failed: {job:#?}\n--- the server's log\n{said}");
+    }
     println!("{}", job.stdout);
     let steps = step_secs_of(&job.stdout);
     assert_eq!(
@@ -150,7 +160,7 @@ fn services_across_the_wire_clean_then_lossy() {
     let server = DemoServer::start(&wire, &[]);
     let serving = wire.resources(Host::A);
 
-    let clean = demo_clients(&wire, 64, 120);
+    let clean = demo_clients(&wire, &server, 64, 120);
 
     // 1% loss and 2 ms delay on b's NIC (what b sends: requests, uploads, READ
     // responses): RC retransmits, and every byte must still verify. rxe has no fast
@@ -159,7 +169,7 @@ fn services_across_the_wire_clean_then_lossy() {
     // the same fault in both directions; see the README's known gaps).
     let spec = "delay 2ms loss 1%";
     wire.netem(Host::B, spec);
-    let lossy = demo_clients(&wire, 8, 300);
+    let lossy = demo_clients(&wire, &server, 8, 300);
     wire.netem_off(Host::B);
 
     println!("step      clean (s)   {spec} on b (s)   slower (files: 64 MiB clean, 8 MiB lossy)");

@@ -161,6 +161,11 @@ impl Wire {
         std::fs::read_to_string(self.job_dir(host, name).join("out")).unwrap_or_default()
     }
 
+    /// What a job has printed on stderr so far.
+    pub fn stderr_so_far(&self, host: Host, name: &str) -> String {
+        std::fs::read_to_string(self.job_dir(host, name).join("err")).unwrap_or_default()
+    }
+
     /// Waits until a running job has printed a line containing `needle`.
     pub fn wait_for_output(&self, host: Host, name: &str, needle: &str, limit: Duration) {
         let deadline = Instant::now() + limit;
