@@ -325,7 +325,13 @@ fn refusal_reasons_name_the_problem() {
                 }
                 .encode()
                 .to_vec(),
-                "INIT to RTR",
+                "unreachable",
+            ),
+            // Run without -g: no GID, so no GRH, which RoCE cannot do.
+            (
+                rc,
+                record("0000:000077:000042:00000000000000000000000000000000"),
+                "unreachable",
             ),
             (srq, vec![0u8; 0], "silent client"),
             (

@@ -42,6 +42,26 @@ fn local_gid(ctx: &Context, opts: &OobOptions, peer: Gid) -> Result<(u8, Gid), S
         .ok_or_else(|| format!("port {port} has no GID"))
 }
 
+/// Whether the kernel has a route to the IP address a RoCE GID stands for (a UDP
+/// socket's `connect` looks it up without sending anything). Link-local and zero GIDs
+/// are left to the provider.
+fn routable(gid: Gid) -> Result<(), String> {
+    let ip = gid.to_ipv6();
+    let target: std::net::IpAddr = match ip.to_ipv4_mapped() {
+        Some(v4) => v4.into(),
+        None if gid.is_zero() || ip.segments()[0] & 0xffc0 == 0xfe80 => return Ok(()),
+        None => ip.into(),
+    };
+    let local: std::net::SocketAddr = if target.is_ipv4() {
+        ([0, 0, 0, 0], 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    std::net::UdpSocket::bind(local)
+        .and_then(|s| s.connect((target, 4791)))
+        .map_err(|e| format!("GID {gid} unreachable: no route to {target} ({e})"))
+}
+
 /// A 24-bit PSN nobody can predict from the last one (std's hasher keys are random).
 fn random_psn() -> u32 {
     use std::hash::{BuildHasher, Hasher};
@@ -204,7 +224,7 @@ impl Plan<'_> {
     fn ud(&self, peer: &Dest, psn: u32) -> Result<Core, String> {
         // The handle first: on RoCE it resolves the peer's GID, the likeliest failure.
         let ah = AddressHandle::new(&self.node.pd, &self.path(peer))
-            .map_err(|e| format!("address handle for {}: {e}", peer.gid))?;
+            .map_err(|e| format!("GID {} unreachable: {e}", peer.gid))?;
         let cq = self.reserve(0)?;
         let peer = UdPeer {
             ah,
@@ -264,6 +284,19 @@ pub(super) fn prepare(
         recv_size,
         recv_depth: node.config.raw_recv_depth as u32,
     };
+    // rxe moves a QP to RTR, and creates an address handle, towards any GID and only
+    // fails to route the packets later (an RC server that only answers would never
+    // notice). So the GID's route is looked up first, and an address handle created,
+    // which refuses what the provider can tell is wrong (no GID at all on RoCE).
+    let gids: std::collections::HashSet<Gid> = peers.iter().map(|p| p.gid).collect();
+    for gid in gids {
+        routable(gid)?;
+        if transport != OobTransport::Ud {
+            let peer = peers.iter().find(|p| p.gid == gid).expect("a peer");
+            AddressHandle::new(&node.pd, &plan.path(peer))
+                .map_err(|e| format!("GID {gid} unreachable: {e}"))?;
+        }
+    }
     let shared = match transport {
         OobTransport::Srq => {
             let srq =
