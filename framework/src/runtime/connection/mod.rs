@@ -939,9 +939,10 @@ impl Core {
             return Ok(());
         }
         let Some(data) = data else {
-            return Err(CloseReason::Completion(
-                wc.ok().expect_err("failed").to_string(),
-            ));
+            return Err(CloseReason::Completion(format!(
+                "shared receive on QP {} completed with {}",
+                wc.qp_num, wc.status
+            )));
         };
         let data = if wc.opcode == WcOpcode::RecvRdmaWithImm {
             Vec::new()
