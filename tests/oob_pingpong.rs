@@ -205,7 +205,7 @@ fn bad_exchanges_and_vanished_clients_cost_only_themselves() {
             p.options.exchange_timeout = Duration::from_secs(2);
         });
         let addr = server.oob_addrs()[0];
-        // A well-behaved client runs through all of it.
+        // A well-behaved client runs through all of it (sleeping on CQ events: -e).
         let good = std::thread::spawn(move || {
             Command::new("timeout")
                 .args([
@@ -217,6 +217,7 @@ fn bad_exchanges_and_vanished_clients_cost_only_themselves() {
                     "3000",
                     "-s",
                     "4096",
+                    "-e",
                 ])
                 .args(["-p", &addr.port().to_string(), &addr.ip().to_string()])
                 .output()
