@@ -6,6 +6,8 @@
 //! ```
 //! rdmactor clients pick a service by name in their connect request; plain rdma_cm
 //! clients (rping, lab programs) reach the default service of the port they connect to.
+//! `--oob-rc 18515 --oob-uc 18516 --oob-ud 18517 --oob-srq 18518` also serves unmodified
+//! `ibv_{rc,uc,ud,srq}_pingpong` clients (QPs brought up over TCP, no rdma_cm).
 //! SIGINT or SIGTERM: stop accepting, disconnect everyone, release everything, exit 0.
 
 #[path = "transport.rs"]
@@ -18,14 +20,15 @@ use std::sync::Arc;
 use anyhow::{bail, Context as _, Result};
 use clap::{Parser, ValueEnum};
 use rdmactor::memory::PoolConfig;
-use rdmactor::runtime::{NodeConfig, PollMode, Server};
+use rdmactor::runtime::{NodeConfig, OobPort, OobTransport, PollMode, Server};
+use rdmactor::verbs::Mtu;
 use rdmactor_services::echo::{Discard, Echo, RawEcho};
 use rdmactor_services::file_transfer::{Config as FilesConfig, FileTransfer};
 use rdmactor_services::ingest::{IngestConfig, IngestService, Record};
 use rdmactor_services::lambda::{
     checksum_native, LambdaConfig, LambdaService, NativeLambdas, Sandbox,
 };
-use rdmactor_services::pingpong::PingPongService;
+use rdmactor_services::pingpong::{PingPongService, StockConfig, StockPingPongService};
 use rdmactor_services::read::{ReadRegions, ReadService};
 use rdmactor_services::rping::Rping;
 
@@ -91,8 +94,71 @@ struct Args {
     /// Repeatable.
     #[arg(long = "region", value_name = "NAME=PATH")]
     regions: Vec<String>,
+    /// Serve `ibv_rc_pingpong` clients on this TCP port (`PORT` or `ADDR:PORT`).
+    #[arg(long, value_name = "PORT")]
+    oob_rc: Option<String>,
+    /// Serve `ibv_uc_pingpong` clients on this TCP port.
+    #[arg(long, value_name = "PORT")]
+    oob_uc: Option<String>,
+    /// Serve `ibv_ud_pingpong` clients on this TCP port.
+    #[arg(long, value_name = "PORT")]
+    oob_ud: Option<String>,
+    /// Serve `ibv_srq_pingpong` clients on this TCP port.
+    #[arg(long, value_name = "PORT")]
+    oob_srq: Option<String>,
+    /// The clients' `-n`: a connection (an SRQ client's QPs together) closes after this
+    /// many answers. Without it, connections close once their client is quiet.
+    #[arg(long)]
+    oob_iters: Option<u64>,
+    /// Largest message of the out-of-band ping-pong (the clients' `-s` at most).
+    #[arg(long, default_value_t = 4096)]
+    oob_size: u32,
+    /// Path MTU of out-of-band RC/UC QPs (the tools' `-m`).
+    #[arg(long, default_value_t = 1024)]
+    oob_mtu: u32,
+    /// Service level of out-of-band QPs (the tools' `-l`).
+    #[arg(long, default_value_t = 0)]
+    oob_sl: u8,
+    /// Local GID index of out-of-band QPs (default: one of the client GID's kind).
+    #[arg(long)]
+    oob_gid_index: Option<u8>,
+    /// An out-of-band connection with no message for this long is closed (ms).
+    #[arg(long, default_value_t = 3000)]
+    oob_idle_ms: u64,
     #[command(flatten)]
     transport: transport::Transport,
+}
+
+/// The out-of-band ports the `--oob-*` flags ask for.
+fn oob_ports(args: &Args) -> Result<Vec<OobPort>> {
+    let mtu = Mtu::from_bytes(args.oob_mtu).with_context(|| {
+        format!(
+            "--oob-mtu {} is not 256, 512, 1024, 2048 or 4096",
+            args.oob_mtu
+        )
+    })?;
+    let specs = [
+        (&args.oob_rc, OobTransport::Rc, "stock-rc"),
+        (&args.oob_uc, OobTransport::Uc, "stock-rc"),
+        (&args.oob_ud, OobTransport::Ud, "stock-ud"),
+        (&args.oob_srq, OobTransport::Srq, "stock-srq"),
+    ];
+    let mut ports = Vec::new();
+    for (spec, transport, service) in specs {
+        let Some(spec) = spec else { continue };
+        let addr: SocketAddr = match spec.parse::<u16>() {
+            Ok(port) => SocketAddr::from(([0, 0, 0, 0], port)),
+            Err(_) => spec
+                .parse()
+                .with_context(|| format!("--oob-{transport} {spec:?} is not PORT or ADDR:PORT"))?,
+        };
+        let mut port = OobPort::new(addr, transport, service);
+        port.options.mtu = mtu;
+        port.options.sl = args.oob_sl;
+        port.options.gid_index = args.oob_gid_index;
+        ports.push(port);
+    }
+    Ok(ports)
 }
 
 /// The `read` service's regions from `--region` (files, loaded read-only).
@@ -228,6 +294,19 @@ fn main() -> Result<()> {
         if let Some(files) = files {
             builder = builder.service("files", files);
         }
+        let stock = StockConfig {
+            size: args.oob_size,
+            iters: args.oob_iters,
+            idle: std::time::Duration::from_millis(args.oob_idle_ms),
+            ..StockConfig::default()
+        };
+        builder = builder
+            .service("stock-rc", StockPingPongService::connected(stock))
+            .service("stock-ud", StockPingPongService::datagram(stock))
+            .service("stock-srq", StockPingPongService::shared(stock));
+        for port in oob_ports(&args)? {
+            builder = builder.oob(port);
+        }
         for (addr, default) in &listeners {
             builder = builder.listen(*addr, default.as_deref());
         }
@@ -238,6 +317,10 @@ fn main() -> Result<()> {
             .context("registering the read regions")?;
         for addr in server.local_addrs() {
             println!("listening on {addr}");
+        }
+        for (addr, stats) in server.oob_addrs().iter().zip(server.oob_stats().await) {
+            let transport = stats.transport.map_or("?".into(), |t| t.to_string());
+            println!("listening out of band on {addr} ({transport})");
         }
         wait_for_signal().await?;
         tracing::info!("signal received; shutting down");

@@ -6,3 +6,4 @@ pub mod budget;
 pub mod credits;
 pub mod frame;
 pub mod hello;
+pub mod oob;

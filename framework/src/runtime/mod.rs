@@ -15,15 +15,18 @@ mod cm;
 mod config;
 mod connection;
 mod node;
+mod oob;
 mod poller;
 mod server;
 mod service;
+mod srq;
 
 pub use client::{Client, ClientConnection, ConnectError, RequestError};
 pub use config::NodeConfig;
 pub use connection::{
     Blocking, BlockingError, BufId, Grant, GrantId, Op, SessionCx, SessionWaker, MAX_MESSAGE,
 };
+pub use oob::{OobOptions, OobPort, OobStats, OobTransport};
 pub use poller::PollMode;
 pub use server::{Server, ServerBuilder, ServerStats};
 pub use service::{Framing, Message, OpId, PeerInfo, Service, Session, SessionError};

@@ -85,7 +85,8 @@ impl Node {
         };
         let mut core = Core::new(CoreParts {
             qp,
-            id: id.clone(),
+            id: Some(id.clone()),
+            shared_recv: None,
             cq,
             framing,
             recv,
@@ -104,6 +105,11 @@ impl Node {
         });
         core.post_all_receives().map_err(|e| e.to_string())?;
         Ok(core)
+    }
+
+    /// Claims CQ capacity for `entries` completions on a poller (out-of-band bring-up).
+    pub fn reserve_cq(&self, entries: u32) -> Result<super::poller::CqReservation> {
+        self.pollers.reserve(entries)
     }
 
     pub fn pool_stats(&self) -> PoolStats {

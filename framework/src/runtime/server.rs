@@ -10,7 +10,8 @@ use actix::prelude::*;
 use super::cm::{CmActor, GetCounters};
 use super::config::NodeConfig;
 use super::node::Node;
-use super::service::Service;
+use super::oob::{GetOobStats, OobListener, OobPort, OobShutdown, OobStats};
+use super::service::{Framing, Service};
 use crate::memory::PoolStats;
 use crate::verbs::{CmId, EventChannel, VerbsError};
 
@@ -20,6 +21,7 @@ pub struct ServerBuilder {
     listeners: Vec<(SocketAddr, Option<String>)>,
     services: HashMap<String, Arc<dyn Service>>,
     max_connections: usize,
+    oob: Vec<OobPort>,
 }
 
 /// Why a server could not start.
@@ -41,6 +43,7 @@ impl Default for ServerBuilder {
             listeners: Vec::new(),
             services: HashMap::new(),
             max_connections: 1024,
+            oob: Vec::new(),
         }
     }
 }
@@ -72,6 +75,13 @@ impl ServerBuilder {
         self
     }
 
+    /// Also listens for `ibv_*_pingpong`-style clients on a TCP port (QPs brought up out
+    /// of band, see [`OobPort`]); their QPs run `port.service`, which must be raw.
+    pub fn oob(mut self, port: OobPort) -> Self {
+        self.oob.push(port);
+        self
+    }
+
     /// Opens the device, binds every listener and starts the actors. Must be called
     /// inside an actix `System`.
     pub fn start(self) -> Result<Server, ServerError> {
@@ -84,7 +94,32 @@ impl ServerBuilder {
                 }
             }
         }
+        for port in &self.oob {
+            match self.services.get(&port.service).map(|s| s.framing()) {
+                None => {
+                    return Err(ServerError::Config(format!(
+                        "service {:?} of out-of-band port {} is not registered",
+                        port.service, port.addr
+                    )))
+                }
+                Some(Framing::Framed) => {
+                    return Err(ServerError::Config(format!(
+                        "service {:?} of out-of-band port {} is framed; it needs a raw one",
+                        port.service, port.addr
+                    )))
+                }
+                Some(Framing::Raw { .. }) => {}
+            }
+        }
         let node = Node::start(self.config)?;
+        let mut oob = Vec::new();
+        for port in self.oob {
+            let service = self.services[&port.service].clone();
+            let (listener, bound) = OobListener::bind(node.clone(), port.clone(), service)
+                .map_err(|e| ServerError::Config(format!("out-of-band port {}: {e}", port.addr)))?;
+            tracing::info!(addr = %bound, transport = %port.transport, service = %port.service, "listening out of band");
+            oob.push((listener.start(), bound));
+        }
         let channel = EventChannel::new()?;
         let mut cm = CmActor::new(
             node.clone(),
@@ -103,7 +138,12 @@ impl ServerBuilder {
             cm.add_listener(id, default);
         }
         let cm = cm.start();
-        Ok(Server { node, cm, addrs })
+        Ok(Server {
+            node,
+            cm,
+            addrs,
+            oob,
+        })
     }
 }
 
@@ -112,6 +152,7 @@ pub struct Server {
     node: Arc<Node>,
     cm: Addr<CmActor>,
     addrs: Vec<SocketAddr>,
+    oob: Vec<(Addr<OobListener>, SocketAddr)>,
 }
 
 /// A snapshot of a server's counters.
@@ -142,6 +183,20 @@ impl Server {
         &self.addrs
     }
 
+    /// The bound out-of-band TCP addresses, in the order given to the builder.
+    pub fn oob_addrs(&self) -> Vec<SocketAddr> {
+        self.oob.iter().map(|(_, a)| *a).collect()
+    }
+
+    /// Counters of each out-of-band port, in the order given to the builder.
+    pub async fn oob_stats(&self) -> Vec<OobStats> {
+        let mut out = Vec::with_capacity(self.oob.len());
+        for (l, _) in &self.oob {
+            out.push(l.send(GetOobStats).await.unwrap_or_default());
+        }
+        out
+    }
+
     /// The protection domain every connection shares: register
     /// [`SharedRegion`](crate::verbs::SharedRegion)s on it for data all clients read, then
     /// let sessions [`grant`](super::SessionCx::grant) them per connection.
@@ -165,6 +220,11 @@ impl Server {
     /// Stops accepting, disconnects every client, waits until every connection released
     /// its resources, and stops the actors and threads.
     pub async fn shutdown(self) {
+        for (l, _) in &self.oob {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            l.do_send(OobShutdown(tx));
+            let _ = rx.await;
+        }
         super::cm::shut_down(&self.cm).await;
         drop(self.node);
     }

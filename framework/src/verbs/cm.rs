@@ -194,6 +194,14 @@ impl CmEventKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CmIdKey(usize);
 
+impl CmIdKey {
+    /// A key for a connection without a cm_id (brought up out of band), unique among
+    /// the keys of the actor that hands it out (not among real cm_ids).
+    pub(crate) fn out_of_band(n: usize) -> CmIdKey {
+        CmIdKey(n)
+    }
+}
+
 /// One rdma_cm event, copied out of librdmacm and already acknowledged.
 #[derive(Debug)]
 pub struct CmEvent {

@@ -46,6 +46,17 @@ pub enum Verb {
     AllocMw,
     Mmap,
     Poll,
+    CreatePlainQp,
+    ModifyQpToInit,
+    ModifyQpToRtr,
+    ModifyQpToRts,
+    CreateAh,
+    CreateSrq,
+    ModifySrq,
+    QuerySrq,
+    PostSrqRecv,
+    QueryPort,
+    QueryGid,
 }
 
 impl fmt::Display for Verb {
@@ -86,6 +97,17 @@ impl fmt::Display for Verb {
             Verb::AllocMw => "ibv_alloc_mw",
             Verb::Mmap => "mmap",
             Verb::Poll => "poll",
+            Verb::CreatePlainQp => "ibv_create_qp",
+            Verb::ModifyQpToInit => "ibv_modify_qp (RESET to INIT)",
+            Verb::ModifyQpToRtr => "ibv_modify_qp (INIT to RTR)",
+            Verb::ModifyQpToRts => "ibv_modify_qp (RTR to RTS)",
+            Verb::CreateAh => "ibv_create_ah",
+            Verb::CreateSrq => "ibv_create_srq",
+            Verb::ModifySrq => "ibv_modify_srq",
+            Verb::QuerySrq => "ibv_query_srq",
+            Verb::PostSrqRecv => "ibv_post_srq_recv",
+            Verb::QueryPort => "ibv_query_port",
+            Verb::QueryGid => "ibv_query_gid",
         };
         f.write_str(name)
     }

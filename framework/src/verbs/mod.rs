@@ -10,11 +10,19 @@
 //!    ├── CompletionChannel ◄── CompletionQueue ◄──┐
 //!    │                                            │
 //! EventChannel ◄── CmId ◄───────────────────── QueuePair ──► ProtectionDomain
+//!                  (none for QPs from Bringup)       │
+//!                          SharedReceiveQueue, AddressHandle (UD peer) ◄─┘
 //! ```
+//!
+//! QPs without an rdma_cm id (the out-of-band exchange of the `ibv_*_pingpong` tools) are
+//! walked RESET → INIT → RTR → RTS by the typed [`Bringup`]; port and GID queries,
+//! address handles, shared receive queues and the UD GRH are here for them.
 //!
 //! Errors are [`VerbsError`]: they name the failing verb and carry its errno, or the
 //! failing completion's status.
 
+mod ah;
+mod bringup;
 mod cm;
 mod cq;
 mod device;
@@ -22,10 +30,17 @@ mod error;
 mod mr;
 mod mw;
 mod pd;
+mod port;
 mod qp;
 mod shared;
+mod srq;
 mod sys;
 
+pub use ah::{AddressHandle, AddressVector, GlobalRoute};
+pub use bringup::{
+    Bringup, ConnectedInit, Init, Psn, Rc, RcRtr, RcRts, Reset, Rtr, Transport, Uc, UcRtr, Ud,
+    UdInit,
+};
 pub use cm::{
     CmEvent, CmEventKind, CmId, CmIdKey, ConnParam, EventChannel, MAX_ACCEPT_PRIVATE_DATA,
     MAX_CONNECT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA,
@@ -38,5 +53,7 @@ pub use error::{Result, Verb, VerbsError};
 pub use mr::{Access, MemoryRegion, RemoteRegion, Sge};
 pub use mw::MemoryWindow;
 pub use pd::ProtectionDomain;
-pub use qp::{QpCaps, QpState, QueuePair, RecvWr, SendOp, SendWr};
+pub use port::{Gid, Grh, LinkLayer, Mtu, PortAttr, GRH_LEN};
+pub use qp::{QpCaps, QpState, QueuePair, RecvWr, SendOp, SendWr, UdPeer};
 pub use shared::{accepts, copy_of, SharedRegion, VERSION_LEN};
+pub use srq::{SharedReceiveQueue, SrqAttr};

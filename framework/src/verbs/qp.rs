@@ -1,8 +1,11 @@
-//! Reliable-connected queue pairs and work-request posting.
+//! Queue pairs and work-request posting.
 //!
-//! QPs are created on an rdma_cm id (`CmId::create_qp`), which drives their state
-//! through INIT/RTR/RTS during connect/accept. A QP holds its cm_id, PD and both CQs, so
-//! none of them can be destroyed while it exists.
+//! Most QPs are created on an rdma_cm id (`CmId::create_qp`), which drives their state
+//! through INIT/RTR/RTS during connect/accept. Others are created without one and walked
+//! through those states by the typed bring-up in `bringup.rs` (RC, UC, UD; optionally on
+//! a shared receive queue). Either way the result is a [`QueuePair`]: it holds its cm_id
+//! (if any), PD, both CQs, its SRQ and a UD peer's address handle, so none of them can be
+//! destroyed while it exists.
 
 use std::ops::Range;
 use std::ptr::NonNull;
@@ -10,13 +13,15 @@ use std::sync::Arc;
 
 use rdma_sys::*;
 
+use super::ah::AddressHandle;
 use super::cm::CmIdInner;
 use super::cq::CompletionQueue;
-use super::error::{check, Result, Verb, VerbsError};
+use super::error::{check, check_ptr, Result, Verb, VerbsError};
 use super::mr::{Access, MemoryRegion, RemoteRegion, Sge};
 use super::mw::{next_rkey, MemoryWindow};
 use super::pd::ProtectionDomain;
 use super::shared::SharedRegion;
+use super::srq::SharedReceiveQueue;
 
 /// Queue sizes for a new QP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -216,19 +221,39 @@ pub struct RecvWr<'a> {
     pub local: Option<Sge<'a>>,
 }
 
-/// An RC queue pair. Cheap to clone; destroyed after the last clone is dropped.
+/// A queue pair. Cheap to clone; destroyed after the last clone is dropped.
 #[derive(Clone)]
 pub struct QueuePair {
-    inner: Arc<QpInner>,
+    pub(crate) inner: Arc<QpInner>,
 }
 
-struct QpInner {
-    id: Arc<CmIdInner>,
-    qp: NonNull<ibv_qp>,
+/// Who destroys the QP: rdma_cm (it created it on its id) or libibverbs directly.
+pub(crate) enum QpOwner {
+    Cm(Arc<CmIdInner>),
+    Plain,
+}
+
+/// The one peer a UD QP sends to (its sends carry no address of their own).
+#[derive(Debug, Clone)]
+pub struct UdPeer {
+    /// Where the datagrams go.
+    pub ah: AddressHandle,
+    /// The peer's QP number.
+    pub qpn: u32,
+    /// The Q_Key the peer's QP accepts.
+    pub qkey: u32,
+}
+
+pub(crate) struct QpInner {
+    owner: QpOwner,
+    pub(crate) qp: NonNull<ibv_qp>,
     qp_num: u32,
+    /// Fills the UD part of every send (UD QPs bound to one peer).
+    ud_peer: Option<UdPeer>,
     _pd: ProtectionDomain,
     send_cq: CompletionQueue,
     recv_cq: CompletionQueue,
+    srq: Option<SharedReceiveQueue>,
 }
 
 // SAFETY: posting and modifying a QP are thread-safe verbs; destroyed once in Drop.
@@ -238,10 +263,47 @@ unsafe impl Sync for QpInner {}
 
 impl Drop for QpInner {
     fn drop(&mut self) {
-        // SAFETY: the cm_id is kept alive by `id`; rdma_destroy_qp destroys id->qp, which
-        // is this QP, and nothing else refers to it once the last clone is gone.
-        unsafe { rdma_destroy_qp(self.id.as_ptr()) };
+        match &self.owner {
+            // SAFETY: the cm_id is kept alive by the owner; rdma_destroy_qp destroys
+            // id->qp, which is this QP, and nothing else refers to it once the last clone
+            // is gone.
+            QpOwner::Cm(id) => unsafe { rdma_destroy_qp(id.as_ptr()) },
+            QpOwner::Plain => {
+                // SAFETY: created by ibv_create_qp and destroyed once, here; its CQs, SRQ
+                // and address handle are fields dropped after this.
+                let ret = unsafe { ibv_destroy_qp(self.qp.as_ptr()) };
+                if ret != 0 {
+                    tracing::error!(errno = ret, qp = self.qp_num, "ibv_destroy_qp failed");
+                }
+            }
+        }
     }
+}
+
+/// The `ibv_qp_init_attr` both creation paths share.
+fn init_attr(
+    send_cq: &CompletionQueue,
+    recv_cq: &CompletionQueue,
+    caps: QpCaps,
+    qp_type: ibv_qp_type::Type,
+    srq: Option<&SharedReceiveQueue>,
+) -> ibv_qp_init_attr {
+    // SAFETY: ibv_qp_init_attr is plain old data; all-zero is valid.
+    let mut attr: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+    attr.send_cq = send_cq.as_ptr();
+    attr.recv_cq = recv_cq.as_ptr();
+    attr.srq = srq.map_or(std::ptr::null_mut(), |s| s.as_ptr());
+    attr.qp_type = qp_type;
+    attr.sq_sig_all = 0;
+    attr.cap = ibv_qp_cap {
+        max_send_wr: caps.max_send_wr,
+        // A QP on an SRQ has no receive queue of its own.
+        max_recv_wr: if srq.is_some() { 0 } else { caps.max_recv_wr },
+        max_send_sge: caps.max_send_sge,
+        max_recv_sge: if srq.is_some() { 0 } else { caps.max_recv_sge },
+        max_inline_data: caps.max_inline_data,
+    };
+    attr
 }
 
 impl QueuePair {
@@ -252,19 +314,7 @@ impl QueuePair {
         recv_cq: &CompletionQueue,
         caps: QpCaps,
     ) -> Result<QueuePair> {
-        // SAFETY: ibv_qp_init_attr is plain old data; all-zero is valid.
-        let mut attr: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
-        attr.send_cq = send_cq.as_ptr();
-        attr.recv_cq = recv_cq.as_ptr();
-        attr.qp_type = ibv_qp_type::IBV_QPT_RC;
-        attr.sq_sig_all = 0;
-        attr.cap = ibv_qp_cap {
-            max_send_wr: caps.max_send_wr,
-            max_recv_wr: caps.max_recv_wr,
-            max_send_sge: caps.max_send_sge,
-            max_recv_sge: caps.max_recv_sge,
-            max_inline_data: caps.max_inline_data,
-        };
+        let mut attr = init_attr(send_cq, recv_cq, caps, ibv_qp_type::IBV_QPT_RC, None);
         // SAFETY: the id, PD and CQs are alive and kept alive by the QP we build below.
         let ret = unsafe { rdma_create_qp(id.as_ptr(), pd.as_ptr(), &mut attr) };
         check(Verb::CreateQp, ret)?;
@@ -275,14 +325,68 @@ impl QueuePair {
         let qp_num = unsafe { qp.as_ref().qp_num };
         Ok(QueuePair {
             inner: Arc::new(QpInner {
-                id,
+                owner: QpOwner::Cm(id),
                 qp,
                 qp_num,
+                ud_peer: None,
                 _pd: pd.clone(),
                 send_cq: send_cq.clone(),
                 recv_cq: recv_cq.clone(),
+                srq: None,
             }),
         })
+    }
+
+    /// Creates a QP without an rdma_cm id (`ibv_create_qp`), in the RESET state; the
+    /// typed bring-up in `bringup.rs` is the only caller, so it cannot skip a state.
+    pub(crate) fn create_plain(
+        pd: &ProtectionDomain,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+        caps: QpCaps,
+        qp_type: ibv_qp_type::Type,
+        srq: Option<&SharedReceiveQueue>,
+        ud_peer: Option<UdPeer>,
+    ) -> Result<QueuePair> {
+        let mut attr = init_attr(send_cq, recv_cq, caps, qp_type, srq);
+        // SAFETY: the PD, CQs and SRQ are alive and kept alive by the QP built below.
+        let qp = unsafe { ibv_create_qp(pd.as_ptr(), &mut attr) };
+        let qp = check_ptr(Verb::CreatePlainQp, qp)?;
+        // SAFETY: the QP was just created.
+        let qp_num = unsafe { qp.as_ref().qp_num };
+        Ok(QueuePair {
+            inner: Arc::new(QpInner {
+                owner: QpOwner::Plain,
+                qp,
+                qp_num,
+                ud_peer,
+                _pd: pd.clone(),
+                send_cq: send_cq.clone(),
+                recv_cq: recv_cq.clone(),
+                srq: srq.cloned(),
+            }),
+        })
+    }
+
+    /// The shared receive queue its receives come from, if any.
+    pub fn srq(&self) -> Option<&SharedReceiveQueue> {
+        self.inner.srq.as_ref()
+    }
+
+    /// The peer a UD QP is bound to.
+    pub fn ud_peer(&self) -> Option<&UdPeer> {
+        self.inner.ud_peer.as_ref()
+    }
+
+    /// Fills the UD addressing of a send for a QP bound to one peer.
+    fn address(&self, wr: &mut ibv_send_wr) {
+        if let Some(peer) = &self.inner.ud_peer {
+            wr.wr.ud = ud_t {
+                ah: peer.ah.as_ptr(),
+                remote_qpn: peer.qpn,
+                remote_qkey: peer.qkey,
+            };
+        }
     }
 
     /// The QP number: completions carry it, so pollers route by it.
@@ -469,6 +573,7 @@ impl QueuePair {
     pub fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {
         let mut sge = raw_sge(wr.local);
         let mut raw = wr.raw(&mut sge);
+        self.address(&mut raw);
         let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
         // SAFETY: `raw` and `sge` live across the call; the QP is alive. The local bytes
         // are a bounds-checked range of a registration that is deregistered before its
@@ -486,7 +591,11 @@ impl QueuePair {
         let mut raws: Vec<ibv_send_wr> = wrs
             .iter()
             .zip(sges.iter_mut())
-            .map(|(w, s)| w.raw(s))
+            .map(|(w, s)| {
+                let mut raw = w.raw(s);
+                self.address(&mut raw);
+                raw
+            })
             .collect();
         let base = link(&mut raws, |w: &mut ibv_send_wr| &mut w.next);
         let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
@@ -498,6 +607,11 @@ impl QueuePair {
 
     /// Posts receive requests with one doorbell.
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        if self.inner.srq.is_some() {
+            return Err(VerbsError::InvalidArgument(
+                "this QP receives from a shared receive queue; post there".into(),
+            ));
+        }
         if let [wr] = wrs {
             // One receive (the reposting path, once per message): no allocation.
             let mut sge = raw_sge(wr.local);
@@ -535,7 +649,7 @@ impl QueuePair {
 }
 
 /// The raw SGE of an optional local range (a zero-length one when there is none).
-fn raw_sge(local: Option<Sge<'_>>) -> ibv_sge {
+pub(crate) fn raw_sge(local: Option<Sge<'_>>) -> ibv_sge {
     local.map(|s| s.raw()).unwrap_or(ibv_sge {
         addr: 0,
         length: 0,
@@ -545,7 +659,7 @@ fn raw_sge(local: Option<Sge<'_>>) -> ibv_sge {
 
 /// Chains `items` through their `next` pointers (as ibv_post_send/recv expect) and
 /// returns the head. The chain points into `items`, so it must not move until posted.
-fn link<T>(items: &mut [T], next: impl Fn(&mut T) -> &mut *mut T) -> *mut T {
+pub(crate) fn link<T>(items: &mut [T], next: impl Fn(&mut T) -> &mut *mut T) -> *mut T {
     let base = items.as_mut_ptr();
     for i in 1..items.len() {
         // SAFETY: i-1 and i are in bounds; `base` stays valid while `items` is borrowed.

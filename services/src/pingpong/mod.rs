@@ -2,6 +2,13 @@
 //! `Pong { seq }` with the same payload. Sequence numbers must rise by one per ping; a
 //! client that skips or repeats one is cut off with the reason (the lab exercise's
 //! "detect lost or duplicated messages", done by the state machine below).
+//!
+//! [`stock`] serves rdma-core's unmodified `ibv_{rc,uc,ud,srq}_pingpong` clients on the
+//! framework's out-of-band ports.
+
+pub mod stock;
+
+pub use stock::{StockConfig, StockPingPongService};
 
 use rdmactor::runtime::{Message, PeerInfo, Service, Session, SessionCx, SessionError};
 use serde::{Deserialize, Serialize};

@@ -201,7 +201,9 @@ impl<S: Session> Connection<S> {
         }
         self.reason = Some(reason);
         // Both sides may disconnect at once; a second call fails harmlessly.
-        let _ = core.id.disconnect();
+        if let Some(id) = &core.id {
+            let _ = id.disconnect();
+        }
         match core.qp.to_error() {
             Ok(()) => core.flush_unsignaled(),
             Err(e) => {

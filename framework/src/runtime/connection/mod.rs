@@ -32,6 +32,7 @@ use self::rendezvous::RendezvousOut;
 use self::wake::Wake;
 use super::poller::CqReservation;
 use super::service::{Framing, Message, OpId, SessionError};
+use super::srq::SharedRecv;
 use super::CloseReason;
 use crate::memory::{Charge, Lease, MrPool, PoolError};
 use crate::proto::budget::Budget;
@@ -242,7 +243,10 @@ pub(crate) struct Core {
     // Windows over shared regions, for the same reason (see `SessionCx::grant`).
     grants: Slab<GrantEntry>,
     qp: QueuePair,
-    id: CmId,
+    /// None for a QP brought up out of band (no rdma_cm).
+    id: Option<CmId>,
+    /// Receives from a queue shared with other connections (after `qp`: the QP goes first).
+    shared_recv: Option<SharedRecv>,
     _cq: CqReservation,
     framing: Framing,
     recv: Vec<Lease>,
@@ -299,7 +303,8 @@ pub(crate) struct Core {
 /// What [`Core::new`] needs.
 pub(crate) struct CoreParts {
     pub qp: QueuePair,
-    pub id: CmId,
+    pub id: Option<CmId>,
+    pub shared_recv: Option<SharedRecv>,
     pub cq: CqReservation,
     pub framing: Framing,
     pub recv: Vec<Lease>,
@@ -322,6 +327,7 @@ impl Core {
         Core {
             qp: p.qp,
             id: p.id,
+            shared_recv: p.shared_recv,
             _cq: p.cq,
             framing: p.framing,
             recv: p.recv,
@@ -899,6 +905,10 @@ impl Core {
         &mut self,
         wc: &WorkCompletion,
     ) -> Result<Option<(OpId, crate::verbs::Result<()>)>, CloseReason> {
+        if let Some(slot) = SharedRecv::slot_of(wc.wr_id) {
+            self.handle_shared_recv(slot, wc)?;
+            return Ok(None);
+        }
         let Some(wr) = self.inflight.try_remove(wc.wr_id as usize) else {
             tracing::warn!(wr_id = wc.wr_id, "completion for an unknown work request");
             return Ok(None);
@@ -970,6 +980,40 @@ impl Core {
             }
         }
         Ok(None)
+    }
+
+    /// A receive from the shared queue: the bytes are copied out and the buffer goes back
+    /// to the queue at once (even while closing: the other connections need it). Raw
+    /// framing only, for now.
+    fn handle_shared_recv(&mut self, slot: usize, wc: &WorkCompletion) -> Result<(), CloseReason> {
+        let Some(shared) = &self.shared_recv else {
+            tracing::warn!(
+                wr_id = wc.wr_id,
+                "shared receive on a connection without one"
+            );
+            return Ok(());
+        };
+        let data = shared.take(slot, wc).map_err(CloseReason::from_verbs)?;
+        if self.closing.is_some() {
+            return Ok(());
+        }
+        let Some(data) = data else {
+            return Err(CloseReason::Completion(format!(
+                "shared receive on QP {} completed with {}",
+                wc.qp_num, wc.status
+            )));
+        };
+        let data = if wc.opcode == WcOpcode::RecvRdmaWithImm {
+            Vec::new()
+        } else {
+            data
+        };
+        self.deliveries.push_back(Delivery::Ready(Message {
+            tag: 0,
+            imm: wc.imm_data,
+            data,
+        }));
+        Ok(())
     }
 
     fn next_delivery(&mut self) -> Option<Message> {

@@ -1,0 +1,271 @@
+//! The out-of-band exchange of rdma-core's `ibv_*_pingpong` tools, without I/O.
+//!
+//! Over a TCP connection each side describes its QP(s) as fixed-size text records:
+//! `LLLL:QQQQQQ:PPPPPP:GGGG...` (LID, QP number and first PSN in hex, then the GID as 32
+//! hex digits of its 16 bytes in order), NUL-terminated: 52 bytes each. The client writes
+//! its records first; the server brings its QPs to RTS, answers with its own records,
+//! and the client acknowledges with the 5 bytes `done\0` before the ping-pong starts over
+//! the QPs (the TCP connection then closes). `ibv_rc_pingpong`, `ibv_uc_pingpong` and
+//! `ibv_ud_pingpong` send one record; `ibv_srq_pingpong` always sends 256, of which the
+//! first `-q` describe its QPs and the rest are all zero.
+
+use crate::verbs::Gid;
+
+/// Bytes of one record, the terminating NUL included.
+pub const RECORD_LEN: usize = 52;
+/// What the client sends once it has the server's records.
+pub const DONE: [u8; 5] = *b"done\0";
+/// Records `ibv_srq_pingpong` exchanges, whatever its `-q`.
+pub const SRQ_RECORDS: usize = 256;
+
+/// One side's description of one QP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Dest {
+    /// The port's LID (0 on RoCE).
+    pub lid: u16,
+    /// QP number (24 bits).
+    pub qpn: u32,
+    /// First packet sequence number (24 bits).
+    pub psn: u32,
+    /// GID (all zero when the tool runs without `-g`).
+    pub gid: Gid,
+}
+
+/// Why a client's records were refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExchangeError {
+    /// A record is not `LLLL:QQQQQQ:PPPPPP:<32 hex digits>` followed by NUL.
+    #[error("record {index} is malformed ({why}): {text:?}")]
+    Malformed {
+        /// Which record (0-based).
+        index: usize,
+        /// What is wrong.
+        why: &'static str,
+        /// The record's text up to its NUL (lossy).
+        text: String,
+    },
+    /// The connection ended before all records arrived.
+    #[error("exchange truncated: {got} of {want} bytes before the connection closed")]
+    Truncated {
+        /// Bytes received.
+        got: usize,
+        /// Bytes expected.
+        want: usize,
+    },
+    /// The SRQ client described no QP, or QPs after an empty record.
+    #[error("records describe {0}")]
+    BadQpList(String),
+    /// More QPs than one client may have.
+    #[error("{got} QPs asked for, at most {max} per client")]
+    TooManyQps {
+        /// QPs described.
+        got: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The acknowledgement after the server's records was not `done\0`.
+    #[error("expected \"done\" after the exchange, got {0:?}")]
+    NotDone(String),
+}
+
+impl Dest {
+    /// The record, as the tools write it.
+    pub fn encode(&self) -> [u8; RECORD_LEN] {
+        let mut gid = String::with_capacity(32);
+        for b in self.gid.0 {
+            gid.push_str(&format!("{b:02x}"));
+        }
+        let text = format!(
+            "{:04x}:{:06x}:{:06x}:{gid}",
+            self.lid,
+            self.qpn & 0xff_ffff,
+            self.psn & 0xff_ffff
+        );
+        let mut out = [0u8; RECORD_LEN];
+        out[..text.len()].copy_from_slice(text.as_bytes());
+        out
+    }
+
+    /// Parses record number `index`: exactly the shape [`encode`](Self::encode) writes.
+    pub fn decode(index: usize, record: &[u8; RECORD_LEN]) -> Result<Dest, ExchangeError> {
+        let end = record.iter().position(|&b| b == 0).unwrap_or(RECORD_LEN);
+        let text = &record[..end];
+        let bad = |why| ExchangeError::Malformed {
+            index,
+            why,
+            text: String::from_utf8_lossy(text).into_owned(),
+        };
+        if end == RECORD_LEN {
+            return Err(bad("no terminating NUL"));
+        }
+        let parts: Vec<&[u8]> = text.split(|&b| b == b':').collect();
+        let [lid, qpn, psn, gid] = parts.as_slice() else {
+            return Err(bad("not four ':'-separated fields"));
+        };
+        let hex = |field: &[u8], width: usize, what| {
+            if field.len() != width || !field.iter().all(u8::is_ascii_hexdigit) {
+                return Err(bad(what));
+            }
+            let s = std::str::from_utf8(field).map_err(|_| bad(what))?;
+            u64::from_str_radix(s, 16).map_err(|_| bad(what))
+        };
+        let lid = hex(lid, 4, "LID is not 4 hex digits")? as u16;
+        let qpn = hex(qpn, 6, "QPN is not 6 hex digits")? as u32;
+        let psn = hex(psn, 6, "PSN is not 6 hex digits")? as u32;
+        if gid.len() != 32 {
+            return Err(bad("GID is not 32 hex digits"));
+        }
+        let mut g = [0u8; 16];
+        for (i, pair) in gid.chunks(2).enumerate() {
+            g[i] = hex(pair, 2, "GID is not 32 hex digits")? as u8;
+        }
+        Ok(Dest {
+            lid,
+            qpn,
+            psn,
+            gid: Gid(g),
+        })
+    }
+}
+
+/// Decodes a client's records: `bytes` holds `count` records back to back.
+pub fn decode_records(bytes: &[u8], count: usize) -> Result<Vec<Dest>, ExchangeError> {
+    if bytes.len() < count * RECORD_LEN {
+        return Err(ExchangeError::Truncated {
+            got: bytes.len(),
+            want: count * RECORD_LEN,
+        });
+    }
+    bytes
+        .chunks_exact(RECORD_LEN)
+        .take(count)
+        .enumerate()
+        .map(|(i, r)| Dest::decode(i, r.try_into().expect("a record")))
+        .collect()
+}
+
+/// The QPs an `ibv_srq_pingpong` client described: the leading records with a QP number,
+/// all later ones empty. At least one, at most `max`.
+pub fn srq_qps(records: &[Dest], max: usize) -> Result<Vec<Dest>, ExchangeError> {
+    let n = records.iter().take_while(|d| d.qpn != 0).count();
+    if n == 0 {
+        return Err(ExchangeError::BadQpList("no QP".into()));
+    }
+    if let Some(i) = records[n..].iter().position(|d| *d != Dest::default()) {
+        return Err(ExchangeError::BadQpList(format!(
+            "a QP at record {} after an empty record {n}",
+            n + i
+        )));
+    }
+    if n > max {
+        return Err(ExchangeError::TooManyQps { got: n, max });
+    }
+    Ok(records[..n].to_vec())
+}
+
+/// The server's answer: one record per QP, padded with empty records to `count`.
+pub fn encode_records(dests: &[Dest], count: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(count.max(dests.len()) * RECORD_LEN);
+    for d in dests {
+        out.extend_from_slice(&d.encode());
+    }
+    for _ in dests.len()..count {
+        out.extend_from_slice(&Dest::default().encode());
+    }
+    out
+}
+
+/// Checks the client's acknowledgement.
+pub fn check_done(bytes: &[u8]) -> Result<(), ExchangeError> {
+    if bytes == DONE {
+        Ok(())
+    } else {
+        Err(ExchangeError::NotDone(
+            String::from_utf8_lossy(bytes).into_owned(),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(text: &str) -> [u8; RECORD_LEN] {
+        let mut r = [0u8; RECORD_LEN];
+        r[..text.len()].copy_from_slice(text.as_bytes());
+        r
+    }
+
+    #[test]
+    fn records_look_like_the_tools_records() {
+        // As ibv_rc_pingpong -g 1 writes it on rxe (GID ::ffff:192.0.2.1).
+        let text = "0000:000011:74e326:00000000000000000000ffffc0000201";
+        let d = Dest::decode(0, &record(text)).unwrap();
+        assert_eq!((d.lid, d.qpn, d.psn), (0, 0x11, 0x74e326));
+        assert_eq!(d.gid.to_string(), "::ffff:192.0.2.1");
+        assert_eq!(d.encode(), record(text));
+        assert_eq!(text.len() + 1, RECORD_LEN);
+    }
+
+    #[test]
+    fn malformed_records_say_what_is_wrong() {
+        let cases = [
+            ("0000:000011:74e326", "not four"),
+            ("000:000011:74e326:00000000000000000000ffffc0000201", "LID"),
+            ("0000:00001g:74e326:00000000000000000000ffffc0000201", "QPN"),
+            ("0000:000011:74e3266:0000000000000000000ffffc0000201", "PSN"),
+            ("0000:000011:74e326:00000000000000000000ffffc00002", "GID"),
+            ("0000:000011:74e326:00000000000000000000ffffc00002zz", "GID"),
+            ("hello world", "not four"),
+        ];
+        for (text, why) in cases {
+            let err = Dest::decode(3, &record(text)).unwrap_err();
+            assert!(err.to_string().contains(why), "{text}: {err}");
+            assert!(err.to_string().contains("record 3"), "{err}");
+        }
+        let full = [b'a'; RECORD_LEN];
+        assert!(Dest::decode(0, &full)
+            .unwrap_err()
+            .to_string()
+            .contains("NUL"));
+    }
+
+    #[test]
+    fn srq_records_name_the_leading_qps() {
+        let qp = |n| Dest {
+            qpn: n,
+            psn: 1,
+            ..Dest::default()
+        };
+        let mut recs = vec![Dest::default(); SRQ_RECORDS];
+        recs[0] = qp(5);
+        recs[1] = qp(6);
+        let bytes = encode_records(&recs[..2], SRQ_RECORDS);
+        assert_eq!(bytes.len(), SRQ_RECORDS * RECORD_LEN);
+        let decoded = decode_records(&bytes, SRQ_RECORDS).unwrap();
+        assert_eq!(srq_qps(&decoded, 255).unwrap(), vec![qp(5), qp(6)]);
+        assert!(matches!(
+            srq_qps(&decoded, 1),
+            Err(ExchangeError::TooManyQps { got: 2, max: 1 })
+        ));
+        assert!(srq_qps(&[Dest::default(); 4], 255).is_err());
+        let mut gap = decoded.clone();
+        gap[9] = qp(9);
+        assert!(srq_qps(&gap, 255)
+            .unwrap_err()
+            .to_string()
+            .contains("after an empty record"));
+    }
+
+    #[test]
+    fn truncation_and_done() {
+        assert_eq!(
+            decode_records(&[0u8; 60], 2),
+            Err(ExchangeError::Truncated { got: 60, want: 104 })
+        );
+        assert!(check_done(b"done\0").is_ok());
+        assert!(check_done(b"nope\0").is_err());
+        assert!(check_done(b"done").is_err());
+    }
+}

@@ -1,0 +1,442 @@
+//! The out-of-band listener actor: accepts TCP clients without blocking, runs each
+//! client's exchange as its own task (with deadlines), brings the QPs up on the actor
+//! and starts a connection actor per QP. It keeps the bookkeeping the CM actor keeps for
+//! rdma_cm connections: which are open, counters, and a drain at shutdown.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+
+use super::bringup::prepare;
+use super::{OobPort, OobStats, OobTransport};
+use crate::proto::oob::{self, ExchangeError, RECORD_LEN};
+use crate::runtime::connection::{
+    panic_message, CmNotice, ConnClosed, ConnectionActor, ConnectionParts,
+};
+use crate::runtime::node::Node;
+use crate::runtime::service::{PeerInfo, Service};
+use crate::runtime::CloseReason;
+use crate::verbs::CmIdKey;
+
+struct Open {
+    conn: Recipient<CmNotice>,
+    client: u64,
+}
+
+pub(crate) struct OobListener {
+    node: Arc<Node>,
+    port: OobPort,
+    service: Arc<dyn Service>,
+    listener: Option<std::net::TcpListener>,
+    stop_accepting: Option<oneshot::Sender<()>>,
+    conns: HashMap<CmIdKey, Open>,
+    /// Clients in the exchange (not yet `done`), by id.
+    exchanging: usize,
+    next_key: usize,
+    next_client: u64,
+    shutting_down: bool,
+    drained: Vec<oneshot::Sender<()>>,
+    stats: OobStats,
+}
+
+impl OobListener {
+    /// Binds the TCP port (non-blocking); the actor starts accepting once started.
+    pub fn bind(
+        node: Arc<Node>,
+        port: OobPort,
+        service: Arc<dyn Service>,
+    ) -> std::io::Result<(OobListener, SocketAddr)> {
+        let listener = std::net::TcpListener::bind(port.addr)?;
+        listener.set_nonblocking(true)?;
+        let bound = listener.local_addr()?;
+        let stats = OobStats {
+            addr: Some(bound),
+            transport: Some(port.transport),
+            ..OobStats::default()
+        };
+        Ok((
+            OobListener {
+                node,
+                port,
+                service,
+                listener: Some(listener),
+                stop_accepting: None,
+                conns: HashMap::new(),
+                exchanging: 0,
+                next_key: 1,
+                next_client: 1,
+                shutting_down: false,
+                drained: Vec::new(),
+                stats,
+            },
+            bound,
+        ))
+    }
+
+    fn clients_open(&self) -> usize {
+        let mut clients: Vec<u64> = self.conns.values().map(|o| o.client).collect();
+        clients.sort_unstable();
+        clients.dedup();
+        clients.len() + self.exchanging
+    }
+
+    fn refuse(&mut self, peer: SocketAddr, reason: &str) {
+        self.stats.refused += 1;
+        self.stats.last_refusal = Some(reason.to_owned());
+        tracing::warn!(%peer, transport = %self.port.transport, reason, "out-of-band client refused");
+    }
+
+    /// Brings up a client's QPs from its records and starts their connections.
+    fn on_records(
+        &mut self,
+        peer: SocketAddr,
+        bytes: &[u8],
+        ctx: &mut Context<Self>,
+    ) -> Result<(u64, Vec<u8>), String> {
+        if self.shutting_down {
+            return Err("server is shutting down".into());
+        }
+        let transport = self.port.transport;
+        let records = oob::decode_records(bytes, transport.records()).map_err(|e| e.to_string())?;
+        let peers = match transport {
+            OobTransport::Srq => oob::srq_qps(&records, self.port.options.max_qps_per_client)
+                .map_err(|e| e.to_string())?,
+            _ => records,
+        };
+        let framing = self.service.framing();
+        let prepared = prepare(&self.node, transport, &self.port.options, framing, &peers)?;
+        let client = self.next_client;
+        self.next_client += 1;
+        let mut sessions = Vec::with_capacity(prepared.cores.len());
+        for core in &prepared.cores {
+            let info = PeerInfo {
+                addr: Some(peer),
+                qp_num: core.qp_num(),
+                service: self.port.service.clone(),
+            };
+            // The service's code on this actor: a panic must not end the listener.
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.service.session(&info)
+            })) {
+                Ok(s) => sessions.push((s, info)),
+                Err(p) => return Err(format!("service panicked: {}", panic_message(&*p))),
+            }
+        }
+        for (core, (session, info)) in prepared.cores.into_iter().zip(sessions) {
+            let key = CmIdKey::out_of_band(self.next_key);
+            self.next_key += 1;
+            let label = format!(
+                "{}/{}/qp{}/{}",
+                peer, transport, info.qp_num, self.port.service
+            );
+            let addr = ConnectionActor::start(ConnectionParts {
+                core,
+                session,
+                cm: ctx.address().recipient(),
+                key,
+                label,
+            });
+            // RTS already: the session may send as soon as its actor runs.
+            addr.do_send(CmNotice::Established {
+                peer_recv_depth: None,
+            });
+            self.conns.insert(
+                key,
+                Open {
+                    conn: addr.recipient(),
+                    client,
+                },
+            );
+        }
+        self.stats.connections = self.conns.len();
+        Ok((
+            client,
+            oob::encode_records(&prepared.answer, transport.records()),
+        ))
+    }
+
+    fn close_client(&mut self, client: u64, reason: &str) {
+        for open in self.conns.values().filter(|o| o.client == client) {
+            open.conn
+                .do_send(CmNotice::Close(CloseReason::Protocol(reason.to_owned())));
+        }
+    }
+}
+
+impl Actor for OobListener {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        let Some(std_listener) = self.listener.take() else {
+            return;
+        };
+        let listener = match TcpListener::from_std(std_listener) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(error = %e, "out-of-band listener cannot start");
+                return;
+            }
+        };
+        let (stop_tx, mut stop_rx) = oneshot::channel();
+        self.stop_accepting = Some(stop_tx);
+        let me = ctx.address();
+        actix::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = &mut stop_rx => break,
+                    accepted = listener.accept() => match accepted {
+                        Ok((stream, peer)) => me.do_send(Accepted { stream, peer }),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "accepting an out-of-band client failed");
+                            actix::clock::sleep(Duration::from_millis(10)).await;
+                        }
+                    },
+                }
+            }
+        });
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Accepted {
+    stream: TcpStream,
+    peer: SocketAddr,
+}
+
+impl Handler<Accepted> for OobListener {
+    type Result = ();
+
+    fn handle(&mut self, msg: Accepted, ctx: &mut Context<Self>) {
+        if self.shutting_down {
+            return self.refuse(msg.peer, "server is shutting down");
+        }
+        if self.clients_open() >= self.port.options.max_clients {
+            let why = format!("client limit of {} reached", self.port.options.max_clients);
+            return self.refuse(msg.peer, &why);
+        }
+        self.exchanging += 1;
+        let me = ctx.address();
+        let records = self.port.transport.records();
+        let timeout = self.port.options.exchange_timeout;
+        actix::spawn(exchange(msg.stream, msg.peer, me, records, timeout));
+    }
+}
+
+/// Reads exactly `buf.len()` bytes; on EOF, how many arrived.
+async fn read_full(stream: &TcpStream, buf: &mut [u8]) -> Result<(), ExchangeError> {
+    let mut got = 0;
+    while got < buf.len() {
+        stream
+            .readable()
+            .await
+            .map_err(|_| ExchangeError::Truncated {
+                got,
+                want: buf.len(),
+            })?;
+        match stream.try_read(&mut buf[got..]) {
+            Ok(0) => {
+                return Err(ExchangeError::Truncated {
+                    got,
+                    want: buf.len(),
+                })
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => {
+                return Err(ExchangeError::Truncated {
+                    got,
+                    want: buf.len(),
+                })
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn write_all(stream: &TcpStream, mut bytes: &[u8]) -> std::io::Result<()> {
+    while !bytes.is_empty() {
+        stream.writable().await?;
+        match stream.try_write(bytes) {
+            Ok(n) => bytes = &bytes[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// One client's exchange: its records (within the deadline), the bring-up on the actor,
+/// our records, its `done`. Every failure is reported to the actor with the reason.
+async fn exchange(
+    stream: TcpStream,
+    peer: SocketAddr,
+    me: Addr<OobListener>,
+    records: usize,
+    timeout: Duration,
+) {
+    let mut buf = vec![0u8; records * RECORD_LEN];
+    let read = tokio::time::timeout(timeout, read_full(&stream, &mut buf)).await;
+    let failed = match read {
+        Err(_) => Some(format!(
+            "no complete records within {timeout:?} (silent client)"
+        )),
+        Ok(Err(e)) => Some(e.to_string()),
+        Ok(Ok(())) => None,
+    };
+    if let Some(reason) = failed {
+        me.do_send(ExchangeOver {
+            peer,
+            outcome: Err(reason),
+        });
+        return;
+    }
+    let (client, answer) = match me.send(Records { peer, bytes: buf }).await {
+        Ok(Ok(ok)) => ok,
+        Ok(Err(reason)) => {
+            me.do_send(ExchangeOver {
+                peer,
+                outcome: Err(reason),
+            });
+            return;
+        }
+        Err(_) => return,
+    };
+    let finish = async {
+        write_all(&stream, &answer)
+            .await
+            .map_err(|e| format!("sending our records failed: {e}"))?;
+        let mut done = [0u8; oob::DONE.len()];
+        read_full(&stream, &mut done)
+            .await
+            .map_err(|e| format!("no \"done\": {e}"))?;
+        oob::check_done(&done).map_err(|e| e.to_string())
+    };
+    let outcome = match tokio::time::timeout(timeout, finish).await {
+        Err(_) => Err(format!("no \"done\" within {timeout:?}")),
+        Ok(r) => r,
+    };
+    if let Err(reason) = &outcome {
+        me.do_send(Abandon {
+            client,
+            reason: reason.clone(),
+        });
+    }
+    me.do_send(ExchangeOver {
+        peer,
+        outcome: outcome.map(|()| client),
+    });
+}
+
+#[derive(Message)]
+#[rtype(result = "Result<(u64, Vec<u8>), String>")]
+struct Records {
+    peer: SocketAddr,
+    bytes: Vec<u8>,
+}
+
+impl Handler<Records> for OobListener {
+    type Result = Result<(u64, Vec<u8>), String>;
+
+    fn handle(&mut self, msg: Records, ctx: &mut Context<Self>) -> Self::Result {
+        self.on_records(msg.peer, &msg.bytes, ctx)
+    }
+}
+
+/// The client left or misbehaved after its QPs were up: close them.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Abandon {
+    client: u64,
+    reason: String,
+}
+
+impl Handler<Abandon> for OobListener {
+    type Result = ();
+
+    fn handle(&mut self, msg: Abandon, _: &mut Context<Self>) {
+        self.close_client(msg.client, &msg.reason);
+    }
+}
+
+/// A client's exchange ended: `done` said, or refused with the reason.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct ExchangeOver {
+    peer: SocketAddr,
+    outcome: Result<u64, String>,
+}
+
+impl Handler<ExchangeOver> for OobListener {
+    type Result = ();
+
+    fn handle(&mut self, msg: ExchangeOver, _: &mut Context<Self>) {
+        self.exchanging = self.exchanging.saturating_sub(1);
+        match msg.outcome {
+            Ok(client) => {
+                self.stats.clients += 1;
+                tracing::info!(peer = %msg.peer, client, transport = %self.port.transport, "out-of-band client connected");
+            }
+            Err(reason) => self.refuse(msg.peer, &reason),
+        }
+    }
+}
+
+impl Handler<ConnClosed> for OobListener {
+    type Result = ();
+
+    fn handle(&mut self, msg: ConnClosed, _: &mut Context<Self>) {
+        if self.conns.remove(&msg.key).is_some() {
+            self.stats.closed += 1;
+        }
+        self.stats.connections = self.conns.len();
+        tracing::debug!(reason = %msg.reason, "out-of-band connection released");
+        if self.conns.is_empty() {
+            for w in self.drained.drain(..) {
+                let _ = w.send(());
+            }
+        }
+    }
+}
+
+/// Reads the counters.
+#[derive(Message)]
+#[rtype(result = "OobStats")]
+pub(crate) struct GetOobStats;
+
+impl Handler<GetOobStats> for OobListener {
+    type Result = MessageResult<GetOobStats>;
+
+    fn handle(&mut self, _: GetOobStats, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.stats.clone())
+    }
+}
+
+/// Stops accepting, closes every connection, answers once all are released, then stops.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct OobShutdown(pub oneshot::Sender<()>);
+
+impl Handler<OobShutdown> for OobListener {
+    type Result = ();
+
+    fn handle(&mut self, msg: OobShutdown, _: &mut Context<Self>) {
+        self.shutting_down = true;
+        if let Some(stop) = self.stop_accepting.take() {
+            let _ = stop.send(());
+        }
+        for open in self.conns.values() {
+            open.conn.do_send(CmNotice::Close(CloseReason::Shutdown));
+        }
+        if self.conns.is_empty() {
+            let _ = msg.0.send(());
+        } else {
+            self.drained.push(msg.0);
+        }
+    }
+}

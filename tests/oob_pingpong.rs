@@ -1,0 +1,442 @@
+//! Out-of-band QP bring-up: rdma-core's unmodified `ibv_rc_pingpong`, `ibv_uc_pingpong`,
+//! `ibv_ud_pingpong` and `ibv_srq_pingpong` clients, many at once, against one rdmactor
+//! server (one TCP port per transport); bad exchanges and vanished clients cost only
+//! themselves; rdmactor's own out-of-band client against the stock RC server.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use rdmactor::proto::oob::{Dest, RECORD_LEN};
+use rdmactor::runtime::{OobPort, OobStats, OobTransport, Server};
+use rdmactor::verbs::Gid;
+use rdmactor_services::pingpong::{StockConfig, StockPingPongService};
+use rdmactor_tests::{
+    actix_run, assert_released, eventually, rdma_context, resource_counts, target_bin, test_addr,
+    ResourceCounts,
+};
+
+/// A server with one out-of-band port per transport in `ports`.
+fn oob_server(ports: &[OobTransport], stock: StockConfig, tweak: impl Fn(&mut OobPort)) -> Server {
+    let mut b = Server::builder()
+        .service("stock-rc", StockPingPongService::connected(stock))
+        .service("stock-ud", StockPingPongService::datagram(stock))
+        .service("stock-srq", StockPingPongService::shared(stock));
+    for &t in ports {
+        let service = match t {
+            OobTransport::Ud => "stock-ud",
+            OobTransport::Srq => "stock-srq",
+            _ => "stock-rc",
+        };
+        let mut port = OobPort::new(test_addr(), t, service);
+        tweak(&mut port);
+        b = b.oob(port);
+    }
+    b.start().expect("server")
+}
+
+/// Runs `n` copies of `ibv_{tool}_pingpong ARGS -p PORT IP` at once (each with a time
+/// limit), waiting without blocking the actors.
+async fn run_clients(tool: &str, n: usize, args: &[&str], addr: SocketAddr) -> Vec<Output> {
+    let handles: Vec<_> = (0..n)
+        .map(|_| {
+            let mut cmd = Command::new("timeout");
+            cmd.arg("240")
+                .arg(format!("ibv_{tool}_pingpong"))
+                .args(args)
+                .args(["-p", &addr.port().to_string(), &addr.ip().to_string()]);
+            std::thread::spawn(move || cmd.output().expect("run the pingpong client"))
+        })
+        .collect();
+    while !handles.iter().all(|h| h.is_finished()) {
+        actix_rt::time::sleep(Duration::from_millis(50)).await;
+    }
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+fn assert_all_ok(tool: &str, outs: &[Output], iters: u32) {
+    let failed: Vec<String> = outs
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| !o.status.success())
+        .map(|(i, o)| {
+            format!(
+                "client {i}: {:?}\n{}{}",
+                o.status,
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            )
+        })
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} {tool} clients failed:\n{}",
+        failed.len(),
+        outs.len(),
+        failed.join("\n")
+    );
+    for o in outs {
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            text.contains(&format!("{iters} iters in")),
+            "{tool} did not report {iters} iterations: {text}"
+        );
+    }
+}
+
+async fn port_stats(server: &Server, i: usize) -> OobStats {
+    server.oob_stats().await.swap_remove(i)
+}
+
+/// Waits until every out-of-band connection of `server` closed and was released.
+async fn wait_oob_idle(server: &Server, within: Duration) {
+    eventually("out-of-band connections to close", within, || async {
+        server.oob_stats().await.iter().all(|s| s.connections == 0)
+    })
+    .await;
+}
+
+/// Tracked counts and SRQs back to `base`.
+fn assert_all_released(base: &ResourceCounts) {
+    assert_released(base);
+    let now = resource_counts();
+    assert_eq!(now.get("srq"), base.get("srq"), "SRQs released");
+}
+
+fn stock(iters: Option<u64>) -> StockConfig {
+    StockConfig {
+        iters,
+        idle: Duration::from_secs(3),
+        ..StockConfig::default()
+    }
+}
+
+/// `n` stock clients of `tool` at once with `args`; all must exit 0, and every QP is
+/// released afterwards.
+fn many_at_once(transport: OobTransport, tool: &str, n: usize, args: &[&str], qps_each: u64) {
+    let Some(_ctx) = rdma_context() else { return };
+    let base = resource_counts();
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    let tool = tool.to_owned();
+    actix_run(async move {
+        let server = oob_server(&[transport], stock(Some(1000)), |_| {});
+        let addr = server.oob_addrs()[0];
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let started = Instant::now();
+        let outs = run_clients(&tool, n, &args, addr).await;
+        eprintln!(
+            "{n} × ibv_{tool}_pingpong {args:?}: {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+        assert_all_ok(&tool, &outs, 1000);
+        wait_oob_idle(&server, Duration::from_secs(30)).await;
+        let stats = port_stats(&server, 0).await;
+        assert_eq!(stats.clients, n as u64, "{stats:?}");
+        assert_eq!(stats.refused, 0, "{stats:?}");
+        assert_eq!(stats.closed, n as u64 * qps_each, "{stats:?}");
+        server.shutdown().await;
+    });
+    assert_all_released(&base);
+}
+
+#[test]
+fn sixteen_rc_clients_at_once() {
+    many_at_once(
+        OobTransport::Rc,
+        "rc",
+        16,
+        &["-g", "1", "-n", "1000", "-s", "4096"],
+        1,
+    );
+}
+
+#[test]
+fn sixteen_uc_clients_at_once() {
+    many_at_once(
+        OobTransport::Uc,
+        "uc",
+        16,
+        &["-g", "1", "-n", "1000", "-s", "4096"],
+        1,
+    );
+}
+
+#[test]
+fn eight_ud_clients_at_once() {
+    many_at_once(OobTransport::Ud, "ud", 8, &["-g", "1", "-n", "1000"], 1);
+}
+
+#[test]
+fn eight_srq_clients_of_four_qps_at_once() {
+    many_at_once(
+        OobTransport::Srq,
+        "srq",
+        8,
+        &["-g", "1", "-n", "1000", "-q", "4"],
+        4,
+    );
+}
+
+/// Writes `bytes` to the port, then reads whatever comes back until EOF (the server
+/// closes a refused client's socket).
+fn raw_exchange(addr: SocketAddr, bytes: &[u8]) -> Vec<u8> {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(bytes).expect("write");
+    s.shutdown(std::net::Shutdown::Write).expect("shutdown");
+    let mut back = Vec::new();
+    let _ = s.read_to_end(&mut back);
+    back
+}
+
+fn record(text: &str) -> Vec<u8> {
+    let mut r = vec![0u8; RECORD_LEN];
+    r[..text.len()].copy_from_slice(text.as_bytes());
+    r
+}
+
+#[test]
+fn bad_exchanges_and_vanished_clients_cost_only_themselves() {
+    let Some(_ctx) = rdma_context() else { return };
+    let base = resource_counts();
+    actix_run(async move {
+        let server = oob_server(&[OobTransport::Rc], stock(None), |p| {
+            p.options.exchange_timeout = Duration::from_secs(2);
+        });
+        let addr = server.oob_addrs()[0];
+        // A well-behaved client runs through all of it (sleeping on CQ events: -e).
+        let good = std::thread::spawn(move || {
+            Command::new("timeout")
+                .args([
+                    "240",
+                    "ibv_rc_pingpong",
+                    "-g",
+                    "1",
+                    "-n",
+                    "3000",
+                    "-s",
+                    "4096",
+                    "-e",
+                ])
+                .args(["-p", &addr.port().to_string(), &addr.ip().to_string()])
+                .output()
+                .expect("good client")
+        });
+        // A client that will be killed mid-run.
+        let mut doomed = Command::new("ibv_rc_pingpong")
+            .args(["-g", "1", "-n", "100000000", "-s", "64"])
+            .args(["-p", &addr.port().to_string(), &addr.ip().to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("doomed client");
+        let refusals = |what: &'static str, bytes: Vec<u8>| {
+            std::thread::spawn(move || (what, raw_exchange(addr, &bytes)))
+        };
+        let gid_unreachable = Dest {
+            lid: 0,
+            qpn: 0x123,
+            psn: 0x42,
+            gid: Gid("::ffff:10.9.9.9"
+                .parse::<std::net::Ipv6Addr>()
+                .unwrap()
+                .octets()),
+        };
+        let bad = vec![
+            refusals("garbage", record("this is not a pingpong record at all")),
+            refusals("truncated", b"0000:000011:74e3".to_vec()),
+            refusals("unreachable GID", gid_unreachable.encode().to_vec()),
+            // Connects and never writes: the exchange deadline ends it.
+            std::thread::spawn(move || {
+                let mut s = TcpStream::connect(addr).expect("connect");
+                s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+                let mut back = Vec::new();
+                let _ = s.read_to_end(&mut back);
+                ("silent", back)
+            }),
+        ];
+        // The killed client: its QP is up and answering, then the process dies.
+        eventually(
+            "the doomed client to connect",
+            Duration::from_secs(30),
+            || async { port_stats(&server, 0).await.clients >= 1 },
+        )
+        .await;
+        actix_rt::time::sleep(Duration::from_millis(500)).await;
+        doomed.kill().expect("kill");
+        let _ = doomed.wait();
+        while !bad.iter().all(|h| h.is_finished()) {
+            actix_rt::time::sleep(Duration::from_millis(50)).await;
+        }
+        for h in bad {
+            let (what, back) = h.join().unwrap();
+            // Truncated input is answered by closing; nothing of ours is sent.
+            assert!(
+                back.is_empty(),
+                "{what}: the server answered {} bytes",
+                back.len()
+            );
+        }
+        while !good.is_finished() {
+            actix_rt::time::sleep(Duration::from_millis(50)).await;
+        }
+        let out = good.join().unwrap();
+        assert_all_ok("rc", &[out], 3000);
+        // The killed client's connection ends when it has been quiet for `idle`.
+        wait_oob_idle(&server, Duration::from_secs(30)).await;
+        let stats = port_stats(&server, 0).await;
+        assert_eq!(stats.refused, 4, "{stats:?}");
+        assert_eq!(stats.clients, 2, "{stats:?}");
+        assert_eq!(stats.closed, 2, "{stats:?}");
+        server.shutdown().await;
+    });
+    assert_all_released(&base);
+}
+
+#[test]
+fn refusal_reasons_name_the_problem() {
+    let Some(_ctx) = rdma_context() else { return };
+    let base = resource_counts();
+    actix_run(async move {
+        let server = oob_server(&[OobTransport::Rc, OobTransport::Srq], stock(None), |p| {
+            p.options.exchange_timeout = Duration::from_secs(1);
+            p.options.max_qps_per_client = 8;
+        });
+        let [rc, srq] = server.oob_addrs()[..] else {
+            panic!("two ports")
+        };
+        let cases: Vec<(SocketAddr, Vec<u8>, &str)> = vec![
+            (
+                rc,
+                record("0000:00001g:74e326:00000000000000000000ffffc0000201"),
+                "QPN is not 6 hex digits",
+            ),
+            (rc, b"0000:".to_vec(), "exchange truncated: 5 of 52 bytes"),
+            (rc, Vec::new(), "silent client"),
+            (
+                rc,
+                Dest {
+                    qpn: 0x77,
+                    gid: Gid("::ffff:10.9.9.9"
+                        .parse::<std::net::Ipv6Addr>()
+                        .unwrap()
+                        .octets()),
+                    ..Dest::default()
+                }
+                .encode()
+                .to_vec(),
+                "unreachable",
+            ),
+            // Run without -g: no GID, so no GRH, which RoCE cannot do.
+            (
+                rc,
+                record("0000:000077:000042:00000000000000000000000000000000"),
+                "unreachable",
+            ),
+            (srq, vec![0u8; 0], "silent client"),
+            (
+                srq,
+                record("0000:000000:000000:00000000000000000000000000000000").repeat(256),
+                "no QP",
+            ),
+            (
+                srq,
+                (0..256)
+                    .flat_map(|i| {
+                        Dest {
+                            qpn: 0x100 + i,
+                            ..Dest::default()
+                        }
+                        .encode()
+                    })
+                    .collect(),
+                "at most 8 per client",
+            ),
+        ];
+        for (i, (addr, bytes, why)) in cases.into_iter().enumerate() {
+            let port = if addr == rc { 0 } else { 1 };
+            let before = port_stats(&server, port).await.refused;
+            let t = std::thread::spawn(move || {
+                let mut s = TcpStream::connect(addr).expect("connect");
+                s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+                if !bytes.is_empty() {
+                    s.write_all(&bytes).unwrap();
+                    s.shutdown(std::net::Shutdown::Write).unwrap();
+                }
+                let mut back = Vec::new();
+                let _ = s.read_to_end(&mut back);
+                back
+            });
+            eventually("the refusal", Duration::from_secs(20), || async {
+                port_stats(&server, port).await.refused > before
+            })
+            .await;
+            let reason = port_stats(&server, port)
+                .await
+                .last_refusal
+                .unwrap_or_default();
+            assert!(
+                reason.contains(why),
+                "case {i}: expected {why:?} in {reason:?}"
+            );
+            while !t.is_finished() {
+                actix_rt::time::sleep(Duration::from_millis(20)).await;
+            }
+            assert!(t.join().unwrap().is_empty(), "case {i}: nothing answered");
+        }
+        wait_oob_idle(&server, Duration::from_secs(10)).await;
+        server.shutdown().await;
+    });
+    assert_all_released(&base);
+}
+
+#[test]
+fn rdmactor_oob_client_against_the_stock_rc_server() {
+    let Some(_ctx) = rdma_context() else { return };
+    let base = resource_counts();
+    let port = "18611";
+    let mut server = Command::new("timeout")
+        .args([
+            "120",
+            "ibv_rc_pingpong",
+            "-g",
+            "1",
+            "-n",
+            "500",
+            "-s",
+            "4096",
+            "-p",
+            port,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("stock server");
+    std::thread::sleep(Duration::from_millis(700));
+    let ip = test_addr().ip().to_string();
+    let out = Command::new(target_bin("oob_client"))
+        .args([
+            "--addr",
+            &format!("{ip}:{port}"),
+            "--gid-index",
+            "1",
+            "--iters",
+            "500",
+            "--size",
+            "4096",
+        ])
+        .output()
+        .expect("run oob_client");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "oob_client failed: {:?}\n{text}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("500/500 replies verified"), "{text}");
+    let status = server.wait().expect("stock server");
+    assert!(status.success(), "the stock server failed: {status:?}");
+    assert_all_released(&base);
+}
