@@ -69,6 +69,20 @@ impl<'w> DemoServer<'w> {
             .collect()
     }
 
+    /// Waits (10 s at most) until nothing is left in the store: no file, no temp file (the
+    /// reaper removes an abandoned upload's temp file shortly after its connection ends).
+    fn wait_until_store_is_empty(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let left = self.stored();
+            if left.is_empty() {
+                return;
+            }
+            assert!(Instant::now() < deadline, "left in the store: {left:?}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     /// SIGTERM, then the server must shut down cleanly.
     fn stop(mut self) {
         self.stopped = true;
@@ -340,15 +354,7 @@ fn cable_pulled_for_10s_mid_upload_fails_cleanly() {
         &["qp", "cm_id"],
         bound + Duration::from_secs(15),
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !server.stored().is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "left in the store: {:?}",
-            server.stored()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    server.wait_until_store_is_empty();
     echo_from_b(&wire);
     server.stop();
 }
@@ -413,15 +419,7 @@ fn host_b_killed_mid_upload_and_mid_echo() {
         bound + Duration::from_secs(15),
     );
     println!("host b killed: a released its 9 connections in {took:.1?} (bound {bound:.1?})");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !server.stored().is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "left in the store: {:?}",
-            server.stored()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    server.wait_until_store_is_empty();
 
     // b comes back (same address, same MAC): its new clients are served.
     wire.boot(Host::B);
