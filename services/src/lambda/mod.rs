@@ -89,15 +89,20 @@
 //! [`Sandbox`] and [`NativeLambdas`] are `Send + Sync`; share them behind an `Arc` and call
 //! them from any thread. Native lambdas run on the calling thread without limits.
 
+mod client;
+mod config;
+mod job;
 mod native;
 mod sandbox;
+mod service;
 mod session;
 #[cfg(test)]
 mod tests;
+mod wire;
 
+pub use client::{invoke, upload, CallError, Invocation};
+pub use config::LambdaConfig;
 pub use native::{checksum_native, NativeFn, NativeLambdas};
 pub use sandbox::{LambdaError, Limits, ModuleHash, Result, Sandbox, SandboxConfig};
-pub use session::{
-    invoke, upload, CallError, Failure, FailureKind, Invocation, LambdaConfig, LambdaRef,
-    LambdaRequest, LambdaResponse, LambdaService, WireLimits,
-};
+pub use service::LambdaService;
+pub use wire::{Failure, FailureKind, LambdaRef, LambdaRequest, LambdaResponse, WireLimits};
