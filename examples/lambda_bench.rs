@@ -1,5 +1,5 @@
 //! Lambda benchmark: the FNV-1a checksum over 1 MiB, in the WebAssembly sandbox
-//! (`examples/lambdas/checksum.wat`, interpreted by wasmi) and natively. No RDMA.
+//! (`examples/lambdas/checksum.wat`, compiled by wasmtime) and natively. No RDMA.
 //!
 //! ```sh
 //! cargo run --release -p rdmactor-examples --bin lambda_bench

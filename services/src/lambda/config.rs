@@ -22,11 +22,18 @@ pub struct LambdaConfig {
     /// free instant timeout: the client's job slot came back at once while work was
     /// still being set up and torn down, so one client could keep the workers busy.
     pub min_wall_clock: Duration,
+    /// Bytes of input one RDMA READ fetches: inputs larger than this are read in chunks
+    /// (at most the largest pool class, so that chunks use pooled buffers, not a
+    /// registration each).
+    pub read_chunk: usize,
+    /// Chunk READs one invocation keeps in flight.
+    pub reads_in_flight: usize,
 }
 
 impl Default for LambdaConfig {
     /// [`Limits::default`] as the cap, 16 MiB inputs, 4 jobs per connection, 64 in all,
-    /// at least 10 ms of wall clock per invocation.
+    /// at least 10 ms of wall clock per invocation, inputs read 1 MiB at a time with 4
+    /// READs in flight.
     fn default() -> Self {
         LambdaConfig {
             cap: Limits::default(),
@@ -34,6 +41,8 @@ impl Default for LambdaConfig {
             max_jobs_per_connection: 4,
             max_jobs: 64,
             min_wall_clock: Duration::from_millis(10),
+            read_chunk: 1 << 20,
+            reads_in_flight: 4,
         }
     }
 }

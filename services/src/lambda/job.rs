@@ -30,9 +30,12 @@ pub(crate) enum Outcome {
 pub(crate) enum Action {
     /// Answer request `tag`.
     Reply { tag: u32, response: LambdaResponse },
-    /// RDMA READ `len` bytes of `src`, then `handle_input`.
+    /// RDMA READ the `len` bytes of `src` (the input's bytes from `offset`), then
+    /// `handle_input`. A large input is read in chunks of
+    /// [`LambdaConfig::read_chunk`], at most [`LambdaConfig::reads_in_flight`] at a time.
     ReadInput {
         job: usize,
+        offset: usize,
         src: RemoteRegion,
         len: usize,
     },
@@ -53,9 +56,26 @@ pub(crate) enum Action {
 #[derive(Debug)]
 enum Stage {
     Loading,
-    Reading { work: Work, output: RemoteRegion },
-    Running { output: RemoteRegion },
-    Writing { len: u64 },
+    Reading {
+        work: Work,
+        output: RemoteRegion,
+        /// The whole input region (`input_len` bytes).
+        src: RemoteRegion,
+        /// The input so far: chunks land at their offsets.
+        input: Vec<u8>,
+        /// Offset of the next chunk to ask for.
+        next: usize,
+        /// Chunk reads posted and not yet handled.
+        in_flight: usize,
+        /// Bytes handled.
+        received: usize,
+    },
+    Running {
+        output: RemoteRegion,
+    },
+    Writing {
+        len: u64,
+    },
 }
 
 #[derive(Debug)]
@@ -173,22 +193,92 @@ impl Invocations {
                 } else {
                     let job = self.jobs.insert(Job {
                         tag,
-                        stage: Stage::Reading { work, output },
+                        stage: Stage::Reading {
+                            work,
+                            output,
+                            src,
+                            input: vec![0; len],
+                            next: 0,
+                            in_flight: 0,
+                            received: 0,
+                        },
                     });
-                    self.actions.push_back(Action::ReadInput { job, src, len });
+                    self.request_chunks(job);
                 }
             }
         }
     }
 
-    /// The input of `job` was read.
-    pub fn handle_input(&mut self, job: usize, input: Vec<u8>) {
+    /// Asks for the next chunks of `job`'s input, up to the window.
+    fn request_chunks(&mut self, job: usize) {
+        let (chunk, window) = (
+            self.config.read_chunk.max(1),
+            self.config.reads_in_flight.max(1),
+        );
+        let Some(Job {
+            stage:
+                Stage::Reading {
+                    src,
+                    input,
+                    next,
+                    in_flight,
+                    ..
+                },
+            ..
+        }) = self.jobs.get_mut(job)
+        else {
+            return;
+        };
+        while *in_flight < window && *next < input.len() {
+            let len = chunk.min(input.len() - *next);
+            let piece = src
+                .slice(*next as u64, len as u64)
+                .expect("chunks lie within the checked input region");
+            self.actions.push_back(Action::ReadInput {
+                job,
+                offset: *next,
+                src: piece,
+                len,
+            });
+            *next += len;
+            *in_flight += 1;
+        }
+    }
+
+    /// The chunk of `job`'s input at `offset` was read: `data`.
+    pub fn handle_input(&mut self, job: usize, offset: usize, data: &[u8]) {
         let Some(j) = self.jobs.get_mut(job) else {
             return;
         };
-        let stage = std::mem::replace(&mut j.stage, Stage::Loading);
-        match stage {
-            Stage::Reading { work, output } => {
+        let Stage::Reading {
+            input,
+            in_flight,
+            received,
+            ..
+        } = &mut j.stage
+        else {
+            return;
+        };
+        let Some(slot) = offset
+            .checked_add(data.len())
+            .and_then(|end| input.get_mut(offset..end))
+        else {
+            debug_assert!(false, "chunk {offset}+{} outside the input", data.len());
+            return;
+        };
+        slot.copy_from_slice(data);
+        *in_flight -= 1;
+        *received += data.len();
+        if *received < input.len() {
+            return self.request_chunks(job);
+        }
+        match std::mem::replace(&mut j.stage, Stage::Loading) {
+            Stage::Reading {
+                work,
+                output,
+                input,
+                ..
+            } => {
                 j.stage = Stage::Running { output };
                 self.actions.push_back(Action::Run { job, work, input });
             }
@@ -293,6 +383,8 @@ mod tests {
             max_jobs_per_connection: 2,
             max_jobs: 8,
             min_wall_clock: Duration::from_millis(10),
+            read_chunk: 1 << 20,
+            reads_in_flight: 4,
         }
     }
 
@@ -334,11 +426,17 @@ mod tests {
     fn an_invocation_reads_runs_writes_and_answers() {
         let mut inv = Invocations::new(config());
         inv.handle_request(5, invoke(LambdaRef::Module(hash()), 100, 64));
-        let [Action::ReadInput { job, src, len }] = actions(&mut inv)[..] else {
+        let [Action::ReadInput {
+            job,
+            offset,
+            src,
+            len,
+        }] = actions(&mut inv)[..]
+        else {
             panic!("expected a read");
         };
-        assert_eq!((src, len), (region(0x1000, 100), 100));
-        inv.handle_input(job, vec![1; 100]);
+        assert_eq!((offset, src, len), (0, region(0x1000, 100), 100));
+        inv.handle_input(job, 0, &[1; 100]);
         let acts = actions(&mut inv);
         let [Action::Run {
             job: j,
@@ -370,6 +468,45 @@ mod tests {
             }]
         );
         assert_eq!(inv.jobs(), 0);
+    }
+
+    /// A large input is read in chunks, a window of them at a time; chunks may complete
+    /// in any order and land at their offsets.
+    #[test]
+    fn large_inputs_are_read_in_chunks() {
+        let mut cfg = config();
+        cfg.read_chunk = 4;
+        cfg.reads_in_flight = 2;
+        let mut inv = Invocations::new(cfg);
+        inv.handle_request(1, invoke(LambdaRef::Native("n".into()), 10, 16));
+        let reads = |acts: Vec<Action>| -> Vec<(usize, u64, usize)> {
+            acts.into_iter()
+                .map(|a| match a {
+                    Action::ReadInput {
+                        offset, src, len, ..
+                    } => {
+                        assert_eq!(src.len, len as u64);
+                        (offset, src.addr, len)
+                    }
+                    other => panic!("expected a read, got {other:?}"),
+                })
+                .collect()
+        };
+        assert_eq!(
+            reads(actions(&mut inv)),
+            [(0, 0x1000, 4), (4, 0x1004, 4)],
+            "two chunks in flight"
+        );
+        inv.handle_input(0, 4, b"4567");
+        assert_eq!(reads(actions(&mut inv)), [(8, 0x1008, 2)]);
+        inv.handle_input(0, 8, b"89");
+        assert!(actions(&mut inv).is_empty(), "chunk 0 still missing");
+        inv.handle_input(0, 0, b"0123");
+        let acts = actions(&mut inv);
+        let [Action::Run { input, .. }] = &acts[..] else {
+            panic!("{acts:?}");
+        };
+        assert_eq!(input, b"0123456789");
     }
 
     #[test]
@@ -528,7 +665,7 @@ mod tests {
     #[test]
     fn stray_events_are_ignored() {
         let mut inv = Invocations::new(config());
-        inv.handle_input(7, vec![1]);
+        inv.handle_input(7, 0, &[1]);
         inv.handle_written(7);
         inv.handle_outcome(7, Outcome::Ran(Ok(vec![1])));
         assert_eq!(inv.poll_action(), None);

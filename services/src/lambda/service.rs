@@ -23,7 +23,7 @@ use super::session::LambdaSession;
 ///   Upload{module}  ──────────────────────────►      Sandbox::load (on a job thread)
 ///                   ◄───────────── Loaded{hash} | Failed{kind, message}
 ///   Invoke{lambda, input, input_len, output, limits} ─►
-///                                                    RDMA READ input[..input_len]
+///                                                    RDMA READ input[..input_len] (1 MiB chunks)
 ///                                                    run (on a job thread, limits capped)
 ///                                                    RDMA WRITE output[..len]
 ///                   ◄───────────────── Done{len} | Failed{kind, message}
@@ -32,24 +32,24 @@ use super::session::LambdaSession;
 /// `input` is a region the client registered with `REMOTE_READ`, `output` one with
 /// `REMOTE_WRITE`; the server touches nothing else, and a region without the right
 /// access fails the server's READ or WRITE, which closes the connection. The output's
-/// length caps the lambda's output ([`Limits::max_output`]); client-requested limits are
-/// capped field by field by the server's [`LambdaConfig::cap`].
+/// length caps the lambda's output ([`Limits::max_output`](super::Limits::max_output)); client-requested limits are
+/// capped field by field by the server's [`LambdaConfig::cap`](super::LambdaConfig::cap).
 ///
 /// # Work happens off the connection's actor
 ///
-/// Loading and running go to a thread of their own (the sandbox adds its worker below
-/// that), so a slow or hostile lambda never stalls the other connections of a poller.
+/// Loading (compiling) and running go to a thread of their own, so a slow or hostile
+/// lambda never stalls the other connections of a poller.
 /// The thread hands its outcome over a channel and wakes the session
 /// (`SessionCx::waker`, answered by `Session::on_wake` on the connection's actor), which
 /// goes on with the job at once: WRITE the output, answer. The client just awaits its
 /// reply. (Not `SessionCx::spawn_blocking`: jobs count against
-/// [`LambdaConfig::max_jobs`] and an abandoned sandbox worker must not hold a thread of
+/// [`LambdaConfig::max_jobs`](super::LambdaConfig::max_jobs), and a long compilation or run must not hold a thread of
 /// the shared blocking pool.)
 ///
 /// # Errors
 ///
-/// Every failure comes back as `Failed` with a [`FailureKind`] (one per
-/// [`LambdaError`] variant, plus the service's own) and a readable message; none closes
+/// Every failure comes back as `Failed` with a [`FailureKind`](super::FailureKind) (one per
+/// [`LambdaError`](super::LambdaError) variant, plus the service's own) and a readable message; none closes
 /// the connection, so a client that sent a trapping, looping or memory-hungry lambda can
 /// go on using it.
 pub struct LambdaService {
@@ -95,7 +95,7 @@ impl Service for LambdaService {
     }
 }
 
-/// The service's [`LambdaConfig::max_jobs`] job threads, counted across its sessions.
+/// The service's [`LambdaConfig::max_jobs`](super::LambdaConfig::max_jobs) job threads, counted across its sessions.
 #[derive(Debug, Clone)]
 pub(super) struct JobSlots {
     running: Arc<AtomicUsize>,
@@ -119,7 +119,7 @@ impl JobSlots {
     }
 }
 
-/// One of [`LambdaConfig::max_jobs`], released when the job's thread ends.
+/// One of [`LambdaConfig::max_jobs`](super::LambdaConfig::max_jobs), released when the job's thread ends.
 pub(super) struct JobSlot(Arc<AtomicUsize>);
 
 impl Drop for JobSlot {

@@ -15,8 +15,16 @@ use super::service::JobSlots;
 use super::wire::LambdaRequest;
 
 enum PendingOp {
-    Read { job: usize, buf: BufId, len: usize },
-    Write { job: usize, buf: BufId },
+    Read {
+        job: usize,
+        buf: BufId,
+        offset: usize,
+        len: usize,
+    },
+    Write {
+        job: usize,
+        buf: BufId,
+    },
 }
 
 pub(super) struct LambdaSession {
@@ -68,14 +76,27 @@ impl LambdaSession {
                         .map_err(|e| SessionError::new(e.to_string()))?;
                     cx.send(tag, bytes)?;
                 }
-                Action::ReadInput { job, src, len } => {
+                Action::ReadInput {
+                    job,
+                    offset,
+                    src,
+                    len,
+                } => {
                     let buf = Self::buffer(cx, len)?;
                     let op = cx.post(Op::Read {
                         buf,
                         range: 0..len,
                         src,
                     })?;
-                    self.ops.insert(op, PendingOp::Read { job, buf, len });
+                    self.ops.insert(
+                        op,
+                        PendingOp::Read {
+                            job,
+                            buf,
+                            offset,
+                            len,
+                        },
+                    );
                 }
                 Action::WriteOutput { job, dst, data } => {
                     let buf = Self::buffer(cx, data.len())?;
@@ -181,9 +202,8 @@ impl Session for LambdaSession {
             return Err(SessionError::new(format!("{what} of job {job}: {e}")));
         }
         match pending {
-            PendingOp::Read { len, .. } => {
-                let input = cx.bytes(buf)?[..len].to_vec();
-                self.core.handle_input(job, input);
+            PendingOp::Read { offset, len, .. } => {
+                self.core.handle_input(job, offset, &cx.bytes(buf)?[..len]);
             }
             PendingOp::Write { .. } => self.core.handle_written(job),
         }
