@@ -151,9 +151,11 @@ impl LambdaSession {
                 let outcome = match work {
                     Work::Load(module) => Outcome::Loaded(sandbox.load(&module)),
                     Work::Module(hash, limits) => {
-                        Outcome::Ran(sandbox.run_owned(&hash, input, &limits))
+                        Outcome::Ran(counted("module", sandbox.run_owned(&hash, input, &limits)))
                     }
-                    Work::Native(name) => Outcome::Ran(natives.run(&name, &input)),
+                    Work::Native(name) => {
+                        Outcome::Ran(counted("native", natives.run(&name, &input)))
+                    }
                 };
                 drop(slot);
                 // The session may be gone (connection closed): nobody to tell.
@@ -210,4 +212,21 @@ impl Session for LambdaSession {
         cx.free(buf);
         self.drive(cx)
     }
+}
+
+/// Counts a finished invocation in `rdmactor_lambda_runs_total`, by kind and outcome.
+fn counted(
+    kind: &'static str,
+    result: Result<Vec<u8>, LambdaError>,
+) -> Result<Vec<u8>, LambdaError> {
+    let outcome = match &result {
+        Ok(_) => "ok",
+        Err(LambdaError::Trap(_)) => "trap",
+        Err(LambdaError::OutOfFuel { .. }) => "out_of_fuel",
+        Err(LambdaError::Timeout { .. }) => "timeout",
+        Err(LambdaError::MemoryLimit { .. }) => "memory_limit",
+        Err(_) => "error",
+    };
+    rdmactor::metrics::lambda_run(kind, outcome);
+    result
 }
