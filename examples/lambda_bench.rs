@@ -75,7 +75,7 @@ fn main() -> Result<()> {
     })?;
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     println!(
-        "RESULT kind=lambda sandbox_ms={:.3} native_ms={:.3} ratio={:.1} bytes={}",
+        "RESULT kind=lambda sandbox_ms={:.3} native_ms={:.3} ratio={:.2} bytes={}",
         ms(sandbox_time),
         ms(native_time),
         sandbox_time.as_secs_f64() / native_time.as_secs_f64(),
