@@ -1,5 +1,5 @@
 //! Lambda benchmark: the FNV-1a checksum over 1 MiB, in the WebAssembly sandbox
-//! (`examples/lambdas/checksum.wat`, interpreted by wasmi) and natively. No RDMA.
+//! (`examples/lambdas/checksum.wat`, compiled by wasmtime) and natively. No RDMA.
 //!
 //! ```sh
 //! cargo run --release -p rdmactor-examples --bin lambda_bench
@@ -75,7 +75,7 @@ fn main() -> Result<()> {
     })?;
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     println!(
-        "RESULT kind=lambda sandbox_ms={:.3} native_ms={:.3} ratio={:.1} bytes={}",
+        "RESULT kind=lambda sandbox_ms={:.3} native_ms={:.3} ratio={:.2} bytes={}",
         ms(sandbox_time),
         ms(native_time),
         sandbox_time.as_secs_f64() / native_time.as_secs_f64(),

@@ -3,6 +3,7 @@
 //! ```sh
 //! server --listen 192.0.2.1:7471 --listen 192.0.2.1:7174=rping --max-connections 1000
 //! server --listen 192.0.2.1:7471 --files-dir /srv/files --secret-file /etc/rdmactor/secrets
+//! server --listen 192.0.2.1:7471 --metrics 127.0.0.1:9464   # Prometheus at /metrics
 //! ```
 //! rdmactor clients pick a service by name in their connect request; plain rdma_cm
 //! clients (rping, lab programs) reach the default service of the port they connect to.
@@ -125,6 +126,10 @@ struct Args {
     /// An out-of-band connection with no message for this long is closed (ms).
     #[arg(long, default_value_t = 3000)]
     oob_idle_ms: u64,
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics (off by default). See
+    /// `rdmactor::metrics` for the list.
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics: Option<SocketAddr>,
     #[command(flatten)]
     transport: transport::Transport,
 }
@@ -159,6 +164,32 @@ fn oob_ports(args: &Args) -> Result<Vec<OobPort>> {
         ports.push(port);
     }
     Ok(ports)
+}
+
+/// Installs the Prometheus exporter: a recorder for the `metrics` facade and an HTTP
+/// listener on its own thread. Latencies and sizes become histograms with buckets that
+/// fit them (the exporter's default would be summaries).
+fn install_metrics(addr: SocketAddr) -> Result<()> {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    let seconds = |name: &str| Matcher::Full(name.to_string());
+    PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .set_buckets_for_metric(
+            seconds("rdmactor_echo_seconds"),
+            &[1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 1e-3],
+        )?
+        .set_buckets_for_metric(
+            seconds("rdmactor_connection_lifetime_seconds"),
+            &[0.01, 0.1, 1.0, 10.0, 60.0, 600.0, 3600.0, 86400.0],
+        )?
+        .set_buckets_for_metric(
+            seconds("rdmactor_cq_poll_batch"),
+            &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0],
+        )?
+        .install()
+        .context("starting the metrics exporter")?;
+    println!("metrics on http://{addr}/metrics");
+    Ok(())
 }
 
 /// The `read` service's regions from `--region` (files, loaded read-only).
@@ -266,6 +297,12 @@ fn main() -> Result<()> {
         .collect::<Result<Vec<_>>>()?;
     let files = files_service(&args)?;
     let regions = read_regions(&args)?;
+    // Before the server starts: connections register their metric handles as they are
+    // set up.
+    let metrics = args.metrics;
+    if let Some(addr) = metrics {
+        install_metrics(addr)?;
+    }
     actix::System::new().block_on(async move {
         let mut builder = Server::builder()
             .config(config)
@@ -322,7 +359,22 @@ fn main() -> Result<()> {
             let transport = stats.transport.map_or("?".into(), |t| t.to_string());
             println!("listening out of band on {addr} ({transport})");
         }
-        wait_for_signal().await?;
+        // The pool's gauges are sampled once a second while metrics are on.
+        let sample_pool = async {
+            loop {
+                rdmactor::metrics::record_pool(&server.stats().await.pool);
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+        };
+        if metrics.is_some() {
+            tokio::select! {
+                r = wait_for_signal() => r?,
+                () = sample_pool => {}
+            }
+        } else {
+            drop(sample_pool);
+            wait_for_signal().await?;
+        }
         tracing::info!("signal received; shutting down");
         let stats = server.stats().await;
         server.shutdown().await;

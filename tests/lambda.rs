@@ -13,7 +13,7 @@ use rdmactor::runtime::{Client, ClientConnection};
 use rdmactor::verbs::{Access, MemoryRegion};
 use rdmactor_services::lambda::{
     self, checksum_native, CallError, FailureKind, Invocation, LambdaConfig, LambdaRef,
-    LambdaService, Limits, ModuleHash, NativeLambdas, Sandbox,
+    LambdaService, Limits, ModuleHash, NativeLambdas, Sandbox, SandboxConfig,
 };
 use rdmactor_tests::{
     actix_run, assert_released, eventually, pattern, rdma_context, resource_counts, serve,
@@ -427,6 +427,132 @@ fn a_hundred_instant_timeouts_do_not_starve_another_client() {
         hostile.close().await;
         other.close().await;
         drop((small, regions));
+        wait_idle(&server, "connections to close", Duration::from_secs(20)).await;
+        client.shutdown().await;
+        server.shutdown().await;
+    });
+    assert_released(&base);
+}
+
+/// The module cache is bounded: with room for two modules, a third upload evicts the
+/// least recently used one (an invocation counts as a use), which is then unknown until
+/// uploaded again, and compiled again. Every module still answers correctly.
+#[test]
+fn the_module_cache_evicts_the_least_recently_used() {
+    let Some(_ctx) = rdma_context() else { return };
+    let base = resource_counts();
+    actix_run(async {
+        let sandbox = Arc::new(Sandbox::with_config(SandboxConfig {
+            max_cached_modules: 2,
+            ..SandboxConfig::default()
+        }));
+        let service = LambdaService::new(
+            sandbox.clone(),
+            Arc::new(NativeLambdas::new()),
+            LambdaConfig::default(),
+        );
+        let (server, addr, client) = serve("lambda", service);
+        let conn = client.connect(addr, "lambda").await.expect("connect");
+        let text = Regions::new(&client, b"evict me", 64);
+
+        let checksum = lambda::upload(&conn, &module("checksum")).await.unwrap();
+        let upper = lambda::upload(&conn, &module("echo_upper")).await.unwrap();
+        let len = lambda::invoke(
+            &conn,
+            &text.invocation(LambdaRef::Module(checksum), 8, None),
+        )
+        .await
+        .unwrap();
+        assert_eq!(text.output(len), checksum_native(b"evict me"));
+        // echo_upper is now the least recently used: the third module evicts it.
+        let trap = lambda::upload(&conn, &module("trap")).await.unwrap();
+        assert_eq!((sandbox.cached_modules(), sandbox.evictions()), (2, 1));
+        let inv = text.invocation(LambdaRef::Module(upper), 8, None);
+        expect_failure(
+            &conn,
+            "evicted module",
+            &inv,
+            FailureKind::UnknownLambda,
+            Duration::from_secs(5),
+        )
+        .await;
+        let inv = text.invocation(LambdaRef::Module(trap), 8, None);
+        expect_failure(
+            &conn,
+            "trap",
+            &inv,
+            FailureKind::Trap,
+            Duration::from_secs(5),
+        )
+        .await;
+        assert_eq!(sandbox.compilations(), 3);
+
+        // Uploaded again: compiled again (evicting checksum), and it works.
+        assert_eq!(
+            lambda::upload(&conn, &module("echo_upper")).await.unwrap(),
+            upper
+        );
+        assert_eq!(sandbox.compilations(), 4);
+        let len = lambda::invoke(&conn, &text.invocation(LambdaRef::Module(upper), 8, None))
+            .await
+            .unwrap();
+        assert_eq!(text.output(len), b"EVICT ME");
+        assert!(!sandbox.contains(&checksum));
+
+        conn.close().await;
+        drop(text);
+        wait_idle(&server, "connections to close", Duration::from_secs(20)).await;
+        client.shutdown().await;
+        server.shutdown().await;
+    });
+    assert_released(&base);
+}
+
+/// A lambda over 64 MiB of input: the server READs it in 1 MiB chunks (pooled buffers,
+/// a few in flight), the compiled module and the native lambda both checksum it, and
+/// both results match the checksum computed here.
+#[test]
+fn a_lambda_over_64_mib_of_input() {
+    let Some(_ctx) = rdma_context() else { return };
+    let base = resource_counts();
+    actix_run(async {
+        let sandbox = Arc::new(Sandbox::new());
+        let natives = NativeLambdas::new();
+        natives.register("checksum", Arc::new(|i: &[u8]| Ok(checksum_native(i))));
+        let config = LambdaConfig {
+            cap: Limits {
+                fuel: 4_000_000_000,
+                // The input plus the module's first KiB and its output.
+                max_memory_bytes: 65 << 20,
+                wall_clock: Duration::from_secs(60),
+                max_output: 4096,
+            },
+            max_input: 64 << 20,
+            ..LambdaConfig::default()
+        };
+        let service = LambdaService::new(sandbox, Arc::new(natives), config);
+        let (server, addr, client) = serve("lambda", service);
+        let conn = client.connect(addr, "lambda").await.expect("connect");
+        let input = pattern(64 << 20, 11);
+        let expected = checksum_native(&input);
+        let regions = Regions::new(&client, &input, 4096);
+        let checksum = lambda::upload(&conn, &module("checksum")).await.unwrap();
+        for lambda in [
+            LambdaRef::Module(checksum),
+            LambdaRef::Native("checksum".into()),
+        ] {
+            let start = Instant::now();
+            let len = lambda::invoke(
+                &conn,
+                &regions.invocation(lambda.clone(), input.len(), None),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{lambda:?}: {e}"));
+            println!("{lambda:?} over 64 MiB: {:.1?}", start.elapsed());
+            assert_eq!(regions.output(len), expected, "{lambda:?}");
+        }
+        conn.close().await;
+        drop(regions);
         wait_idle(&server, "connections to close", Duration::from_secs(20)).await;
         client.shutdown().await;
         server.shutdown().await;

@@ -7,6 +7,7 @@
 
 pub mod blocking;
 pub mod memory;
+pub mod metrics;
 pub mod proto;
 pub mod runtime;
 pub mod verbs;

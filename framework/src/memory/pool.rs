@@ -383,6 +383,7 @@ impl<S: ChunkSource> Pool<S> {
                 return Ok(lease(taken, larger));
             }
         }
+        crate::metrics::pool_exhausted();
         Err(PoolError::Exhausted {
             class: state.classes[class].size,
             limit: if class == 0 {

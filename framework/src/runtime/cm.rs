@@ -105,6 +105,7 @@ impl CmActor {
 
     fn reject(&mut self, id: &CmId, reject: Reject) {
         self.counters.rejected += 1;
+        crate::metrics::rejected(reject.code);
         tracing::info!(peer = ?id.peer_addr(), reason = %reject, "rejecting connection");
         if let Err(e) = id.reject(&reject.encode()) {
             tracing::warn!(error = %e, "rdma_reject failed");
@@ -192,10 +193,11 @@ impl CmActor {
                 ),
             );
         }
-        let core = match self.node.prepare(&id, framing, peer_depth) {
+        let mut core = match self.node.prepare(&id, framing, peer_depth) {
             Ok(core) => core,
             Err(e) => return self.reject(&id, Reject::new(RejectCode::Internal, e)),
         };
+        core.count_as(crate::metrics::Side::Server, &service_name);
         let qp_num = core.qp_num();
         let peer = PeerInfo {
             addr: id.peer_addr(),
@@ -253,6 +255,7 @@ impl CmActor {
             return;
         }
         self.counters.accepted += 1;
+        crate::metrics::accepted(&service_name);
         tracing::info!(conn = %label, "accepted");
     }
 
@@ -369,10 +372,11 @@ impl CmActor {
         let id = c.id.clone();
         let service = c.service.clone();
         let user = c.session.take();
-        let core = match self.node.prepare(&id, Framing::Framed, None) {
+        let mut core = match self.node.prepare(&id, Framing::Framed, None) {
             Ok(core) => core,
             Err(e) => return self.fail_connect(key, ConnectError::Resources(e)),
         };
+        core.count_as(crate::metrics::Side::Client, &service);
         let qp_num = core.qp_num();
         let label = format!(
             "client/{}/qp{}/{}",

@@ -452,7 +452,10 @@ fn drain(cq: &CompletionQueue, wcs: &mut Vec<WorkCompletion>, parked: &mut Parke
         wcs.clear();
         match cq.poll(wcs) {
             Ok(0) => return total,
-            Ok(n) => total += n,
+            Ok(n) => {
+                total += n;
+                crate::metrics::cq_batch(wcs);
+            }
             Err(e) => {
                 tracing::error!(error = %e, "ibv_poll_cq failed");
                 return total;

@@ -45,11 +45,14 @@ impl Session for EchoSession {
         // bytes: check that they decode (borrowing, no copy), then send them back as
         // they are. This service is the load of the framework's benchmarks, and an
         // allocation and a copy per message show there.
+        let start = std::time::Instant::now();
         let req: EchoRequestRef<'_> = postcard::from_bytes(&msg.data)
             .map_err(|e| SessionError::new(format!("malformed echo request: {e}")))?;
         let _ = req.payload;
         let tag = msg.tag;
-        cx.send(tag, msg.data)
+        let sent = cx.send(tag, msg.data);
+        rdmactor::metrics::echo_handled(start);
+        sent
     }
 }
 

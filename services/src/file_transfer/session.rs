@@ -294,10 +294,14 @@ impl FileSession {
         let peer = &self.peer;
         match outcome {
             Outcome::Stored { path, len, digest } => {
+                rdmactor::metrics::file_transfer(true, *len);
                 tracing::info!(%peer, path = %path.display(), len, %digest, "stored");
             }
             Outcome::Delivered { .. } => tracing::info!(%peer, "delivered"),
-            Outcome::Bad(reason) => tracing::warn!(%peer, %reason, "BAD"),
+            Outcome::Bad(reason) => {
+                rdmactor::metrics::file_transfer(false, 0);
+                tracing::warn!(%peer, %reason, "BAD")
+            }
             Outcome::Rejected(reason) => tracing::info!(%peer, %reason, "rejected"),
         }
     }

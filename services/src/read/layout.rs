@@ -31,7 +31,7 @@ pub const FIRST_VERSION: u64 = 2;
 
 /// True for a version no writer is in the middle of.
 pub fn is_stable(version: u64) -> bool {
-    version % 2 == 0
+    version.is_multiple_of(2)
 }
 
 /// Decodes a version word.

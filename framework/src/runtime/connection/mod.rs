@@ -298,6 +298,8 @@ pub(crate) struct Core {
     /// This connection's actor, for `SessionCx::waker` (set when the actor is created,
     /// before the poller can deliver anything).
     waker: Option<actix::WeakRecipient<Wake>>,
+    /// Metric handles, set by `count_as` once the service is known.
+    metrics: Option<crate::metrics::ConnectionMetrics>,
 }
 
 /// What [`Core::new`] needs.
@@ -362,7 +364,13 @@ impl Core {
             created: Instant::now(),
             grants: Slab::new(),
             waker: None,
+            metrics: None,
         }
+    }
+
+    /// Counts this connection in the metrics as a `side` connection of `service`.
+    pub(crate) fn count_as(&mut self, side: crate::metrics::Side, service: &str) {
+        self.metrics = Some(crate::metrics::ConnectionMetrics::new(side, service));
     }
 
     /// Posts every receive buffer; called before the QP reaches RTR so the peer's first
@@ -542,6 +550,7 @@ impl Core {
                 _ => true,
             };
             if !allowed {
+                crate::metrics::send_stalled();
                 break;
             }
             let item = self.dequeue().expect("front exists");
@@ -1019,7 +1028,10 @@ impl Core {
     fn next_delivery(&mut self) -> Option<Message> {
         match self.deliveries.front() {
             Some(Delivery::Ready(_)) => match self.deliveries.pop_front() {
-                Some(Delivery::Ready(m)) => Some(m),
+                Some(Delivery::Ready(m)) => {
+                    self.metrics.iter().for_each(|c| c.message_in(m.data.len()));
+                    Some(m)
+                }
                 _ => None,
             },
             _ => None,
@@ -1051,6 +1063,10 @@ impl<'a> SessionCx<'a> {
     /// `max_message` and rendezvous budget: small ones go inline, large ones through an
     /// RDMA READ rendezvous). Queued when out of credits or budget.
     pub fn send(&mut self, tag: u32, data: Vec<u8>) -> Result<(), SessionError> {
+        self.core
+            .metrics
+            .iter()
+            .for_each(|c| c.message_out(data.len()));
         if self.core.credits.is_none() {
             return Err(SessionError::new("send on a raw connection; use send_raw"));
         }
@@ -1070,6 +1086,10 @@ impl<'a> SessionCx<'a> {
 
     /// Sends bytes as one plain SEND (raw connections), optionally with an immediate.
     pub fn send_raw(&mut self, data: &[u8], imm: Option<u32>) -> Result<(), SessionError> {
+        self.core
+            .metrics
+            .iter()
+            .for_each(|c| c.message_out(data.len()));
         if self.core.credits.is_some() {
             return Err(SessionError::new(
                 "send_raw on a framed connection; use send",

@@ -1,0 +1,174 @@
+//! Operational metrics: what the runtime and the services count, under fixed names,
+//! through the [`metrics`] facade.
+//!
+//! Nothing is recorded until the application installs a recorder, for example
+//! `metrics-exporter-prometheus` (the server example does with `--metrics ADDR:PORT`).
+//! Without one, every call here costs a load of the facade's global and nothing else.
+//! Install the recorder **before** starting servers and clients: connections register
+//! their labelled handles when they are set up, and a handle registered without a
+//! recorder stays a no-op.
+//!
+//! # The metrics
+//!
+//! | name | kind | labels | what |
+//! |---|---|---|---|
+//! | `rdmactor_connections_open` | gauge | side, service | connections with a QP, set up and not yet torn down |
+//! | `rdmactor_connections_accepted_total` | counter | service | connect requests the server accepted |
+//! | `rdmactor_connections_rejected_total` | counter | reason (`unknown_service`, `version_mismatch`, `server_full`, `bad_hello`, `shutting_down`, `internal`) | connect requests the server refused |
+//! | `rdmactor_connection_lifetime_seconds` | histogram | side, service | from QP creation to teardown |
+//! | `rdmactor_messages_in_total`, `rdmactor_messages_out_total` | counter | side, service | whole messages delivered to / sent by sessions |
+//! | `rdmactor_bytes_in_total`, `rdmactor_bytes_out_total` | counter | side, service | their payload bytes |
+//! | `rdmactor_completion_errors_total` | counter | status | work completions with an error status (flushes included) |
+//! | `rdmactor_send_stalls_total` | counter | | times a connection's queued sends had to wait for credits, send-queue slots or rendezvous budget |
+//! | `rdmactor_cq_poll_batch` | histogram | | completions returned by each non-empty CQ poll |
+//! | `rdmactor_pool_registered_bytes`, `rdmactor_pool_leased_chunks` | gauge | | the memory pool, sampled by [`record_pool`] |
+//! | `rdmactor_pool_exhausted_total` | counter | | leases refused because the pool reached its cap |
+//! | `rdmactor_file_transfers_total` | counter | result (`good`, `bad`) | finished uploads, by hash verdict |
+//! | `rdmactor_file_transfer_bytes_total` | counter | result | their bytes |
+//! | `rdmactor_lambda_runs_total` | counter | kind (`module`, `native`), outcome | lambda invocations by result (`ok`, `trap`, `out_of_fuel`, `timeout`, `memory_limit`, `error`) |
+//! | `rdmactor_echo_seconds` | histogram | | echo service: from a request's delivery to its reply being queued |
+//!
+//! `side` is `server` or `client`: one process may be both (the integration tests are).
+
+use std::time::Instant;
+
+use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
+
+use crate::memory::PoolStats;
+use crate::proto::hello::RejectCode;
+
+/// Which end of a connection this process is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// Accepted by a server.
+    Server,
+    /// Initiated by a client.
+    Client,
+}
+
+impl Side {
+    fn label(self) -> &'static str {
+        match self {
+            Side::Server => "server",
+            Side::Client => "client",
+        }
+    }
+}
+
+/// One connection's labelled handles, registered once when it is set up so that
+/// counting a message is an atomic add, not a registry lookup. Dropping it (with the
+/// connection) closes the connection's account: the open gauge goes down and its
+/// lifetime is recorded.
+pub(crate) struct ConnectionMetrics {
+    messages_in: Counter,
+    bytes_in: Counter,
+    messages_out: Counter,
+    bytes_out: Counter,
+    open: Gauge,
+    lifetime: Histogram,
+    since: Instant,
+}
+
+impl ConnectionMetrics {
+    /// Counts a new connection of `service` on `side`.
+    pub(crate) fn new(side: Side, service: &str) -> Self {
+        let labels = [
+            ("side", side.label().to_string()),
+            ("service", service.to_string()),
+        ];
+        let open = gauge!("rdmactor_connections_open", &labels);
+        open.increment(1.0);
+        ConnectionMetrics {
+            messages_in: counter!("rdmactor_messages_in_total", &labels),
+            bytes_in: counter!("rdmactor_bytes_in_total", &labels),
+            messages_out: counter!("rdmactor_messages_out_total", &labels),
+            bytes_out: counter!("rdmactor_bytes_out_total", &labels),
+            open,
+            lifetime: histogram!("rdmactor_connection_lifetime_seconds", &labels),
+            since: Instant::now(),
+        }
+    }
+
+    /// A message of `bytes` was delivered to the session.
+    pub(crate) fn message_in(&self, bytes: usize) {
+        self.messages_in.increment(1);
+        self.bytes_in.increment(bytes as u64);
+    }
+
+    /// The session sent a message of `bytes`.
+    pub(crate) fn message_out(&self, bytes: usize) {
+        self.messages_out.increment(1);
+        self.bytes_out.increment(bytes as u64);
+    }
+}
+
+impl Drop for ConnectionMetrics {
+    fn drop(&mut self) {
+        self.open.decrement(1.0);
+        self.lifetime.record(self.since.elapsed().as_secs_f64());
+    }
+}
+
+/// The server accepted a connection to `service`.
+pub(crate) fn accepted(service: &str) {
+    counter!("rdmactor_connections_accepted_total", "service" => service.to_string()).increment(1);
+}
+
+/// The server refused a connect request for `code`.
+pub(crate) fn rejected(code: RejectCode) {
+    let reason = match code {
+        RejectCode::UnknownService => "unknown_service",
+        RejectCode::VersionMismatch => "version_mismatch",
+        RejectCode::ServerFull => "server_full",
+        RejectCode::BadHello => "bad_hello",
+        RejectCode::ShuttingDown => "shutting_down",
+        RejectCode::Internal => "internal",
+    };
+    counter!("rdmactor_connections_rejected_total", "reason" => reason).increment(1);
+}
+
+/// A CQ poll returned `wcs` (not empty): records the batch size and counts error
+/// statuses.
+pub(crate) fn cq_batch(wcs: &[crate::verbs::WorkCompletion]) {
+    histogram!("rdmactor_cq_poll_batch").record(wcs.len() as f64);
+    for wc in wcs.iter().filter(|wc| !wc.is_ok()) {
+        counter!("rdmactor_completion_errors_total", "status" => format!("{:?}", wc.status))
+            .increment(1);
+    }
+}
+
+/// A connection's send pump stopped with work still queued.
+pub(crate) fn send_stalled() {
+    counter!("rdmactor_send_stalls_total").increment(1);
+}
+
+/// The pool refused a lease at its cap.
+pub(crate) fn pool_exhausted() {
+    counter!("rdmactor_pool_exhausted_total").increment(1);
+}
+
+/// Sets the pool gauges from `stats` (the server example samples
+/// `Server::stats` once a second).
+pub fn record_pool(stats: &PoolStats) {
+    gauge!("rdmactor_pool_registered_bytes").set(stats.registered_bytes as f64);
+    gauge!("rdmactor_pool_charged_bytes").set(stats.charged_bytes as f64);
+    gauge!("rdmactor_pool_leased_chunks").set(stats.leased.iter().sum::<usize>() as f64);
+}
+
+/// A file upload finished with the hash verdict `good` (or not) after `bytes`.
+pub fn file_transfer(good: bool, bytes: u64) {
+    let result = if good { "good" } else { "bad" };
+    counter!("rdmactor_file_transfers_total", "result" => result).increment(1);
+    counter!("rdmactor_file_transfer_bytes_total", "result" => result).increment(bytes);
+}
+
+/// A lambda invocation ended: `kind` is `module` or `native`, `outcome` one of `ok`,
+/// `trap`, `out_of_fuel`, `timeout`, `memory_limit`, `error`.
+pub fn lambda_run(kind: &'static str, outcome: &'static str) {
+    counter!("rdmactor_lambda_runs_total", "kind" => kind, "outcome" => outcome).increment(1);
+}
+
+/// The echo service answered a request `since` it was delivered.
+pub fn echo_handled(since: Instant) {
+    histogram!("rdmactor_echo_seconds").record(since.elapsed().as_secs_f64());
+}

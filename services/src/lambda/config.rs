@@ -1,0 +1,48 @@
+//! The service's limits.
+
+use std::time::Duration;
+
+use super::sandbox::Limits;
+
+/// The service's limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LambdaConfig {
+    /// Caps every invocation's limits, field by field (and is used when the client asks
+    /// for none).
+    pub cap: Limits,
+    /// Largest input an invocation may name, in bytes.
+    pub max_input: usize,
+    /// Jobs (uploads and invocations) one connection may have under way.
+    pub max_jobs_per_connection: usize,
+    /// Job threads the whole service may run at once (native lambdas have no other
+    /// bound; modules are also bounded by the sandbox's `max_workers`).
+    pub max_jobs: usize,
+    /// The least wall clock an invocation gets, whatever the client asks for (at most
+    /// `cap.wall_clock`). Without a floor, `wall_clock_ms = 0` made every invocation a
+    /// free instant timeout: the client's job slot came back at once while work was
+    /// still being set up and torn down, so one client could keep the workers busy.
+    pub min_wall_clock: Duration,
+    /// Bytes of input one RDMA READ fetches: inputs larger than this are read in chunks
+    /// (at most the largest pool class, so that chunks use pooled buffers, not a
+    /// registration each).
+    pub read_chunk: usize,
+    /// Chunk READs one invocation keeps in flight.
+    pub reads_in_flight: usize,
+}
+
+impl Default for LambdaConfig {
+    /// [`Limits::default`] as the cap, 16 MiB inputs, 4 jobs per connection, 64 in all,
+    /// at least 10 ms of wall clock per invocation, inputs read 1 MiB at a time with 4
+    /// READs in flight.
+    fn default() -> Self {
+        LambdaConfig {
+            cap: Limits::default(),
+            max_input: 16 << 20,
+            max_jobs_per_connection: 4,
+            max_jobs: 64,
+            min_wall_clock: Duration::from_millis(10),
+            read_chunk: 1 << 20,
+            reads_in_flight: 4,
+        }
+    }
+}

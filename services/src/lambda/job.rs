@@ -1,0 +1,673 @@
+//! One connection's jobs as a state machine with no I/O: a request becomes READ input,
+//! run, WRITE output, reply (or a failure reply at any step). The session drives it.
+
+use std::collections::VecDeque;
+
+use rdmactor::verbs::RemoteRegion;
+use slab::Slab;
+
+use super::config::LambdaConfig;
+use super::sandbox::{LambdaError, Limits, ModuleHash};
+use super::wire::{Failure, FailureKind, LambdaRef, LambdaRequest, LambdaResponse};
+
+/// What a job computes off the actor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Work {
+    Load(Vec<u8>),
+    Module(ModuleHash, Limits),
+    Native(String),
+}
+
+/// A job's outcome, from its thread.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Loaded(Result<ModuleHash, LambdaError>),
+    Ran(Result<Vec<u8>, LambdaError>),
+}
+
+/// What the driver does next, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Action {
+    /// Answer request `tag`.
+    Reply { tag: u32, response: LambdaResponse },
+    /// RDMA READ the `len` bytes of `src` (the input's bytes from `offset`), then
+    /// `handle_input`. A large input is read in chunks of
+    /// [`LambdaConfig::read_chunk`], at most [`LambdaConfig::reads_in_flight`] at a time.
+    ReadInput {
+        job: usize,
+        offset: usize,
+        src: RemoteRegion,
+        len: usize,
+    },
+    /// Compute off the actor, then `handle_outcome`.
+    Run {
+        job: usize,
+        work: Work,
+        input: Vec<u8>,
+    },
+    /// RDMA WRITE `data` to `dst`, then `handle_written`.
+    WriteOutput {
+        job: usize,
+        dst: RemoteRegion,
+        data: Vec<u8>,
+    },
+}
+
+#[derive(Debug)]
+enum Stage {
+    Loading,
+    Reading {
+        work: Work,
+        output: RemoteRegion,
+        /// The whole input region (`input_len` bytes).
+        src: RemoteRegion,
+        /// The input so far: chunks land at their offsets.
+        input: Vec<u8>,
+        /// Offset of the next chunk to ask for.
+        next: usize,
+        /// Chunk reads posted and not yet handled.
+        in_flight: usize,
+        /// Bytes handled.
+        received: usize,
+    },
+    Running {
+        output: RemoteRegion,
+    },
+    Writing {
+        len: u64,
+    },
+}
+
+#[derive(Debug)]
+struct Job {
+    tag: u32,
+    stage: Stage,
+}
+
+/// One connection's requests, from arrival to answer, with no I/O: the session feeds it
+/// (`handle_*`) and carries out its [`Action`]s (`poll_action`, in order).
+#[derive(Debug)]
+pub(crate) struct Invocations {
+    config: LambdaConfig,
+    jobs: Slab<Job>,
+    actions: VecDeque<Action>,
+}
+
+impl Invocations {
+    pub fn new(config: LambdaConfig) -> Self {
+        Invocations {
+            config,
+            jobs: Slab::new(),
+            actions: VecDeque::new(),
+        }
+    }
+
+    /// Jobs under way.
+    #[cfg(test)]
+    pub fn jobs(&self) -> usize {
+        self.jobs.len()
+    }
+
+    fn fail(&mut self, tag: u32, failure: Failure) {
+        self.actions.push_back(Action::Reply {
+            tag,
+            response: LambdaResponse::Failed(failure),
+        });
+    }
+
+    /// A request arrived with `tag`.
+    pub fn handle_request(&mut self, tag: u32, req: LambdaRequest) {
+        if self.jobs.len() >= self.config.max_jobs_per_connection {
+            let limit = self.config.max_jobs_per_connection;
+            return self.fail(
+                tag,
+                Failure::new(
+                    FailureKind::Busy,
+                    format!("{limit} jobs under way on this connection"),
+                ),
+            );
+        }
+        match req {
+            LambdaRequest::Upload { module } => {
+                let job = self.jobs.insert(Job {
+                    tag,
+                    stage: Stage::Loading,
+                });
+                self.actions.push_back(Action::Run {
+                    job,
+                    work: Work::Load(module),
+                    input: Vec::new(),
+                });
+            }
+            LambdaRequest::Invoke {
+                lambda,
+                input,
+                input_len,
+                output,
+                limits,
+            } => {
+                let src = match input.slice(0, input_len) {
+                    Ok(src) => src,
+                    Err(e) => {
+                        return self.fail(tag, Failure::new(FailureKind::BadRequest, e.to_string()))
+                    }
+                };
+                let len = input_len as usize;
+                if len > self.config.max_input {
+                    return self.fail(
+                        tag,
+                        Failure::new(
+                            FailureKind::InputTooLarge,
+                            format!(
+                                "input of {len} bytes; the server accepts {}",
+                                self.config.max_input
+                            ),
+                        ),
+                    );
+                }
+                let work = match lambda {
+                    LambdaRef::Native(name) => Work::Native(name),
+                    LambdaRef::Module(hash) => {
+                        let wished = limits.map_or(self.config.cap, Limits::from);
+                        let mut limits = wished.capped_by(&self.config.cap);
+                        limits.wall_clock = limits
+                            .wall_clock
+                            .max(self.config.min_wall_clock)
+                            .min(self.config.cap.wall_clock);
+                        limits.max_output = limits
+                            .max_output
+                            .min(usize::try_from(output.len).unwrap_or(usize::MAX));
+                        Work::Module(hash, limits)
+                    }
+                };
+                if len == 0 {
+                    let job = self.jobs.insert(Job {
+                        tag,
+                        stage: Stage::Running { output },
+                    });
+                    self.actions.push_back(Action::Run {
+                        job,
+                        work,
+                        input: Vec::new(),
+                    });
+                } else {
+                    let job = self.jobs.insert(Job {
+                        tag,
+                        stage: Stage::Reading {
+                            work,
+                            output,
+                            src,
+                            input: vec![0; len],
+                            next: 0,
+                            in_flight: 0,
+                            received: 0,
+                        },
+                    });
+                    self.request_chunks(job);
+                }
+            }
+        }
+    }
+
+    /// Asks for the next chunks of `job`'s input, up to the window.
+    fn request_chunks(&mut self, job: usize) {
+        let (chunk, window) = (
+            self.config.read_chunk.max(1),
+            self.config.reads_in_flight.max(1),
+        );
+        let Some(Job {
+            stage:
+                Stage::Reading {
+                    src,
+                    input,
+                    next,
+                    in_flight,
+                    ..
+                },
+            ..
+        }) = self.jobs.get_mut(job)
+        else {
+            return;
+        };
+        while *in_flight < window && *next < input.len() {
+            let len = chunk.min(input.len() - *next);
+            let piece = src
+                .slice(*next as u64, len as u64)
+                .expect("chunks lie within the checked input region");
+            self.actions.push_back(Action::ReadInput {
+                job,
+                offset: *next,
+                src: piece,
+                len,
+            });
+            *next += len;
+            *in_flight += 1;
+        }
+    }
+
+    /// The chunk of `job`'s input at `offset` was read: `data`.
+    pub fn handle_input(&mut self, job: usize, offset: usize, data: &[u8]) {
+        let Some(j) = self.jobs.get_mut(job) else {
+            return;
+        };
+        let Stage::Reading {
+            input,
+            in_flight,
+            received,
+            ..
+        } = &mut j.stage
+        else {
+            return;
+        };
+        let Some(slot) = offset
+            .checked_add(data.len())
+            .and_then(|end| input.get_mut(offset..end))
+        else {
+            debug_assert!(false, "chunk {offset}+{} outside the input", data.len());
+            return;
+        };
+        slot.copy_from_slice(data);
+        *in_flight -= 1;
+        *received += data.len();
+        if *received < input.len() {
+            return self.request_chunks(job);
+        }
+        match std::mem::replace(&mut j.stage, Stage::Loading) {
+            Stage::Reading {
+                work,
+                output,
+                input,
+                ..
+            } => {
+                j.stage = Stage::Running { output };
+                self.actions.push_back(Action::Run { job, work, input });
+            }
+            other => j.stage = other,
+        }
+    }
+
+    /// The thread of `job` finished (or could not start).
+    pub fn handle_outcome(&mut self, job: usize, outcome: Outcome) {
+        let Some(j) = self.jobs.get(job) else {
+            return;
+        };
+        let tag = j.tag;
+        let output = match &j.stage {
+            Stage::Running { output } => Some(*output),
+            _ => None,
+        };
+        match (outcome, output) {
+            (Outcome::Loaded(result), None) => {
+                self.jobs.remove(job);
+                match result {
+                    Ok(hash) => self.actions.push_back(Action::Reply {
+                        tag,
+                        response: LambdaResponse::Loaded { hash },
+                    }),
+                    Err(e) => self.fail(tag, (&e).into()),
+                }
+            }
+            (Outcome::Ran(Ok(data)), Some(output)) if data.len() as u64 > output.len => {
+                self.jobs.remove(job);
+                let e = LambdaError::OutputTooLarge {
+                    len: data.len(),
+                    limit: output.len as usize,
+                };
+                self.fail(tag, (&e).into());
+            }
+            (Outcome::Ran(Ok(data)), Some(_)) if data.is_empty() => {
+                self.jobs.remove(job);
+                self.actions.push_back(Action::Reply {
+                    tag,
+                    response: LambdaResponse::Done { len: 0 },
+                });
+            }
+            (Outcome::Ran(Ok(data)), Some(output)) => {
+                let len = data.len() as u64;
+                self.jobs[job].stage = Stage::Writing { len };
+                self.actions.push_back(Action::WriteOutput {
+                    job,
+                    dst: RemoteRegion { len, ..output },
+                    data,
+                });
+            }
+            (Outcome::Ran(Err(e)), Some(_)) => {
+                self.jobs.remove(job);
+                self.fail(tag, (&e).into());
+            }
+            (outcome, _) => debug_assert!(false, "{outcome:?} for job {job} in {:?}", j.stage),
+        }
+    }
+
+    /// The output of `job` was written.
+    pub fn handle_written(&mut self, job: usize) {
+        if let Some(Job {
+            tag,
+            stage: Stage::Writing { len },
+        }) = self.jobs.try_remove(job)
+        {
+            self.actions.push_back(Action::Reply {
+                tag,
+                response: LambdaResponse::Done { len },
+            });
+        }
+    }
+
+    /// The next thing to do.
+    #[must_use]
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::wire::WireLimits;
+    use super::*;
+
+    fn region(addr: u64, len: u64) -> RemoteRegion {
+        RemoteRegion { addr, len, rkey: 7 }
+    }
+
+    fn config() -> LambdaConfig {
+        LambdaConfig {
+            cap: Limits {
+                fuel: 1000,
+                max_memory_bytes: 1 << 20,
+                wall_clock: Duration::from_millis(100),
+                max_output: 1 << 20,
+            },
+            max_input: 4096,
+            max_jobs_per_connection: 2,
+            max_jobs: 8,
+            min_wall_clock: Duration::from_millis(10),
+            read_chunk: 1 << 20,
+            reads_in_flight: 4,
+        }
+    }
+
+    fn invoke(lambda: LambdaRef, input_len: u64, output_len: u64) -> LambdaRequest {
+        LambdaRequest::Invoke {
+            lambda,
+            input: region(0x1000, 4096),
+            input_len,
+            output: region(0x9000, output_len),
+            limits: None,
+        }
+    }
+
+    /// [`invoke`] of the test module on an empty input, asking for `wished`.
+    fn invoke_with_limits(wished: WireLimits) -> LambdaRequest {
+        let mut req = invoke(LambdaRef::Module(hash()), 0, 100);
+        if let LambdaRequest::Invoke { limits, .. } = &mut req {
+            *limits = Some(wished);
+        }
+        req
+    }
+
+    fn hash() -> ModuleHash {
+        ModuleHash::of(b"module")
+    }
+
+    fn actions(inv: &mut Invocations) -> Vec<Action> {
+        std::iter::from_fn(|| inv.poll_action()).collect()
+    }
+
+    fn failed(tag: u32, kind: FailureKind) -> impl Fn(&Action) -> bool {
+        move |a| {
+            matches!(a, Action::Reply { tag: t, response: LambdaResponse::Failed(f) }
+                if *t == tag && f.kind == kind)
+        }
+    }
+
+    #[test]
+    fn an_invocation_reads_runs_writes_and_answers() {
+        let mut inv = Invocations::new(config());
+        inv.handle_request(5, invoke(LambdaRef::Module(hash()), 100, 64));
+        let [Action::ReadInput {
+            job,
+            offset,
+            src,
+            len,
+        }] = actions(&mut inv)[..]
+        else {
+            panic!("expected a read");
+        };
+        assert_eq!((offset, src, len), (0, region(0x1000, 100), 100));
+        inv.handle_input(job, 0, &[1; 100]);
+        let acts = actions(&mut inv);
+        let [Action::Run {
+            job: j,
+            work: Work::Module(h, limits),
+            input,
+        }] = &acts[..]
+        else {
+            panic!("expected a run: {acts:?}");
+        };
+        assert_eq!((*j, *h, input.len()), (job, hash(), 100));
+        assert_eq!(limits.max_output, 64, "the output region caps the output");
+        assert_eq!(limits.fuel, 1000);
+        inv.handle_outcome(job, Outcome::Ran(Ok(vec![9; 10])));
+        assert_eq!(
+            actions(&mut inv),
+            [Action::WriteOutput {
+                job,
+                dst: region(0x9000, 10),
+                data: vec![9; 10]
+            }]
+        );
+        assert_eq!(inv.jobs(), 1);
+        inv.handle_written(job);
+        assert_eq!(
+            actions(&mut inv),
+            [Action::Reply {
+                tag: 5,
+                response: LambdaResponse::Done { len: 10 }
+            }]
+        );
+        assert_eq!(inv.jobs(), 0);
+    }
+
+    /// A large input is read in chunks, a window of them at a time; chunks may complete
+    /// in any order and land at their offsets.
+    #[test]
+    fn large_inputs_are_read_in_chunks() {
+        let mut cfg = config();
+        cfg.read_chunk = 4;
+        cfg.reads_in_flight = 2;
+        let mut inv = Invocations::new(cfg);
+        inv.handle_request(1, invoke(LambdaRef::Native("n".into()), 10, 16));
+        let reads = |acts: Vec<Action>| -> Vec<(usize, u64, usize)> {
+            acts.into_iter()
+                .map(|a| match a {
+                    Action::ReadInput {
+                        offset, src, len, ..
+                    } => {
+                        assert_eq!(src.len, len as u64);
+                        (offset, src.addr, len)
+                    }
+                    other => panic!("expected a read, got {other:?}"),
+                })
+                .collect()
+        };
+        assert_eq!(
+            reads(actions(&mut inv)),
+            [(0, 0x1000, 4), (4, 0x1004, 4)],
+            "two chunks in flight"
+        );
+        inv.handle_input(0, 4, b"4567");
+        assert_eq!(reads(actions(&mut inv)), [(8, 0x1008, 2)]);
+        inv.handle_input(0, 8, b"89");
+        assert!(actions(&mut inv).is_empty(), "chunk 0 still missing");
+        inv.handle_input(0, 0, b"0123");
+        let acts = actions(&mut inv);
+        let [Action::Run { input, .. }] = &acts[..] else {
+            panic!("{acts:?}");
+        };
+        assert_eq!(input, b"0123456789");
+    }
+
+    #[test]
+    fn client_limits_are_capped_by_the_server() {
+        let mut inv = Invocations::new(config());
+        let wished = Limits {
+            fuel: 5,
+            max_memory_bytes: 1 << 30,
+            wall_clock: Duration::from_secs(60),
+            max_output: 10,
+        };
+        inv.handle_request(1, invoke_with_limits(wished.into()));
+        let acts = actions(&mut inv);
+        let [Action::Run {
+            work: Work::Module(_, limits),
+            ..
+        }] = &acts[..]
+        else {
+            panic!("{acts:?}");
+        };
+        assert_eq!(
+            *limits,
+            Limits {
+                fuel: 5,
+                max_memory_bytes: 1 << 20,
+                wall_clock: Duration::from_millis(100),
+                max_output: 10
+            }
+        );
+    }
+
+    /// Security issue item 6: `wall_clock_ms = 0` used to pass through (limits were only
+    /// capped downwards), so every invocation timed out at once and freed its job slot.
+    #[test]
+    fn a_zero_wall_clock_is_raised_to_the_floor() {
+        let mut inv = Invocations::new(config());
+        let wished = WireLimits {
+            fuel: u64::MAX,
+            max_memory_bytes: 1 << 20,
+            wall_clock_ms: 0,
+            max_output: 10,
+        };
+        inv.handle_request(1, invoke_with_limits(wished));
+        let acts = actions(&mut inv);
+        let [Action::Run {
+            work: Work::Module(_, limits),
+            ..
+        }] = &acts[..]
+        else {
+            panic!("{acts:?}");
+        };
+        assert_eq!(limits.wall_clock, Duration::from_millis(10));
+        assert_eq!(limits.fuel, 1000, "fuel capped as before");
+    }
+
+    #[test]
+    fn empty_inputs_and_outputs_skip_the_rdma() {
+        let mut inv = Invocations::new(config());
+        inv.handle_request(3, invoke(LambdaRef::Native("n".into()), 0, 16));
+        let acts = actions(&mut inv);
+        let [Action::Run { job, ref input, .. }] = acts[..] else {
+            panic!("{acts:?}");
+        };
+        assert!(input.is_empty());
+        inv.handle_outcome(job, Outcome::Ran(Ok(Vec::new())));
+        assert_eq!(
+            actions(&mut inv),
+            [Action::Reply {
+                tag: 3,
+                response: LambdaResponse::Done { len: 0 }
+            }]
+        );
+    }
+
+    #[test]
+    fn failures_are_answered_and_free_the_job() {
+        let mut inv = Invocations::new(config());
+        inv.handle_request(1, invoke(LambdaRef::Module(hash()), 0, 16));
+        let Some(Action::Run { job, .. }) = inv.poll_action() else {
+            panic!()
+        };
+        inv.handle_outcome(
+            job,
+            Outcome::Ran(Err(LambdaError::OutOfFuel { fuel: 1000 })),
+        );
+        let acts = actions(&mut inv);
+        assert!(failed(1, FailureKind::OutOfFuel)(&acts[0]), "{acts:?}");
+        assert_eq!(inv.jobs(), 0);
+
+        // A native lambda's output larger than the region.
+        inv.handle_request(2, invoke(LambdaRef::Native("n".into()), 0, 4));
+        let Some(Action::Run { job, .. }) = inv.poll_action() else {
+            panic!()
+        };
+        inv.handle_outcome(job, Outcome::Ran(Ok(vec![0; 5])));
+        let acts = actions(&mut inv);
+        assert!(failed(2, FailureKind::OutputTooLarge)(&acts[0]), "{acts:?}");
+
+        inv.handle_request(3, LambdaRequest::Upload { module: vec![0] });
+        let Some(Action::Run { job, .. }) = inv.poll_action() else {
+            panic!()
+        };
+        inv.handle_outcome(
+            job,
+            Outcome::Loaded(Err(LambdaError::InvalidModule("junk".into()))),
+        );
+        let acts = actions(&mut inv);
+        assert!(failed(3, FailureKind::InvalidModule)(&acts[0]), "{acts:?}");
+        assert_eq!(inv.jobs(), 0);
+    }
+
+    #[test]
+    fn bad_requests_are_refused_up_front() {
+        let mut inv = Invocations::new(config());
+        inv.handle_request(1, invoke(LambdaRef::Native("n".into()), 5000, 16));
+        inv.handle_request(2, {
+            let mut r = invoke(LambdaRef::Native("n".into()), 10, 16);
+            if let LambdaRequest::Invoke { input, .. } = &mut r {
+                input.len = 5;
+            }
+            r
+        });
+        let acts = actions(&mut inv);
+        assert_eq!(acts.len(), 2, "{acts:?}");
+        assert!(
+            failed(1, FailureKind::BadRequest)(&acts[0]),
+            "5000 bytes beyond the 4096-byte region: {acts:?}"
+        );
+        assert!(failed(2, FailureKind::BadRequest)(&acts[1]), "{acts:?}");
+    }
+
+    #[test]
+    fn inputs_over_the_server_limit_are_refused() {
+        let mut cfg = config();
+        cfg.max_input = 10;
+        let mut inv = Invocations::new(cfg);
+        inv.handle_request(1, invoke(LambdaRef::Native("n".into()), 11, 16));
+        assert!(failed(1, FailureKind::InputTooLarge)(
+            &inv.poll_action().unwrap()
+        ));
+    }
+
+    #[test]
+    fn a_connection_has_a_bounded_number_of_jobs() {
+        let mut inv = Invocations::new(config());
+        for tag in 1..=3 {
+            inv.handle_request(tag, invoke(LambdaRef::Native("n".into()), 1, 16));
+        }
+        let acts = actions(&mut inv);
+        assert!(matches!(acts[0], Action::ReadInput { .. }));
+        assert!(matches!(acts[1], Action::ReadInput { .. }));
+        assert!(failed(3, FailureKind::Busy)(&acts[2]), "{acts:?}");
+        assert_eq!(inv.jobs(), 2);
+    }
+
+    #[test]
+    fn stray_events_are_ignored() {
+        let mut inv = Invocations::new(config());
+        inv.handle_input(7, 0, &[1]);
+        inv.handle_written(7);
+        inv.handle_outcome(7, Outcome::Ran(Ok(vec![1])));
+        assert_eq!(inv.poll_action(), None);
+    }
+}

@@ -1,0 +1,133 @@
+//! One invocation in a fresh store: instantiate, `alloc`, copy the input in, `run`, copy
+//! the output out; and the translation of wasmtime's errors into [`LambdaError`]s.
+
+use std::time::Instant;
+
+use wasmtime::{Engine, Instance, Store, Trap, TypedFunc, UpdateDeadline};
+
+use super::cache::Compiled;
+use super::limits::GuestLimiter;
+use super::{LambdaError, Limits, Result, EXPORT_ALLOC, EXPORT_MEMORY, EXPORT_RUN};
+
+/// What the store carries for the host: the limiter and whether the deadline passed.
+struct Host {
+    limiter: GuestLimiter,
+    timed_out: bool,
+}
+
+/// Runs `compiled` on `input` within `limits`, on the calling thread; `deadline` is when
+/// [`Limits::wall_clock`] runs out.
+pub(super) fn invoke(
+    engine: &Engine,
+    compiled: &Compiled,
+    input: &[u8],
+    limits: &Limits,
+    deadline: Instant,
+) -> Result<Vec<u8>> {
+    if input.len() > limits.max_memory_bytes {
+        return Err(LambdaError::InputTooLarge {
+            len: input.len(),
+            limit: limits.max_memory_bytes,
+        });
+    }
+    if compiled.min_memory_bytes > limits.max_memory_bytes as u64 {
+        return Err(LambdaError::MemoryLimit {
+            limit: limits.max_memory_bytes,
+        });
+    }
+    let mut store = Store::new(
+        engine,
+        Host {
+            limiter: GuestLimiter::new(limits.max_memory_bytes),
+            timed_out: false,
+        },
+    );
+    store.limiter(|host| &mut host.limiter);
+    store
+        .set_fuel(limits.fuel)
+        .map_err(|e| LambdaError::Trap(e.to_string()))?;
+    // At every epoch tick, compare the clock with the deadline (see `clock`).
+    store.set_epoch_deadline(1);
+    store.epoch_deadline_callback(move |mut cx| {
+        if Instant::now() >= deadline {
+            cx.data_mut().timed_out = true;
+            Ok(UpdateDeadline::Interrupt)
+        } else {
+            Ok(UpdateDeadline::Continue(1))
+        }
+    });
+    let fail = |store: &Store<Host>, e: wasmtime::Error| classify(store, &e, limits);
+
+    let instance = Instance::new(&mut store, &compiled.module, &[]).map_err(|e| fail(&store, e))?;
+    let missing = |what: &str| LambdaError::MissingExport(what.to_string());
+    let memory = instance
+        .get_memory(&mut store, EXPORT_MEMORY)
+        .ok_or_else(|| missing(EXPORT_MEMORY))?;
+    let alloc: TypedFunc<i32, i32> = instance
+        .get_typed_func(&mut store, EXPORT_ALLOC)
+        .map_err(|_| missing(EXPORT_ALLOC))?;
+    let run: TypedFunc<(i32, i32), i64> = instance
+        .get_typed_func(&mut store, EXPORT_RUN)
+        .map_err(|_| missing(EXPORT_RUN))?;
+
+    let len = i32::try_from(input.len()).map_err(|_| LambdaError::InputTooLarge {
+        len: input.len(),
+        limit: i32::MAX as usize,
+    })?;
+    let ptr = alloc.call(&mut store, len).map_err(|e| fail(&store, e))?;
+    memory
+        .write(&mut store, ptr as u32 as usize, input)
+        .map_err(|_| {
+            LambdaError::BadResult(format!(
+                "alloc({len}) returned {ptr}, but memory has {} bytes",
+                memory.data_size(&store)
+            ))
+        })?;
+    let packed = run
+        .call(&mut store, (ptr, len))
+        .map_err(|e| fail(&store, e))?;
+    if packed < 0 {
+        return Err(LambdaError::GuestError(packed));
+    }
+    let out_ptr = (packed >> 32) as usize;
+    let out_len = (packed & 0xffff_ffff) as usize;
+    if out_len > limits.max_output {
+        return Err(LambdaError::OutputTooLarge {
+            len: out_len,
+            limit: limits.max_output,
+        });
+    }
+    let data = memory.data(&store);
+    out_ptr
+        .checked_add(out_len)
+        .and_then(|end| data.get(out_ptr..end))
+        .map(<[u8]>::to_vec)
+        .ok_or_else(|| {
+            LambdaError::BadResult(format!(
+                "run returned {out_len} bytes at {out_ptr}, but memory has {} bytes",
+                data.len()
+            ))
+        })
+}
+
+/// Turns an error from instantiation or a call into a [`LambdaError`]. The store's own
+/// records come first: a refused growth and a passed deadline each raise a trap whose
+/// kind alone would not say which limit was hit.
+fn classify(store: &Store<Host>, e: &wasmtime::Error, limits: &Limits) -> LambdaError {
+    let host = store.data();
+    if host.limiter.refused {
+        return LambdaError::MemoryLimit {
+            limit: limits.max_memory_bytes,
+        };
+    }
+    if host.timed_out {
+        return LambdaError::Timeout {
+            limit: limits.wall_clock,
+        };
+    }
+    match e.downcast_ref::<Trap>() {
+        Some(Trap::OutOfFuel) => LambdaError::OutOfFuel { fuel: limits.fuel },
+        Some(trap) => LambdaError::Trap(trap.to_string()),
+        None => LambdaError::Trap(format!("{e:#}")),
+    }
+}

@@ -1,0 +1,350 @@
+//! The WebAssembly sandbox: a wasmtime [`Engine`] compiling with Cranelift, with fuel
+//! metering and epoch interruption; a bounded LRU cache of compiled modules keyed by
+//! BLAKE3 hash; one fresh [`Store`](wasmtime::Store) per invocation.
+//!
+//! Files: [`limits`] (what an invocation and the sandbox may use, and the store's
+//! resource limiter), [`cache`] (compiled modules), [`clock`] (the epoch ticker behind
+//! the wall clock), [`invoke`] (one invocation).
+
+mod cache;
+mod clock;
+mod error;
+mod invoke;
+mod limits;
+
+use std::fmt;
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
+use wasmtime::{
+    Config, Engine, ExternType, InstanceAllocationStrategy, Module, OptLevel,
+    PoolingAllocationConfig, ValType,
+};
+
+pub use cache::ModuleHash;
+pub use error::{LambdaError, Result};
+pub use limits::{Limits, SandboxConfig};
+
+use cache::{Compiled, ModuleCache};
+use clock::EpochTicker;
+
+/// Exported linear memory, per the ABI.
+const EXPORT_MEMORY: &str = "memory";
+/// Exported `alloc(len: i32) -> i32`, per the ABI.
+const EXPORT_ALLOC: &str = "alloc";
+/// Exported `run(ptr: i32, len: i32) -> i64`, per the ABI.
+const EXPORT_RUN: &str = "run";
+/// Size of a Wasm memory page.
+const WASM_PAGE_BYTES: u64 = 64 << 10;
+/// Stack a guest may use, in bytes. Deeper recursion traps (stack overflow) long
+/// before the host thread's stack (2 MiB for Rust threads) is at risk.
+const MAX_WASM_STACK: usize = 256 << 10;
+
+/// Validates, compiles, caches and runs WebAssembly lambdas. Cheap to share: `&Sandbox` is
+/// all [`load`](Sandbox::load) and [`run`](Sandbox::run) need, from any thread.
+pub struct Sandbox {
+    engine: Engine,
+    config: SandboxConfig,
+    cache: Mutex<ModuleCache>,
+    /// Held while compiling, so that concurrent loads of the same bytes compile once.
+    compiling: Mutex<()>,
+    compilations: AtomicU64,
+    evictions: AtomicU64,
+    running: Arc<AtomicUsize>,
+    ticker: EpochTicker,
+}
+
+impl fmt::Debug for Sandbox {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sandbox")
+            .field("config", &self.config)
+            .field("cached_modules", &self.cached_modules())
+            .field("compilations", &self.compilations())
+            .field("running_workers", &self.running_workers())
+            .finish()
+    }
+}
+
+impl Default for Sandbox {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Sandbox {
+    /// A sandbox with [`SandboxConfig::default`].
+    pub fn new() -> Self {
+        Self::with_config(SandboxConfig::default())
+    }
+
+    /// A sandbox with the given limits.
+    ///
+    /// # Panics
+    ///
+    /// If wasmtime cannot build an engine for this host (Cranelift targets x86-64,
+    /// AArch64, s390x and RISC-V 64), or the epoch thread cannot start.
+    pub fn with_config(config: SandboxConfig) -> Self {
+        // Instances come from a pool of pre-reserved slots, one per worker, and a slot's
+        // first `keep_resident_bytes` of memory stay mapped between invocations (zeroed
+        // with memset on reuse). Without it every invocation maps fresh pages and pays a
+        // page fault per 4 KiB it touches: cheap on the host, but under the test VM's
+        // emulation those faults made a 1 MiB checksum 20 times slower than native.
+        let slots = u32::try_from(config.max_workers.max(1)).unwrap_or(u32::MAX);
+        let mut pool = PoolingAllocationConfig::new();
+        pool.total_core_instances(slots)
+            .total_memories(slots)
+            .max_memories_per_module(1)
+            .total_tables(slots.saturating_mul(limits::MAX_TABLES_PER_MODULE))
+            .max_tables_per_module(limits::MAX_TABLES_PER_MODULE)
+            .table_elements(limits::MAX_TABLE_ELEMENTS)
+            .linear_memory_keep_resident(config.keep_resident_bytes);
+        let mut wasm = Config::new();
+        wasm.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        wasm.consume_fuel(true)
+            .epoch_interruption(true)
+            .max_wasm_stack(MAX_WASM_STACK)
+            .cranelift_opt_level(OptLevel::Speed)
+            // One 32-bit memory, so that pointers are i32 and the limit is per lambda.
+            .wasm_memory64(false)
+            .wasm_multi_memory(false)
+            // Traps are reported by kind; nobody reads guest backtraces.
+            .wasm_backtrace_max_frames(None);
+        let engine = Engine::new(&wasm).expect("a wasmtime engine for this host");
+        let ticker = EpochTicker::start(engine.clone()).expect("the lambda epoch thread");
+        Self {
+            engine,
+            config,
+            cache: Mutex::new(ModuleCache::new(
+                config.max_cached_modules,
+                config.max_cached_bytes,
+            )),
+            compiling: Mutex::new(()),
+            compilations: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+            running: Arc::new(AtomicUsize::new(0)),
+            ticker,
+        }
+    }
+
+    /// The sandbox's own limits.
+    pub fn config(&self) -> &SandboxConfig {
+        &self.config
+    }
+
+    fn cache(&self) -> MutexGuard<'_, ModuleCache> {
+        self.cache.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Validates and compiles a module, or finds it in the cache, and returns its hash.
+    ///
+    /// Compiling takes time (milliseconds for the examples, more for big modules): call
+    /// this from a thread that may block, never from a poller (the lambda service loads
+    /// on its job threads). [`SandboxConfig::max_module_bytes`] is checked before
+    /// anything is parsed, which bounds the compiler's work.
+    ///
+    /// # Errors
+    ///
+    /// [`ModuleTooLarge`](LambdaError::ModuleTooLarge),
+    /// [`InvalidModule`](LambdaError::InvalidModule),
+    /// [`ImportsNotAllowed`](LambdaError::ImportsNotAllowed),
+    /// [`MissingExport`](LambdaError::MissingExport), [`CacheFull`](LambdaError::CacheFull).
+    pub fn load(&self, bytes: &[u8]) -> Result<ModuleHash> {
+        if bytes.len() > self.config.max_module_bytes {
+            return Err(LambdaError::ModuleTooLarge {
+                len: bytes.len(),
+                limit: self.config.max_module_bytes,
+            });
+        }
+        let hash = ModuleHash::of(bytes);
+        if self.cache().get(&hash).is_some() {
+            return Ok(hash);
+        }
+        let _compiling = self
+            .compiling
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // Someone may have compiled it while we waited for the lock.
+        if self.cache().get(&hash).is_some() {
+            return Ok(hash);
+        }
+        self.compilations.fetch_add(1, Ordering::Relaxed);
+        refuse_start_function(bytes)?;
+        let module = Module::from_binary(&self.engine, bytes)
+            .map_err(|e| LambdaError::InvalidModule(format!("{e:#}")))?;
+        let compiled = check_abi(module, bytes.len())?;
+        let mut cache = self.cache();
+        if compiled.cost > cache.max_bytes() {
+            return Err(LambdaError::CacheFull {
+                len: compiled.cost,
+                limit: cache.max_bytes(),
+            });
+        }
+        tracing::debug!(%hash, len = bytes.len(), cost = compiled.cost, "compiled lambda module");
+        let evicted = cache.insert(hash, compiled);
+        self.evictions.fetch_add(evicted as u64, Ordering::Relaxed);
+        Ok(hash)
+    }
+
+    /// `true` if a module with this hash is loaded.
+    pub fn contains(&self, hash: &ModuleHash) -> bool {
+        self.cache().contains(hash)
+    }
+
+    /// Drops a module from the cache; `false` if it was not there. Running invocations keep
+    /// their own reference and finish normally.
+    pub fn unload(&self, hash: &ModuleHash) -> bool {
+        self.cache().remove(hash)
+    }
+
+    /// Modules in the cache.
+    pub fn cached_modules(&self) -> usize {
+        self.cache().len()
+    }
+
+    /// Bytes the cached modules take (Wasm plus machine code).
+    pub fn cached_bytes(&self) -> usize {
+        self.cache().bytes()
+    }
+
+    /// Modules compiled so far (cache misses of [`load`](Sandbox::load), including invalid
+    /// modules).
+    pub fn compilations(&self) -> u64 {
+        self.compilations.load(Ordering::Relaxed)
+    }
+
+    /// Modules evicted from the cache so far to stay within its bounds.
+    pub fn evictions(&self) -> u64 {
+        self.evictions.load(Ordering::Relaxed)
+    }
+
+    /// Invocations running now.
+    pub fn running_workers(&self) -> usize {
+        self.running.load(Ordering::Relaxed)
+    }
+
+    /// Runs a loaded module on `input`, on the calling thread, and returns its output.
+    /// Every limit holds without help from the caller: fuel and memory stop the guest
+    /// with a trap, and the epoch ticker stops it at its wall-clock deadline.
+    ///
+    /// # Errors
+    ///
+    /// [`UnknownLambda`](LambdaError::UnknownLambda) if the hash is not in the cache
+    /// (never loaded, or evicted since), [`Busy`](LambdaError::Busy), and any error the
+    /// guest causes: see [`LambdaError`].
+    pub fn run(&self, hash: &ModuleHash, input: &[u8], limits: &Limits) -> Result<Vec<u8>> {
+        let deadline = Instant::now() + limits.wall_clock;
+        let compiled = self
+            .cache()
+            .get(hash)
+            .ok_or_else(|| LambdaError::UnknownLambda(hash.to_string()))?;
+        let _worker = WorkerSlot::claim(&self.running, self.config.max_workers)?;
+        let _ticking = self.ticker.running();
+        panic::catch_unwind(AssertUnwindSafe(|| {
+            invoke::invoke(&self.engine, &compiled, input, limits, deadline)
+        }))
+        .unwrap_or_else(|panic| Err(LambdaError::Trap(panic_message(&*panic))))
+    }
+
+    /// [`run`](Sandbox::run), taking ownership of the input.
+    ///
+    /// # Errors
+    ///
+    /// As [`run`](Sandbox::run).
+    pub fn run_owned(&self, hash: &ModuleHash, input: Vec<u8>, limits: &Limits) -> Result<Vec<u8>> {
+        self.run(hash, &input, limits)
+    }
+}
+
+/// One of [`SandboxConfig::max_workers`] slots, released on drop.
+struct WorkerSlot(Arc<AtomicUsize>);
+
+impl WorkerSlot {
+    fn claim(running: &Arc<AtomicUsize>, max: usize) -> Result<Self> {
+        running
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .map_err(|_| LambdaError::Busy { limit: max })?;
+        Ok(Self(Arc::clone(running)))
+    }
+}
+
+impl Drop for WorkerSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Refuses a `start` section: it would run guest code during instantiation, and the ABI
+/// has no use for it. wasmtime has no switch for this, so the sections are scanned
+/// (cheap: no function bodies are parsed); malformed bytes are left to the compiler's
+/// validation, which reports them properly.
+fn refuse_start_function(bytes: &[u8]) -> Result<()> {
+    for payload in wasmparser::Parser::new(0).parse_all(bytes) {
+        match payload {
+            Ok(wasmparser::Payload::StartSection { .. }) => {
+                return Err(LambdaError::InvalidModule(
+                    "lambdas may not have a start function".into(),
+                ))
+            }
+            Ok(_) => {}
+            Err(_) => return Ok(()),
+        }
+    }
+    Ok(())
+}
+
+/// Refuses imports and checks the ABI's exports and their types.
+fn check_abi(module: Module, wasm_len: usize) -> Result<Compiled> {
+    let imports: Vec<String> = module
+        .imports()
+        .map(|i| format!("{}.{}", i.module(), i.name()))
+        .collect();
+    if !imports.is_empty() {
+        return Err(LambdaError::ImportsNotAllowed(imports));
+    }
+    let min_memory_bytes = match module.get_export(EXPORT_MEMORY) {
+        Some(ExternType::Memory(ty)) if !ty.is_64() && !ty.is_shared() => {
+            ty.minimum().saturating_mul(WASM_PAGE_BYTES)
+        }
+        _ => {
+            return Err(LambdaError::MissingExport(format!(
+                "`{EXPORT_MEMORY}`: a 32-bit linear memory"
+            )))
+        }
+    };
+    let same = |got: Vec<ValType>, want: &[ValType]| {
+        got.len() == want.len() && got.iter().zip(want).all(|(a, b)| ValType::eq(a, b))
+    };
+    let check_func =
+        |name: &str, params: &[ValType], results: &[ValType]| match module.get_export(name) {
+            Some(ExternType::Func(ty))
+                if same(ty.params().collect(), params) && same(ty.results().collect(), results) =>
+            {
+                Ok(())
+            }
+            _ => Err(LambdaError::MissingExport(format!(
+                "`{name}`: a function {params:?} -> {results:?}"
+            ))),
+        };
+    check_func(EXPORT_ALLOC, &[ValType::I32], &[ValType::I32])?;
+    check_func(EXPORT_RUN, &[ValType::I32, ValType::I32], &[ValType::I64])?;
+    let image = module.image_range();
+    let code_bytes = (image.end as usize).saturating_sub(image.start as usize);
+    Ok(Compiled {
+        module,
+        min_memory_bytes,
+        cost: wasm_len.saturating_add(code_bytes),
+    })
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    let what = panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("unknown panic");
+    format!("the sandbox panicked: {what}")
+}
