@@ -209,14 +209,16 @@ fn services_across_the_wire_clean_then_lossy() {
     // Under loss some rxe QPs stop making progress altogether: nothing completes, not
     // even a keepalive probe, and no error comes either (README, known gaps). rdmactor
     // closes such a connection after the retry span and a keepalive period, with
-    // `peer unreachable`; that is the one failure allowed here, and it is counted.
+    // `peer unreachable`; that is the one failure allowed here, and it is printed.
     let spec = "delay 2ms loss 1%";
     wire.netem(Host::B, spec);
     let lossy = demo_clients(&wire, &server, 8, 300);
     wire.netem_off(Host::B);
     for why in &lossy.failed {
+        // The connection's own reason (echo, read, lambda: in-process clients), or the
+        // flushed request an `ft` child reports when its connection was closed under it.
         assert!(
-            why.contains("peer unreachable: a keepalive probe went unanswered"),
+            why.contains("peer unreachable") || why.contains("WrFlushError"),
             "a step failed under loss for another reason than a stalled QP: {why}\n--- the server's log\n{}",
             lossy.server_log
         );
