@@ -626,26 +626,37 @@ impl QueuePair {
             let ret = unsafe { ibv_post_recv(self.inner.qp.as_ptr(), &mut raw, &mut bad) };
             return check(Verb::PostRecv, ret);
         }
-        if wrs.is_empty() {
-            return Ok(());
-        }
-        let mut sges: Vec<ibv_sge> = wrs.iter().map(|w| raw_sge(w.local)).collect();
-        let mut raws: Vec<ibv_recv_wr> = wrs
-            .iter()
-            .zip(sges.iter_mut())
-            .map(|(w, s)| ibv_recv_wr {
-                wr_id: w.wr_id,
-                next: std::ptr::null_mut(),
-                sg_list: s,
-                num_sge: w.local.is_some() as i32,
-            })
-            .collect();
-        let base = link(&mut raws, |w: &mut ibv_recv_wr| &mut w.next);
-        let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
-        // SAFETY: the chain and its SGEs live across the call; see `post_send`.
-        let ret = unsafe { ibv_post_recv(self.inner.qp.as_ptr(), base, &mut bad) };
-        check(Verb::PostRecv, ret)
+        with_recv_chain(wrs, |base| {
+            let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
+            // SAFETY: the chain and its SGEs live across the call; see `post_send`.
+            let ret = unsafe { ibv_post_recv(self.inner.qp.as_ptr(), base, &mut bad) };
+            check(Verb::PostRecv, ret)
+        })
     }
+}
+
+/// Builds the linked `ibv_recv_wr` chain of `wrs` (with their SGEs) and hands its head
+/// to `post`, for a QP's or an SRQ's receive queue; an empty list posts nothing. The
+/// chain lives until `post` returns.
+pub(crate) fn with_recv_chain(
+    wrs: &[RecvWr<'_>],
+    post: impl FnOnce(*mut ibv_recv_wr) -> Result<()>,
+) -> Result<()> {
+    if wrs.is_empty() {
+        return Ok(());
+    }
+    let mut sges: Vec<ibv_sge> = wrs.iter().map(|w| raw_sge(w.local)).collect();
+    let mut raws: Vec<ibv_recv_wr> = wrs
+        .iter()
+        .zip(sges.iter_mut())
+        .map(|(w, s)| ibv_recv_wr {
+            wr_id: w.wr_id,
+            next: std::ptr::null_mut(),
+            sg_list: s,
+            num_sge: w.local.is_some() as i32,
+        })
+        .collect();
+    post(link(&mut raws, |w: &mut ibv_recv_wr| &mut w.next))
 }
 
 /// The raw SGE of an optional local range (a zero-length one when there is none).

@@ -13,7 +13,7 @@ use rdma_sys::*;
 
 use super::error::{check, check_ptr, Result, Verb, VerbsError};
 use super::pd::ProtectionDomain;
-use super::qp::{link, raw_sge, RecvWr};
+use super::qp::{with_recv_chain, RecvWr};
 
 /// What an SRQ holds and when it warns (`struct ibv_srq_attr`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,27 +86,14 @@ impl SharedReceiveQueue {
     /// Posts receives with one doorbell. The buffers must stay registered until they
     /// complete or the SRQ is destroyed.
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
-        if wrs.is_empty() {
-            return Ok(());
-        }
-        let mut sges: Vec<ibv_sge> = wrs.iter().map(|w| raw_sge(w.local)).collect();
-        let mut raws: Vec<ibv_recv_wr> = wrs
-            .iter()
-            .zip(sges.iter_mut())
-            .map(|(w, s)| ibv_recv_wr {
-                wr_id: w.wr_id,
-                next: std::ptr::null_mut(),
-                sg_list: s,
-                num_sge: w.local.is_some() as i32,
-            })
-            .collect();
-        let base = link(&mut raws, |w: &mut ibv_recv_wr| &mut w.next);
-        let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
-        // SAFETY: the chain and its SGEs live across the call; the SRQ is alive. The
-        // local bytes are bounds-checked ranges of registrations their owner keeps until
-        // the receive completes or the SRQ is gone.
-        let ret = unsafe { ibv_post_srq_recv(self.inner.srq.as_ptr(), base, &mut bad) };
-        check(Verb::PostSrqRecv, ret)
+        with_recv_chain(wrs, |base| {
+            let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
+            // SAFETY: the chain and its SGEs live across the call; the SRQ is alive. The
+            // local bytes are bounds-checked ranges of registrations their owner keeps
+            // until the receive completes or the SRQ is gone.
+            let ret = unsafe { ibv_post_srq_recv(self.inner.srq.as_ptr(), base, &mut bad) };
+            check(Verb::PostSrqRecv, ret)
+        })
     }
 
     /// Arms the low-water mark: when fewer than `limit` receives remain, the device

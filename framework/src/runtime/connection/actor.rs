@@ -25,7 +25,7 @@ use super::{Core, SessionCx, DRAIN_TIMEOUT};
 use crate::runtime::poller::{self, AbortOnUnwind, Inbox};
 use crate::runtime::service::{Session, SessionError};
 use crate::runtime::CloseReason;
-use crate::verbs::{CmIdKey, WcStatus, WorkCompletion};
+use crate::verbs::{CmIdKey, WorkCompletion};
 
 /// Connection-level notices from the CM actor.
 #[derive(Message, Debug)]
@@ -279,12 +279,10 @@ impl<S: Session> Connection<S> {
                     }
                 }
                 Ok(Some((op, result))) => {
-                    let failed = result.as_ref().err().map(|e| match e.completion_status() {
-                        Some(WcStatus::RetryExceeded) => CloseReason::PeerUnreachable(format!(
-                            "{op:?} got no ACK after the transport's retries"
-                        )),
-                        _ => CloseReason::Completion(format!("{op:?} failed: {:?}", wc.status)),
-                    });
+                    let failed = result
+                        .as_ref()
+                        .err()
+                        .map(|e| CloseReason::from_failed_op(op, e));
                     self.with_session(|s, cx| s.on_op(cx, op, result));
                     if let Some(reason) = failed {
                         self.begin_close(reason);

@@ -1272,11 +1272,21 @@ impl CloseReason {
     /// A failed work request: `PeerUnreachable` when the transport gave up retrying (the
     /// peer stopped acknowledging), `Completion` for every other status.
     pub(crate) fn from_completion(e: VerbsError) -> CloseReason {
+        Self::from_failed(&e, &e)
+    }
+    /// A session's operation `op` failed with `e`: the same split as `from_completion`,
+    /// naming the operation.
+    pub(crate) fn from_failed_op(op: OpId, e: &VerbsError) -> CloseReason {
+        Self::from_failed(e, &format_args!("{op:?} failed: {e}"))
+    }
+    /// `PeerUnreachable` when `e` says the transport gave up retrying, else `Completion`;
+    /// `what` describes the failure.
+    fn from_failed(e: &VerbsError, what: &dyn std::fmt::Display) -> CloseReason {
         match e.completion_status() {
-            Some(WcStatus::RetryExceeded) => {
-                CloseReason::PeerUnreachable(format!("no ACK after the transport's retries ({e})"))
-            }
-            _ => CloseReason::Completion(e.to_string()),
+            Some(WcStatus::RetryExceeded) => CloseReason::PeerUnreachable(format!(
+                "no ACK after the transport's retries ({what})"
+            )),
+            _ => CloseReason::Completion(what.to_string()),
         }
     }
 }
