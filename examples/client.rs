@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand};
 use rdmactor::runtime::{
-    Client, ClientConnection, CloseReason, Message, NodeConfig, PollMode, Session, SessionCx,
-    SessionError,
+    Client, ClientConnection, CloseReason, ConnectError, Message, NodeConfig, PollMode, Session,
+    SessionCx, SessionError,
 };
 use rdmactor_services::echo::{EchoRequest, EchoResponse};
 
@@ -100,7 +100,30 @@ enum Run {
         /// Seconds to hold the connections open (for idle-memory measurements).
         #[arg(long, default_value_t = 0.0)]
         hold: f64,
+        /// Count connections the server refuses, by reason, instead of failing at the
+        /// first (admission under a connect storm).
+        #[arg(long)]
+        count_rejects: bool,
+        /// Once all are open, send one verified echo on every connection.
+        #[arg(long)]
+        echo: bool,
+        /// Let stdin pace the steps, for a test that coordinates several client
+        /// processes: print `OPEN n` once open and wait for a line, then (with `--echo`)
+        /// print `ECHOED n` after the echo round and wait for a line, then close.
+        #[arg(long)]
+        stdin_steps: bool,
     },
+}
+
+/// Prints `line` and waits for one line on stdin (see `--stdin-steps`).
+async fn step(line: String) -> Result<()> {
+    println!("{line}");
+    tokio::task::spawn_blocking(|| {
+        let mut go = String::new();
+        std::io::stdin().read_line(&mut go).map(|_| ())
+    })
+    .await?
+    .context("reading stdin")
 }
 
 fn main() -> Result<()> {
@@ -356,20 +379,62 @@ async fn run(args: Args) -> Result<()> {
             connections,
             parallel,
             hold,
+            count_rejects,
+            echo: echo_round,
+            stdin_steps,
         } => {
+            use futures::StreamExt as _;
             let start = Instant::now();
             let mut conns = Vec::with_capacity(connections);
-            while conns.len() < connections {
-                let n = parallel.max(1).min(connections - conns.len());
-                let batch = (0..n).map(|_| client.connect(args.addr, &args.service));
-                for c in futures::future::join_all(batch).await {
-                    conns.push(c.context("connect")?);
+            let mut rejected = std::collections::BTreeMap::<String, usize>::new();
+            // `parallel` connects in flight at any time.
+            let mut attempts = futures::stream::iter(0..connections)
+                .map(|_| client.connect(args.addr, &args.service))
+                .buffer_unordered(parallel.max(1));
+            while let Some(c) = attempts.next().await {
+                match c {
+                    Ok(c) => conns.push(c),
+                    Err(ConnectError::Rejected(r)) if count_rejects => {
+                        *rejected.entry(format!("{:?}", r.code)).or_default() += 1;
+                    }
+                    Err(e) => return Err(e).context("connect"),
                 }
             }
-            let rate = connections as f64 / start.elapsed().as_secs_f64();
-            println!("RESULT kind=connect connections={connections} conn_per_s={rate:.1}");
+            drop(attempts);
+            let rate = conns.len() as f64 / start.elapsed().as_secs_f64();
+            let refused: usize = rejected.values().sum();
+            println!(
+                "RESULT kind=connect connections={} rejected={refused} conn_per_s={rate:.1}",
+                conns.len()
+            );
+            for (code, n) in &rejected {
+                println!("REJECTED code={code} count={n}");
+            }
+            if stdin_steps {
+                step(format!("OPEN {}", conns.len())).await?;
+            }
+            if echo_round {
+                let echoes = conns.iter().enumerate().map(|(i, c)| {
+                    let payload: Vec<u8> = (0..64 + i % 512).map(|b| (b + i) as u8).collect();
+                    echo(c, payload)
+                });
+                let results = futures::future::join_all(echoes).await;
+                let ok = results.iter().filter(|r| r.is_ok()).count();
+                if let Some(Err(e)) = results.into_iter().find(|r| r.is_err()) {
+                    anyhow::bail!(
+                        "{} of {} echoes failed; first: {e:#}",
+                        conns.len() - ok,
+                        conns.len()
+                    );
+                }
+                if stdin_steps {
+                    step(format!("ECHOED {ok}")).await?;
+                } else {
+                    println!("ECHOED {ok}");
+                }
+            }
             actix_rt::time::sleep(Duration::from_secs_f64(hold)).await;
-            drop(conns);
+            futures::future::join_all(conns.into_iter().map(ClientConnection::close)).await;
         }
     }
     client.shutdown().await;

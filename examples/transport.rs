@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use rdmactor::runtime::NodeConfig;
 
-/// `--retry-count`, `--ack-timeout`, `--keepalive`.
+/// `--retry-count`, `--ack-timeout`, `--keepalive`, the handshake and idle timeouts, and
+/// where framed connections' receives come from.
 #[derive(clap::Args, Debug, Clone)]
 pub struct Transport {
     /// Transport retries before a request to a silent peer fails (0..=6; Soft-RoCE reads
@@ -20,6 +21,16 @@ pub struct Transport {
     /// died without a word (0: never).
     #[arg(long, default_value_t = NodeConfig::default().keepalive.map_or(0.0, |d| d.as_secs_f64()))]
     pub keepalive: f64,
+    /// Close a connection not established within this many seconds.
+    #[arg(long, default_value_t = NodeConfig::default().handshake_timeout.as_secs_f64())]
+    pub handshake_timeout: f64,
+    /// Close a connection on which no message arrived for this many seconds (0: never).
+    #[arg(long, default_value_t = 0.0)]
+    pub idle_timeout: f64,
+    /// Give each framed connection a receive queue of its own (16 buffers) instead of a
+    /// share of a shared receive queue.
+    #[arg(long)]
+    pub per_connection_receives: bool,
 }
 
 impl Transport {
@@ -29,6 +40,10 @@ impl Transport {
             retry_count: self.retry_count.min(6),
             ack_timeout: self.ack_timeout.min(31),
             keepalive: (self.keepalive > 0.0).then(|| Duration::from_secs_f64(self.keepalive)),
+            handshake_timeout: Duration::from_secs_f64(self.handshake_timeout.max(0.001)),
+            idle_timeout: (self.idle_timeout > 0.0)
+                .then(|| Duration::from_secs_f64(self.idle_timeout)),
+            shared_recv: config.shared_recv.filter(|_| !self.per_connection_receives),
             ..config
         }
     }

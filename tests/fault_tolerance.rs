@@ -71,12 +71,7 @@ fn sigkilled_client_is_torn_down_and_others_keep_being_served() {
         }
         steady.close().await;
         wait_idle(&server, "all closed", Duration::from_secs(10)).await;
-        let stats = server.stats().await;
-        assert_eq!(
-            stats.pool.leased.iter().sum::<usize>(),
-            0,
-            "leases returned: {stats:?}"
-        );
+        rdmactor_tests::assert_leases_returned(&server).await;
         client.shutdown().await;
         server.shutdown().await;
     });

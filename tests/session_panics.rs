@@ -172,8 +172,7 @@ fn a_panicking_session_closes_only_its_own_connection() {
 
         steady.close().await;
         wait_idle(&server, "all closed", Duration::from_secs(20)).await;
-        let stats = server.stats().await;
-        assert_eq!(stats.pool.leased.iter().sum::<usize>(), 0, "{stats:?}");
+        rdmactor_tests::assert_leases_returned(&server).await;
         client.shutdown().await;
         server.shutdown().await;
     });

@@ -57,7 +57,7 @@ fn objects_are_created_and_released() {
         id.bind(test_addr()).expect("bind to the rdma address");
         assert!(id.is_on(&ctx), "bound id uses the device context");
         let qp = id
-            .create_qp(&pd, &cq, &evcq, QpCaps::default())
+            .create_qp(&pd, &cq, &evcq, QpCaps::default(), None)
             .expect("create rc qp");
         assert!(qp.qp_num() > 0);
         let state = qp.state().expect("query qp");
@@ -95,7 +95,9 @@ fn bad_arguments_are_typed_errors() {
         let events = EventChannel::new().expect("event channel");
         let id = CmId::new(&events).expect("create id");
         let cq = CompletionQueue::new(&ctx, 16, None).expect("cq");
-        let err = id.create_qp(&pd, &cq, &cq, QpCaps::default()).unwrap_err();
+        let err = id
+            .create_qp(&pd, &cq, &cq, QpCaps::default(), None)
+            .unwrap_err();
         assert!(matches!(err, VerbsError::InvalidArgument(_)), "{err}");
     }
     assert_released(&base);

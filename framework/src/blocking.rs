@@ -154,7 +154,7 @@ impl Listener {
         let channel = EventChannel::new()?;
         let id = request.migrate(&channel)?;
         let cq = CompletionQueue::new(pd.context(), opts.cq_capacity, None)?;
-        let qp = id.create_qp(pd, &cq, &cq, opts.caps)?;
+        let qp = id.create_qp(pd, &cq, &cq, opts.caps, None)?;
         prepare(&qp)?;
         id.accept(&ConnParam {
             private_data: accept_data,
@@ -194,7 +194,7 @@ pub fn connect(
     id.resolve_route(opts.timeout)?;
     channel.expect(CmEventKind::RouteResolved, opts.timeout)?;
     let cq = CompletionQueue::new(pd.context(), opts.cq_capacity, None)?;
-    let qp = id.create_qp(pd, &cq, &cq, opts.caps)?;
+    let qp = id.create_qp(pd, &cq, &cq, opts.caps, None)?;
     prepare(&qp)?;
     id.connect(&ConnParam {
         private_data,

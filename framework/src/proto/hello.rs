@@ -12,9 +12,17 @@ use crate::verbs::{MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA, MAX_REJECT
 /// First bytes of every rdmactor private data.
 pub const MAGIC: [u8; 4] = *b"rAcT";
 /// Protocol version carried in the hello; a mismatch is rejected.
-pub const PROTOCOL_VERSION: u8 = 1;
+///
+/// 2: the hello and the welcome carry `max_credits` (receives shared between
+/// connections lend busy ones more than their initial share).
+pub const PROTOCOL_VERSION: u8 = 2;
 /// Longest service name that fits in a connect request.
-pub const MAX_SERVICE_NAME: usize = MAX_CONNECT_PRIVATE_DATA - 12;
+pub const MAX_SERVICE_NAME: usize = MAX_CONNECT_PRIVATE_DATA - HELLO_FIXED;
+
+/// Bytes of a hello before the service name.
+const HELLO_FIXED: usize = 14;
+/// Bytes of a welcome.
+const WELCOME_LEN: usize = 14;
 
 /// The client's connect request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,19 +31,47 @@ pub struct Hello {
     pub version: u8,
     /// Service asked for.
     pub service: String,
-    /// Receives the client pre-posted (the server's initial send credits).
+    /// Receives the client guarantees this connection (the server's initial send
+    /// credits).
     pub recv_depth: u16,
     /// Size of each of those receive buffers.
     pub recv_size: u32,
+    /// Most credits the client may grant (more than `recv_depth` when its receives are
+    /// shared and it lends busy connections more).
+    pub max_credits: u16,
 }
 
 /// The server's accept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Welcome {
-    /// Receives the server pre-posted (the client's initial send credits).
+    /// Receives the server guarantees this connection (the client's initial send
+    /// credits).
     pub recv_depth: u16,
     /// Size of each of those receive buffers.
     pub recv_size: u32,
+    /// Most credits the server may grant.
+    pub max_credits: u16,
+}
+
+impl Hello {
+    /// The credits the client advertised.
+    pub fn advert(&self) -> crate::proto::credits::Advert {
+        advert(self.recv_depth, self.max_credits)
+    }
+}
+
+impl Welcome {
+    /// The credits the server advertised.
+    pub fn advert(&self) -> crate::proto::credits::Advert {
+        advert(self.recv_depth, self.max_credits)
+    }
+}
+
+fn advert(initial: u16, max: u16) -> crate::proto::credits::Advert {
+    crate::proto::credits::Advert {
+        initial: initial.into(),
+        max: max.into(),
+    }
 }
 
 /// Why the server refused a connection.
@@ -96,12 +132,13 @@ impl Hello {
         if self.service.len() > MAX_SERVICE_NAME {
             return Err(HelloError::NameTooLong(self.service.len()));
         }
-        let mut v = Vec::with_capacity(12 + self.service.len());
+        let mut v = Vec::with_capacity(HELLO_FIXED + self.service.len());
         v.extend_from_slice(&MAGIC);
         v.push(self.version);
         v.push(self.service.len() as u8);
         v.extend_from_slice(&self.recv_depth.to_le_bytes());
         v.extend_from_slice(&self.recv_size.to_le_bytes());
+        v.extend_from_slice(&self.max_credits.to_le_bytes());
         v.extend_from_slice(self.service.as_bytes());
         debug_assert!(v.len() <= MAX_CONNECT_PRIVATE_DATA);
         Ok(v)
@@ -113,11 +150,13 @@ impl Hello {
         if !starts_with_magic(data) {
             return Ok(None);
         }
-        if data.len() < 12 {
+        if data.len() < HELLO_FIXED {
             return Err(HelloError::Truncated);
         }
         let name_len = data[5] as usize;
-        let name = data.get(12..12 + name_len).ok_or(HelloError::Truncated)?;
+        let name = data
+            .get(HELLO_FIXED..HELLO_FIXED + name_len)
+            .ok_or(HelloError::Truncated)?;
         Ok(Some(Hello {
             version: data[4],
             service: std::str::from_utf8(name)
@@ -125,6 +164,7 @@ impl Hello {
                 .to_owned(),
             recv_depth: u16::from_le_bytes([data[6], data[7]]),
             recv_size: u32::from_le_bytes(data[8..12].try_into().expect("4 bytes")),
+            max_credits: u16::from_le_bytes([data[12], data[13]]),
         }))
     }
 }
@@ -132,24 +172,26 @@ impl Hello {
 impl Welcome {
     /// Encodes for `rdma_accept`.
     pub fn encode(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(12);
+        let mut v = Vec::with_capacity(WELCOME_LEN);
         v.extend_from_slice(&MAGIC);
         v.push(PROTOCOL_VERSION);
         v.push(0);
         v.extend_from_slice(&self.recv_depth.to_le_bytes());
         v.extend_from_slice(&self.recv_size.to_le_bytes());
+        v.extend_from_slice(&self.max_credits.to_le_bytes());
         debug_assert!(v.len() <= MAX_ACCEPT_PRIVATE_DATA);
         v
     }
 
     /// Decodes the accept's private data (seen in the client's ESTABLISHED event).
     pub fn decode(data: &[u8]) -> Option<Welcome> {
-        if !starts_with_magic(data) || data.len() < 12 {
+        if !starts_with_magic(data) || data.len() < WELCOME_LEN {
             return None;
         }
         Some(Welcome {
             recv_depth: u16::from_le_bytes([data[6], data[7]]),
             recv_size: u32::from_le_bytes(data[8..12].try_into().expect("4 bytes")),
+            max_credits: u16::from_le_bytes([data[12], data[13]]),
         })
     }
 }
@@ -221,6 +263,7 @@ mod tests {
             service: "echo".into(),
             recv_depth: 32,
             recv_size: 4096,
+            max_credits: 64,
         };
         let mut wire = h.encode().unwrap();
         wire.resize(MAX_CONNECT_PRIVATE_DATA, 0); // the transport pads
@@ -240,6 +283,7 @@ mod tests {
             service: "x".repeat(45),
             recv_depth: 2,
             recv_size: 64,
+            max_credits: 2,
         };
         assert_eq!(long.encode(), Err(HelloError::NameTooLong(45)));
         let mut wire = Hello {
@@ -247,13 +291,14 @@ mod tests {
             service: "ab".into(),
             recv_depth: 2,
             recv_size: 64,
+            max_credits: 2,
         }
         .encode()
         .unwrap();
         wire[5] = 40; // name length beyond the data
         assert_eq!(Hello::decode(&wire), Err(HelloError::Truncated));
         wire[5] = 2;
-        wire[12] = 0xff;
+        wire[HELLO_FIXED] = 0xff;
         assert_eq!(Hello::decode(&wire), Err(HelloError::NameNotUtf8));
     }
 
@@ -262,6 +307,7 @@ mod tests {
         let w = Welcome {
             recv_depth: 16,
             recv_size: 8192,
+            max_credits: 48,
         };
         assert_eq!(Welcome::decode(&w.encode()), Some(w));
         let r = Reject::new(RejectCode::ServerFull, "limit of 10 connections reached");

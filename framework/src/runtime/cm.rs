@@ -153,16 +153,20 @@ impl CmActor {
                         ),
                     );
                 }
-                if (hello.recv_depth as u32) < MIN_DEPTH {
+                let advert = hello.advert();
+                if !advert.is_valid() {
                     return self.reject(
                         &id,
                         Reject::new(
                             RejectCode::BadHello,
-                            format!("receive depth below {MIN_DEPTH}"),
+                            format!(
+                                "receive depth {} (at most {}) is below {MIN_DEPTH} or above its maximum",
+                                advert.initial, advert.max
+                            ),
                         ),
                     );
                 }
-                (hello.service, Some(hello.recv_depth))
+                (hello.service, Some(advert))
             }
         };
         let Some(service) = self.services.get(&service_name).cloned() else {
@@ -236,11 +240,15 @@ impl CmActor {
         });
         self.conns.insert(key, addr.clone().recipient());
         let welcome = match framing {
-            Framing::Framed => Welcome {
-                recv_depth: self.node.config.recv_depth,
-                recv_size: self.node.config.recv_size,
+            Framing::Framed => {
+                let ours = self.node.advert();
+                Welcome {
+                    recv_depth: ours.initial as u16,
+                    recv_size: self.node.config.recv_size,
+                    max_credits: ours.max as u16,
+                }
+                .encode()
             }
-            .encode(),
             Framing::Raw { .. } => Vec::new(),
         };
         let param = ConnParam {
@@ -267,12 +275,7 @@ impl CmActor {
             return self.on_active_event(ev, ctx);
         }
         match ev.kind {
-            CmEventKind::Established => self.notify(
-                ev.id,
-                CmNotice::Established {
-                    peer_recv_depth: None,
-                },
-            ),
+            CmEventKind::Established => self.notify(ev.id, CmNotice::Established { peer: None }),
             CmEventKind::Disconnected => self.notify(ev.id, CmNotice::Disconnected),
             CmEventKind::TimewaitExit => {}
             CmEventKind::DeviceRemoval => {
@@ -325,7 +328,7 @@ impl CmActor {
             }
             CmEventKind::RouteResolved => self.on_route_resolved(key, ctx),
             CmEventKind::Established => {
-                let depth = Welcome::decode(&ev.private_data).map(|w| w.recv_depth);
+                let depth = Welcome::decode(&ev.private_data).map(|w| w.advert());
                 let Some(mut c) = self.connecting.remove(&key) else {
                     return;
                 };
@@ -341,9 +344,7 @@ impl CmActor {
                     }
                     return;
                 }
-                conn.do_send(CmNotice::Established {
-                    peer_recv_depth: depth,
-                });
+                conn.do_send(CmNotice::Established { peer: depth });
                 if let (Some(reply), Some(inbox)) = (c.reply.take(), c.inbox.take()) {
                     let _ = reply.send(Ok((conn, inbox)));
                 }
@@ -393,11 +394,13 @@ impl CmActor {
             label,
         });
         self.conns.insert(key, addr.clone().recipient());
+        let ours = self.node.advert();
         let hello = Hello {
             version: PROTOCOL_VERSION,
             service,
-            recv_depth: self.node.config.recv_depth,
+            recv_depth: ours.initial as u16,
             recv_size: self.node.config.recv_size,
+            max_credits: ours.max as u16,
         };
         let data = match hello.encode() {
             Ok(d) => d,

@@ -17,8 +17,13 @@ pub struct NodeConfig {
     pub poll_mode: PollMode,
     /// Registered-memory pool.
     pub pool: PoolConfig,
-    /// Receives pre-posted per framed connection (the peer's send credits).
+    /// Receives pre-posted per framed connection (the peer's send credits) when
+    /// `shared_recv` is `None`.
     pub recv_depth: u16,
+    /// Receives of framed connections come from shared receive queues, with credits
+    /// split into a share per connection and a reserve lent to busy ones; `None`: a
+    /// receive queue of `recv_depth` buffers per connection.
+    pub shared_recv: Option<SharedRecvConfig>,
     /// Size of each framed receive buffer; larger messages use rendezvous.
     pub recv_size: u32,
     /// Receives pre-posted per raw connection.
@@ -50,6 +55,17 @@ pub struct NodeConfig {
     /// never probe (a peer that dies while both sides wait would hold its connection
     /// until the CM notices, which for a host that vanished is never).
     pub keepalive: Option<Duration>,
+    /// A connection accepted (or requested) but not established within this closes
+    /// with [`CloseReason::HandshakeTimeout`](super::CloseReason::HandshakeTimeout),
+    /// releasing its QP and buffers: a client that sends a connect request and never
+    /// the final handshake message would otherwise hold them (and a place under
+    /// `max_connections`) forever.
+    pub handshake_timeout: Duration,
+    /// Close a connection on which no message arrived for this long
+    /// ([`CloseReason::IdleTimeout`](super::CloseReason::IdleTimeout)); `None`: never.
+    /// Keepalive probes do not count as messages: they prove the peer is alive, not
+    /// that it uses the connection.
+    pub idle_timeout: Option<Duration>,
     /// Largest framed message a connection sends or accepts (at most
     /// [`MAX_MESSAGE`](super::MAX_MESSAGE)). A peer's rendezvous offer names its length
     /// and the receiver registers that much, so the peer must not choose it freely.
@@ -83,19 +99,60 @@ impl Default for NodeConfig {
             poll_mode: PollMode::EVENT,
             pool: PoolConfig::default(),
             recv_depth: 16,
+            shared_recv: Some(SharedRecvConfig::default()),
             recv_size: 4096,
             raw_recv_depth: 8,
-            send_depth: 64,
+            send_depth: 32,
             rnr_retry_count: 7,
             retry_count: 6,
             ack_timeout: 18,
             keepalive: Some(Duration::from_secs(5)),
+            handshake_timeout: Duration::from_secs(10),
+            idle_timeout: None,
             max_message: 16 << 20,
             rendezvous_budget: 32 << 20,
             rendezvous_deadline: Duration::from_secs(30),
             max_queued_bytes: 16 << 20,
             max_queued_sends: 4096,
         }
+    }
+}
+
+/// Sizing of the shared receive queues of framed connections (see
+/// `proto/credits/reserve.rs` for the credit rules and their worst case).
+#[derive(Debug, Clone)]
+pub struct SharedRecvConfig {
+    /// Credits each connection always has (receives guaranteed to it); at least
+    /// [`MIN_DEPTH`](crate::proto::credits::MIN_DEPTH).
+    pub share: u16,
+    /// Most credits a busy connection may hold, its share included.
+    pub max_credits: u16,
+    /// Connections per shared queue. A queue holds `members × share + reserve`
+    /// receives; Soft-RoCE allows 16,383 receives per SRQ and 1,023 SRQs.
+    pub members: u32,
+    /// Credits of a queue lent to busy connections beyond their share.
+    pub reserve: u32,
+    /// Empty queues kept (with their buffers) for the next connections; more are
+    /// destroyed and their buffers returned to the pool as the last member leaves.
+    pub keep_empty: usize,
+}
+
+impl Default for SharedRecvConfig {
+    fn default() -> Self {
+        SharedRecvConfig {
+            share: 4,
+            max_credits: 16,
+            members: 256,
+            reserve: 128,
+            keep_empty: 1,
+        }
+    }
+}
+
+impl SharedRecvConfig {
+    /// Receives posted to each queue.
+    pub fn depth(&self) -> u32 {
+        self.members * u32::from(self.share) + self.reserve
     }
 }
 

@@ -17,12 +17,13 @@ mod connection;
 mod node;
 mod oob;
 mod poller;
+mod recv_groups;
 mod server;
 mod service;
 mod srq;
 
 pub use client::{Client, ClientConnection, ConnectError, RequestError};
-pub use config::NodeConfig;
+pub use config::{NodeConfig, SharedRecvConfig};
 pub use connection::{
     Blocking, BlockingError, BufId, Grant, GrantId, Op, SessionCx, SessionWaker, MAX_MESSAGE,
 };
@@ -76,6 +77,13 @@ pub enum CloseReason {
         /// Queued work items.
         sends: usize,
     },
+    /// The connection was accepted (or requested) but never established within
+    /// `NodeConfig::handshake_timeout`: the peer never finished the rdma_cm handshake.
+    #[error("handshake not finished within {0:?}")]
+    HandshakeTimeout(std::time::Duration),
+    /// No message arrived for `NodeConfig::idle_timeout`.
+    #[error("idle: no message for {0:?}")]
+    IdleTimeout(std::time::Duration),
     /// The server or client is shutting down.
     #[error("shutting down")]
     Shutdown,

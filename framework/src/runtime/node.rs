@@ -6,9 +6,10 @@ use std::sync::Arc;
 use super::config::NodeConfig;
 use super::connection::{Core, CoreParts};
 use super::poller::Pollers;
+use super::recv_groups::RecvGroups;
 use super::service::Framing;
 use crate::memory::{MrPool, PoolStats};
-use crate::proto::credits::CreditWindow;
+use crate::proto::credits::{Advert, CreditWindow};
 use crate::verbs::{CmId, Context, ProtectionDomain, QpCaps, Result, VerbsError};
 
 pub(crate) struct Node {
@@ -17,6 +18,8 @@ pub(crate) struct Node {
     pub pool: MrPool,
     pub config: NodeConfig,
     pollers: Pollers,
+    /// Shared receive queues of framed connections (`None`: a queue per connection).
+    recv_groups: Option<RecvGroups>,
 }
 
 impl Node {
@@ -26,13 +29,26 @@ impl Node {
         let pd = ProtectionDomain::new(&ctx)?;
         let pool = MrPool::registered(&pd, config.pool.clone());
         let pollers = Pollers::start(&ctx, config.pollers, config.poll_mode)?;
+        let recv_groups = config
+            .shared_recv
+            .clone()
+            .map(|cfg| RecvGroups::new(&pd, &pool, cfg, config.recv_size as usize));
         Ok(Arc::new(Node {
             ctx,
             pd,
             pool,
             config,
             pollers,
+            recv_groups,
         }))
+    }
+
+    /// The credits a framed connection of this node advertises to its peer.
+    pub fn advert(&self) -> Advert {
+        match &self.recv_groups {
+            Some(g) => g.advert(),
+            None => Advert::fixed(self.config.recv_depth.into()),
+        }
     }
 
     /// Builds a connection on `id`: CQ capacity from a poller, the QP on the shared PD,
@@ -41,7 +57,7 @@ impl Node {
         &self,
         id: &CmId,
         framing: Framing,
-        peer_recv_depth: Option<u16>,
+        peer: Option<Advert>,
     ) -> std::result::Result<Core, String> {
         if !id.is_on(&self.ctx) {
             return Err(format!(
@@ -51,13 +67,25 @@ impl Node {
             ));
         }
         let cfg = &self.config;
+        // Framed connections take their receives from a shared queue when configured.
+        let shared = match (framing, &self.recv_groups) {
+            (Framing::Framed, Some(groups)) => Some(groups.join()?),
+            _ => None,
+        };
         let (depth, size) = match framing {
             Framing::Framed => (cfg.recv_depth as u32, cfg.recv_size as usize),
             Framing::Raw { recv_size } => (cfg.raw_recv_depth as u32, recv_size as usize),
         };
+        let ours = match &shared {
+            Some(_) => self.advert(),
+            None => Advert::fixed(depth),
+        };
+        // Completions a connection can have in the CQ at once: its send queue and the
+        // receives its peer can consume (what it holds credits for, with a shared queue).
+        let recv_completions = if shared.is_some() { ours.max } else { depth };
         let cq = self
             .pollers
-            .reserve(depth + cfg.send_depth)
+            .reserve(recv_completions + cfg.send_depth)
             .map_err(|e| e.to_string())?;
         let caps = QpCaps {
             max_send_wr: cfg.send_depth,
@@ -67,26 +95,37 @@ impl Node {
             max_inline_data: super::connection::INLINE_MAX as u32,
         };
         let qp = id
-            .create_qp(&self.pd, cq.cq(), cq.cq(), caps)
+            .create_qp(
+                &self.pd,
+                cq.cq(),
+                cq.cq(),
+                caps,
+                shared.as_ref().map(|(recv, _)| recv.queue()),
+            )
             .map_err(|e: VerbsError| e.to_string())?;
         // Before connect/accept: applied when rdma_cm moves the QP to RTS.
         id.set_ack_timeout(cfg.ack_timeout)
             .map_err(|e: VerbsError| e.to_string())?;
-        let recv = (0..depth)
-            .map(|_| self.pool.lease(size))
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e| e.to_string())?;
+        let recv = match &shared {
+            Some(_) => Vec::new(),
+            None => (0..depth)
+                .map(|_| self.pool.lease(size))
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|e| e.to_string())?,
+        };
         let credits = match framing {
             Framing::Raw { .. } => None,
-            Framing::Framed => Some(match peer_recv_depth {
-                Some(peer) => CreditWindow::new(depth, peer as u32),
-                None => CreditWindow::awaiting_peer(depth),
+            Framing::Framed => Some(match peer {
+                Some(peer) => CreditWindow::new(ours, peer),
+                None => CreditWindow::awaiting_peer(ours),
             }),
         };
+        let (shared_recv, membership) = shared.unzip();
         let mut core = Core::new(CoreParts {
             qp,
             id: Some(id.clone()),
-            shared_recv: None,
+            shared_recv,
+            membership,
             cq,
             framing,
             recv,
@@ -102,6 +141,8 @@ impl Node {
             rendezvous_deadline: cfg.rendezvous_deadline,
             keepalive: cfg.keepalive,
             retry_span: cfg.retry_span(),
+            handshake_timeout: Some(cfg.handshake_timeout),
+            idle_timeout: cfg.idle_timeout,
         });
         core.post_all_receives().map_err(|e| e.to_string())?;
         Ok(core)
@@ -118,6 +159,16 @@ impl Node {
 
     pub fn first_poller(&self) -> actix::dev::ArbiterHandle {
         self.pollers.first_arbiter()
+    }
+
+    pub fn shared_queues(&self) -> Vec<u32> {
+        self.recv_groups
+            .as_ref()
+            .map_or_else(Vec::new, RecvGroups::occupancy)
+    }
+
+    pub fn shared_recv_buffers(&self) -> usize {
+        self.recv_groups.as_ref().map_or(0, RecvGroups::buffers)
     }
 
     pub fn cq_count(&self) -> usize {

@@ -170,6 +170,12 @@ pub struct ServerStats {
     pub pool: PoolStats,
     /// CQs the pollers own.
     pub cqs: usize,
+    /// Members of each shared receive queue of framed connections (one entry per queue).
+    pub shared_queues: Vec<u32>,
+    /// Receive buffers (pool leases of `recv_size`) the shared queues hold, members or
+    /// not: empty queues up to `SharedRecvConfig::keep_empty` are kept for the next
+    /// connections.
+    pub shared_recv_buffers: usize,
 }
 
 impl Server {
@@ -214,6 +220,8 @@ impl Server {
             closed: c.closed,
             pool: self.node.pool_stats(),
             cqs: self.node.cq_count(),
+            shared_queues: self.node.shared_queues(),
+            shared_recv_buffers: self.node.shared_recv_buffers(),
         }
     }
 

@@ -18,6 +18,7 @@ use super::device::Context;
 use super::error::{check, check_ptr, Result, Verb, VerbsError};
 use super::pd::ProtectionDomain;
 use super::qp::{QpCaps, QueuePair};
+use super::srq::SharedReceiveQueue;
 use super::sys;
 
 /// Private data a connect request can carry over RoCE/IB (the CM REQ has 92 bytes, the
@@ -547,13 +548,15 @@ impl CmId {
         unsafe { (*self.inner.as_ptr()).verbs == ctx.as_ptr() }
     }
 
-    /// Creates the RC QP of this id on the shared `pd`, with the given CQs.
+    /// Creates the RC QP of this id on the shared `pd`, with the given CQs; with `srq`,
+    /// the QP takes its receives from that shared queue and has none of its own.
     pub fn create_qp(
         &self,
         pd: &ProtectionDomain,
         send_cq: &CompletionQueue,
         recv_cq: &CompletionQueue,
         caps: QpCaps,
+        srq: Option<&SharedReceiveQueue>,
     ) -> Result<QueuePair> {
         if !self.is_on(pd.context()) {
             return Err(VerbsError::InvalidArgument(format!(
@@ -562,7 +565,7 @@ impl CmId {
                 pd.context().name()
             )));
         }
-        QueuePair::create(self.inner.clone(), pd, send_cq, recv_cq, caps)
+        QueuePair::create(self.inner.clone(), pd, send_cq, recv_cq, caps, srq)
     }
 
     /// Starts connecting (ESTABLISHED, REJECTED, UNREACHABLE or CONNECT_ERROR follows).

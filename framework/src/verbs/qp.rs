@@ -313,9 +313,10 @@ impl QueuePair {
         send_cq: &CompletionQueue,
         recv_cq: &CompletionQueue,
         caps: QpCaps,
+        srq: Option<&SharedReceiveQueue>,
     ) -> Result<QueuePair> {
-        let mut attr = init_attr(send_cq, recv_cq, caps, ibv_qp_type::IBV_QPT_RC, None);
-        // SAFETY: the id, PD and CQs are alive and kept alive by the QP we build below.
+        let mut attr = init_attr(send_cq, recv_cq, caps, ibv_qp_type::IBV_QPT_RC, srq);
+        // SAFETY: the id, PD, CQs and SRQ are alive and kept alive by the QP built below.
         let ret = unsafe { rdma_create_qp(id.as_ptr(), pd.as_ptr(), &mut attr) };
         check(Verb::CreateQp, ret)?;
         // SAFETY: rdma_create_qp succeeded, so id->qp points to the new QP.
@@ -332,7 +333,7 @@ impl QueuePair {
                 _pd: pd.clone(),
                 send_cq: send_cq.clone(),
                 recv_cq: recv_cq.clone(),
-                srq: None,
+                srq: srq.cloned(),
             }),
         })
     }

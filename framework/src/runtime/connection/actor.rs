@@ -22,6 +22,7 @@ use actix::WeakAddr;
 
 use super::wake::Wake;
 use super::{Core, SessionCx, DRAIN_TIMEOUT};
+use crate::proto::credits::Advert;
 use crate::runtime::poller::{self, AbortOnUnwind, Inbox};
 use crate::runtime::service::{Session, SessionError};
 use crate::runtime::CloseReason;
@@ -32,7 +33,7 @@ use crate::verbs::{CmIdKey, WorkCompletion};
 #[rtype(result = "()")]
 pub(crate) enum CmNotice {
     /// ESTABLISHED; for active connections, the receive depth the server advertised.
-    Established { peer_recv_depth: Option<u16> },
+    Established { peer: Option<Advert> },
     /// DISCONNECTED (peer or local).
     Disconnected,
     /// Close for this reason (shutdown, failed accept, rejected connect).
@@ -148,33 +149,68 @@ impl<S: Session> Connection<S> {
     }
 
     /// Checks the connection's silence once per keepalive period, for as long as it is
-    /// open (see `liveness.rs`).
+    /// open (see `liveness.rs`), and closes it when no message came for the idle
+    /// timeout.
     fn arm_keepalive(&mut self) {
-        let Some(period) = self.core.as_ref().and_then(|c| c.liveness.period()) else {
+        let Some((keepalive, idle)) = self
+            .core
+            .as_ref()
+            .map(|c| (c.liveness.period(), c.idle_timeout))
+        else {
             return;
         };
+        if let Some(period) = keepalive {
+            self.every("connection keepalive timer", period, |core| {
+                Some(core.keepalive_check())
+            });
+        }
+        if let Some(idle) = idle {
+            let period = (idle / 4).max(std::time::Duration::from_millis(100));
+            self.every("connection idle timer", period, |core| {
+                Some(core.idle_check())
+            });
+        }
+    }
+
+    /// Closes the connection if it is not established within the handshake timeout.
+    pub(crate) fn arm_handshake_timer(&mut self) {
+        let Some(timeout) = self.core.as_ref().and_then(|c| c.handshake_timeout) else {
+            return;
+        };
+        self.every("connection handshake timer", timeout, move |core| {
+            (!core.established).then_some(Err(CloseReason::HandshakeTimeout(timeout)))
+        });
+    }
+
+    /// Runs `check` every `period` while the connection is open and `check` returns
+    /// `Some`; an error closes the connection.
+    fn every(
+        &mut self,
+        what: &'static str,
+        period: std::time::Duration,
+        check: impl Fn(&mut Core) -> Option<Result<(), CloseReason>> + 'static,
+    ) {
         let this = self.this.clone();
-        actix::spawn(poller::abort_if_it_panics(
-            "connection keepalive timer",
-            async move {
-                loop {
-                    actix::clock::sleep(period).await;
-                    let Some(conn) = this.upgrade() else {
-                        return;
-                    };
-                    let mut conn = conn.borrow_mut();
-                    let Some(core) = conn.core.as_mut() else {
-                        return;
-                    };
-                    if core.closing.is_some() {
-                        return;
-                    }
-                    if let Err(reason) = core.keepalive_check() {
-                        conn.begin_close(reason);
-                    }
+        actix::spawn(poller::abort_if_it_panics(what, async move {
+            loop {
+                actix::clock::sleep(period).await;
+                let Some(conn) = this.upgrade() else {
+                    return;
+                };
+                let mut conn = conn.borrow_mut();
+                let Some(core) = conn.core.as_mut() else {
+                    return;
+                };
+                if core.closing.is_some() {
+                    return;
                 }
-            },
-        ));
+                match check(core) {
+                    None => return,
+                    Some(Ok(())) => {}
+                    Some(Err(reason)) => return conn.begin_close(reason),
+                }
+            }
+        }));
     }
 
     pub(crate) fn begin_close(&mut self, reason: CloseReason) {
@@ -311,13 +347,14 @@ impl<S: Session> Connection<S> {
 
     fn on_notice(&mut self, notice: CmNotice) {
         match notice {
-            CmNotice::Established { peer_recv_depth } => {
+            CmNotice::Established { peer } => {
                 let Some(core) = self.core.as_mut() else {
                     return;
                 };
                 core.established = true;
-                if let (Some(depth), Some(credits)) = (peer_recv_depth, core.credits.as_mut()) {
-                    if let Err(e) = credits.handle_peer_depth(depth as u32) {
+                core.last_message = std::time::Instant::now();
+                if let (Some(peer), Some(credits)) = (peer, core.credits.as_mut()) {
+                    if let Err(e) = credits.handle_peer_depth(peer) {
                         self.begin_close(CloseReason::from_credits(e));
                         return;
                     }
@@ -404,6 +441,7 @@ impl<S: Session> ConnectionActor<S> {
             });
             let inbox: Weak<dyn Inbox> = Rc::downgrade(&conn) as Weak<RefCell<Connection<S>>>;
             poller::register(qp_num, inbox, created);
+            conn.borrow_mut().arm_handshake_timer();
             ConnectionActor { conn }
         })
     }

@@ -31,6 +31,7 @@ use self::liveness::{Liveness, Verdict};
 use self::rendezvous::RendezvousOut;
 use self::wake::Wake;
 use super::poller::CqReservation;
+use super::recv_groups::Membership;
 use super::service::{Framing, Message, OpId, SessionError};
 use super::srq::SharedRecv;
 use super::CloseReason;
@@ -44,7 +45,7 @@ use crate::verbs::{
 };
 
 /// SENDs up to this size are copied into the work request (the QP's max_inline_data).
-pub(crate) const INLINE_MAX: usize = 128;
+pub(crate) const INLINE_MAX: usize = 48;
 
 /// Send buffers a connection keeps for reuse (of the pool's smallest class).
 const SPARE_BUFFERS: usize = 4;
@@ -245,6 +246,9 @@ pub(crate) struct Core {
     qp: QueuePair,
     /// None for a QP brought up out of band (no rdma_cm).
     id: Option<CmId>,
+    /// This connection's place in a shared queue of framed connections, with the
+    /// reserve its credits borrow from (after `qp`; see `recv_groups.rs`).
+    membership: Option<Membership>,
     /// Receives from a queue shared with other connections (after `qp`: the QP goes first).
     shared_recv: Option<SharedRecv>,
     _cq: CqReservation,
@@ -292,6 +296,12 @@ pub(crate) struct Core {
     established: bool,
     /// When to probe a silent peer (see `liveness.rs`).
     liveness: Liveness,
+    /// Close if not established within this (`None`: established already).
+    handshake_timeout: Option<Duration>,
+    /// Close when no message arrived for this long.
+    idle_timeout: Option<Duration>,
+    /// When the last message was delivered (or the connection was established).
+    last_message: Instant,
     /// When the QP was created (just before this): the poller tells this QP's
     /// completions from those of an earlier QP with the same number by it.
     created: Instant,
@@ -307,6 +317,7 @@ pub(crate) struct CoreParts {
     pub qp: QueuePair,
     pub id: Option<CmId>,
     pub shared_recv: Option<SharedRecv>,
+    pub membership: Option<Membership>,
     pub cq: CqReservation,
     pub framing: Framing,
     pub recv: Vec<Lease>,
@@ -322,6 +333,8 @@ pub(crate) struct CoreParts {
     pub rendezvous_deadline: Duration,
     pub keepalive: Option<Duration>,
     pub retry_span: Duration,
+    pub handshake_timeout: Option<Duration>,
+    pub idle_timeout: Option<Duration>,
 }
 
 impl Core {
@@ -330,6 +343,7 @@ impl Core {
             qp: p.qp,
             id: p.id,
             shared_recv: p.shared_recv,
+            membership: p.membership,
             _cq: p.cq,
             framing: p.framing,
             recv: p.recv,
@@ -361,6 +375,9 @@ impl Core {
             closing: None,
             established: false,
             liveness: Liveness::new(p.keepalive, p.retry_span),
+            handshake_timeout: p.handshake_timeout,
+            idle_timeout: p.idle_timeout,
+            last_message: Instant::now(),
             created: Instant::now(),
             grants: Slab::new(),
             waker: None,
@@ -436,6 +453,16 @@ impl Core {
             "silent connection: keepalive probe posted"
         );
         Ok(())
+    }
+
+    /// Closes the connection when no message arrived for the idle timeout.
+    pub(crate) fn idle_check(&mut self) -> Result<(), CloseReason> {
+        match self.idle_timeout {
+            Some(idle) if self.established && self.last_message.elapsed() >= idle => {
+                Err(CloseReason::IdleTimeout(idle))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// The poller thread that polls this connection's CQ; its actor must run there.
@@ -837,56 +864,78 @@ impl Core {
                 }));
             }
             Framing::Framed => {
-                if wc.opcode == WcOpcode::RecvRdmaWithImm {
-                    self.credits
-                        .as_mut()
-                        .expect("framed")
-                        .handle_received(0)
-                        .map_err(CloseReason::from_credits)?;
-                    self.reposts.push(slot);
-                    self.deliveries.push_back(Delivery::Ready(Message {
-                        tag: 0,
-                        imm: wc.imm_data,
-                        data: Vec::new(),
-                    }));
-                    return Ok(());
-                }
-                let (header, body) = Header::decode(&self.recv[slot].as_slice()[..len])
-                    .map_err(|e| CloseReason::Protocol(e.to_string()))?;
-                let body = body.to_vec();
-                let credits = self.credits.as_mut().expect("framed");
-                credits
-                    .handle_received(header.credits)
-                    .map_err(CloseReason::from_credits)?;
-                match header.kind {
-                    FrameKind::Data => self.deliveries.push_back(Delivery::Ready(Message {
-                        tag: header.tag,
-                        imm: wc.imm_data,
-                        data: body,
-                    })),
-                    FrameKind::Credit => {}
-                    FrameKind::RendezvousOffer => {
-                        let len = header.len as usize;
-                        // Before anything is allocated for it.
-                        self.budget_in
-                            .check(len)
-                            .map_err(|e| CloseReason::Protocol(e.to_string()))?;
-                        let seq = self.next_seq;
-                        self.next_seq += 1;
-                        self.deliveries.push_back(Delivery::Waiting(seq));
-                        self.queue(Outgoing::Read {
-                            seq,
-                            tag: header.tag,
-                            offer: RendezvousOffer::decode(&body),
-                            len,
-                        });
-                    }
-                    FrameKind::RendezvousDone => self.handle_rendezvous_done(header.tag)?,
-                }
+                let data = match wc.opcode {
+                    WcOpcode::RecvRdmaWithImm => None,
+                    _ => Some(&self.recv[slot].as_slice()[..len]),
+                };
+                let frame = Frame::parse(data)?;
+                self.handle_frame(frame, wc)?;
                 self.reposts.push(slot);
             }
         }
         Ok(())
+    }
+
+    /// Handles one frame of a framed connection (or a WRITE_WITH_IMM, which consumed a
+    /// receive but carries no frame), wherever its receive came from.
+    fn handle_frame(&mut self, frame: Frame, wc: &WorkCompletion) -> Result<(), CloseReason> {
+        let Some((header, body)) = frame.0 else {
+            self.credits
+                .as_mut()
+                .expect("framed")
+                .handle_received(0)
+                .map_err(CloseReason::from_credits)?;
+            self.deliveries.push_back(Delivery::Ready(Message {
+                tag: 0,
+                imm: wc.imm_data,
+                data: Vec::new(),
+            }));
+            return Ok(());
+        };
+        let credits = self.credits.as_mut().expect("framed");
+        credits
+            .handle_received(header.credits)
+            .map_err(CloseReason::from_credits)?;
+        match header.kind {
+            FrameKind::Data => self.deliveries.push_back(Delivery::Ready(Message {
+                tag: header.tag,
+                imm: wc.imm_data,
+                data: body,
+            })),
+            FrameKind::Credit => {}
+            FrameKind::RendezvousOffer => {
+                let len = header.len as usize;
+                // Before anything is allocated for it.
+                self.budget_in
+                    .check(len)
+                    .map_err(|e| CloseReason::Protocol(e.to_string()))?;
+                let seq = self.next_seq;
+                self.next_seq += 1;
+                self.deliveries.push_back(Delivery::Waiting(seq));
+                self.queue(Outgoing::Read {
+                    seq,
+                    tag: header.tag,
+                    offer: RendezvousOffer::decode(&body),
+                    len,
+                });
+            }
+            FrameKind::RendezvousDone => self.handle_rendezvous_done(header.tag)?,
+        }
+        Ok(())
+    }
+}
+
+/// A received frame: its header and body bytes, or `None` for a WRITE_WITH_IMM.
+struct Frame(Option<(Header, Vec<u8>)>);
+
+impl Frame {
+    fn parse(bytes: Option<&[u8]>) -> Result<Frame, CloseReason> {
+        let Some(bytes) = bytes else {
+            return Ok(Frame(None));
+        };
+        let (header, body) =
+            Header::decode(bytes).map_err(|e| CloseReason::Protocol(e.to_string()))?;
+        Ok(Frame(Some((header, body.to_vec()))))
     }
 }
 
@@ -992,8 +1041,9 @@ impl Core {
     }
 
     /// A receive from the shared queue: the bytes are copied out and the buffer goes back
-    /// to the queue at once (even while closing: the other connections need it). Raw
-    /// framing only, for now.
+    /// to the queue at once (even while closing: the other connections need it). A
+    /// framed connection then settles its credits with the queue's reserve: the buffer
+    /// is posted again already, so the grant can ride the answer to this very frame.
     fn handle_shared_recv(&mut self, slot: usize, wc: &WorkCompletion) -> Result<(), CloseReason> {
         let Some(shared) = &self.shared_recv else {
             tracing::warn!(
@@ -1012,15 +1062,19 @@ impl Core {
                 wc.qp_num, wc.status
             )));
         };
-        let data = if wc.opcode == WcOpcode::RecvRdmaWithImm {
-            Vec::new()
-        } else {
-            data
-        };
+        let imm = wc.opcode == WcOpcode::RecvRdmaWithImm;
+        if let Framing::Framed = self.framing {
+            let frame = Frame::parse((!imm).then_some(&data[..]))?;
+            self.handle_frame(frame, wc)?;
+            if let (Some(credits), Some(m)) = (self.credits.as_mut(), &self.membership) {
+                credits.settle(m.reserve());
+            }
+            return Ok(());
+        }
         self.deliveries.push_back(Delivery::Ready(Message {
             tag: 0,
             imm: wc.imm_data,
-            data,
+            data: if imm { Vec::new() } else { data },
         }));
         Ok(())
     }
@@ -1029,6 +1083,7 @@ impl Core {
         match self.deliveries.front() {
             Some(Delivery::Ready(_)) => match self.deliveries.pop_front() {
                 Some(Delivery::Ready(m)) => {
+                    self.last_message = Instant::now();
                     self.metrics.iter().for_each(|c| c.message_in(m.data.len()));
                     Some(m)
                 }
@@ -1044,6 +1099,16 @@ impl Core {
             if e.freed && e.inflight == 0 {
                 self.bufs.remove(id.0);
             }
+        }
+    }
+}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        self.drop_rendezvous_windows();
+        // The peer's credits die with the QP; what it borrowed goes back to the reserve.
+        if let (Some(credits), Some(m)) = (self.credits.as_mut(), &self.membership) {
+            credits.release_borrowed(m.reserve());
         }
     }
 }

@@ -179,10 +179,10 @@ impl Core {
     }
 }
 
-impl Drop for Core {
-    fn drop(&mut self) {
-        // Windows hold a reference on the QP they are bound to (rxe waits for it when the
-        // QP is destroyed): the rendezvous windows go before the fields drop, QP included.
+impl Core {
+    /// Windows hold a reference on the QP they are bound to (rxe waits for it when the
+    /// QP is destroyed): the rendezvous windows go before the fields drop, QP included.
+    pub(super) fn drop_rendezvous_windows(&mut self) {
         self.rendezvous_out.clear();
     }
 }

@@ -134,6 +134,7 @@ impl Plan<'_> {
             qp,
             id: None,
             shared_recv: shared.cloned(),
+            membership: None,
             cq,
             framing: Framing::Raw {
                 recv_size: self.recv_size as u32,
@@ -153,6 +154,9 @@ impl Plan<'_> {
             // stock tools' QPs are brought up by them, with their own timeouts; a silent
             // out-of-band client is closed by its service's idle limit instead.
             keepalive: None,
+            // Out of band: established when built; the service's idle limit applies.
+            handshake_timeout: None,
+            idle_timeout: None,
             retry_span: cfg.retry_span(),
         });
         core.post_all_receives().map_err(|e| e.to_string())?;

@@ -142,9 +142,7 @@ impl OobListener {
                 label,
             });
             // RTS already: the session may send as soon as its actor runs.
-            addr.do_send(CmNotice::Established {
-                peer_recv_depth: None,
-            });
+            addr.do_send(CmNotice::Established { peer: None });
             self.conns.insert(
                 key,
                 Open {

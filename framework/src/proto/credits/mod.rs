@@ -31,6 +31,10 @@
 /// credit-only trigger needs two owed credits to stay quiet.
 pub const MIN_DEPTH: u32 = 4;
 
+mod reserve;
+
+pub use reserve::CreditReserve;
+
 /// How a peer broke the credit rules; the connection closes with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -50,66 +54,98 @@ pub enum CreditError {
     },
 }
 
+/// What one side tells the other about its receives at connect time: the peer may hold
+/// `initial` credits at once and never more than `max` (more are granted only while the
+/// connection is busy, from a shared reserve; see `reserve.rs`). A connection with
+/// receives of its own advertises its depth as both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Advert {
+    /// Credits the peer starts with (receives guaranteed to this connection).
+    pub initial: u32,
+    /// Most credits the peer can ever hold.
+    pub max: u32,
+}
+
+impl Advert {
+    /// `depth` receives of the connection's own: `initial` and `max` alike.
+    pub fn fixed(depth: u32) -> Advert {
+        Advert {
+            initial: depth,
+            max: depth,
+        }
+    }
+
+    /// Whether a window can be built on it (see [`MIN_DEPTH`]).
+    pub fn is_valid(&self) -> bool {
+        self.initial >= MIN_DEPTH && self.max >= self.initial
+    }
+}
+
 /// Flow-control state of one connection.
 #[derive(Debug, Clone)]
 pub struct CreditWindow {
     /// Frames we may still send; never above `peer_depth`.
     send_credits: u32,
-    /// The peer's receive depth; `None` until the accept tells the active side.
+    /// The most credits the peer may give us; `None` until the accept tells the active
+    /// side.
     peer_depth: Option<u32>,
     /// Receives we reposted but have not told the peer about.
     owed: u32,
     /// Credits the peer holds by our count: granted to it minus frames received.
     peer_credits: u32,
-    /// Receive depth we advertised; the credit-only trigger is half of it.
-    recv_depth: u32,
+    /// Credits always returned to the peer (our guaranteed receives); the credit-only
+    /// trigger is half of it.
+    share: u32,
+    /// Most credits the peer may hold (`share` plus what the reserve can lend).
+    max: u32,
+    /// Credits beyond `share` the peer holds or we owe, lent by a shared reserve.
+    borrowed: u32,
 }
 
 impl CreditWindow {
-    /// A window for a connection where we pre-posted `recv_depth` receives and the peer
-    /// pre-posted `peer_recv_depth`.
+    /// A window for a connection where we advertised `ours` and the peer `peer`.
     ///
     /// # Panics
-    /// When either depth is below [`MIN_DEPTH`]; connection setup refuses such peers.
-    pub fn new(recv_depth: u32, peer_recv_depth: u32) -> Self {
-        assert!(
-            recv_depth >= MIN_DEPTH && peer_recv_depth >= MIN_DEPTH,
-            "receive depth below {MIN_DEPTH}"
-        );
-        CreditWindow {
-            send_credits: peer_recv_depth,
-            peer_depth: Some(peer_recv_depth),
-            owed: 0,
-            peer_credits: recv_depth,
-            recv_depth,
-        }
+    /// When either advert is not [`Advert::is_valid`]; connection setup refuses such
+    /// peers.
+    pub fn new(ours: Advert, peer: Advert) -> Self {
+        assert!(peer.is_valid(), "peer's receive depth below {MIN_DEPTH}");
+        let mut w = Self::awaiting_peer(ours);
+        w.send_credits = peer.initial;
+        w.peer_depth = Some(peer.max);
+        w
     }
 
-    /// A window for the active side, which learns the peer's depth only when the accept
+    /// A window for the active side, which learns the peer's advert only when the accept
     /// arrives: no send credits until [`CreditWindow::handle_peer_depth`].
-    pub fn awaiting_peer(recv_depth: u32) -> Self {
-        assert!(recv_depth >= MIN_DEPTH, "receive depth below {MIN_DEPTH}");
+    pub fn awaiting_peer(ours: Advert) -> Self {
+        assert!(ours.is_valid(), "receive depth below {MIN_DEPTH}");
         CreditWindow {
             send_credits: 0,
             peer_depth: None,
             owed: 0,
-            peer_credits: recv_depth,
-            recv_depth,
+            peer_credits: ours.initial,
+            share: ours.initial,
+            max: ours.max,
+            borrowed: 0,
         }
     }
 
-    /// The peer's receive depth became known (accept private data). Credits granted
-    /// before it (none, from a peer that keeps the rules: it owes nothing before we
-    /// sent) must still fit within it.
-    pub fn handle_peer_depth(&mut self, depth: u32) -> Result<(), CreditError> {
+    /// The peer's advert became known (accept private data). Credits granted before it
+    /// (none, from a peer that keeps the rules: it owes nothing before we sent) must
+    /// still fit within it.
+    pub fn handle_peer_depth(&mut self, peer: Advert) -> Result<(), CreditError> {
         let excess = CreditError::ExcessCredits {
             held: self.send_credits,
-            returned: depth,
-            depth,
+            returned: peer.initial,
+            depth: peer.max,
         };
-        self.peer_depth = Some(depth);
-        match self.send_credits.checked_add(depth) {
-            Some(total) if total <= depth => {
+        if !peer.is_valid() {
+            return Err(excess);
+        }
+        self.peer_depth = Some(peer.max);
+        match self.send_credits.checked_add(peer.initial) {
+            Some(total) if total <= peer.max => {
                 self.send_credits = total;
                 Ok(())
             }
@@ -184,7 +220,7 @@ impl CreditWindow {
     #[must_use]
     pub fn poll_credit_frame(&self) -> bool {
         let worth_it =
-            self.owed >= (self.recv_depth / 2).max(1) || (self.owed > 0 && self.peer_credits <= 1);
+            self.owed >= (self.share / 2).max(1) || (self.owed > 0 && self.peer_credits <= 1);
         worth_it && self.send_credits >= 1
     }
 }
@@ -206,8 +242,8 @@ mod tests {
         fn new(depth: u32) -> Link {
             Link {
                 side: [
-                    CreditWindow::new(depth, depth),
-                    CreditWindow::new(depth, depth),
+                    CreditWindow::new(Advert::fixed(depth), Advert::fixed(depth)),
+                    CreditWindow::new(Advert::fixed(depth), Advert::fixed(depth)),
                 ],
                 wire: [VecDeque::new(), VecDeque::new()],
                 posted: [depth, depth],
@@ -350,7 +386,7 @@ mod tests {
 
     #[test]
     fn a_frame_beyond_the_granted_credits_is_a_violation() {
-        let mut w = CreditWindow::new(4, 4);
+        let mut w = CreditWindow::new(Advert::fixed(4), Advert::fixed(4));
         for _ in 0..4 {
             w.handle_received(0)
                 .expect("within the 4 credits we granted");
@@ -369,7 +405,7 @@ mod tests {
 
     #[test]
     fn an_overflowing_grant_is_a_violation_not_a_panic() {
-        let mut w = CreditWindow::new(8, 8);
+        let mut w = CreditWindow::new(Advert::fixed(8), Advert::fixed(8));
         w.take_for_send();
         w.handle_received(1).expect("the one we used comes back");
         let err = w.handle_received(u32::MAX).unwrap_err();
@@ -386,7 +422,7 @@ mod tests {
 
     #[test]
     fn more_credits_than_the_peer_has_receives_is_a_violation() {
-        let mut w = CreditWindow::new(8, 8);
+        let mut w = CreditWindow::new(Advert::fixed(8), Advert::fixed(8));
         w.take_for_send();
         w.take_for_send();
         // Two used: the peer can return at most two.
@@ -399,19 +435,22 @@ mod tests {
 
     #[test]
     fn the_active_side_checks_grants_against_the_depth_it_learns() {
-        let mut w = CreditWindow::awaiting_peer(8);
+        let mut w = CreditWindow::awaiting_peer(Advert::fixed(8));
         assert!(w.handle_received(u32::MAX).is_err());
-        w.handle_peer_depth(16).expect("first depth");
+        w.handle_peer_depth(Advert::fixed(16)).expect("first depth");
         assert_eq!(w.send_credits(), 16);
         assert!(w.handle_received(1).is_err(), "already holds all 16");
-        let mut early = CreditWindow::awaiting_peer(8);
+        let mut early = CreditWindow::awaiting_peer(Advert::fixed(8));
         early.handle_received(5).expect("below any depth");
-        assert!(early.handle_peer_depth(4).is_err(), "5 granted, 4 receives");
+        assert!(
+            early.handle_peer_depth(Advert::fixed(4)).is_err(),
+            "5 granted, 4 receives"
+        );
     }
 
     #[test]
     #[should_panic(expected = "receive depth below 4")]
     fn tiny_depths_are_refused() {
-        let _ = CreditWindow::new(3, 8);
+        let _ = CreditWindow::new(Advert::fixed(3), Advert::fixed(8));
     }
 }

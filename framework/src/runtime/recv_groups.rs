@@ -1,0 +1,150 @@
+//! The shared receive queues of framed connections, and who belongs to which.
+//!
+//! A queue serves up to `members` connections and holds `members × share + reserve`
+//! receives (the credit rules are in `proto/credits/reserve.rs`). A new connection joins
+//! the fullest queue that has room, so connections pack into few queues and a queue
+//! empties as load falls; once more than `keep_empty` queues are empty, the last member
+//! to leave one takes it down and its buffers go back to the pool, which deregisters
+//! idle arenas above its floor (`PoolConfig::keep_bytes`).
+//!
+//! Ownership: a connection holds a [`SharedRecv`] clone (the queue and its buffers) and a
+//! [`Membership`]; its QP drops before both (field order in `Core`), so a queue outlives
+//! every QP created on it.
+
+use std::sync::{Arc, Mutex};
+
+use super::config::SharedRecvConfig;
+use super::srq::SharedRecv;
+use crate::memory::MrPool;
+use crate::proto::credits::{Advert, CreditReserve};
+use crate::verbs::{ProtectionDomain, SharedReceiveQueue};
+
+/// Every shared queue of a node's framed connections.
+pub(crate) struct RecvGroups {
+    inner: Arc<Mutex<Queues>>,
+    pd: ProtectionDomain,
+    pool: MrPool,
+    cfg: SharedRecvConfig,
+    size: usize,
+}
+
+#[derive(Default)]
+struct Queues {
+    queues: Vec<Queue>,
+    next_id: u64,
+}
+
+struct Queue {
+    id: u64,
+    recv: SharedRecv,
+    reserve: Arc<CreditReserve>,
+    members: u32,
+}
+
+/// A connection's place in a shared queue: its share stays posted while it lives.
+pub(crate) struct Membership {
+    id: u64,
+    reserve: Arc<CreditReserve>,
+    queues: Arc<Mutex<Queues>>,
+    keep_empty: usize,
+}
+
+impl RecvGroups {
+    pub fn new(pd: &ProtectionDomain, pool: &MrPool, cfg: SharedRecvConfig, size: usize) -> Self {
+        RecvGroups {
+            inner: Arc::default(),
+            pd: pd.clone(),
+            pool: pool.clone(),
+            cfg,
+            size,
+        }
+    }
+
+    /// What a member connection advertises to its peer.
+    pub fn advert(&self) -> Advert {
+        Advert {
+            initial: self.cfg.share.into(),
+            max: self.cfg.max_credits.max(self.cfg.share).into(),
+        }
+    }
+
+    /// Joins the fullest queue with room, creating one (and posting its receives) when
+    /// none has.
+    pub fn join(&self) -> Result<(SharedRecv, Membership), String> {
+        let mut q = self.inner.lock().expect("recv groups lock");
+        let room = q
+            .queues
+            .iter_mut()
+            .filter(|g| g.members < self.cfg.members)
+            .max_by_key(|g| g.members);
+        let queue = match room {
+            Some(g) => g,
+            None => {
+                let depth = self.cfg.depth();
+                let srq = SharedReceiveQueue::new(&self.pd, depth, 1).map_err(|e| {
+                    format!("creating a shared receive queue of {depth} receives: {e}")
+                })?;
+                let recv = SharedRecv::new(&self.pool, srq, depth, self.size)?;
+                let id = q.next_id;
+                q.next_id += 1;
+                tracing::debug!(
+                    queue = id,
+                    depth,
+                    bytes = depth as usize * self.size,
+                    "shared receive queue created"
+                );
+                q.queues.push(Queue {
+                    id,
+                    recv,
+                    reserve: Arc::new(CreditReserve::new(self.cfg.reserve)),
+                    members: 0,
+                });
+                q.queues.last_mut().expect("just pushed")
+            }
+        };
+        queue.members += 1;
+        let member = Membership {
+            id: queue.id,
+            reserve: queue.reserve.clone(),
+            queues: self.inner.clone(),
+            keep_empty: self.cfg.keep_empty,
+        };
+        Ok((queue.recv.clone(), member))
+    }
+
+    /// Receive buffers all queues hold.
+    pub fn buffers(&self) -> usize {
+        let q = self.inner.lock().expect("recv groups lock");
+        q.queues.len() * self.cfg.depth() as usize
+    }
+
+    /// Queues and their members, for stats and tests.
+    pub fn occupancy(&self) -> Vec<u32> {
+        let q = self.inner.lock().expect("recv groups lock");
+        q.queues.iter().map(|g| g.members).collect()
+    }
+}
+
+impl Membership {
+    /// The reserve this connection borrows from.
+    pub fn reserve(&self) -> &CreditReserve {
+        &self.reserve
+    }
+}
+
+impl Drop for Membership {
+    fn drop(&mut self) {
+        let mut q = self.queues.lock().expect("recv groups lock");
+        let Some(pos) = q.queues.iter().position(|g| g.id == self.id) else {
+            return;
+        };
+        q.queues[pos].members -= 1;
+        let empty = q.queues.iter().filter(|g| g.members == 0).count();
+        if q.queues[pos].members == 0 && empty > self.keep_empty {
+            // The queue itself goes when its last clone does: the leaving connection's,
+            // after its QP.
+            let gone = q.queues.swap_remove(pos);
+            tracing::debug!(queue = gone.id, "empty shared receive queue released");
+        }
+    }
+}
