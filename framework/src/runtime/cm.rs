@@ -378,6 +378,7 @@ impl CmActor {
             Err(e) => return self.fail_connect(key, ConnectError::Resources(e)),
         };
         core.count_as(crate::metrics::Side::Client, &service);
+        core.active_side();
         let qp_num = core.qp_num();
         let label = format!(
             "client/{}/qp{}/{}",

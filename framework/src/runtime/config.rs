@@ -55,7 +55,7 @@ pub struct NodeConfig {
     /// never probe (a peer that dies while both sides wait would hold its connection
     /// until the CM notices, which for a host that vanished is never).
     pub keepalive: Option<Duration>,
-    /// A connection accepted (or requested) but not established within this closes
+    /// A connection accepted but not established within this closes
     /// with [`CloseReason::HandshakeTimeout`](super::CloseReason::HandshakeTimeout),
     /// releasing its QP and buffers: a client that sends a connect request and never
     /// the final handshake message would otherwise hold them (and a place under
@@ -107,7 +107,7 @@ impl Default for NodeConfig {
             retry_count: 6,
             ack_timeout: 18,
             keepalive: Some(Duration::from_secs(5)),
-            handshake_timeout: Duration::from_secs(10),
+            handshake_timeout: Duration::from_secs(30),
             idle_timeout: None,
             max_message: 16 << 20,
             rendezvous_budget: 32 << 20,

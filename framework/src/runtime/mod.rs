@@ -77,7 +77,7 @@ pub enum CloseReason {
         /// Queued work items.
         sends: usize,
     },
-    /// The connection was accepted (or requested) but never established within
+    /// The connection was accepted but never established within
     /// `NodeConfig::handshake_timeout`: the peer never finished the rdma_cm handshake.
     #[error("handshake not finished within {0:?}")]
     HandshakeTimeout(std::time::Duration),

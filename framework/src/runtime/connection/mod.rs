@@ -1,8 +1,13 @@
-//! One connection per cm_id. Its [`Core`] (this file) owns the QP, the pre-posted
-//! receive buffers, the work requests in flight (a slab whose index is the wr_id) and the
-//! credit window; `actor.rs` holds the lifecycle around it (completions in from the
-//! poller, session callbacks, teardown on every path: peer disconnect, local close,
-//! error completion, shutdown) and the actor that carries its mailbox.
+//! One connection per cm_id. Its [`Core`] (this file) owns the QP, the receive buffers
+//! (its own, or a share of a shared queue), the work requests in flight (a slab whose
+//! index is the wr_id) and the credit window. The rest, one idea per file:
+//! - `send.rs`: queued work posted as credits and the send queue allow, batched SENDs;
+//! - `recv.rs`: receives (own or shared), frames turned into deliveries;
+//! - `rendezvous.rs`: large messages through RDMA READ, with their deadlines;
+//! - `grants.rs`, `cx.rs`: what a session can do ([`SessionCx`]);
+//! - `liveness.rs`: keepalive probes of silent peers;
+//! - `actor.rs`: the lifecycle around the core (completions in from the poller, session
+//!   callbacks, timers, teardown on every path) and the actor carrying its mailbox.
 //!
 //! Teardown order: `rdma_disconnect`, QP to the error state, wait until every posted
 //! work request has come back (successful or flushed), then drop the QP, the cm_id and
@@ -16,13 +21,17 @@ use std::time::{Duration, Instant};
 use slab::Slab;
 
 mod actor;
+mod cx;
 mod grants;
 mod liveness;
+mod recv;
 mod rendezvous;
+mod send;
 mod wake;
 
 pub(crate) use actor::{panic_message, CmNotice, ConnClosed, ConnectionActor, ConnectionParts};
 
+pub use cx::SessionCx;
 pub use grants::{Grant, GrantId};
 pub use wake::{Blocking, BlockingError, SessionWaker};
 
@@ -32,16 +41,16 @@ use self::rendezvous::RendezvousOut;
 use self::wake::Wake;
 use super::poller::CqReservation;
 use super::recv_groups::Membership;
-use super::service::{Framing, Message, OpId, SessionError};
+use super::service::{Framing, Message, OpId};
 use super::srq::SharedRecv;
 use super::CloseReason;
 use crate::memory::{Charge, Lease, MrPool, PoolError};
 use crate::proto::budget::Budget;
 use crate::proto::credits::{CreditError, CreditWindow};
-use crate::proto::frame::{FrameKind, Header, RendezvousOffer, HEADER_LEN};
+use crate::proto::frame::RendezvousOffer;
 use crate::verbs::{
-    Access, CmId, MemoryRegion, MemoryWindow, ProtectionDomain, QueuePair, RecvWr, RemoteRegion,
-    SendOp, SendWr, VerbsError, WcOpcode, WcStatus, WorkCompletion,
+    CmId, MemoryRegion, MemoryWindow, ProtectionDomain, QueuePair, RemoteRegion, SendOp, SendWr,
+    VerbsError, WcStatus, WorkCompletion,
 };
 
 /// SENDs up to this size are copied into the work request (the QP's max_inline_data).
@@ -390,28 +399,6 @@ impl Core {
         self.metrics = Some(crate::metrics::ConnectionMetrics::new(side, service));
     }
 
-    /// Posts every receive buffer; called before the QP reaches RTR so the peer's first
-    /// SEND always finds one.
-    pub(crate) fn post_all_receives(&mut self) -> Result<(), VerbsError> {
-        for slot in 0..self.recv.len() {
-            self.post_recv(slot)?;
-        }
-        Ok(())
-    }
-
-    fn post_recv(&mut self, slot: usize) -> Result<(), VerbsError> {
-        let wr_id = self.inflight.insert(Wr::Recv(slot)) as u64;
-        let sge = self.recv[slot].sge(0..self.recv_size)?;
-        let res = self.qp.post_recv(&[RecvWr {
-            wr_id,
-            local: Some(sge),
-        }]);
-        if res.is_err() {
-            self.inflight.remove(wr_id as usize);
-        }
-        res
-    }
-
     pub(crate) fn qp_num(&self) -> u32 {
         self.qp.qp_num()
     }
@@ -455,6 +442,13 @@ impl Core {
         Ok(())
     }
 
+    /// The active side waits for rdma_cm's own verdict on its connect (ESTABLISHED,
+    /// REJECTED, UNREACHABLE or CONNECT_ERROR), which comes however busy the server is;
+    /// the handshake timeout guards the passive side's resources.
+    pub(crate) fn active_side(&mut self) {
+        self.handshake_timeout = None;
+    }
+
     /// Closes the connection when no message arrived for the idle timeout.
     pub(crate) fn idle_check(&mut self) -> Result<(), CloseReason> {
         match self.idle_timeout {
@@ -469,491 +463,6 @@ impl Core {
     pub(crate) fn arbiter(&self) -> actix::dev::ArbiterHandle {
         self._cq.arbiter()
     }
-
-    fn eager_limit(&self) -> usize {
-        self.recv_size - HEADER_LEN
-    }
-
-    /// Posts as much queued work as credits and the send queue allow, then reposts the
-    /// receives consumed this turn (and sends the credit frame that may call for). What
-    /// stays queued must fit the connection's bound (see [`Core::check_backlog`]).
-    fn pump(&mut self) -> Result<(), CloseReason> {
-        self.pump_sends()?;
-        if self.repost_receives()? {
-            self.pump_sends()?;
-        }
-        self.check_backlog()
-    }
-
-    /// Queues work for [`Core::pump`], counting its bytes.
-    fn queue(&mut self, item: Outgoing) {
-        self.pending_bytes += item.bytes();
-        self.pending.push_back(item);
-    }
-
-    /// Takes the next queued work item.
-    fn dequeue(&mut self) -> Option<Outgoing> {
-        let item = self.pending.pop_front()?;
-        self.pending_bytes -= item.bytes();
-        Some(item)
-    }
-
-    /// Drops everything queued (the connection is closing).
-    fn clear_queue(&mut self) {
-        self.pending.clear();
-        self.pending_bytes = 0;
-    }
-
-    /// Checked after each pump, when everything that could be posted was: what is left
-    /// waits for the peer (credits, receives, acknowledgements). A peer that asks for
-    /// answers and never takes them would make that grow without end, so past the bound
-    /// the connection closes. A single message is always allowed, however large.
-    fn check_backlog(&self) -> Result<(), CloseReason> {
-        let sends = self.pending.len();
-        if sends > 1
-            && (self.pending_bytes > self.max_queued_bytes || sends > self.max_queued_sends)
-        {
-            return Err(CloseReason::Backlog {
-                bytes: self.pending_bytes,
-                sends,
-            });
-        }
-        Ok(())
-    }
-
-    fn pump_sends(&mut self) -> Result<(), CloseReason> {
-        match self.pump_queued() {
-            Ok(()) => self.flush_sends(),
-            Err(reason) => {
-                self.forget_batch();
-                Err(reason)
-            }
-        }
-    }
-
-    /// Reposts the receives consumed this turn; true when there were any.
-    fn repost_receives(&mut self) -> Result<bool, CloseReason> {
-        if self.reposts.is_empty() || self.closing.is_some() {
-            return Ok(false);
-        }
-        let n = self.reposts.len();
-        for i in 0..n {
-            self.post_recv(self.reposts[i])
-                .map_err(CloseReason::from_verbs)?;
-        }
-        self.reposts.clear();
-        if let Some(credits) = self.credits.as_mut() {
-            credits.handle_reposted(n as u32);
-        }
-        Ok(true)
-    }
-
-    fn pump_queued(&mut self) -> Result<(), CloseReason> {
-        while self.closing.is_none() && self.send_outstanding < self.send_depth {
-            let Some(next) = self.pending.front() else {
-                break;
-            };
-            let allowed = match (next, &self.credits) {
-                // A rendezvous offer also binds a window: two send-queue slots.
-                // ... and registers the message: within the budget (waits for Dones).
-                (Outgoing::Data { bytes, .. }, Some(c)) if bytes.len() > self.eager_limit() => {
-                    c.can_send_data()
-                        && self.send_outstanding + 1 < self.send_depth
-                        && self.budget_out.fits(bytes.len())
-                }
-                // A READ of an offer waits for earlier READs to free the budget.
-                (Outgoing::Read { len, .. }, _) => self.budget_in.fits(*len),
-                (Outgoing::Data { .. } | Outgoing::Done { .. } | Outgoing::Credit, Some(c)) => {
-                    c.can_send_data()
-                }
-                // A WRITE_WITH_IMM uses a peer receive but cannot grant: never the last credit.
-                (
-                    Outgoing::Op {
-                        op_spec: Op::Write { imm: Some(_), .. },
-                        ..
-                    },
-                    Some(c),
-                ) => c.send_credits() >= 2,
-                _ => true,
-            };
-            if !allowed {
-                crate::metrics::send_stalled();
-                break;
-            }
-            let item = self.dequeue().expect("front exists");
-            self.post_outgoing(item)?;
-        }
-        if self.closing.is_none() && self.send_outstanding < self.send_depth {
-            if let Some(credits) = &self.credits {
-                if self.established && credits.poll_credit_frame() {
-                    self.post_outgoing(Outgoing::Credit)?;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn post_frame(
-        &mut self,
-        kind: FrameKind,
-        tag: u32,
-        len: u32,
-        body: &[u8],
-    ) -> Result<(), CloseReason> {
-        let credits = self.credits.as_mut().expect("framed");
-        let grant = credits.take_for_send();
-        let total = HEADER_LEN + body.len();
-        let mut lease = self.send_buffer(total)?;
-        let header = Header {
-            kind,
-            credits: grant,
-            len,
-            tag,
-        };
-        let bytes = lease.as_mut_slice();
-        header.encode(&mut bytes[..HEADER_LEN]);
-        bytes[HEADER_LEN..total].copy_from_slice(body);
-        self.post_send_lease(lease, total, SendOp::Send)
-    }
-
-    /// Queues a SEND of `lease[..len]`; [`Core::flush_sends`] posts the queued ones with
-    /// one doorbell (one system call on software providers) per actor turn.
-    fn post_send_lease(&mut self, lease: Lease, len: usize, op: SendOp) -> Result<(), CloseReason> {
-        // Signal every SIGNAL_EVERY-th SEND, and always when the send queue is filling
-        // up, so a signalled completion is always on its way while slots are scarce.
-        let signaled = self.unsignaled.len() + 1 >= SIGNAL_EVERY
-            || self.send_outstanding as usize + SIGNAL_EVERY >= self.send_depth as usize;
-        let seq = self.send_seq;
-        self.send_seq += 1;
-        let wr_id = self.inflight.insert(Wr::Send {
-            lease: Some(lease),
-            seq,
-            signaled,
-        });
-        if !signaled {
-            self.unsignaled.push_back((seq, wr_id));
-        }
-        self.batch.push(QueuedSend { wr_id, len, op });
-        self.send_outstanding += 1;
-        if self.batch.len() >= MAX_BATCH {
-            self.flush_sends()?;
-        }
-        Ok(())
-    }
-
-    /// Posts the SENDs queued by [`Core::post_send_lease`] as one chain. Called at the end
-    /// of every pump and before any other send-queue post, so the queue's order is the
-    /// order in which work was decided.
-    fn flush_sends(&mut self) -> Result<(), CloseReason> {
-        if self.batch.is_empty() {
-            return Ok(());
-        }
-        let posted = match self.batch.as_slice() {
-            // The common case (one answer per turn) needs no chain.
-            [q] => queued_wr(&self.inflight, q)
-                .and_then(|wr| self.qp.post_send(&wr).map_err(CloseReason::from_verbs)),
-            batch => batch
-                .iter()
-                .map(|q| queued_wr(&self.inflight, q))
-                .collect::<Result<Vec<_>, _>>()
-                .and_then(|wrs| {
-                    self.qp
-                        .post_send_list(&wrs)
-                        .map_err(CloseReason::from_verbs)
-                }),
-        };
-        if let Err(reason) = posted {
-            self.forget_batch();
-            return Err(reason);
-        }
-        self.batch.clear();
-        Ok(())
-    }
-
-    /// The connection is ending with SENDs queued but not posted (or with a chain the
-    /// provider refused): they must not hold up the drain. A failed post means the QP is
-    /// broken; any request of a refused chain that did reach the queue comes back
-    /// flushed and is logged as unknown.
-    fn forget_batch(&mut self) {
-        for q in std::mem::take(&mut self.batch) {
-            if let Some(Wr::Send { seq, .. }) = self.inflight.try_remove(q.wr_id) {
-                self.unsignaled.retain(|&(s, _)| s != seq);
-            }
-            self.send_outstanding -= 1;
-        }
-    }
-
-    /// A buffer for an outgoing SEND of `len` bytes: a spare one of this connection's when
-    /// it fits, else a lease from the shared pool (whose lock and reference count are
-    /// then paid once per message).
-    fn send_buffer(&mut self, len: usize) -> Result<Lease, CloseReason> {
-        match self.spare.pop() {
-            Some(lease) if lease.len() >= len => Ok(lease),
-            other => {
-                self.spare.extend(other);
-                self.pool.lease(len).map_err(CloseReason::from_pool)
-            }
-        }
-    }
-
-    /// Keeps a completed SEND's buffer for the next one (up to SPARE_BUFFERS of the
-    /// smallest size class), or lets it return to the pool.
-    fn recycle(&mut self, wr: Wr) {
-        if let Wr::Send {
-            lease: Some(lease), ..
-        } = wr
-        {
-            if self.spare.len() < SPARE_BUFFERS && lease.len() <= self.pool.smallest() {
-                self.spare.push(lease);
-            }
-        }
-    }
-
-    /// A signalled SEND numbered `seq` completed: every unsignalled SEND before it has
-    /// completed too (a send queue completes in order), so their slots and buffers return.
-    fn release_unsignaled(&mut self, seq: u64) {
-        while let Some(&(s, wr_id)) = self.unsignaled.front() {
-            if s >= seq {
-                break;
-            }
-            self.unsignaled.pop_front();
-            // An unsignalled SEND that failed or was flushed completed on its own and is
-            // gone already; its slot may even hold a newer request, so check the seq.
-            if matches!(self.inflight.get(wr_id), Some(Wr::Send { seq: q, .. }) if *q == s) {
-                let wr = self.inflight.remove(wr_id);
-                self.send_outstanding -= 1;
-                self.recycle(wr);
-            }
-        }
-    }
-
-    /// Called once the QP is in the error state. Unsignalled SENDs that already
-    /// succeeded will never produce a completion, so post one signalled, empty SEND: the
-    /// QP flushes it, and its completion accounts for everything before it.
-    fn flush_unsignaled(&mut self) {
-        if self.unsignaled.is_empty() {
-            return;
-        }
-        let entry = self.inflight.vacant_entry();
-        let wr = SendWr::new(entry.key() as u64, SendOp::Send, None);
-        match self.qp.post_send(&wr) {
-            Ok(()) => {
-                let seq = self.send_seq;
-                self.send_seq += 1;
-                entry.insert(Wr::Send {
-                    lease: None,
-                    seq,
-                    signaled: true,
-                });
-                self.send_outstanding += 1;
-            }
-            Err(e) => tracing::warn!(error = %e, "posting the flush marker failed"),
-        }
-    }
-
-    fn post_outgoing(&mut self, item: Outgoing) -> Result<(), CloseReason> {
-        match item {
-            Outgoing::Data { tag, bytes } => {
-                if bytes.len() <= self.eager_limit() {
-                    self.post_frame(FrameKind::Data, tag, bytes.len() as u32, &bytes)
-                } else {
-                    self.post_rendezvous_offer(tag, bytes)
-                }
-            }
-            Outgoing::Credit => self.post_frame(FrameKind::Credit, 0, 0, &[]),
-            Outgoing::Done { tag } => self.post_frame(FrameKind::RendezvousDone, tag, 0, &[]),
-            Outgoing::Raw { bytes, imm } => {
-                let mut lease = self.send_buffer(bytes.len().max(1))?;
-                lease.as_mut_slice()[..bytes.len()].copy_from_slice(&bytes);
-                let op = match imm {
-                    Some(v) => SendOp::SendWithImm(v),
-                    None => SendOp::Send,
-                };
-                self.post_send_lease(lease, bytes.len(), op)
-            }
-            Outgoing::Op { op, op_spec } => {
-                self.flush_sends()?;
-                self.post_op(op, op_spec)
-            }
-            Outgoing::Read {
-                seq,
-                tag,
-                offer,
-                len,
-            } => self.post_rendezvous_read(seq, tag, offer, len),
-        }
-    }
-
-    fn post_op(&mut self, op: OpId, spec: Op) -> Result<(), CloseReason> {
-        let buf_id = spec.buf();
-        let entry = self
-            .bufs
-            .get(buf_id.0)
-            .ok_or_else(|| CloseReason::Session(format!("{buf_id:?} does not exist")))?;
-        let region = entry.buf.region();
-        let (send_op, sge) = match &spec {
-            Op::Write {
-                range, dst, imm, ..
-            } => {
-                let op = match imm {
-                    Some(v) => SendOp::WriteWithImm(*dst, *v),
-                    None => SendOp::Write(*dst),
-                };
-                (op, region.sge(range.clone()))
-            }
-            Op::Read { range, src, .. } => (SendOp::Read(*src), region.sge(range.clone())),
-            Op::CompareSwap {
-                offset,
-                remote,
-                compare,
-                swap,
-                ..
-            } => (
-                SendOp::CompareSwap {
-                    remote: *remote,
-                    compare: *compare,
-                    swap: *swap,
-                },
-                region.sge(*offset..offset + 8),
-            ),
-            Op::FetchAdd {
-                offset,
-                remote,
-                add,
-                ..
-            } => (
-                SendOp::FetchAdd {
-                    remote: *remote,
-                    add: *add,
-                },
-                region.sge(*offset..offset + 8),
-            ),
-        };
-        let sge = sge.map_err(|e| CloseReason::Session(e.to_string()))?;
-        let slot = self.inflight.vacant_entry();
-        let wr = SendWr::new(slot.key() as u64, send_op, Some(sge));
-        self.qp.post_send(&wr).map_err(CloseReason::from_verbs)?;
-        slot.insert(Wr::Op { op, buf: buf_id });
-        if matches!(spec, Op::Write { imm: Some(_), .. }) {
-            if let Some(c) = self.credits.as_mut() {
-                c.take_for_imm();
-            }
-        }
-        self.bufs[buf_id.0].inflight += 1;
-        self.send_outstanding += 1;
-        Ok(())
-    }
-
-    /// Handles one received frame; returns messages to deliver in order.
-    fn handle_recv(&mut self, slot: usize, wc: &WorkCompletion) -> Result<(), CloseReason> {
-        let len = wc.byte_len as usize;
-        match self.framing {
-            Framing::Raw { .. } => {
-                let data = if wc.opcode == WcOpcode::RecvRdmaWithImm {
-                    Vec::new()
-                } else {
-                    self.recv[slot].as_slice()[..len].to_vec()
-                };
-                // At once: a plain peer has no credits to tell it when a receive is
-                // back, and may send its next message as soon as it has our answer.
-                self.post_recv(slot).map_err(CloseReason::from_verbs)?;
-                self.deliveries.push_back(Delivery::Ready(Message {
-                    tag: 0,
-                    imm: wc.imm_data,
-                    data,
-                }));
-            }
-            Framing::Framed => {
-                let data = match wc.opcode {
-                    WcOpcode::RecvRdmaWithImm => None,
-                    _ => Some(&self.recv[slot].as_slice()[..len]),
-                };
-                let frame = Frame::parse(data)?;
-                self.handle_frame(frame, wc)?;
-                self.reposts.push(slot);
-            }
-        }
-        Ok(())
-    }
-
-    /// Handles one frame of a framed connection (or a WRITE_WITH_IMM, which consumed a
-    /// receive but carries no frame), wherever its receive came from.
-    fn handle_frame(&mut self, frame: Frame, wc: &WorkCompletion) -> Result<(), CloseReason> {
-        let Some((header, body)) = frame.0 else {
-            self.credits
-                .as_mut()
-                .expect("framed")
-                .handle_received(0)
-                .map_err(CloseReason::from_credits)?;
-            self.deliveries.push_back(Delivery::Ready(Message {
-                tag: 0,
-                imm: wc.imm_data,
-                data: Vec::new(),
-            }));
-            return Ok(());
-        };
-        let credits = self.credits.as_mut().expect("framed");
-        credits
-            .handle_received(header.credits)
-            .map_err(CloseReason::from_credits)?;
-        match header.kind {
-            FrameKind::Data => self.deliveries.push_back(Delivery::Ready(Message {
-                tag: header.tag,
-                imm: wc.imm_data,
-                data: body,
-            })),
-            FrameKind::Credit => {}
-            FrameKind::RendezvousOffer => {
-                let len = header.len as usize;
-                // Before anything is allocated for it.
-                self.budget_in
-                    .check(len)
-                    .map_err(|e| CloseReason::Protocol(e.to_string()))?;
-                let seq = self.next_seq;
-                self.next_seq += 1;
-                self.deliveries.push_back(Delivery::Waiting(seq));
-                self.queue(Outgoing::Read {
-                    seq,
-                    tag: header.tag,
-                    offer: RendezvousOffer::decode(&body),
-                    len,
-                });
-            }
-            FrameKind::RendezvousDone => self.handle_rendezvous_done(header.tag)?,
-        }
-        Ok(())
-    }
-}
-
-/// A received frame: its header and body bytes, or `None` for a WRITE_WITH_IMM.
-struct Frame(Option<(Header, Vec<u8>)>);
-
-impl Frame {
-    fn parse(bytes: Option<&[u8]>) -> Result<Frame, CloseReason> {
-        let Some(bytes) = bytes else {
-            return Ok(Frame(None));
-        };
-        let (header, body) =
-            Header::decode(bytes).map_err(|e| CloseReason::Protocol(e.to_string()))?;
-        Ok(Frame(Some((header, body.to_vec()))))
-    }
-}
-
-/// The work request for a SEND queued by [`Core::post_send_lease`].
-fn queued_wr<'a>(inflight: &'a Slab<Wr>, q: &QueuedSend) -> Result<SendWr<'a>, CloseReason> {
-    let Some(Wr::Send {
-        lease: Some(lease),
-        signaled,
-        ..
-    }) = inflight.get(q.wr_id)
-    else {
-        unreachable!("a queued SEND owns its lease");
-    };
-    let sge = lease.sge(0..q.len).map_err(CloseReason::from_verbs)?;
-    let mut wr = SendWr::new(q.wr_id as u64, q.op, Some(sge));
-    wr.inline = q.len <= INLINE_MAX;
-    wr.signaled = *signaled;
-    Ok(wr)
 }
 
 impl Core {
@@ -1040,59 +549,6 @@ impl Core {
         Ok(None)
     }
 
-    /// A receive from the shared queue: the bytes are copied out and the buffer goes back
-    /// to the queue at once (even while closing: the other connections need it). A
-    /// framed connection then settles its credits with the queue's reserve: the buffer
-    /// is posted again already, so the grant can ride the answer to this very frame.
-    fn handle_shared_recv(&mut self, slot: usize, wc: &WorkCompletion) -> Result<(), CloseReason> {
-        let Some(shared) = &self.shared_recv else {
-            tracing::warn!(
-                wr_id = wc.wr_id,
-                "shared receive on a connection without one"
-            );
-            return Ok(());
-        };
-        let data = shared.take(slot, wc).map_err(CloseReason::from_verbs)?;
-        if self.closing.is_some() {
-            return Ok(());
-        }
-        let Some(data) = data else {
-            return Err(CloseReason::Completion(format!(
-                "shared receive on QP {} completed with {}",
-                wc.qp_num, wc.status
-            )));
-        };
-        let imm = wc.opcode == WcOpcode::RecvRdmaWithImm;
-        if let Framing::Framed = self.framing {
-            let frame = Frame::parse((!imm).then_some(&data[..]))?;
-            self.handle_frame(frame, wc)?;
-            if let (Some(credits), Some(m)) = (self.credits.as_mut(), &self.membership) {
-                credits.settle(m.reserve());
-            }
-            return Ok(());
-        }
-        self.deliveries.push_back(Delivery::Ready(Message {
-            tag: 0,
-            imm: wc.imm_data,
-            data: if imm { Vec::new() } else { data },
-        }));
-        Ok(())
-    }
-
-    fn next_delivery(&mut self) -> Option<Message> {
-        match self.deliveries.front() {
-            Some(Delivery::Ready(_)) => match self.deliveries.pop_front() {
-                Some(Delivery::Ready(m)) => {
-                    self.last_message = Instant::now();
-                    self.metrics.iter().for_each(|c| c.message_in(m.data.len()));
-                    Some(m)
-                }
-                _ => None,
-            },
-            _ => None,
-        }
-    }
-
     fn release_buf(&mut self, id: BufId) {
         if let Some(e) = self.bufs.get_mut(id.0) {
             e.inflight -= 1;
@@ -1110,217 +566,6 @@ impl Drop for Core {
         if let (Some(credits), Some(m)) = (self.credits.as_mut(), &self.membership) {
             credits.release_borrowed(m.reserve());
         }
-    }
-}
-
-/// What a session can do with its connection, handed to every [`Session`] callback.
-pub struct SessionCx<'a> {
-    core: &'a mut Core,
-    close: Option<String>,
-}
-
-impl<'a> SessionCx<'a> {
-    fn new(core: &'a mut Core) -> Self {
-        SessionCx { core, close: None }
-    }
-
-    /// Sends a framed message with `tag` (any size up to the connection's
-    /// `max_message` and rendezvous budget: small ones go inline, large ones through an
-    /// RDMA READ rendezvous). Queued when out of credits or budget.
-    pub fn send(&mut self, tag: u32, data: Vec<u8>) -> Result<(), SessionError> {
-        self.core
-            .metrics
-            .iter()
-            .for_each(|c| c.message_out(data.len()));
-        if self.core.credits.is_none() {
-            return Err(SessionError::new("send on a raw connection; use send_raw"));
-        }
-        if data.len() > self.core.eager_limit() {
-            self.core.budget_out.check(data.len()).map_err(|e| {
-                SessionError::new(format!("message of {} bytes refused: {e}", data.len()))
-            })?;
-        }
-        self.core.queue(Outgoing::Data { tag, bytes: data });
-        Ok(())
-    }
-
-    /// Answers `msg` (same tag).
-    pub fn reply(&mut self, msg: &Message, data: Vec<u8>) -> Result<(), SessionError> {
-        self.send(msg.tag, data)
-    }
-
-    /// Sends bytes as one plain SEND (raw connections), optionally with an immediate.
-    pub fn send_raw(&mut self, data: &[u8], imm: Option<u32>) -> Result<(), SessionError> {
-        self.core
-            .metrics
-            .iter()
-            .for_each(|c| c.message_out(data.len()));
-        if self.core.credits.is_some() {
-            return Err(SessionError::new(
-                "send_raw on a framed connection; use send",
-            ));
-        }
-        if data.len() > self.core.pool.largest() {
-            return Err(SessionError::new(format!(
-                "raw message of {} bytes is too large",
-                data.len()
-            )));
-        }
-        self.core.queue(Outgoing::Raw {
-            bytes: data.to_vec(),
-            imm,
-        });
-        Ok(())
-    }
-
-    /// Leases a local buffer from the shared pool, for one-sided operations.
-    pub fn alloc(&mut self, len: usize) -> Result<BufId, SessionError> {
-        let lease = self
-            .core
-            .pool
-            .lease(len)
-            .map_err(|e| SessionError::new(e.to_string()))?;
-        Ok(self.insert_buf(Buf::Pooled(lease), None))
-    }
-
-    /// Registers a buffer with `access` (for regions the peer may read or write). It is
-    /// deregistered, revoking the rkey, when freed or when the connection ends.
-    ///
-    /// Remote access is granted through a type 2 memory window bound to this
-    /// connection's QP: the rkey from [`SessionCx::remote`] works for this peer only (any
-    /// other connection on the shared PD gets a remote access error), and freeing the
-    /// buffer deallocates the window, revoking it. The bind is posted here, ahead of any
-    /// message that carries the rkey.
-    pub fn register(&mut self, len: usize, access: Access) -> Result<BufId, SessionError> {
-        let remote = access.remote_part();
-        if remote == Access::NONE {
-            let mr = MemoryRegion::register(&self.core.pd, len, access)
-                .map_err(|e| SessionError::new(e.to_string()))?;
-            return Ok(self.insert_buf(Buf::Registered(mr), None));
-        }
-        let err = |e: VerbsError| SessionError::new(e.to_string());
-        let mr = MemoryRegion::register(&self.core.pd, len, Access::LOCAL_WRITE | Access::MW_BIND)
-            .map_err(err)?;
-        let window = MemoryWindow::alloc(&self.core.pd).map_err(err)?;
-        if self.core.send_outstanding >= self.core.send_depth {
-            return Err(SessionError::new(
-                "send queue full; cannot bind a window now",
-            ));
-        }
-        let slot = self.core.inflight.vacant_entry();
-        let grant = self
-            .core
-            .qp
-            .bind_window(slot.key() as u64, &window, &mr, remote)
-            .map_err(err)?;
-        slot.insert(Wr::Bind);
-        self.core.send_outstanding += 1;
-        Ok(self.insert_buf(Buf::Registered(mr), Some((window, grant))))
-    }
-
-    /// Hands a region the application registered (on this connection's PD) to the
-    /// connection, so operations can use it in place: no copy into a pool buffer. Get it
-    /// back with [`take_back`](Self::take_back) once its operations completed.
-    pub fn adopt(&mut self, region: MemoryRegion) -> Result<BufId, SessionError> {
-        if !region.pd().same_as(&self.core.pd) {
-            return Err(SessionError::new(
-                "the region is registered on another protection domain",
-            ));
-        }
-        Ok(self.insert_buf(Buf::Registered(region), None))
-    }
-
-    /// Returns a buffer from [`adopt`](Self::adopt) (or [`register`](Self::register), if
-    /// it was registered without remote access) to the caller. `None`, and the buffer
-    /// stays, while operations still use it, for a pool buffer or one with a window
-    /// bound; `None` for an unknown id.
-    pub fn take_back(&mut self, id: BufId) -> Option<MemoryRegion> {
-        match self.core.bufs.get(id.0) {
-            Some(BufEntry {
-                grant: None,
-                buf: Buf::Registered(_),
-                inflight: 0,
-                freed: false,
-            }) => {}
-            _ => return None,
-        }
-        match self.core.bufs.remove(id.0).buf {
-            Buf::Registered(region) => Some(region),
-            Buf::Pooled(_) => unreachable!("checked above"),
-        }
-    }
-
-    fn insert_buf(&mut self, buf: Buf, grant: Option<(MemoryWindow, RemoteRegion)>) -> BufId {
-        BufId(self.core.bufs.insert(BufEntry {
-            grant,
-            buf,
-            inflight: 0,
-            freed: false,
-        }))
-    }
-
-    /// Frees a buffer: the peer's access (if granted) is revoked at once, the memory goes
-    /// after the operations using it complete.
-    pub fn free(&mut self, id: BufId) {
-        if let Some(e) = self.core.bufs.get_mut(id.0) {
-            // Revoke the peer's access now, even if our own operations still use the bytes.
-            e.grant = None;
-            e.freed = true;
-            if e.inflight == 0 {
-                self.core.bufs.remove(id.0);
-            }
-        }
-    }
-
-    fn entry(&self, id: BufId) -> Result<&BufEntry, SessionError> {
-        self.core
-            .bufs
-            .get(id.0)
-            .filter(|e| !e.freed)
-            .ok_or_else(|| SessionError::new(format!("{id:?} does not exist")))
-    }
-
-    /// The bytes of a buffer.
-    pub fn bytes(&self, id: BufId) -> Result<&[u8], SessionError> {
-        Ok(self.entry(id)?.buf.region().as_slice())
-    }
-
-    /// The bytes of a buffer, mutably.
-    pub fn bytes_mut(&mut self, id: BufId) -> Result<&mut [u8], SessionError> {
-        self.entry(id)?;
-        Ok(self.core.bufs[id.0].buf.region_mut().as_mut_slice())
-    }
-
-    /// What the peer needs to reach a buffer registered with remote access (addr, len,
-    /// and the rkey of the window bound to this connection).
-    pub fn remote(&self, id: BufId) -> Result<RemoteRegion, SessionError> {
-        let e = self.entry(id)?;
-        Ok(match &e.grant {
-            Some((_, grant)) => *grant,
-            None => e.buf.region().remote(),
-        })
-    }
-
-    /// Posts a one-sided operation; its completion arrives in [`Session::on_op`].
-    pub fn post(&mut self, op: Op) -> Result<OpId, SessionError> {
-        self.entry(op.buf())?;
-        let id = OpId(self.core.next_op);
-        self.core.next_op += 1;
-        self.core.queue(Outgoing::Op {
-            op: id,
-            op_spec: op,
-        });
-        Ok(id)
-    }
-
-    /// The local QP number.
-    pub fn qp_num(&self) -> u32 {
-        self.core.qp_num()
-    }
-
-    /// Closes the connection after this callback returns.
-    pub fn close(&mut self, reason: impl Into<String>) {
-        self.close = Some(reason.into());
     }
 }
 

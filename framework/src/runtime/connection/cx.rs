@@ -1,0 +1,219 @@
+//! [`SessionCx`]: what a session can do with its connection (send, one-sided operations,
+//! buffers and the rkeys it grants), handed to every session callback.
+
+use super::{Buf, BufEntry, BufId, Core, Op, Outgoing, Wr};
+use crate::runtime::service::{Message, OpId, SessionError};
+use crate::verbs::{Access, MemoryRegion, MemoryWindow, RemoteRegion, VerbsError};
+
+/// What a session can do with its connection, handed to every [`Session`] callback.
+///
+/// [`Session`]: crate::runtime::Session
+pub struct SessionCx<'a> {
+    pub(super) core: &'a mut Core,
+    pub(super) close: Option<String>,
+}
+
+impl<'a> SessionCx<'a> {
+    pub(super) fn new(core: &'a mut Core) -> Self {
+        SessionCx { core, close: None }
+    }
+
+    /// Sends a framed message with `tag` (any size up to the connection's
+    /// `max_message` and rendezvous budget: small ones go inline, large ones through an
+    /// RDMA READ rendezvous). Queued when out of credits or budget.
+    pub fn send(&mut self, tag: u32, data: Vec<u8>) -> Result<(), SessionError> {
+        self.core
+            .metrics
+            .iter()
+            .for_each(|c| c.message_out(data.len()));
+        if self.core.credits.is_none() {
+            return Err(SessionError::new("send on a raw connection; use send_raw"));
+        }
+        if data.len() > self.core.eager_limit() {
+            self.core.budget_out.check(data.len()).map_err(|e| {
+                SessionError::new(format!("message of {} bytes refused: {e}", data.len()))
+            })?;
+        }
+        self.core.queue(Outgoing::Data { tag, bytes: data });
+        Ok(())
+    }
+
+    /// Answers `msg` (same tag).
+    pub fn reply(&mut self, msg: &Message, data: Vec<u8>) -> Result<(), SessionError> {
+        self.send(msg.tag, data)
+    }
+
+    /// Sends bytes as one plain SEND (raw connections), optionally with an immediate.
+    pub fn send_raw(&mut self, data: &[u8], imm: Option<u32>) -> Result<(), SessionError> {
+        self.core
+            .metrics
+            .iter()
+            .for_each(|c| c.message_out(data.len()));
+        if self.core.credits.is_some() {
+            return Err(SessionError::new(
+                "send_raw on a framed connection; use send",
+            ));
+        }
+        if data.len() > self.core.pool.largest() {
+            return Err(SessionError::new(format!(
+                "raw message of {} bytes is too large",
+                data.len()
+            )));
+        }
+        self.core.queue(Outgoing::Raw {
+            bytes: data.to_vec(),
+            imm,
+        });
+        Ok(())
+    }
+
+    /// Leases a local buffer from the shared pool, for one-sided operations.
+    pub fn alloc(&mut self, len: usize) -> Result<BufId, SessionError> {
+        let lease = self
+            .core
+            .pool
+            .lease(len)
+            .map_err(|e| SessionError::new(e.to_string()))?;
+        Ok(self.insert_buf(Buf::Pooled(lease), None))
+    }
+
+    /// Registers a buffer with `access` (for regions the peer may read or write). It is
+    /// deregistered, revoking the rkey, when freed or when the connection ends.
+    ///
+    /// Remote access is granted through a type 2 memory window bound to this
+    /// connection's QP: the rkey from [`SessionCx::remote`] works for this peer only (any
+    /// other connection on the shared PD gets a remote access error), and freeing the
+    /// buffer deallocates the window, revoking it. The bind is posted here, ahead of any
+    /// message that carries the rkey.
+    pub fn register(&mut self, len: usize, access: Access) -> Result<BufId, SessionError> {
+        let remote = access.remote_part();
+        if remote == Access::NONE {
+            let mr = MemoryRegion::register(&self.core.pd, len, access)
+                .map_err(|e| SessionError::new(e.to_string()))?;
+            return Ok(self.insert_buf(Buf::Registered(mr), None));
+        }
+        let err = |e: VerbsError| SessionError::new(e.to_string());
+        let mr = MemoryRegion::register(&self.core.pd, len, Access::LOCAL_WRITE | Access::MW_BIND)
+            .map_err(err)?;
+        let window = MemoryWindow::alloc(&self.core.pd).map_err(err)?;
+        if self.core.send_outstanding >= self.core.send_depth {
+            return Err(SessionError::new(
+                "send queue full; cannot bind a window now",
+            ));
+        }
+        let slot = self.core.inflight.vacant_entry();
+        let grant = self
+            .core
+            .qp
+            .bind_window(slot.key() as u64, &window, &mr, remote)
+            .map_err(err)?;
+        slot.insert(Wr::Bind);
+        self.core.send_outstanding += 1;
+        Ok(self.insert_buf(Buf::Registered(mr), Some((window, grant))))
+    }
+
+    /// Hands a region the application registered (on this connection's PD) to the
+    /// connection, so operations can use it in place: no copy into a pool buffer. Get it
+    /// back with [`take_back`](Self::take_back) once its operations completed.
+    pub fn adopt(&mut self, region: MemoryRegion) -> Result<BufId, SessionError> {
+        if !region.pd().same_as(&self.core.pd) {
+            return Err(SessionError::new(
+                "the region is registered on another protection domain",
+            ));
+        }
+        Ok(self.insert_buf(Buf::Registered(region), None))
+    }
+
+    /// Returns a buffer from [`adopt`](Self::adopt) (or [`register`](Self::register), if
+    /// it was registered without remote access) to the caller. `None`, and the buffer
+    /// stays, while operations still use it, for a pool buffer or one with a window
+    /// bound; `None` for an unknown id.
+    pub fn take_back(&mut self, id: BufId) -> Option<MemoryRegion> {
+        match self.core.bufs.get(id.0) {
+            Some(BufEntry {
+                grant: None,
+                buf: Buf::Registered(_),
+                inflight: 0,
+                freed: false,
+            }) => {}
+            _ => return None,
+        }
+        match self.core.bufs.remove(id.0).buf {
+            Buf::Registered(region) => Some(region),
+            Buf::Pooled(_) => unreachable!("checked above"),
+        }
+    }
+
+    fn insert_buf(&mut self, buf: Buf, grant: Option<(MemoryWindow, RemoteRegion)>) -> BufId {
+        BufId(self.core.bufs.insert(BufEntry {
+            grant,
+            buf,
+            inflight: 0,
+            freed: false,
+        }))
+    }
+
+    /// Frees a buffer: the peer's access (if granted) is revoked at once, the memory goes
+    /// after the operations using it complete.
+    pub fn free(&mut self, id: BufId) {
+        if let Some(e) = self.core.bufs.get_mut(id.0) {
+            // Revoke the peer's access now, even if our own operations still use the bytes.
+            e.grant = None;
+            e.freed = true;
+            if e.inflight == 0 {
+                self.core.bufs.remove(id.0);
+            }
+        }
+    }
+
+    fn entry(&self, id: BufId) -> Result<&BufEntry, SessionError> {
+        self.core
+            .bufs
+            .get(id.0)
+            .filter(|e| !e.freed)
+            .ok_or_else(|| SessionError::new(format!("{id:?} does not exist")))
+    }
+
+    /// The bytes of a buffer.
+    pub fn bytes(&self, id: BufId) -> Result<&[u8], SessionError> {
+        Ok(self.entry(id)?.buf.region().as_slice())
+    }
+
+    /// The bytes of a buffer, mutably.
+    pub fn bytes_mut(&mut self, id: BufId) -> Result<&mut [u8], SessionError> {
+        self.entry(id)?;
+        Ok(self.core.bufs[id.0].buf.region_mut().as_mut_slice())
+    }
+
+    /// What the peer needs to reach a buffer registered with remote access (addr, len,
+    /// and the rkey of the window bound to this connection).
+    pub fn remote(&self, id: BufId) -> Result<RemoteRegion, SessionError> {
+        let e = self.entry(id)?;
+        Ok(match &e.grant {
+            Some((_, grant)) => *grant,
+            None => e.buf.region().remote(),
+        })
+    }
+
+    /// Posts a one-sided operation; its completion arrives in [`Session::on_op`].
+    pub fn post(&mut self, op: Op) -> Result<OpId, SessionError> {
+        self.entry(op.buf())?;
+        let id = OpId(self.core.next_op);
+        self.core.next_op += 1;
+        self.core.queue(Outgoing::Op {
+            op: id,
+            op_spec: op,
+        });
+        Ok(id)
+    }
+
+    /// The local QP number.
+    pub fn qp_num(&self) -> u32 {
+        self.core.qp_num()
+    }
+
+    /// Closes the connection after this callback returns.
+    pub fn close(&mut self, reason: impl Into<String>) {
+        self.close = Some(reason.into());
+    }
+}

@@ -1,0 +1,208 @@
+//! The receive side of a connection: receives posted on its own queue (reposted after
+//! the turn's answers for framed connections, at once for raw ones) or taken from a
+//! queue shared with other connections (reposted at once, credits settled with the
+//! queue's reserve), and the frames they carry turned into deliveries.
+
+use std::time::Instant;
+
+use super::{Core, Delivery, Outgoing, Wr};
+use crate::proto::frame::{FrameKind, Header, RendezvousOffer};
+use crate::runtime::service::{Framing, Message};
+use crate::runtime::CloseReason;
+use crate::verbs::{RecvWr, VerbsError, WcOpcode, WorkCompletion};
+
+impl Core {
+    /// Posts every receive buffer; called before the QP reaches RTR so the peer's first
+    /// SEND always finds one.
+    pub(crate) fn post_all_receives(&mut self) -> Result<(), VerbsError> {
+        for slot in 0..self.recv.len() {
+            self.post_recv(slot)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn post_recv(&mut self, slot: usize) -> Result<(), VerbsError> {
+        let wr_id = self.inflight.insert(Wr::Recv(slot)) as u64;
+        let sge = self.recv[slot].sge(0..self.recv_size)?;
+        let res = self.qp.post_recv(&[RecvWr {
+            wr_id,
+            local: Some(sge),
+        }]);
+        if res.is_err() {
+            self.inflight.remove(wr_id as usize);
+        }
+        res
+    }
+
+    /// Reposts the receives consumed this turn; true when there were any.
+    pub(super) fn repost_receives(&mut self) -> Result<bool, CloseReason> {
+        if self.reposts.is_empty() || self.closing.is_some() {
+            return Ok(false);
+        }
+        let n = self.reposts.len();
+        for i in 0..n {
+            self.post_recv(self.reposts[i])
+                .map_err(CloseReason::from_verbs)?;
+        }
+        self.reposts.clear();
+        if let Some(credits) = self.credits.as_mut() {
+            credits.handle_reposted(n as u32);
+        }
+        Ok(true)
+    }
+
+    /// Handles one received frame; returns messages to deliver in order.
+    pub(super) fn handle_recv(
+        &mut self,
+        slot: usize,
+        wc: &WorkCompletion,
+    ) -> Result<(), CloseReason> {
+        let len = wc.byte_len as usize;
+        match self.framing {
+            Framing::Raw { .. } => {
+                let data = if wc.opcode == WcOpcode::RecvRdmaWithImm {
+                    Vec::new()
+                } else {
+                    self.recv[slot].as_slice()[..len].to_vec()
+                };
+                // At once: a plain peer has no credits to tell it when a receive is
+                // back, and may send its next message as soon as it has our answer.
+                self.post_recv(slot).map_err(CloseReason::from_verbs)?;
+                self.deliveries.push_back(Delivery::Ready(Message {
+                    tag: 0,
+                    imm: wc.imm_data,
+                    data,
+                }));
+            }
+            Framing::Framed => {
+                let data = match wc.opcode {
+                    WcOpcode::RecvRdmaWithImm => None,
+                    _ => Some(&self.recv[slot].as_slice()[..len]),
+                };
+                let frame = Frame::parse(data)?;
+                self.handle_frame(frame, wc)?;
+                self.reposts.push(slot);
+            }
+        }
+        Ok(())
+    }
+
+    /// Handles one frame of a framed connection (or a WRITE_WITH_IMM, which consumed a
+    /// receive but carries no frame), wherever its receive came from.
+    fn handle_frame(&mut self, frame: Frame, wc: &WorkCompletion) -> Result<(), CloseReason> {
+        let Some((header, body)) = frame.0 else {
+            self.credits
+                .as_mut()
+                .expect("framed")
+                .handle_received(0)
+                .map_err(CloseReason::from_credits)?;
+            self.deliveries.push_back(Delivery::Ready(Message {
+                tag: 0,
+                imm: wc.imm_data,
+                data: Vec::new(),
+            }));
+            return Ok(());
+        };
+        let credits = self.credits.as_mut().expect("framed");
+        credits
+            .handle_received(header.credits)
+            .map_err(CloseReason::from_credits)?;
+        match header.kind {
+            FrameKind::Data => self.deliveries.push_back(Delivery::Ready(Message {
+                tag: header.tag,
+                imm: wc.imm_data,
+                data: body,
+            })),
+            FrameKind::Credit => {}
+            FrameKind::RendezvousOffer => {
+                let len = header.len as usize;
+                // Before anything is allocated for it.
+                self.budget_in
+                    .check(len)
+                    .map_err(|e| CloseReason::Protocol(e.to_string()))?;
+                let seq = self.next_seq;
+                self.next_seq += 1;
+                self.deliveries.push_back(Delivery::Waiting(seq));
+                self.queue(Outgoing::Read {
+                    seq,
+                    tag: header.tag,
+                    offer: RendezvousOffer::decode(&body),
+                    len,
+                });
+            }
+            FrameKind::RendezvousDone => self.handle_rendezvous_done(header.tag)?,
+        }
+        Ok(())
+    }
+
+    /// A receive from the shared queue: the bytes are copied out and the buffer goes back
+    /// to the queue at once (even while closing: the other connections need it). A
+    /// framed connection then settles its credits with the queue's reserve: the buffer
+    /// is posted again already, so the grant can ride the answer to this very frame.
+    pub(super) fn handle_shared_recv(
+        &mut self,
+        slot: usize,
+        wc: &WorkCompletion,
+    ) -> Result<(), CloseReason> {
+        let Some(shared) = &self.shared_recv else {
+            tracing::warn!(
+                wr_id = wc.wr_id,
+                "shared receive on a connection without one"
+            );
+            return Ok(());
+        };
+        let data = shared.take(slot, wc).map_err(CloseReason::from_verbs)?;
+        if self.closing.is_some() {
+            return Ok(());
+        }
+        let Some(data) = data else {
+            return Err(CloseReason::Completion(format!(
+                "shared receive on QP {} completed with {}",
+                wc.qp_num, wc.status
+            )));
+        };
+        let imm = wc.opcode == WcOpcode::RecvRdmaWithImm;
+        if let Framing::Framed = self.framing {
+            let frame = Frame::parse((!imm).then_some(&data[..]))?;
+            self.handle_frame(frame, wc)?;
+            if let (Some(credits), Some(m)) = (self.credits.as_mut(), &self.membership) {
+                credits.settle(m.reserve());
+            }
+            return Ok(());
+        }
+        self.deliveries.push_back(Delivery::Ready(Message {
+            tag: 0,
+            imm: wc.imm_data,
+            data: if imm { Vec::new() } else { data },
+        }));
+        Ok(())
+    }
+
+    pub(super) fn next_delivery(&mut self) -> Option<Message> {
+        match self.deliveries.front() {
+            Some(Delivery::Ready(_)) => match self.deliveries.pop_front() {
+                Some(Delivery::Ready(m)) => {
+                    self.last_message = Instant::now();
+                    self.metrics.iter().for_each(|c| c.message_in(m.data.len()));
+                    Some(m)
+                }
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+}
+
+/// A received frame: its header and body bytes, or `None` for a WRITE_WITH_IMM.
+struct Frame(Option<(Header, Vec<u8>)>);
+
+impl Frame {
+    fn parse(bytes: Option<&[u8]>) -> Result<Frame, CloseReason> {
+        let Some(bytes) = bytes else {
+            return Ok(Frame(None));
+        };
+        let (header, body) =
+            Header::decode(bytes).map_err(|e| CloseReason::Protocol(e.to_string()))?;
+        Ok(Frame(Some((header, body.to_vec()))))
+    }
+}

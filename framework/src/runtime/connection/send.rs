@@ -1,0 +1,394 @@
+//! The send side of a connection: work decided by the session is queued, then posted as
+//! credits and send-queue room allow (frames, rendezvous offers and reads, one-sided
+//! operations), SENDs batched under one doorbell per turn and signalled selectively.
+
+use super::{
+    Core, Op, Outgoing, QueuedSend, Wr, INLINE_MAX, MAX_BATCH, SIGNAL_EVERY, SPARE_BUFFERS,
+};
+use crate::memory::Lease;
+use crate::proto::frame::{FrameKind, Header, HEADER_LEN};
+use crate::runtime::service::OpId;
+use crate::runtime::CloseReason;
+use crate::verbs::{SendOp, SendWr};
+use slab::Slab;
+
+impl Core {
+    pub(super) fn eager_limit(&self) -> usize {
+        self.recv_size - HEADER_LEN
+    }
+
+    /// Posts as much queued work as credits and the send queue allow, then reposts the
+    /// receives consumed this turn (and sends the credit frame that may call for). What
+    /// stays queued must fit the connection's bound (see [`Core::check_backlog`]).
+    pub(super) fn pump(&mut self) -> Result<(), CloseReason> {
+        self.pump_sends()?;
+        if self.repost_receives()? {
+            self.pump_sends()?;
+        }
+        self.check_backlog()
+    }
+
+    /// Queues work for [`Core::pump`], counting its bytes.
+    pub(super) fn queue(&mut self, item: Outgoing) {
+        self.pending_bytes += item.bytes();
+        self.pending.push_back(item);
+    }
+
+    /// Takes the next queued work item.
+    pub(super) fn dequeue(&mut self) -> Option<Outgoing> {
+        let item = self.pending.pop_front()?;
+        self.pending_bytes -= item.bytes();
+        Some(item)
+    }
+
+    /// Drops everything queued (the connection is closing).
+    pub(super) fn clear_queue(&mut self) {
+        self.pending.clear();
+        self.pending_bytes = 0;
+    }
+
+    /// Checked after each pump, when everything that could be posted was: what is left
+    /// waits for the peer (credits, receives, acknowledgements). A peer that asks for
+    /// answers and never takes them would make that grow without end, so past the bound
+    /// the connection closes. A single message is always allowed, however large.
+    pub(super) fn check_backlog(&self) -> Result<(), CloseReason> {
+        let sends = self.pending.len();
+        if sends > 1
+            && (self.pending_bytes > self.max_queued_bytes || sends > self.max_queued_sends)
+        {
+            return Err(CloseReason::Backlog {
+                bytes: self.pending_bytes,
+                sends,
+            });
+        }
+        Ok(())
+    }
+
+    pub(super) fn pump_sends(&mut self) -> Result<(), CloseReason> {
+        match self.pump_queued() {
+            Ok(()) => self.flush_sends(),
+            Err(reason) => {
+                self.forget_batch();
+                Err(reason)
+            }
+        }
+    }
+
+    pub(super) fn pump_queued(&mut self) -> Result<(), CloseReason> {
+        while self.closing.is_none() && self.send_outstanding < self.send_depth {
+            let Some(next) = self.pending.front() else {
+                break;
+            };
+            let allowed = match (next, &self.credits) {
+                // A rendezvous offer also binds a window: two send-queue slots.
+                // ... and registers the message: within the budget (waits for Dones).
+                (Outgoing::Data { bytes, .. }, Some(c)) if bytes.len() > self.eager_limit() => {
+                    c.can_send_data()
+                        && self.send_outstanding + 1 < self.send_depth
+                        && self.budget_out.fits(bytes.len())
+                }
+                // A READ of an offer waits for earlier READs to free the budget.
+                (Outgoing::Read { len, .. }, _) => self.budget_in.fits(*len),
+                (Outgoing::Data { .. } | Outgoing::Done { .. } | Outgoing::Credit, Some(c)) => {
+                    c.can_send_data()
+                }
+                // A WRITE_WITH_IMM uses a peer receive but cannot grant: never the last credit.
+                (
+                    Outgoing::Op {
+                        op_spec: Op::Write { imm: Some(_), .. },
+                        ..
+                    },
+                    Some(c),
+                ) => c.send_credits() >= 2,
+                _ => true,
+            };
+            if !allowed {
+                crate::metrics::send_stalled();
+                break;
+            }
+            let item = self.dequeue().expect("front exists");
+            self.post_outgoing(item)?;
+        }
+        if self.closing.is_none() && self.send_outstanding < self.send_depth {
+            if let Some(credits) = &self.credits {
+                if self.established && credits.poll_credit_frame() {
+                    self.post_outgoing(Outgoing::Credit)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn post_frame(
+        &mut self,
+        kind: FrameKind,
+        tag: u32,
+        len: u32,
+        body: &[u8],
+    ) -> Result<(), CloseReason> {
+        let credits = self.credits.as_mut().expect("framed");
+        let grant = credits.take_for_send();
+        let total = HEADER_LEN + body.len();
+        let mut lease = self.send_buffer(total)?;
+        let header = Header {
+            kind,
+            credits: grant,
+            len,
+            tag,
+        };
+        let bytes = lease.as_mut_slice();
+        header.encode(&mut bytes[..HEADER_LEN]);
+        bytes[HEADER_LEN..total].copy_from_slice(body);
+        self.post_send_lease(lease, total, SendOp::Send)
+    }
+
+    /// Queues a SEND of `lease[..len]`; [`Core::flush_sends`] posts the queued ones with
+    /// one doorbell (one system call on software providers) per actor turn.
+    pub(super) fn post_send_lease(
+        &mut self,
+        lease: Lease,
+        len: usize,
+        op: SendOp,
+    ) -> Result<(), CloseReason> {
+        // Signal every SIGNAL_EVERY-th SEND, and always when the send queue is filling
+        // up, so a signalled completion is always on its way while slots are scarce.
+        let signaled = self.unsignaled.len() + 1 >= SIGNAL_EVERY
+            || self.send_outstanding as usize + SIGNAL_EVERY >= self.send_depth as usize;
+        let seq = self.send_seq;
+        self.send_seq += 1;
+        let wr_id = self.inflight.insert(Wr::Send {
+            lease: Some(lease),
+            seq,
+            signaled,
+        });
+        if !signaled {
+            self.unsignaled.push_back((seq, wr_id));
+        }
+        self.batch.push(QueuedSend { wr_id, len, op });
+        self.send_outstanding += 1;
+        if self.batch.len() >= MAX_BATCH {
+            self.flush_sends()?;
+        }
+        Ok(())
+    }
+
+    /// Posts the SENDs queued by [`Core::post_send_lease`] as one chain. Called at the end
+    /// of every pump and before any other send-queue post, so the queue's order is the
+    /// order in which work was decided.
+    pub(super) fn flush_sends(&mut self) -> Result<(), CloseReason> {
+        if self.batch.is_empty() {
+            return Ok(());
+        }
+        let posted = match self.batch.as_slice() {
+            // The common case (one answer per turn) needs no chain.
+            [q] => queued_wr(&self.inflight, q)
+                .and_then(|wr| self.qp.post_send(&wr).map_err(CloseReason::from_verbs)),
+            batch => batch
+                .iter()
+                .map(|q| queued_wr(&self.inflight, q))
+                .collect::<Result<Vec<_>, _>>()
+                .and_then(|wrs| {
+                    self.qp
+                        .post_send_list(&wrs)
+                        .map_err(CloseReason::from_verbs)
+                }),
+        };
+        if let Err(reason) = posted {
+            self.forget_batch();
+            return Err(reason);
+        }
+        self.batch.clear();
+        Ok(())
+    }
+
+    /// The connection is ending with SENDs queued but not posted (or with a chain the
+    /// provider refused): they must not hold up the drain. A failed post means the QP is
+    /// broken; any request of a refused chain that did reach the queue comes back
+    /// flushed and is logged as unknown.
+    pub(super) fn forget_batch(&mut self) {
+        for q in std::mem::take(&mut self.batch) {
+            if let Some(Wr::Send { seq, .. }) = self.inflight.try_remove(q.wr_id) {
+                self.unsignaled.retain(|&(s, _)| s != seq);
+            }
+            self.send_outstanding -= 1;
+        }
+    }
+
+    /// A buffer for an outgoing SEND of `len` bytes: a spare one of this connection's when
+    /// it fits, else a lease from the shared pool (whose lock and reference count are
+    /// then paid once per message).
+    pub(super) fn send_buffer(&mut self, len: usize) -> Result<Lease, CloseReason> {
+        match self.spare.pop() {
+            Some(lease) if lease.len() >= len => Ok(lease),
+            other => {
+                self.spare.extend(other);
+                self.pool.lease(len).map_err(CloseReason::from_pool)
+            }
+        }
+    }
+
+    /// Keeps a completed SEND's buffer for the next one (up to SPARE_BUFFERS of the
+    /// smallest size class), or lets it return to the pool.
+    pub(super) fn recycle(&mut self, wr: Wr) {
+        if let Wr::Send {
+            lease: Some(lease), ..
+        } = wr
+        {
+            if self.spare.len() < SPARE_BUFFERS && lease.len() <= self.pool.smallest() {
+                self.spare.push(lease);
+            }
+        }
+    }
+
+    /// A signalled SEND numbered `seq` completed: every unsignalled SEND before it has
+    /// completed too (a send queue completes in order), so their slots and buffers return.
+    pub(super) fn release_unsignaled(&mut self, seq: u64) {
+        while let Some(&(s, wr_id)) = self.unsignaled.front() {
+            if s >= seq {
+                break;
+            }
+            self.unsignaled.pop_front();
+            // An unsignalled SEND that failed or was flushed completed on its own and is
+            // gone already; its slot may even hold a newer request, so check the seq.
+            if matches!(self.inflight.get(wr_id), Some(Wr::Send { seq: q, .. }) if *q == s) {
+                let wr = self.inflight.remove(wr_id);
+                self.send_outstanding -= 1;
+                self.recycle(wr);
+            }
+        }
+    }
+
+    /// Called once the QP is in the error state. Unsignalled SENDs that already
+    /// succeeded will never produce a completion, so post one signalled, empty SEND: the
+    /// QP flushes it, and its completion accounts for everything before it.
+    pub(super) fn flush_unsignaled(&mut self) {
+        if self.unsignaled.is_empty() {
+            return;
+        }
+        let entry = self.inflight.vacant_entry();
+        let wr = SendWr::new(entry.key() as u64, SendOp::Send, None);
+        match self.qp.post_send(&wr) {
+            Ok(()) => {
+                let seq = self.send_seq;
+                self.send_seq += 1;
+                entry.insert(Wr::Send {
+                    lease: None,
+                    seq,
+                    signaled: true,
+                });
+                self.send_outstanding += 1;
+            }
+            Err(e) => tracing::warn!(error = %e, "posting the flush marker failed"),
+        }
+    }
+
+    pub(super) fn post_outgoing(&mut self, item: Outgoing) -> Result<(), CloseReason> {
+        match item {
+            Outgoing::Data { tag, bytes } => {
+                if bytes.len() <= self.eager_limit() {
+                    self.post_frame(FrameKind::Data, tag, bytes.len() as u32, &bytes)
+                } else {
+                    self.post_rendezvous_offer(tag, bytes)
+                }
+            }
+            Outgoing::Credit => self.post_frame(FrameKind::Credit, 0, 0, &[]),
+            Outgoing::Done { tag } => self.post_frame(FrameKind::RendezvousDone, tag, 0, &[]),
+            Outgoing::Raw { bytes, imm } => {
+                let mut lease = self.send_buffer(bytes.len().max(1))?;
+                lease.as_mut_slice()[..bytes.len()].copy_from_slice(&bytes);
+                let op = match imm {
+                    Some(v) => SendOp::SendWithImm(v),
+                    None => SendOp::Send,
+                };
+                self.post_send_lease(lease, bytes.len(), op)
+            }
+            Outgoing::Op { op, op_spec } => {
+                self.flush_sends()?;
+                self.post_op(op, op_spec)
+            }
+            Outgoing::Read {
+                seq,
+                tag,
+                offer,
+                len,
+            } => self.post_rendezvous_read(seq, tag, offer, len),
+        }
+    }
+
+    pub(super) fn post_op(&mut self, op: OpId, spec: Op) -> Result<(), CloseReason> {
+        let buf_id = spec.buf();
+        let entry = self
+            .bufs
+            .get(buf_id.0)
+            .ok_or_else(|| CloseReason::Session(format!("{buf_id:?} does not exist")))?;
+        let region = entry.buf.region();
+        let (send_op, sge) = match &spec {
+            Op::Write {
+                range, dst, imm, ..
+            } => {
+                let op = match imm {
+                    Some(v) => SendOp::WriteWithImm(*dst, *v),
+                    None => SendOp::Write(*dst),
+                };
+                (op, region.sge(range.clone()))
+            }
+            Op::Read { range, src, .. } => (SendOp::Read(*src), region.sge(range.clone())),
+            Op::CompareSwap {
+                offset,
+                remote,
+                compare,
+                swap,
+                ..
+            } => (
+                SendOp::CompareSwap {
+                    remote: *remote,
+                    compare: *compare,
+                    swap: *swap,
+                },
+                region.sge(*offset..offset + 8),
+            ),
+            Op::FetchAdd {
+                offset,
+                remote,
+                add,
+                ..
+            } => (
+                SendOp::FetchAdd {
+                    remote: *remote,
+                    add: *add,
+                },
+                region.sge(*offset..offset + 8),
+            ),
+        };
+        let sge = sge.map_err(|e| CloseReason::Session(e.to_string()))?;
+        let slot = self.inflight.vacant_entry();
+        let wr = SendWr::new(slot.key() as u64, send_op, Some(sge));
+        self.qp.post_send(&wr).map_err(CloseReason::from_verbs)?;
+        slot.insert(Wr::Op { op, buf: buf_id });
+        if matches!(spec, Op::Write { imm: Some(_), .. }) {
+            if let Some(c) = self.credits.as_mut() {
+                c.take_for_imm();
+            }
+        }
+        self.bufs[buf_id.0].inflight += 1;
+        self.send_outstanding += 1;
+        Ok(())
+    }
+}
+
+/// The work request for a SEND queued by [`Core::post_send_lease`].
+fn queued_wr<'a>(inflight: &'a Slab<Wr>, q: &QueuedSend) -> Result<SendWr<'a>, CloseReason> {
+    let Some(Wr::Send {
+        lease: Some(lease),
+        signaled,
+        ..
+    }) = inflight.get(q.wr_id)
+    else {
+        unreachable!("a queued SEND owns its lease");
+    };
+    let sge = lease.sge(0..q.len).map_err(CloseReason::from_verbs)?;
+    let mut wr = SendWr::new(q.wr_id as u64, q.op, Some(sge));
+    wr.inline = q.len <= INLINE_MAX;
+    wr.signaled = *signaled;
+    Ok(wr)
+}
