@@ -67,3 +67,45 @@ fn unknown_service_and_full_server_are_rejected_with_reasons() {
     });
     assert_released(&base);
 }
+
+#[test]
+fn a_client_that_sends_nothing_is_closed_by_the_idle_timeout() {
+    let Some(_ctx) = rdma_context() else { return };
+    let base = resource_counts();
+    actix_run(async {
+        let (service, reasons) = rdmactor_tests::Recorded::new(Echo);
+        let server = Server::builder()
+            .config(NodeConfig {
+                idle_timeout: Some(std::time::Duration::from_secs(2)),
+                ..NodeConfig::default()
+            })
+            .listen(test_addr(), None)
+            .service("echo", service)
+            .start()
+            .expect("server");
+        let addr = server.local_addrs()[0];
+        let client = Client::start(NodeConfig::default()).expect("client");
+        let silent = client.connect(addr, "echo").await.expect("silent");
+        let busy = client.connect(addr, "echo").await.expect("busy");
+        // The busy one echoes every 300 ms for 4 s: never idle for 2 s.
+        for i in 0..13u8 {
+            echo_ok(&busy, vec![i; 64]).await;
+            actix_rt::time::sleep(std::time::Duration::from_millis(300)).await;
+        }
+        let got =
+            rdmactor_tests::first_close_reason(&reasons, std::time::Duration::from_secs(5)).await;
+        assert!(got.contains("idle: no message for 2s"), "{got}");
+        assert_eq!(
+            reasons.lock().unwrap().len(),
+            1,
+            "only the silent one closed"
+        );
+        assert_eq!(server.stats().await.connections, 1);
+        echo_ok(&busy, b"still served".to_vec()).await;
+        drop(silent);
+        busy.close().await;
+        client.shutdown().await;
+        server.shutdown().await;
+    });
+    assert_released(&base);
+}

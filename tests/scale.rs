@@ -178,8 +178,10 @@ impl ClientProc {
         writeln!(self.stdin, "go").expect("write to the client");
     }
 
+    /// Waits for the client to close its connections and exit (thousands of closes take
+    /// minutes under emulation).
     async fn finish(mut self) {
-        for _ in 0..600 {
+        for _ in 0..6000 {
             if let Some(status) = self.child.try_wait().expect("wait") {
                 assert!(status.success(), "client exited with {status}");
                 return;
