@@ -107,6 +107,8 @@ mod wire;
 pub use client::{invoke, upload, CallError, Invocation};
 pub use config::LambdaConfig;
 pub use native::{checksum_native, NativeFn, NativeLambdas};
-pub use sandbox::{LambdaError, Limits, ModuleHash, Result, Sandbox, SandboxConfig};
+pub use sandbox::{
+    LambdaError, Limits, ModuleHash, Phases, Result, Sandbox, SandboxClient, SandboxConfig,
+};
 pub use service::LambdaService;
 pub use wire::{Failure, FailureKind, LambdaRef, LambdaRequest, LambdaResponse, WireLimits};
