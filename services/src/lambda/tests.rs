@@ -56,7 +56,8 @@ fn fuel_per_second(sandbox: &Sandbox) -> u64 {
 #[test]
 fn checksum_matches_native() {
     let sandbox = Sandbox::new();
-    let hash = sandbox.load(&example("checksum")).unwrap();
+    let words = sandbox.load(&example("checksum")).unwrap();
+    let bytewise = sandbox.load(&example("checksum_bytes")).unwrap();
     for input in [
         Vec::new(),
         b"a".to_vec(),
@@ -71,13 +72,15 @@ fn checksum_matches_native() {
         bytes(200_000),
         bytes(1 << 20),
     ] {
-        let output = sandbox.run(&hash, &input, &limits()).unwrap();
-        assert_eq!(
-            output,
-            checksum_native(&input),
-            "input of {} bytes",
-            input.len()
-        );
+        for hash in [words, bytewise] {
+            let output = sandbox.run(&hash, &input, &limits()).unwrap();
+            assert_eq!(
+                output,
+                checksum_native(&input),
+                "input of {} bytes",
+                input.len()
+            );
+        }
     }
 }
 
