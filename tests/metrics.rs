@@ -1,10 +1,11 @@
 //! Prometheus metrics under real verbs: the test installs the exporter (as
 //! `server --metrics` does), drives echo and lambda load plus a refused connect, scrapes
 //! `/metrics` with curl while the load runs and once it is over, and checks the counters
-//! against what it did. Then it provokes what the error and stall counters count: a
-//! burst of one-way messages outrunning a slow service (the sender waits for credits),
-//! and a lambda whose input region lacks remote read access (the server's READ fails
-//! with a remote access error and its connection's receives are flushed).
+//! against what it did (the lambda module cache's loads and evictions too). Then it
+//! provokes what the error and stall counters count: a burst of one-way messages
+//! outrunning a slow service (the sender waits for credits), and a lambda whose input
+//! region lacks remote read access (the server's READ fails with a remote access error
+//! and its connection's receives are flushed).
 
 use std::net::{SocketAddr, TcpListener};
 use std::process::Command;
@@ -274,6 +275,23 @@ fn counters_match_what_the_test_did() {
                 "lambda runs with outcome {outcome}"
             );
         }
+        // Three modules uploaded, each compiled once and held by the lambda connection.
+        let loads = |text: &str, result| {
+            value(
+                text,
+                "rdmactor_lambda_module_loads_total",
+                &[("result", result)],
+            )
+        };
+        assert_eq!(loads(&text, "compiled"), Some(3.0));
+        assert_eq!(
+            (loads(&text, "cached"), loads(&text, "refused")),
+            (None, None)
+        );
+        assert_eq!(
+            value(&text, "rdmactor_lambda_module_evictions_total", &[]),
+            None
+        );
         assert!(value(&text, "rdmactor_cq_poll_batch_count", &[]).unwrap_or(0.0) > 0.0);
         assert!(value(&text, "rdmactor_echo_handling_seconds_count", &[]) == Some(requests));
         // No access error so far, and nothing waited: every request waited for its reply.
@@ -393,6 +411,20 @@ fn counters_match_what_the_test_did() {
             server_echo(&text, "rdmactor_connection_lifetime_seconds_count"),
             CONNECTIONS as f64
         );
+        // The lambda connection's modules left the cache with it (its session, and with
+        // it its hold on the cache, is dropped as the connection is torn down).
+        eventually(
+            "the lambda modules to leave the cache",
+            Duration::from_secs(10),
+            || async {
+                value(
+                    &scrape(metrics),
+                    "rdmactor_lambda_module_evictions_total",
+                    &[],
+                ) == Some(3.0)
+            },
+        )
+        .await;
         drop((input, output));
         client.shutdown().await;
         server.shutdown().await;

@@ -178,6 +178,24 @@ impl Sandbox {
     }
 
     fn load_for(&self, client: ClientId, bytes: &[u8]) -> Result<ModuleHash> {
+        let mut compiled = false;
+        let loaded = self.compile_or_hold(client, bytes, &mut compiled);
+        rdmactor::metrics::lambda_module_load(match (&loaded, compiled) {
+            (Err(_), _) => "refused",
+            (Ok(_), true) => "compiled",
+            (Ok(_), false) => "cached",
+        });
+        loaded
+    }
+
+    /// [`load_for`](Self::load_for) without the counting; `compiled` says whether it
+    /// compiled the module.
+    fn compile_or_hold(
+        &self,
+        client: ClientId,
+        bytes: &[u8],
+        compiled: &mut bool,
+    ) -> Result<ModuleHash> {
         if bytes.len() > self.config.max_module_bytes {
             return Err(LambdaError::ModuleTooLarge {
                 len: bytes.len(),
@@ -200,10 +218,11 @@ impl Sandbox {
         refuse_start_function(bytes)?;
         let module = Module::from_binary(&self.engine, bytes)
             .map_err(|e| LambdaError::InvalidModule(format!("{e:#}")))?;
-        let compiled = check_abi(module, bytes.len())?;
-        tracing::debug!(%hash, len = bytes.len(), cost = compiled.cost, ?client, "compiled lambda module");
-        let evicted = self.cache().insert(client, hash, compiled)?;
-        self.evictions.fetch_add(evicted as u64, Ordering::Relaxed);
+        let module = check_abi(module, bytes.len())?;
+        tracing::debug!(%hash, len = bytes.len(), cost = module.cost, ?client, "compiled lambda module");
+        let evicted = self.cache().insert(client, hash, module)?;
+        *compiled = true;
+        self.evicted(evicted);
         Ok(hash)
     }
 
@@ -212,7 +231,7 @@ impl Sandbox {
         match self.cache().hold(client, hash) {
             None => Ok(false),
             Some(held) => {
-                self.evictions.fetch_add(held? as u64, Ordering::Relaxed);
+                self.evicted(held?);
                 Ok(true)
             }
         }
@@ -237,7 +256,13 @@ impl Sandbox {
     /// Ends every hold of `client`; modules nobody else holds leave the cache.
     fn release(&self, client: ClientId) {
         let evicted = self.cache().release(client);
-        self.evictions.fetch_add(evicted as u64, Ordering::Relaxed);
+        self.evicted(evicted);
+    }
+
+    /// Counts modules that left the cache.
+    fn evicted(&self, n: usize) {
+        self.evictions.fetch_add(n as u64, Ordering::Relaxed);
+        rdmactor::metrics::lambda_modules_evicted(n as u64);
     }
 
     /// Modules in the cache.
