@@ -56,8 +56,9 @@ impl SandboxClient {
         self.sandbox.load_for(self.id, bytes)
     }
 
-    /// [`Sandbox::run`] for this client (a run keeps the module among its most recently
-    /// used).
+    /// [`Sandbox::run`] for this client. Any cached module may be run (its hash names
+    /// it, whoever loaded it); a run marks the module as just used among this client's
+    /// own holds only, so it cannot keep another client's module cached.
     ///
     /// # Errors
     ///
