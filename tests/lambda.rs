@@ -3,7 +3,8 @@
 //! of fuel, and past its wall clock), a memory bomb, an invalid module and other bad
 //! requests each come back as their own error within the limits, while another client's
 //! invocations keep being served; a region without the access it needs costs only its
-//! own connection.
+//! own connection; the module cache is bounded, and one client loading past its quota
+//! evicts its own modules, never another client's.
 
 use std::cell::Cell;
 use std::sync::Arc;
