@@ -175,7 +175,7 @@ fn install_metrics(addr: SocketAddr) -> Result<()> {
     PrometheusBuilder::new()
         .with_http_listener(addr)
         .set_buckets_for_metric(
-            seconds("rdmactor_echo_seconds"),
+            seconds("rdmactor_echo_handling_seconds"),
             &[1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 1e-3],
         )?
         .set_buckets_for_metric(

@@ -3,7 +3,8 @@
 //! of fuel, and past its wall clock), a memory bomb, an invalid module and other bad
 //! requests each come back as their own error within the limits, while another client's
 //! invocations keep being served; a region without the access it needs costs only its
-//! own connection.
+//! own connection; the module cache is bounded, and one client loading past its quota
+//! evicts its own modules, never another client's.
 
 use std::cell::Cell;
 use std::sync::Arc;
@@ -553,6 +554,119 @@ fn a_lambda_over_64_mib_of_input() {
         }
         conn.close().await;
         drop(regions);
+        wait_idle(&server, "connections to close", Duration::from_secs(20)).await;
+        client.shutdown().await;
+        server.shutdown().await;
+    });
+    assert_released(&base);
+}
+
+/// Per-client quotas of the module cache (2 modules per connection, 4 in all): client A
+/// loads two modules, client B loads three. B's third load lets go of B's own least
+/// recently used module, not A's (the cache's old, shared LRU would have evicted A's
+/// oldest): A's modules still run without being uploaded again, and uploading one again
+/// compiles nothing; B's oldest is unknown. When A's connection closes, its modules
+/// leave the cache.
+#[test]
+fn one_client_past_its_quota_evicts_its_own_modules() {
+    let Some(_ctx) = rdma_context() else { return };
+    let base = resource_counts();
+    actix_run(async {
+        let sandbox = Arc::new(Sandbox::with_config(SandboxConfig {
+            max_cached_modules: 4,
+            max_modules_per_client: 2,
+            ..SandboxConfig::default()
+        }));
+        let config = LambdaConfig {
+            cap: cap(),
+            ..LambdaConfig::default()
+        };
+        let service = LambdaService::new(sandbox.clone(), Arc::new(NativeLambdas::new()), config);
+        let (server, addr, client) = serve("lambda", service);
+        let a = client.connect(addr, "lambda").await.expect("connect a");
+        let b = client.connect(addr, "lambda").await.expect("connect b");
+        let text = Regions::new(&client, b"mine too", 64);
+
+        let checksum = lambda::upload(&a, &module("checksum")).await.unwrap();
+        let upper = lambda::upload(&a, &module("echo_upper")).await.unwrap();
+        let trap = lambda::upload(&b, &module("trap")).await.unwrap();
+        let bomb = lambda::upload(&b, &module("memory_bomb")).await.unwrap();
+        let looping = lambda::upload(&b, &module("infinite_loop")).await.unwrap();
+        assert_eq!(
+            (
+                sandbox.cached_modules(),
+                sandbox.evictions(),
+                sandbox.compilations()
+            ),
+            (4, 1, 5)
+        );
+        assert!(sandbox.contains(&checksum) && sandbox.contains(&upper));
+        assert!(!sandbox.contains(&trap));
+        assert!(sandbox.contains(&bomb) && sandbox.contains(&looping));
+
+        // A's modules are still cached: they run, and uploading one again is a cache hit.
+        let len = lambda::invoke(&a, &text.invocation(LambdaRef::Module(checksum), 8, None))
+            .await
+            .unwrap();
+        assert_eq!(text.output(len), checksum_native(b"mine too"));
+        let len = lambda::invoke(&a, &text.invocation(LambdaRef::Module(upper), 8, None))
+            .await
+            .unwrap();
+        assert_eq!(text.output(len), b"MINE TOO");
+        assert_eq!(
+            lambda::upload(&a, &module("checksum")).await.unwrap(),
+            checksum
+        );
+        assert_eq!(sandbox.compilations(), 5);
+        // B's oldest is gone; its newer ones answer.
+        let inv = text.invocation(LambdaRef::Module(trap), 8, None);
+        expect_failure(
+            &b,
+            "B's evicted module",
+            &inv,
+            FailureKind::UnknownLambda,
+            Duration::from_secs(5),
+        )
+        .await;
+        let inv = text.invocation(LambdaRef::Module(bomb), 8, None);
+        expect_failure(
+            &b,
+            "B's memory bomb",
+            &inv,
+            FailureKind::MemoryLimit,
+            Duration::from_secs(10),
+        )
+        .await;
+        // A third client finds the cache full of A's and B's modules: refused, with a
+        // reason, and nobody's module is evicted for it.
+        let c = client.connect(addr, "lambda").await.expect("connect c");
+        match lambda::upload(&c, &module("trap")).await {
+            Err(CallError::Failed(f)) if f.kind == FailureKind::CacheFull => {
+                println!("third client: {}", f.message);
+                assert!(f.message.contains("other clients"), "{}", f.message);
+            }
+            other => panic!("third client: expected CacheFull, got {other:?}"),
+        }
+        assert_eq!((sandbox.cached_modules(), sandbox.compilations()), (4, 6));
+
+        // A's holds end with its connection: its modules leave, B's stay.
+        a.close().await;
+        eventually(
+            "A's modules to leave the cache",
+            Duration::from_secs(20),
+            || async { sandbox.cached_modules() == 2 },
+        )
+        .await;
+        assert!(!sandbox.contains(&checksum) && !sandbox.contains(&upper));
+        assert!(sandbox.contains(&bomb) && sandbox.contains(&looping));
+        // Now there is room for c.
+        let trap = lambda::upload(&c, &module("trap")).await.unwrap();
+        let inv = text.invocation(LambdaRef::Module(trap), 8, None);
+        expect_failure(&c, "trap", &inv, FailureKind::Trap, Duration::from_secs(5)).await;
+
+        b.close().await;
+        c.close().await;
+        drop(text);
         wait_idle(&server, "connections to close", Duration::from_secs(20)).await;
         client.shutdown().await;
         server.shutdown().await;

@@ -1,7 +1,11 @@
 //! Prometheus metrics under real verbs: the test installs the exporter (as
 //! `server --metrics` does), drives echo and lambda load plus a refused connect, scrapes
 //! `/metrics` with curl while the load runs and once it is over, and checks the counters
-//! against what it did.
+//! against what it did (the lambda module cache's loads and evictions too). Then it
+//! provokes what the error and stall counters count: a burst of one-way messages
+//! outrunning a slow service (the sender waits for credits), and a lambda whose input
+//! region lacks remote read access (the server's READ fails with a remote access error
+//! and its connection's receives are flushed).
 
 use std::net::{SocketAddr, TcpListener};
 use std::process::Command;
@@ -10,7 +14,9 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rdmactor::runtime::{Client, NodeConfig, Server};
+use rdmactor::runtime::{
+    Client, Message, NodeConfig, PeerInfo, Server, Service, Session, SessionCx, SessionError,
+};
 use rdmactor::verbs::Access;
 use rdmactor_services::echo::Echo;
 use rdmactor_services::lambda::{
@@ -77,6 +83,29 @@ fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
         })
 }
 
+/// One-way messages in the burst sent to the slow service: several times the
+/// connection's credits (`NodeConfig::recv_depth`, 16), fewer than its send queue (64),
+/// so only credits hold the sender back.
+const BURST: usize = 48;
+
+/// A service that takes a millisecond over each one-way message and answers nothing: a
+/// sender's burst outruns it, so the sender runs out of credits and waits.
+struct SlowSink(Arc<AtomicUsize>);
+
+impl Service for SlowSink {
+    fn session(&self, _peer: &PeerInfo) -> Box<dyn Session> {
+        Box::new(SlowSink(self.0.clone()))
+    }
+}
+
+impl Session for SlowSink {
+    fn on_message(&mut self, _cx: &mut SessionCx<'_>, _msg: Message) -> Result<(), SessionError> {
+        thread::sleep(Duration::from_millis(1));
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
 fn server_echo(text: &str, name: &str) -> f64 {
     value(text, name, &[("side", "server"), ("service", "echo")]).unwrap_or(0.0)
 }
@@ -104,9 +133,11 @@ fn counters_match_what_the_test_did() {
             },
             ..LambdaConfig::default()
         };
+        let sunk = Arc::new(AtomicUsize::new(0));
         let server = Server::builder()
             .listen(test_addr(), None)
             .service("echo", Echo)
+            .service("slow", SlowSink(sunk.clone()))
             .service("lambda", LambdaService::new(sandbox, natives, config))
             .start()
             .expect("server");
@@ -244,8 +275,36 @@ fn counters_match_what_the_test_did() {
                 "lambda runs with outcome {outcome}"
             );
         }
+        // Three modules uploaded, each compiled once and held by the lambda connection.
+        let loads = |text: &str, result| {
+            value(
+                text,
+                "rdmactor_lambda_module_loads_total",
+                &[("result", result)],
+            )
+        };
+        assert_eq!(loads(&text, "compiled"), Some(3.0));
+        assert_eq!(
+            (loads(&text, "cached"), loads(&text, "refused")),
+            (None, None)
+        );
+        assert_eq!(
+            value(&text, "rdmactor_lambda_module_evictions_total", &[]),
+            None
+        );
         assert!(value(&text, "rdmactor_cq_poll_batch_count", &[]).unwrap_or(0.0) > 0.0);
-        assert!(value(&text, "rdmactor_echo_seconds_count", &[]) == Some(requests));
+        assert!(value(&text, "rdmactor_echo_handling_seconds_count", &[]) == Some(requests));
+        // No access error so far, and nothing waited: every request waited for its reply.
+        // (The refused connect's receives were flushed: that is counted, see below.)
+        let completion_errors = |text: &str, status| {
+            value(
+                text,
+                "rdmactor_completion_errors_total",
+                &[("status", status)],
+            )
+        };
+        assert_eq!(completion_errors(&text, "RemoteAccessError"), None);
+        assert_eq!(value(&text, "rdmactor_send_stalls_total", &[]), None);
 
         // While the load ran, a scrape saw the connections open and part of the work.
         let during = std::mem::take(&mut *during.lock().unwrap());
@@ -259,6 +318,83 @@ fn counters_match_what_the_test_did() {
             "no scrape caught the load in progress ({} scrapes)",
             during.len()
         );
+
+        // A burst outrunning a slow service: the sender stalls on credits, and every
+        // message still arrives.
+        let slow = client.connect(addr, "slow").await.expect("connect slow");
+        slow.send_all((0..BURST).map(|i| vec![i as u8; 32]).collect())
+            .await
+            .expect("the burst");
+        eventually(
+            "the slow service to take the burst",
+            Duration::from_secs(30),
+            || async { sunk.load(Ordering::Relaxed) == BURST },
+        )
+        .await;
+        let text = scrape(metrics);
+        let stalls = value(&text, "rdmactor_send_stalls_total", &[]).unwrap_or(0.0);
+        println!("{BURST} one-way messages to a slow service: {stalls} send stalls");
+        assert!(stalls >= 1.0, "no send stall counted");
+        assert_eq!(
+            value(
+                &text,
+                "rdmactor_messages_in_total",
+                &[("side", "server"), ("service", "slow")]
+            ),
+            Some(BURST as f64)
+        );
+        let flushed_before = completion_errors(&text, "WrFlushError").unwrap_or(0.0);
+        println!("flushed before the access error: {flushed_before}");
+        assert_eq!(completion_errors(&text, "RemoteAccessError"), None);
+
+        // A lambda whose input the server may not READ: that READ fails with a remote
+        // access error (exactly one), the server closes that connection, and the
+        // receives it had posted come back flushed. The other connections are untouched.
+        let careless = client.connect(addr, "lambda").await.expect("connect");
+        let local_only = client.register(64, Access::LOCAL_WRITE).unwrap();
+        let inv = Invocation {
+            input: local_only.remote(),
+            ..invocation(LambdaRef::Module(checksum))
+        };
+        let e = lambda::invoke(&careless, &inv).await.unwrap_err();
+        println!("lambda over a region without remote read: {e}");
+        assert_eq!(e.kind(), None, "expected the connection to close: {e}");
+        eventually(
+            "the flushed receives to be counted",
+            Duration::from_secs(10),
+            || async {
+                value(
+                    &scrape(metrics),
+                    "rdmactor_completion_errors_total",
+                    &[("status", "WrFlushError")],
+                )
+                .is_some()
+            },
+        )
+        .await;
+        let text = scrape(metrics);
+        let errors = |status| {
+            value(
+                &text,
+                "rdmactor_completion_errors_total",
+                &[("status", status)],
+            )
+        };
+        println!(
+            "completion errors: RemoteAccessError {:?}, WrFlushError {:?}",
+            errors("RemoteAccessError"),
+            errors("WrFlushError")
+        );
+        assert_eq!(errors("RemoteAccessError"), Some(1.0));
+        assert!(errors("WrFlushError").is_some_and(|n| n >= 1.0));
+        assert_eq!(
+            server_echo(&text, "rdmactor_connections_open"),
+            CONNECTIONS as f64,
+            "the echo connections stay open"
+        );
+        careless.close().await;
+        slow.close().await;
+        drop(local_only);
 
         // Closed: the gauge is back to zero and each lifetime was recorded.
         for conn in conns {
@@ -275,6 +411,20 @@ fn counters_match_what_the_test_did() {
             server_echo(&text, "rdmactor_connection_lifetime_seconds_count"),
             CONNECTIONS as f64
         );
+        // The lambda connection's modules left the cache with it (its session, and with
+        // it its hold on the cache, is dropped as the connection is torn down).
+        eventually(
+            "the lambda modules to leave the cache",
+            Duration::from_secs(10),
+            || async {
+                value(
+                    &scrape(metrics),
+                    "rdmactor_lambda_module_evictions_total",
+                    &[],
+                ) == Some(3.0)
+            },
+        )
+        .await;
         drop((input, output));
         client.shutdown().await;
         server.shutdown().await;

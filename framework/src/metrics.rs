@@ -26,7 +26,9 @@
 //! | `rdmactor_file_transfers_total` | counter | result (`good`, `bad`) | finished uploads, by hash verdict |
 //! | `rdmactor_file_transfer_bytes_total` | counter | result | their bytes |
 //! | `rdmactor_lambda_runs_total` | counter | kind (`module`, `native`), outcome | lambda invocations by result (`ok`, `trap`, `out_of_fuel`, `timeout`, `memory_limit`, `error`) |
-//! | `rdmactor_echo_seconds` | histogram | | echo service: from a request's delivery to its reply being queued |
+//! | `rdmactor_lambda_module_loads_total` | counter | result (`cached`, `compiled`, `refused`) | lambda module uploads: already compiled (now held for the client too), compiled, or refused (invalid, too large, no room) |
+//! | `rdmactor_lambda_module_evictions_total` | counter | | compiled modules that left the lambda cache: evicted for a client's quota or the cache's bounds, or let go by their last holder (its connection closed) |
+//! | `rdmactor_echo_handling_seconds` | histogram | | echo service: the server's handling time only, from a request's delivery to its reply being queued (not the client's round trip, which the server cannot see) |
 //!
 //! `side` is `server` or `client`: one process may be both (the integration tests are).
 
@@ -168,7 +170,21 @@ pub fn lambda_run(kind: &'static str, outcome: &'static str) {
     counter!("rdmactor_lambda_runs_total", "kind" => kind, "outcome" => outcome).increment(1);
 }
 
-/// The echo service answered a request `since` it was delivered.
+/// The echo service answered a request `since` it was delivered: its handling time on
+/// the server, not a round trip.
 pub fn echo_handled(since: Instant) {
-    histogram!("rdmactor_echo_seconds").record(since.elapsed().as_secs_f64());
+    histogram!("rdmactor_echo_handling_seconds").record(since.elapsed().as_secs_f64());
+}
+
+/// A lambda module upload ended: `result` is `cached` (compiled before: now held for
+/// this client too), `compiled` or `refused`.
+pub fn lambda_module_load(result: &'static str) {
+    counter!("rdmactor_lambda_module_loads_total", "result" => result).increment(1);
+}
+
+/// `n` compiled modules left the lambda module cache.
+pub fn lambda_modules_evicted(n: u64) {
+    if n > 0 {
+        counter!("rdmactor_lambda_module_evictions_total").increment(n);
+    }
 }

@@ -10,7 +10,7 @@ use rdmactor::runtime::{PeerInfo, Service, Session};
 use super::config::LambdaConfig;
 use super::job::Invocations;
 use super::native::NativeLambdas;
-use super::sandbox::Sandbox;
+use super::sandbox::{Sandbox, SandboxClient};
 use super::session::LambdaSession;
 
 /// The `lambda` service: clients upload WebAssembly modules and invoke them, or native
@@ -85,7 +85,7 @@ impl Service for LambdaService {
     fn session(&self, _peer: &PeerInfo) -> Box<dyn Session> {
         Box::new(LambdaSession::new(
             Invocations::new(self.config),
-            self.sandbox.clone(),
+            Arc::new(SandboxClient::new(self.sandbox.clone())),
             self.natives.clone(),
             JobSlots {
                 running: self.running.clone(),

@@ -10,7 +10,7 @@ use rdmactor::verbs::Access;
 
 use super::job::{Action, Invocations, Outcome, Work};
 use super::native::NativeLambdas;
-use super::sandbox::{LambdaError, Sandbox};
+use super::sandbox::{LambdaError, SandboxClient};
 use super::service::JobSlots;
 use super::wire::LambdaRequest;
 
@@ -29,7 +29,9 @@ enum PendingOp {
 
 pub(super) struct LambdaSession {
     core: Invocations,
-    sandbox: Arc<Sandbox>,
+    /// This connection's handle on the sandbox (its own module-cache quota); job threads
+    /// share it, so its holds end once the session and its last job are gone.
+    sandbox: Arc<SandboxClient>,
     natives: Arc<NativeLambdas>,
     slots: JobSlots,
     ops: HashMap<OpId, PendingOp>,
@@ -40,7 +42,7 @@ pub(super) struct LambdaSession {
 impl LambdaSession {
     pub(super) fn new(
         core: Invocations,
-        sandbox: Arc<Sandbox>,
+        sandbox: Arc<SandboxClient>,
         natives: Arc<NativeLambdas>,
         slots: JobSlots,
     ) -> Self {
@@ -151,7 +153,7 @@ impl LambdaSession {
                 let outcome = match work {
                     Work::Load(module) => Outcome::Loaded(sandbox.load(&module)),
                     Work::Module(hash, limits) => {
-                        Outcome::Ran(counted("module", sandbox.run_owned(&hash, input, &limits)))
+                        Outcome::Ran(counted("module", sandbox.run(&hash, &input, &limits)))
                     }
                     Work::Native(name) => {
                         Outcome::Ran(counted("native", natives.run(&name, &input)))

@@ -56,23 +56,31 @@ fn fuel_per_second(sandbox: &Sandbox) -> u64 {
 #[test]
 fn checksum_matches_native() {
     let sandbox = Sandbox::new();
-    let hash = sandbox.load(&example("checksum")).unwrap();
+    let words = sandbox.load(&example("checksum")).unwrap();
+    let bytewise = sandbox.load(&example("checksum_bytes")).unwrap();
     for input in [
         Vec::new(),
         b"a".to_vec(),
         b"foobar".to_vec(),
         bytes(7),
+        // The module hashes 32 bytes per loop iteration, then the rest byte by byte.
+        bytes(31),
+        bytes(32),
+        bytes(33),
+        bytes(1_000_003),
         bytes(65_536),
         bytes(200_000),
         bytes(1 << 20),
     ] {
-        let output = sandbox.run(&hash, &input, &limits()).unwrap();
-        assert_eq!(
-            output,
-            checksum_native(&input),
-            "input of {} bytes",
-            input.len()
-        );
+        for hash in [words, bytewise] {
+            let output = sandbox.run(&hash, &input, &limits()).unwrap();
+            assert_eq!(
+                output,
+                checksum_native(&input),
+                "input of {} bytes",
+                input.len()
+            );
+        }
     }
 }
 
@@ -611,4 +619,138 @@ fn lambda_timing_checksum_1mib() {
         1.048576e6 / native.as_secs_f64() / 1e6,
         wasm.as_secs_f64() / native.as_secs_f64()
     );
+}
+
+/// A distinct module per `n`: its output is `n` zero bytes.
+fn numbered(n: u32) -> Vec<u8> {
+    wasm(&format!(
+        r#"(module
+            (memory (export "memory") 1)
+            (func (export "alloc") (param i32) (result i32) (i32.const 0))
+            (func (export "run") (param i32 i32) (result i64) (i64.const {n})))"#
+    ))
+}
+
+fn quota_sandbox(per_client: usize, in_all: usize) -> Arc<Sandbox> {
+    Arc::new(Sandbox::with_config(SandboxConfig {
+        max_cached_modules: in_all,
+        max_modules_per_client: per_client,
+        ..SandboxConfig::default()
+    }))
+}
+
+/// A client loading past its quota lets go of its own least recently used module (a run
+/// counts as a use), never another client's.
+#[test]
+fn each_client_evicts_only_its_own_modules() {
+    let sandbox = quota_sandbox(2, 4);
+    let a = SandboxClient::new(sandbox.clone());
+    let b = SandboxClient::new(sandbox.clone());
+    let a1 = a.load(&numbered(1)).unwrap();
+    let a2 = a.load(&numbered(2)).unwrap();
+    let b3 = b.load(&numbered(3)).unwrap();
+    let b4 = b.load(&numbered(4)).unwrap();
+    // b3 is used, so b4 is b's least recently used when b loads a third module.
+    assert_eq!(b.run(&b3, b"", &limits()).unwrap(), [0; 3]);
+    let b5 = b.load(&numbered(5)).unwrap();
+    assert_eq!((a.held(), b.held(), sandbox.cached_modules()), (2, 2, 4));
+    assert!(a.holds(&a1) && a.holds(&a2) && b.holds(&b3) && b.holds(&b5));
+    assert!(!sandbox.contains(&b4));
+    assert_eq!(sandbox.evictions(), 1);
+    assert_eq!(
+        b.run(&b4, b"", &limits()),
+        Err(LambdaError::UnknownLambda(b4.to_string()))
+    );
+    // a's modules were never touched: loading them again compiles nothing.
+    assert_eq!(sandbox.compilations(), 5);
+    assert_eq!(a.load(&numbered(1)).unwrap(), a1);
+    assert_eq!(sandbox.compilations(), 5);
+    assert_eq!(a.run(&a2, b"", &limits()).unwrap(), [0; 2]);
+    // A client's holds end with it.
+    drop(b);
+    assert_eq!(sandbox.cached_modules(), 2);
+    assert!(!sandbox.contains(&b3) && !sandbox.contains(&b5));
+}
+
+/// A module two clients hold counts against each one's quota, and stays cached until
+/// both have let go of it.
+#[test]
+fn a_shared_module_stays_until_every_holder_lets_go() {
+    let sandbox = quota_sandbox(2, 8);
+    let a = SandboxClient::new(sandbox.clone());
+    let b = SandboxClient::new(sandbox.clone());
+    let shared = a.load(&numbered(1)).unwrap();
+    assert_eq!(b.load(&numbered(1)).unwrap(), shared);
+    assert_eq!(sandbox.compilations(), 1);
+    assert_eq!((a.held(), b.held(), sandbox.cached_modules()), (1, 1, 1));
+    // b loads two more: over its quota of 2, it lets go of the shared module, which a
+    // still holds.
+    b.load(&numbered(2)).unwrap();
+    b.load(&numbered(3)).unwrap();
+    assert!(!b.holds(&shared) && a.holds(&shared) && sandbox.contains(&shared));
+    assert_eq!(sandbox.evictions(), 0);
+    drop(a);
+    assert!(!sandbox.contains(&shared));
+    assert_eq!(sandbox.evictions(), 1);
+}
+
+/// When the cache is at its bounds with other clients' modules, a client holding nothing
+/// is refused instead of evicting them.
+#[test]
+fn a_full_cache_refuses_rather_than_evicting_others() {
+    let sandbox = quota_sandbox(2, 4);
+    let a = SandboxClient::new(sandbox.clone());
+    let b = SandboxClient::new(sandbox.clone());
+    let c = SandboxClient::new(sandbox.clone());
+    for n in 1..=2 {
+        a.load(&numbered(n)).unwrap();
+        b.load(&numbered(10 + n)).unwrap();
+    }
+    assert!(matches!(
+        c.load(&numbered(20)),
+        Err(LambdaError::CacheTaken { modules: 4, .. })
+    ));
+    assert_eq!(
+        (sandbox.cached_modules(), a.held(), b.held(), c.held()),
+        (4, 2, 2, 0)
+    );
+    // A module already cached costs the cache nothing: c may hold it.
+    c.load(&numbered(1)).unwrap();
+    assert_eq!(c.held(), 1);
+    drop(a);
+    c.load(&numbered(20)).unwrap();
+    assert_eq!((sandbox.cached_modules(), c.held()), (4, 2));
+}
+
+/// The byte quota: a client whose quota holds one compiled module keeps only its newest,
+/// and a module bigger than its quota alone is refused.
+#[test]
+fn the_byte_quota_per_client() {
+    let probe = Sandbox::new();
+    probe.load(&numbered(1)).unwrap();
+    let cost = probe.cached_bytes();
+    let sandbox = Arc::new(Sandbox::with_config(SandboxConfig {
+        max_bytes_per_client: cost * 3 / 2,
+        ..SandboxConfig::default()
+    }));
+    let a = SandboxClient::new(sandbox.clone());
+    let b = SandboxClient::new(sandbox.clone());
+    let first = a.load(&numbered(1)).unwrap();
+    let other = b.load(&numbered(2)).unwrap();
+    let second = a.load(&numbered(3)).unwrap();
+    assert!(!sandbox.contains(&first) && a.holds(&second) && b.holds(&other));
+    // The same module as `first`'s plus a data segment as large as the whole quota.
+    let padded = wasm(&format!(
+        r#"(module
+            (memory (export "memory") 1)
+            (data (i32.const 0) "{}")
+            (func (export "alloc") (param i32) (result i32) (i32.const 0))
+            (func (export "run") (param i32 i32) (result i64) (i64.const 1)))"#,
+        "x".repeat(cost * 3 / 2)
+    ));
+    assert!(matches!(
+        a.load(&padded),
+        Err(LambdaError::CacheFull { limit, .. }) if limit == cost * 3 / 2
+    ));
+    assert!(a.holds(&second));
 }

@@ -136,7 +136,9 @@ impl From<&LambdaError> for FailureKind {
             LambdaError::ModuleTooLarge { .. } => FailureKind::ModuleTooLarge,
             LambdaError::ImportsNotAllowed(_) => FailureKind::ImportsNotAllowed,
             LambdaError::MissingExport(_) => FailureKind::MissingExport,
-            LambdaError::CacheFull { .. } => FailureKind::CacheFull,
+            LambdaError::CacheFull { .. } | LambdaError::CacheTaken { .. } => {
+                FailureKind::CacheFull
+            }
             LambdaError::UnknownLambda(_) => FailureKind::UnknownLambda,
             LambdaError::Busy { .. } => FailureKind::Busy,
             LambdaError::InputTooLarge { .. } => FailureKind::InputTooLarge,
@@ -203,6 +205,13 @@ mod tests {
                 FailureKind::Timeout,
             ),
             (LambdaError::GuestError(-1), FailureKind::GuestError),
+            (
+                LambdaError::CacheTaken {
+                    modules: 4,
+                    bytes: 8,
+                },
+                FailureKind::CacheFull,
+            ),
         ];
         for (e, kind) in cases {
             let f = Failure::from(&e);

@@ -25,13 +25,31 @@ pub enum LambdaError {
     #[error("missing or mistyped export: {0}")]
     MissingExport(String),
     /// The compiled module alone is larger than the whole module cache
-    /// ([`SandboxConfig::max_cached_bytes`](super::SandboxConfig::max_cached_bytes)); smaller modules evict older ones instead.
-    #[error("compiled module of {len} bytes does not fit the module cache of {limit} bytes")]
+    /// ([`SandboxConfig::max_cached_bytes`](super::SandboxConfig::max_cached_bytes)) or
+    /// than one client's share of it
+    /// ([`SandboxConfig::max_bytes_per_client`](super::SandboxConfig::max_bytes_per_client));
+    /// smaller modules evict the loader's older ones instead.
+    #[error(
+        "compiled module of {len} bytes does not fit the module cache's limit of {limit} bytes"
+    )]
     CacheFull {
         /// Bytes the module would take in the cache (its Wasm plus its machine code).
         len: usize,
         /// The configured limit.
         limit: usize,
+    },
+    /// The module cache is at its bounds with other clients' modules, each within its
+    /// quota, and the loading client holds none it could let go of. Other clients'
+    /// modules are never evicted for it.
+    #[error(
+        "the module cache is full of other clients' modules (at most {modules} modules in \
+         {bytes} bytes)"
+    )]
+    CacheTaken {
+        /// [`SandboxConfig::max_cached_modules`](super::SandboxConfig::max_cached_modules).
+        modules: usize,
+        /// [`SandboxConfig::max_cached_bytes`](super::SandboxConfig::max_cached_bytes).
+        bytes: usize,
     },
     /// No module with this hash was loaded, or no native lambda has this name.
     #[error("unknown lambda {0}")]

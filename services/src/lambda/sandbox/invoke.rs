@@ -1,13 +1,32 @@
 //! One invocation in a fresh store: instantiate, `alloc`, copy the input in, `run`, copy
 //! the output out; and the translation of wasmtime's errors into [`LambdaError`]s.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use wasmtime::{Engine, Instance, Store, Trap, TypedFunc, UpdateDeadline};
 
 use super::cache::Compiled;
 use super::limits::GuestLimiter;
 use super::{LambdaError, Limits, Result, EXPORT_ALLOC, EXPORT_MEMORY, EXPORT_RUN};
+
+/// Where one invocation's time went, for benchmarks (`examples/lambda_bench.rs`): the
+/// sandbox's own costs (instantiation, copies) apart from the guest's code.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Phases {
+    /// Store set-up and instantiation (a pooled instance slot, memory reset).
+    pub instantiate: Duration,
+    /// `alloc` and copying the input into linear memory.
+    pub copy_in: Duration,
+    /// The guest's `run`.
+    pub run: Duration,
+    /// Checking and copying the output out.
+    pub copy_out: Duration,
+    /// Dropping the store: the instance goes back to the pool, its memory is reset.
+    pub teardown: Duration,
+    /// The whole of [`Sandbox::run`](super::Sandbox::run): the phases above plus the
+    /// cache lookup, the worker slot and the epoch ticker's start.
+    pub total: Duration,
+}
 
 /// What the store carries for the host: the limiter and whether the deadline passed.
 struct Host {
@@ -23,7 +42,9 @@ pub(super) fn invoke(
     input: &[u8],
     limits: &Limits,
     deadline: Instant,
+    phases: &mut Phases,
 ) -> Result<Vec<u8>> {
+    let start = Instant::now();
     if input.len() > limits.max_memory_bytes {
         return Err(LambdaError::InputTooLarge {
             len: input.len(),
@@ -70,6 +91,8 @@ pub(super) fn invoke(
         .get_typed_func(&mut store, EXPORT_RUN)
         .map_err(|_| missing(EXPORT_RUN))?;
 
+    let instantiated = Instant::now();
+    phases.instantiate = instantiated - start;
     let len = i32::try_from(input.len()).map_err(|_| LambdaError::InputTooLarge {
         len: input.len(),
         limit: i32::MAX as usize,
@@ -83,9 +106,13 @@ pub(super) fn invoke(
                 memory.data_size(&store)
             ))
         })?;
+    let copied = Instant::now();
+    phases.copy_in = copied - instantiated;
     let packed = run
         .call(&mut store, (ptr, len))
         .map_err(|e| fail(&store, e))?;
+    let ran = Instant::now();
+    phases.run = ran - copied;
     if packed < 0 {
         return Err(LambdaError::GuestError(packed));
     }
@@ -98,7 +125,7 @@ pub(super) fn invoke(
         });
     }
     let data = memory.data(&store);
-    out_ptr
+    let output = out_ptr
         .checked_add(out_len)
         .and_then(|end| data.get(out_ptr..end))
         .map(<[u8]>::to_vec)
@@ -107,7 +134,12 @@ pub(super) fn invoke(
                 "run returned {out_len} bytes at {out_ptr}, but memory has {} bytes",
                 data.len()
             ))
-        })
+        });
+    let copied_out = Instant::now();
+    phases.copy_out = copied_out - ran;
+    drop(store);
+    phases.teardown = copied_out.elapsed();
+    output
 }
 
 /// Turns an error from instantiation or a call into a [`LambdaError`]. The store's own

@@ -61,6 +61,12 @@ pub struct SandboxConfig {
     /// Most bytes the cached modules may take (each counts its Wasm bytes plus its
     /// compiled machine code); loading past it evicts the least recently used.
     pub max_cached_bytes: usize,
+    /// Most modules one client (connection) keeps cached; loading one more lets go of its
+    /// own least recently used (see [`SandboxClient`](super::SandboxClient)).
+    pub max_modules_per_client: usize,
+    /// Most bytes one client's cached modules may take (counted like
+    /// `max_cached_bytes`); loading past it lets go of its own least recently used.
+    pub max_bytes_per_client: usize,
     /// Most invocations running at once ([`Busy`](super::LambdaError::Busy) beyond it);
     /// also the number of instance slots the sandbox reserves (address space only).
     pub max_workers: usize,
@@ -71,13 +77,16 @@ pub struct SandboxConfig {
 }
 
 impl Default for SandboxConfig {
-    /// 8 MiB modules, 1024 cached modules in at most 256 MiB, 64 workers, 4 MiB kept
-    /// resident per worker slot.
+    /// 8 MiB modules, 1024 cached modules in at most 256 MiB, 16 modules in at most
+    /// 32 MiB per client (64 clients at their quota fill the cache), 64 workers, 4 MiB
+    /// kept resident per worker slot.
     fn default() -> Self {
         Self {
             max_module_bytes: 8 << 20,
             max_cached_modules: 1024,
             max_cached_bytes: 256 << 20,
+            max_modules_per_client: 16,
+            max_bytes_per_client: 32 << 20,
             max_workers: 64,
             keep_resident_bytes: 4 << 20,
         }

@@ -7,6 +7,7 @@
 //! the wall clock), [`invoke`] (one invocation).
 
 mod cache;
+mod client;
 mod clock;
 mod error;
 mod invoke;
@@ -24,10 +25,12 @@ use wasmtime::{
 };
 
 pub use cache::ModuleHash;
+pub use client::SandboxClient;
 pub use error::{LambdaError, Result};
+pub use invoke::Phases;
 pub use limits::{Limits, SandboxConfig};
 
-use cache::{Compiled, ModuleCache};
+use cache::{ClientId, Compiled, ModuleCache, Quota};
 use clock::EpochTicker;
 
 /// Exported linear memory, per the ABI.
@@ -52,6 +55,8 @@ pub struct Sandbox {
     compiling: Mutex<()>,
     compilations: AtomicU64,
     evictions: AtomicU64,
+    /// The next [`SandboxClient`]'s id (0 is the application's).
+    next_client: AtomicU64,
     running: Arc<AtomicUsize>,
     ticker: EpochTicker,
 }
@@ -111,6 +116,16 @@ impl Sandbox {
             .wasm_multi_memory(false)
             // Traps are reported by kind; nobody reads guest backtraces.
             .wasm_backtrace_max_frames(None);
+        // Explicit bounds checks in the compiled code instead of guard pages and a
+        // signal handler. With guard pages, wasmtime changes the protection of a pooled
+        // slot twice per invocation (shrinking it back to the module's initial size at
+        // instantiation, growing it when `alloc` grows memory), and each `mprotect`
+        // flushes the TLB: under the test VM's emulated CPU that cost 0.3 to 0.6 ms per
+        // invocation, a third of the whole 1 MiB checksum. Without guard pages the slot
+        // stays accessible between invocations (its contents are still reset) and the
+        // guest pays a compare per load instead, which modules that load 64 bits at a
+        // time (like `examples/lambdas/checksum.wat`) barely notice.
+        wasm.signals_based_traps(false).memory_guard_size(0);
         let engine = Engine::new(&wasm).expect("a wasmtime engine for this host");
         let ticker = EpochTicker::start(engine.clone()).expect("the lambda epoch thread");
         Self {
@@ -119,10 +134,15 @@ impl Sandbox {
             cache: Mutex::new(ModuleCache::new(
                 config.max_cached_modules,
                 config.max_cached_bytes,
+                Quota {
+                    modules: config.max_modules_per_client,
+                    bytes: config.max_bytes_per_client,
+                },
             )),
             compiling: Mutex::new(()),
             compilations: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
+            next_client: AtomicU64::new(1),
             running: Arc::new(AtomicUsize::new(0)),
             ticker,
         }
@@ -138,6 +158,8 @@ impl Sandbox {
     }
 
     /// Validates and compiles a module, or finds it in the cache, and returns its hash.
+    /// The module is the application's: it counts against the whole cache's bounds but no
+    /// client's quota (clients load through [`SandboxClient::load`]).
     ///
     /// Compiling takes time (milliseconds for the examples, more for big modules): call
     /// this from a thread that may block, never from a poller (the lambda service loads
@@ -149,8 +171,31 @@ impl Sandbox {
     /// [`ModuleTooLarge`](LambdaError::ModuleTooLarge),
     /// [`InvalidModule`](LambdaError::InvalidModule),
     /// [`ImportsNotAllowed`](LambdaError::ImportsNotAllowed),
-    /// [`MissingExport`](LambdaError::MissingExport), [`CacheFull`](LambdaError::CacheFull).
+    /// [`MissingExport`](LambdaError::MissingExport), [`CacheFull`](LambdaError::CacheFull),
+    /// [`CacheTaken`](LambdaError::CacheTaken).
     pub fn load(&self, bytes: &[u8]) -> Result<ModuleHash> {
+        self.load_for(ClientId::APPLICATION, bytes)
+    }
+
+    fn load_for(&self, client: ClientId, bytes: &[u8]) -> Result<ModuleHash> {
+        let mut compiled = false;
+        let loaded = self.compile_or_hold(client, bytes, &mut compiled);
+        rdmactor::metrics::lambda_module_load(match (&loaded, compiled) {
+            (Err(_), _) => "refused",
+            (Ok(_), true) => "compiled",
+            (Ok(_), false) => "cached",
+        });
+        loaded
+    }
+
+    /// [`load_for`](Self::load_for) without the counting; `compiled` says whether it
+    /// compiled the module.
+    fn compile_or_hold(
+        &self,
+        client: ClientId,
+        bytes: &[u8],
+        compiled: &mut bool,
+    ) -> Result<ModuleHash> {
         if bytes.len() > self.config.max_module_bytes {
             return Err(LambdaError::ModuleTooLarge {
                 len: bytes.len(),
@@ -158,7 +203,7 @@ impl Sandbox {
             });
         }
         let hash = ModuleHash::of(bytes);
-        if self.cache().get(&hash).is_some() {
+        if self.hold_cached(client, &hash)? {
             return Ok(hash);
         }
         let _compiling = self
@@ -166,25 +211,30 @@ impl Sandbox {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         // Someone may have compiled it while we waited for the lock.
-        if self.cache().get(&hash).is_some() {
+        if self.hold_cached(client, &hash)? {
             return Ok(hash);
         }
         self.compilations.fetch_add(1, Ordering::Relaxed);
         refuse_start_function(bytes)?;
         let module = Module::from_binary(&self.engine, bytes)
             .map_err(|e| LambdaError::InvalidModule(format!("{e:#}")))?;
-        let compiled = check_abi(module, bytes.len())?;
-        let mut cache = self.cache();
-        if compiled.cost > cache.max_bytes() {
-            return Err(LambdaError::CacheFull {
-                len: compiled.cost,
-                limit: cache.max_bytes(),
-            });
-        }
-        tracing::debug!(%hash, len = bytes.len(), cost = compiled.cost, "compiled lambda module");
-        let evicted = cache.insert(hash, compiled);
-        self.evictions.fetch_add(evicted as u64, Ordering::Relaxed);
+        let module = check_abi(module, bytes.len())?;
+        tracing::debug!(%hash, len = bytes.len(), cost = module.cost, ?client, "compiled lambda module");
+        let evicted = self.cache().insert(client, hash, module)?;
+        *compiled = true;
+        self.evicted(evicted);
         Ok(hash)
+    }
+
+    /// If the module is cached, makes `client` hold it and returns `true`.
+    fn hold_cached(&self, client: ClientId, hash: &ModuleHash) -> Result<bool> {
+        match self.cache().hold(client, hash) {
+            None => Ok(false),
+            Some(held) => {
+                self.evicted(held?);
+                Ok(true)
+            }
+        }
     }
 
     /// `true` if a module with this hash is loaded.
@@ -196,6 +246,23 @@ impl Sandbox {
     /// their own reference and finish normally.
     pub fn unload(&self, hash: &ModuleHash) -> bool {
         self.cache().remove(hash)
+    }
+
+    /// Modules `client` holds in the cache.
+    fn held_by(&self, client: ClientId) -> usize {
+        self.cache().held_by(client)
+    }
+
+    /// Ends every hold of `client`; modules nobody else holds leave the cache.
+    fn release(&self, client: ClientId) {
+        let evicted = self.cache().release(client);
+        self.evicted(evicted);
+    }
+
+    /// Counts modules that left the cache.
+    fn evicted(&self, n: usize) {
+        self.evictions.fetch_add(n as u64, Ordering::Relaxed);
+        rdmactor::metrics::lambda_modules_evicted(n as u64);
     }
 
     /// Modules in the cache.
@@ -214,7 +281,8 @@ impl Sandbox {
         self.compilations.load(Ordering::Relaxed)
     }
 
-    /// Modules evicted from the cache so far to stay within its bounds.
+    /// Modules that left the cache so far: evicted to stay within its bounds or a
+    /// client's quota, or let go by every client that held them.
     pub fn evictions(&self) -> u64 {
         self.evictions.load(Ordering::Relaxed)
     }
@@ -222,6 +290,18 @@ impl Sandbox {
     /// Invocations running now.
     pub fn running_workers(&self) -> usize {
         self.running.load(Ordering::Relaxed)
+    }
+
+    /// The machine code this sandbox compiles `bytes` to, as the ELF object wasmtime
+    /// produces (`objdump -d` reads it): to see what Cranelift emits for a guest.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidModule`](LambdaError::InvalidModule) if the bytes do not compile.
+    pub fn precompile(&self, bytes: &[u8]) -> Result<Vec<u8>> {
+        self.engine
+            .precompile_module(bytes)
+            .map_err(|e| LambdaError::InvalidModule(format!("{e:#}")))
     }
 
     /// Runs a loaded module on `input`, on the calling thread, and returns its output.
@@ -234,17 +314,55 @@ impl Sandbox {
     /// (never loaded, or evicted since), [`Busy`](LambdaError::Busy), and any error the
     /// guest causes: see [`LambdaError`].
     pub fn run(&self, hash: &ModuleHash, input: &[u8], limits: &Limits) -> Result<Vec<u8>> {
-        let deadline = Instant::now() + limits.wall_clock;
+        self.run_for(
+            ClientId::APPLICATION,
+            hash,
+            input,
+            limits,
+            &mut Phases::default(),
+        )
+    }
+
+    /// [`run`](Sandbox::run), recording in `phases` where the time went (for benchmarks).
+    ///
+    /// # Errors
+    ///
+    /// As [`run`](Sandbox::run).
+    pub fn run_with_phases(
+        &self,
+        hash: &ModuleHash,
+        input: &[u8],
+        limits: &Limits,
+        phases: &mut Phases,
+    ) -> Result<Vec<u8>> {
+        self.run_for(ClientId::APPLICATION, hash, input, limits, phases)
+    }
+
+    /// Runs `hash` for `client`: a run marks the module as just used in the client's own
+    /// holds (if it holds it), so that the module is the last of them to be let go.
+    fn run_for(
+        &self,
+        client: ClientId,
+        hash: &ModuleHash,
+        input: &[u8],
+        limits: &Limits,
+        phases: &mut Phases,
+    ) -> Result<Vec<u8>> {
+        let start = Instant::now();
+        let deadline = start + limits.wall_clock;
         let compiled = self
             .cache()
-            .get(hash)
+            .get(client, hash)
             .ok_or_else(|| LambdaError::UnknownLambda(hash.to_string()))?;
         let _worker = WorkerSlot::claim(&self.running, self.config.max_workers)?;
-        let _ticking = self.ticker.running();
-        panic::catch_unwind(AssertUnwindSafe(|| {
-            invoke::invoke(&self.engine, &compiled, input, limits, deadline)
+        let ticking = self.ticker.running();
+        let output = panic::catch_unwind(AssertUnwindSafe(|| {
+            invoke::invoke(&self.engine, &compiled, input, limits, deadline, phases)
         }))
-        .unwrap_or_else(|panic| Err(LambdaError::Trap(panic_message(&*panic))))
+        .unwrap_or_else(|panic| Err(LambdaError::Trap(panic_message(&*panic))));
+        drop(ticking);
+        phases.total = start.elapsed();
+        output
     }
 
     /// [`run`](Sandbox::run), taking ownership of the input.
