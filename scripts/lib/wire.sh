@@ -59,7 +59,7 @@ wire_boot() {
     append="$append softroce_run=$run_id/$h softroce_mtu=$mtu softroce_host=$h softroce_ip=$ip"
     # shellcheck disable=SC2054 # qemu option values are comma-separated
     local qemu=(qemu-system-x86_64
-        -accel tcg,thread=multi -cpu max -smp "$smp" -m "$mem"
+        -accel tcg,thread=multi -cpu "$VM_CPU" -smp "$smp" -m "$mem"
         -nodefaults -display none -no-reboot
         -kernel "$kernel_image" -initrd "$initrd" -append "$append"
         -chardev "file,id=con,path=$w/$h/console.log" -serial chardev:con
