@@ -6,9 +6,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use rdmactor::runtime::{
-    Client, Message, NodeConfig, PeerInfo, Server, Service, Session, SessionCx, SessionError,
-};
+use rdmactor::runtime::{Client, NodeConfig, Server};
 use rdmactor_services::echo::Echo;
 use rdmactor_tests::{
     actix_run, assert_released, echo_ok, eventually, pattern, rdma_context, resource_counts, serve,
@@ -78,25 +76,6 @@ fn sigkilled_client_is_torn_down_and_others_keep_being_served() {
     assert_released(&base);
 }
 
-/// A deliberately slow service: each message takes a millisecond of the worker thread.
-struct Slow;
-
-impl Service for Slow {
-    fn session(&self, _peer: &PeerInfo) -> Box<dyn Session> {
-        Box::new(SlowSession)
-    }
-}
-
-struct SlowSession;
-
-impl Session for SlowSession {
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
-        std::thread::sleep(Duration::from_millis(1));
-        let data = msg.data.clone();
-        cx.reply(&msg, data)
-    }
-}
-
 #[test]
 fn flooding_a_slow_service_causes_no_rnr_and_loses_nothing() {
     let Some(_ctx) = rdma_context() else { return };
@@ -112,7 +91,7 @@ fn flooding_a_slow_service_causes_no_rnr_and_loses_nothing() {
         let server = Server::builder()
             .config(no_rnr.clone())
             .listen(test_addr(), None)
-            .service("slow", Slow)
+            .service("slow", rdmactor_tests::Slow)
             .start()
             .expect("server");
         let addr = server.local_addrs()[0];

@@ -8,9 +8,7 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use rdmactor::runtime::{
-    Client, Message, NodeConfig, PeerInfo, Server, Service, Session, SessionCx, SessionError,
-};
+use rdmactor::runtime::{Client, NodeConfig, Server};
 use rdmactor_services::echo::Echo;
 use rdmactor_tests::{
     actix_run, assert_leases_returned, assert_released, pattern, rdma_context, resource_counts,
@@ -25,26 +23,6 @@ fn hw_counter(name: &str) -> u64 {
         .trim()
         .parse()
         .expect("a counter")
-}
-
-/// Answers each request after 1 ms on the poller thread: a receiver slower than its
-/// senders, so only credits keep them from overrunning the shared receive queue.
-struct Slow;
-
-impl Service for Slow {
-    fn session(&self, _peer: &PeerInfo) -> Box<dyn Session> {
-        Box::new(SlowSession)
-    }
-}
-
-struct SlowSession;
-
-impl Session for SlowSession {
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
-        std::thread::sleep(Duration::from_millis(1));
-        let data = msg.data.clone();
-        cx.reply(&msg, data)
-    }
 }
 
 #[test]
@@ -65,7 +43,7 @@ fn two_hundred_senders_flood_a_slow_service_without_rnr_through_shared_receives(
             .config(no_rnr.clone())
             .listen(test_addr(), None)
             .max_connections(400)
-            .service("slow", Slow)
+            .service("slow", rdmactor_tests::Slow)
             .start()
             .expect("server");
         let addr = server.local_addrs()[0];

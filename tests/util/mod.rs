@@ -433,3 +433,28 @@ pub async fn first_close_reason(reasons: &Reasons, within: Duration) -> String {
     let first = reasons.lock().unwrap()[0].clone();
     first
 }
+
+/// A deliberately slow echo service: each message takes a millisecond of the poller
+/// thread, so senders outrun it and only credits keep them from overrunning its
+/// receives.
+pub struct Slow;
+
+impl rdmactor::runtime::Service for Slow {
+    fn session(&self, _peer: &rdmactor::runtime::PeerInfo) -> Box<dyn rdmactor::runtime::Session> {
+        Box::new(SlowSession)
+    }
+}
+
+struct SlowSession;
+
+impl rdmactor::runtime::Session for SlowSession {
+    fn on_message(
+        &mut self,
+        cx: &mut rdmactor::runtime::SessionCx<'_>,
+        msg: rdmactor::runtime::Message,
+    ) -> Result<(), rdmactor::runtime::SessionError> {
+        std::thread::sleep(Duration::from_millis(1));
+        let data = msg.data.clone();
+        cx.reply(&msg, data)
+    }
+}
