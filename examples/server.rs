@@ -24,7 +24,7 @@ use rdmactor::memory::PoolConfig;
 use rdmactor::runtime::{NodeConfig, OobPort, OobTransport, PollMode, Server};
 use rdmactor::verbs::Mtu;
 use rdmactor_services::echo::{Discard, Echo, RawEcho};
-use rdmactor_services::file_transfer::{Config as FilesConfig, FileTransfer};
+use rdmactor_services::file_transfer::{ClientQuota, Config as FilesConfig, FileTransfer};
 use rdmactor_services::ingest::{IngestConfig, IngestService, Record};
 use rdmactor_services::lambda::{
     checksum_native, LambdaConfig, LambdaService, NativeLambdas, Sandbox,
@@ -91,6 +91,13 @@ struct Args {
     /// Bytes per slot of that window (the chunk size), in KiB.
     #[arg(long, default_value_t = FilesConfig::DEFAULT_SLOT_LEN >> 10)]
     file_slot_kib: u32,
+    /// Uploads one client host (IP address) may run at once, over all its connections;
+    /// more are refused with a quota reason.
+    #[arg(long, default_value_t = ClientQuota::default().uploads)]
+    files_client_uploads: u32,
+    /// Bytes one client host may have admitted and not yet stored, in MiB.
+    #[arg(long, default_value_t = ClientQuota::default().reserved_bytes >> 20)]
+    files_client_mib: u64,
     /// `NAME=PATH`: serve the file at PATH as region NAME of the `read` service.
     /// Repeatable.
     #[arg(long = "region", value_name = "NAME=PATH")]
@@ -244,7 +251,13 @@ fn files_service(args: &Args) -> Result<Option<FileTransfer>> {
         .context("--file-slot-kib too large")?;
     let mut config = FilesConfig::new(dir)
         .with_max_size(args.max_file_size)
-        .with_window(args.file_slots, slot_len);
+        .with_window(args.file_slots, slot_len)
+        .with_client_quota(
+            args.files_client_uploads,
+            args.files_client_mib
+                .checked_mul(1 << 20)
+                .context("--files-client-mib too large")?,
+        );
     for spec in &args.secrets {
         let (id, key) = spec
             .split_once('=')

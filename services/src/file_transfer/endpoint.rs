@@ -70,6 +70,9 @@ pub enum Outcome {
     Bad(BadReason),
     /// Both: the offer or fetch was refused; nothing was transferred.
     Rejected(RejectReason),
+    /// Both: the transfer was ended midway ([`Msg::Abort`](super::Msg::Abort), sent or
+    /// received) for this reason; nothing was stored, the connection stays usable.
+    Aborted(RejectReason),
 }
 
 /// An action for the driver, from [`Endpoint::poll_output`]. Which side emits what:

@@ -531,6 +531,19 @@ impl Endpoint for Sender {
                 self.finish(Outcome::Bad(reason));
                 Ok(())
             }
+            // The receiver gave up midway (no space, an I/O error): stop writing. `Done`
+            // follows the WRITEs already posted on the queue pair, so it tells the
+            // receiver that nothing more lands in its window.
+            (State::Sending, Msg::Abort { reason }) => {
+                self.out.retain(|o| !matches!(o, Output::WriteChunk(_)));
+                self.out.push_back(Output::Send(Msg::Done));
+                self.finish(Outcome::Aborted(reason));
+                Ok(())
+            }
+            (State::Offered | State::AwaitVerdict, Msg::Abort { reason }) => {
+                self.finish(Outcome::Aborted(reason));
+                Ok(())
+            }
             (State::Identifying, Msg::Secret { key }) => {
                 self.finish(Outcome::Delivered {
                     auth: Some(Auth::Secret(key)),
@@ -1037,5 +1050,53 @@ mod tests {
             RejectReason::BadName { .. }
         ));
         assert!(Sender::from_file(&dir.path().join("f"), "a/b", HashAlg::Sha256, false).is_err());
+    }
+
+    #[test]
+    fn an_abort_stops_the_writes_and_done_marks_the_last_one() {
+        let data = b"abcdefghijklmnopqrst";
+        let mut s = sender(data);
+        drain(&mut s);
+        s.handle_msg(grant(2, 4)).unwrap();
+        let out = drain(&mut s);
+        assert_eq!(writes(&out), vec![0, 1]);
+        fill(&mut s, &out);
+        // Acked, so chunks 2 and 3 are issued but not yet taken by the driver.
+        s.handle_write_done(0).unwrap();
+        s.handle_write_done(1).unwrap();
+        s.handle_msg(Msg::Ack { next: 2 }).unwrap();
+        let reason = RejectReason::NoSpace {
+            needed: 20,
+            available: 0,
+        };
+        s.handle_msg(Msg::Abort {
+            reason: reason.clone(),
+        })
+        .unwrap();
+        assert_eq!(
+            drain(&mut s),
+            vec![
+                Output::Send(Msg::Done),
+                Output::Finished(Outcome::Aborted(reason.clone()))
+            ],
+            "no more chunks; Done after those already posted"
+        );
+        assert!(s.is_finished());
+        // After Done was sent, an abort only ends the transfer.
+        let mut s = sender(b"ab");
+        drain(&mut s);
+        s.handle_msg(grant(1, 4)).unwrap();
+        let out = drain(&mut s);
+        fill(&mut s, &out);
+        s.handle_write_done(0).unwrap();
+        assert_eq!(drain(&mut s), vec![]);
+        s.handle_msg(Msg::Abort {
+            reason: reason.clone(),
+        })
+        .unwrap();
+        assert_eq!(
+            drain(&mut s),
+            vec![Output::Finished(Outcome::Aborted(reason))]
+        );
     }
 }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use super::config::Config;
 use super::endpoint::{ChunkWrite, Endpoint, Outcome, Output, PrepareFetch};
 use super::error::Result;
+use super::quota::Ledger;
 use super::receiver::Receiver;
 use super::sender::Sender;
 use super::store::Reaper;
@@ -44,6 +45,8 @@ pub struct Server {
     out: VecDeque<Output>,
     /// Given to every upload's receiver (see [`Receiver::set_reaper`]).
     reaper: Option<Reaper>,
+    /// The service's ledger and this connection's client (see [`Receiver::set_quota`]).
+    quota: Option<(Ledger, String)>,
 }
 
 impl Server {
@@ -55,7 +58,15 @@ impl Server {
             owned: HashSet::new(),
             out: VecDeque::new(),
             reaper: None,
+            quota: None,
         }
+    }
+
+    /// Charges this connection's uploads to `client`'s share in `ledger` (see
+    /// [`Config::client_quota`]).
+    pub fn with_quota(mut self, ledger: Ledger, client: String) -> Server {
+        self.quota = Some((ledger, client));
+        self
     }
 
     /// Has every upload's abandoned temporary file removed by `reaper` rather than on
@@ -113,6 +124,9 @@ impl Endpoint for Server {
                 let mut r = Receiver::new(Arc::clone(&self.config));
                 if let Some(reaper) = &self.reaper {
                     r.set_reaper(reaper.clone());
+                }
+                if let Some((ledger, client)) = &self.quota {
+                    r.set_quota(ledger.clone(), client.clone());
                 }
                 let res = r.handle_msg(Msg::Offer(offer));
                 self.role = Role::Receive(r);

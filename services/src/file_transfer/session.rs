@@ -28,6 +28,7 @@ use rdmactor::verbs::{Access, RemoteRegion};
 use super::config::Config;
 use super::endpoint::{ChunkWrite, Endpoint, Outcome, Output};
 use super::error::{Result, TransferError};
+use super::quota::Ledger;
 use super::receiver::Consumed;
 use super::sender::ChunkRead;
 use super::server::Server;
@@ -54,6 +55,8 @@ pub struct FileTransfer {
     config: Arc<Config>,
     /// Removes the temporary files of failed or abandoned uploads off the poller.
     reaper: Reaper,
+    /// Every client's share of uploads and reserved bytes.
+    ledger: Ledger,
 }
 
 impl FileTransfer {
@@ -87,6 +90,7 @@ impl FileTransfer {
             source,
         })?;
         Ok(FileTransfer {
+            ledger: Ledger::new(config.client_quota),
             config: Arc::new(config),
             reaper,
         })
@@ -96,12 +100,25 @@ impl FileTransfer {
     pub fn config(&self) -> &Config {
         &self.config
     }
+
+    /// Every client's admitted uploads and reserved bytes.
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
 }
 
 impl Service for FileTransfer {
     fn session(&self, peer: &PeerInfo) -> Box<dyn Session> {
+        // Quotas are per client host: its connections share one share.
+        let client = peer
+            .addr
+            .map_or_else(|| format!("qp {}", peer.qp_num), |a| a.ip().to_string());
         Box::new(FileSession {
-            server: Some(Server::new(Arc::clone(&self.config)).with_reaper(self.reaper.clone())),
+            server: Some(
+                Server::new(Arc::clone(&self.config))
+                    .with_reaper(self.reaper.clone())
+                    .with_quota(self.ledger.clone(), client),
+            ),
             peer: peer
                 .addr
                 .map_or_else(|| format!("qp {}", peer.qp_num), |a| a.to_string()),
@@ -303,6 +320,10 @@ impl FileSession {
                 tracing::warn!(%peer, %reason, "BAD")
             }
             Outcome::Rejected(reason) => tracing::info!(%peer, %reason, "rejected"),
+            Outcome::Aborted(reason) => {
+                rdmactor::metrics::file_transfer(false, 0);
+                tracing::warn!(%peer, %reason, "aborted")
+            }
         }
     }
 }
@@ -375,6 +396,10 @@ impl Session for FileSession {
                 return Ok(());
             };
             let (chunk, _) = self.reading.take().expect("checked above");
+            if self.server()?.is_finished() {
+                // The transfer was aborted while this chunk was read: it is not sent.
+                return self.drive(cx);
+            }
             let read = result.map_err(|e| {
                 SessionError::new(format!("file transfer: reading chunk {}: {e}", chunk.index))
             })?;

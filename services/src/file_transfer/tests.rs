@@ -844,19 +844,24 @@ fn fetch_and_overwrite_only_ones_own_files_by_default() {
         ]
     ));
     assert_eq!(std::fs::read(local.path().join("mine")).unwrap(), b"mine");
-    // A new connection does not own "mine"; hidden files are not served even when
-    // every other file is.
+    // A new connection does not own "mine".
     let mut other = Pair::new(
         fetch("mine"),
         Box::new(Server::new(owner_config(dir.path()))),
     );
     other.run().unwrap();
-    let mut public = Pair::new(fetch(".hidden"), server(dir.path()));
-    public.run().unwrap();
-    for p in [&other, &public] {
-        assert_eq!(
-            p.client().outcomes,
-            vec![Outcome::Rejected(RejectReason::NotFound)]
-        );
-    }
+    assert_eq!(
+        other.client().outcomes,
+        vec![Outcome::Rejected(RejectReason::NotFound)]
+    );
+    // Hidden names are not names a transfer may use: not even asked for.
+    assert!(matches!(
+        Receiver::fetch(
+            Arc::new(Config::new(local.path())),
+            ".hidden",
+            HashAlg::Sha256,
+            true
+        ),
+        Err(TransferError::Name(crate::file_transfer::NameError::Hidden))
+    ));
 }
