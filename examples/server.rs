@@ -95,6 +95,10 @@ struct Args {
     /// more are refused with a quota reason.
     #[arg(long, default_value_t = ClientQuota::default().uploads)]
     files_client_uploads: u32,
+    /// At shutdown, how long uploads under way may still run (new ones are refused
+    /// with "the server is shutting down").
+    #[arg(long, default_value_t = 10)]
+    files_drain_secs: u64,
     /// Bytes one client host may have admitted and not yet stored, in MiB.
     #[arg(long, default_value_t = ClientQuota::default().reserved_bytes >> 20)]
     files_client_mib: u64,
@@ -341,6 +345,8 @@ fn main() -> Result<()> {
                     }),
                 ),
             );
+        // A clone shares the service's state: kept to drain it at shutdown.
+        let files_drain = files.clone();
         if let Some(files) = files {
             builder = builder.service("files", files);
         }
@@ -389,6 +395,16 @@ fn main() -> Result<()> {
             wait_for_signal().await?;
         }
         tracing::info!("signal received; shutting down");
+        if let Some(files) = &files_drain {
+            // New transfers are refused with "the server is shutting down"; uploads
+            // under way get up to --files-drain-secs to finish.
+            files.refuse_new_transfers();
+            let deadline =
+                std::time::Instant::now() + std::time::Duration::from_secs(args.files_drain_secs);
+            while files.uploads_in_flight() > 0 && std::time::Instant::now() < deadline {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
         let stats = server.stats().await;
         server.shutdown().await;
         println!(

@@ -117,6 +117,15 @@ impl Ledger {
         self.state().unbacked
     }
 
+    /// Uploads admitted now, over every client.
+    pub fn uploads(&self) -> u64 {
+        self.state()
+            .clients
+            .values()
+            .map(|u| u64::from(u.uploads))
+            .sum()
+    }
+
     /// Uploads and bytes `client` has admitted now (for tests and logs).
     pub fn usage(&self, client: &str) -> (u32, u64) {
         self.state()

@@ -57,6 +57,9 @@ pub struct FileTransfer {
     reaper: Reaper,
     /// Every client's share of uploads and reserved bytes.
     ledger: Ledger,
+    /// Set by [`FileTransfer::refuse_new_transfers`]: offers and fetches are answered
+    /// with [`RejectReason::ShuttingDown`].
+    draining: Arc<AtomicBool>,
 }
 
 impl FileTransfer {
@@ -91,6 +94,7 @@ impl FileTransfer {
         })?;
         Ok(FileTransfer {
             ledger: Ledger::new(config.client_quota),
+            draining: Arc::new(AtomicBool::new(false)),
             config: Arc::new(config),
             reaper,
         })
@@ -105,6 +109,21 @@ impl FileTransfer {
     pub fn ledger(&self) -> &Ledger {
         &self.ledger
     }
+
+    /// From now on every new offer and fetch, on every connection (clones of this
+    /// service included), is refused with [`RejectReason::ShuttingDown`], while the
+    /// transfers under way go on: call it when shutdown begins, wait for
+    /// [`uploads_in_flight`](Self::uploads_in_flight) to reach 0 (or a deadline), then
+    /// shut the server down, so that clients hear why instead of losing their
+    /// connection mid-file.
+    pub fn refuse_new_transfers(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// Uploads admitted and not yet stored or ended, over every connection.
+    pub fn uploads_in_flight(&self) -> u64 {
+        self.ledger.uploads()
+    }
 }
 
 impl Service for FileTransfer {
@@ -117,7 +136,8 @@ impl Service for FileTransfer {
             server: Some(
                 Server::new(Arc::clone(&self.config))
                     .with_reaper(self.reaper.clone())
-                    .with_quota(self.ledger.clone(), client),
+                    .with_quota(self.ledger.clone(), client)
+                    .with_drain_flag(Arc::clone(&self.draining)),
             ),
             peer: peer
                 .addr
