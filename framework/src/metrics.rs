@@ -27,6 +27,7 @@
 //! | `rdmactor_file_transfer_bytes_total` | counter | result | their bytes |
 //! | `rdmactor_lambda_runs_total` | counter | kind (`module`, `native`), outcome | lambda invocations by result (`ok`, `trap`, `out_of_fuel`, `timeout`, `memory_limit`, `error`) |
 //! | `rdmactor_echo_seconds` | histogram | | echo service: from a request's delivery to its reply being queued |
+//! | `rdmactor_device_events_total` | counter | event (`IBV_EVENT_PORT_ERR`, ...) | the device's asynchronous events |
 //!
 //! `side` is `server` or `client`: one process may be both (the integration tests are).
 
@@ -112,6 +113,11 @@ impl Drop for ConnectionMetrics {
 /// The server accepted a connection to `service`.
 pub(crate) fn accepted(service: &str) {
     counter!("rdmactor_connections_accepted_total", "service" => service.to_string()).increment(1);
+}
+
+/// The device reported an asynchronous event (`IBV_EVENT_*`).
+pub(crate) fn device_event(event: &'static str) {
+    counter!("rdmactor_device_events_total", "event" => event).increment(1);
 }
 
 /// The server refused a connect request for `code`.

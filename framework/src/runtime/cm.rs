@@ -63,6 +63,8 @@ pub(crate) struct CmActor {
     listeners: HashMap<CmIdKey, Listening>,
     services: Services,
     conns: HashMap<CmIdKey, Recipient<CmNotice>>,
+    /// The connection of each QP, for device events that name a QP (`device_watch.rs`).
+    qps: HashMap<u32, CmIdKey>,
     connecting: HashMap<CmIdKey, Connecting>,
     max_connections: usize,
     shutting_down: bool,
@@ -84,6 +86,7 @@ impl CmActor {
             listeners: HashMap::new(),
             services,
             conns: HashMap::new(),
+            qps: HashMap::new(),
             connecting: HashMap::new(),
             max_connections,
             shutting_down: false,
@@ -235,6 +238,7 @@ impl CmActor {
             label: label.clone(),
         });
         self.conns.insert(key, addr.clone().recipient());
+        self.qps.insert(qp_num, key);
         let welcome = match framing {
             Framing::Framed => Welcome {
                 recv_depth: self.node.config.recv_depth,
@@ -393,6 +397,7 @@ impl CmActor {
             label,
         });
         self.conns.insert(key, addr.clone().recipient());
+        self.qps.insert(qp_num, key);
         let hello = Hello {
             version: PROTOCOL_VERSION,
             service,
@@ -468,6 +473,7 @@ impl Handler<ConnClosed> for CmActor {
         if self.conns.remove(&msg.key).is_some() {
             self.counters.closed += 1;
         }
+        self.qps.retain(|_, key| *key != msg.key);
         tracing::debug!(reason = %msg.reason, "connection released");
         if self.conns.is_empty() {
             for w in self.drained.drain(..) {
@@ -579,4 +585,32 @@ pub(crate) async fn shut_down(cm: &Addr<CmActor>) {
     cm.do_send(Shutdown(tx));
     let _ = rx.await;
     let _ = cm.send(Stop).await;
+}
+
+impl Handler<super::device_watch::DeviceNotice> for CmActor {
+    type Result = ();
+    fn handle(&mut self, msg: super::device_watch::DeviceNotice, _ctx: &mut Context<Self>) {
+        use super::device_watch::DeviceNotice;
+        match msg {
+            DeviceNotice::QpFailed { qp_num, event } => match self.qps.get(&qp_num) {
+                Some(key) => self.notify(
+                    *key,
+                    CmNotice::Close(CloseReason::Verbs(format!(
+                        "the device reported {event} for this connection's QP"
+                    ))),
+                ),
+                None => tracing::debug!(qp_num, %event, "device event for a QP no connection has"),
+            },
+            DeviceNotice::DeviceFatal => {
+                tracing::error!(
+                    "RDMA device failed (IBV_EVENT_DEVICE_FATAL); closing every connection"
+                );
+                for c in self.conns.values() {
+                    c.do_send(CmNotice::Close(CloseReason::Verbs(
+                        "the device failed (IBV_EVENT_DEVICE_FATAL)".into(),
+                    )));
+                }
+            }
+        }
+    }
 }

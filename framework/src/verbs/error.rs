@@ -16,6 +16,8 @@ pub enum Verb {
     AllocPd,
     DeallocPd,
     RegMr,
+    /// `ibv_get_async_event` (and making its descriptor non-blocking).
+    GetAsyncEvent,
     DeregMr,
     CreateCompChannel,
     DestroyCompChannel,
@@ -67,6 +69,7 @@ impl fmt::Display for Verb {
             Verb::AllocPd => "ibv_alloc_pd",
             Verb::DeallocPd => "ibv_dealloc_pd",
             Verb::RegMr => "ibv_reg_mr",
+            Verb::GetAsyncEvent => "ibv_get_async_event",
             Verb::DeregMr => "ibv_dereg_mr",
             Verb::CreateCompChannel => "ibv_create_comp_channel",
             Verb::DestroyCompChannel => "ibv_destroy_comp_channel",

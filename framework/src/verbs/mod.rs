@@ -22,6 +22,7 @@
 //! failing completion's status.
 
 mod ah;
+mod async_event;
 mod bringup;
 mod cm;
 mod cq;
@@ -38,6 +39,7 @@ mod srq;
 mod sys;
 
 pub use ah::{AddressHandle, AddressVector, GlobalRoute};
+pub use async_event::{AsyncElement, AsyncEvent, AsyncEventKind};
 pub use bringup::{
     Bringup, ConnectedInit, Init, Psn, Rc, RcRtr, RcRts, Reset, Rtr, Transport, Uc, UcRtr, Ud,
     UdInit,
