@@ -280,7 +280,14 @@ impl CmActor {
             CmEventKind::Disconnected => self.notify(ev.id, CmNotice::Disconnected),
             CmEventKind::TimewaitExit => {}
             CmEventKind::DeviceRemoval => {
-                tracing::error!("RDMA device removed; closing every connection");
+                // The kernel completes the removal only once this process closes the
+                // device (rxe cannot disassociate user contexts), and the node keeps its
+                // context, PD, pool and CQs: say so, so the operator knows why
+                // `rdma link delete` waits (see README, Known gaps).
+                tracing::error!(
+                    "RDMA device removed; closing every connection. The removal completes only when \
+                     this process releases the device: restart the server to let it finish"
+                );
                 for c in self.conns.values() {
                     c.do_send(CmNotice::Close(CloseReason::Verbs("device removed".into())));
                 }
