@@ -169,6 +169,14 @@ pub trait Endpoint {
     /// True when no transfer is in progress (none started, or the last one finished).
     fn is_finished(&self) -> bool;
 
+    /// Sender: true once no more chunks may be posted (the transfer aborted or
+    /// ended). A driver checks it after [`fill_chunk`](Self::fill_chunk) and
+    /// [`handle_read`](Self::handle_read): a read that failed aborts the transfer, and
+    /// its chunk must not be sent.
+    fn stopped_sending(&self) -> bool {
+        self.is_finished()
+    }
+
     /// Receiver: where chunk `index` is in the window.
     ///
     /// # Errors

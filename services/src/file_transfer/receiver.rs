@@ -551,9 +551,18 @@ impl Endpoint for Receiver {
                 self.aborted(window, reason);
                 Ok(())
             }
-            // The sender gave up (it sends no more chunks): whatever was received goes.
+            // The sender gave up (its Abort follows its last WRITE): whatever was
+            // received goes; the echo tells it that no Ack of this transfer follows.
             (State::Receiving(inc), Msg::Abort { reason }) => {
+                self.out.push_back(Output::Send(Msg::Abort {
+                    reason: reason.clone(),
+                }));
                 self.aborted(inc.window.is_some(), reason);
+                Ok(())
+            }
+            // Both gave up at once: the sender's Abort stands for its Done.
+            (State::Aborted { reason, window }, Msg::Abort { .. }) => {
+                self.aborted(window, reason);
                 Ok(())
             }
             (State::Finished { may_identify: true }, Msg::Identify { id }) => {
@@ -657,6 +666,11 @@ impl Endpoint for Receiver {
     }
 
     fn handle_consumed(&mut self, consumed: Consumed) -> Result<()> {
+        if matches!(self.state, State::Finished { .. }) {
+            // The sender aborted while this job ran: its chunks (and the temporary
+            // file, dropped with the sink) belong to a transfer that is over.
+            return Ok(());
+        }
         let State::Receiving(inc) = &mut self.state else {
             let e = unexpected(self, "consumed chunks".into());
             return self.fail(e);

@@ -212,6 +212,10 @@ impl Endpoint for Server {
         !matches!(self.role, Role::Preparing(_)) && self.role().is_none_or(|ep| ep.is_finished())
     }
 
+    fn stopped_sending(&self) -> bool {
+        self.role().is_none_or(|ep| ep.stopped_sending())
+    }
+
     fn take_prepare(&mut self) -> Option<PrepareFetch> {
         match &mut self.role {
             Role::Preparing(job) => job.take(),

@@ -424,6 +424,10 @@ impl Session for FileSession {
                 SessionError::new(format!("file transfer: reading chunk {}: {e}", chunk.index))
             })?;
             let bytes = self.server()?.handle_read(read).map_err(fail)?;
+            if self.server()?.stopped_sending() {
+                // The read failed and the transfer was aborted: nothing to post.
+                return self.drive(cx);
+            }
             self.post_chunk(cx, &chunk, &bytes)?;
             return self.drive(cx);
         }
