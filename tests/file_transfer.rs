@@ -558,6 +558,68 @@ fn a_full_disk_is_refused_with_the_reason_before_any_data_moves() {
     assert_released(&base);
 }
 
+#[test]
+fn a_served_file_that_shrinks_midway_aborts_the_download_with_the_reason() {
+    let Some(_ctx) = rdma_context() else { return };
+    let base = resource_counts();
+    let scratch = Scratch::new("shrinks");
+    let (store, out) = (scratch.sub("store"), scratch.sub("out"));
+    write_random_file(&store.join("big"), 8 * MIB, 41);
+    write_random_file(&store.join("after"), 100_000, 42);
+    actix_run(async {
+        let server = files_server(Config::new(&store).with_public_fetch(true));
+        let client = Client::start(NodeConfig::default()).expect("client");
+        let conn = client
+            .connect(server.local_addrs()[0], "files")
+            .await
+            .expect("connect");
+        let opts = FetchOptions {
+            slots: 2,
+            slot_len: 64 << 10,
+            ..FetchOptions::default()
+        };
+        // The operator truncates the file after the server hashed it for the offer,
+        // before any chunk is read: the server's reads end at 1 MiB.
+        let big = store.join("big");
+        let outcome = fetch_file(&conn, &client, "big", &out, &opts, |p| {
+            if let Progress::Offer(_) = p {
+                File::options()
+                    .write(true)
+                    .open(&big)
+                    .and_then(|f| f.set_len(MIB))
+                    .expect("truncate the served file");
+            }
+        })
+        .await
+        .expect("the fetch ends with a verdict, not a connection error");
+        println!("fetch of a file that shrank: {outcome:?}");
+        match &outcome {
+            Outcome::Aborted(RejectReason::Unavailable { reason }) => assert!(
+                reason.contains("ended at byte 1048576 of 8388608"),
+                "{reason}"
+            ),
+            other => panic!("expected an abort naming the short file, got {other:?}"),
+        }
+        // A consume job still running when the abort came drops the temporary file
+        // when it ends: soon, not necessarily before the outcome.
+        eventually(
+            "the temporary file to be removed",
+            Duration::from_secs(10),
+            || async { names(&out).is_empty() },
+        )
+        .await;
+        // The same connection serves the next download.
+        let outcome = fetch_file(&conn, &client, "after", &out, &opts, |_| {})
+            .await
+            .expect("fetch");
+        assert!(matches!(outcome, Outcome::Stored { .. }), "{outcome:?}");
+        close_all(&server, client, vec![conn]).await;
+        server.shutdown().await;
+    });
+    assert_random_file(&out.join("after"), 100_000, 42);
+    assert_released(&base);
+}
+
 /// Writes 16 bytes to `remote` and expects a remote access error. The server's side of
 /// the queue pair fails too and disconnects; now and then (under emulation) that
 /// disconnect reaches the client before the NAK's error completion does, and the WRITE
