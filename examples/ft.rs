@@ -164,6 +164,7 @@ impl Tracker {
             Ok(Outcome::Stored { digest, .. }) => (format!("GOOD {name} {digest:?}"), true, true),
             Ok(Outcome::Bad(reason)) => (format!("BAD {name}: {reason}"), false, true),
             Ok(Outcome::Rejected(reason)) => (format!("REJECTED {name}: {reason}"), false, false),
+            Ok(Outcome::Aborted(reason)) => (format!("ABORTED {name}: {reason}"), false, true),
             Err(e) => (format!("ERROR {name}: {e}"), false, false),
         };
         let first = line.lines().next().unwrap_or_default().to_owned();

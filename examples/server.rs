@@ -24,7 +24,7 @@ use rdmactor::memory::PoolConfig;
 use rdmactor::runtime::{NodeConfig, OobPort, OobTransport, PollMode, Server};
 use rdmactor::verbs::Mtu;
 use rdmactor_services::echo::{Discard, Echo, RawEcho};
-use rdmactor_services::file_transfer::{Config as FilesConfig, FileTransfer};
+use rdmactor_services::file_transfer::{ClientQuota, Config as FilesConfig, FileTransfer};
 use rdmactor_services::ingest::{IngestConfig, IngestService, Record};
 use rdmactor_services::lambda::{
     checksum_native, LambdaConfig, LambdaService, NativeLambdas, Sandbox,
@@ -91,6 +91,17 @@ struct Args {
     /// Bytes per slot of that window (the chunk size), in KiB.
     #[arg(long, default_value_t = FilesConfig::DEFAULT_SLOT_LEN >> 10)]
     file_slot_kib: u32,
+    /// Uploads one client host (IP address) may run at once, over all its connections;
+    /// more are refused with a quota reason.
+    #[arg(long, default_value_t = ClientQuota::default().uploads)]
+    files_client_uploads: u32,
+    /// At shutdown, how long uploads under way may still run (new ones are refused
+    /// with "the server is shutting down").
+    #[arg(long, default_value_t = 10)]
+    files_drain_secs: u64,
+    /// Bytes one client host may have admitted and not yet stored, in MiB.
+    #[arg(long, default_value_t = ClientQuota::default().reserved_bytes >> 20)]
+    files_client_mib: u64,
     /// `NAME=PATH`: serve the file at PATH as region NAME of the `read` service.
     /// Repeatable.
     #[arg(long = "region", value_name = "NAME=PATH")]
@@ -244,7 +255,13 @@ fn files_service(args: &Args) -> Result<Option<FileTransfer>> {
         .context("--file-slot-kib too large")?;
     let mut config = FilesConfig::new(dir)
         .with_max_size(args.max_file_size)
-        .with_window(args.file_slots, slot_len);
+        .with_window(args.file_slots, slot_len)
+        .with_client_quota(
+            args.files_client_uploads,
+            args.files_client_mib
+                .checked_mul(1 << 20)
+                .context("--files-client-mib too large")?,
+        );
     for spec in &args.secrets {
         let (id, key) = spec
             .split_once('=')
@@ -328,6 +345,8 @@ fn main() -> Result<()> {
                     }),
                 ),
             );
+        // A clone shares the service's state: kept to drain it at shutdown.
+        let files_drain = files.clone();
         if let Some(files) = files {
             builder = builder.service("files", files);
         }
@@ -376,6 +395,16 @@ fn main() -> Result<()> {
             wait_for_signal().await?;
         }
         tracing::info!("signal received; shutting down");
+        if let Some(files) = &files_drain {
+            // New transfers are refused with "the server is shutting down"; uploads
+            // under way get up to --files-drain-secs to finish.
+            files.refuse_new_transfers();
+            let deadline =
+                std::time::Instant::now() + std::time::Duration::from_secs(args.files_drain_secs);
+            while files.uploads_in_flight() > 0 && std::time::Instant::now() < deadline {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
         let stats = server.stats().await;
         server.shutdown().await;
         println!(

@@ -1,7 +1,7 @@
 //! The `files` service end to end over real verbs: many concurrent uploads verified
 //! against independently computed SHA-256, large files through a small window, a
 //! corrupted chunk, a client killed mid-transfer, rkeys that die with their window,
-//! downloads, and `Identify`.
+//! downloads, `Identify`, and a full disk refused with the reason.
 //!
 //! Files live under `target/file-transfer-tests/` (the repository is on the host's
 //! disk; the VM's /tmp is a tmpfs in its 4 GiB of memory). `RDMACTOR_FT_BIG_MIB`
@@ -439,6 +439,184 @@ fn a_killed_sender_leaves_no_file_and_the_server_keeps_serving() {
     });
     assert_eq!(names(&store), set(&["after"]));
     assert_random_file(&store.join("after"), 100_000, 12);
+    assert_released(&base);
+}
+
+/// A tmpfs of `size` mounted on `dir` for the life of the guard (the VM runs tests as
+/// root), so that a test meets a disk that is really full.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path, size: &str) -> Tmpfs {
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .expect("run mount");
+        assert!(
+            status.success(),
+            "mount a {size} tmpfs on {}",
+            dir.display()
+        );
+        Tmpfs(dir.to_owned())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// Runs `ft ARGS` to its end without blocking the actors (the server runs in this
+/// process); returns its exit status and what it printed (stdout and stderr).
+async fn run_ft(args: &[&str], out: &Path) -> (std::process::ExitStatus, String) {
+    let log = File::create(out).expect("ft output file");
+    let mut child = Command::new(target_bin("ft"))
+        .args(args)
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("start ft (cargo build --release -p rdmactor-examples)");
+    let mut status = None;
+    eventually("ft to exit", Duration::from_secs(120), || {
+        status = status.or_else(|| child.try_wait().expect("wait for ft"));
+        let done = status.is_some();
+        async move { done }
+    })
+    .await;
+    (status.unwrap(), fs::read_to_string(out).unwrap())
+}
+
+#[test]
+fn a_full_disk_is_refused_with_the_reason_before_any_data_moves() {
+    let Some(_ctx) = rdma_context() else { return };
+    let base = resource_counts();
+    let scratch = Scratch::new("disk-full");
+    let (src, store) = (scratch.sub("src"), scratch.sub("store"));
+    let _tmpfs = Tmpfs::mount(&store, "20m");
+    write_random_file(&src.join("big"), 64 * MIB, 31);
+    write_random_file(&src.join("fits"), 12 * MIB, 32);
+    write_random_file(&src.join("second"), 12 * MIB, 33);
+    actix_run(async {
+        let server = files_server(Config::new(&store));
+        let addr = server.local_addrs()[0].to_string();
+        let big = src.join("big");
+        let (status, out) = run_ft(
+            &["--addr", &addr, "send", big.to_str().unwrap()],
+            &scratch.0.join("ft-big.out"),
+        )
+        .await;
+        println!("ft send of 64 MiB into a 20 MiB tmpfs:\n{out}");
+        assert!(!status.success(), "{status:?}");
+        assert!(
+            out.contains(
+                "REJECTED big: no space left on the receiver's disk: the file needs 67108864 bytes"
+            ),
+            "the client names the lack of space: {out}"
+        );
+        assert!(!out.contains("WrFlush"), "{out}");
+        assert_eq!(names(&store), set(&[]), "no file, no temporary file");
+
+        // 12 MiB fits and is reserved when its offer arrives; a second 12 MiB offer
+        // then finds 8 MiB free and is refused, although nothing has been written yet.
+        let client = Client::start(NodeConfig::default()).expect("client");
+        let conn = client
+            .connect(server.local_addrs()[0], "files")
+            .await
+            .expect("connect");
+        let other = client
+            .connect(server.local_addrs()[0], "files")
+            .await
+            .expect("connect");
+        let (outcome, _) = send(&conn, &src.join("fits"), "fits", &SendOptions::default()).await;
+        assert!(delivered(&outcome), "{outcome:?}");
+        let (outcome, _) = send(
+            &other,
+            &src.join("second"),
+            "second",
+            &SendOptions::default(),
+        )
+        .await;
+        match &outcome {
+            Outcome::Rejected(RejectReason::NoSpace { needed, available }) => {
+                assert_eq!(*needed, 12 * MIB);
+                assert!(*available < 12 * MIB, "{available}");
+            }
+            other => panic!("expected NoSpace, got {other:?}"),
+        }
+        // Both connections still serve: a small file goes through the refused one.
+        let small = src.join("small");
+        fs::write(&small, b"still served").unwrap();
+        let (outcome, _) = send(&other, &small, "small", &SendOptions::default()).await;
+        assert!(delivered(&outcome), "{outcome:?}");
+        close_all(&server, client, vec![conn, other]).await;
+        server.shutdown().await;
+    });
+    assert_eq!(names(&store), set(&["fits", "small"]));
+    assert_random_file(&store.join("fits"), 12 * MIB, 32);
+    assert_released(&base);
+}
+
+#[test]
+fn a_served_file_that_shrinks_midway_aborts_the_download_with_the_reason() {
+    let Some(_ctx) = rdma_context() else { return };
+    let base = resource_counts();
+    let scratch = Scratch::new("shrinks");
+    let (store, out) = (scratch.sub("store"), scratch.sub("out"));
+    write_random_file(&store.join("big"), 8 * MIB, 41);
+    write_random_file(&store.join("after"), 100_000, 42);
+    actix_run(async {
+        let server = files_server(Config::new(&store).with_public_fetch(true));
+        let client = Client::start(NodeConfig::default()).expect("client");
+        let conn = client
+            .connect(server.local_addrs()[0], "files")
+            .await
+            .expect("connect");
+        let opts = FetchOptions {
+            slots: 2,
+            slot_len: 64 << 10,
+            ..FetchOptions::default()
+        };
+        // The operator truncates the file after the server hashed it for the offer,
+        // before any chunk is read: the server's reads end at 1 MiB.
+        let big = store.join("big");
+        let outcome = fetch_file(&conn, &client, "big", &out, &opts, |p| {
+            if let Progress::Offer(_) = p {
+                File::options()
+                    .write(true)
+                    .open(&big)
+                    .and_then(|f| f.set_len(MIB))
+                    .expect("truncate the served file");
+            }
+        })
+        .await
+        .expect("the fetch ends with a verdict, not a connection error");
+        println!("fetch of a file that shrank: {outcome:?}");
+        match &outcome {
+            Outcome::Aborted(RejectReason::Unavailable { reason }) => assert!(
+                reason.contains("ended at byte 1048576 of 8388608"),
+                "{reason}"
+            ),
+            other => panic!("expected an abort naming the short file, got {other:?}"),
+        }
+        // A consume job still running when the abort came drops the temporary file
+        // when it ends: soon, not necessarily before the outcome.
+        eventually(
+            "the temporary file to be removed",
+            Duration::from_secs(10),
+            || async { names(&out).is_empty() },
+        )
+        .await;
+        // The same connection serves the next download.
+        let outcome = fetch_file(&conn, &client, "after", &out, &opts, |_| {})
+            .await
+            .expect("fetch");
+        assert!(matches!(outcome, Outcome::Stored { .. }), "{outcome:?}");
+        close_all(&server, client, vec![conn]).await;
+        server.shutdown().await;
+    });
+    assert_random_file(&out.join("after"), 100_000, 42);
     assert_released(&base);
 }
 

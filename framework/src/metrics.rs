@@ -29,6 +29,7 @@
 //! | `rdmactor_lambda_module_loads_total` | counter | result (`cached`, `compiled`, `refused`) | lambda module uploads: already compiled (now held for the client too), compiled, or refused (invalid, too large, no room) |
 //! | `rdmactor_lambda_module_evictions_total` | counter | | compiled modules that left the lambda cache: evicted for a client's quota or the cache's bounds, or let go by their last holder (its connection closed) |
 //! | `rdmactor_echo_handling_seconds` | histogram | | echo service: the server's handling time only, from a request's delivery to its reply being queued (not the client's round trip, which the server cannot see) |
+//! | `rdmactor_device_events_total` | counter | event (`IBV_EVENT_PORT_ERR`, ...) | the device's asynchronous events |
 //!
 //! `side` is `server` or `client`: one process may be both (the integration tests are).
 
@@ -114,6 +115,11 @@ impl Drop for ConnectionMetrics {
 /// The server accepted a connection to `service`.
 pub(crate) fn accepted(service: &str) {
     counter!("rdmactor_connections_accepted_total", "service" => service.to_string()).increment(1);
+}
+
+/// The device reported an asynchronous event (`IBV_EVENT_*`).
+pub(crate) fn device_event(event: &'static str) {
+    counter!("rdmactor_device_events_total", "event" => event).increment(1);
 }
 
 /// The server refused a connect request for `code`.

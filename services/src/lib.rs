@@ -13,6 +13,8 @@
 
 pub mod echo;
 pub mod file_transfer;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod ingest;
 pub mod lambda;
 pub mod pingpong;

@@ -63,6 +63,8 @@ pub(crate) struct CmActor {
     listeners: HashMap<CmIdKey, Listening>,
     services: Services,
     conns: HashMap<CmIdKey, Recipient<CmNotice>>,
+    /// The connection of each QP, for device events that name a QP (`device_watch.rs`).
+    qps: HashMap<u32, CmIdKey>,
     connecting: HashMap<CmIdKey, Connecting>,
     max_connections: usize,
     shutting_down: bool,
@@ -84,6 +86,7 @@ impl CmActor {
             listeners: HashMap::new(),
             services,
             conns: HashMap::new(),
+            qps: HashMap::new(),
             connecting: HashMap::new(),
             max_connections,
             shutting_down: false,
@@ -239,6 +242,7 @@ impl CmActor {
             label: label.clone(),
         });
         self.conns.insert(key, addr.clone().recipient());
+        self.qps.insert(qp_num, key);
         let welcome = match framing {
             Framing::Framed => {
                 let ours = self.node.advert();
@@ -279,7 +283,14 @@ impl CmActor {
             CmEventKind::Disconnected => self.notify(ev.id, CmNotice::Disconnected),
             CmEventKind::TimewaitExit => {}
             CmEventKind::DeviceRemoval => {
-                tracing::error!("RDMA device removed; closing every connection");
+                // The kernel completes the removal only once this process closes the
+                // device (rxe cannot disassociate user contexts), and the node keeps its
+                // context, PD, pool and CQs: say so, so the operator knows why
+                // `rdma link delete` waits (see README, Known gaps).
+                tracing::error!(
+                    "RDMA device removed; closing every connection. The removal completes only when \
+                     this process releases the device: restart the server to let it finish"
+                );
                 for c in self.conns.values() {
                     c.do_send(CmNotice::Close(CloseReason::Verbs("device removed".into())));
                 }
@@ -395,6 +406,7 @@ impl CmActor {
             label,
         });
         self.conns.insert(key, addr.clone().recipient());
+        self.qps.insert(qp_num, key);
         let ours = self.node.advert();
         let hello = Hello {
             version: PROTOCOL_VERSION,
@@ -472,6 +484,7 @@ impl Handler<ConnClosed> for CmActor {
         if self.conns.remove(&msg.key).is_some() {
             self.counters.closed += 1;
         }
+        self.qps.retain(|_, key| *key != msg.key);
         tracing::debug!(reason = %msg.reason, "connection released");
         if self.conns.is_empty() {
             for w in self.drained.drain(..) {
@@ -583,4 +596,32 @@ pub(crate) async fn shut_down(cm: &Addr<CmActor>) {
     cm.do_send(Shutdown(tx));
     let _ = rx.await;
     let _ = cm.send(Stop).await;
+}
+
+impl Handler<super::device_watch::DeviceNotice> for CmActor {
+    type Result = ();
+    fn handle(&mut self, msg: super::device_watch::DeviceNotice, _ctx: &mut Context<Self>) {
+        use super::device_watch::DeviceNotice;
+        match msg {
+            DeviceNotice::QpFailed { qp_num, event } => match self.qps.get(&qp_num) {
+                Some(key) => self.notify(
+                    *key,
+                    CmNotice::Close(CloseReason::Verbs(format!(
+                        "the device reported {event} for this connection's QP"
+                    ))),
+                ),
+                None => tracing::debug!(qp_num, %event, "device event for a QP no connection has"),
+            },
+            DeviceNotice::DeviceFatal => {
+                tracing::error!(
+                    "RDMA device failed (IBV_EVENT_DEVICE_FATAL); closing every connection"
+                );
+                for c in self.conns.values() {
+                    c.do_send(CmNotice::Close(CloseReason::Verbs(
+                        "the device failed (IBV_EVENT_DEVICE_FATAL)".into(),
+                    )));
+                }
+            }
+        }
+    }
 }

@@ -14,6 +14,7 @@ mod client;
 mod cm;
 mod config;
 mod connection;
+mod device_watch;
 mod node;
 mod oob;
 mod poller;

@@ -22,11 +22,33 @@ pub(crate) struct Node {
     recv_groups: Option<RecvGroups>,
 }
 
+/// Logs the locked-memory limit and registers (then frees) one pool arena, so that a
+/// limit too small to serve anything stops the node at start with
+/// [`VerbsError::Memlock`] naming it, rather than failing every connection later. A
+/// limit that allows the probe but not the whole pool is named by each registration
+/// it refuses.
+fn check_memlock(pd: &ProtectionDomain, arena_bytes: usize) -> Result<()> {
+    match crate::verbs::memlock_limit() {
+        None => tracing::info!("RLIMIT_MEMLOCK is unlimited"),
+        Some(limit) => tracing::info!(
+            limit_bytes = limit,
+            "RLIMIT_MEMLOCK (ulimit -l) applies to registered memory unless the process holds CAP_IPC_LOCK"
+        ),
+    }
+    crate::verbs::MemoryRegion::register(
+        pd,
+        arena_bytes.max(4096),
+        crate::verbs::Access::LOCAL_WRITE,
+    )
+    .map(drop)
+}
+
 impl Node {
     /// Opens the device and starts the pollers. Must run inside an actix System.
     pub fn start(config: NodeConfig) -> Result<Arc<Node>> {
         let ctx = Context::open(config.device.as_deref())?;
         let pd = ProtectionDomain::new(&ctx)?;
+        check_memlock(&pd, config.pool.arena_bytes)?;
         let pool = MrPool::registered(&pd, config.pool.clone());
         let pollers = Pollers::start(&ctx, config.pollers, config.poll_mode)?;
         let recv_groups = config

@@ -138,11 +138,14 @@ impl ServerBuilder {
             cm.add_listener(id, default);
         }
         let cm = cm.start();
+        let device_watch = super::device_watch::start(&node.ctx, cm.clone().recipient())
+            .map_err(|e| ServerError::Config(format!("watching the device's events: {e}")))?;
         Ok(Server {
             node,
             cm,
             addrs,
             oob,
+            _device_watch: device_watch,
         })
     }
 }
@@ -153,6 +156,8 @@ pub struct Server {
     cm: Addr<CmActor>,
     addrs: Vec<SocketAddr>,
     oob: Vec<(Addr<OobListener>, SocketAddr)>,
+    /// Reads the device's asynchronous events; stops when the server goes.
+    _device_watch: super::device_watch::DeviceWatch,
 }
 
 /// A snapshot of a server's counters.

@@ -16,6 +16,8 @@ pub enum Verb {
     AllocPd,
     DeallocPd,
     RegMr,
+    /// `ibv_get_async_event` (and making its descriptor non-blocking).
+    GetAsyncEvent,
     DeregMr,
     CreateCompChannel,
     DestroyCompChannel,
@@ -67,6 +69,7 @@ impl fmt::Display for Verb {
             Verb::AllocPd => "ibv_alloc_pd",
             Verb::DeallocPd => "ibv_dealloc_pd",
             Verb::RegMr => "ibv_reg_mr",
+            Verb::GetAsyncEvent => "ibv_get_async_event",
             Verb::DeregMr => "ibv_dereg_mr",
             Verb::CreateCompChannel => "ibv_create_comp_channel",
             Verb::DestroyCompChannel => "ibv_destroy_comp_channel",
@@ -174,6 +177,25 @@ pub enum VerbsError {
         /// Bytes asked for.
         len: usize,
     },
+    /// Registering memory failed with the error the locked-memory limit causes, and a
+    /// limit is set: pinned pages count against `RLIMIT_MEMLOCK` unless the process
+    /// holds `CAP_IPC_LOCK`.
+    #[error(
+        "ibv_reg_mr of {len} bytes failed ({source}): this process may lock only {limit} bytes \
+         of memory (RLIMIT_MEMLOCK, `ulimit -l` = {} KiB); raise it (`ulimit -l unlimited`, \
+         LimitMEMLOCK=infinity in a systemd unit, `--ulimit memlock=-1` for docker) or grant \
+         CAP_IPC_LOCK",
+        limit / 1024
+    )]
+    Memlock {
+        /// Bytes being registered.
+        len: usize,
+        /// The soft limit, in bytes.
+        limit: u64,
+        /// The errno `ibv_reg_mr` set.
+        #[source]
+        source: io::Error,
+    },
 }
 
 /// Result alias of the verbs layer.
@@ -183,7 +205,9 @@ impl VerbsError {
     /// The errno, when the error came from a verb call.
     pub fn errno(&self) -> Option<i32> {
         match self {
-            VerbsError::Call { source, .. } => source.raw_os_error(),
+            VerbsError::Call { source, .. } | VerbsError::Memlock { source, .. } => {
+                source.raw_os_error()
+            }
             _ => None,
         }
     }

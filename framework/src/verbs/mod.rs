@@ -22,6 +22,7 @@
 //! failing completion's status.
 
 mod ah;
+mod async_event;
 mod bringup;
 mod cm;
 mod cq;
@@ -32,11 +33,13 @@ mod mw;
 mod pd;
 mod port;
 mod qp;
+mod rlimit;
 mod shared;
 mod srq;
 mod sys;
 
 pub use ah::{AddressHandle, AddressVector, GlobalRoute};
+pub use async_event::{AsyncElement, AsyncEvent, AsyncEventKind};
 pub use bringup::{
     Bringup, ConnectedInit, Init, Psn, Rc, RcRtr, RcRts, Reset, Rtr, Transport, Uc, UcRtr, Ud,
     UdInit,
@@ -55,5 +58,6 @@ pub use mw::MemoryWindow;
 pub use pd::ProtectionDomain;
 pub use port::{Gid, Grh, LinkLayer, Mtu, PortAttr, GRH_LEN};
 pub use qp::{QpCaps, QpState, QueuePair, RecvWr, SendOp, SendWr, UdPeer};
+pub use rlimit::memlock_limit;
 pub use shared::{accepts, copy_of, SharedRegion, VERSION_LEN};
 pub use srq::{SharedReceiveQueue, SrqAttr};

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use rdma_sys::*;
 
-use super::error::{Result, Verb, VerbsError};
+use super::error::{Result, VerbsError};
 use super::pd::ProtectionDomain;
 
 /// Which operations a region allows. Grant the least: a region that only serves RDMA
@@ -205,7 +205,7 @@ impl MemoryRegion {
         // Drop, which deregisters first; the PD is kept alive by the clone stored below.
         let mr = unsafe { ibv_reg_mr(pd.as_ptr(), buf.as_ptr().cast(), len, flags.bits() as i32) };
         let Some(mr) = NonNull::new(mr) else {
-            let err = VerbsError::last_os(Verb::RegMr);
+            let err = super::rlimit::registration_failed(len);
             // SAFETY: registration failed, so nothing else refers to `buf`.
             unsafe { std::alloc::dealloc(buf.as_ptr(), layout) };
             return Err(err);

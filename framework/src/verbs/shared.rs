@@ -327,7 +327,7 @@ impl SharedRegion {
                 access.bits() as i32,
             )
         };
-        let mr = NonNull::new(mr).ok_or_else(|| VerbsError::last_os(Verb::RegMr))?;
+        let mr = NonNull::new(mr).ok_or_else(|| super::rlimit::registration_failed(bytes.len))?;
         let region = SharedRegion {
             inner: Arc::new(SharedInner {
                 pd: pd.clone(),

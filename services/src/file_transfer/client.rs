@@ -409,6 +409,12 @@ impl<'c, P: FnMut(Progress<'_>)> Drive<'c, P> {
                     };
                     let data = &mut buffer.as_mut_slice()[..len];
                     ep.fill_chunk(&chunk, data)?;
+                    if ep.stopped_sending() {
+                        // Reading the file failed and the transfer was aborted (the
+                        // receiver is told why): this chunk is not sent.
+                        self.staging.insert(chunk.slot, buffer);
+                        continue;
+                    }
                     if self.corrupt == Some(chunk.index) {
                         data[0] ^= 0xff;
                     }

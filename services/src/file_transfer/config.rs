@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use super::error::{Result, TransferError};
+use super::quota::ClientQuota;
 use super::wire::SecretKey;
 
 /// Settings shared by every transfer of a service (wrap it in an `Arc`).
@@ -31,6 +32,10 @@ pub struct Config {
     /// replaces only files it uploaded itself (an offer to overwrite anyone else's file
     /// is treated as one without `overwrite`, so an existing file is `Exists`).
     pub overwrite_others: bool,
+    /// What one client (by IP address) may hold at once on the receiving side: uploads
+    /// admitted and bytes reserved but not yet stored (see [`ClientQuota`]). Offers
+    /// beyond it are refused with [`RejectReason::Quota`](super::RejectReason::Quota).
+    pub client_quota: ClientQuota,
 }
 
 impl Config {
@@ -56,7 +61,17 @@ impl Config {
             secrets: HashMap::new(),
             public_fetch: false,
             overwrite_others: false,
+            client_quota: ClientQuota::default(),
         }
+    }
+
+    /// Sets what one client may hold at once (see [`client_quota`](Self::client_quota)).
+    pub fn with_client_quota(mut self, uploads: u32, reserved_bytes: u64) -> Config {
+        self.client_quota = ClientQuota {
+            uploads,
+            reserved_bytes,
+        };
+        self
     }
 
     /// Serves every regular, non-hidden file to every client (see

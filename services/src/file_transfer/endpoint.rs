@@ -70,6 +70,9 @@ pub enum Outcome {
     Bad(BadReason),
     /// Both: the offer or fetch was refused; nothing was transferred.
     Rejected(RejectReason),
+    /// Both: the transfer was ended midway ([`Msg::Abort`](super::Msg::Abort), sent or
+    /// received) for this reason; nothing was stored, the connection stays usable.
+    Aborted(RejectReason),
 }
 
 /// An action for the driver, from [`Endpoint::poll_output`]. Which side emits what:
@@ -165,6 +168,14 @@ pub trait Endpoint {
 
     /// True when no transfer is in progress (none started, or the last one finished).
     fn is_finished(&self) -> bool;
+
+    /// Sender: true once no more chunks may be posted (the transfer aborted or
+    /// ended). A driver checks it after [`fill_chunk`](Self::fill_chunk) and
+    /// [`handle_read`](Self::handle_read): a read that failed aborts the transfer, and
+    /// its chunk must not be sent.
+    fn stopped_sending(&self) -> bool {
+        self.is_finished()
+    }
 
     /// Receiver: where chunk `index` is in the window.
     ///

@@ -57,8 +57,18 @@
 //! removes the temporary file (see [`TempFile`]).
 //!
 //! **Refusals.** Names must be plain file names ([`validate_name`]); offers above
-//! [`Config::max_size`] and existing files without `overwrite` are rejected with a
-//! reason, and the connection stays usable for the next transfer.
+//! [`Config::max_size`], existing files without `overwrite`, offers beyond the
+//! client's share ([`Config::client_quota`]) and offers the disk has no room for are
+//! rejected with a reason, and the connection stays usable for the next transfer. The
+//! room is checked (`statvfs`) and then reserved (`fallocate` on the temporary file)
+//! when the offer arrives, before any data moves, so an accepted upload does not run
+//! out of space halfway.
+//!
+//! **Aborts.** A transfer that fails midway for a reason the peer should hear (a write
+//! that ran out of space after all, a source that cannot be read) ends with
+//! [`Msg::Abort`] and the reason, not with a closed connection: the sender stops and
+//! sends `Done`, the receiver revokes its window on it; both finish with
+//! [`Outcome::Aborted`]. Protocol violations still end the connection.
 //!
 //! **Auth.** After `Good`, the sender may send `Identify{id}`; the receiver answers
 //! `Secret{key}` with the key the operator configured for `id`
@@ -95,6 +105,7 @@ mod error;
 pub mod fuzz;
 mod hash;
 mod name;
+mod quota;
 mod receiver;
 mod sender;
 mod server;
@@ -108,11 +119,12 @@ pub use endpoint::{Auth, ChunkWrite, Endpoint, Outcome, Output, PrepareFetch};
 pub use error::{Result, TransferError};
 pub use hash::{hash_bytes, hash_file, hash_reader, Hasher};
 pub use name::{validate_name, NameError, MAX_NAME_LEN};
+pub use quota::{Admission, ClientQuota, Ledger};
 pub use receiver::{ConsumeJob, Consumed, Receiver, Sink};
 pub use sender::Sender;
 pub use server::Server;
 pub use session::FileTransfer;
-pub use store::{open_source, sweep_temp_files, StoreError, TempFile};
+pub use store::{free_space, open_source, sweep_temp_files, StoreError, TempFile};
 pub use wire::{
     BadReason, Digest, FileOffer, HashAlg, Msg, RejectReason, RemoteWindow, SecretKey, WindowGrant,
     DIGEST_LEN, MAX_CHUNKS, MAX_MSG_LEN,

@@ -34,11 +34,17 @@ pub enum NameError {
     /// Looks like one of the store's temporary files.
     #[error("file name is reserved for temporary files")]
     Reserved,
+    /// Starts with `.`: such names belong to the store (its temporary files are
+    /// `.NAME.rdmactor-tmp-*`), so no upload can ever share a name with one, and
+    /// `sweep_temp_files` can never remove a client's file.
+    #[error("file name starts with '.', which the server keeps for its temporary files")]
+    Hidden,
 }
 
 /// Returns `name` if it is a plain file name: not empty, at most [`MAX_NAME_LEN`]
 /// bytes, no `/` or `\` (so never absolute), not `.`, no `..` anywhere, no NUL or
-/// other control character, and not in the store's temporary-file pattern.
+/// other control character, not in the store's temporary-file pattern, and not
+/// starting with `.` (the store's own names).
 ///
 /// # Errors
 ///
@@ -65,6 +71,9 @@ pub fn validate_name(name: &str) -> Result<&str, NameError> {
     if name.contains(TEMP_MARKER) {
         return Err(NameError::Reserved);
     }
+    if name.starts_with('.') {
+        return Err(NameError::Hidden);
+    }
     Ok(name)
 }
 
@@ -74,14 +83,7 @@ mod tests {
 
     #[test]
     fn plain_names_pass() {
-        for n in [
-            "a",
-            "file.txt",
-            ".hidden",
-            "with space",
-            "ünïcode-名前",
-            "a.b.c",
-        ] {
+        for n in ["a", "file.txt", "with space", "ünïcode-名前", "a.b.c"] {
             assert_eq!(validate_name(n), Ok(n));
         }
         let longest = "x".repeat(MAX_NAME_LEN);
@@ -103,6 +105,8 @@ mod tests {
             ("a\nb", NameError::Control),
             ("a\u{7f}", NameError::Control),
             (".x.rdmactor-tmp-0011", NameError::Reserved),
+            (".hidden", NameError::Hidden),
+            (".a", NameError::Hidden),
         ];
         for (name, err) in cases {
             assert_eq!(validate_name(name), Err(err), "{name:?}");

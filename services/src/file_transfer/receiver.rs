@@ -13,7 +13,8 @@ use super::endpoint::{unexpected, Endpoint, Outcome, Output};
 use super::error::{Result, TransferError};
 use super::hash::Hasher;
 use super::name::validate_name;
-use super::store::{Reaper, StoreError, TempFile};
+use super::quota::{Admission, Ledger};
+use super::store::{free_space, Reaper, StoreError, TempFile};
 use super::wire::{
     chunk_count, chunk_len, BadReason, FileOffer, HashAlg, Msg, RejectReason, RemoteWindow,
     WindowGrant, MAX_CHUNKS,
@@ -33,6 +34,8 @@ struct Committing {
     /// The hash did not match: the temporary file is [abandoned](TempFile::abandon), its
     /// commit removes it, and the verdict is BAD with this digest whatever the commit did.
     mismatch: Option<super::wire::Digest>,
+    /// The client's share, given back once the commit is over.
+    _admission: Option<Admission>,
 }
 
 /// Where received chunks go, in order: the running hash and the temporary file. It
@@ -110,6 +113,8 @@ struct Incoming {
     /// Index of the next chunk expected.
     next: u64,
     window: Option<RemoteWindow>,
+    /// This upload's share of its client's quota (server side).
+    admission: Option<Admission>,
 }
 
 /// Releases chunk `index`'s slot: the sender may reuse it. Acks go out only when a later
@@ -162,6 +167,10 @@ enum State {
     /// The verdict was sent (or the offer rejected); `Identify` is still answered when
     /// the verdict was GOOD.
     Finished { may_identify: bool },
+    /// The transfer was aborted ([`Msg::Abort`] sent) before the sender's `Done`: the
+    /// window stays registered, and chunks still landing in it are ignored, until
+    /// `Done` says no more come.
+    Aborted { reason: RejectReason, window: bool },
     /// An error ended the transfer.
     Failed,
 }
@@ -178,6 +187,7 @@ impl State {
             State::Finished {
                 may_identify: false,
             } => "finished",
+            State::Aborted { .. } => "aborted, waiting for the sender's Done",
             State::Failed => "failed",
         }
     }
@@ -205,6 +215,8 @@ pub struct Receiver {
     proved_id: Option<String>,
     /// Given to each temporary file (see [`TempFile::set_reaper`]).
     reaper: Option<Reaper>,
+    /// The service's ledger and this connection's client, for quotas (server side).
+    quota: Option<(Ledger, String)>,
 }
 
 impl Receiver {
@@ -216,7 +228,14 @@ impl Receiver {
             out: VecDeque::new(),
             proved_id: None,
             reaper: None,
+            quota: None,
         }
+    }
+
+    /// Charges every upload this receiver admits to `client`'s share in `ledger` (see
+    /// [`Config::client_quota`]).
+    pub fn set_quota(&mut self, ledger: Ledger, client: String) {
+        self.quota = Some((ledger, client));
     }
 
     /// Hands the temporary files this receiver abandons (a failure, a dropped receiver)
@@ -298,6 +317,33 @@ impl Receiver {
             });
         }
         let slots = u64::from(config.slots.max(1)).min(chunks.max(1)) as u32;
+        let mut admission = match &self.quota {
+            Some((ledger, client)) => match ledger.admit(client, offer.len) {
+                Ok(a) => Some(a),
+                Err(reason) => return self.reject(reason),
+            },
+            None => None,
+        };
+        // Room first (cheap, and no file is created for an offer that cannot fit),
+        // less what was promised on file systems that cannot reserve; then reserved.
+        let promised = self
+            .quota
+            .as_ref()
+            .map_or(0, |(ledger, _)| ledger.unbacked());
+        match free_space(&config.dir) {
+            Ok(free) if free.saturating_sub(promised) < offer.len => {
+                return self.reject(RejectReason::NoSpace {
+                    needed: offer.len,
+                    available: free.saturating_sub(promised),
+                })
+            }
+            Ok(_) => {}
+            Err(e) => {
+                return self.reject(RejectReason::Unavailable {
+                    reason: e.to_string(),
+                })
+            }
+        }
         let mut temp = match TempFile::create(&config.dir, &offer.name, overwrite) {
             Ok(t) => t,
             Err(StoreError::Exists(_)) => return self.reject(RejectReason::Exists),
@@ -310,7 +356,17 @@ impl Receiver {
         if let Some(reaper) = &self.reaper {
             temp.set_reaper(reaper.clone());
         }
+        match temp.reserve(offer.len) {
+            Ok(true) => {}
+            Ok(false) => {
+                if let Some(a) = admission.as_mut() {
+                    a.mark_unbacked();
+                }
+            }
+            Err(e) => return self.reject(store_reason(&e, offer.len)),
+        }
         let inc = Box::new(Incoming {
+            admission,
             sink: Some(Box::new(Sink {
                 hasher: Hasher::new(offer.digest.alg),
                 temp,
@@ -355,7 +411,12 @@ impl Receiver {
         if inc.window.is_some() {
             self.out.push_back(Output::Revoke);
         }
-        let Incoming { offer, sink, .. } = *inc;
+        let Incoming {
+            offer,
+            sink,
+            admission,
+            ..
+        } = *inc;
         let Sink { hasher, mut temp } = *sink.expect("checked above");
         let got = hasher.finalize();
         // A mismatch goes the way of a commit too, so that the temporary file is
@@ -374,8 +435,37 @@ impl Receiver {
             digest: got,
             temp: Some(temp),
             mismatch,
+            _admission: admission,
         }));
         Ok(())
+    }
+
+    /// Ends the transfer midway for `reason`, which the sender is told ([`Msg::Abort`]):
+    /// the temporary file goes (dropped with the sink), the client's share is given
+    /// back, and the window is revoked once the sender's `Done` says nothing more is
+    /// written into it (at once if it came already).
+    fn abort(&mut self, inc: Box<Incoming>, reason: RejectReason) {
+        self.out.push_back(Output::Send(Msg::Abort {
+            reason: reason.clone(),
+        }));
+        let window = inc.window.is_some();
+        if inc.done_pending {
+            self.aborted(window, reason);
+        } else {
+            self.state = State::Aborted { reason, window };
+        }
+    }
+
+    /// The aborted transfer is over: revoke and finish.
+    fn aborted(&mut self, window: bool, reason: RejectReason) {
+        if window {
+            self.out.push_back(Output::Revoke);
+        }
+        self.out
+            .push_back(Output::Finished(Outcome::Aborted(reason)));
+        self.state = State::Finished {
+            may_identify: false,
+        };
     }
 
     /// Sends the verdict and finishes: GOOD with what was stored, or BAD.
@@ -396,6 +486,26 @@ impl Receiver {
                 };
             }
         }
+    }
+}
+
+/// What the peer is told when storing failed: the lack of space as such, anything
+/// else as unavailable with the error.
+fn store_reason(e: &StoreError, len: u64) -> RejectReason {
+    match e {
+        StoreError::NoSpace {
+            needed, available, ..
+        } => RejectReason::NoSpace {
+            needed: *needed,
+            available: *available,
+        },
+        e if e.is_no_space() => RejectReason::NoSpace {
+            needed: len,
+            available: 0,
+        },
+        e => RejectReason::Unavailable {
+            reason: e.to_string(),
+        },
     }
 }
 
@@ -437,6 +547,24 @@ impl Endpoint for Receiver {
                 Ok(())
             }
             (State::Receiving(inc), Msg::Done) => self.done(inc),
+            (State::Aborted { reason, window }, Msg::Done) => {
+                self.aborted(window, reason);
+                Ok(())
+            }
+            // The sender gave up (its Abort follows its last WRITE): whatever was
+            // received goes; the echo tells it that no Ack of this transfer follows.
+            (State::Receiving(inc), Msg::Abort { reason }) => {
+                self.out.push_back(Output::Send(Msg::Abort {
+                    reason: reason.clone(),
+                }));
+                self.aborted(inc.window.is_some(), reason);
+                Ok(())
+            }
+            // Both gave up at once: the sender's Abort stands for its Done.
+            (State::Aborted { reason, window }, Msg::Abort { .. }) => {
+                self.aborted(window, reason);
+                Ok(())
+            }
             (State::Finished { may_identify: true }, Msg::Identify { id }) => {
                 // Only the ID this upload proved, and the same `Refused` for an unknown
                 // ID as for an unproved one.
@@ -470,6 +598,10 @@ impl Endpoint for Receiver {
     }
 
     fn chunk_range(&self, index: u32) -> Result<Range<usize>> {
+        if matches!(self.state, State::Aborted { .. }) {
+            // Chunks in flight when the abort went out: nothing to read.
+            return Ok(0..0);
+        }
         let State::Receiving(inc) = &self.state else {
             return Err(unexpected(self, format!("chunk {index}")));
         };
@@ -485,6 +617,9 @@ impl Endpoint for Receiver {
     }
 
     fn handle_chunk(&mut self, index: u32, bytes: &[u8]) -> Result<()> {
+        if matches!(self.state, State::Aborted { .. }) {
+            return Ok(());
+        }
         let State::Receiving(inc) = &mut self.state else {
             let e = unexpected(self, format!("chunk {index}"));
             return self.fail(e);
@@ -531,6 +666,11 @@ impl Endpoint for Receiver {
     }
 
     fn handle_consumed(&mut self, consumed: Consumed) -> Result<()> {
+        if matches!(self.state, State::Finished { .. }) {
+            // The sender aborted while this job ran: its chunks (and the temporary
+            // file, dropped with the sink) belong to a transfer that is over.
+            return Ok(());
+        }
         let State::Receiving(inc) = &mut self.state else {
             let e = unexpected(self, "consumed chunks".into());
             return self.fail(e);
@@ -542,7 +682,15 @@ impl Endpoint for Receiver {
         let Consumed { sink, done, result } = consumed;
         inc.sink = Some(sink);
         if let Err(e) = result {
-            return self.fail(e.into());
+            // The sender hears why (no space, an I/O error) instead of seeing its
+            // connection close under it.
+            let reason = store_reason(&e, inc.offer.len);
+            tracing::warn!(error = %e, "writing a received file failed; aborting the transfer");
+            let State::Receiving(inc) = mem::replace(&mut self.state, State::Failed) else {
+                unreachable!("matched above");
+            };
+            self.abort(inc, reason);
+            return Ok(());
         }
         // Chunks released early are simply done; the others release their slots now
         // (in order: consumption follows arrival), and queued ones may go early again.
@@ -1063,5 +1211,144 @@ mod tests {
         r.handle_msg(offer("f", b"abcdefgh")).unwrap();
         drain(&mut r);
         assert!(r.handle_window(RemoteWindow { len: 7, ..WINDOW }).is_err());
+    }
+
+    #[test]
+    fn an_offer_larger_than_the_free_space_is_refused_before_any_file_exists() {
+        let dir = tempfile::tempdir().unwrap();
+        let free = free_space(dir.path()).unwrap();
+        let config = Arc::new(Config::new(dir.path()).with_max_size(u64::MAX));
+        let mut r = Receiver::new(config);
+        let len = free + (1 << 30);
+        r.handle_msg(Msg::Offer(FileOffer {
+            name: "big".into(),
+            len,
+            digest: hash_bytes(HashAlg::Sha256, b""),
+            overwrite: false,
+        }))
+        .unwrap();
+        let out = drain(&mut r);
+        match out.as_slice() {
+            [Output::Send(Msg::Reject {
+                reason: RejectReason::NoSpace { needed, available },
+            }), Output::Finished(Outcome::Rejected(_))] => {
+                assert_eq!(*needed, len);
+                // Others write to the same file system meanwhile: roughly `free`.
+                assert!(*available < len, "{available}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(entries(dir.path()).is_empty(), "no temporary file");
+        let text = RejectReason::NoSpace {
+            needed: len,
+            available: free,
+        }
+        .to_string();
+        assert!(text.contains("no space left"), "{text}");
+    }
+
+    #[test]
+    fn a_client_past_its_quota_is_refused_and_served_again_once_under_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = Arc::new(Config::new(dir.path()).with_client_quota(1, 1 << 20));
+        let ledger = Ledger::new(config.client_quota);
+        let receiver = |client: &str| {
+            let mut r = Receiver::new(Arc::clone(&config));
+            r.set_quota(ledger.clone(), client.into());
+            r
+        };
+        let mut first = receiver("10.0.0.1");
+        first.handle_msg(offer("a", b"12345678")).unwrap();
+        assert!(matches!(
+            drain(&mut first)[..],
+            [Output::GrantWindow { .. }]
+        ));
+        assert_eq!(ledger.usage("10.0.0.1"), (1, 8));
+        // The same client on another connection: one upload at once.
+        let mut second = receiver("10.0.0.1");
+        second.handle_msg(offer("b", b"x")).unwrap();
+        assert!(matches!(
+            drain(&mut second)[..],
+            [
+                Output::Send(Msg::Reject {
+                    reason: RejectReason::Quota {
+                        limit: 1,
+                        would_use: 2,
+                        ..
+                    }
+                }),
+                _
+            ]
+        ));
+        // Another client is served meanwhile; its bytes are limited too.
+        let mut other = receiver("10.0.0.2");
+        other
+            .handle_msg(Msg::Offer(FileOffer {
+                name: "huge".into(),
+                len: (1 << 20) + 1,
+                digest: hash_bytes(HashAlg::Sha256, b""),
+                overwrite: false,
+            }))
+            .unwrap();
+        let out = drain(&mut other);
+        assert!(
+            matches!(&out[0], Output::Send(Msg::Reject { reason: RejectReason::Quota { what, .. } }) if what.contains("bytes")),
+            "{out:?}"
+        );
+        // The first upload ends (its connection drops it): the share comes back.
+        drop(first);
+        assert_eq!(ledger.usage("10.0.0.1"), (0, 0));
+        let mut third = receiver("10.0.0.1");
+        third.handle_msg(offer("c", b"x")).unwrap();
+        assert!(matches!(
+            drain(&mut third)[..],
+            [Output::GrantWindow { .. }]
+        ));
+    }
+
+    #[test]
+    fn a_write_that_runs_out_of_space_aborts_with_the_reason_and_the_connection_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = b"abcdefghijklmnopqrst"; // 5 chunks of 4 through 2 slots
+        let mut r = Receiver::new(config(dir.path()));
+        r.handle_msg(offer("f", data)).unwrap();
+        granted(&mut r, 8);
+        r.handle_chunk(0, &data[0..4]).unwrap();
+        let out: Vec<Output> = std::iter::from_fn(|| r.poll_output()).collect();
+        assert!(out.contains(&Output::Consume), "{out:?}");
+        let job = r.take_consume().unwrap();
+        // The job's write fails as a full disk would make it.
+        let Consumed { sink, .. } = job.run();
+        let failed = Consumed {
+            sink,
+            done: Vec::new(),
+            result: Err(StoreError::Io {
+                op: "write",
+                path: dir.path().join("f"),
+                source: std::io::Error::from_raw_os_error(28), // ENOSPC
+            }),
+        };
+        r.handle_consumed(failed).unwrap();
+        let reason = RejectReason::NoSpace {
+            needed: data.len() as u64,
+            available: 0,
+        };
+        assert_eq!(
+            drain(&mut r),
+            vec![Output::Send(Msg::Abort {
+                reason: reason.clone()
+            })]
+        );
+        assert!(!r.is_finished(), "the window stays until the sender's Done");
+        // A chunk still in flight lands and is ignored.
+        assert_eq!(r.chunk_range(1).unwrap(), 0..0);
+        r.handle_chunk(1, &[]).unwrap();
+        r.handle_msg(Msg::Done).unwrap();
+        assert_eq!(
+            drain(&mut r),
+            vec![Output::Revoke, Output::Finished(Outcome::Aborted(reason))]
+        );
+        assert!(r.is_finished());
+        assert!(entries(dir.path()).is_empty(), "the temporary file is gone");
     }
 }

@@ -29,6 +29,10 @@ enum State {
     AwaitVerdict,
     /// `Identify` sent; waiting for `Secret` or `Refused`.
     Identifying,
+    /// Reading the file failed and `Abort` went out: waiting for the receiver's
+    /// `Abort` in answer (the Acks it sent meanwhile are dropped), so that nothing of
+    /// this transfer reaches the next one.
+    Aborting,
     /// Over.
     Finished,
     /// An error ended the transfer.
@@ -42,6 +46,7 @@ impl State {
             State::Sending => "sending chunks",
             State::AwaitVerdict => "waiting for the verdict",
             State::Identifying => "waiting for the answer to Identify",
+            State::Aborting => "aborted, waiting for the receiver's answer",
             State::Finished => "finished",
             State::Failed => "failed",
         }
@@ -101,6 +106,8 @@ pub struct Sender {
     state: State,
     pipe: Option<Pipeline>,
     out: VecDeque<Output>,
+    /// Why this sender aborted (while [`State::Aborting`]).
+    aborting: Option<RejectReason>,
 }
 
 impl std::fmt::Debug for Sender {
@@ -133,6 +140,7 @@ impl Sender {
             state: State::Offered,
             pipe: None,
             out,
+            aborting: None,
         })
     }
 
@@ -367,9 +375,27 @@ impl Sender {
                 },
                 _ => TransferError::Source(e),
             };
-            return self.fail(e);
+            // The receiver hears why ([`Msg::Abort`], after the WRITEs already posted)
+            // instead of seeing the connection close; the chunk just read is not sent
+            // (the driver checks `is_finished` before posting it).
+            tracing::warn!(error = %e, "reading the file being sent failed; aborting the transfer");
+            self.abort(RejectReason::Unavailable {
+                reason: e.to_string(),
+            });
         }
         Ok(())
+    }
+
+    /// Ends the transfer midway for `reason`: no more chunks, `Abort` to the receiver
+    /// (it follows the WRITEs already posted, so the receiver may revoke its window on
+    /// it), then wait for the receiver's `Abort` in answer.
+    fn abort(&mut self, reason: RejectReason) {
+        self.out.retain(|o| !matches!(o, Output::WriteChunk(_)));
+        self.out.push_back(Output::Send(Msg::Abort {
+            reason: reason.clone(),
+        }));
+        self.aborting = Some(reason);
+        self.state = State::Aborting;
     }
 
     fn ack(&mut self, next: u32) -> Result<()> {
@@ -531,6 +557,27 @@ impl Endpoint for Sender {
                 self.finish(Outcome::Bad(reason));
                 Ok(())
             }
+            // The receiver gave up midway (no space, an I/O error): stop writing. `Done`
+            // follows the WRITEs already posted on the queue pair, so it tells the
+            // receiver that nothing more lands in its window.
+            (State::Sending, Msg::Abort { reason }) => {
+                self.out.retain(|o| !matches!(o, Output::WriteChunk(_)));
+                self.out.push_back(Output::Send(Msg::Done));
+                self.finish(Outcome::Aborted(reason));
+                Ok(())
+            }
+            (State::Offered | State::AwaitVerdict, Msg::Abort { reason }) => {
+                self.finish(Outcome::Aborted(reason));
+                Ok(())
+            }
+            // Acks the receiver sent before it saw our Abort: the slots no longer matter.
+            (State::Aborting, Msg::Ack { .. }) => Ok(()),
+            // The receiver's answer (or its own abort, crossing ours): over.
+            (State::Aborting, Msg::Abort { .. }) => {
+                let reason = self.aborting.take().expect("set with Aborting");
+                self.finish(Outcome::Aborted(reason));
+                Ok(())
+            }
             (State::Identifying, Msg::Secret { key }) => {
                 self.finish(Outcome::Delivered {
                     auth: Some(Auth::Secret(key)),
@@ -556,6 +603,13 @@ impl Endpoint for Sender {
 
     fn is_finished(&self) -> bool {
         self.state == State::Finished
+    }
+
+    fn stopped_sending(&self) -> bool {
+        matches!(
+            self.state,
+            State::Aborting | State::Finished | State::Failed
+        )
     }
 
     fn fill_chunk(&mut self, chunk: &ChunkWrite, dst: &mut [u8]) -> Result<()> {
@@ -918,12 +972,33 @@ mod tests {
     }
 
     #[test]
-    fn a_short_source_is_an_error() {
+    fn a_short_source_aborts_with_the_reason() {
         let (mut s, c) = short_source();
-        assert!(matches!(
-            s.fill_chunk(&c, &mut [0; 8]),
-            Err(TransferError::SourceTruncated { at: 0, len: 8 })
-        ));
+        s.fill_chunk(&c, &mut [0; 8]).unwrap();
+        assert!(s.stopped_sending(), "the driver must not post the chunk");
+        assert_short_source_abort(&mut s);
+    }
+
+    /// `Abort` with the reason goes out; Acks already on their way are dropped; the
+    /// receiver's answering `Abort` ends the transfer.
+    fn assert_short_source_abort(s: &mut Sender) {
+        let out = drain(s);
+        let reason = match out.as_slice() {
+            [Output::Send(Msg::Abort { reason })] => reason.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert!(
+            matches!(&reason, RejectReason::Unavailable { reason } if reason.contains("ended at byte 0 of 8")),
+            "{reason}"
+        );
+        assert!(!s.is_finished());
+        s.handle_msg(Msg::Ack { next: 1 }).unwrap();
+        s.handle_msg(Msg::Abort {
+            reason: reason.clone(),
+        })
+        .unwrap();
+        assert_eq!(drain(s), vec![Output::Finished(Outcome::Aborted(reason))]);
+        assert!(s.is_finished());
     }
 
     #[test]
@@ -992,13 +1067,12 @@ mod tests {
     }
 
     #[test]
-    fn a_short_source_is_an_error_in_a_read_job_too() {
+    fn a_short_source_aborts_in_a_read_job_too() {
         let (mut s, c) = short_source();
         let read = s.take_read(&c).unwrap().run();
-        assert!(matches!(
-            s.handle_read(read),
-            Err(TransferError::SourceTruncated { at: 0, len: 8 })
-        ));
+        s.handle_read(read).unwrap();
+        assert!(s.stopped_sending());
+        assert_short_source_abort(&mut s);
     }
 
     /// Security issue item 7: a fetch kept hashing (up to 1 TiB) after its client left.
@@ -1037,5 +1111,53 @@ mod tests {
             RejectReason::BadName { .. }
         ));
         assert!(Sender::from_file(&dir.path().join("f"), "a/b", HashAlg::Sha256, false).is_err());
+    }
+
+    #[test]
+    fn an_abort_stops_the_writes_and_done_marks_the_last_one() {
+        let data = b"abcdefghijklmnopqrst";
+        let mut s = sender(data);
+        drain(&mut s);
+        s.handle_msg(grant(2, 4)).unwrap();
+        let out = drain(&mut s);
+        assert_eq!(writes(&out), vec![0, 1]);
+        fill(&mut s, &out);
+        // Acked, so chunks 2 and 3 are issued but not yet taken by the driver.
+        s.handle_write_done(0).unwrap();
+        s.handle_write_done(1).unwrap();
+        s.handle_msg(Msg::Ack { next: 2 }).unwrap();
+        let reason = RejectReason::NoSpace {
+            needed: 20,
+            available: 0,
+        };
+        s.handle_msg(Msg::Abort {
+            reason: reason.clone(),
+        })
+        .unwrap();
+        assert_eq!(
+            drain(&mut s),
+            vec![
+                Output::Send(Msg::Done),
+                Output::Finished(Outcome::Aborted(reason.clone()))
+            ],
+            "no more chunks; Done after those already posted"
+        );
+        assert!(s.is_finished());
+        // After Done was sent, an abort only ends the transfer.
+        let mut s = sender(b"ab");
+        drain(&mut s);
+        s.handle_msg(grant(1, 4)).unwrap();
+        let out = drain(&mut s);
+        fill(&mut s, &out);
+        s.handle_write_done(0).unwrap();
+        assert_eq!(drain(&mut s), vec![]);
+        s.handle_msg(Msg::Abort {
+            reason: reason.clone(),
+        })
+        .unwrap();
+        assert_eq!(
+            drain(&mut s),
+            vec![Output::Finished(Outcome::Aborted(reason))]
+        );
     }
 }

@@ -5,11 +5,13 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use super::config::Config;
 use super::endpoint::{ChunkWrite, Endpoint, Outcome, Output, PrepareFetch};
 use super::error::Result;
+use super::quota::Ledger;
 use super::receiver::Receiver;
 use super::sender::Sender;
 use super::store::Reaper;
@@ -44,6 +46,10 @@ pub struct Server {
     out: VecDeque<Output>,
     /// Given to every upload's receiver (see [`Receiver::set_reaper`]).
     reaper: Option<Reaper>,
+    /// The service's ledger and this connection's client (see [`Receiver::set_quota`]).
+    quota: Option<(Ledger, String)>,
+    /// Set when the service stops taking transfers (shutdown has begun).
+    draining: Option<Arc<AtomicBool>>,
 }
 
 impl Server {
@@ -55,7 +61,29 @@ impl Server {
             owned: HashSet::new(),
             out: VecDeque::new(),
             reaper: None,
+            quota: None,
+            draining: None,
         }
+    }
+
+    /// Refuses every new offer and fetch with [`RejectReason::ShuttingDown`] once
+    /// `flag` is set (see `FileTransfer::refuse_new_transfers`).
+    pub fn with_drain_flag(mut self, flag: Arc<AtomicBool>) -> Server {
+        self.draining = Some(flag);
+        self
+    }
+
+    fn draining(&self) -> bool {
+        self.draining
+            .as_ref()
+            .is_some_and(|f| f.load(Ordering::Relaxed))
+    }
+
+    /// Charges this connection's uploads to `client`'s share in `ledger` (see
+    /// [`Config::client_quota`]).
+    pub fn with_quota(mut self, ledger: Ledger, client: String) -> Server {
+        self.quota = Some((ledger, client));
+        self
     }
 
     /// Has every upload's abandoned temporary file removed by `reaper` rather than on
@@ -103,6 +131,16 @@ impl Endpoint for Server {
     fn handle_msg(&mut self, msg: Msg) -> Result<()> {
         let between = self.is_finished();
         match msg {
+            Msg::Offer(_) | Msg::Fetch { .. } if between && self.draining() => {
+                self.retire();
+                let reason = RejectReason::ShuttingDown;
+                self.out.push_back(Output::Send(Msg::Reject {
+                    reason: reason.clone(),
+                }));
+                self.out
+                    .push_back(Output::Finished(Outcome::Rejected(reason)));
+                Ok(())
+            }
             Msg::Offer(mut offer) if between => {
                 self.retire();
                 // Overwriting someone else's file is asked for as if it were not:
@@ -113,6 +151,9 @@ impl Endpoint for Server {
                 let mut r = Receiver::new(Arc::clone(&self.config));
                 if let Some(reaper) = &self.reaper {
                     r.set_reaper(reaper.clone());
+                }
+                if let Some((ledger, client)) = &self.quota {
+                    r.set_quota(ledger.clone(), client.clone());
                 }
                 let res = r.handle_msg(Msg::Offer(offer));
                 self.role = Role::Receive(r);
@@ -169,6 +210,10 @@ impl Endpoint for Server {
 
     fn is_finished(&self) -> bool {
         !matches!(self.role, Role::Preparing(_)) && self.role().is_none_or(|ep| ep.is_finished())
+    }
+
+    fn stopped_sending(&self) -> bool {
+        self.role().is_none_or(|ep| ep.stopped_sending())
     }
 
     fn take_prepare(&mut self) -> Option<PrepareFetch> {
@@ -283,5 +328,64 @@ impl Endpoint for Server {
                 format!("completion of chunk {index}"),
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::file_transfer::hash::hash_bytes;
+    use crate::file_transfer::wire::{FileOffer, HashAlg};
+
+    #[test]
+    fn a_draining_service_refuses_new_transfers_with_the_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let flag = Arc::new(AtomicBool::new(false));
+        let mut s = Server::new(Arc::new(Config::new(dir.path()))).with_drain_flag(flag.clone());
+        let offer = Msg::Offer(FileOffer {
+            name: "f".into(),
+            len: 3,
+            digest: hash_bytes(HashAlg::Sha256, b"abc"),
+            overwrite: false,
+        });
+        s.handle_msg(offer.clone()).unwrap();
+        assert!(matches!(s.poll_output(), Some(Output::GrantWindow { .. })));
+        // The transfer under way is not disturbed; the next one is refused.
+        flag.store(true, Ordering::Relaxed);
+        s.handle_window(RemoteWindow {
+            addr: 0,
+            len: 3,
+            rkey: 1,
+        })
+        .unwrap();
+        assert!(matches!(
+            s.poll_output(),
+            Some(Output::Send(Msg::Grant { window: Some(_) }))
+        ));
+        let mut s = Server::new(Arc::new(Config::new(dir.path()))).with_drain_flag(flag);
+        for msg in [
+            offer,
+            Msg::Fetch {
+                name: "f".into(),
+                alg: HashAlg::Sha256,
+            },
+        ] {
+            s.handle_msg(msg).unwrap();
+            assert_eq!(
+                s.poll_output(),
+                Some(Output::Send(Msg::Reject {
+                    reason: RejectReason::ShuttingDown
+                }))
+            );
+            assert_eq!(
+                s.poll_output(),
+                Some(Output::Finished(Outcome::Rejected(
+                    RejectReason::ShuttingDown
+                )))
+            );
+        }
+        assert!(RejectReason::ShuttingDown
+            .to_string()
+            .contains("shutting down"));
     }
 }

@@ -28,6 +28,7 @@ use rdmactor::verbs::{Access, RemoteRegion};
 use super::config::Config;
 use super::endpoint::{ChunkWrite, Endpoint, Outcome, Output};
 use super::error::{Result, TransferError};
+use super::quota::Ledger;
 use super::receiver::Consumed;
 use super::sender::ChunkRead;
 use super::server::Server;
@@ -54,6 +55,11 @@ pub struct FileTransfer {
     config: Arc<Config>,
     /// Removes the temporary files of failed or abandoned uploads off the poller.
     reaper: Reaper,
+    /// Every client's share of uploads and reserved bytes.
+    ledger: Ledger,
+    /// Set by [`FileTransfer::refuse_new_transfers`]: offers and fetches are answered
+    /// with [`RejectReason::ShuttingDown`].
+    draining: Arc<AtomicBool>,
 }
 
 impl FileTransfer {
@@ -87,6 +93,8 @@ impl FileTransfer {
             source,
         })?;
         Ok(FileTransfer {
+            ledger: Ledger::new(config.client_quota),
+            draining: Arc::new(AtomicBool::new(false)),
             config: Arc::new(config),
             reaper,
         })
@@ -96,12 +104,41 @@ impl FileTransfer {
     pub fn config(&self) -> &Config {
         &self.config
     }
+
+    /// Every client's admitted uploads and reserved bytes.
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    /// From now on every new offer and fetch, on every connection (clones of this
+    /// service included), is refused with [`RejectReason::ShuttingDown`], while the
+    /// transfers under way go on: call it when shutdown begins, wait for
+    /// [`uploads_in_flight`](Self::uploads_in_flight) to reach 0 (or a deadline), then
+    /// shut the server down, so that clients hear why instead of losing their
+    /// connection mid-file.
+    pub fn refuse_new_transfers(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// Uploads admitted and not yet stored or ended, over every connection.
+    pub fn uploads_in_flight(&self) -> u64 {
+        self.ledger.uploads()
+    }
 }
 
 impl Service for FileTransfer {
     fn session(&self, peer: &PeerInfo) -> Box<dyn Session> {
+        // Quotas are per client host: its connections share one share.
+        let client = peer
+            .addr
+            .map_or_else(|| format!("qp {}", peer.qp_num), |a| a.ip().to_string());
         Box::new(FileSession {
-            server: Some(Server::new(Arc::clone(&self.config)).with_reaper(self.reaper.clone())),
+            server: Some(
+                Server::new(Arc::clone(&self.config))
+                    .with_reaper(self.reaper.clone())
+                    .with_quota(self.ledger.clone(), client)
+                    .with_drain_flag(Arc::clone(&self.draining)),
+            ),
             peer: peer
                 .addr
                 .map_or_else(|| format!("qp {}", peer.qp_num), |a| a.to_string()),
@@ -303,6 +340,10 @@ impl FileSession {
                 tracing::warn!(%peer, %reason, "BAD")
             }
             Outcome::Rejected(reason) => tracing::info!(%peer, %reason, "rejected"),
+            Outcome::Aborted(reason) => {
+                rdmactor::metrics::file_transfer(false, 0);
+                tracing::warn!(%peer, %reason, "aborted")
+            }
         }
     }
 }
@@ -375,10 +416,18 @@ impl Session for FileSession {
                 return Ok(());
             };
             let (chunk, _) = self.reading.take().expect("checked above");
+            if self.server()?.is_finished() {
+                // The transfer was aborted while this chunk was read: it is not sent.
+                return self.drive(cx);
+            }
             let read = result.map_err(|e| {
                 SessionError::new(format!("file transfer: reading chunk {}: {e}", chunk.index))
             })?;
             let bytes = self.server()?.handle_read(read).map_err(fail)?;
+            if self.server()?.stopped_sending() {
+                // The read failed and the transfer was aborted: nothing to post.
+                return self.drive(cx);
+            }
             self.post_chunk(cx, &chunk, &bytes)?;
             return self.drive(cx);
         }

@@ -44,6 +44,17 @@ pub enum StoreError {
     /// The file was [abandoned](TempFile::abandon): `commit` removed it.
     #[error("{} abandoned", .0.display())]
     Abandoned(PathBuf),
+    /// The file system has not enough free space for the file (checked with `statvfs`
+    /// before creating it, or `fallocate` refused the reservation).
+    #[error("no space for {needed} bytes in {} ({available} bytes free)", path.display())]
+    NoSpace {
+        /// The directory or temporary file.
+        path: PathBuf,
+        /// Bytes the file needs.
+        needed: u64,
+        /// Bytes free for it.
+        available: u64,
+    },
     /// A file-system call failed.
     #[error("{op} {} failed: {source}", path.display())]
     Io {
@@ -55,6 +66,33 @@ pub enum StoreError {
         #[source]
         source: io::Error,
     },
+}
+
+impl StoreError {
+    /// True when the file system ran out of space (`ENOSPC` from a write, a failed
+    /// reservation, or not enough free space for an offer): a reason the peer is told
+    /// as such rather than as an I/O error.
+    pub fn is_no_space(&self) -> bool {
+        match self {
+            StoreError::NoSpace { .. } => true,
+            StoreError::Io { source, .. } => {
+                source.kind() == io::ErrorKind::StorageFull
+                    || source.raw_os_error() == Some(rustix::io::Errno::NOSPC.raw_os_error())
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Bytes an unprivileged writer may still allocate in the file system holding `dir`
+/// (`statvfs`: available blocks times the fragment size).
+///
+/// # Errors
+///
+/// `statvfs` failed.
+pub fn free_space(dir: &Path) -> Result<u64, StoreError> {
+    let st = rustix::fs::statvfs(dir).map_err(|e| io_err("statvfs", dir)(e.into()))?;
+    Ok(st.f_bavail.saturating_mul(st.f_frsize))
 }
 
 fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> StoreError + 'a {
@@ -152,6 +190,34 @@ impl TempFile {
             abandoned: false,
             reaper: None,
         })
+    }
+
+    /// Reserves `len` bytes of disk for this file with `fallocate(FALLOC_FL_KEEP_SIZE)`,
+    /// so that writes cannot run out of space later (another upload, or anyone else,
+    /// filling the disk meanwhile): the file keeps its size, only blocks are allocated.
+    /// Returns `false` when the file system cannot reserve (no `fallocate`, as on
+    /// some network and FUSE file systems): the free-space check made before is then
+    /// all there is, and a write may still meet `ENOSPC`.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::NoSpace`] when the space is not there, or the call's error.
+    pub fn reserve(&mut self, len: u64) -> Result<bool, StoreError> {
+        use rustix::io::Errno;
+        if len == 0 {
+            return Ok(true);
+        }
+        let file = self.file.as_ref().expect("open until commit");
+        match rustix::fs::fallocate(file, rustix::fs::FallocateFlags::KEEP_SIZE, 0, len) {
+            Ok(()) => Ok(true),
+            Err(Errno::OPNOTSUPP | Errno::NOSYS) => Ok(false),
+            Err(Errno::NOSPC | Errno::FBIG) => Err(StoreError::NoSpace {
+                path: self.temp.clone(),
+                needed: len,
+                available: free_space(&self.dir).unwrap_or(0),
+            }),
+            Err(e) => Err(io_err("fallocate", &self.temp)(e.into())),
+        }
     }
 
     /// From now on, dropping this file without a commit hands its removal to `reaper`.

@@ -63,6 +63,7 @@ struct Pair {
 
 /// Which side failed, and how.
 #[derive(Debug)]
+#[allow(dead_code)] // read through Debug when a test fails
 struct Failure {
     side: usize,
     error: TransferError,
@@ -128,10 +129,16 @@ impl Pair {
                         let job = ep.take_read(&c).map_err(fail)?;
                         assert_eq!(job.index(), c.index);
                         let bytes = ep.handle_read(job.run()).map_err(fail)?;
+                        if ep.stopped_sending() {
+                            continue; // the read failed: aborted, nothing to post
+                        }
                         me.staging[c.range()].copy_from_slice(&bytes);
                     } else {
                         ep.fill_chunk(&c, &mut me.staging[c.range()])
                             .map_err(fail)?;
+                        if ep.stopped_sending() {
+                            continue;
+                        }
                     }
                     peer.inbox.push_back(Wire::Write(c));
                     self.writes += 1;
@@ -694,7 +701,7 @@ fn one_connection_carries_several_transfers() {
 }
 
 #[test]
-fn a_source_that_shrank_fails_the_sender_and_leaves_nothing() {
+fn a_source_that_shrank_aborts_with_the_reason_and_leaves_nothing() {
     let dst = tempfile::tempdir().unwrap();
     let bytes = data(150_000, 5);
     let offer = FileOffer {
@@ -707,17 +714,27 @@ fn a_source_that_shrank_fails_the_sender_and_leaves_nothing() {
     let source = std::io::Cursor::new(bytes[..100_000].to_vec());
     let sender = Sender::new(offer, Box::new(source)).unwrap();
     let mut pair = Pair::new(Box::new(sender), server(dst.path()));
-    let failure = pair.run().unwrap_err();
-    assert_eq!(failure.side, 0);
-    assert!(matches!(
-        failure.error,
-        TransferError::SourceTruncated {
-            at: 65536,
-            len: 150_000
+    pair.run().unwrap();
+    // Both sides end with the reason; the connection stays (no error).
+    for side in [pair.client(), pair.server()] {
+        match side.outcomes.as_slice() {
+            [Outcome::Aborted(RejectReason::Unavailable { reason })] => {
+                assert!(reason.contains("ended at byte 65536 of 150000"), "{reason}")
+            }
+            other => panic!("{other:?}"),
         }
-    ));
-    pair.sides[1].ep = None; // the session ends the connection
+    }
     assert!(entries(dst.path()).is_empty());
+    // The same connection carries the next transfer.
+    let src = tempfile::tempdir().unwrap();
+    std::fs::write(src.path().join("g"), b"next").unwrap();
+    pair.sides[0].ep = Some(upload(&src.path().join("g"), "g", HashAlg::Sha256, false));
+    pair.run().unwrap();
+    assert!(matches!(
+        pair.client().outcomes[1],
+        Outcome::Delivered { .. }
+    ));
+    assert_eq!(entries(dst.path()), vec!["g".to_owned()]);
 }
 
 #[test]
@@ -844,19 +861,24 @@ fn fetch_and_overwrite_only_ones_own_files_by_default() {
         ]
     ));
     assert_eq!(std::fs::read(local.path().join("mine")).unwrap(), b"mine");
-    // A new connection does not own "mine"; hidden files are not served even when
-    // every other file is.
+    // A new connection does not own "mine".
     let mut other = Pair::new(
         fetch("mine"),
         Box::new(Server::new(owner_config(dir.path()))),
     );
     other.run().unwrap();
-    let mut public = Pair::new(fetch(".hidden"), server(dir.path()));
-    public.run().unwrap();
-    for p in [&other, &public] {
-        assert_eq!(
-            p.client().outcomes,
-            vec![Outcome::Rejected(RejectReason::NotFound)]
-        );
-    }
+    assert_eq!(
+        other.client().outcomes,
+        vec![Outcome::Rejected(RejectReason::NotFound)]
+    );
+    // Hidden names are not names a transfer may use: not even asked for.
+    assert!(matches!(
+        Receiver::fetch(
+            Arc::new(Config::new(local.path())),
+            ".hidden",
+            HashAlg::Sha256,
+            true
+        ),
+        Err(TransferError::Name(crate::file_transfer::NameError::Hidden))
+    ));
 }

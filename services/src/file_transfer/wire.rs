@@ -205,6 +205,26 @@ pub enum RejectReason {
         /// What failed.
         reason: String,
     },
+    /// The receiver's file system has not enough free space for the file: checked
+    /// (and the space reserved) when the offer arrives, or met while writing.
+    NoSpace {
+        /// Bytes the file needs.
+        needed: u64,
+        /// Bytes the receiver had free for it (0 when a write ran out mid-transfer).
+        available: u64,
+    },
+    /// This client already uses its share of the receiver: too many uploads at once,
+    /// or too many bytes reserved and not yet stored.
+    Quota {
+        /// Which limit, in words (`"uploads at once"`, `"bytes reserved"`).
+        what: String,
+        /// The limit.
+        limit: u64,
+        /// What this client would use with the refused transfer.
+        would_use: u64,
+    },
+    /// The server is shutting down and takes no more transfers.
+    ShuttingDown,
 }
 
 impl fmt::Display for RejectReason {
@@ -215,6 +235,23 @@ impl fmt::Display for RejectReason {
             RejectReason::Exists => f.write_str("file exists"),
             RejectReason::NotFound => f.write_str("no such file"),
             RejectReason::Unavailable { reason } => write!(f, "unavailable: {reason}"),
+            RejectReason::NoSpace { needed, available } if *available > 0 => write!(
+                f,
+                "no space left on the receiver's disk: the file needs {needed} bytes, {available} are free"
+            ),
+            RejectReason::NoSpace { needed, .. } => write!(
+                f,
+                "no space left on the receiver's disk for the file of {needed} bytes"
+            ),
+            RejectReason::Quota {
+                what,
+                limit,
+                would_use,
+            } => write!(
+                f,
+                "quota exceeded: {would_use} {what} for this client, the limit is {limit}"
+            ),
+            RejectReason::ShuttingDown => f.write_str("the server is shutting down"),
         }
     }
 }
@@ -298,6 +335,16 @@ pub enum Msg {
     },
     /// Receiver → sender: no key for that ID.
     Refused,
+    /// Either side, mid-transfer: this transfer ends now, for `reason` (the receiver
+    /// could not write, the sender could not read, ...); the connection stays usable.
+    /// From the receiver, the sender stops writing and answers `Done` (unless it already
+    /// sent it), after which the receiver revokes its window: chunks already in flight
+    /// still land in it. From the sender, no chunk follows (it is sent after the last
+    /// WRITE on the same queue pair), so the receiver revokes at once.
+    Abort {
+        /// Why.
+        reason: RejectReason,
+    },
 }
 
 impl Msg {
@@ -315,6 +362,7 @@ impl Msg {
             Msg::Identify { .. } => "Identify",
             Msg::Secret { .. } => "Secret",
             Msg::Refused => "Refused",
+            Msg::Abort { .. } => "Abort",
         }
     }
 
@@ -399,6 +447,22 @@ mod tests {
                 key: "s3cret".into(),
             },
             Msg::Refused,
+            Msg::Abort {
+                reason: RejectReason::NoSpace {
+                    needed: 1 << 26,
+                    available: 1 << 20,
+                },
+            },
+            Msg::Reject {
+                reason: RejectReason::Quota {
+                    what: "uploads at once".into(),
+                    limit: 4,
+                    would_use: 5,
+                },
+            },
+            Msg::Reject {
+                reason: RejectReason::ShuttingDown,
+            },
         ];
         for m in msgs {
             assert_eq!(Msg::decode(&m.encode()).unwrap(), m);

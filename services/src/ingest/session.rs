@@ -121,7 +121,18 @@ impl IngestSession {
             IngestRequest::Open => {
                 let c = self.config;
                 let ring = ServerRing::new(c.slots, c.slot_len, c.credit_batch).map_err(fail)?;
-                let buf = cx.register(ring.ring_len(), Access::REMOTE_WRITE)?;
+                // Out of registrable memory (a memlock limit, the pool's cap) is the
+                // server's condition, told to this client; its connection stays.
+                let buf = match cx.register(ring.ring_len(), Access::REMOTE_WRITE) {
+                    Ok(buf) => buf,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot register an ingest ring");
+                        return Ok(IngestResponse::Refused(format!(
+                            "cannot register a ring of {} bytes: {e}",
+                            ring.ring_len()
+                        )));
+                    }
+                };
                 let info = RingInfo {
                     remote: cx.remote(buf)?,
                     slots: c.slots,

@@ -91,7 +91,15 @@ impl ReadSession {
                         } else {
                             region.len()
                         };
-                        cx.grant(&shared, 0..end, Access::REMOTE_READ)?.remote
+                        match cx.grant(&shared, 0..end, Access::REMOTE_READ) {
+                            Ok(grant) => grant.remote,
+                            Err(e) => {
+                                tracing::warn!(region = %name, error = %e, "cannot grant a region");
+                                return Ok(ReadResponse::Refused(format!(
+                                    "region {name:?} cannot be granted: {e}"
+                                )));
+                            }
+                        }
                     }
                     // An empty static region: nothing to reach.
                     None => RemoteRegion {

@@ -1,0 +1,126 @@
+//! The device's asynchronous events, read on a thread of their own and acted on: a QP
+//! the device put in error (`IBV_EVENT_QP_FATAL`, `_REQ_ERR`, `_ACCESS_ERR`,
+//! `PATH_MIG_ERR`) closes its connection with that reason, a port going down or up is
+//! logged and counted, and a failed device (`IBV_EVENT_DEVICE_FATAL`) closes every
+//! connection. Without this reader the events would only pile up in the kernel, and a
+//! connection whose QP failed silently would wait for its keepalive to notice.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::{Message, Recipient};
+
+use crate::verbs::{AsyncElement, AsyncEvent, AsyncEventKind, Context};
+
+/// What the CM actor is told (it knows which connection owns which QP).
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "()")]
+pub(crate) enum DeviceNotice {
+    /// Close the connection of QP `qp_num`: the device reported `event` for it.
+    QpFailed { qp_num: u32, event: AsyncEventKind },
+    /// The device failed: close every connection.
+    DeviceFatal,
+}
+
+/// How often the thread looks at its stop flag while no event comes.
+const TICK: Duration = Duration::from_millis(200);
+
+/// The reading thread; stopped (at its next tick) when dropped.
+pub(crate) struct DeviceWatch {
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for DeviceWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+    }
+}
+
+/// What to do about one event: the notice for the CM actor, if any. Logging and
+/// counting happen in [`handle`]; this is the decision alone.
+pub(crate) fn decide(ev: &AsyncEvent) -> Option<DeviceNotice> {
+    use AsyncEventKind::*;
+    match (ev.kind, ev.element) {
+        (QpFatal | QpReqErr | QpAccessErr | PathMigErr, AsyncElement::Qp(qp_num)) => {
+            Some(DeviceNotice::QpFailed {
+                qp_num,
+                event: ev.kind,
+            })
+        }
+        (DeviceFatal, _) => Some(DeviceNotice::DeviceFatal),
+        _ => None,
+    }
+}
+
+fn handle(device: &str, ev: &AsyncEvent, cm: &Recipient<DeviceNotice>) {
+    crate::metrics::device_event(ev.kind.name());
+    use AsyncEventKind::*;
+    match ev.kind {
+        PortActive | CommEst | PathMig | SqDrained | LidChange | PkeyChange | SmChange
+        | ClientReregister | GidChange | SrqLimitReached | QpLastWqeReached => {
+            tracing::info!(device, event = %ev, "device event")
+        }
+        _ => tracing::warn!(device, event = %ev, "device event"),
+    }
+    if let Some(notice) = decide(ev) {
+        cm.do_send(notice);
+    }
+}
+
+/// Starts reading `ctx`'s events for the CM actor `cm`.
+///
+/// # Errors
+///
+/// The event descriptor cannot be made non-blocking, or the thread cannot start.
+pub(crate) fn start(ctx: &Context, cm: Recipient<DeviceNotice>) -> std::io::Result<DeviceWatch> {
+    ctx.watch_async_events().map_err(std::io::Error::other)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let ctx = ctx.clone();
+    let device = ctx.name().to_owned();
+    std::thread::Builder::new()
+        .name("rdmactor-async".into())
+        .spawn(move || {
+            while !flag.load(Ordering::Acquire) {
+                match ctx.next_async_event(TICK) {
+                    Ok(Some(ev)) => handle(&device, &ev, &cm),
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::error!(device, error = %e, "reading device events failed; no longer watching");
+                        return;
+                    }
+                }
+            }
+        })?;
+    Ok(DeviceWatch { stop })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qp_errors_close_their_connection_and_a_device_failure_closes_all() {
+        let ev = |kind, element| AsyncEvent { kind, element };
+        assert!(matches!(
+            decide(&ev(AsyncEventKind::QpFatal, AsyncElement::Qp(7))),
+            Some(DeviceNotice::QpFailed {
+                qp_num: 7,
+                event: AsyncEventKind::QpFatal
+            })
+        ));
+        assert!(matches!(
+            decide(&ev(AsyncEventKind::PathMigErr, AsyncElement::Qp(9))),
+            Some(DeviceNotice::QpFailed { qp_num: 9, .. })
+        ));
+        assert!(matches!(
+            decide(&ev(AsyncEventKind::DeviceFatal, AsyncElement::Device)),
+            Some(DeviceNotice::DeviceFatal)
+        ));
+        for kind in [AsyncEventKind::PortErr, AsyncEventKind::PortActive] {
+            assert!(decide(&ev(kind, AsyncElement::Port(1))).is_none());
+        }
+        assert!(decide(&ev(AsyncEventKind::CommEst, AsyncElement::Qp(3))).is_none());
+    }
+}
