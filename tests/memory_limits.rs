@@ -164,7 +164,8 @@ fn oversized_rendezvous_offers_are_refused_without_registration() {
         // The shared receive queue's buffers, rounded up to whole arenas, and nothing
         // for the offer.
         let arena = 4 << 20;
-        let receives = (stats.shared_recv_buffers * 4096).div_ceil(arena) * arena;
+        let size = NodeConfig::default().recv_size as usize;
+        let receives = (stats.shared_recv_buffers * size).div_ceil(arena) * arena;
         assert!(
             stats.pool.peak_bytes <= receives.max(arena),
             "nothing registered beyond the receive arenas: {stats:?}"

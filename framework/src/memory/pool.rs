@@ -50,10 +50,13 @@ pub struct PoolConfig {
 impl Default for PoolConfig {
     fn default() -> Self {
         PoolConfig {
-            classes: vec![4 << 10, 64 << 10, 1 << 20],
+            // 2 KiB: framed receive buffers and small sends; 4 KiB: raw connections'
+            // receives (plain verbs clients' usual size).
+            classes: vec![2 << 10, 4 << 10, 64 << 10, 1 << 20],
             arena_bytes: 4 << 20,
             max_bytes: 1 << 30,
-            // 4096 receive buffers of 4 KiB: 256 connections of 16 receives each.
+            // 8192 receive buffers of 2 KiB: seven shared receive queues (1,792
+            // connections), or 512 connections of 16 receives each.
             reserved_smallest: 16 << 20,
             keep_bytes: 64 << 20,
         }

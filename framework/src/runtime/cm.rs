@@ -21,7 +21,7 @@ use super::connection::{CmNotice, ConnClosed, ConnectionActor, ConnectionParts};
 use super::node::Node;
 use super::service::{Framing, PeerInfo, Service, Session};
 use super::CloseReason;
-use crate::proto::credits::MIN_DEPTH;
+use crate::proto::credits::{Advert, MIN_DEPTH};
 use crate::proto::hello::{Hello, Reject, RejectCode, Welcome, PROTOCOL_VERSION};
 use crate::verbs::{CmEvent, CmEventKind, CmId, CmIdKey, ConnParam, EventChannel};
 
@@ -132,7 +132,7 @@ impl CmActor {
         let (service_name, peer_depth) = match Hello::decode(&ev.private_data) {
             Err(e) => return self.reject(&id, Reject::new(RejectCode::BadHello, e.to_string())),
             Ok(None) => match default {
-                Some(name) => (name, None),
+                Some(name) => (name, None::<(Advert, u32)>),
                 None => {
                     return self.reject(
                         &id,
@@ -169,7 +169,7 @@ impl CmActor {
                         ),
                     );
                 }
-                (hello.service, Some(advert))
+                (hello.service, Some((advert, hello.recv_size)))
             }
         };
         let Some(service) = self.services.get(&service_name).cloned() else {
@@ -200,10 +200,13 @@ impl CmActor {
                 ),
             );
         }
-        let mut core = match self.node.prepare(&id, framing, peer_depth) {
+        let mut core = match self.node.prepare(&id, framing, peer_depth.map(|(a, _)| a)) {
             Ok(core) => core,
             Err(e) => return self.reject(&id, Reject::new(RejectCode::Internal, e)),
         };
+        if let Some((_, recv_size)) = peer_depth {
+            core.set_peer_recv_size(recv_size);
+        }
         core.count_as(crate::metrics::Side::Server, &service_name);
         let qp_num = core.qp_num();
         let peer = PeerInfo {
@@ -339,7 +342,7 @@ impl CmActor {
             }
             CmEventKind::RouteResolved => self.on_route_resolved(key, ctx),
             CmEventKind::Established => {
-                let depth = Welcome::decode(&ev.private_data).map(|w| w.advert());
+                let depth = Welcome::decode(&ev.private_data).map(|w| (w.advert(), w.recv_size));
                 let Some(mut c) = self.connecting.remove(&key) else {
                     return;
                 };

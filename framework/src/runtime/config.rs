@@ -24,11 +24,18 @@ pub struct NodeConfig {
     /// split into a share per connection and a reserve lent to busy ones; `None`: a
     /// receive queue of `recv_depth` buffers per connection.
     pub shared_recv: Option<SharedRecvConfig>,
-    /// Size of each framed receive buffer; larger messages use rendezvous.
+    /// Size of each framed receive buffer; larger messages use rendezvous. 2 KiB: with
+    /// shared receive queues each connection's share of buffers is 4 of these plus a
+    /// slice of the reserve (9 KiB at 2 KiB, 18 KiB at 4 KiB); messages above it go by
+    /// rendezvous (one RDMA READ more). A sender's limit is the smaller of its own and
+    /// its peer's size (hello and welcome carry it).
     pub recv_size: u32,
     /// Receives pre-posted per raw connection.
     pub raw_recv_depth: u16,
-    /// Send-queue depth per connection.
+    /// Send-queue depth per connection. Providers round a queue up to a power of two
+    /// slots including one spare, so 2^n − 1 costs the least: under Soft-RoCE a send
+    /// queue of 31 is 32 slots of 256 bytes (12 KiB with its header page), one of 32 is
+    /// 64 slots (20 KiB), the largest part of an idle connection.
     pub send_depth: u32,
     /// RNR retries this side's sends make (7: forever). Credits keep rdmactor peers from
     /// ever needing them; plain clients may.
@@ -100,9 +107,9 @@ impl Default for NodeConfig {
             pool: PoolConfig::default(),
             recv_depth: 16,
             shared_recv: Some(SharedRecvConfig::default()),
-            recv_size: 4096,
+            recv_size: 2048,
             raw_recv_depth: 8,
-            send_depth: 32,
+            send_depth: 31,
             rnr_retry_count: 7,
             retry_count: 6,
             ack_timeout: 18,

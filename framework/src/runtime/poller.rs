@@ -120,8 +120,10 @@ impl Parked {
     }
 }
 
-/// The entries of a CQ the poller creates (rxe allows up to 32767).
-const CQ_ENTRIES: u32 = 16384;
+/// The entries of a CQ the poller creates (rxe allows up to 32767). Providers round a
+/// ring up to a power of two slots including one spare: 16,384 entries took 32,768
+/// slots (2 MiB under rxe), 16,383 take 16,384.
+const CQ_ENTRIES: u32 = 16383;
 
 struct CqSlot {
     cq: CompletionQueue,

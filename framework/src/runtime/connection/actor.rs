@@ -33,7 +33,9 @@ use crate::verbs::{CmIdKey, WorkCompletion};
 #[rtype(result = "()")]
 pub(crate) enum CmNotice {
     /// ESTABLISHED; for active connections, the receive depth the server advertised.
-    Established { peer: Option<Advert> },
+    /// With the peer's credits and receive buffer size (the active side learns them
+    /// from the welcome).
+    Established { peer: Option<(Advert, u32)> },
     /// DISCONNECTED (peer or local).
     Disconnected,
     /// Close for this reason (shutdown, failed accept, rejected connect).
@@ -353,7 +355,10 @@ impl<S: Session> Connection<S> {
                 };
                 core.established = true;
                 core.last_message = std::time::Instant::now();
-                if let (Some(peer), Some(credits)) = (peer, core.credits.as_mut()) {
+                if let Some((_, recv_size)) = peer {
+                    core.set_peer_recv_size(recv_size);
+                }
+                if let (Some((peer, _)), Some(credits)) = (peer, core.credits.as_mut()) {
                     if let Err(e) = credits.handle_peer_depth(peer) {
                         self.begin_close(CloseReason::from_credits(e));
                         return;

@@ -47,7 +47,7 @@ use super::CloseReason;
 use crate::memory::{Charge, Lease, MrPool, PoolError};
 use crate::proto::budget::Budget;
 use crate::proto::credits::{CreditError, CreditWindow};
-use crate::proto::frame::RendezvousOffer;
+use crate::proto::frame::{RendezvousOffer, HEADER_LEN};
 use crate::verbs::{
     CmId, MemoryRegion, MemoryWindow, ProtectionDomain, QueuePair, RemoteRegion, SendOp, SendWr,
     VerbsError, WcStatus, WorkCompletion,
@@ -264,6 +264,8 @@ pub(crate) struct Core {
     framing: Framing,
     recv: Vec<Lease>,
     recv_size: usize,
+    /// The peer's receive buffer size (framed connections; ours until it is known).
+    peer_recv_size: usize,
     /// Receive slots of a framed connection consumed this turn, reposted after the turn's
     /// SENDs are posted: the answer to a message goes out first, and the repost's credit
     /// rides a later frame (credits keep the peer from sending into the gap). Raw
@@ -357,6 +359,7 @@ impl Core {
             framing: p.framing,
             recv: p.recv,
             recv_size: p.recv_size,
+            peer_recv_size: p.recv_size,
             reposts: Vec::new(),
             credits: p.credits,
             inflight: Slab::new(),
@@ -440,6 +443,12 @@ impl Core {
             "silent connection: keepalive probe posted"
         );
         Ok(())
+    }
+
+    /// The peer's receive buffers are `size` bytes (from its hello or welcome): frames
+    /// to it stay within them.
+    pub(crate) fn set_peer_recv_size(&mut self, size: u32) {
+        self.peer_recv_size = (size as usize).max(HEADER_LEN + 1);
     }
 
     /// The active side waits for rdma_cm's own verdict on its connect (ESTABLISHED,

@@ -13,8 +13,10 @@ use crate::verbs::{SendOp, SendWr};
 use slab::Slab;
 
 impl Core {
+    /// Largest message sent inline in a frame: it must fit the peer's receive buffers
+    /// as well as ours (a frame larger than the receive it lands in fails the peer's QP).
     pub(super) fn eager_limit(&self) -> usize {
-        self.recv_size - HEADER_LEN
+        self.recv_size.min(self.peer_recv_size) - HEADER_LEN
     }
 
     /// Posts as much queued work as credits and the send queue allow, then reposts the
