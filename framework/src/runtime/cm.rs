@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use tokio::sync::oneshot;
@@ -65,6 +65,11 @@ pub(crate) struct CmActor {
     conns: HashMap<CmIdKey, Recipient<CmNotice>>,
     /// The connection of each QP, for device events that name a QP (`device_watch.rs`).
     qps: HashMap<u32, CmIdKey>,
+    /// The QP number of each connection in `qps`, to forget it in O(1) when it closes.
+    qp_of: HashMap<CmIdKey, u32>,
+    /// Passive connections accepted but not yet established, with when (see
+    /// [`HandshakeTick`]).
+    handshaking: HashMap<CmIdKey, Instant>,
     connecting: HashMap<CmIdKey, Connecting>,
     max_connections: usize,
     shutting_down: bool,
@@ -87,6 +92,8 @@ impl CmActor {
             services,
             conns: HashMap::new(),
             qps: HashMap::new(),
+            qp_of: HashMap::new(),
+            handshaking: HashMap::new(),
             connecting: HashMap::new(),
             max_connections,
             shutting_down: false,
@@ -246,6 +253,7 @@ impl CmActor {
         });
         self.conns.insert(key, addr.clone().recipient());
         self.qps.insert(qp_num, key);
+        self.qp_of.insert(key, qp_num);
         let welcome = match framing {
             Framing::Framed => {
                 let ours = self.node.advert();
@@ -270,6 +278,7 @@ impl CmActor {
             return;
         }
         self.counters.accepted += 1;
+        self.handshaking.insert(key, Instant::now());
         crate::metrics::accepted(&service_name);
         tracing::info!(conn = %label, "accepted");
     }
@@ -282,7 +291,10 @@ impl CmActor {
             return self.on_active_event(ev, ctx);
         }
         match ev.kind {
-            CmEventKind::Established => self.notify(ev.id, CmNotice::Established { peer: None }),
+            CmEventKind::Established => {
+                self.handshaking.remove(&ev.id);
+                self.notify(ev.id, CmNotice::Established { peer: None })
+            }
             CmEventKind::Disconnected => self.notify(ev.id, CmNotice::Disconnected),
             CmEventKind::TimewaitExit => {}
             CmEventKind::DeviceRemoval => {
@@ -392,7 +404,6 @@ impl CmActor {
             Err(e) => return self.fail_connect(key, ConnectError::Resources(e)),
         };
         core.count_as(crate::metrics::Side::Client, &service);
-        core.active_side();
         let qp_num = core.qp_num();
         let label = format!(
             "client/{}/qp{}/{}",
@@ -410,6 +421,7 @@ impl CmActor {
         });
         self.conns.insert(key, addr.clone().recipient());
         self.qps.insert(qp_num, key);
+        self.qp_of.insert(key, qp_num);
         let ours = self.node.advert();
         let hello = Hello {
             version: PROTOCOL_VERSION,
@@ -451,7 +463,12 @@ impl Actor for CmActor {
         std::thread::Builder::new()
             .name("rdmactor-cm".into())
             .spawn(move || {
+                let mut last_tick = Instant::now();
                 while !stop.load(Ordering::Acquire) {
+                    if last_tick.elapsed() >= HANDSHAKE_TICK {
+                        last_tick = Instant::now();
+                        addr.do_send(HandshakeTick(last_tick));
+                    }
                     match channel.next(Some(Duration::from_millis(50))) {
                         Ok(Some(ev)) => addr.do_send(CmEventMsg(ev)),
                         Ok(None) => {}
@@ -474,6 +491,36 @@ impl Actor for CmActor {
 #[rtype(result = "()")]
 struct CmEventMsg(CmEvent);
 
+/// How often the event thread checks for handshakes that did not finish.
+const HANDSHAKE_TICK: Duration = Duration::from_secs(1);
+
+/// Sent by the event thread once per [`HANDSHAKE_TICK`], stamped when sent. It queues
+/// behind every event the thread read before it, so when the CM actor handles it, every
+/// ESTABLISHED that had arrived by then has been handled: a connection still
+/// handshaking whose accept is `handshake_timeout` older than the stamp has really not
+/// heard from its peer. (A timer per connection fired under connect storms while the
+/// ESTABLISHED events were merely waiting in this actor's mailbox.)
+#[derive(Message)]
+#[rtype(result = "()")]
+struct HandshakeTick(Instant);
+
+impl Handler<HandshakeTick> for CmActor {
+    type Result = ();
+    fn handle(&mut self, tick: HandshakeTick, _ctx: &mut Context<Self>) {
+        let limit = self.node.config.handshake_timeout;
+        let expired: Vec<CmIdKey> = self
+            .handshaking
+            .iter()
+            .filter(|(_, &at)| tick.0.saturating_duration_since(at) >= limit)
+            .map(|(&k, _)| k)
+            .collect();
+        for key in expired {
+            self.handshaking.remove(&key);
+            self.notify(key, CmNotice::Close(CloseReason::HandshakeTimeout(limit)));
+        }
+    }
+}
+
 impl Handler<CmEventMsg> for CmActor {
     type Result = ();
     fn handle(&mut self, msg: CmEventMsg, ctx: &mut Context<Self>) {
@@ -487,7 +534,13 @@ impl Handler<ConnClosed> for CmActor {
         if self.conns.remove(&msg.key).is_some() {
             self.counters.closed += 1;
         }
-        self.qps.retain(|_, key| *key != msg.key);
+        if let Some(qp) = self.qp_of.remove(&msg.key) {
+            // rxe reuses QP numbers: only if it still names this connection.
+            if self.qps.get(&qp) == Some(&msg.key) {
+                self.qps.remove(&qp);
+            }
+        }
+        self.handshaking.remove(&msg.key);
         tracing::debug!(reason = %msg.reason, "connection released");
         if self.conns.is_empty() {
             for w in self.drained.drain(..) {

@@ -62,11 +62,13 @@ pub struct NodeConfig {
     /// never probe (a peer that dies while both sides wait would hold its connection
     /// until the CM notices, which for a host that vanished is never).
     pub keepalive: Option<Duration>,
-    /// A connection accepted but not established within this closes
-    /// with [`CloseReason::HandshakeTimeout`](super::CloseReason::HandshakeTimeout),
-    /// releasing its QP and buffers: a client that sends a connect request and never
-    /// the final handshake message would otherwise hold them (and a place under
-    /// `max_connections`) forever.
+    /// A connection accepted but not established within this closes with
+    /// [`CloseReason::HandshakeTimeout`](super::CloseReason::HandshakeTimeout),
+    /// releasing its QP and buffers and its place under `max_connections`: a client
+    /// that sends a connect request and never the final handshake message would
+    /// otherwise hold them forever. The CM actor checks once a second, in order with the
+    /// events (a connection is never closed while its ESTABLISHED waits in the actor's
+    /// mailbox); the active side waits for rdma_cm's own verdict instead.
     pub handshake_timeout: Duration,
     /// Close a connection on which no message arrived for this long
     /// ([`CloseReason::IdleTimeout`](super::CloseReason::IdleTimeout)); `None`: never.

@@ -163,7 +163,6 @@ impl Node {
             rendezvous_deadline: cfg.rendezvous_deadline,
             keepalive: cfg.keepalive,
             retry_span: cfg.retry_span(),
-            handshake_timeout: Some(cfg.handshake_timeout),
             idle_timeout: cfg.idle_timeout,
         });
         core.post_all_receives().map_err(|e| e.to_string())?;

@@ -174,16 +174,6 @@ impl<S: Session> Connection<S> {
         }
     }
 
-    /// Closes the connection if it is not established within the handshake timeout.
-    pub(crate) fn arm_handshake_timer(&mut self) {
-        let Some(timeout) = self.core.as_ref().and_then(|c| c.handshake_timeout) else {
-            return;
-        };
-        self.every("connection handshake timer", timeout, move |core| {
-            (!core.established).then_some(Err(CloseReason::HandshakeTimeout(timeout)))
-        });
-    }
-
     /// Runs `check` every `period` while the connection is open and `check` returns
     /// `Some`; an error closes the connection.
     fn every(
@@ -446,7 +436,6 @@ impl<S: Session> ConnectionActor<S> {
             });
             let inbox: Weak<dyn Inbox> = Rc::downgrade(&conn) as Weak<RefCell<Connection<S>>>;
             poller::register(qp_num, inbox, created);
-            conn.borrow_mut().arm_handshake_timer();
             ConnectionActor { conn }
         })
     }

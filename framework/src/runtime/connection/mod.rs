@@ -307,8 +307,6 @@ pub(crate) struct Core {
     established: bool,
     /// When to probe a silent peer (see `liveness.rs`).
     liveness: Liveness,
-    /// Close if not established within this (`None`: established already).
-    handshake_timeout: Option<Duration>,
     /// Close when no message arrived for this long.
     idle_timeout: Option<Duration>,
     /// When the last message was delivered (or the connection was established).
@@ -344,7 +342,6 @@ pub(crate) struct CoreParts {
     pub rendezvous_deadline: Duration,
     pub keepalive: Option<Duration>,
     pub retry_span: Duration,
-    pub handshake_timeout: Option<Duration>,
     pub idle_timeout: Option<Duration>,
 }
 
@@ -387,7 +384,6 @@ impl Core {
             closing: None,
             established: false,
             liveness: Liveness::new(p.keepalive, p.retry_span),
-            handshake_timeout: p.handshake_timeout,
             idle_timeout: p.idle_timeout,
             last_message: Instant::now(),
             created: Instant::now(),
@@ -449,13 +445,6 @@ impl Core {
     /// to it stay within them.
     pub(crate) fn set_peer_recv_size(&mut self, size: u32) {
         self.peer_recv_size = (size as usize).max(HEADER_LEN + 1);
-    }
-
-    /// The active side waits for rdma_cm's own verdict on its connect (ESTABLISHED,
-    /// REJECTED, UNREACHABLE or CONNECT_ERROR), which comes however busy the server is;
-    /// the handshake timeout guards the passive side's resources.
-    pub(crate) fn active_side(&mut self) {
-        self.handshake_timeout = None;
     }
 
     /// Closes the connection when no message arrived for the idle timeout.

@@ -154,8 +154,7 @@ impl Plan<'_> {
             // stock tools' QPs are brought up by them, with their own timeouts; a silent
             // out-of-band client is closed by its service's idle limit instead.
             keepalive: None,
-            // Out of band: established when built; the service's idle limit applies.
-            handshake_timeout: None,
+            // Out of band: the service's idle limit applies.
             idle_timeout: None,
             retry_span: cfg.retry_span(),
         });
