@@ -185,6 +185,13 @@ fn framed_peer_sending_beyond_its_credits_is_closed_as_a_protocol_violation() {
     let base = resource_counts();
     actix_run(async {
         let (server, addr, reasons) = mirror_server();
+        // A well-behaved client on the same shared receive queue (and so the same CQ)
+        // as the violator: it must not pay for the violation.
+        let client = rdmactor::runtime::Client::start(rdmactor::runtime::NodeConfig::default())
+            .expect("client");
+        let steady = client.connect(addr, "mirror").await.expect("steady");
+        let ping = b"steady before".to_vec();
+        assert_eq!(steady.request(ping.clone()).await.expect("before"), ping);
         let before = rss_kib();
         let (ctx, seen) = (ctx.clone(), reasons.clone());
         let (sent, depth, peak) = off_thread(move || {
@@ -234,6 +241,21 @@ fn framed_peer_sending_beyond_its_credits_is_closed_as_a_protocol_violation() {
             "{sent} frames accepted from a peer with {depth} credits"
         );
         assert!(grown < 64 * 1024, "RSS grew by {grown} KiB");
+        eventually(
+            "the violator to leave its shared queue",
+            Duration::from_secs(30),
+            || async { server.stats().await.shared_queues == vec![1] },
+        )
+        .await;
+        for i in 0..50u8 {
+            let data = vec![i; 100 + i as usize * 30];
+            assert_eq!(
+                steady.request(data.clone()).await.expect("steady after"),
+                data
+            );
+        }
+        steady.close().await;
+        client.shutdown().await;
         wait_idle(&server, "connections to close", Duration::from_secs(30)).await;
         server.shutdown().await;
     });

@@ -63,7 +63,7 @@ fn two_hundred_senders_flood_a_slow_service_without_rnr_through_shared_receives(
             vec![200],
             "one shared queue: {stats:?}"
         );
-        // Every connection sends 20 requests at once: 4,000 in flight against 1,152
+        // Every connection sends 20 requests at once: 4,000 in flight against 1,048
         // shared receives, answered 1 ms apart.
         let floods = conns.iter().enumerate().map(|(c, conn)| async move {
             let requests = (0..20u64).map(|i| {

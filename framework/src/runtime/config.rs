@@ -137,7 +137,9 @@ pub struct SharedRecvConfig {
     /// Most credits a busy connection may hold, its share included.
     pub max_credits: u16,
     /// Connections per shared queue. A queue holds `members × share + reserve`
-    /// receives; Soft-RoCE allows 16,383 receives per SRQ and 1,023 SRQs.
+    /// receives (Soft-RoCE allows 16,383 per SRQ and 1,023 SRQs) and reserves CQ entries
+    /// for them and for every member's send queue. 230 with the defaults: 230 × (4 + 31)
+    /// + 128 = 8,178 entries, so two queues fill one CQ of 16,383.
     pub members: u32,
     /// Credits of a queue lent to busy connections beyond their share.
     pub reserve: u32,
@@ -151,7 +153,7 @@ impl Default for SharedRecvConfig {
         SharedRecvConfig {
             share: 4,
             max_credits: 16,
-            members: 256,
+            members: 230,
             reserve: 128,
             keep_empty: 1,
         }

@@ -89,9 +89,10 @@ impl Node {
             ));
         }
         let cfg = &self.config;
-        // Framed connections take their receives from a shared queue when configured.
+        // Framed connections take their receives from a shared queue when configured,
+        // and use its CQ.
         let shared = match (framing, &self.recv_groups) {
-            (Framing::Framed, Some(groups)) => Some(groups.join()?),
+            (Framing::Framed, Some(groups)) => Some(groups.join(&self.pollers, cfg.send_depth)?),
             _ => None,
         };
         let (depth, size) = match framing {
@@ -102,13 +103,17 @@ impl Node {
             Some(_) => self.advert(),
             None => Advert::fixed(depth),
         };
-        // Completions a connection can have in the CQ at once: its send queue and the
-        // receives its peer can consume (what it holds credits for, with a shared queue).
-        let recv_completions = if shared.is_some() { ours.max } else { depth };
-        let cq = self
-            .pollers
-            .reserve(recv_completions + cfg.send_depth)
-            .map_err(|e| e.to_string())?;
+        let (shared, cq) = match shared {
+            Some((recv, member, cq)) => (Some((recv, member)), cq),
+            // Completions a connection can have in the CQ at once: its send queue and
+            // its receives.
+            None => (
+                None,
+                self.pollers
+                    .reserve(depth + cfg.send_depth)
+                    .map_err(|e| e.to_string())?,
+            ),
+        };
         let caps = QpCaps {
             max_send_wr: cfg.send_depth,
             max_recv_wr: depth,

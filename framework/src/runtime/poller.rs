@@ -170,6 +170,20 @@ impl CqReservation {
     }
 }
 
+impl CqReservation {
+    /// A handle on the same CQ and poller that reserves nothing of its own: for a
+    /// connection whose entries a larger reservation already covers (the members of a
+    /// shared receive queue, see `recv_groups.rs`).
+    pub(crate) fn covered(&self) -> CqReservation {
+        CqReservation {
+            shared: self.shared.clone(),
+            cq: self.cq.clone(),
+            entries: 0,
+            arbiter: self.arbiter.clone(),
+        }
+    }
+}
+
 impl Drop for CqReservation {
     fn drop(&mut self) {
         let mut cqs = self.shared.cqs.lock().expect("poller lock");

@@ -7,6 +7,12 @@
 //! to leave one takes it down and its buffers go back to the pool, which deregisters
 //! idle arenas above its floor (`PoolConfig::keep_bytes`).
 //!
+//! Every member of a queue uses one CQ, reserved by the queue for `depth` receive
+//! completions plus each member's send queue. Receive completions of an SRQ can never
+//! outnumber its posted receives, so the CQ cannot overflow even when a peer that breaks
+//! the credit rules consumes receives beyond its credits (a CQ overflow would put every
+//! QP on it in the error state); a reservation per connection for its credits could.
+//!
 //! Ownership: a connection holds a [`SharedRecv`] clone (the queue and its buffers) and a
 //! [`Membership`]; its QP drops before both (field order in `Core`), so a queue outlives
 //! every QP created on it.
@@ -14,6 +20,7 @@
 use std::sync::{Arc, Mutex};
 
 use super::config::SharedRecvConfig;
+use super::poller::{CqReservation, Pollers};
 use super::srq::SharedRecv;
 use crate::memory::MrPool;
 use crate::proto::credits::{Advert, CreditReserve};
@@ -36,6 +43,8 @@ struct Queues {
 
 struct Queue {
     id: u64,
+    /// The members' CQ (after `recv` would do as well: nothing here uses the other).
+    cq: CqReservation,
     recv: SharedRecv,
     reserve: Arc<CreditReserve>,
     members: u32,
@@ -68,9 +77,14 @@ impl RecvGroups {
         }
     }
 
-    /// Joins the fullest queue with room, creating one (and posting its receives) when
-    /// none has.
-    pub fn join(&self) -> Result<(SharedRecv, Membership), String> {
+    /// Joins the fullest queue with room, creating one (reserving its CQ, posting its
+    /// receives) when none has. Returns the queue, the membership and the CQ to create
+    /// the QP with (its entries are the queue's, for `send_depth` sends per member).
+    pub fn join(
+        &self,
+        pollers: &Pollers,
+        send_depth: u32,
+    ) -> Result<(SharedRecv, Membership, CqReservation), String> {
         let mut q = self.inner.lock().expect("recv groups lock");
         let room = q
             .queues
@@ -81,6 +95,9 @@ impl RecvGroups {
             Some(g) => g,
             None => {
                 let depth = self.cfg.depth();
+                let cq = pollers
+                    .reserve(depth + self.cfg.members * send_depth)
+                    .map_err(|e| e.to_string())?;
                 let srq = SharedReceiveQueue::new(&self.pd, depth, 1).map_err(|e| {
                     format!("creating a shared receive queue of {depth} receives: {e}")
                 })?;
@@ -95,6 +112,7 @@ impl RecvGroups {
                 );
                 q.queues.push(Queue {
                     id,
+                    cq,
                     recv,
                     reserve: Arc::new(CreditReserve::new(self.cfg.reserve)),
                     members: 0,
@@ -109,7 +127,7 @@ impl RecvGroups {
             queues: self.inner.clone(),
             keep_empty: self.cfg.keep_empty,
         };
-        Ok((queue.recv.clone(), member))
+        Ok((queue.recv.clone(), member, queue.cq.covered()))
     }
 
     /// Receive buffers all queues hold.
