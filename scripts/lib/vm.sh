@@ -127,7 +127,7 @@ extract_vmlinux() { # -> sets kernel_image
 vm_prepare() {
     # --- Host packages. ---------------------------------------------------------
     apt_install softroce qemu-system-x86 busybox-static cpio kmod iproute2 rdma-core \
-        ibverbs-providers ibverbs-utils rdmacm-utils perftest xz-utils zstd curl
+        ibverbs-providers ibverbs-utils rdmacm-utils perftest xz-utils zstd curl mount
 
     # --- Kernel, modules and initramfs (cached under <repo>/.softroce). ---------
     cache=$repo/.softroce
