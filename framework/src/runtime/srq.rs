@@ -81,20 +81,27 @@ impl SharedRecv {
         }])
     }
 
-    /// Copies out what the completed receive in `slot` holds (`None` when it failed) and
-    /// posts the buffer again, for whichever QP needs it next.
-    pub fn take(&self, slot: usize, wc: &WorkCompletion) -> Result<Option<Vec<u8>>, VerbsError> {
+    /// Hands what the completed receive in `slot` holds (`None` when it failed) to `read`,
+    /// which copies out what it needs, then posts the buffer again, for whichever QP
+    /// needs it next.
+    pub fn take_with<R>(
+        &self,
+        slot: usize,
+        wc: &WorkCompletion,
+        read: impl FnOnce(Option<&[u8]>) -> R,
+    ) -> Result<R, VerbsError> {
         let inner = self.inner.lock().expect("srq lock");
         let Some(buf) = inner.bufs.get(slot) else {
             return Err(VerbsError::InvalidArgument(format!(
                 "shared receive slot {slot} does not exist"
             )));
         };
-        let data = wc
-            .is_ok()
-            .then(|| buf.as_slice()[..(wc.byte_len as usize).min(inner.size)].to_vec());
+        let got = read(
+            wc.is_ok()
+                .then(|| &buf.as_slice()[..(wc.byte_len as usize).min(inner.size)]),
+        );
         self.post(&inner, slot)?;
-        Ok(data)
+        Ok(got)
     }
 }
 

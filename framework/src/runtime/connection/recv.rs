@@ -151,29 +151,41 @@ impl Core {
             );
             return Ok(());
         };
-        let data = shared.take(slot, wc).map_err(CloseReason::from_verbs)?;
-        if self.closing.is_some() {
-            return Ok(());
-        }
-        let Some(data) = data else {
-            return Err(CloseReason::Completion(format!(
+        let imm = wc.opcode == WcOpcode::RecvRdmaWithImm;
+        let failed = || {
+            CloseReason::Completion(format!(
                 "shared receive on QP {} completed with {}",
                 wc.qp_num, wc.status
-            )));
+            ))
         };
-        let imm = wc.opcode == WcOpcode::RecvRdmaWithImm;
         if let Framing::Framed = self.framing {
-            let frame = Frame::parse((!imm).then_some(&data[..]))?;
-            self.handle_frame(frame, wc)?;
+            // Parsed from the queue's buffer: the body is the only copy.
+            let frame = shared
+                .take_with(slot, wc, |bytes| {
+                    bytes.map(|b| Frame::parse((!imm).then_some(b)))
+                })
+                .map_err(CloseReason::from_verbs)?;
+            if self.closing.is_some() {
+                return Ok(());
+            }
+            self.handle_frame(frame.ok_or_else(failed)??, wc)?;
             if let (Some(credits), Some(m)) = (self.credits.as_mut(), &self.membership) {
                 credits.settle(m.reserve());
             }
             return Ok(());
         }
+        let data = shared
+            .take_with(slot, wc, |bytes| {
+                bytes.map(|b| if imm { Vec::new() } else { b.to_vec() })
+            })
+            .map_err(CloseReason::from_verbs)?;
+        if self.closing.is_some() {
+            return Ok(());
+        }
         self.deliveries.push_back(Delivery::Ready(Message {
             tag: 0,
             imm: wc.imm_data,
-            data: if imm { Vec::new() } else { data },
+            data: data.ok_or_else(failed)?,
         }));
         Ok(())
     }
