@@ -1,8 +1,9 @@
 //! Issue 16, items 3 and 4: what a peer can make the server register, and that bulk use
 //! of the pool never locks new connections out.
 //!
-//! - A peer's rendezvous offers beyond the connection's budget are refused (the
-//!   connection closes with the reason) before anything is allocated or registered.
+//! - A peer's rendezvous offers beyond the connection's budget are refused (a `Refuse`
+//!   frame names the reason; the connection goes on) before anything is allocated or
+//!   registered.
 //! - A rendezvous reply the peer never releases (no Done) is revoked and freed at the
 //!   deadline, and the connection closes with the reason.
 //! - 16 connections × 64 rendezvous messages of 1 MiB, then 500 connections at once: the
@@ -15,6 +16,7 @@ use std::time::Duration;
 
 use rdmactor::blocking::{self, EndpointOptions};
 use rdmactor::memory::PoolConfig;
+use rdmactor::proto::budget::BudgetError;
 use rdmactor::proto::frame::{FrameKind, Header, RendezvousOffer, HEADER_LEN, OFFER_LEN};
 use rdmactor::proto::hello::{Hello, PROTOCOL_VERSION};
 use rdmactor::runtime::{
@@ -88,9 +90,11 @@ async fn join(thread: std::thread::JoinHandle<()>) {
     thread.join().expect("plain client");
 }
 
-/// 64 offers of 1 GiB each: the first is refused against the budget and ends the
-/// connection; the server never allocates or registers any of them (its peak of
-/// registered memory stays at its receive buffers).
+/// Three offers of 1 GiB each, then an ordinary request: each offer is refused against
+/// the budget with a `Refuse` frame naming it (the sender's message fails, the
+/// connection goes on), the request is answered, and the server never allocates or
+/// registers anything for the offers (its peak of registered memory stays at its
+/// receive buffers).
 #[test]
 fn oversized_rendezvous_offers_are_refused_without_registration() {
     let Some(ctx) = rdma_context() else { return };
@@ -110,7 +114,7 @@ fn oversized_rendezvous_offers_are_refused_without_registration() {
         let addr = server.local_addrs()[0];
         let plain = std::thread::spawn(move || {
             let pd = ProtectionDomain::new(&ctx).unwrap();
-            let mut out = MemoryRegion::register(&pd, 64 * 64, Access::NONE).unwrap();
+            let mut out = MemoryRegion::register(&pd, 4 * 64, Access::NONE).unwrap();
             let back = MemoryRegion::register(&pd, 16 * 4096, Access::LOCAL_WRITE).unwrap();
             let ep = blocking::connect(
                 &pd,
@@ -128,37 +132,66 @@ fn oversized_rendezvous_offers_are_refused_without_registration() {
             )
             .unwrap();
             let mut body = [0; OFFER_LEN];
-            for i in 0..64u32 {
+            // Three offers (within the credits every connection has), then a request.
+            let mut lens = Vec::new();
+            for i in 0..3u32 {
                 RendezvousOffer {
                     addr: 0x10000,
                     rkey: 0x1234,
                     key: i,
                 }
                 .encode(&mut body);
-                let f = frame(FrameKind::RendezvousOffer, i, 1 << 30, &body);
-                let at = i as usize * 64;
-                out.as_mut_slice()[at..at + f.len()].copy_from_slice(&f);
+                let f = frame(FrameKind::RendezvousOffer, i + 1, 1 << 30, &body);
+                out.as_mut_slice()[i as usize * 64..][..f.len()].copy_from_slice(&f);
+                lens.push(f.len());
             }
-            // 15 within the credits the server granted, the rest as the receives allow
-            // (RNR retries): the server closes at the first.
-            for i in 0..64usize {
-                let sge = out.sge(i * 64..i * 64 + HEADER_LEN + OFFER_LEN).unwrap();
-                if ep
-                    .qp
+            let f = frame(FrameKind::Data, 9, 5, b"hello");
+            out.as_mut_slice()[3 * 64..][..f.len()].copy_from_slice(&f);
+            lens.push(f.len());
+            for (i, len) in lens.iter().enumerate() {
+                let sge = out.sge(i * 64..i * 64 + len).unwrap();
+                ep.qp
                     .post_send(&SendWr::new(i as u64, SendOp::Send, Some(sge)))
-                    .is_err()
-                {
-                    break;
+                    .unwrap();
+            }
+            // Four sends and four frames back: three refusals and the answer.
+            let wcs = ep.wait(8).unwrap();
+            let mut refused = Vec::new();
+            let mut answered = false;
+            for wc in wcs.iter().filter(|w| w.wr_id >= 1000) {
+                let at = (wc.wr_id - 1000) as usize * 4096;
+                let bytes = &back.as_slice()[at..at + wc.byte_len as usize];
+                let (header, body) = Header::decode(bytes).unwrap();
+                match header.kind {
+                    FrameKind::Refuse => refused.push((header.tag, BudgetError::decode(body))),
+                    FrameKind::Data => answered = header.tag == 9,
+                    other => panic!("unexpected {other:?} frame"),
                 }
             }
-            ep.wait_disconnected().expect("the server disconnects");
+            let budget = NodeConfig::default().rendezvous_budget;
+            refused.sort_by_key(|r| r.0);
+            assert_eq!(
+                refused,
+                (0..3)
+                    .map(|key| (
+                        key,
+                        Some(BudgetError::OverBudget {
+                            len: 1 << 30,
+                            budget
+                        })
+                    ))
+                    .collect::<Vec<_>>(),
+                "each offer refused, naming the budget"
+            );
+            assert!(answered, "the request after the refusals is answered");
+            ep.disconnect().expect("disconnected");
             drop(back);
         });
         join(plain).await;
         let reason = first_close_reason(&reasons, Duration::from_secs(10)).await;
-        assert!(
-            reason.contains("rendezvous offer of 1073741824 bytes exceeds the connection's budget"),
-            "closed for: {reason}"
+        assert_eq!(
+            reason, "peer disconnected",
+            "closed by the client, not the server"
         );
         let stats = server.stats().await;
         // The shared receive queue's buffers, rounded up to whole arenas, and nothing

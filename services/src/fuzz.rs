@@ -8,6 +8,7 @@
 //! stable runner `services/tests/fuzz_decoders.rs`, which replays the committed corpus
 //! in `fuzz/corpus/<target>/` and mutates it for a few seconds in every `cargo test`.
 
+use rdmactor::proto::budget::BudgetError;
 use rdmactor::proto::frame::{FrameKind, Header, RendezvousOffer, HEADER_LEN, OFFER_LEN};
 use rdmactor::proto::hello::{Hello, Reject, Welcome};
 use rdmactor::proto::oob::{decode_records, Dest, RECORD_LEN};
@@ -208,6 +209,17 @@ fn frame(data: &[u8]) {
             let mut out = [0u8; OFFER_LEN];
             offer.encode(&mut out);
             assert_eq!(&out[..], body);
+        }
+        if header.kind == FrameKind::Refuse {
+            // A refusal that decodes names a reason and re-encodes to its bytes, as
+            // long as its numbers fit this machine's usize.
+            if let Some(why) = BudgetError::decode(body) {
+                let _ = why.to_string();
+                assert_eq!(BudgetError::decode(&why.encode()), Some(why));
+            }
+        }
+        if header.kind == FrameKind::Close {
+            let _ = String::from_utf8_lossy(body);
         }
     }
 }

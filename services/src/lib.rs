@@ -11,6 +11,11 @@
 //! | `ingest` | records RDMA-written into a per-connection slot ring with immediates ([`ingest`]) |
 //! | `lambda` | WebAssembly or native lambdas run on client-granted regions ([`lambda`]) |
 
+/// The largest message a service whose client messages are only small control
+/// messages takes (bulk data moves by one-sided operations): `files`, `read` and
+/// `ingest`. A larger offer is refused before any of it moves (`Service::max_message`).
+pub const CONTROL_MESSAGE_MAX: usize = 64 << 10;
+
 pub mod echo;
 pub mod file_transfer;
 #[doc(hidden)]

@@ -1,16 +1,20 @@
 //! A connection's rendezvous budget: how many bytes it may have registered for
 //! rendezvous messages in one direction at once, and the largest message it takes.
 //!
-//! A rendezvous offer names its length, and the receiver registers that much to READ
-//! it into: without a limit, a peer decides how much memory the server pins (issue 16:
+//! A rendezvous offer names its length, and the receiver takes that much memory to READ
+//! it into: without a limit, a peer decides how much memory the server holds (issue 16:
 //! 64 offers of 1 GiB per connection). The budget is checked when an offer arrives,
-//! before anything is allocated: an offer no budget could ever hold ends the connection
-//! with [`BudgetError`] as its reason; one that fits once earlier messages are done
-//! waits for them. The two directions have budgets of their own: a side's outgoing
+//! before anything is allocated: an offer no budget could ever hold is refused (a
+//! `Refuse` frame carrying the [`BudgetError`], which the sender hands to whoever sent
+//! the message; the connection goes on); one that fits once earlier messages are done
+//! waits for them. A service may declare a smaller largest message than the node's
+//! (`Service::max_message`). The two directions have budgets of their own: a side's outgoing
 //! offers are released only when the peer has READ them, so if both shared one budget,
 //! two peers full of outgoing offers could each wait for the other forever.
 //!
 //! No I/O and no clock; the connection drives it.
+
+use super::frame::REFUSAL_LEN;
 
 /// Why a message is refused outright.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -32,6 +36,39 @@ pub enum BudgetError {
         /// The largest message.
         max: usize,
     },
+}
+
+impl BudgetError {
+    /// The body of a `Refuse` frame naming this error (see `proto::frame`): a code byte,
+    /// then the message's length and the limit it broke, little-endian.
+    pub fn encode(&self) -> [u8; REFUSAL_LEN] {
+        let (code, len, limit) = match *self {
+            BudgetError::OverBudget { len, budget } => (1u8, len, budget),
+            BudgetError::TooLarge { len, max } => (2u8, len, max),
+        };
+        let mut out = [0u8; REFUSAL_LEN];
+        out[0] = code;
+        out[1..9].copy_from_slice(&(len as u64).to_le_bytes());
+        out[9..17].copy_from_slice(&(limit as u64).to_le_bytes());
+        out
+    }
+
+    /// Parses a `Refuse` frame's body; `None` for an unknown code or length.
+    pub fn decode(body: &[u8]) -> Option<BudgetError> {
+        if body.len() != REFUSAL_LEN {
+            return None;
+        }
+        let word = |at: usize| {
+            let v = u64::from_le_bytes(body[at..at + 8].try_into().expect("8 bytes"));
+            usize::try_from(v).unwrap_or(usize::MAX)
+        };
+        let (len, limit) = (word(1), word(9));
+        match body[0] {
+            1 => Some(BudgetError::OverBudget { len, budget: limit }),
+            2 => Some(BudgetError::TooLarge { len, max: limit }),
+            _ => None,
+        }
+    }
 }
 
 /// Bytes registered for rendezvous messages in one direction of one connection.
@@ -68,6 +105,11 @@ impl Budget {
             });
         }
         Ok(())
+    }
+
+    /// Lowers the largest message taken to `max` (never raises it).
+    pub fn limit_message(&mut self, max: usize) {
+        self.max_message = self.max_message.min(max);
     }
 
     /// True when `len` more bytes fit now.
@@ -112,6 +154,26 @@ mod tests {
             Err(BudgetError::TooLarge { .. })
         ));
         assert!(b.check(16 << 20).is_ok());
+    }
+
+    #[test]
+    fn refusals_round_trip_and_unknown_codes_are_rejected() {
+        for e in [
+            BudgetError::OverBudget {
+                len: 1 << 30,
+                budget: 32 << 20,
+            },
+            BudgetError::TooLarge {
+                len: 17 << 20,
+                max: 16 << 20,
+            },
+        ] {
+            assert_eq!(BudgetError::decode(&e.encode()), Some(e));
+        }
+        let mut body = BudgetError::TooLarge { len: 1, max: 0 }.encode();
+        body[0] = 9;
+        assert_eq!(BudgetError::decode(&body), None);
+        assert_eq!(BudgetError::decode(&body[..5]), None);
     }
 
     #[test]

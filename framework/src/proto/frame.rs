@@ -15,6 +15,13 @@
 //! message of `length` bytes the receiver fetches with an RDMA READ; `RendezvousDone`
 //! (tag = the offer's region key) tells the sender it may revoke that region. In Data and
 //! RendezvousOffer frames, `tag` correlates requests and responses.
+//!
+//! `Refuse` (tag = the offer's region key) answers an offer the receiver will not take,
+//! with a [`REFUSAL_LEN`]-byte body naming why ([`crate::proto::budget::BudgetError`]):
+//! the sender releases the region and tells whoever sent the message, and the connection
+//! goes on. `Close` carries `length` bytes of UTF-8 text (at most [`CLOSE_REASON_MAX`]):
+//! the sender is ending the connection for that reason, so the peer can say why instead
+//! of seeing only a disconnect or a flushed work request.
 
 /// Wire format version; a peer with another version is rejected at connect time.
 pub const VERSION: u8 = 1;
@@ -22,6 +29,10 @@ pub const VERSION: u8 = 1;
 pub const HEADER_LEN: usize = 16;
 /// Size of the body that follows a `RendezvousOffer` header.
 pub const OFFER_LEN: usize = 16;
+/// Size of the body that follows a `Refuse` header.
+pub const REFUSAL_LEN: usize = 17;
+/// Longest reason a `Close` frame carries (longer ones are cut at a character boundary).
+pub const CLOSE_REASON_MAX: usize = 512;
 
 /// What a frame carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +45,10 @@ pub enum FrameKind {
     RendezvousOffer = 3,
     /// The receiver fetched a rendezvous message; the sender revokes the region.
     RendezvousDone = 4,
+    /// The receiver will not take a rendezvous offer (too large, over its budget).
+    Refuse = 5,
+    /// The sender is closing the connection; the body says why.
+    Close = 6,
 }
 
 impl FrameKind {
@@ -43,6 +58,8 @@ impl FrameKind {
             2 => FrameKind::Credit,
             3 => FrameKind::RendezvousOffer,
             4 => FrameKind::RendezvousDone,
+            5 => FrameKind::Refuse,
+            6 => FrameKind::Close,
             _ => return None,
         })
     }
@@ -127,9 +144,13 @@ impl Header {
         let expected = match kind {
             FrameKind::Data => header.len as usize,
             FrameKind::RendezvousOffer => OFFER_LEN,
+            FrameKind::Refuse => REFUSAL_LEN,
+            FrameKind::Close => header.len as usize,
             FrameKind::Credit | FrameKind::RendezvousDone => 0,
         };
-        if body.len() != expected {
+        // A reason longer than allowed is malformed whatever follows it.
+        let too_long = kind == FrameKind::Close && expected > CLOSE_REASON_MAX;
+        if body.len() != expected || too_long {
             return Err(FrameError::Length {
                 header: expected as u32,
                 actual: body.len(),
@@ -157,9 +178,46 @@ impl RendezvousOffer {
     }
 }
 
+/// The text of a `Close` frame's body: `reason` cut to at most [`CLOSE_REASON_MAX`]
+/// bytes, at a character boundary.
+pub fn close_reason_body(reason: &str) -> &[u8] {
+    let mut end = reason.len().min(CLOSE_REASON_MAX);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    &reason.as_bytes()[..end]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn close_reasons_are_cut_at_a_character_boundary() {
+        let long = "é".repeat(CLOSE_REASON_MAX);
+        let body = close_reason_body(&long);
+        assert!(body.len() <= CLOSE_REASON_MAX && body.len() >= CLOSE_REASON_MAX - 1);
+        assert!(std::str::from_utf8(body).is_ok());
+        let h = Header {
+            kind: FrameKind::Close,
+            credits: 0,
+            len: body.len() as u32,
+            tag: 0,
+        };
+        let msg = frame(h, body);
+        assert_eq!(Header::decode(&msg), Ok((h, body)));
+        // A length beyond the maximum is malformed, whatever follows.
+        let mut over = frame(Header { len: 4096, ..h }, &[b'x'; 4096]);
+        assert!(matches!(
+            Header::decode(&over),
+            Err(FrameError::Length { .. })
+        ));
+        over.truncate(HEADER_LEN + CLOSE_REASON_MAX);
+        assert!(matches!(
+            Header::decode(&over),
+            Err(FrameError::Length { .. })
+        ));
+    }
 
     fn frame(h: Header, body: &[u8]) -> Vec<u8> {
         let mut v = vec![0; HEADER_LEN];

@@ -59,6 +59,10 @@ pub enum RequestError {
     /// The connection closed before the answer arrived.
     #[error("connection closed: {0}")]
     Closed(CloseReason),
+    /// The server refused the message: larger than the service takes, or than the
+    /// connection's budget. Nothing of it was delivered; the connection goes on.
+    #[error("refused by the peer: {0}")]
+    Refused(crate::proto::budget::BudgetError),
     /// The operation completed with an error status (for example a remote access error).
     #[error("operation failed: {0}")]
     Failed(String),
@@ -465,6 +469,23 @@ impl Session for ClientSession {
                 cx.free(buf);
                 let _ = reply.send(out);
             }
+        }
+        Ok(())
+    }
+
+    fn on_refused(
+        &mut self,
+        cx: &mut SessionCx<'_>,
+        tag: u32,
+        why: crate::proto::budget::BudgetError,
+    ) -> Result<(), SessionError> {
+        if let Some(user) = &mut self.user {
+            return user.on_refused(cx, tag, why);
+        }
+        match self.requests.remove(&tag) {
+            Some(reply) => drop(reply.send(Err(RequestError::Refused(why)))),
+            // A one-way message: nobody waits for it, so the log is where it shows.
+            None => tracing::warn!(tag, %why, "the peer refused a message"),
         }
         Ok(())
     }

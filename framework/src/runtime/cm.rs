@@ -215,6 +215,9 @@ impl CmActor {
             core.set_peer_recv_size(recv_size);
         }
         core.count_as(crate::metrics::Side::Server, &service_name);
+        if let Some(max) = service.max_message() {
+            core.limit_message(max);
+        }
         let qp_num = core.qp_num();
         let peer = PeerInfo {
             addr: id.peer_addr(),

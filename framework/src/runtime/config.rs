@@ -88,6 +88,15 @@ pub struct NodeConfig {
     /// never says it would keep the registration (and its window) forever; at the
     /// deadline the window is revoked, the memory freed and the connection closed.
     pub rendezvous_deadline: Duration,
+    /// Bytes of a peer's rendezvous offer fetched by one RDMA READ (at most the pool's
+    /// largest class; the chunk is a pool buffer). Large messages are READ in chunks so
+    /// that they never hold the poller thread for long and never reach the provider as
+    /// one burst: Soft-RoCE answers a READ request in one go, and every other
+    /// connection's packets wait behind it.
+    pub rendezvous_chunk: usize,
+    /// Most chunk READs one connection has in flight: what one large message may pin
+    /// of the pool, and how far it runs ahead of other connections' traffic.
+    pub rendezvous_chunks: u32,
     /// Most bytes of messages a connection may hold queued for sending (waiting for
     /// credits or for room in the send queue). A peer that stops receiving (a raw peer
     /// that posts no receives, a framed one that returns no credits) would otherwise make
@@ -121,6 +130,8 @@ impl Default for NodeConfig {
             max_message: 16 << 20,
             rendezvous_budget: 32 << 20,
             rendezvous_deadline: Duration::from_secs(30),
+            rendezvous_chunk: 64 << 10,
+            rendezvous_chunks: 4,
             max_queued_bytes: 16 << 20,
             max_queued_sends: 4096,
         }

@@ -40,6 +40,10 @@ pub enum CloseReason {
     /// The peer disconnected (or vanished and the CM noticed).
     #[error("peer disconnected")]
     PeerDisconnected,
+    /// The peer closed the connection and said why (its `Close` frame): the text is its
+    /// own close reason, for example a budget it says this side broke.
+    #[error("the peer closed the connection: {0}")]
+    PeerClosed(String),
     /// This side closed it (a session or the application asked).
     #[error("closed locally: {0}")]
     Local(String),

@@ -166,6 +166,8 @@ impl Node {
             max_message: cfg.max_message.min(super::MAX_MESSAGE),
             rendezvous_budget: cfg.rendezvous_budget,
             rendezvous_deadline: cfg.rendezvous_deadline,
+            rendezvous_chunk: cfg.rendezvous_chunk,
+            rendezvous_chunks: cfg.rendezvous_chunks,
             keepalive: cfg.keepalive,
             retry_span: cfg.retry_span(),
             idle_timeout: cfg.idle_timeout,

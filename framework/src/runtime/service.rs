@@ -68,6 +68,17 @@ pub trait Service: Send + Sync + 'static {
         Framing::Framed
     }
 
+    /// The largest message this service takes from a client, if smaller than the node's
+    /// (`NodeConfig::max_message`). A larger one is refused when it is offered, before
+    /// any of it moves: the client's request fails with the reason
+    /// ([`RequestError::Refused`](super::RequestError::Refused)) and the connection goes
+    /// on. Services whose messages are only small control messages (bulk data going by
+    /// one-sided operations) should say so, so that no client can make the server hold
+    /// megabytes on their behalf.
+    fn max_message(&self) -> Option<usize> {
+        None
+    }
+
     /// A session for a newly accepted connection.
     fn session(&self, peer: &PeerInfo) -> Box<dyn Session>;
 }
@@ -92,6 +103,21 @@ pub trait Session: Send + Unpin + 'static {
         result: crate::verbs::Result<()>,
     ) -> Result<(), SessionError> {
         result.map_err(|e| SessionError::new(format!("unexpected completion of {op:?}: {e}")))
+    }
+
+    /// The peer refused a message this session sent with `tag` (a rendezvous message
+    /// larger than it takes, or than its budget): nothing of it was delivered, and the
+    /// connection goes on. By default the connection closes with the refusal as the
+    /// reason: a service whose answers its clients cannot take has a bug to show.
+    fn on_refused(
+        &mut self,
+        _cx: &mut SessionCx<'_>,
+        tag: u32,
+        why: crate::proto::budget::BudgetError,
+    ) -> Result<(), SessionError> {
+        Err(SessionError::new(format!(
+            "the peer refused message {tag}: {why}"
+        )))
     }
 
     /// A [`SessionWaker`](super::SessionWaker) of this connection was woken with `token`
@@ -122,6 +148,14 @@ impl Session for Box<dyn Session> {
     }
     fn on_wake(&mut self, cx: &mut SessionCx<'_>, token: u64) -> Result<(), SessionError> {
         (**self).on_wake(cx, token)
+    }
+    fn on_refused(
+        &mut self,
+        cx: &mut SessionCx<'_>,
+        tag: u32,
+        why: crate::proto::budget::BudgetError,
+    ) -> Result<(), SessionError> {
+        (**self).on_refused(cx, tag, why)
     }
     fn on_close(&mut self, reason: &super::CloseReason) {
         (**self).on_close(reason)

@@ -137,8 +137,18 @@ struct Registration {
     pd: ProtectionDomain,
     mr: NonNull<ibv_mr>,
     buf: NonNull<u8>,
-    layout: Layout,
+    memory: Memory,
     access: Access,
+}
+
+/// Who owns the registered bytes, and so how they are freed after deregistration.
+enum Memory {
+    /// Page-aligned, zeroed pages from [`alloc_pages`].
+    Pages(Layout),
+    /// A message's own buffer, registered where it lies instead of copied into pages
+    /// (see [`MemoryRegion::register_vec`]). Never touched through the `Vec` while
+    /// registered: its heap buffer does not move when the `Vec` value does.
+    Vec(#[allow(dead_code)] Vec<u8>),
 }
 
 // SAFETY: the registration is only read through its immutable fields and freed once in
@@ -157,8 +167,11 @@ impl Drop for Registration {
             tracing::error!(errno = ret, "ibv_dereg_mr failed; leaking the buffer");
             return;
         }
-        // SAFETY: `buf` was allocated with `layout` in `MemoryRegion::register`.
-        unsafe { std::alloc::dealloc(self.buf.as_ptr(), self.layout) };
+        if let Memory::Pages(layout) = self.memory {
+            // SAFETY: `buf` was allocated with `layout` in `MemoryRegion::register`.
+            unsafe { std::alloc::dealloc(self.buf.as_ptr(), layout) };
+        }
+        // A `Memory::Vec` frees its buffer when the field drops, after this.
     }
 }
 
@@ -215,7 +228,52 @@ impl MemoryRegion {
                 pd: pd.clone(),
                 mr,
                 buf,
-                layout,
+                memory: Memory::Pages(layout),
+                access: flags,
+            }),
+            offset: 0,
+            len,
+        })
+    }
+
+    /// Registers the bytes of `bytes` where they lie, taking ownership of the vector:
+    /// a large outgoing message is exposed without being copied into fresh pages (one
+    /// pass over it fewer on the thread that also serves other connections). The region
+    /// covers exactly `bytes.len()` bytes; the pages it pins may hold other heap data,
+    /// which is why remote access to it is only ever granted through a window bound over
+    /// exactly this range, and why a provider that checks the MR's range (rxe) sees only
+    /// the message. Read-only use: [`MemoryRegion::as_mut_slice`] still works but the
+    /// caller should not need it.
+    pub fn register_vec(
+        pd: &ProtectionDomain,
+        mut bytes: Vec<u8>,
+        access: Access,
+    ) -> Result<MemoryRegion> {
+        let len = bytes.len();
+        if len == 0 {
+            return Err(VerbsError::InvalidArgument(
+                "cannot register an empty region".into(),
+            ));
+        }
+        let mut flags = access;
+        if access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC) {
+            flags |= Access::LOCAL_WRITE;
+        }
+        let buf = NonNull::new(bytes.as_mut_ptr()).expect("a non-empty Vec's pointer");
+        // SAFETY: `buf` points to `len` initialized bytes of the vector's heap buffer,
+        // which `Registration` owns (moving the `Vec` does not move that buffer) and
+        // frees only after Drop has deregistered; the PD is kept alive by the clone
+        // stored below.
+        let mr = unsafe { ibv_reg_mr(pd.as_ptr(), buf.as_ptr().cast(), len, flags.bits() as i32) };
+        let Some(mr) = NonNull::new(mr) else {
+            return Err(super::rlimit::registration_failed(len));
+        };
+        Ok(MemoryRegion {
+            reg: Arc::new(Registration {
+                pd: pd.clone(),
+                mr,
+                buf,
+                memory: Memory::Vec(bytes),
                 access: flags,
             }),
             offset: 0,

@@ -127,6 +127,10 @@ impl FileTransfer {
 }
 
 impl Service for FileTransfer {
+    fn max_message(&self) -> Option<usize> {
+        Some(crate::CONTROL_MESSAGE_MAX)
+    }
+
     fn session(&self, peer: &PeerInfo) -> Box<dyn Session> {
         // Quotas are per client host: its connections share one share.
         let client = peer

@@ -58,6 +58,10 @@ impl IngestService {
 }
 
 impl Service for IngestService {
+    fn max_message(&self) -> Option<usize> {
+        Some(crate::CONTROL_MESSAGE_MAX)
+    }
+
     fn session(&self, _peer: &PeerInfo) -> Box<dyn Session> {
         Box::new(IngestSession {
             config: self.config,

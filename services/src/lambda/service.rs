@@ -82,6 +82,12 @@ impl LambdaService {
 }
 
 impl Service for LambdaService {
+    /// An upload carries the module: up to the sandbox's module limit, plus room for
+    /// the request around it.
+    fn max_message(&self) -> Option<usize> {
+        Some(self.sandbox.config().max_module_bytes + crate::CONTROL_MESSAGE_MAX)
+    }
+
     fn session(&self, _peer: &PeerInfo) -> Box<dyn Session> {
         Box::new(LambdaSession::new(
             Invocations::new(self.config),

@@ -38,6 +38,10 @@ impl ReadService {
 }
 
 impl Service for ReadService {
+    fn max_message(&self) -> Option<usize> {
+        Some(crate::CONTROL_MESSAGE_MAX)
+    }
+
     fn session(&self, _peer: &PeerInfo) -> Box<dyn Session> {
         Box::new(ReadSession {
             regions: self.regions.clone(),

@@ -21,7 +21,7 @@ use actix::prelude::*;
 use actix::WeakAddr;
 
 use super::wake::Wake;
-use super::{Core, SessionCx, DRAIN_TIMEOUT};
+use super::{Core, SessionCx, DRAIN_TIMEOUT, GOODBYE_TIMEOUT};
 use crate::proto::credits::Advert;
 use crate::runtime::poller::{self, AbortOnUnwind, Inbox};
 use crate::runtime::service::{Session, SessionError};
@@ -73,6 +73,8 @@ pub(crate) struct Connection<S: Session> {
     key: CmIdKey,
     label: String,
     reason: Option<CloseReason>,
+    /// Disconnected and draining (after the goodbye, if one was sent).
+    torn_down: bool,
     released: Vec<tokio::sync::oneshot::Sender<()>>,
     /// Itself, for the drain timer.
     this: Weak<RefCell<Connection<S>>>,
@@ -227,7 +229,34 @@ impl<S: Session> Connection<S> {
         }) {
             tracing::warn!(conn = %self.label, reason = %panicked, "on_close panicked");
         }
-        self.reason = Some(reason);
+        self.reason = Some(reason.clone());
+        if core.post_goodbye(&reason) {
+            // The QP stays up until the peer has the frame, for a moment at most.
+            let this = self.this.clone();
+            actix::spawn(poller::abort_if_it_panics(
+                "connection goodbye timer",
+                async move {
+                    actix::clock::sleep(GOODBYE_TIMEOUT).await;
+                    if let Some(conn) = this.upgrade() {
+                        conn.borrow_mut().tear_down();
+                    }
+                },
+            ));
+            return;
+        }
+        self.tear_down();
+    }
+
+    /// Disconnects, moves the QP to the error state and waits (bounded) for every posted
+    /// work request to come back before releasing everything. Once per connection.
+    fn tear_down(&mut self) {
+        let Some(core) = self.core.as_mut() else {
+            return;
+        };
+        if self.torn_down {
+            return;
+        }
+        self.torn_down = true;
         // Both sides may disconnect at once; a second call fails harmlessly.
         if let Some(id) = &core.id {
             let _ = id.disconnect();
@@ -328,11 +357,26 @@ impl<S: Session> Connection<S> {
             }) {
                 self.with_session(|s, cx| s.on_message(cx, msg));
             }
+            while let Some((tag, why)) = self.core.as_mut().and_then(|c| {
+                if c.closing.is_none() {
+                    c.refusals.pop_front()
+                } else {
+                    None
+                }
+            }) {
+                self.with_session(|s, cx| s.on_refused(cx, tag, why));
+            }
         }
         self.pump();
         if let Some(core) = &self.core {
-            if core.closing.is_some() && core.inflight.is_empty() {
-                self.finish();
+            if core.closing.is_some() {
+                if !self.torn_down {
+                    if !core.saying_goodbye() {
+                        self.tear_down();
+                    }
+                } else if core.inflight.is_empty() {
+                    self.finish();
+                }
             }
         }
     }
@@ -429,6 +473,7 @@ impl<S: Session> ConnectionActor<S> {
                     key,
                     label,
                     reason: None,
+                    torn_down: false,
                     released: Vec::new(),
                     this: this.clone(),
                     actor: ctx.address().downgrade(),

@@ -37,15 +37,15 @@ pub use wake::{Blocking, BlockingError, SessionWaker};
 
 use self::grants::GrantEntry;
 use self::liveness::{Liveness, Verdict};
-use self::rendezvous::RendezvousOut;
+use self::rendezvous::{Incoming, RendezvousOut};
 use self::wake::Wake;
 use super::poller::CqReservation;
 use super::recv_groups::Membership;
 use super::service::{Framing, Message, OpId};
 use super::srq::SharedRecv;
 use super::CloseReason;
-use crate::memory::{Charge, Lease, MrPool, PoolError};
-use crate::proto::budget::Budget;
+use crate::memory::{Lease, MrPool, PoolError};
+use crate::proto::budget::{Budget, BudgetError};
 use crate::proto::credits::{CreditError, CreditWindow};
 use crate::proto::frame::{RendezvousOffer, HEADER_LEN};
 use crate::verbs::{
@@ -61,6 +61,10 @@ const SPARE_BUFFERS: usize = 4;
 
 /// Most SENDs posted with one doorbell.
 const MAX_BATCH: usize = 32;
+
+/// How long a closing connection waits for its `Close` frame to reach the peer before
+/// disconnecting anyway.
+const GOODBYE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How long teardown waits for flushed completions before giving up on them.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
@@ -175,6 +179,12 @@ enum Wr {
     Bind,
     /// A keepalive probe: a zero-length RDMA WRITE (see `liveness.rs`).
     Probe,
+    /// The `Close` frame telling the peer why the connection ends (see
+    /// `Core::post_goodbye`).
+    Goodbye {
+        #[allow(dead_code)]
+        lease: Lease,
+    },
     /// A SEND; `seq` orders it among this connection's SENDs (see `Core::unsignaled`).
     Send {
         #[allow(dead_code)]
@@ -182,14 +192,12 @@ enum Wr {
         seq: u64,
         signaled: bool,
     },
-    RendezvousRead {
-        buf: Buf,
+    /// A chunk of a peer's rendezvous offer READ into `lease[..len]` (see
+    /// `Core::post_read_chunks`).
+    RendezvousChunk {
+        lease: Lease,
         seq: u64,
-        tag: u32,
-        key: u32,
         len: usize,
-        /// Counts a buffer registered for this message alone against the pool's cap.
-        _charge: Option<Charge>,
     },
     Op {
         op: OpId,
@@ -226,6 +234,11 @@ enum Outgoing {
         offer: RendezvousOffer,
         len: usize,
     },
+    /// We will not take the peer's offer `key`.
+    Refuse {
+        key: u32,
+        why: BudgetError,
+    },
 }
 
 impl Outgoing {
@@ -236,6 +249,16 @@ impl Outgoing {
             _ => 0,
         }
     }
+}
+
+/// The `Close` frame of a closing connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Goodbye {
+    NotSent,
+    /// Posted; the QP stays up until it completes (or a short timer runs out).
+    Posted,
+    /// Completed (delivered, or failed: either way nothing more to wait for).
+    Done,
 }
 
 enum Delivery {
@@ -291,6 +314,16 @@ pub(crate) struct Core {
     max_queued_sends: usize,
     deliveries: VecDeque<Delivery>,
     rendezvous_out: Slab<RendezvousOut>,
+    /// The peer's offers being READ, oldest first.
+    rendezvous_in: VecDeque<Incoming>,
+    /// Bytes READ per work request, and most such READs in flight at once.
+    rendezvous_chunk: usize,
+    rendezvous_chunks: u32,
+    read_chunks_in_flight: u32,
+    /// Our messages the peer refused, as (tag, why), for the session.
+    refusals: VecDeque<(u32, BudgetError)>,
+    /// Where the `Close` frame to the peer stands while the connection closes.
+    goodbye: Goodbye,
     next_op: u64,
     next_seq: u64,
     pool: MrPool,
@@ -340,6 +373,8 @@ pub(crate) struct CoreParts {
     pub max_message: usize,
     pub rendezvous_budget: usize,
     pub rendezvous_deadline: Duration,
+    pub rendezvous_chunk: usize,
+    pub rendezvous_chunks: u32,
     pub keepalive: Option<Duration>,
     pub retry_span: Duration,
     pub idle_timeout: Option<Duration>,
@@ -373,6 +408,12 @@ impl Core {
             deliveries: VecDeque::new(),
             bufs: Slab::new(),
             rendezvous_out: Slab::new(),
+            rendezvous_in: VecDeque::new(),
+            rendezvous_chunk: p.rendezvous_chunk.clamp(1, p.pool.largest()),
+            rendezvous_chunks: p.rendezvous_chunks.max(1),
+            read_chunks_in_flight: 0,
+            refusals: VecDeque::new(),
+            goodbye: Goodbye::NotSent,
             next_op: 0,
             next_seq: 0,
             pool: p.pool,
@@ -391,6 +432,12 @@ impl Core {
             waker: None,
             metrics: None,
         }
+    }
+
+    /// Takes messages of at most `max` bytes from the peer (a service's own limit, below
+    /// the node's): larger offers are refused with the reason.
+    pub(crate) fn limit_message(&mut self, max: usize) {
+        self.budget_in.limit_message(max);
     }
 
     /// Counts this connection in the metrics as a `side` connection of `service`.
@@ -481,6 +528,10 @@ impl Core {
         if !matches!(wr, Wr::Recv(_)) {
             self.send_outstanding -= 1;
         }
+        if let Wr::Goodbye { .. } = wr {
+            self.goodbye = Goodbye::Done;
+            return Ok(None);
+        }
         if let Wr::Probe = wr {
             self.liveness.probe_completed();
             tracing::debug!(qp = self.qp.qp_num(), status = ?wc.status, "keepalive probe completed");
@@ -519,29 +570,9 @@ impl Core {
         }
         match wr {
             Wr::Recv(slot) => self.handle_recv(slot, wc)?,
-            Wr::Send { .. } | Wr::Op { .. } | Wr::Bind | Wr::Probe => {}
-            Wr::RendezvousRead {
-                buf,
-                seq,
-                tag,
-                key,
-                len,
-                ..
-            } => {
-                let data = buf.region().as_slice()[..len].to_vec();
-                self.budget_in.release(len);
-                if let Some(d) = self
-                    .deliveries
-                    .iter_mut()
-                    .find(|d| matches!(d, Delivery::Waiting(s) if *s == seq))
-                {
-                    *d = Delivery::Ready(Message {
-                        tag,
-                        imm: None,
-                        data,
-                    });
-                }
-                self.queue(Outgoing::Done { tag: key });
+            Wr::Send { .. } | Wr::Op { .. } | Wr::Bind | Wr::Probe | Wr::Goodbye { .. } => {}
+            Wr::RendezvousChunk { lease, seq, len } => {
+                self.handle_read_chunk(seq, &lease.as_slice()[..len])
             }
         }
         Ok(None)

@@ -6,6 +6,7 @@
 use std::time::Instant;
 
 use super::{Core, Delivery, Outgoing, Wr};
+use crate::proto::budget::BudgetError;
 use crate::proto::frame::{FrameKind, Header, RendezvousOffer};
 use crate::runtime::service::{Framing, Message};
 use crate::runtime::CloseReason;
@@ -116,19 +117,36 @@ impl Core {
             FrameKind::Credit => {}
             FrameKind::RendezvousOffer => {
                 let len = header.len as usize;
-                // Before anything is allocated for it.
-                self.budget_in
-                    .check(len)
-                    .map_err(|e| CloseReason::Protocol(e.to_string()))?;
+                let offer = RendezvousOffer::decode(&body);
+                // Before anything is allocated for it; refused, the connection goes on.
+                if let Err(why) = self.budget_in.check(len) {
+                    tracing::info!(qp = self.qp.qp_num(), %why, "rendezvous offer refused");
+                    self.queue(Outgoing::Refuse {
+                        key: offer.key,
+                        why,
+                    });
+                    return Ok(());
+                }
                 let seq = self.next_seq;
                 self.next_seq += 1;
                 self.deliveries.push_back(Delivery::Waiting(seq));
                 self.queue(Outgoing::Read {
                     seq,
                     tag: header.tag,
-                    offer: RendezvousOffer::decode(&body),
+                    offer,
                     len,
                 });
+            }
+            FrameKind::Refuse => {
+                let why = BudgetError::decode(&body).ok_or_else(|| {
+                    CloseReason::Protocol("a refusal with an unknown reason code".into())
+                })?;
+                self.handle_rendezvous_refused(header.tag, why)?;
+            }
+            FrameKind::Close => {
+                return Err(CloseReason::PeerClosed(
+                    String::from_utf8_lossy(&body).into_owned(),
+                ))
             }
             FrameKind::RendezvousDone => self.handle_rendezvous_done(header.tag)?,
         }

@@ -8,9 +8,11 @@
 
 use std::time::Instant;
 
-use super::{Buf, CloseReason, Core, Wr};
+use super::{Buf, CloseReason, Core, Delivery, Outgoing, Wr};
 use crate::memory::Charge;
+use crate::proto::budget::BudgetError;
 use crate::proto::frame::{FrameKind, RendezvousOffer, OFFER_LEN};
+use crate::runtime::service::Message;
 use crate::verbs::{Access, MemoryRegion, MemoryWindow, RemoteRegion, SendOp, SendWr};
 
 /// A large message exposed to the peer for its RDMA READ: a window bound to this
@@ -22,17 +24,30 @@ pub(super) struct RendezvousOut {
     _buf: Buf,
     _charge: Charge,
     len: usize,
+    /// The message's tag, for the session when the peer refuses it.
+    tag: u32,
     offered: Instant,
 }
 
+/// An offer of the peer's being READ, chunk by chunk, into `data`.
+pub(super) struct Incoming {
+    seq: u64,
+    tag: u32,
+    offer: RendezvousOffer,
+    len: usize,
+    data: Vec<u8>,
+    /// Bytes for which READs have been posted.
+    posted: usize,
+}
+
 impl Core {
-    /// Offers `bytes` by rendezvous: copies them into a buffer registered for this
-    /// message with `MW_BIND` and no remote access, exactly as long as the message, binds
-    /// a window to this QP over it with REMOTE_READ, and sends the offer. Least access for
-    /// the shortest time: only this peer can READ, only those bytes, and only until it
-    /// says Done (the window is deallocated then, at the deadline, or when the connection
-    /// closes). Needs two send-queue slots (the bind, then the offer) and room in the
-    /// outgoing budget, which `pump` checks.
+    /// Offers `bytes` by rendezvous: registers the message where it lies (no copy, see
+    /// [`MemoryRegion::register_vec`]) with `MW_BIND` and no remote access, binds a window
+    /// to this QP over exactly its bytes with REMOTE_READ, and sends the offer. Least
+    /// access for the shortest time: only this peer can READ, only those bytes, and only
+    /// until it says Done (the window is deallocated then, at the deadline, or when the
+    /// connection closes). Needs two send-queue slots (the bind, then the offer) and room
+    /// in the outgoing budget, which `pump` checks.
     ///
     /// Not a window over a pool chunk: rxe checks a READ through a window against the
     /// range of the MR underneath, not the window's (observed in the Soft-RoCE VM, see
@@ -48,9 +63,8 @@ impl Core {
         self.flush_sends()?;
         let len = bytes.len();
         let charge = self.pool.charge(len).map_err(CloseReason::from_pool)?;
-        let mut mr = MemoryRegion::register(&self.pd, len, Access::LOCAL_WRITE | Access::MW_BIND)
+        let mr = MemoryRegion::register_vec(&self.pd, bytes, Access::MW_BIND)
             .map_err(CloseReason::from_verbs)?;
-        mr.as_mut_slice().copy_from_slice(&bytes);
         let buf = Buf::Registered(mr);
         let window = MemoryWindow::alloc(&self.pd).map_err(CloseReason::from_verbs)?;
         let slot = self.inflight.vacant_entry();
@@ -71,6 +85,7 @@ impl Core {
             _buf: buf,
             _charge: charge,
             len,
+            tag,
             offered: Instant::now(),
         }) as u32;
         let offer = RendezvousOffer {
@@ -81,6 +96,24 @@ impl Core {
         let mut body = [0u8; OFFER_LEN];
         offer.encode(&mut body);
         self.post_frame(FrameKind::RendezvousOffer, tag, len as u32, &body)
+    }
+
+    /// The peer will not take the offer `key` (too large for it): revoke the window,
+    /// free the memory, and tell the session which message it was.
+    pub(super) fn handle_rendezvous_refused(
+        &mut self,
+        key: u32,
+        why: BudgetError,
+    ) -> Result<(), CloseReason> {
+        let out = self
+            .rendezvous_out
+            .try_remove(key as usize)
+            .ok_or_else(|| {
+                CloseReason::Protocol(format!("refusal of unknown rendezvous region {key}"))
+            })?;
+        self.budget_out.release(out.len);
+        self.refusals.push_back((out.tag, why));
+        Ok(())
     }
 
     /// The peer READ the offer `key`: revoke its window, free the memory, release the
@@ -96,47 +129,101 @@ impl Core {
         Ok(())
     }
 
-    /// READs the peer's offer of `len` bytes (already checked against the budget when it
-    /// arrived; `pump` waited until it fits the bytes in use) into a pool chunk, or for
-    /// messages larger than the largest class into memory registered for it alone and
-    /// counted against the pool's cap before it is allocated.
-    pub(super) fn post_rendezvous_read(
+    /// Takes the peer's offer of `len` bytes (checked against the budget when it arrived;
+    /// `pump` waited until it fits the bytes in use): its bytes are READ in chunks by
+    /// [`Core::post_read_chunks`].
+    pub(super) fn start_rendezvous_read(
         &mut self,
         seq: u64,
         tag: u32,
         offer: RendezvousOffer,
         len: usize,
-    ) -> Result<(), CloseReason> {
-        self.flush_sends()?;
-        let (buf, charge) = if len <= self.pool.largest() {
-            let lease = self.pool.lease(len).map_err(CloseReason::from_pool)?;
-            (Buf::Pooled(lease), None)
-        } else {
-            let charge = self.pool.charge(len).map_err(CloseReason::from_pool)?;
-            let mr = MemoryRegion::register(&self.pd, len, Access::LOCAL_WRITE)
-                .map_err(CloseReason::from_verbs)?;
-            (Buf::Registered(mr), Some(charge))
-        };
-        let entry = self.inflight.vacant_entry();
-        let remote = RemoteRegion {
-            addr: offer.addr,
-            len: len as u64,
-            rkey: offer.rkey,
-        };
-        let sge = buf.region().sge(0..len).map_err(CloseReason::from_verbs)?;
-        let wr = SendWr::new(entry.key() as u64, SendOp::Read(remote), Some(sge));
-        self.qp.post_send(&wr).map_err(CloseReason::from_verbs)?;
-        entry.insert(Wr::RendezvousRead {
-            buf,
+    ) {
+        self.budget_in.take(len);
+        self.rendezvous_in.push_back(Incoming {
             seq,
             tag,
-            key: offer.key,
+            offer,
             len,
-            _charge: charge,
+            data: Vec::new(),
+            posted: 0,
         });
-        self.budget_in.take(len);
-        self.send_outstanding += 1;
+    }
+
+    /// Posts READs of the offers being taken, oldest first, one chunk
+    /// (`NodeConfig::rendezvous_chunk`) at a time into a pool buffer, at most
+    /// `rendezvous_chunks` chunks in flight. A large message then never holds the
+    /// poller thread for long (each completion copies one chunk into the message), pins
+    /// no memory beyond those chunks, and reaches the provider in pieces: Soft-RoCE
+    /// answers one READ request in a single burst, so a 16 MiB READ would make every
+    /// other connection's packets wait behind 16 MiB of responses.
+    pub(super) fn post_read_chunks(&mut self) -> Result<(), CloseReason> {
+        for i in 0..self.rendezvous_in.len() {
+            loop {
+                let m = &self.rendezvous_in[i];
+                if m.posted == m.len {
+                    break;
+                }
+                if self.read_chunks_in_flight >= self.rendezvous_chunks
+                    || self.send_outstanding >= self.send_depth
+                    || self.closing.is_some()
+                {
+                    return Ok(());
+                }
+                self.flush_sends()?;
+                let m = &self.rendezvous_in[i];
+                let (offset, len) = (m.posted, self.rendezvous_chunk.min(m.len - m.posted));
+                let remote = RemoteRegion {
+                    addr: m.offer.addr + offset as u64,
+                    len: len as u64,
+                    rkey: m.offer.rkey,
+                };
+                let lease = self.pool.lease(len).map_err(CloseReason::from_pool)?;
+                let entry = self.inflight.vacant_entry();
+                let sge = lease.sge(0..len).map_err(CloseReason::from_verbs)?;
+                let wr = SendWr::new(entry.key() as u64, SendOp::Read(remote), Some(sge));
+                self.qp.post_send(&wr).map_err(CloseReason::from_verbs)?;
+                let seq = m.seq;
+                entry.insert(Wr::RendezvousChunk { lease, seq, len });
+                self.send_outstanding += 1;
+                self.read_chunks_in_flight += 1;
+                self.rendezvous_in[i].posted += len;
+            }
+        }
         Ok(())
+    }
+
+    /// A chunk of the offer `seq` was READ into `lease[..len]`. Chunks of a message are
+    /// posted in order on one send queue, so they complete in order: each is appended.
+    /// The last one makes the message ready and answers Done (the peer revokes its
+    /// window).
+    pub(super) fn handle_read_chunk(&mut self, seq: u64, lease: &[u8]) {
+        self.read_chunks_in_flight -= 1;
+        let Some(at) = self.rendezvous_in.iter().position(|m| m.seq == seq) else {
+            return;
+        };
+        let m = &mut self.rendezvous_in[at];
+        if m.data.is_empty() {
+            m.data.reserve_exact(m.len);
+        }
+        m.data.extend_from_slice(lease);
+        if m.data.len() < m.len {
+            return;
+        }
+        let m = self.rendezvous_in.remove(at).expect("found above");
+        self.budget_in.release(m.len);
+        if let Some(d) = self
+            .deliveries
+            .iter_mut()
+            .find(|d| matches!(d, Delivery::Waiting(s) if *s == seq))
+        {
+            *d = Delivery::Ready(Message {
+                tag: m.tag,
+                imm: None,
+                data: m.data,
+            });
+        }
+        self.queue(Outgoing::Done { tag: m.offer.key });
     }
 
     /// When the connection should next look at its offers' deadlines: the oldest offer's,

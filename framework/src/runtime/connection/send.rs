@@ -3,10 +3,10 @@
 //! operations), SENDs batched under one doorbell per turn and signalled selectively.
 
 use super::{
-    Core, Op, Outgoing, QueuedSend, Wr, INLINE_MAX, MAX_BATCH, SIGNAL_EVERY, SPARE_BUFFERS,
+    Core, Goodbye, Op, Outgoing, QueuedSend, Wr, INLINE_MAX, MAX_BATCH, SIGNAL_EVERY, SPARE_BUFFERS,
 };
 use crate::memory::Lease;
-use crate::proto::frame::{FrameKind, Header, HEADER_LEN};
+use crate::proto::frame::{close_reason_body, FrameKind, Header, HEADER_LEN};
 use crate::runtime::service::OpId;
 use crate::runtime::CloseReason;
 use crate::verbs::{SendOp, SendWr};
@@ -67,7 +67,7 @@ impl Core {
     }
 
     pub(super) fn pump_sends(&mut self) -> Result<(), CloseReason> {
-        match self.pump_queued() {
+        match self.pump_queued().and_then(|()| self.post_read_chunks()) {
             Ok(()) => self.flush_sends(),
             Err(reason) => {
                 self.forget_batch();
@@ -91,9 +91,13 @@ impl Core {
                 }
                 // A READ of an offer waits for earlier READs to free the budget.
                 (Outgoing::Read { len, .. }, _) => self.budget_in.fits(*len),
-                (Outgoing::Data { .. } | Outgoing::Done { .. } | Outgoing::Credit, Some(c)) => {
-                    c.can_send_data()
-                }
+                (
+                    Outgoing::Data { .. }
+                    | Outgoing::Done { .. }
+                    | Outgoing::Refuse { .. }
+                    | Outgoing::Credit,
+                    Some(c),
+                ) => c.can_send_data(),
                 // A WRITE_WITH_IMM uses a peer receive but cannot grant: never the last credit.
                 (
                     Outgoing::Op {
@@ -313,7 +317,13 @@ impl Core {
                 tag,
                 offer,
                 len,
-            } => self.post_rendezvous_read(seq, tag, offer, len),
+            } => {
+                self.start_rendezvous_read(seq, tag, offer, len);
+                self.post_read_chunks()
+            }
+            Outgoing::Refuse { key, why } => {
+                self.post_frame(FrameKind::Refuse, key, 0, &why.encode())
+            }
         }
     }
 
@@ -375,6 +385,71 @@ impl Core {
         self.bufs[buf_id.0].inflight += 1;
         self.send_outstanding += 1;
         Ok(())
+    }
+}
+
+impl Core {
+    /// Tells the peer why the connection ends, with a `Close` frame, when that is
+    /// possible and worth it: a framed, established connection whose QP still works
+    /// (the reason is not the peer's doing or a failed transport), with a credit and a
+    /// send-queue slot. True when the frame was posted: the caller keeps the QP up until
+    /// it completes (the peer has it then) or a short timer runs out. Best effort by
+    /// design: a peer that is out of credits or gone learns only of the disconnect.
+    pub(super) fn post_goodbye(&mut self, reason: &CloseReason) -> bool {
+        let tells = !matches!(
+            reason,
+            CloseReason::PeerDisconnected
+                | CloseReason::PeerClosed(_)
+                | CloseReason::PeerUnreachable(_)
+                | CloseReason::Completion(_)
+                | CloseReason::HandshakeTimeout(_)
+        );
+        let room = self.established
+            && self.send_outstanding < self.send_depth
+            && self.credits.as_ref().is_some_and(|c| c.send_credits() >= 1);
+        if !tells || !room || self.flush_sends().is_err() {
+            return false;
+        }
+        let text = reason.to_string();
+        let body = close_reason_body(&text);
+        let total = HEADER_LEN + body.len();
+        let Ok(mut lease) = self.send_buffer(total) else {
+            return false;
+        };
+        let grant = self.credits.as_mut().expect("framed").take_for_send();
+        let header = Header {
+            kind: FrameKind::Close,
+            credits: grant,
+            len: body.len() as u32,
+            tag: 0,
+        };
+        let bytes = lease.as_mut_slice();
+        header.encode(&mut bytes[..HEADER_LEN]);
+        bytes[HEADER_LEN..total].copy_from_slice(body);
+        let entry = self.inflight.vacant_entry();
+        let wr_id = entry.key() as u64;
+        let posted = lease.sge(0..total).and_then(|sge| {
+            let mut wr = SendWr::new(wr_id, SendOp::Send, Some(sge));
+            wr.inline = total <= INLINE_MAX;
+            self.qp.post_send(&wr)
+        });
+        match posted {
+            Ok(()) => {
+                entry.insert(Wr::Goodbye { lease });
+                self.send_outstanding += 1;
+                self.goodbye = Goodbye::Posted;
+                true
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "posting the Close frame failed");
+                false
+            }
+        }
+    }
+
+    /// True while a posted `Close` frame has not completed.
+    pub(super) fn saying_goodbye(&self) -> bool {
+        self.goodbye == Goodbye::Posted
     }
 }
 
