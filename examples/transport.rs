@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use rdmactor::runtime::NodeConfig;
 
-/// `--retry-count`, `--ack-timeout`, `--keepalive`, the handshake and idle timeouts, and
-/// where framed connections' receives come from.
+/// `--retry-count`, `--ack-timeout`, `--keepalive`, the handshake and idle timeouts,
+/// where framed connections' receives come from, and how large messages are READ.
 #[derive(clap::Args, Debug, Clone)]
 pub struct Transport {
     /// Transport retries before a request to a silent peer fails (0..=6; Soft-RoCE reads
@@ -31,6 +31,13 @@ pub struct Transport {
     /// share of a shared receive queue.
     #[arg(long)]
     pub per_connection_receives: bool,
+    /// KiB of a peer's large message fetched per RDMA READ (at most the pool's largest
+    /// class, 1 MiB).
+    #[arg(long, default_value_t = NodeConfig::default().rendezvous_chunk >> 10)]
+    pub rendezvous_chunk_kib: usize,
+    /// Chunk READs one connection keeps in flight.
+    #[arg(long, default_value_t = NodeConfig::default().rendezvous_chunks)]
+    pub rendezvous_chunks: u32,
 }
 
 impl Transport {
@@ -44,6 +51,8 @@ impl Transport {
             idle_timeout: (self.idle_timeout > 0.0)
                 .then(|| Duration::from_secs_f64(self.idle_timeout)),
             shared_recv: config.shared_recv.filter(|_| !self.per_connection_receives),
+            rendezvous_chunk: (self.rendezvous_chunk_kib << 10).max(1),
+            rendezvous_chunks: self.rendezvous_chunks.max(1),
             ..config
         }
     }

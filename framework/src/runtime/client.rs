@@ -124,10 +124,11 @@ impl Client {
             reply: tx,
             session,
         });
-        let (conn, inbox) = rx.await.map_err(|_| ConnectError::ShuttingDown)??;
+        let (conn, ends) = rx.await.map_err(|_| ConnectError::ShuttingDown)??;
         Ok(ClientConnection {
             conn,
-            inbox: Arc::new(tokio::sync::Mutex::new(inbox)),
+            inbox: Arc::new(tokio::sync::Mutex::new(ends.inbox)),
+            closed: ends.closed,
             pd: self.node.pd.clone(),
         })
     }
@@ -166,6 +167,8 @@ impl Client {
 pub struct ClientConnection {
     conn: Addr<ConnectionActor<ClientSession>>,
     inbox: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Message>>>,
+    /// Why the connection closed, once it has: what a call made afterwards fails with.
+    closed: ClosedReason,
     /// The client's PD, for [`ClientConnection::register`].
     pd: ProtectionDomain,
 }
@@ -182,8 +185,16 @@ impl ClientConnection {
     async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> ClientCall) -> Result<T, RequestError> {
         let (tx, rx) = oneshot::channel();
         self.conn.do_send(make(tx));
-        rx.await
-            .map_err(|_| RequestError::Closed(CloseReason::Local("connection gone".into())))?
+        rx.await.map_err(|_| {
+            let reason = self.closed.lock().expect("not poisoned").clone();
+            RequestError::Closed(reason.unwrap_or(CloseReason::Local("connection gone".into())))
+        })?
+    }
+
+    /// Why the connection closed, once it has (the server's own reason when it said
+    /// one: [`CloseReason::PeerClosed`]).
+    pub fn close_reason(&self) -> Option<CloseReason> {
+        self.closed.lock().expect("not poisoned").clone()
     }
 
     /// Sends a one-way message (tag 0), for protocols that are not request/response.
@@ -361,6 +372,16 @@ enum PendingOp {
     Atomic(BufId, Reply<u64>),
 }
 
+/// Where a client connection's close reason is kept for its handles.
+type ClosedReason = Arc<std::sync::Mutex<Option<CloseReason>>>;
+
+/// What a [`ClientConnection`] reads from its session: unsolicited messages, and the
+/// close reason.
+pub(crate) struct ClientEnds {
+    inbox: mpsc::UnboundedReceiver<Message>,
+    closed: ClosedReason,
+}
+
 /// The session behind a [`ClientConnection`]: matches replies to requests by tag and
 /// completions to one-sided operations by id.
 pub(crate) struct ClientSession {
@@ -368,26 +389,27 @@ pub(crate) struct ClientSession {
     requests: HashMap<u32, Reply<Vec<u8>>>,
     ops: HashMap<OpId, PendingOp>,
     inbox: mpsc::UnboundedSender<Message>,
+    closed: ClosedReason,
     /// The application's session (see [`Client::connect_session`]), which then gets
     /// every message and the completions of its own operations.
     user: Option<Box<dyn Session>>,
 }
 
 impl ClientSession {
-    /// A session and the receiving end of its inbox of unsolicited messages.
-    pub(crate) fn new(
-        user: Option<Box<dyn Session>>,
-    ) -> (ClientSession, mpsc::UnboundedReceiver<Message>) {
+    /// A session and the ends its [`ClientConnection`] reads.
+    pub(crate) fn new(user: Option<Box<dyn Session>>) -> (ClientSession, ClientEnds) {
         let (tx, rx) = mpsc::unbounded_channel();
+        let closed = ClosedReason::default();
         let session = ClientSession {
             // Tag 0 is reserved for one-way messages in both directions.
             next_tag: 1,
             requests: HashMap::new(),
             ops: HashMap::new(),
             inbox: tx,
+            closed: closed.clone(),
             user,
         };
-        (session, rx)
+        (session, ClientEnds { inbox: rx, closed })
     }
 }
 
@@ -491,6 +513,7 @@ impl Session for ClientSession {
     }
 
     fn on_close(&mut self, reason: &CloseReason) {
+        *self.closed.lock().expect("not poisoned") = Some(reason.clone());
         if let Some(user) = &mut self.user {
             user.on_close(reason);
         }
@@ -632,7 +655,10 @@ impl Handler<ClientCall> for ConnectionActor<ClientSession> {
         conn.with_session(|s, cx| s.handle(call.take().expect("once"), cx));
         if let Some(call) = call {
             // The connection is closing: answer instead of dropping the caller.
-            let err = RequestError::Closed(CloseReason::Local("connection closing".into()));
+            let reason = conn.close_reason().cloned();
+            let err = RequestError::Closed(
+                reason.unwrap_or_else(|| CloseReason::Local("connection closing".into())),
+            );
             match call {
                 ClientCall::Request { reply, .. } | ClientCall::Read { reply, .. } => {
                     drop(reply.send(Err(err)))

@@ -36,7 +36,7 @@ struct Listening {
 }
 
 type ClientAddr = Addr<ConnectionActor<ClientSession>>;
-type Inbox = tokio::sync::mpsc::UnboundedReceiver<crate::runtime::Message>;
+type Inbox = super::client::ClientEnds;
 
 struct Connecting {
     id: CmId,

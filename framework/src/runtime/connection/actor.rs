@@ -83,6 +83,11 @@ pub(crate) struct Connection<S: Session> {
 }
 
 impl<S: Session> Connection<S> {
+    /// Why the connection is closing or closed (`None` while open).
+    pub(crate) fn close_reason(&self) -> Option<&CloseReason> {
+        self.reason.as_ref()
+    }
+
     /// Answers `done` once the connection has released its resources.
     pub(crate) fn when_released(&mut self, done: tokio::sync::oneshot::Sender<()>) {
         if self.core.is_none() {
@@ -231,7 +236,8 @@ impl<S: Session> Connection<S> {
         }
         self.reason = Some(reason.clone());
         if core.post_goodbye(&reason) {
-            // The QP stays up until the peer has the frame, for a moment at most.
+            // The QP stays up until the peer has read the frame (it disconnects then),
+            // for a moment at most.
             let this = self.this.clone();
             actix::spawn(poller::abort_if_it_panics(
                 "connection goodbye timer",
@@ -402,7 +408,15 @@ impl<S: Session> Connection<S> {
                 self.arm_keepalive();
                 self.with_session(|s, cx| s.on_established(cx));
             }
-            CmNotice::Disconnected => self.begin_close(CloseReason::PeerDisconnected),
+            CmNotice::Disconnected => {
+                // After our goodbye, the peer's disconnect is the sign it has read it.
+                let closing = self.core.as_ref().is_some_and(|c| c.closing.is_some());
+                if closing {
+                    self.tear_down();
+                } else {
+                    self.begin_close(CloseReason::PeerDisconnected);
+                }
+            }
             CmNotice::Close(reason) => self.begin_close(reason),
         }
     }

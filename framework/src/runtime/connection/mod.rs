@@ -257,8 +257,12 @@ enum Goodbye {
     NotSent,
     /// Posted; the QP stays up until it completes (or a short timer runs out).
     Posted,
-    /// Completed (delivered, or failed: either way nothing more to wait for).
-    Done,
+    /// Delivered: the QP stays up until the peer, having read it, disconnects (or the
+    /// timer runs out). Disconnecting at once could reach the peer's connection before
+    /// its poller hands it the frame, and the reason would be lost.
+    Delivered,
+    /// Failed: nothing to wait for.
+    Failed,
 }
 
 enum Delivery {
@@ -529,7 +533,10 @@ impl Core {
             self.send_outstanding -= 1;
         }
         if let Wr::Goodbye { .. } = wr {
-            self.goodbye = Goodbye::Done;
+            self.goodbye = match wc.ok() {
+                Ok(_) => Goodbye::Delivered,
+                Err(_) => Goodbye::Failed,
+            };
             return Ok(None);
         }
         if let Wr::Probe = wr {

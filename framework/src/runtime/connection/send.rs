@@ -447,9 +447,10 @@ impl Core {
         }
     }
 
-    /// True while a posted `Close` frame has not completed.
+    /// True while a `Close` frame is on its way or the peer has yet to answer it with
+    /// its disconnect.
     pub(super) fn saying_goodbye(&self) -> bool {
-        self.goodbye == Goodbye::Posted
+        matches!(self.goodbye, Goodbye::Posted | Goodbye::Delivered)
     }
 }
 
