@@ -56,23 +56,29 @@ fn fuel_per_second(sandbox: &Sandbox) -> u64 {
 #[test]
 fn checksum_matches_native() {
     let sandbox = Sandbox::new();
-    let words = sandbox.load(&example("checksum")).unwrap();
+    let simd = sandbox.load(&example("checksum")).unwrap();
+    let words = sandbox.load(&example("checksum_words")).unwrap();
     let bytewise = sandbox.load(&example("checksum_bytes")).unwrap();
     for input in [
         Vec::new(),
         b"a".to_vec(),
         b"foobar".to_vec(),
         bytes(7),
-        // The module hashes 32 bytes per loop iteration, then the rest byte by byte.
+        // `checksum_words` hashes 32 bytes per loop iteration and `checksum` 128, then
+        // the rest byte by byte.
         bytes(31),
         bytes(32),
         bytes(33),
+        bytes(127),
+        bytes(128),
+        bytes(129),
+        bytes(1000),
         bytes(1_000_003),
         bytes(65_536),
         bytes(200_000),
         bytes(1 << 20),
     ] {
-        for hash in [words, bytewise] {
+        for hash in [simd, words, bytewise] {
             let output = sandbox.run(&hash, &input, &limits()).unwrap();
             assert_eq!(
                 output,
