@@ -358,7 +358,7 @@ impl Sandbox {
             .get(client, hash)
             .ok_or_else(|| LambdaError::UnknownLambda(hash.to_string()))?;
         let _worker = WorkerSlot::claim(&self.running, self.config.max_workers)?;
-        let ticking = self.ticker.running();
+        let ticking = self.ticker.running(deadline);
         let output = panic::catch_unwind(AssertUnwindSafe(|| {
             invoke::invoke(&self.engine, &compiled, input, limits, deadline, phases)
         }))
