@@ -152,6 +152,48 @@ fn infinite_loop_times_out() {
     assert_eq!(sandbox.running_workers(), 0);
 }
 
+/// The epoch ticker sleeps until the earliest deadline of the invocations running: a
+/// short deadline that arrives while it sleeps towards a long one must wake it, and the
+/// long-running invocation must still be stopped at its own deadline afterwards.
+#[test]
+fn a_short_deadline_is_kept_while_a_long_one_runs() {
+    let sandbox = Arc::new(Sandbox::new());
+    let hash = sandbox.load(&example("infinite_loop")).unwrap();
+    let fuel = 20 * fuel_per_second(&sandbox);
+    let long = Duration::from_millis(1500);
+    let short = Duration::from_millis(50);
+    let long_run = {
+        let sandbox = Arc::clone(&sandbox);
+        thread::spawn(move || {
+            let start = Instant::now();
+            let limits = Limits {
+                fuel,
+                wall_clock: long,
+                ..limits()
+            };
+            (sandbox.run(&hash, b"x", &limits), start.elapsed())
+        })
+    };
+    // Let the long one start and the ticker go to sleep until its deadline.
+    thread::sleep(Duration::from_millis(100));
+    let start = Instant::now();
+    let limits = Limits {
+        fuel,
+        wall_clock: short,
+        ..limits()
+    };
+    assert_eq!(
+        sandbox.run(&hash, b"x", &limits),
+        Err(LambdaError::Timeout { limit: short })
+    );
+    let elapsed = start.elapsed();
+    assert!(elapsed >= short && elapsed < long / 2, "{elapsed:?}");
+    let (outcome, elapsed) = long_run.join().unwrap();
+    assert_eq!(outcome, Err(LambdaError::Timeout { limit: long }));
+    assert!(elapsed >= long && elapsed < long * 3, "{elapsed:?}");
+    assert_eq!(sandbox.running_workers(), 0);
+}
+
 /// Security issue item 6: a timed-out invocation used to keep its worker until its fuel
 /// (up to 1e9 units) ran out, so 100 instant timeouts filled every worker and everyone
 /// else got `Busy`. Now each one stops at its deadline and frees its worker.

@@ -32,6 +32,11 @@ pub(super) const TICK: Duration = Duration::from_millis(1);
 struct State {
     /// Deadlines of the invocations running now, each with how many share it.
     deadlines: BTreeMap<Instant, usize>,
+    /// When the thread looks at `deadlines` next, unless woken (`None`: not before it is
+    /// woken). An invocation whose deadline comes later needs no wake-up: the thread
+    /// finds it then. In steady use (equal wall-clock limits, so each deadline later than
+    /// the last) an invocation wakes nobody.
+    wakes_at: Option<Instant>,
     stop: bool,
 }
 
@@ -71,10 +76,10 @@ impl EpochTicker {
     /// epoch advances at the deadline (and every [`TICK`] after it) while it runs.
     pub fn running(&self, deadline: Instant) -> Running {
         let mut state = self.shared.lock();
-        let earlier = state.earliest().is_none_or(|first| deadline < first);
         *state.deadlines.entry(deadline).or_insert(0) += 1;
-        if earlier {
-            // The thread sleeps until a later deadline, or for good: it must look again.
+        if state.wakes_at.is_none_or(|at| deadline < at) {
+            // The thread sleeps past this deadline: it must look again.
+            state.wakes_at = Some(deadline);
             self.shared.wake.notify_one();
         }
         Running {
@@ -109,7 +114,7 @@ pub(super) struct Running {
 impl Drop for Running {
     fn drop(&mut self) {
         // The thread is not woken: if it sleeps until this deadline, it wakes then,
-        // finds it gone and sleeps again, which costs less than a wake-up now.
+        // finds it gone and sleeps again (until the next one, or until woken).
         let mut state = self.shared.lock();
         if let Some(n) = state.deadlines.get_mut(&self.deadline) {
             *n -= 1;
@@ -131,6 +136,7 @@ fn tick(shared: &Shared, engine: &Engine) {
         }
         let Some(first) = state.earliest() else {
             ticked = None;
+            state.wakes_at = None;
             state = shared
                 .wake
                 .wait(state)
@@ -143,6 +149,7 @@ fn tick(shared: &Shared, engine: &Engine) {
         };
         let now = Instant::now();
         if now < due {
+            state.wakes_at = Some(due);
             state = shared
                 .wake
                 .wait_timeout(state, due - now)
