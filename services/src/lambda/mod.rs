@@ -44,7 +44,7 @@
 //! |---|---|---|
 //! | [`fuel`](Limits::fuel) | wasmtime fuel metering: every executed Wasm operator costs a unit, the store gets `fuel` before the calls | [`OutOfFuel`](LambdaError::OutOfFuel) |
 //! | [`max_memory_bytes`](Limits::max_memory_bytes) | the store's resource limiter: growing memory (or a table) past it traps at once, and the refusal is recorded | [`MemoryLimit`](LambdaError::MemoryLimit) |
-//! | [`wall_clock`](Limits::wall_clock) | epoch interruption: compiled code checks an epoch counter at loop back-edges and calls; a ticker thread advances it every millisecond while guests run, and the store stops its guest once the deadline passed | [`Timeout`](LambdaError::Timeout) |
+//! | [`wall_clock`](Limits::wall_clock) | epoch interruption: compiled code checks an epoch counter at loop back-edges and calls; a ticker thread advances it when the earliest running invocation's deadline comes (and every millisecond while one past its deadline still runs), and the store stops its guest once its deadline passed | [`Timeout`](LambdaError::Timeout) |
 //! | [`max_output`](Limits::max_output) | checked before the output is copied out | [`OutputTooLarge`](LambdaError::OutputTooLarge) |
 //! | stack | `max_wasm_stack` of 256 KiB: deep recursion traps long before the host thread's stack is at risk | [`Trap`](LambdaError::Trap) |
 //!

@@ -56,23 +56,29 @@ fn fuel_per_second(sandbox: &Sandbox) -> u64 {
 #[test]
 fn checksum_matches_native() {
     let sandbox = Sandbox::new();
-    let words = sandbox.load(&example("checksum")).unwrap();
+    let simd = sandbox.load(&example("checksum")).unwrap();
+    let words = sandbox.load(&example("checksum_words")).unwrap();
     let bytewise = sandbox.load(&example("checksum_bytes")).unwrap();
     for input in [
         Vec::new(),
         b"a".to_vec(),
         b"foobar".to_vec(),
         bytes(7),
-        // The module hashes 32 bytes per loop iteration, then the rest byte by byte.
+        // `checksum_words` hashes 32 bytes per loop iteration and `checksum` 128, then
+        // the rest byte by byte.
         bytes(31),
         bytes(32),
         bytes(33),
+        bytes(127),
+        bytes(128),
+        bytes(129),
+        bytes(1000),
         bytes(1_000_003),
         bytes(65_536),
         bytes(200_000),
         bytes(1 << 20),
     ] {
-        for hash in [words, bytewise] {
+        for hash in [simd, words, bytewise] {
             let output = sandbox.run(&hash, &input, &limits()).unwrap();
             assert_eq!(
                 output,
@@ -143,6 +149,48 @@ fn infinite_loop_times_out() {
         "{elapsed:?}"
     );
     // The answer came only once the guest had stopped: no worker burns on.
+    assert_eq!(sandbox.running_workers(), 0);
+}
+
+/// The epoch ticker sleeps until the earliest deadline of the invocations running: a
+/// short deadline that arrives while it sleeps towards a long one must wake it, and the
+/// long-running invocation must still be stopped at its own deadline afterwards.
+#[test]
+fn a_short_deadline_is_kept_while_a_long_one_runs() {
+    let sandbox = Arc::new(Sandbox::new());
+    let hash = sandbox.load(&example("infinite_loop")).unwrap();
+    let fuel = 20 * fuel_per_second(&sandbox);
+    let long = Duration::from_millis(1500);
+    let short = Duration::from_millis(50);
+    let long_run = {
+        let sandbox = Arc::clone(&sandbox);
+        thread::spawn(move || {
+            let start = Instant::now();
+            let limits = Limits {
+                fuel,
+                wall_clock: long,
+                ..limits()
+            };
+            (sandbox.run(&hash, b"x", &limits), start.elapsed())
+        })
+    };
+    // Let the long one start and the ticker go to sleep until its deadline.
+    thread::sleep(Duration::from_millis(100));
+    let start = Instant::now();
+    let limits = Limits {
+        fuel,
+        wall_clock: short,
+        ..limits()
+    };
+    assert_eq!(
+        sandbox.run(&hash, b"x", &limits),
+        Err(LambdaError::Timeout { limit: short })
+    );
+    let elapsed = start.elapsed();
+    assert!(elapsed >= short && elapsed < long / 2, "{elapsed:?}");
+    let (outcome, elapsed) = long_run.join().unwrap();
+    assert_eq!(outcome, Err(LambdaError::Timeout { limit: long }));
+    assert!(elapsed >= long && elapsed < long * 3, "{elapsed:?}");
     assert_eq!(sandbox.running_workers(), 0);
 }
 

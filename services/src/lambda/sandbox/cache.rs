@@ -24,8 +24,9 @@ use std::fmt;
 
 use lru::LruCache;
 use serde::{Deserialize, Serialize};
-use wasmtime::Module;
+use wasmtime::{InstancePre, ModuleExport};
 
+use super::invoke::Host;
 use super::{LambdaError, Result};
 
 /// BLAKE3 hash of a module's bytes: the name a client uses to run a loaded module.
@@ -82,12 +83,25 @@ pub(super) struct Quota {
 /// A validated, compiled module and what `run` needs to know about it.
 #[derive(Clone)]
 pub(super) struct Compiled {
-    pub module: Module,
+    /// The module with its (empty) imports resolved once, at upload: each invocation
+    /// only instantiates it, with no linking or import type checks.
+    pub pre: InstancePre<Host>,
+    /// The ABI's exports, looked up once by name at upload; an invocation finds them in
+    /// its instance by index.
+    pub exports: AbiExports,
     /// The memory's declared minimum size, in bytes.
     pub min_memory_bytes: u64,
     /// What it counts against the cache's and each holder's byte bounds: Wasm bytes plus
     /// machine code.
     pub cost: usize,
+}
+
+/// Where the ABI's exports are in a module (see [`Compiled::exports`]).
+#[derive(Clone)]
+pub(super) struct AbiExports {
+    pub memory: ModuleExport,
+    pub alloc: ModuleExport,
+    pub run: ModuleExport,
 }
 
 struct Entry {

@@ -2,34 +2,48 @@
 //!
 //! Compiled guest code checks the engine's epoch counter at function entries and loop
 //! back-edges (wasmtime's epoch interruption: a load and a compare, far cheaper than
-//! reading a clock). This thread advances the counter every [`TICK`] while at least one
-//! invocation runs (and for [`LINGER_TICKS`] after the last one), and parks otherwise;
-//! at each tick a running store compares the time
-//! with its own deadline and stops the guest once it has passed. So a timeout stops the
-//! work itself within about a tick, on the thread that runs it: no worker is left
-//! burning after its caller was told `Timeout`.
+//! reading a clock). Every running store asks to hear about the next epoch, and when it
+//! does it compares the time with its own deadline: it stops its guest once the deadline
+//! has passed and waits for the next epoch otherwise.
+//!
+//! This thread advances the epoch only when a deadline is due: it sleeps until the
+//! earliest deadline of the invocations running, advances the epoch then, and every
+//! [`TICK`] after that for as long as an overdue invocation is still running (a guest
+//! inside a long host call notices only when it returns to its own code). So a timeout
+//! stops the work itself within about a tick, on the thread that runs it: no worker is
+//! left burning after its caller was told `Timeout`. Invocations that end before their
+//! deadline, as nearly all do, cost no tick at all. An earlier version ticked every
+//! millisecond while anything ran: under the test VM's emulated CPU those wake-ups (a
+//! context switch each, and the second virtual CPU kept busy) showed in
+//! `lambda_bench`'s figures.
 
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use wasmtime::Engine;
 
-/// How often the epoch advances while guests run: the granularity of the wall clock.
+/// How often the epoch advances while an invocation past its deadline still runs: the
+/// granularity of the wall clock for a guest that did not stop at the first epoch.
 pub(super) const TICK: Duration = Duration::from_millis(1);
-/// Ticks the thread goes on ticking after the last invocation ended, before it parks.
-/// Parking and waking cost a futex call and two context switches per invocation, which
-/// showed in the VM's `lambda_bench` (0.1 to 0.3 ms per 1 MiB invocation); a server
-/// under load keeps the ticker awake instead, at the price of 100 idle ticks.
-const LINGER_TICKS: u32 = 100;
 
 #[derive(Default)]
 struct State {
-    /// Invocations running now.
-    active: usize,
+    /// Deadlines of the invocations running now, each with how many share it.
+    deadlines: BTreeMap<Instant, usize>,
+    /// When the thread looks at `deadlines` next, unless woken (`None`: not before it is
+    /// woken). An invocation whose deadline comes later needs no wake-up: the thread
+    /// finds it then. In steady use (equal wall-clock limits, so each deadline later than
+    /// the last) an invocation wakes nobody.
+    wakes_at: Option<Instant>,
     stop: bool,
-    /// The thread waits on the condvar (and must be woken for the next invocation).
-    parked: bool,
+}
+
+impl State {
+    fn earliest(&self) -> Option<Instant> {
+        self.deadlines.keys().next().copied()
+    }
 }
 
 #[derive(Default)]
@@ -58,14 +72,20 @@ impl EpochTicker {
         })
     }
 
-    /// Marks one invocation as running until the guard drops.
-    pub fn running(&self) -> Running {
+    /// Marks one invocation with this `deadline` as running until the guard drops: the
+    /// epoch advances at the deadline (and every [`TICK`] after it) while it runs.
+    pub fn running(&self, deadline: Instant) -> Running {
         let mut state = self.shared.lock();
-        state.active += 1;
-        if state.parked {
+        *state.deadlines.entry(deadline).or_insert(0) += 1;
+        if state.wakes_at.is_none_or(|at| deadline < at) {
+            // The thread sleeps past this deadline: it must look again.
+            state.wakes_at = Some(deadline);
             self.shared.wake.notify_one();
         }
-        Running(Arc::clone(&self.shared))
+        Running {
+            shared: Arc::clone(&self.shared),
+            deadline,
+        }
     }
 }
 
@@ -80,46 +100,64 @@ impl Drop for EpochTicker {
 }
 
 impl Shared {
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
 /// An invocation in progress (see [`EpochTicker::running`]).
-pub(super) struct Running(Arc<Shared>);
+pub(super) struct Running {
+    shared: Arc<Shared>,
+    deadline: Instant,
+}
 
 impl Drop for Running {
     fn drop(&mut self) {
-        self.0.lock().active -= 1;
+        // The thread is not woken: if it sleeps until this deadline, it wakes then,
+        // finds it gone and sleeps again (until the next one, or until woken).
+        let mut state = self.shared.lock();
+        if let Some(n) = state.deadlines.get_mut(&self.deadline) {
+            *n -= 1;
+            if *n == 0 {
+                state.deadlines.remove(&self.deadline);
+            }
+        }
     }
 }
 
 fn tick(shared: &Shared, engine: &Engine) {
-    let mut idle_ticks = 0;
+    // When the epoch last advanced for an overdue invocation (then the next tick is due
+    // a `TICK` later, not at once).
+    let mut ticked: Option<Instant> = None;
+    let mut state = shared.lock();
     loop {
-        {
-            let mut state = shared.lock();
-            if state.active == 0 {
-                idle_ticks += 1;
-            } else {
-                idle_ticks = 0;
-            }
-            while state.active == 0 && !state.stop && idle_ticks > LINGER_TICKS {
-                state.parked = true;
-                state = shared
-                    .wake
-                    .wait(state)
-                    .unwrap_or_else(PoisonError::into_inner);
-                state.parked = false;
-                if state.active > 0 {
-                    idle_ticks = 0;
-                }
-            }
-            if state.stop {
-                return;
-            }
+        if state.stop {
+            return;
         }
-        thread::sleep(TICK);
+        let Some(first) = state.earliest() else {
+            ticked = None;
+            state.wakes_at = None;
+            state = shared
+                .wake
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
+            continue;
+        };
+        let due = match ticked {
+            Some(at) if at >= first => at + TICK,
+            _ => first,
+        };
+        let now = Instant::now();
+        if now < due {
+            state.wakes_at = Some(due);
+            state = shared
+                .wake
+                .wait_timeout(state, due - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+            continue;
+        }
         engine.increment_epoch();
+        ticked = Some(now);
     }
 }

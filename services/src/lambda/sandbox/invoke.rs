@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use wasmtime::{Engine, Instance, Store, Trap, TypedFunc, UpdateDeadline};
+use wasmtime::{Engine, Extern, Store, Trap, TypedFunc, UpdateDeadline};
 
 use super::cache::Compiled;
 use super::limits::GuestLimiter;
@@ -29,7 +29,7 @@ pub struct Phases {
 }
 
 /// What the store carries for the host: the limiter and whether the deadline passed.
-struct Host {
+pub(super) struct Host {
     limiter: GuestLimiter,
     timed_out: bool,
 }
@@ -79,16 +79,27 @@ pub(super) fn invoke(
     });
     let fail = |store: &Store<Host>, e: wasmtime::Error| classify(store, &e, limits);
 
-    let instance = Instance::new(&mut store, &compiled.module, &[]).map_err(|e| fail(&store, e))?;
+    let instance = compiled
+        .pre
+        .instantiate(&mut store)
+        .map_err(|e| fail(&store, e))?;
     let missing = |what: &str| LambdaError::MissingExport(what.to_string());
-    let memory = instance
-        .get_memory(&mut store, EXPORT_MEMORY)
-        .ok_or_else(|| missing(EXPORT_MEMORY))?;
-    let alloc: TypedFunc<i32, i32> = instance
-        .get_typed_func(&mut store, EXPORT_ALLOC)
+    let exports = &compiled.exports;
+    let memory = match instance.get_module_export(&mut store, &exports.memory) {
+        Some(Extern::Memory(memory)) => memory,
+        _ => return Err(missing(EXPORT_MEMORY)),
+    };
+    let func = |store: &mut Store<Host>, export, name| match instance
+        .get_module_export(&mut *store, export)
+    {
+        Some(Extern::Func(func)) => Ok(func),
+        _ => Err(missing(name)),
+    };
+    let alloc: TypedFunc<i32, i32> = func(&mut store, &exports.alloc, EXPORT_ALLOC)?
+        .typed(&store)
         .map_err(|_| missing(EXPORT_ALLOC))?;
-    let run: TypedFunc<(i32, i32), i64> = instance
-        .get_typed_func(&mut store, EXPORT_RUN)
+    let run: TypedFunc<(i32, i32), i64> = func(&mut store, &exports.run, EXPORT_RUN)?
+        .typed(&store)
         .map_err(|_| missing(EXPORT_RUN))?;
 
     let instantiated = Instant::now();

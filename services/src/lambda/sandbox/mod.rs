@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
 use wasmtime::{
-    Config, Engine, ExternType, InstanceAllocationStrategy, Module, OptLevel,
+    Config, Engine, ExternType, InstanceAllocationStrategy, Linker, Module, OptLevel,
     PoolingAllocationConfig, ValType,
 };
 
@@ -30,7 +30,7 @@ pub use error::{LambdaError, Result};
 pub use invoke::Phases;
 pub use limits::{Limits, SandboxConfig};
 
-use cache::{ClientId, Compiled, ModuleCache, Quota};
+use cache::{AbiExports, ClientId, Compiled, ModuleCache, Quota};
 use clock::EpochTicker;
 
 /// Exported linear memory, per the ABI.
@@ -114,6 +114,9 @@ impl Sandbox {
             // One 32-bit memory, so that pointers are i32 and the limit is per lambda.
             .wasm_memory64(false)
             .wasm_multi_memory(false)
+            // 128-bit SIMD (wasmtime's default, said here because the example checksum
+            // relies on it): pure computation on values, no new access to anything.
+            .wasm_simd(true)
             // Traps are reported by kind; nobody reads guest backtraces.
             .wasm_backtrace_max_frames(None);
         // Explicit bounds checks in the compiled code instead of guard pages and a
@@ -218,7 +221,7 @@ impl Sandbox {
         refuse_start_function(bytes)?;
         let module = Module::from_binary(&self.engine, bytes)
             .map_err(|e| LambdaError::InvalidModule(format!("{e:#}")))?;
-        let module = check_abi(module, bytes.len())?;
+        let module = check_abi(&self.engine, module, bytes.len())?;
         tracing::debug!(%hash, len = bytes.len(), cost = module.cost, ?client, "compiled lambda module");
         let evicted = self.cache().insert(client, hash, module)?;
         *compiled = true;
@@ -355,7 +358,7 @@ impl Sandbox {
             .get(client, hash)
             .ok_or_else(|| LambdaError::UnknownLambda(hash.to_string()))?;
         let _worker = WorkerSlot::claim(&self.running, self.config.max_workers)?;
-        let ticking = self.ticker.running();
+        let ticking = self.ticker.running(deadline);
         let output = panic::catch_unwind(AssertUnwindSafe(|| {
             invoke::invoke(&self.engine, &compiled, input, limits, deadline, phases)
         }))
@@ -415,7 +418,7 @@ fn refuse_start_function(bytes: &[u8]) -> Result<()> {
 }
 
 /// Refuses imports and checks the ABI's exports and their types.
-fn check_abi(module: Module, wasm_len: usize) -> Result<Compiled> {
+fn check_abi(engine: &Engine, module: Module, wasm_len: usize) -> Result<Compiled> {
     let imports: Vec<String> = module
         .imports()
         .map(|i| format!("{}.{}", i.module(), i.name()))
@@ -451,8 +454,23 @@ fn check_abi(module: Module, wasm_len: usize) -> Result<Compiled> {
     check_func(EXPORT_RUN, &[ValType::I32, ValType::I32], &[ValType::I64])?;
     let image = module.image_range();
     let code_bytes = (image.end as usize).saturating_sub(image.start as usize);
+    let export = |name: &str| {
+        module
+            .get_export_index(name)
+            .ok_or_else(|| LambdaError::MissingExport(name.to_string()))
+    };
+    let exports = AbiExports {
+        memory: export(EXPORT_MEMORY)?,
+        alloc: export(EXPORT_ALLOC)?,
+        run: export(EXPORT_RUN)?,
+    };
+    // No imports (checked above), so an empty linker resolves everything.
+    let pre = Linker::new(engine)
+        .instantiate_pre(&module)
+        .map_err(|e| LambdaError::InvalidModule(format!("{e:#}")))?;
     Ok(Compiled {
-        module,
+        pre,
+        exports,
         min_memory_bytes,
         cost: wasm_len.saturating_add(code_bytes),
     })
