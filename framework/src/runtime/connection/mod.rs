@@ -64,7 +64,7 @@ const MAX_BATCH: usize = 32;
 
 /// How long a closing connection waits for its `Close` frame to reach the peer before
 /// disconnecting anyway.
-const GOODBYE_TIMEOUT: Duration = Duration::from_secs(1);
+const GOODBYE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// How long teardown waits for flushed completions before giving up on them.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);

@@ -390,7 +390,7 @@ impl Core {
 
 impl Core {
     /// Tells the peer why the connection ends, with a `Close` frame, when that is
-    /// possible and worth it: a framed, established connection whose QP still works
+    /// possible and worth it: a framed connection whose QP still works
     /// (the reason is not the peer's doing or a failed transport), with a credit and a
     /// send-queue slot. True when the frame was posted: the caller keeps the QP up until
     /// it completes (the peer has it then) or a short timer runs out. Best effort by
@@ -404,8 +404,10 @@ impl Core {
                 | CloseReason::Completion(_)
                 | CloseReason::HandshakeTimeout(_)
         );
-        let room = self.established
-            && self.send_outstanding < self.send_depth
+        // Not `established`: the passive side's QP is ready to send once accepted, and
+        // the client's first message (a bad one, say) can arrive before ESTABLISHED
+        // does. A QP that cannot send yet refuses the post, and nothing is waited for.
+        let room = self.send_outstanding < self.send_depth
             && self.credits.as_ref().is_some_and(|c| c.send_credits() >= 1);
         if !tells || !room || self.flush_sends().is_err() {
             return false;
