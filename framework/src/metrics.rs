@@ -20,6 +20,7 @@
 //! | `rdmactor_bytes_in_total`, `rdmactor_bytes_out_total` | counter | side, service | their payload bytes |
 //! | `rdmactor_completion_errors_total` | counter | status | work completions with an error status (flushes included) |
 //! | `rdmactor_send_stalls_total` | counter | | times a connection's queued sends had to wait for credits, send-queue slots or rendezvous budget |
+//! | `rdmactor_completions_unrouted_total` | counter | | completions for a QP with no registered connection, dropped (late flushes of a released connection; anything else is a bug) |
 //! | `rdmactor_cq_poll_batch` | histogram | | completions returned by each non-empty CQ poll |
 //! | `rdmactor_pool_registered_bytes`, `rdmactor_pool_leased_chunks` | gauge | | the memory pool, sampled by [`record_pool`] |
 //! | `rdmactor_pool_exhausted_total` | counter | | leases refused because the pool reached its cap |
@@ -148,6 +149,11 @@ pub(crate) fn cq_batch(wcs: &[crate::verbs::WorkCompletion]) {
 /// A connection's send pump stopped with work still queued.
 pub(crate) fn send_stalled() {
     counter!("rdmactor_send_stalls_total").increment(1);
+}
+
+/// `n` completions named a QP no connection is registered for (see `poller::route`).
+pub(crate) fn completions_unrouted(n: usize) {
+    counter!("rdmactor_completions_unrouted_total").increment(n as u64);
 }
 
 /// The pool refused a lease at its cap.

@@ -17,13 +17,15 @@ use actix::prelude::*;
 use tokio::sync::oneshot;
 
 use super::client::{ClientSession, ConnectError};
-use super::connection::{CmNotice, ConnClosed, ConnectionActor, ConnectionParts};
+use super::connection::{
+    CmCall, CmNotice, ConnClosed, ConnectionActor, ConnectionParts, Handshake, HandshakeFailed,
+};
 use super::node::Node;
 use super::service::{Framing, PeerInfo, Service, Session};
 use super::CloseReason;
 use crate::proto::credits::{Advert, MIN_DEPTH};
 use crate::proto::hello::{Hello, Reject, RejectCode, Welcome, PROTOCOL_VERSION};
-use crate::verbs::{CmEvent, CmEventKind, CmId, CmIdKey, ConnParam, EventChannel};
+use crate::verbs::{CmEvent, CmEventKind, CmId, CmIdKey, EventChannel};
 
 /// Time allowed for address and route resolution.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -123,6 +125,7 @@ impl CmActor {
     }
 
     fn on_connect_request(&mut self, mut ev: CmEvent, ctx: &mut Context<Self>) {
+        let begun = Instant::now();
         let Some(id) = ev.take_request() else {
             return;
         };
@@ -246,18 +249,7 @@ impl CmActor {
         };
         let label = format!("{}/qp{}/{}", fmt_addr(peer.addr), qp_num, service_name);
         let key = id.key();
-        let cm = ctx.address().recipient();
-        let addr = ConnectionActor::start(ConnectionParts {
-            core,
-            session,
-            cm,
-            key,
-            label: label.clone(),
-        });
-        self.conns.insert(key, addr.clone().recipient());
-        self.qps.insert(qp_num, key);
-        self.qp_of.insert(key, qp_num);
-        let welcome = match framing {
+        let private_data = match framing {
             Framing::Framed => {
                 let ours = self.node.advert();
                 Welcome {
@@ -269,21 +261,37 @@ impl CmActor {
             }
             Framing::Raw { .. } => Vec::new(),
         };
-        let param = ConnParam {
-            private_data: &welcome,
+        // The actor accepts once it has registered with its poller (see `Handshake`).
+        let handshake = Handshake::Accept(CmCall {
+            private_data,
             responder_resources: ev.initiator_depth.clamp(1, 16),
             initiator_depth: ev.responder_resources.clamp(1, 16),
             rnr_retry_count: self.node.config.rnr_retry_count,
             retry_count: self.node.config.retry_count,
-        };
-        if let Err(e) = id.accept(&param) {
-            addr.do_send(CmNotice::Close(CloseReason::Verbs(e.to_string())));
-            return;
-        }
+            failed: ctx.address().recipient(),
+        });
+        let prepared = Instant::now();
+        let addr = ConnectionActor::start(ConnectionParts {
+            core,
+            session,
+            cm: ctx.address().recipient(),
+            key,
+            label,
+            handshake,
+            handed_over: Instant::now(),
+        });
+        self.conns.insert(key, addr.recipient());
+        self.qps.insert(qp_num, key);
+        self.qp_of.insert(key, qp_num);
         self.counters.accepted += 1;
         self.handshaking.insert(key, Instant::now());
         crate::metrics::accepted(&service_name);
-        tracing::info!(conn = %label, "accepted");
+        tracing::debug!(
+            target: "rdmactor::setup",
+            step = "request",
+            prepare_us = prepared.duration_since(begun).as_micros() as u64,
+            start_us = prepared.elapsed().as_micros() as u64,
+        );
     }
 
     fn on_event(&mut self, mut ev: CmEvent, ctx: &mut Context<Self>) {
@@ -415,16 +423,6 @@ impl CmActor {
             service
         );
         let (session, inbox) = ClientSession::new(user);
-        let addr = ConnectionActor::start(ConnectionParts {
-            core,
-            session,
-            cm: ctx.address().recipient(),
-            key,
-            label,
-        });
-        self.conns.insert(key, addr.clone().recipient());
-        self.qps.insert(qp_num, key);
-        self.qp_of.insert(key, qp_num);
         let ours = self.node.advert();
         let hello = Hello {
             version: PROTOCOL_VERSION,
@@ -433,21 +431,34 @@ impl CmActor {
             recv_size: self.node.config.recv_size,
             max_credits: ours.max as u16,
         };
-        let data = match hello.encode() {
+        let private_data = match hello.encode() {
             Ok(d) => d,
             Err(e) => return self.fail_connect(key, ConnectError::Verbs(e.to_string())),
         };
+        // The actor connects once it has registered with its poller (see `Handshake`).
+        let handshake = Handshake::Connect(CmCall {
+            private_data,
+            responder_resources: 16,
+            initiator_depth: 16,
+            rnr_retry_count: self.node.config.rnr_retry_count,
+            retry_count: self.node.config.retry_count,
+            failed: ctx.address().recipient(),
+        });
+        let addr = ConnectionActor::start(ConnectionParts {
+            core,
+            session,
+            cm: ctx.address().recipient(),
+            key,
+            label,
+            handshake,
+            handed_over: Instant::now(),
+        });
+        self.conns.insert(key, addr.clone().recipient());
+        self.qps.insert(qp_num, key);
+        self.qp_of.insert(key, qp_num);
         if let Some(c) = self.connecting.get_mut(&key) {
             c.conn = Some(addr);
             c.inbox = Some(inbox);
-        }
-        if let Err(e) = id.connect(&ConnParam {
-            private_data: &data,
-            rnr_retry_count: self.node.config.rnr_retry_count,
-            retry_count: self.node.config.retry_count,
-            ..ConnParam::default()
-        }) {
-            self.fail_connect(key, ConnectError::Verbs(e.to_string()));
         }
     }
 }
@@ -473,7 +484,7 @@ impl Actor for CmActor {
                         addr.do_send(HandshakeTick(last_tick));
                     }
                     match channel.next(Some(Duration::from_millis(50))) {
-                        Ok(Some(ev)) => addr.do_send(CmEventMsg(ev)),
+                        Ok(Some(ev)) => addr.do_send(CmEventMsg(ev, Instant::now())),
                         Ok(None) => {}
                         Err(e) => {
                             tracing::error!(error = %e, "reading rdma_cm events failed");
@@ -490,9 +501,11 @@ impl Actor for CmActor {
     }
 }
 
+/// An event, with when the event thread read it (for the setup profile: how long events
+/// wait for this actor).
 #[derive(Message)]
 #[rtype(result = "()")]
-struct CmEventMsg(CmEvent);
+struct CmEventMsg(CmEvent, Instant);
 
 /// How often the event thread checks for handshakes that did not finish.
 const HANDSHAKE_TICK: Duration = Duration::from_secs(1);
@@ -527,7 +540,15 @@ impl Handler<HandshakeTick> for CmActor {
 impl Handler<CmEventMsg> for CmActor {
     type Result = ();
     fn handle(&mut self, msg: CmEventMsg, ctx: &mut Context<Self>) {
+        let (kind, begun) = (msg.0.kind, Instant::now());
         self.on_event(msg.0, ctx);
+        tracing::debug!(
+            target: "rdmactor::setup",
+            step = "event",
+            ?kind,
+            queued_us = begun.duration_since(msg.1).as_micros() as u64,
+            handle_us = begun.elapsed().as_micros() as u64,
+        );
     }
 }
 
@@ -549,6 +570,17 @@ impl Handler<ConnClosed> for CmActor {
             for w in self.drained.drain(..) {
                 let _ = w.send(());
             }
+        }
+    }
+}
+
+impl Handler<HandshakeFailed> for CmActor {
+    type Result = ();
+    fn handle(&mut self, msg: HandshakeFailed, _ctx: &mut Context<Self>) {
+        if self.connecting.contains_key(&msg.key) {
+            self.fail_connect(msg.key, ConnectError::Verbs(msg.error));
+        } else {
+            self.notify(msg.key, CmNotice::Close(CloseReason::Verbs(msg.error)));
         }
     }
 }

@@ -54,22 +54,18 @@ pub(crate) trait Inbox {
 }
 
 thread_local! {
-    /// The connections this poller thread serves, by QP number, with when each QP was
-    /// created. Weak: the connection's actor owns it, and a connection whose actor is
-    /// gone simply stops receiving.
-    static INBOXES: RefCell<HashMap<u32, Registered>> = RefCell::new(HashMap::new());
+    /// The connections this poller thread serves, by QP number. Weak: the connection's
+    /// actor owns it, and a connection whose actor is gone simply stops receiving.
+    static INBOXES: RefCell<HashMap<u32, Weak<dyn Inbox>>> = RefCell::new(HashMap::new());
 }
 
-struct Registered {
-    inbox: Weak<dyn Inbox>,
-    created: Instant,
-}
-
-/// Registers `inbox` for the completions of QP `qp_num`, created at `created`. Must run
-/// on the poller thread that polls the QP's CQ (where [`CqReservation::arbiter`] runs the
-/// connection's actor).
-pub(crate) fn register(qp_num: u32, inbox: Weak<dyn Inbox>, created: Instant) {
-    INBOXES.with(|m| m.borrow_mut().insert(qp_num, Registered { inbox, created }));
+/// Registers `inbox` for the completions of QP `qp_num`. Must run on the poller thread
+/// that polls the QP's CQ (where [`CqReservation::arbiter`] runs the connection's actor),
+/// and before the QP can complete anything: the connection's actor registers before it
+/// makes the `rdma_accept` or `rdma_connect` call that takes the QP to RTR (see
+/// `connection::Handshake`), so no completion ever arrives for a QP not registered yet.
+pub(crate) fn register(qp_num: u32, inbox: Weak<dyn Inbox>) {
+    INBOXES.with(|m| m.borrow_mut().insert(qp_num, inbox));
 }
 
 /// Stops delivering `qp_num`'s completions (on the same thread as [`register`]).
@@ -77,47 +73,8 @@ pub(crate) fn unregister(qp_num: u32) {
     INBOXES.with(|m| m.borrow_mut().remove(&qp_num));
 }
 
-fn inbox(qp_num: u32) -> Option<(Rc<dyn Inbox>, Instant)> {
-    INBOXES.with(|m| {
-        let m = m.borrow();
-        let r = m.get(&qp_num)?;
-        Some((r.inbox.upgrade()?, r.created))
-    })
-}
-
-/// How long completions for a QP nobody registered are kept. A connection registers when
-/// its poller thread starts its actor, and a completion can beat it there: by seconds
-/// when many connections arrive at once (16 rping clients starting together delayed
-/// some registrations by 3 s under Soft-RoCE). Generous, because dropping a completion
-/// stalls its connection for good; completions of an earlier QP with the same number are
-/// told apart by the QP's creation time, not by this limit.
-const PARK_LIMIT: Duration = Duration::from_secs(30);
-
-/// Completions that arrived before their connection registered, per QP, oldest first,
-/// with when the first of them was seen.
-#[derive(Default)]
-struct Parked(HashMap<u32, (Instant, Vec<WorkCompletion>)>);
-
-impl Parked {
-    /// Hands each parked batch to its connection once it has registered; drops batches
-    /// older than the QP now registered under that number (rxe reuses QP numbers: they
-    /// belonged to a destroyed QP whose flushes came after its drain gave up), and those
-    /// waiting longer than [`PARK_LIMIT`].
-    fn retry(&mut self) {
-        self.0.retain(|&qp, (since, wcs)| {
-            match inbox(qp) {
-                Some((inbox, created)) if created <= *since => inbox.completions(wcs),
-                Some(_) => {
-                    tracing::debug!(qp, n = wcs.len(), "completions of a destroyed QP dropped")
-                }
-                None if since.elapsed() <= PARK_LIMIT => return true,
-                None => {
-                    tracing::debug!(qp, n = wcs.len(), "completions for an unknown QP dropped")
-                }
-            }
-            false
-        });
-    }
+fn inbox(qp_num: u32) -> Option<Rc<dyn Inbox>> {
+    INBOXES.with(|m| m.borrow().get(&qp_num)?.upgrade())
 }
 
 /// The entries of a CQ the poller creates (rxe allows up to 32767). Providers round a
@@ -362,7 +319,6 @@ async fn poll_task(shared: Arc<PollerShared>, channel: Option<CompletionChannel>
     let mut last_activity = Instant::now();
     let mut idle_passes = 0u32;
     let mut since_yield = 0u32;
-    let mut parked = Parked::default();
     while !shared.stop.load(Ordering::Acquire) {
         let generation = shared.generation.load(Ordering::Acquire);
         if generation != seen {
@@ -377,10 +333,7 @@ async fn poll_task(shared: Arc<PollerShared>, channel: Option<CompletionChannel>
         }
         let mut found = 0;
         for cq in &cqs {
-            found += drain(cq, &mut wcs, &mut parked);
-        }
-        if !parked.0.is_empty() {
-            parked.retry();
+            found += drain(cq, &mut wcs);
         }
         if found > 0 {
             last_activity = Instant::now();
@@ -412,7 +365,7 @@ async fn poll_task(shared: Arc<PollerShared>, channel: Option<CompletionChannel>
             if let Err(e) = cq.req_notify(false) {
                 tracing::error!(error = %e, "arming a CQ failed");
             }
-            found += drain(cq, &mut wcs, &mut parked);
+            found += drain(cq, &mut wcs);
         }
         if found > 0 {
             last_activity = Instant::now();
@@ -462,7 +415,7 @@ impl std::future::Future for LetOthersRun {
 }
 
 /// Polls `cq` empty, routing completions; returns how many there were.
-fn drain(cq: &CompletionQueue, wcs: &mut Vec<WorkCompletion>, parked: &mut Parked) -> usize {
+fn drain(cq: &CompletionQueue, wcs: &mut Vec<WorkCompletion>) -> usize {
     let mut total = 0;
     loop {
         wcs.clear();
@@ -477,13 +430,23 @@ fn drain(cq: &CompletionQueue, wcs: &mut Vec<WorkCompletion>, parked: &mut Parke
                 return total;
             }
         }
-        route(wcs, parked);
+        route(wcs);
     }
 }
 
 /// Hands each run of one connection's completions in this batch to that connection in
-/// one call (under light load the whole batch is one run), in CQ order.
-fn route(wcs: &[WorkCompletion], parked: &mut Parked) {
+/// one call (under light load the whole batch is one run), in CQ order. Returns how many
+/// completions had nowhere to go.
+///
+/// A completion whose QP has no registered connection is counted
+/// (`rdmactor_completions_unrouted_total`), logged and dropped. Connections register
+/// before their QP can complete anything, so it is one of: a flush that arrived after
+/// its connection released everything (the drain timer gave up on it, or the actor
+/// is already gone), or a completion of a QP this process never handed to a connection
+/// (a framework bug, which is why it is counted). Neither has anyone to tell; nothing
+/// else on the CQ is affected.
+fn route(wcs: &[WorkCompletion]) -> usize {
+    let mut unrouted = 0;
     let mut rest = wcs;
     while let Some(first) = rest.first() {
         let run = rest
@@ -491,23 +454,22 @@ fn route(wcs: &[WorkCompletion], parked: &mut Parked) {
             .position(|wc| wc.qp_num != first.qp_num)
             .unwrap_or(rest.len());
         let (batch, tail) = rest.split_at(run);
-        deliver(first.qp_num, batch, parked);
+        match inbox(first.qp_num) {
+            Some(inbox) => inbox.completions(batch),
+            None => {
+                unrouted += batch.len();
+                crate::metrics::completions_unrouted(batch.len());
+                tracing::debug!(
+                    qp = first.qp_num,
+                    n = batch.len(),
+                    first_status = ?first.status,
+                    "completions for a QP with no connection dropped"
+                );
+            }
+        }
         rest = tail;
     }
-}
-
-fn deliver(qp: u32, batch: &[WorkCompletion], parked: &mut Parked) {
-    // Behind parked ones of the same QP, so the connection sees them in order.
-    if let Some((_, waiting)) = parked.0.get_mut(&qp) {
-        waiting.extend_from_slice(batch);
-        return;
-    }
-    match inbox(qp) {
-        Some((inbox, _)) => inbox.completions(batch),
-        None => {
-            parked.0.insert(qp, (Instant::now(), batch.to_vec()));
-        }
-    }
+    unrouted
 }
 
 #[cfg(test)]
@@ -537,54 +499,45 @@ mod tests {
         }
     }
 
-    fn registered(qp: u32, created: Instant) -> Rc<Recorder> {
+    fn registered(qp: u32) -> Rc<Recorder> {
         let rec = Rc::new(Recorder::default());
         let weak: Weak<dyn Inbox> = Rc::downgrade(&rec) as Weak<Recorder>;
-        register(qp, weak, created);
+        register(qp, weak);
         rec
     }
 
     #[test]
     fn a_batch_is_split_per_connection_in_order() {
-        let (a, b) = (registered(7, Instant::now()), registered(8, Instant::now()));
-        let mut parked = Parked::default();
-        route(&[wc(7, 1), wc(7, 2), wc(8, 3), wc(7, 4)], &mut parked);
+        let (a, b) = (registered(7), registered(8));
+        assert_eq!(route(&[wc(7, 1), wc(7, 2), wc(8, 3), wc(7, 4)]), 0);
         assert_eq!(*a.0.borrow(), [1, 2, 4]);
         assert_eq!(*b.0.borrow(), [3]);
-        assert!(parked.0.is_empty());
         unregister(7);
         unregister(8);
     }
 
     #[test]
-    fn completions_that_beat_registration_wait_and_keep_their_order() {
-        let created = Instant::now();
-        let mut parked = Parked::default();
-        route(&[wc(9, 1)], &mut parked);
-        route(&[wc(9, 2)], &mut parked);
-        parked.retry();
-        assert_eq!(parked.0[&9].1.len(), 2, "kept while nobody registered");
-        let rec = registered(9, created);
-        // New ones queue behind the parked ones until the next retry delivers all.
-        route(&[wc(9, 3)], &mut parked);
-        assert!(rec.0.borrow().is_empty());
-        parked.retry();
-        assert_eq!(*rec.0.borrow(), [1, 2, 3]);
-        assert!(parked.0.is_empty());
-        route(&[wc(9, 4)], &mut parked);
-        assert_eq!(*rec.0.borrow(), [1, 2, 3, 4], "direct once registered");
-        unregister(9);
+    fn completions_of_an_unknown_qp_are_counted_and_dropped_and_the_rest_delivered() {
+        let a = registered(12);
+        // 99 never registered: its run is dropped, the runs around it still arrive.
+        assert_eq!(route(&[wc(12, 1), wc(99, 2), wc(99, 3), wc(12, 4)]), 2);
+        assert_eq!(*a.0.borrow(), [1, 4]);
+        unregister(12);
+        // Unregistered (the connection released everything): dropped too.
+        assert_eq!(route(&[wc(12, 5)]), 1);
+        assert_eq!(*a.0.borrow(), [1, 4]);
     }
 
     #[test]
-    fn completions_of_an_earlier_qp_with_the_same_number_are_dropped() {
-        let mut parked = Parked::default();
-        route(&[wc(10, 1)], &mut parked);
-        let rec = registered(10, Instant::now());
-        parked.retry();
-        assert!(rec.0.borrow().is_empty());
-        assert!(parked.0.is_empty());
-        unregister(10);
+    fn a_qp_number_registered_again_reaches_its_new_connection_only() {
+        // rxe reuses QP numbers: the new connection's registration replaces the old one.
+        let old = registered(13);
+        unregister(13);
+        let new = registered(13);
+        assert_eq!(route(&[wc(13, 1)]), 0);
+        assert!(old.0.borrow().is_empty());
+        assert_eq!(*new.0.borrow(), [1]);
+        unregister(13);
     }
 
     /// Re-runs this test binary with only `test` selected and `RDMACTOR_TEST_CHILD` set.
@@ -631,11 +584,9 @@ mod tests {
 
     #[test]
     fn a_dropped_connection_gets_nothing_and_nothing_breaks() {
-        let rec = registered(11, Instant::now());
+        let rec = registered(11);
         drop(rec);
-        let mut parked = Parked::default();
-        route(&[wc(11, 1)], &mut parked);
-        assert_eq!(parked.0[&11].1.len(), 1);
+        assert_eq!(route(&[wc(11, 1)]), 1);
         unregister(11);
     }
 }

@@ -26,7 +26,7 @@ use crate::proto::credits::Advert;
 use crate::runtime::poller::{self, AbortOnUnwind, Inbox};
 use crate::runtime::service::{Session, SessionError};
 use crate::runtime::CloseReason;
-use crate::verbs::{CmIdKey, WorkCompletion};
+use crate::verbs::{CmId, CmIdKey, ConnParam, WorkCompletion};
 
 /// Connection-level notices from the CM actor.
 #[derive(Message, Debug)]
@@ -63,6 +63,102 @@ pub(crate) struct ConnectionParts<S> {
     pub cm: Recipient<ConnClosed>,
     pub key: CmIdKey,
     pub label: String,
+    /// The accept or connect that lets the QP reach RTR, made by the actor itself.
+    pub handshake: Handshake,
+    /// When the CM actor handed the connection over (for the setup profile).
+    pub handed_over: std::time::Instant,
+}
+
+/// What the connection's actor does right after registering with its poller thread for
+/// its QP's completions: the step that lets the QP receive, or lets the peer learn of it.
+///
+/// Done by the actor, not by whoever prepared the connection: registered first, no
+/// completion can arrive before the poller knows whose it is (a QP produces none before
+/// RTR, and the peer cannot send to a QP it has not heard of), so nothing ever waits for
+/// a late registration. For rdma_cm connections it also spares the CM actor, which
+/// handles every connection's events in order on one thread, the accept or connect call
+/// (a few system calls each, which under a connect storm delayed every later event).
+pub(crate) enum Handshake {
+    /// Passive side: `rdma_accept`.
+    Accept(CmCall),
+    /// Active side: `rdma_connect`.
+    Connect(CmCall),
+    /// Out of band: the QP is at RTS already; this hears once it is registered, and
+    /// only then are our QP records sent to the peer.
+    OutOfBand(tokio::sync::oneshot::Sender<()>),
+}
+
+/// The parameters of an `rdma_accept` or `rdma_connect` call, and whom to tell if it
+/// fails.
+pub(crate) struct CmCall {
+    /// The hello (active) or welcome (passive) for the peer.
+    pub private_data: Vec<u8>,
+    pub responder_resources: u8,
+    pub initiator_depth: u8,
+    pub retry_count: u8,
+    pub rnr_retry_count: u8,
+    /// The CM actor.
+    pub failed: Recipient<HandshakeFailed>,
+}
+
+/// Sent to the CM actor when the accept or connect call failed. The connection does not
+/// close itself: the CM actor closes it (and answers a pending connect) as it handles
+/// this, so the cm_id lives, and its key names only this connection, until then.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub(crate) struct HandshakeFailed {
+    pub key: CmIdKey,
+    pub error: String,
+}
+
+impl CmCall {
+    fn param(&self) -> ConnParam<'_> {
+        ConnParam {
+            private_data: &self.private_data,
+            responder_resources: self.responder_resources,
+            initiator_depth: self.initiator_depth,
+            retry_count: self.retry_count,
+            rnr_retry_count: self.rnr_retry_count,
+        }
+    }
+}
+
+impl Handshake {
+    /// Makes the call on `id` (out of band: answers the waiter); a failed call is
+    /// reported as [`HandshakeFailed`]. Whether an accept was made.
+    fn run(self, id: Option<&CmId>, key: CmIdKey) -> bool {
+        let (call, result, accepted) = match (self, id) {
+            (Handshake::Accept(call), Some(id)) => {
+                let r = id.accept(&call.param());
+                let ok = r.is_ok();
+                (call, r, ok)
+            }
+            (Handshake::Connect(call), Some(id)) => {
+                let r = id.connect(&call.param());
+                (call, r, false)
+            }
+            (Handshake::OutOfBand(registered), _) => {
+                let _ = registered.send(());
+                return false;
+            }
+            (_, None) => return false,
+        };
+        if let Err(e) = result {
+            call.failed.do_send(HandshakeFailed {
+                key,
+                error: e.to_string(),
+            });
+        }
+        accepted
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Handshake::Accept(_) => "accept",
+            Handshake::Connect(_) => "connect",
+            Handshake::OutOfBand(_) => "out of band",
+        }
+    }
 }
 
 /// One connection: its resources, its session and how it ends.
@@ -461,8 +557,9 @@ pub(crate) struct ConnectionActor<S: Session> {
 }
 
 impl<S: Session> ConnectionActor<S> {
-    /// Starts the connection's actor on the poller thread that polls its CQ and
-    /// registers it there for completions.
+    /// Starts the connection's actor on the poller thread that polls its CQ, registers
+    /// it there for completions, then makes the [`Handshake`] call (a failure closes the
+    /// connection with the reason).
     pub(crate) fn start(parts: ConnectionParts<S>) -> Addr<Self> {
         let arbiter = parts.core.arbiter();
         ConnectionActor::start_in_arbiter(&arbiter, move |ctx| {
@@ -472,13 +569,16 @@ impl<S: Session> ConnectionActor<S> {
                 cm,
                 key,
                 label,
+                handshake,
+                handed_over,
             } = parts;
+            let started = std::time::Instant::now();
             // Set here, not in `started`: the poller may hand this connection a message
             // before the actor's first turn, and a session that starts background work
             // then must already have a waker that reaches it. Weak: a waker held by a job
             // thread must not keep a closed connection alive.
             core.waker = Some(ctx.address().recipient::<Wake>().downgrade());
-            let (qp_num, created) = (core.qp_num(), core.created);
+            let qp_num = core.qp_num();
             let conn = Rc::new_cyclic(|this| {
                 RefCell::new(Connection {
                     core: Some(core),
@@ -494,7 +594,19 @@ impl<S: Session> ConnectionActor<S> {
                 })
             });
             let inbox: Weak<dyn Inbox> = Rc::downgrade(&conn) as Weak<RefCell<Connection<S>>>;
-            poller::register(qp_num, inbox, created);
+            poller::register(qp_num, inbox);
+            let id = conn.borrow().core.as_ref().and_then(|c| c.id.clone());
+            let what = handshake.name();
+            if handshake.run(id.as_ref(), key) {
+                tracing::info!(conn = %conn.borrow().label, "accepted");
+            }
+            tracing::debug!(
+                target: "rdmactor::setup",
+                step = "actor",
+                handshake = what,
+                lag_us = started.duration_since(handed_over).as_micros() as u64,
+                call_us = started.elapsed().as_micros() as u64,
+            );
             ConnectionActor { conn }
         })
     }

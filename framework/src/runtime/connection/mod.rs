@@ -29,7 +29,10 @@ mod rendezvous;
 mod send;
 mod wake;
 
-pub(crate) use actor::{panic_message, CmNotice, ConnClosed, ConnectionActor, ConnectionParts};
+pub(crate) use actor::{
+    panic_message, CmCall, CmNotice, ConnClosed, ConnectionActor, ConnectionParts, Handshake,
+    HandshakeFailed,
+};
 
 pub use cx::SessionCx;
 pub use grants::{Grant, GrantId};
@@ -348,9 +351,6 @@ pub(crate) struct Core {
     idle_timeout: Option<Duration>,
     /// When the last message was delivered (or the connection was established).
     last_message: Instant,
-    /// When the QP was created (just before this): the poller tells this QP's
-    /// completions from those of an earlier QP with the same number by it.
-    created: Instant,
     /// This connection's actor, for `SessionCx::waker` (set when the actor is created,
     /// before the poller can deliver anything).
     waker: Option<actix::WeakRecipient<Wake>>,
@@ -431,7 +431,6 @@ impl Core {
             liveness: Liveness::new(p.keepalive, p.retry_span),
             idle_timeout: p.idle_timeout,
             last_message: Instant::now(),
-            created: Instant::now(),
             grants: Slab::new(),
             waker: None,
             metrics: None,

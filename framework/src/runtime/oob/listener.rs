@@ -16,7 +16,7 @@ use super::bringup::prepare;
 use super::{OobPort, OobStats, OobTransport};
 use crate::proto::oob::{self, ExchangeError, RECORD_LEN};
 use crate::runtime::connection::{
-    panic_message, CmNotice, ConnClosed, ConnectionActor, ConnectionParts,
+    panic_message, CmNotice, ConnClosed, ConnectionActor, ConnectionParts, Handshake,
 };
 use crate::runtime::node::Node;
 use crate::runtime::service::{PeerInfo, Service};
@@ -97,7 +97,7 @@ impl OobListener {
         peer: SocketAddr,
         bytes: &[u8],
         ctx: &mut Context<Self>,
-    ) -> Result<(u64, Vec<u8>), String> {
+    ) -> Result<Brought, String> {
         if self.shutting_down {
             return Err("server is shutting down".into());
         }
@@ -113,6 +113,7 @@ impl OobListener {
         let client = self.next_client;
         self.next_client += 1;
         let mut sessions = Vec::with_capacity(prepared.cores.len());
+        let mut registered = Vec::with_capacity(prepared.cores.len());
         for core in &prepared.cores {
             let info = PeerInfo {
                 addr: Some(peer),
@@ -134,12 +135,16 @@ impl OobListener {
                 "{}/{}/qp{}/{}",
                 peer, transport, info.qp_num, self.port.service
             );
+            let (tx, rx) = oneshot::channel();
+            registered.push(rx);
             let addr = ConnectionActor::start(ConnectionParts {
                 core,
                 session,
                 cm: ctx.address().recipient(),
                 key,
                 label,
+                handshake: Handshake::OutOfBand(tx),
+                handed_over: std::time::Instant::now(),
             });
             // RTS already: the session may send as soon as its actor runs.
             addr.do_send(CmNotice::Established { peer: None });
@@ -152,10 +157,11 @@ impl OobListener {
             );
         }
         self.stats.connections = self.conns.len();
-        Ok((
+        Ok(Brought {
             client,
-            oob::encode_records(&prepared.answer, transport.records()),
-        ))
+            answer: oob::encode_records(&prepared.answer, transport.records()),
+            registered,
+        })
     }
 
     fn close_client(&mut self, client: u64, reason: &str) {
@@ -295,7 +301,14 @@ async fn exchange(
         return;
     }
     let (client, answer) = match me.send(Records { peer, bytes: buf }).await {
-        Ok(Ok(ok)) => ok,
+        Ok(Ok(brought)) => {
+            // A connection that ended before registering dropped its sender: nothing
+            // to wait for.
+            for registered in brought.registered {
+                let _ = registered.await;
+            }
+            (brought.client, brought.answer)
+        }
         Ok(Err(reason)) => {
             me.do_send(ExchangeOver {
                 peer,
@@ -332,14 +345,23 @@ async fn exchange(
 }
 
 #[derive(Message)]
-#[rtype(result = "Result<(u64, Vec<u8>), String>")]
+#[rtype(result = "Result<Brought, String>")]
 struct Records {
     peer: SocketAddr,
     bytes: Vec<u8>,
 }
 
+/// A client's QPs brought up: its number, our records for it, and one receiver per QP
+/// that hears once the QP's connection is registered with its poller. The records go
+/// out only then, so the client cannot send to a QP the poller does not know yet.
+struct Brought {
+    client: u64,
+    answer: Vec<u8>,
+    registered: Vec<oneshot::Receiver<()>>,
+}
+
 impl Handler<Records> for OobListener {
-    type Result = Result<(u64, Vec<u8>), String>;
+    type Result = Result<Brought, String>;
 
     fn handle(&mut self, msg: Records, ctx: &mut Context<Self>) -> Self::Result {
         self.on_records(msg.peer, &msg.bytes, ctx)
