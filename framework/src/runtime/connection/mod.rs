@@ -578,7 +578,7 @@ impl Core {
             Wr::Recv(slot) => self.handle_recv(slot, wc)?,
             Wr::Send { .. } | Wr::Op { .. } | Wr::Bind | Wr::Probe | Wr::Goodbye { .. } => {}
             Wr::RendezvousChunk { lease, seq, len } => {
-                self.handle_read_chunk(seq, &lease.as_slice()[..len])
+                self.handle_read_chunk(seq, &lease.as_slice()[..len])?
             }
         }
         Ok(None)

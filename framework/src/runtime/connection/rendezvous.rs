@@ -197,18 +197,22 @@ impl Core {
     /// posted in order on one send queue, so they complete in order: each is appended.
     /// The last one makes the message ready and answers Done (the peer revokes its
     /// window).
-    pub(super) fn handle_read_chunk(&mut self, seq: u64, lease: &[u8]) {
+    pub(super) fn handle_read_chunk(&mut self, seq: u64, lease: &[u8]) -> Result<(), CloseReason> {
         self.read_chunks_in_flight -= 1;
         let Some(at) = self.rendezvous_in.iter().position(|m| m.seq == seq) else {
-            return;
+            return Ok(());
         };
         let m = &mut self.rendezvous_in[at];
         if m.data.is_empty() {
-            m.data.reserve_exact(m.len);
+            // The length came from the peer (within the budget): a refused allocation
+            // ends this connection with the reason, never the process.
+            m.data
+                .try_reserve_exact(m.len)
+                .map_err(|e| CloseReason::Memory(format!("a message of {} bytes: {e}", m.len)))?;
         }
         m.data.extend_from_slice(lease);
         if m.data.len() < m.len {
-            return;
+            return Ok(());
         }
         let m = self.rendezvous_in.remove(at).expect("found above");
         self.budget_in.release(m.len);
@@ -224,6 +228,7 @@ impl Core {
             });
         }
         self.queue(Outgoing::Done { tag: m.offer.key });
+        Ok(())
     }
 
     /// When the connection should next look at its offers' deadlines: the oldest offer's,
