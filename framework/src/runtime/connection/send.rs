@@ -132,10 +132,22 @@ impl Core {
         len: u32,
         body: &[u8],
     ) -> Result<(), CloseReason> {
-        let credits = self.credits.as_mut().expect("framed");
-        let grant = credits.take_for_send();
+        let (lease, total) = self.frame_in_buffer(kind, tag, len, body)?;
+        self.post_send_lease(lease, total, SendOp::Send)
+    }
+
+    /// A send buffer holding one frame (header with a credit taken and everything owed
+    /// granted, then `body`), and the frame's length.
+    fn frame_in_buffer(
+        &mut self,
+        kind: FrameKind,
+        tag: u32,
+        len: u32,
+        body: &[u8],
+    ) -> Result<(Lease, usize), CloseReason> {
         let total = HEADER_LEN + body.len();
         let mut lease = self.send_buffer(total)?;
+        let grant = self.credits.as_mut().expect("framed").take_for_send();
         let header = Header {
             kind,
             credits: grant,
@@ -145,7 +157,7 @@ impl Core {
         let bytes = lease.as_mut_slice();
         header.encode(&mut bytes[..HEADER_LEN]);
         bytes[HEADER_LEN..total].copy_from_slice(body);
-        self.post_send_lease(lease, total, SendOp::Send)
+        Ok((lease, total))
     }
 
     /// Queues a SEND of `lease[..len]`; [`Core::flush_sends`] posts the queued ones with
@@ -414,20 +426,10 @@ impl Core {
         }
         let text = reason.to_string();
         let body = close_reason_body(&text);
-        let total = HEADER_LEN + body.len();
-        let Ok(mut lease) = self.send_buffer(total) else {
+        let Ok((lease, total)) = self.frame_in_buffer(FrameKind::Close, 0, body.len() as u32, body)
+        else {
             return false;
         };
-        let grant = self.credits.as_mut().expect("framed").take_for_send();
-        let header = Header {
-            kind: FrameKind::Close,
-            credits: grant,
-            len: body.len() as u32,
-            tag: 0,
-        };
-        let bytes = lease.as_mut_slice();
-        header.encode(&mut bytes[..HEADER_LEN]);
-        bytes[HEADER_LEN..total].copy_from_slice(body);
         let entry = self.inflight.vacant_entry();
         let wr_id = entry.key() as u64;
         let posted = lease.sge(0..total).and_then(|sge| {
