@@ -6,6 +6,8 @@
 //!   registered.
 //! - A rendezvous reply the peer never releases (no Done) is revoked and freed at the
 //!   deadline, and the connection closes with the reason.
+//! - Replies that together pass the pool's cap wait for room, one after another: every
+//!   connection is served, none is closed for what the others hold.
 //! - 16 connections × 64 rendezvous messages of 1 MiB, then 500 connections at once: the
 //!   pool returns its idle 1 MiB arenas and keeps receive buffers reserved, so every
 //!   connect succeeds.
@@ -348,6 +350,69 @@ fn bulk_rendezvous_never_starves_new_connections() {
         let mut conns = bulk;
         conns.extend(many);
         rdmactor_tests::close_all(&server, client, conns).await;
+        server.shutdown().await;
+    });
+}
+
+/// Four clients ask at once for a 7 MiB reply from a server whose pool can count 12 MiB
+/// of bulk memory: one reply (and an arena) fits, two do not. Each reply is offered when
+/// the one before it is released: every client gets its 7 MiB, verified, no connection
+/// closes, and the pool reports the waits. Before, the second reply's charge was refused
+/// and its connection closed with "would pass the pool's cap", though it had asked for
+/// no more than its own budget.
+#[test]
+fn replies_beyond_the_pools_cap_wait_their_turn() {
+    let Some(_ctx) = rdma_context() else { return };
+    const REPLY: usize = 7 << 20;
+    actix_run(async move {
+        let reasons = Reasons::default();
+        let pool = PoolConfig::default();
+        let server = Server::builder()
+            .config(NodeConfig {
+                pool: PoolConfig {
+                    max_bytes: pool.reserved_smallest + (12 << 20),
+                    ..pool
+                },
+                ..NodeConfig::default()
+            })
+            .listen(test_addr(), None)
+            .service(
+                "big",
+                Big {
+                    reply_len: REPLY,
+                    reasons: reasons.clone(),
+                },
+            )
+            .start()
+            .expect("server");
+        let addr = server.local_addrs()[0];
+        let client = rdmactor::runtime::Client::start(NodeConfig::default()).expect("client");
+        let conns = rdmactor_tests::connect_n(&client, addr, "big", 4).await;
+        for round in 0..3 {
+            let asks = conns.iter().enumerate().map(|(c, conn)| async move {
+                let reply = conn
+                    .request(vec![c as u8; 64])
+                    .await
+                    .unwrap_or_else(|e| panic!("client {c} round {round}: {e}"));
+                assert_eq!(reply.len(), REPLY, "client {c}");
+                assert!(reply.iter().all(|&b| b == 7), "client {c}: bytes differ");
+            });
+            futures::future::join_all(asks).await;
+        }
+        let stats = server.stats().await;
+        eprintln!("after 3 rounds: {stats:?}");
+        assert!(stats.pool.waits >= 1, "no reply waited: {stats:?}");
+        assert_eq!(stats.connections, 4, "{stats:?}");
+        assert!(
+            reasons.lock().unwrap().is_empty(),
+            "{:?}",
+            reasons.lock().unwrap()
+        );
+        rdmactor_tests::close_all(&server, client, conns).await;
+        eventually("charges released", Duration::from_secs(10), || async {
+            server.stats().await.pool.charged_bytes == 0
+        })
+        .await;
         server.shutdown().await;
     });
 }

@@ -24,6 +24,7 @@
 //! | `rdmactor_cq_poll_batch` | histogram | | completions returned by each non-empty CQ poll |
 //! | `rdmactor_pool_registered_bytes`, `rdmactor_pool_leased_chunks` | gauge | | the memory pool, sampled by [`record_pool`] |
 //! | `rdmactor_pool_exhausted_total` | counter | | leases refused because the pool reached its cap |
+//! | `rdmactor_pool_waits_total` | counter | | times a connection refused at the pool's cap waited for room (a rendezvous offer or READ chunk) instead of closing |
 //! | `rdmactor_file_transfers_total` | counter | result (`good`, `bad`) | finished uploads, by hash verdict |
 //! | `rdmactor_file_transfer_bytes_total` | counter | result | their bytes |
 //! | `rdmactor_lambda_runs_total` | counter | kind (`module`, `native`), outcome | lambda invocations by result (`ok`, `trap`, `out_of_fuel`, `timeout`, `memory_limit`, `error`) |
@@ -159,6 +160,11 @@ pub(crate) fn completions_unrouted(n: usize) {
 /// The pool refused a lease at its cap.
 pub(crate) fn pool_exhausted() {
     counter!("rdmactor_pool_exhausted_total").increment(1);
+}
+
+/// A connection refused at the pool's cap waits for room.
+pub(crate) fn pool_wait() {
+    counter!("rdmactor_pool_waits_total").increment(1);
 }
 
 /// Sets the pool gauges from `stats` (the server example samples

@@ -5,4 +5,5 @@ mod pool;
 
 pub use pool::{
     Charge, ChunkSource, Lease, MrPool, Pool, PoolConfig, PoolError, PoolStats, RegisteredChunks,
+    RoomWaiter,
 };

@@ -140,6 +140,9 @@ pub struct PoolStats {
     pub leased: Vec<usize>,
     /// Arenas registered now, per class.
     pub arenas: Vec<usize>,
+    /// Waiters registered since start ([`Pool::notify_on_room`]): how often someone met
+    /// the cap and waited for room.
+    pub waits: u64,
 }
 
 struct Arena<C> {
@@ -202,7 +205,25 @@ struct State<C> {
     registered_smallest: usize,
     charged: usize,
     peak: usize,
+    /// Called once the next time memory comes back (see [`Pool::notify_on_room`]).
+    waiters: Vec<RoomWaiter>,
+    waits: u64,
 }
+
+impl<C> State<C> {
+    /// The waiters to call once the lock is released, when memory just came back.
+    fn take_waiters(&mut self) -> Vec<RoomWaiter> {
+        if self.waiters.is_empty() {
+            Vec::new()
+        } else {
+            std::mem::take(&mut self.waiters)
+        }
+    }
+}
+
+/// Run once when memory goes back to a pool that refused someone; see
+/// [`Pool::notify_on_room`].
+pub type RoomWaiter = Box<dyn FnOnce() + Send>;
 
 impl<C> State<C> {
     fn in_use(&self) -> usize {
@@ -313,6 +334,8 @@ impl<S: ChunkSource> Pool<S> {
                     registered_smallest: 0,
                     charged: 0,
                     peak: 0,
+                    waiters: Vec::new(),
+                    waits: 0,
                 }),
             }),
         }
@@ -422,6 +445,24 @@ impl<S: ChunkSource> Pool<S> {
         })
     }
 
+    /// Calls `waiter` once, from whichever thread gives memory back next (a lease
+    /// returned, a charge dropped): the way a connection refused at the cap waits for room
+    /// instead of failing, since what others hold goes back on its own (their peers READ
+    /// it, or its deadline revokes it). Register, then try again before waiting: memory
+    /// returned between the refusal and this call would otherwise wake nobody. A waiter
+    /// called when the retry had already succeeded finds nothing to do.
+    pub fn notify_on_room(&self, waiter: RoomWaiter) {
+        let mut state = self.shared.state.lock().expect("pool lock");
+        state.waits += 1;
+        state.waiters.push(waiter);
+    }
+
+    /// The most a charge or a lease of a class other than the smallest can ever take:
+    /// asks beyond it will never fit, however long they wait.
+    pub fn bulk_limit(&self) -> usize {
+        bulk_limit(&self.shared.config)
+    }
+
     /// Current counters.
     pub fn stats(&self) -> PoolStats {
         let state = self.shared.state.lock().expect("pool lock");
@@ -431,6 +472,7 @@ impl<S: ChunkSource> Pool<S> {
             peak_bytes: state.peak,
             leased: state.classes.iter().map(|c| c.leased).collect(),
             arenas: state.classes.iter().map(|c| c.arenas.len()).collect(),
+            waits: state.waits,
         }
     }
 }
@@ -483,9 +525,11 @@ impl<S: ChunkSource> Drop for Lease<S> {
         if idle && state.registered >= self.pool.config.keep_bytes + bytes {
             state.release_arena(self.class, self.arena, &mut released);
         }
+        let waiters = state.take_waiters();
         // Deregistration is a system call: not under the lock.
         drop(state);
         drop(released);
+        waiters.into_iter().for_each(|w| w());
     }
 }
 
@@ -516,7 +560,11 @@ impl<S: ChunkSource> Charge<S> {
 
 impl<S: ChunkSource> Drop for Charge<S> {
     fn drop(&mut self) {
-        self.pool.state.lock().expect("pool lock").charged -= self.len;
+        let mut state = self.pool.state.lock().expect("pool lock");
+        state.charged -= self.len;
+        let waiters = state.take_waiters();
+        drop(state);
+        waiters.into_iter().for_each(|w| w());
     }
 }
 
@@ -745,5 +793,41 @@ mod tests {
         drop(c);
         assert_eq!(p.stats().charged_bytes, 0);
         assert!(p.charge(14 << 10).is_ok());
+    }
+
+    #[test]
+    fn a_waiter_is_called_once_when_memory_comes_back() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let p = shrinking(usize::MAX / 2);
+        let calls = Arc::new(AtomicUsize::new(0));
+        let waiter = || {
+            let calls = calls.clone();
+            Box::new(move || {
+                calls.fetch_add(1, Ordering::SeqCst);
+            }) as RoomWaiter
+        };
+        let held = p.charge(14 << 10).unwrap();
+        assert!(p.charge(1 << 10).is_err());
+        p.notify_on_room(waiter());
+        p.notify_on_room(waiter());
+        let lease = p.lease(64).unwrap();
+        drop(lease);
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            2,
+            "a returned lease wakes every waiter"
+        );
+        drop(p.lease(64).unwrap());
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            2,
+            "each waiter is called once"
+        );
+        p.notify_on_room(waiter());
+        drop(held);
+        assert_eq!(calls.load(Ordering::SeqCst), 3, "so does a dropped charge");
+        assert!(p.charge(1 << 10).is_ok(), "and the refused charge now fits");
+        assert_eq!(p.bulk_limit(), 14 << 10);
+        assert_eq!(p.stats().waits, 3);
     }
 }

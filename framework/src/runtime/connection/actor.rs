@@ -578,6 +578,7 @@ impl<S: Session> ConnectionActor<S> {
             // then must already have a waker that reaches it. Weak: a waker held by a job
             // thread must not keep a closed connection alive.
             core.waker = Some(ctx.address().recipient::<Wake>().downgrade());
+            core.pool_room = Some(ctx.address().recipient::<PoolRoom>().downgrade());
             let qp_num = core.qp_num();
             let conn = Rc::new_cyclic(|this| {
                 RefCell::new(Connection {
@@ -628,6 +629,25 @@ impl<S: Session> Handler<CmNotice> for ConnectionActor<S> {
         // Sessions' panics are caught inside; one that gets here is the framework's.
         let _guard = AbortOnUnwind::new("connection actor");
         self.conn().on_notice(notice);
+    }
+}
+
+/// The pool has memory again after refusing this connection (see
+/// `Core::take_from_pool`): try what waited.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub(crate) struct PoolRoom;
+
+impl<S: Session> Handler<PoolRoom> for ConnectionActor<S> {
+    type Result = ();
+
+    fn handle(&mut self, _: PoolRoom, _: &mut Context<Self>) {
+        let _guard = AbortOnUnwind::new("connection actor");
+        let mut conn = self.conn();
+        if let Some(core) = conn.core.as_mut() {
+            core.waiting_for_pool = false;
+        }
+        conn.pump();
     }
 }
 

@@ -38,6 +38,7 @@ pub use cx::SessionCx;
 pub use grants::{Grant, GrantId};
 pub use wake::{Blocking, BlockingError, SessionWaker};
 
+pub(crate) use self::actor::PoolRoom;
 use self::grants::GrantEntry;
 use self::liveness::{Liveness, Verdict};
 use self::rendezvous::{Incoming, RendezvousOut};
@@ -354,6 +355,14 @@ pub(crate) struct Core {
     /// This connection's actor, for `SessionCx::waker` (set when the actor is created,
     /// before the poller can deliver anything).
     waker: Option<actix::WeakRecipient<Wake>>,
+    /// This connection's actor again, to pump once the pool has room (see
+    /// [`Core::take_from_pool`]).
+    pool_room: Option<actix::WeakRecipient<PoolRoom>>,
+    /// A waiter of ours is registered with the pool and not called yet.
+    waiting_for_pool: bool,
+    /// The pool's count of the next rendezvous offer, taken when the offer was allowed
+    /// (see `pump_queued`).
+    offer_charge: Option<crate::memory::Charge>,
     /// Metric handles, set by `count_as` once the service is known.
     metrics: Option<crate::metrics::ConnectionMetrics>,
 }
@@ -433,6 +442,9 @@ impl Core {
             last_message: Instant::now(),
             grants: Slab::new(),
             waker: None,
+            pool_room: None,
+            waiting_for_pool: false,
+            offer_charge: None,
             metrics: None,
         }
     }

@@ -8,8 +8,8 @@
 
 use std::time::Instant;
 
-use super::{Buf, CloseReason, Core, Delivery, Outgoing, Wr};
-use crate::memory::Charge;
+use super::{Buf, CloseReason, Core, Delivery, Outgoing, PoolRoom, Wr};
+use crate::memory::{Charge, MrPool, PoolError};
 use crate::proto::budget::BudgetError;
 use crate::proto::frame::{FrameKind, RendezvousOffer, OFFER_LEN};
 use crate::runtime::service::Message;
@@ -62,7 +62,10 @@ impl Core {
         // The bind goes on the send queue now; SENDs queued before it go first.
         self.flush_sends()?;
         let len = bytes.len();
-        let charge = self.pool.charge(len).map_err(CloseReason::from_pool)?;
+        let charge = match self.offer_charge.take() {
+            Some(charge) if charge.len() == len => charge,
+            _ => self.pool.charge(len).map_err(CloseReason::from_pool)?,
+        };
         let mr = MemoryRegion::register_vec(&self.pd, bytes, Access::MW_BIND)
             .map_err(CloseReason::from_verbs)?;
         let buf = Buf::Registered(mr);
@@ -96,6 +99,56 @@ impl Core {
         let mut body = [0u8; OFFER_LEN];
         offer.encode(&mut body);
         self.post_frame(FrameKind::RendezvousOffer, tag, len as u32, &body)
+    }
+
+    /// Counts the next offer's `len` bytes against the pool, once: true when counted
+    /// (kept for `post_rendezvous_offer`), false while the pool is at its cap and the
+    /// offer waits for room.
+    pub(super) fn charge_offer(&mut self, len: usize) -> Result<bool, CloseReason> {
+        if self.offer_charge.is_none() {
+            self.offer_charge = self.take_from_pool(|pool| pool.charge(len))?;
+        }
+        Ok(self.offer_charge.is_some())
+    }
+
+    /// `take` from the pool; `None` when the pool is at its cap, and this connection
+    /// is pumped again once memory comes back. The pool's cap is shared, but what the
+    /// others hold goes back on its own (their peers READ it and say Done, or its
+    /// deadline revokes it), while each connection's own use is bounded by its budgets:
+    /// so a connection that meets a full pool waits its turn instead of being closed for
+    /// what others took. Only an ask larger than the pool could ever give ends it.
+    pub(super) fn take_from_pool<T>(
+        &mut self,
+        take: impl Fn(&MrPool) -> Result<T, PoolError>,
+    ) -> Result<Option<T>, CloseReason> {
+        let can_wait = |e: &PoolError, pool: &MrPool| match e {
+            PoolError::Exhausted { .. } => true,
+            PoolError::ChargeRefused { len, .. } => *len <= pool.bulk_limit(),
+            _ => false,
+        };
+        match take(&self.pool) {
+            Ok(t) => return Ok(Some(t)),
+            Err(e) if !can_wait(&e, &self.pool) || self.pool_room.is_none() => {
+                return Err(CloseReason::from_pool(e))
+            }
+            Err(_) => {}
+        }
+        if !self.waiting_for_pool {
+            let room = self.pool_room.clone().expect("checked above");
+            self.waiting_for_pool = true;
+            crate::metrics::pool_wait();
+            self.pool.notify_on_room(Box::new(move || {
+                if let Some(conn) = room.upgrade() {
+                    conn.do_send(PoolRoom);
+                }
+            }));
+        }
+        // Memory that came back before the waiter was registered woke nobody.
+        match take(&self.pool) {
+            Ok(t) => Ok(Some(t)),
+            Err(e) if can_wait(&e, &self.pool) => Ok(None),
+            Err(e) => Err(CloseReason::from_pool(e)),
+        }
     }
 
     /// The peer will not take the offer `key` (too large for it): revoke the window,
@@ -178,12 +231,14 @@ impl Core {
                     len: len as u64,
                     rkey: m.offer.rkey,
                 };
-                let lease = self.pool.lease(len).map_err(CloseReason::from_pool)?;
+                let seq = m.seq;
+                let Some(lease) = self.take_from_pool(|pool| pool.lease(len))? else {
+                    return Ok(());
+                };
                 let entry = self.inflight.vacant_entry();
                 let sge = lease.sge(0..len).map_err(CloseReason::from_verbs)?;
                 let wr = SendWr::new(entry.key() as u64, SendOp::Read(remote), Some(sge));
                 self.qp.post_send(&wr).map_err(CloseReason::from_verbs)?;
-                let seq = m.seq;
                 entry.insert(Wr::RendezvousChunk { lease, seq, len });
                 self.send_outstanding += 1;
                 self.read_chunks_in_flight += 1;

@@ -83,11 +83,14 @@ impl Core {
             };
             let allowed = match (next, &self.credits) {
                 // A rendezvous offer also binds a window: two send-queue slots.
-                // ... and registers the message: within the budget (waits for Dones).
+                // ... and registers the message: within the budget (waits for Dones),
+                // and counted by the pool (waits for room, see `charge_offer`).
                 (Outgoing::Data { bytes, .. }, Some(c)) if bytes.len() > self.eager_limit() => {
+                    let len = bytes.len();
                     c.can_send_data()
                         && self.send_outstanding + 1 < self.send_depth
-                        && self.budget_out.fits(bytes.len())
+                        && self.budget_out.fits(len)
+                        && self.charge_offer(len)?
                 }
                 // A READ of an offer waits for earlier READs to free the budget.
                 (Outgoing::Read { len, .. }, _) => self.budget_in.fits(*len),
