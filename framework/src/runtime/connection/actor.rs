@@ -578,7 +578,7 @@ impl<S: Session> ConnectionActor<S> {
             // then must already have a waker that reaches it. Weak: a waker held by a job
             // thread must not keep a closed connection alive.
             core.waker = Some(ctx.address().recipient::<Wake>().downgrade());
-            core.pool_room = Some(ctx.address().recipient::<PoolRoom>().downgrade());
+            core.pump_me = Some(ctx.address().recipient::<Pump>().downgrade());
             let qp_num = core.qp_num();
             let conn = Rc::new_cyclic(|this| {
                 RefCell::new(Connection {
@@ -632,19 +632,23 @@ impl<S: Session> Handler<CmNotice> for ConnectionActor<S> {
     }
 }
 
-/// The pool has memory again after refusing this connection (see
-/// `Core::take_from_pool`): try what waited.
+/// What this connection's queue waited for, away from its thread, is ready: the pool
+/// has memory again after refusing it (`Core::take_from_pool`), or a large message's
+/// registration finished (`Core::begin_offer`). Pump again.
 #[derive(Message, Debug)]
 #[rtype(result = "()")]
-pub(crate) struct PoolRoom;
+pub(crate) enum Pump {
+    PoolRoom,
+    Registered,
+}
 
-impl<S: Session> Handler<PoolRoom> for ConnectionActor<S> {
+impl<S: Session> Handler<Pump> for ConnectionActor<S> {
     type Result = ();
 
-    fn handle(&mut self, _: PoolRoom, _: &mut Context<Self>) {
+    fn handle(&mut self, why: Pump, _: &mut Context<Self>) {
         let _guard = AbortOnUnwind::new("connection actor");
         let mut conn = self.conn();
-        if let Some(core) = conn.core.as_mut() {
+        if let (Pump::PoolRoom, Some(core)) = (why, conn.core.as_mut()) {
             core.waiting_for_pool = false;
         }
         conn.pump();

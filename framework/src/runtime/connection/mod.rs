@@ -38,10 +38,10 @@ pub use cx::SessionCx;
 pub use grants::{Grant, GrantId};
 pub use wake::{Blocking, BlockingError, SessionWaker};
 
-pub(crate) use self::actor::PoolRoom;
+pub(crate) use self::actor::Pump;
 use self::grants::GrantEntry;
 use self::liveness::{Liveness, Verdict};
-use self::rendezvous::{Incoming, RendezvousOut};
+use self::rendezvous::{Incoming, PendingOffer, RendezvousOut};
 use self::wake::Wake;
 use super::poller::CqReservation;
 use super::recv_groups::Membership;
@@ -243,6 +243,9 @@ enum Outgoing {
         key: u32,
         why: BudgetError,
     },
+    /// A large message being registered for its rendezvous offer (see
+    /// `Core::begin_offer`): the queue waits behind it, so messages keep their order.
+    Offer(Box<PendingOffer>),
 }
 
 impl Outgoing {
@@ -250,6 +253,7 @@ impl Outgoing {
     fn bytes(&self) -> usize {
         match self {
             Outgoing::Data { bytes, .. } | Outgoing::Raw { bytes, .. } => bytes.len(),
+            Outgoing::Offer(offer) => offer.len(),
             _ => 0,
         }
     }
@@ -355,9 +359,9 @@ pub(crate) struct Core {
     /// This connection's actor, for `SessionCx::waker` (set when the actor is created,
     /// before the poller can deliver anything).
     waker: Option<actix::WeakRecipient<Wake>>,
-    /// This connection's actor again, to pump once the pool has room (see
-    /// [`Core::take_from_pool`]).
-    pool_room: Option<actix::WeakRecipient<PoolRoom>>,
+    /// This connection's actor again, to pump once what the queue waits for away from
+    /// this thread is ready (see [`Pump`]).
+    pump_me: Option<actix::WeakRecipient<Pump>>,
     /// A waiter of ours is registered with the pool and not called yet.
     waiting_for_pool: bool,
     /// The pool's count of the next rendezvous offer, taken when the offer was allowed
@@ -442,7 +446,7 @@ impl Core {
             last_message: Instant::now(),
             grants: Slab::new(),
             waker: None,
-            pool_room: None,
+            pump_me: None,
             waiting_for_pool: false,
             offer_charge: None,
             metrics: None,

@@ -8,12 +8,14 @@
 
 use std::time::Instant;
 
-use super::{Buf, CloseReason, Core, Delivery, Outgoing, PoolRoom, Wr};
+use std::sync::mpsc;
+
+use super::{Buf, CloseReason, Core, Delivery, Outgoing, Pump, Wr};
 use crate::memory::{Charge, MrPool, PoolError};
 use crate::proto::budget::BudgetError;
 use crate::proto::frame::{FrameKind, RendezvousOffer, OFFER_LEN};
 use crate::runtime::service::Message;
-use crate::verbs::{Access, MemoryRegion, MemoryWindow, RemoteRegion, SendOp, SendWr};
+use crate::verbs::{Access, MemoryRegion, MemoryWindow, RemoteRegion, SendOp, SendWr, VerbsError};
 
 /// A large message exposed to the peer for its RDMA READ: a window bound to this
 /// connection's QP with REMOTE_READ over exactly the message's bytes. Field order is drop
@@ -29,6 +31,56 @@ pub(super) struct RendezvousOut {
     offered: Instant,
 }
 
+/// A large message on its way to being offered: counted by the budget and the pool,
+/// and registered on the runtime's blocking pool. Pinning a message's pages costs a
+/// system call whose time grows with its size (0.4 ms on average for 8 MiB in the test
+/// VM, 2 ms at worst, and as much again to unpin it), and the poller thread that would
+/// pay it serves every other connection on it.
+pub(super) struct PendingOffer {
+    tag: u32,
+    len: usize,
+    charge: Charge,
+    registration: Registration,
+}
+
+enum Registration {
+    Running(mpsc::Receiver<Result<MemoryRegion, VerbsError>>),
+    Done(MemoryRegion),
+}
+
+impl PendingOffer {
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True once the message is registered (the answer is taken on the first call
+    /// after it came).
+    pub(super) fn poll_registered(&mut self) -> Result<bool, CloseReason> {
+        if let Registration::Running(rx) = &self.registration {
+            self.registration = match rx.try_recv() {
+                Ok(Ok(mr)) => Registration::Done(mr),
+                Ok(Err(e)) => return Err(CloseReason::from_verbs(e)),
+                Err(mpsc::TryRecvError::Empty) => return Ok(false),
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    return Err(CloseReason::Memory(
+                        "registering a rendezvous message: the task ended without an answer".into(),
+                    ))
+                }
+            };
+        }
+        Ok(true)
+    }
+}
+
+/// Drops `out` (its window, then its registration, then its count in the pool) on the
+/// runtime's blocking pool: deregistering unpins every page of the message.
+fn release_away(out: RendezvousOut) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => drop(rt.spawn_blocking(move || drop(out))),
+        Err(_) => drop(out),
+    }
+}
+
 /// An offer of the peer's being READ, chunk by chunk, into `data`.
 pub(super) struct Incoming {
     seq: u64,
@@ -41,33 +93,87 @@ pub(super) struct Incoming {
 }
 
 impl Core {
-    /// Offers `bytes` by rendezvous: registers the message where it lies (no copy, see
-    /// [`MemoryRegion::register_vec`]) with `MW_BIND` and no remote access, binds a window
-    /// to this QP over exactly its bytes with REMOTE_READ, and sends the offer. Least
-    /// access for the shortest time: only this peer can READ, only those bytes, and only
-    /// until it says Done (the window is deallocated then, at the deadline, or when the
-    /// connection closes). Needs two send-queue slots (the bind, then the offer) and room
-    /// in the outgoing budget, which `pump` checks.
+    /// True when the front of the queue is a message too large to go inline.
+    pub(super) fn front_is_large(&self) -> bool {
+        matches!(self.pending.front(), Some(Outgoing::Data { bytes, .. })
+            if self.credits.is_some() && bytes.len() > self.eager_limit())
+    }
+
+    /// Turns the large message at the front of the queue into a [`PendingOffer`] once
+    /// the outgoing budget (which waits for the peer's Dones) and the pool (which waits
+    /// for room, see [`Core::charge_offer`]) allow it, and starts registering it where
+    /// it lies (no copy, see [`MemoryRegion::register_vec`]) with `MW_BIND` and no
+    /// remote access, away from this thread. False while it waits.
+    pub(super) fn begin_offer(&mut self) -> Result<bool, CloseReason> {
+        let Some(Outgoing::Data { bytes, .. }) = self.pending.front() else {
+            return Ok(false);
+        };
+        let len = bytes.len();
+        if !self.budget_out.fits(len) || !self.charge_offer(len)? {
+            return Ok(false);
+        }
+        let Some(Outgoing::Data { tag, bytes }) = self.pending.pop_front() else {
+            unreachable!("the front was a message")
+        };
+        let charge = self.offer_charge.take().expect("charged above");
+        self.budget_out.take(len);
+        let registration = self.register_away(bytes)?;
+        // Same bytes held as before: `pending_bytes` needs no change.
+        self.pending
+            .push_front(Outgoing::Offer(Box::new(PendingOffer {
+                tag,
+                len,
+                charge,
+                registration,
+            })));
+        Ok(true)
+    }
+
+    /// Registers `bytes` on the blocking pool, which pumps this connection when done;
+    /// here and now when there is no actor to pump (nothing has started it yet).
+    fn register_away(&self, bytes: Vec<u8>) -> Result<Registration, CloseReason> {
+        let (Some(pump), Ok(rt)) = (self.pump_me.clone(), tokio::runtime::Handle::try_current())
+        else {
+            return MemoryRegion::register_vec(&self.pd, bytes, Access::MW_BIND)
+                .map(Registration::Done)
+                .map_err(CloseReason::from_verbs);
+        };
+        let (tx, rx) = mpsc::sync_channel(1);
+        let pd = self.pd.clone();
+        drop(rt.spawn_blocking(move || {
+            // A closed connection drops the receiver, and the registration with it.
+            let _ = tx.send(MemoryRegion::register_vec(&pd, bytes, Access::MW_BIND));
+            if let Some(conn) = pump.upgrade() {
+                conn.do_send(Pump::Registered);
+            }
+        }));
+        Ok(Registration::Running(rx))
+    }
+
+    /// Offers a registered message by rendezvous: binds a window to this QP over
+    /// exactly its bytes with REMOTE_READ, and sends the offer. Least access for the
+    /// shortest time: only this peer can READ, only those bytes, and only until it says
+    /// Done (the window is deallocated then, at the deadline, or when the connection
+    /// closes). Needs two send-queue slots (the bind, then the offer), which `pump`
+    /// checks.
     ///
     /// Not a window over a pool chunk: rxe checks a READ through a window against the
     /// range of the MR underneath, not the window's (observed in the Soft-RoCE VM, see
     /// `tests/shared_grants.rs`), so a window over one chunk of a pool arena would let
     /// the peer read every chunk of that arena. An MR of exactly the message bounds it on
     /// any provider.
-    pub(super) fn post_rendezvous_offer(
-        &mut self,
-        tag: u32,
-        bytes: Vec<u8>,
-    ) -> Result<(), CloseReason> {
+    pub(super) fn post_rendezvous_offer(&mut self, offer: PendingOffer) -> Result<(), CloseReason> {
         // The bind goes on the send queue now; SENDs queued before it go first.
         self.flush_sends()?;
-        let len = bytes.len();
-        let charge = match self.offer_charge.take() {
-            Some(charge) if charge.len() == len => charge,
-            _ => self.pool.charge(len).map_err(CloseReason::from_pool)?,
+        let PendingOffer {
+            tag,
+            len,
+            charge,
+            registration: Registration::Done(mr),
+        } = offer
+        else {
+            unreachable!("offered once registered (see `pump_queued`)")
         };
-        let mr = MemoryRegion::register_vec(&self.pd, bytes, Access::MW_BIND)
-            .map_err(CloseReason::from_verbs)?;
         let buf = Buf::Registered(mr);
         let window = MemoryWindow::alloc(&self.pd).map_err(CloseReason::from_verbs)?;
         let slot = self.inflight.vacant_entry();
@@ -82,7 +188,6 @@ impl Core {
             .map_err(CloseReason::from_verbs)?;
         slot.insert(Wr::Bind);
         self.send_outstanding += 1;
-        self.budget_out.take(len);
         let key = self.rendezvous_out.insert(RendezvousOut {
             _window: window,
             _buf: buf,
@@ -128,18 +233,18 @@ impl Core {
         };
         match take(&self.pool) {
             Ok(t) => return Ok(Some(t)),
-            Err(e) if !can_wait(&e, &self.pool) || self.pool_room.is_none() => {
+            Err(e) if !can_wait(&e, &self.pool) || self.pump_me.is_none() => {
                 return Err(CloseReason::from_pool(e))
             }
             Err(_) => {}
         }
         if !self.waiting_for_pool {
-            let room = self.pool_room.clone().expect("checked above");
+            let room = self.pump_me.clone().expect("checked above");
             self.waiting_for_pool = true;
             crate::metrics::pool_wait();
             self.pool.notify_on_room(Box::new(move || {
                 if let Some(conn) = room.upgrade() {
-                    conn.do_send(PoolRoom);
+                    conn.do_send(Pump::PoolRoom);
                 }
             }));
         }
@@ -166,6 +271,7 @@ impl Core {
             })?;
         self.budget_out.release(out.len);
         self.refusals.push_back((out.tag, why));
+        release_away(out);
         Ok(())
     }
 
@@ -179,6 +285,7 @@ impl Core {
                 CloseReason::Protocol(format!("rendezvous done for unknown region {key}"))
             })?;
         self.budget_out.release(out.len);
+        release_away(out);
         Ok(())
     }
 

@@ -78,19 +78,24 @@ impl Core {
 
     pub(super) fn pump_queued(&mut self) -> Result<(), CloseReason> {
         while self.closing.is_none() && self.send_outstanding < self.send_depth {
+            // A large message is registered away from this thread first (see
+            // `begin_offer`), and offered once that is done.
+            if self.front_is_large() && !self.begin_offer()? {
+                crate::metrics::send_stalled();
+                break;
+            }
+            if let Some(Outgoing::Offer(offer)) = self.pending.front_mut() {
+                if !offer.poll_registered()? {
+                    break;
+                }
+            }
             let Some(next) = self.pending.front() else {
                 break;
             };
             let allowed = match (next, &self.credits) {
                 // A rendezvous offer also binds a window: two send-queue slots.
-                // ... and registers the message: within the budget (waits for Dones),
-                // and counted by the pool (waits for room, see `charge_offer`).
-                (Outgoing::Data { bytes, .. }, Some(c)) if bytes.len() > self.eager_limit() => {
-                    let len = bytes.len();
-                    c.can_send_data()
-                        && self.send_outstanding + 1 < self.send_depth
-                        && self.budget_out.fits(len)
-                        && self.charge_offer(len)?
+                (Outgoing::Offer(_), Some(c)) => {
+                    c.can_send_data() && self.send_outstanding + 1 < self.send_depth
                 }
                 // A READ of an offer waits for earlier READs to free the budget.
                 (Outgoing::Read { len, .. }, _) => self.budget_in.fits(*len),
@@ -306,12 +311,9 @@ impl Core {
     pub(super) fn post_outgoing(&mut self, item: Outgoing) -> Result<(), CloseReason> {
         match item {
             Outgoing::Data { tag, bytes } => {
-                if bytes.len() <= self.eager_limit() {
-                    self.post_frame(FrameKind::Data, tag, bytes.len() as u32, &bytes)
-                } else {
-                    self.post_rendezvous_offer(tag, bytes)
-                }
+                self.post_frame(FrameKind::Data, tag, bytes.len() as u32, &bytes)
             }
+            Outgoing::Offer(offer) => self.post_rendezvous_offer(*offer),
             Outgoing::Credit => self.post_frame(FrameKind::Credit, 0, 0, &[]),
             Outgoing::Done { tag } => self.post_frame(FrameKind::RendezvousDone, tag, 0, &[]),
             Outgoing::Raw { bytes, imm } => {
