@@ -1,63 +1,44 @@
 //! The bounded fuzz run of every decoder of peer bytes, on stable Rust, in every
 //! `cargo test`: the committed corpus (`fuzz/corpus/<target>/`) replayed, then a time
 //! budget per target of seeded random inputs and mutations of the corpus. No input may
-//! panic, and no single allocation may exceed [`ALLOC_CAP`] (a counting global
-//! allocator in this test binary watches): a length field a peer controls must never
-//! size an allocation by itself. `cargo fuzz` runs the same targets longer (see
+//! panic, and no input may make the decoders hold more than [`ALLOC_CAP`] bytes of heap
+//! at once: a length field a peer controls must never size an allocation by itself.
+//! The heap is watched by the `cap` crate's allocator, limited around each input; an
+//! allocation past the limit fails, which aborts the test binary with "memory
+//! allocation of N bytes failed" after the line naming the target being fed (inputs
+//! are seeded, so the run repeats). `cargo fuzz` runs the same targets longer (see
 //! `fuzz/Cargo.toml` and the README).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+use std::alloc::System;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use cap::Cap;
 use rdmactor_services::file_transfer::fuzz::{run_sequence, Bytes};
 use rdmactor_services::fuzz::Target;
 
-/// Largest single allocation any decoder may make for inputs of at most 4 KiB.
+/// Most heap the decoders may hold at once for one input of at most 4 KiB.
 const ALLOC_CAP: usize = 4 << 20;
 /// Time for each target's random and mutated inputs.
 const BUDGET: Duration = Duration::from_millis(300);
 
-struct Counting;
-
-thread_local! {
-    /// Set while this thread runs a target: only its allocations are watched (the
-    /// tests of this binary run on threads side by side).
-    static ARMED: Cell<bool> = const { Cell::new(false) };
-}
-static LARGEST: AtomicUsize = AtomicUsize::new(0);
-
-fn armed() -> bool {
-    ARMED.try_with(Cell::get).unwrap_or(false)
-}
-
-// SAFETY: every call is forwarded unchanged to the system allocator; the counters are
-// atomics and allocate nothing.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if armed() {
-            LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
-        }
-        // SAFETY: the caller's contract for `alloc` is passed on as is.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if armed() {
-            LARGEST.fetch_max(new_size, Ordering::Relaxed);
-        }
-        // SAFETY: as above.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
+static ALLOCATOR: Cap<System> = Cap::new(System, usize::MAX);
+
+/// The limit is on the whole process's heap: the tests of this binary take turns, so
+/// that one's allocations never count against another's input.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// Runs `f` with the heap limited to what is allocated now plus [`ALLOC_CAP`].
+fn limited<T>(f: impl FnOnce() -> T) -> T {
+    ALLOCATOR
+        .set_limit(ALLOCATOR.allocated() + ALLOC_CAP)
+        .expect("the limit is above what is allocated");
+    let out = f();
+    ALLOCATOR.set_limit(usize::MAX).expect("no limit");
+    out
+}
 
 /// xorshift64*: seeded, so a failure names the seed and input to reproduce it.
 struct Rng(u64);
@@ -128,13 +109,9 @@ fn mutate(rng: &mut Rng, corpus: &[Vec<u8>]) -> Vec<u8> {
     v
 }
 
-/// Runs one input with the allocation watch armed; panics name the target and input.
+/// Runs one input with the heap limited; panics name the target and input.
 fn feed(target: Target, input: &[u8]) {
-    LARGEST.store(0, Ordering::Relaxed);
-    ARMED.with(|a| a.set(true));
-    let result = std::panic::catch_unwind(|| target.run(input));
-    ARMED.with(|a| a.set(false));
-    let largest = LARGEST.load(Ordering::Relaxed);
+    let result = limited(|| std::panic::catch_unwind(|| target.run(input)));
     if let Err(panic) = result {
         std::panic::resume_unwind(Box::new(format!(
             "{} panicked on {:02x?}: {:?}",
@@ -146,18 +123,13 @@ fn feed(target: Target, input: &[u8]) {
                 .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
         )));
     }
-    assert!(
-        largest <= ALLOC_CAP,
-        "{} allocated {largest} bytes at once for {} input bytes: {:02x?}",
-        target.name(),
-        input.len(),
-        input
-    );
 }
 
 #[test]
 fn every_decoder_survives_its_corpus_and_a_bounded_random_run() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     for (i, target) in Target::ALL.into_iter().enumerate() {
+        eprintln!("{:<18} feeding", target.name());
         let corpus = corpus(target);
         assert!(!corpus.is_empty(), "{} has seeds", target.name());
         for input in &corpus {
@@ -181,6 +153,7 @@ fn every_decoder_survives_its_corpus_and_a_bounded_random_run() {
 
 #[test]
 fn file_transfer_sequences_survive_a_bounded_random_run() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let mut rng = Rng(0x5eed);
     let started = Instant::now();
