@@ -368,8 +368,12 @@ fn main() -> Result<()> {
         }
         let server = builder.start().context("starting the server")?;
         // Files given with --region are pinned now, not on the poller at first lookup.
+        let pd = server
+            .protection_domain()
+            .await
+            .context("the RDMA device went right after start")?;
         regions
-            .register_all(server.protection_domain())
+            .register_all(&pd)
             .context("registering the read regions")?;
         for addr in server.local_addrs() {
             println!("listening on {addr}");
