@@ -200,6 +200,7 @@ impl DemoServer {
             .await
             .context("the RDMA device went right after start")?;
         regions.register_all(&pd)?;
+        drop(pd);
         println!(
             "server: echo, files, read, lambda, ingest on {addr}; rping on {rping_addr} (pid {})",
             std::process::id()

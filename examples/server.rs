@@ -368,6 +368,8 @@ fn main() -> Result<()> {
         }
         let server = builder.start().context("starting the server")?;
         // Files given with --region are pinned now, not on the poller at first lookup.
+        // The PD is not kept: what is registered on it would keep the device open if it
+        // goes (the read service lets its regions go with the device).
         let pd = server
             .protection_domain()
             .await
@@ -375,6 +377,7 @@ fn main() -> Result<()> {
         regions
             .register_all(&pd)
             .context("registering the read regions")?;
+        drop(pd);
         for addr in server.local_addrs() {
             println!("listening on {addr}");
         }

@@ -810,6 +810,11 @@ impl CmActor {
     /// The device was removed or failed (`how`): closes everything on it and waits for
     /// the connections to release before the node goes. Once per loss.
     fn device_lost(&mut self, how: &str, ctx: &mut Context<Self>) {
+        // Every id on the device reports the removal: only the first one acts (taking a
+        // releasing node out of its slot here would drop it under its connections).
+        if self.device.node().is_none() {
+            return;
+        }
         let DeviceSlot::Present { node, watch } = std::mem::replace(
             &mut self.device,
             DeviceSlot::Absent {
