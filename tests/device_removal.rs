@@ -342,6 +342,14 @@ fn the_server_survives_rdma_link_delete_and_serves_again_after_rdma_link_add() {
         objects_of(server_pid)
     );
     assert!(counts_of(DEVICE).is_none(), "{DEVICE} is gone");
+    // The process answers `Server::stats` meanwhile (the example prints a line when
+    // `device_present` changes).
+    wait_for_log(
+        &log,
+        "stats: device_present=false connections=0 device_losses=1",
+        before,
+        Duration::from_secs(5),
+    );
 
     // The clients' requests failed with the reason, and they exited.
     for (child, log) in &mut clients {
@@ -380,6 +388,12 @@ fn the_server_survives_rdma_link_delete_and_serves_again_after_rdma_link_add() {
         "rdma link add {DEVICE}"
     );
     let text = wait_for_log(&log, "serving again", mark, Duration::from_secs(20));
+    wait_for_log(
+        &log,
+        "stats: device_present=true",
+        mark,
+        Duration::from_secs(5),
+    );
     println!("server log after the add:\n{}", &text[mark..]);
 
     // New clients, verified bytes (the route may take a moment to come back).
