@@ -37,6 +37,9 @@ struct Args {
     /// Spin on the CQs instead of sleeping on a completion channel.
     #[arg(long)]
     busy_poll: bool,
+    /// RDMA device (default: the first one listed; name it on a host with several).
+    #[arg(long)]
+    device: Option<String>,
     #[command(subcommand)]
     run: Run,
     #[command(flatten)]
@@ -245,6 +248,7 @@ async fn connect_all(client: &Client, args: &Args, n: usize) -> Result<Vec<Clien
 
 async fn run(args: Args) -> Result<()> {
     let client = Client::start(NodeConfig {
+        device: args.device.clone(),
         poll_mode: if args.busy_poll {
             PollMode::Busy
         } else {

@@ -160,7 +160,12 @@ struct DemoServer {
 impl DemoServer {
     /// `public_fetch`: any client may fetch any stored file (a client on another host
     /// fetches its upload back on a new connection to compare it).
-    fn start(args: &Args, config: NodeConfig, store: PathBuf, public_fetch: bool) -> Result<Self> {
+    async fn start(
+        args: &Args,
+        config: NodeConfig,
+        store: PathBuf,
+        public_fetch: bool,
+    ) -> Result<Self> {
         std::fs::create_dir_all(&store).with_context(|| format!("creating {}", store.display()))?;
         let regions = ReadRegions::new();
         let live = regions.add_buffer_with_copies(
@@ -190,7 +195,12 @@ impl DemoServer {
             .start()
             .context("starting the server (is there an RDMA device? run scripts/demo)")?;
         // Register the read regions now, on this thread, not on the poller at first lookup.
-        regions.register_all(server.protection_domain())?;
+        let pd = server
+            .protection_domain()
+            .await
+            .context("the RDMA device went right after start")?;
+        regions.register_all(&pd)?;
+        drop(pd);
         println!(
             "server: echo, files, read, lambda, ingest on {addr}; rping on {rping_addr} (pid {})",
             std::process::id()
@@ -219,7 +229,7 @@ impl DemoServer {
 /// `demo --serve`: the server alone, until SIGINT or SIGTERM.
 async fn serve(args: &Args, config: NodeConfig, work: &Path) -> Result<()> {
     let store = args.store.clone().unwrap_or_else(|| work.join("store"));
-    let server = DemoServer::start(args, config, store, true)?;
+    let server = DemoServer::start(args, config, store, true).await?;
     println!("ready: serving until SIGINT or SIGTERM");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
@@ -235,12 +245,7 @@ async fn serve(args: &Args, config: NodeConfig, work: &Path) -> Result<()> {
 async fn demo(args: &Args, config: NodeConfig, work: &Path, started: Instant) -> Result<()> {
     let local = match args.server {
         Some(_) => None,
-        None => Some(DemoServer::start(
-            args,
-            config.clone(),
-            work.join("store"),
-            false,
-        )?),
+        None => Some(DemoServer::start(args, config.clone(), work.join("store"), false).await?),
     };
     let ip = args.server.unwrap_or(args.ip);
     let addr = SocketAddr::new(ip, args.port);

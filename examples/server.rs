@@ -368,9 +368,16 @@ fn main() -> Result<()> {
         }
         let server = builder.start().context("starting the server")?;
         // Files given with --region are pinned now, not on the poller at first lookup.
+        // The PD is not kept: what is registered on it would keep the device open if it
+        // goes (the read service lets its regions go with the device).
+        let pd = server
+            .protection_domain()
+            .await
+            .context("the RDMA device went right after start")?;
         regions
-            .register_all(server.protection_domain())
+            .register_all(&pd)
             .context("registering the read regions")?;
+        drop(pd);
         for addr in server.local_addrs() {
             println!("listening on {addr}");
         }
@@ -378,21 +385,28 @@ fn main() -> Result<()> {
             let transport = stats.transport.map_or("?".into(), |t| t.to_string());
             println!("listening out of band on {addr} ({transport})");
         }
-        // The pool's gauges are sampled once a second while metrics are on.
-        let sample_pool = async {
+        // Once a second, from `Server::stats`: the pool's gauges (with --metrics), and a
+        // line whenever the RDMA device goes or comes back.
+        let sample = async {
+            let mut present = true;
             loop {
-                rdmactor::metrics::record_pool(&server.stats().await.pool);
+                let stats = server.stats().await;
+                if metrics.is_some() {
+                    rdmactor::metrics::record_pool(&stats.pool);
+                }
+                if stats.device_present != present {
+                    present = stats.device_present;
+                    println!(
+                        "stats: device_present={} connections={} device_losses={}",
+                        stats.device_present, stats.connections, stats.device_losses
+                    );
+                }
                 tokio::time::sleep(std::time::Duration::from_secs(1)).await;
             }
         };
-        if metrics.is_some() {
-            tokio::select! {
-                r = wait_for_signal() => r?,
-                () = sample_pool => {}
-            }
-        } else {
-            drop(sample_pool);
-            wait_for_signal().await?;
+        tokio::select! {
+            r = wait_for_signal() => r?,
+            () = sample => {}
         }
         tracing::info!("signal received; shutting down");
         if let Some(files) = &files_drain {

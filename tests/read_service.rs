@@ -240,13 +240,17 @@ fn static_regions_read_plainly_and_reads_past_the_end_fail() {
         // Registered up front, from this thread: two more MRs before any client asks
         // (otherwise the first lookup would pin them on the poller thread).
         let before = resource_counts().get("mr");
-        regions.register_all(server.protection_domain()).unwrap();
+        regions
+            .register_all(&server.protection_domain().await.expect("device present"))
+            .unwrap();
         assert_eq!(
             resource_counts().get("mr"),
             before + 2,
             "both regions registered"
         );
-        regions.register_all(server.protection_domain()).unwrap();
+        regions
+            .register_all(&server.protection_domain().await.expect("device present"))
+            .unwrap();
         assert_eq!(resource_counts().get("mr"), before + 2, "registered once");
         let conn = client.connect(addr, "read").await.expect("connect");
 

@@ -109,7 +109,8 @@ fn grants_give_their_access_until_revoked_and_end_with_the_region() {
             .service("grants", Grants(regions.clone()))
             .start()
             .expect("server");
-        let pd = server.protection_domain();
+        let pd = server.protection_domain().await.expect("device present");
+        let pd = &pd;
         let memory = SharedRegion::alloc(pd, 64).expect("shared region");
         memory.write(GRANTED.start, b"first version...").unwrap();
         let dir = std::env::temp_dir().join(format!("rdmactor-grants-{}", std::process::id()));

@@ -21,6 +21,7 @@ use super::connection::{
     CmCall, CmNotice, ConnClosed, ConnectionActor, ConnectionParts, Handshake, HandshakeFailed,
 };
 use super::node::Node;
+use super::recovery::{self, DeviceSlot, GoneDevice, Relisten};
 use super::service::{Framing, PeerInfo, Service, Session};
 use super::CloseReason;
 use crate::proto::credits::{Advert, MIN_DEPTH};
@@ -56,10 +57,31 @@ pub(crate) struct CmCounters {
     pub accepted: u64,
     pub rejected: u64,
     pub closed: u64,
+    /// Times the device was lost (removed or failed).
+    pub device_losses: u64,
+    /// Whether the device serves now.
+    pub device_present: bool,
+    /// The node's counters, while it exists.
+    pub node: Option<NodeStats>,
+}
+
+/// Counters of the node's device resources.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct NodeStats {
+    pub pool: crate::memory::PoolStats,
+    pub cqs: usize,
+    pub shared_queues: Vec<u32>,
+    pub shared_recv_buffers: usize,
 }
 
 pub(crate) struct CmActor {
-    node: Arc<Node>,
+    /// The device's resources, and what became of them (see `recovery.rs`).
+    device: DeviceSlot,
+    /// The node's configuration, kept for timeouts while the device is absent.
+    config: super::config::NodeConfig,
+    /// How a server serves again once its device is back (`None`: a client's actor,
+    /// which closes its connections when the device goes and serves no more).
+    relisten: Option<Relisten>,
     channel: EventChannel,
     stop: Arc<AtomicBool>,
     listeners: HashMap<CmIdKey, Listening>,
@@ -87,7 +109,9 @@ impl CmActor {
         max_connections: usize,
     ) -> Self {
         CmActor {
-            node,
+            config: node.config.clone(),
+            device: DeviceSlot::Present { node, watch: None },
+            relisten: None,
             channel,
             stop: Arc::new(AtomicBool::new(false)),
             listeners: HashMap::new(),
@@ -102,6 +126,17 @@ impl CmActor {
             drained: Vec::new(),
             counters: CmCounters::default(),
         }
+    }
+
+    /// Makes this a server's actor: it watches the device's async events and, when the
+    /// device goes, serves again on `relisten` once it is back.
+    pub fn serve_again(&mut self, relisten: Relisten) {
+        self.relisten = Some(relisten);
+    }
+
+    /// The node, while the device serves.
+    fn node(&self) -> Option<Arc<Node>> {
+        self.device.node().cloned()
     }
 
     /// Adds a bound, listening id (created on this actor's channel).
@@ -139,6 +174,12 @@ impl CmActor {
                 Reject::new(RejectCode::ShuttingDown, "server is shutting down"),
             );
         }
+        let Some(node) = self.node() else {
+            return self.reject(
+                &id,
+                Reject::new(RejectCode::Internal, "the server's RDMA device is gone"),
+            );
+        };
         let (service_name, peer_depth) = match Hello::decode(&ev.private_data) {
             Err(e) => return self.reject(&id, Reject::new(RejectCode::BadHello, e.to_string())),
             Ok(None) => match default {
@@ -210,7 +251,7 @@ impl CmActor {
                 ),
             );
         }
-        let mut core = match self.node.prepare(&id, framing, peer_depth.map(|(a, _)| a)) {
+        let mut core = match node.prepare(&id, framing, peer_depth.map(|(a, _)| a)) {
             Ok(core) => core,
             Err(e) => return self.reject(&id, Reject::new(RejectCode::Internal, e)),
         };
@@ -251,10 +292,10 @@ impl CmActor {
         let key = id.key();
         let private_data = match framing {
             Framing::Framed => {
-                let ours = self.node.advert();
+                let ours = node.advert();
                 Welcome {
                     recv_depth: ours.initial as u16,
-                    recv_size: self.node.config.recv_size,
+                    recv_size: node.config.recv_size,
                     max_credits: ours.max as u16,
                 }
                 .encode()
@@ -266,8 +307,8 @@ impl CmActor {
             private_data,
             responder_resources: ev.initiator_depth.clamp(1, 16),
             initiator_depth: ev.responder_resources.clamp(1, 16),
-            rnr_retry_count: self.node.config.rnr_retry_count,
-            retry_count: self.node.config.retry_count,
+            rnr_retry_count: node.config.rnr_retry_count,
+            retry_count: node.config.retry_count,
             failed: ctx.address().recipient(),
         });
         let prepared = Instant::now();
@@ -298,6 +339,12 @@ impl CmActor {
         if ev.kind == CmEventKind::ConnectRequest {
             return self.on_connect_request(ev, ctx);
         }
+        if ev.kind == CmEventKind::DeviceRemoval {
+            // Every id on the device hears it; the first one starts the release. The
+            // event is acknowledged first: destroying an id waits for its events' acks.
+            drop(ev);
+            return self.device_lost("removed (RDMA_CM_EVENT_DEVICE_REMOVAL)", ctx);
+        }
         if self.connecting.contains_key(&ev.id) {
             return self.on_active_event(ev, ctx);
         }
@@ -308,19 +355,6 @@ impl CmActor {
             }
             CmEventKind::Disconnected => self.notify(ev.id, CmNotice::Disconnected),
             CmEventKind::TimewaitExit => {}
-            CmEventKind::DeviceRemoval => {
-                // The kernel completes the removal only once this process closes the
-                // device (rxe cannot disassociate user contexts), and the node keeps its
-                // context, PD, pool and CQs: say so, so the operator knows why
-                // `rdma link delete` waits (see README, Known gaps).
-                tracing::error!(
-                    "RDMA device removed; closing every connection. The removal completes only when \
-                     this process releases the device: restart the server to let it finish"
-                );
-                for c in self.conns.values() {
-                    c.do_send(CmNotice::Close(CloseReason::Verbs("device removed".into())));
-                }
-            }
             CmEventKind::Unreachable => {
                 // The CM's own messages to the peer timed out: across a wire, a dead or
                 // cut-off peer, which is what the transport's RetryExceeded says too.
@@ -410,7 +444,13 @@ impl CmActor {
         let id = c.id.clone();
         let service = c.service.clone();
         let user = c.session.take();
-        let mut core = match self.node.prepare(&id, Framing::Framed, None) {
+        let Some(node) = self.node() else {
+            return self.fail_connect(
+                key,
+                ConnectError::Resources("the RDMA device is gone".into()),
+            );
+        };
+        let mut core = match node.prepare(&id, Framing::Framed, None) {
             Ok(core) => core,
             Err(e) => return self.fail_connect(key, ConnectError::Resources(e)),
         };
@@ -423,12 +463,12 @@ impl CmActor {
             service
         );
         let (session, inbox) = ClientSession::new(user);
-        let ours = self.node.advert();
+        let ours = node.advert();
         let hello = Hello {
             version: PROTOCOL_VERSION,
             service,
             recv_depth: ours.initial as u16,
-            recv_size: self.node.config.recv_size,
+            recv_size: node.config.recv_size,
             max_credits: ours.max as u16,
         };
         let private_data = match hello.encode() {
@@ -440,8 +480,8 @@ impl CmActor {
             private_data,
             responder_resources: 16,
             initiator_depth: 16,
-            rnr_retry_count: self.node.config.rnr_retry_count,
-            retry_count: self.node.config.retry_count,
+            rnr_retry_count: node.config.rnr_retry_count,
+            retry_count: node.config.retry_count,
             failed: ctx.address().recipient(),
         });
         let addr = ConnectionActor::start(ConnectionParts {
@@ -494,6 +534,14 @@ impl Actor for CmActor {
                 }
             })
             .expect("spawn the rdma_cm event thread");
+        if self.relisten.is_some() {
+            self.start_watch(ctx);
+            if let Some(node) = self.device.node() {
+                let pd = node.pd.clone();
+                self.tell_services(|s| s.on_device_up(&pd));
+            }
+            ctx.run_interval(recovery::POLL, |act, ctx| act.look_for_device(ctx));
+        }
     }
 
     fn stopped(&mut self, _ctx: &mut Context<Self>) {
@@ -523,7 +571,7 @@ struct HandshakeTick(Instant);
 impl Handler<HandshakeTick> for CmActor {
     type Result = ();
     fn handle(&mut self, tick: HandshakeTick, _ctx: &mut Context<Self>) {
-        let limit = self.node.config.handshake_timeout;
+        let limit = self.config.handshake_timeout;
         let expired: Vec<CmIdKey> = self
             .handshaking
             .iter()
@@ -554,7 +602,7 @@ impl Handler<CmEventMsg> for CmActor {
 
 impl Handler<ConnClosed> for CmActor {
     type Result = ();
-    fn handle(&mut self, msg: ConnClosed, _ctx: &mut Context<Self>) {
+    fn handle(&mut self, msg: ConnClosed, ctx: &mut Context<Self>) {
         if self.conns.remove(&msg.key).is_some() {
             self.counters.closed += 1;
         }
@@ -571,6 +619,7 @@ impl Handler<ConnClosed> for CmActor {
                 let _ = w.send(());
             }
         }
+        self.try_release(ctx);
     }
 }
 
@@ -601,6 +650,12 @@ impl Handler<Connect> for CmActor {
     fn handle(&mut self, msg: Connect, _ctx: &mut Context<Self>) {
         if self.shutting_down {
             let _ = msg.reply.send(Err(ConnectError::ShuttingDown));
+            return;
+        }
+        if self.device.node().is_none() {
+            let _ = msg.reply.send(Err(ConnectError::Resources(
+                "the RDMA device is gone".into(),
+            )));
             return;
         }
         let id = match CmId::new(&self.channel) {
@@ -662,6 +717,13 @@ impl Handler<Stop> for CmActor {
     type Result = ();
     fn handle(&mut self, _msg: Stop, ctx: &mut Context<Self>) {
         self.stop.store(true, Ordering::Release);
+        // The node goes now, so that its device resources are released when the
+        // shutdown is answered (every connection released already).
+        self.device = DeviceSlot::Absent {
+            gone: GoneDevice::default(),
+            since: Instant::now(),
+            said_empty: true,
+        };
         ctx.stop();
     }
 }
@@ -676,7 +738,26 @@ impl Handler<GetCounters> for CmActor {
     fn handle(&mut self, _msg: GetCounters, _ctx: &mut Context<Self>) -> Self::Result {
         let mut c = self.counters.clone();
         c.connections = self.conns.len();
+        c.device_present = self.device.node().is_some();
+        c.node = self.device.any_node().map(|n| NodeStats {
+            pool: n.pool_stats(),
+            cqs: n.cq_count(),
+            shared_queues: n.shared_queues(),
+            shared_recv_buffers: n.shared_recv_buffers(),
+        });
         MessageResult(c)
+    }
+}
+
+/// The node's protection domain, while the device serves.
+#[derive(Message)]
+#[rtype(result = "Option<crate::verbs::ProtectionDomain>")]
+pub(crate) struct GetPd;
+
+impl Handler<GetPd> for CmActor {
+    type Result = Option<crate::verbs::ProtectionDomain>;
+    fn handle(&mut self, _msg: GetPd, _ctx: &mut Context<Self>) -> Self::Result {
+        self.device.node().map(|n| n.pd.clone())
     }
 }
 
@@ -691,7 +772,7 @@ pub(crate) async fn shut_down(cm: &Addr<CmActor>) {
 
 impl Handler<super::device_watch::DeviceNotice> for CmActor {
     type Result = ();
-    fn handle(&mut self, msg: super::device_watch::DeviceNotice, _ctx: &mut Context<Self>) {
+    fn handle(&mut self, msg: super::device_watch::DeviceNotice, ctx: &mut Context<Self>) {
         use super::device_watch::DeviceNotice;
         match msg {
             DeviceNotice::QpFailed { qp_num, event } => match self.qps.get(&qp_num) {
@@ -703,15 +784,254 @@ impl Handler<super::device_watch::DeviceNotice> for CmActor {
                 ),
                 None => tracing::debug!(qp_num, %event, "device event for a QP no connection has"),
             },
-            DeviceNotice::DeviceFatal => {
-                tracing::error!(
-                    "RDMA device failed (IBV_EVENT_DEVICE_FATAL); closing every connection"
-                );
-                for c in self.conns.values() {
-                    c.do_send(CmNotice::Close(CloseReason::Verbs(
-                        "the device failed (IBV_EVENT_DEVICE_FATAL)".into(),
-                    )));
+            DeviceNotice::DeviceFatal => self.device_lost("failed (IBV_EVENT_DEVICE_FATAL)", ctx),
+        }
+    }
+}
+
+/// An out-of-band listener has closed its connections after the device went and let go
+/// of the node (`OobDeviceGone`).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct OobReleased;
+
+impl Handler<OobReleased> for CmActor {
+    type Result = ();
+    fn handle(&mut self, _msg: OobReleased, ctx: &mut Context<Self>) {
+        if let DeviceSlot::Releasing { oob_pending, .. } = &mut self.device {
+            *oob_pending = oob_pending.saturating_sub(1);
+        }
+        self.try_release(ctx);
+    }
+}
+
+/// Losing the device and serving again (the order is in `recovery.rs`).
+impl CmActor {
+    /// The device was removed or failed (`how`): closes everything on it and waits for
+    /// the connections to release before the node goes. Once per loss.
+    fn device_lost(&mut self, how: &str, ctx: &mut Context<Self>) {
+        // Every id on the device reports the removal: only the first one acts (taking a
+        // releasing node out of its slot here would drop it under its connections).
+        if self.device.node().is_none() {
+            return;
+        }
+        let DeviceSlot::Present { node, watch } = std::mem::replace(
+            &mut self.device,
+            DeviceSlot::Absent {
+                gone: GoneDevice::default(),
+                since: Instant::now(),
+                said_empty: false,
+            },
+        ) else {
+            return;
+        };
+        drop(watch);
+        self.counters.device_losses += 1;
+        let gone = GoneDevice {
+            name: node.ctx.name().to_owned(),
+            index: node.ctx.index(),
+        };
+        let reason = CloseReason::DeviceLost(format!("RDMA device {} {how}", gone.name));
+        tracing::error!(
+            device = %gone.name,
+            connections = self.conns.len(),
+            out_of_band_listeners = self.relisten.as_ref().map_or(0, |r| r.oob.len()),
+            "RDMA device {how}: closing every connection and listener; its resources are \
+             released once the connections have let go"
+        );
+        for c in self.conns.values() {
+            c.do_send(CmNotice::Close(reason.clone()));
+        }
+        // Destroying an id waits until its events are acknowledged, and events of these
+        // ids may be queued behind this one for this very actor: destroyed on a thread
+        // of their own, which waits for this actor to read them.
+        let mut ids: Vec<CmId> = self.listeners.drain().map(|(_, l)| l._id).collect();
+        for (_, mut c) in self.connecting.drain() {
+            if let Some(conn) = c.conn.take() {
+                conn.do_send(CmNotice::Close(reason.clone()));
+            }
+            if let Some(reply) = c.reply.take() {
+                let _ = reply.send(Err(ConnectError::Resources(reason.to_string())));
+            }
+            ids.push(c.id);
+        }
+        if !ids.is_empty() {
+            let spawned = std::thread::Builder::new()
+                .name("rdmactor-cm-drop".into())
+                .spawn(move || drop(ids));
+            if let Err(e) = spawned {
+                tracing::error!(error = %e, "cannot start the thread destroying the lost device's cm ids");
+            }
+        }
+        self.tell_services(|s| s.on_device_down());
+        let mut oob_pending = 0;
+        if let Some(r) = &self.relisten {
+            for l in &r.oob {
+                l.do_send(super::oob::OobDeviceGone {
+                    reason: reason.clone(),
+                    released: ctx.address().recipient(),
+                });
+                oob_pending += 1;
+            }
+        }
+        self.device = DeviceSlot::Releasing {
+            node,
+            gone,
+            since: Instant::now(),
+            oob_pending,
+        };
+        self.try_release(ctx);
+    }
+
+    /// Drops the node once nothing uses it any more.
+    fn try_release(&mut self, _ctx: &mut Context<Self>) {
+        let DeviceSlot::Releasing {
+            oob_pending: 0,
+            since,
+            ..
+        } = &self.device
+        else {
+            return;
+        };
+        if !self.conns.is_empty() {
+            return;
+        }
+        let since = *since;
+        let DeviceSlot::Releasing { node, gone, .. } = std::mem::replace(
+            &mut self.device,
+            DeviceSlot::Absent {
+                gone: GoneDevice::default(),
+                since,
+                said_empty: false,
+            },
+        ) else {
+            return;
+        };
+        // The pollers' threads are joined here; every connection they ran has ended.
+        drop(node);
+        let waits = match &self.relisten {
+            Some(r) => format!(
+                "waiting for {} to return (looking every {:?})",
+                r.config.device.as_deref().unwrap_or("an RDMA device"),
+                recovery::POLL
+            ),
+            None => "this client's connections are closed; it serves no more".into(),
+        };
+        tracing::warn!(
+            device = %gone.name,
+            released_in = ?since.elapsed(),
+            "every connection released; the device's resources are closed; {waits}"
+        );
+        self.device = DeviceSlot::Absent {
+            gone,
+            since,
+            said_empty: false,
+        };
+    }
+
+    /// Every [`recovery::POLL`] while absent: lists the devices (which also lets
+    /// librdmacm close its handle of the removed one) and serves again on a returned one.
+    fn look_for_device(&mut self, ctx: &mut Context<Self>) {
+        let (
+            DeviceSlot::Absent {
+                gone, said_empty, ..
+            },
+            Some(relisten),
+        ) = (&mut self.device, &self.relisten)
+        else {
+            return;
+        };
+        if self.shutting_down {
+            return;
+        }
+        let listed = match crate::verbs::Context::listed() {
+            Ok(listed) => listed,
+            Err(e) => {
+                if !*said_empty {
+                    *said_empty = true;
+                    // librdmacm compares its list with the kernel's only when the kernel
+                    // lists some device; until then it keeps the removed one open.
+                    tracing::warn!(
+                        device = %gone.name,
+                        error = %e,
+                        "no RDMA device is listed: librdmacm keeps its handle of the removed \
+                         device until one is, so the kernel's removal waits for that (or for \
+                         this process to exit)"
+                    );
                 }
+                return;
+            }
+        };
+        let want = relisten.config.device.as_deref();
+        let Some(found) = recovery::returned(want, gone, &listed) else {
+            return;
+        };
+        let found = found.name.clone();
+        if let Err(e) = self.serve_on(&found, ctx) {
+            tracing::warn!(device = %found, error = %e, "the device is back but serving on it failed; trying again");
+        }
+    }
+
+    /// Rebuilds the node on `device`, listens again, tells the services and the
+    /// out-of-band listeners.
+    fn serve_on(&mut self, device: &str, ctx: &mut Context<Self>) -> Result<(), String> {
+        let Some(relisten) = &self.relisten else {
+            return Ok(());
+        };
+        let since = match &self.device {
+            DeviceSlot::Absent { since, .. } => *since,
+            _ => return Ok(()),
+        };
+        let mut config = relisten.config.clone();
+        config.device = Some(device.to_owned());
+        let node = Node::start(config).map_err(|e| format!("opening the device: {e}"))?;
+        let mut listening = Vec::new();
+        for (addr, default) in &relisten.listeners {
+            let id = CmId::new(&self.channel).map_err(|e| e.to_string())?;
+            id.bind(*addr).map_err(|e| format!("binding {addr}: {e}"))?;
+            id.listen(1024)
+                .map_err(|e| format!("listening on {addr}: {e}"))?;
+            listening.push((id, default.clone()));
+        }
+        for l in &relisten.oob {
+            l.do_send(super::oob::OobDeviceBack(node.clone()));
+        }
+        for (id, default) in listening {
+            self.add_listener(id, default);
+        }
+        let pd = node.pd.clone();
+        self.device = DeviceSlot::Present { node, watch: None };
+        self.start_watch(ctx);
+        self.tell_services(|s| s.on_device_up(&pd));
+        tracing::warn!(
+            device,
+            absent_for = ?since.elapsed(),
+            listeners = ?self.relisten.as_ref().map(|r| r.listeners.iter().map(|(a, _)| *a).collect::<Vec<_>>()),
+            "RDMA device is back: serving again"
+        );
+        Ok(())
+    }
+
+    /// Starts reading the present device's async events (servers).
+    fn start_watch(&mut self, ctx: &mut Context<Self>) {
+        let recipient = ctx.address().recipient();
+        if let DeviceSlot::Present { node, watch } = &mut self.device {
+            match super::device_watch::start(&node.ctx, recipient) {
+                Ok(w) => *watch = Some(w),
+                Err(e) => {
+                    tracing::error!(device = %node.ctx.name(), error = %e, "cannot watch the device's events")
+                }
+            }
+        }
+    }
+
+    /// Calls `f` on every service, a panic caught and logged.
+    fn tell_services(&self, f: impl Fn(&dyn Service)) {
+        for (name, service) in self.services.iter() {
+            let called = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&**service)));
+            if let Err(payload) = called {
+                let why = crate::runtime::connection::panic_message(&*payload);
+                tracing::error!(service = %name, panic = %why, "a service's device hook panicked");
             }
         }
     }

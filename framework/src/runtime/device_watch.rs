@@ -1,8 +1,8 @@
 //! The device's asynchronous events, read on a thread of their own and acted on: a QP
 //! the device put in error (`IBV_EVENT_QP_FATAL`, `_REQ_ERR`, `_ACCESS_ERR`,
 //! `PATH_MIG_ERR`) closes its connection with that reason, a port going down or up is
-//! logged and counted, and a failed device (`IBV_EVENT_DEVICE_FATAL`) closes every
-//! connection. Without this reader the events would only pile up in the kernel, and a
+//! logged and counted, and a failed device (`IBV_EVENT_DEVICE_FATAL`) is let go like a
+//! removed one and served again when it returns (`recovery.rs`). Without this reader the events would only pile up in the kernel, and a
 //! connection whose QP failed silently would wait for its keepalive to notice.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,7 +19,8 @@ use crate::verbs::{AsyncElement, AsyncEvent, AsyncEventKind, Context};
 pub(crate) enum DeviceNotice {
     /// Close the connection of QP `qp_num`: the device reported `event` for it.
     QpFailed { qp_num: u32, event: AsyncEventKind },
-    /// The device failed: close every connection.
+    /// The device failed: close every connection, release the device, wait for it to
+    /// return (`recovery.rs`).
     DeviceFatal,
 }
 

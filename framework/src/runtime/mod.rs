@@ -18,6 +18,7 @@ mod device_watch;
 mod node;
 mod oob;
 mod poller;
+mod recovery;
 mod recv_groups;
 mod server;
 mod service;
@@ -89,6 +90,10 @@ pub enum CloseReason {
     /// No message arrived for `NodeConfig::idle_timeout`.
     #[error("idle: no message for {0:?}")]
     IdleTimeout(std::time::Duration),
+    /// The RDMA device went (removed, `rdma link delete`, or failed): every connection
+    /// on it ends. A server serves again once the device is back.
+    #[error("the RDMA device is gone: {0}")]
+    DeviceLost(String),
     /// The server or client is shutting down.
     #[error("shutting down")]
     Shutdown,

@@ -7,10 +7,11 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 
-use super::cm::{CmActor, GetCounters};
+use super::cm::{CmActor, GetCounters, GetPd};
 use super::config::NodeConfig;
 use super::node::Node;
 use super::oob::{GetOobStats, OobListener, OobPort, OobShutdown, OobStats};
+use super::recovery::Relisten;
 use super::service::{Framing, Service};
 use crate::memory::PoolStats;
 use crate::verbs::{CmId, EventChannel, VerbsError};
@@ -111,6 +112,7 @@ impl ServerBuilder {
                 Some(Framing::Raw { .. }) => {}
             }
         }
+        let config = self.config.clone();
         let node = Node::start(self.config)?;
         let mut oob = Vec::new();
         for port in self.oob {
@@ -128,6 +130,7 @@ impl ServerBuilder {
             self.max_connections,
         );
         let mut addrs = Vec::new();
+        let mut relisten = Vec::new();
         for (addr, default) in self.listeners {
             let id = CmId::new(&channel)?;
             id.bind(addr)?;
@@ -135,29 +138,33 @@ impl ServerBuilder {
             let bound = id.local_addr().unwrap_or(addr);
             tracing::info!(addr = %bound, default_service = ?default, "listening");
             addrs.push(bound);
+            relisten.push((bound, default.clone()));
             cm.add_listener(id, default);
         }
+        // From here the CM actor is the node's only long-lived owner.
+        drop(node);
+        cm.serve_again(Relisten {
+            config,
+            listeners: relisten,
+            oob: oob.iter().map(|(l, _)| l.clone()).collect(),
+        });
         let cm = cm.start();
-        let device_watch = super::device_watch::start(&node.ctx, cm.clone().recipient())
-            .map_err(|e| ServerError::Config(format!("watching the device's events: {e}")))?;
-        Ok(Server {
-            node,
-            cm,
-            addrs,
-            oob,
-            _device_watch: device_watch,
-        })
+        Ok(Server { cm, addrs, oob })
     }
 }
 
 /// A running server.
+///
+/// When its RDMA device goes (`rdma link delete`, hot unplug, a device failure) the
+/// server stays up: every connection closes with
+/// [`CloseReason::DeviceLost`](super::CloseReason::DeviceLost), the listeners go,
+/// everything opened on the device is released so that the kernel can finish the
+/// removal, and once the device is back the server listens again on the same addresses
+/// ([`ServerStats::device_present`] says which it is).
 pub struct Server {
-    node: Arc<Node>,
     cm: Addr<CmActor>,
     addrs: Vec<SocketAddr>,
     oob: Vec<(Addr<OobListener>, SocketAddr)>,
-    /// Reads the device's asynchronous events; stops when the server goes.
-    _device_watch: super::device_watch::DeviceWatch,
 }
 
 /// A snapshot of a server's counters.
@@ -171,6 +178,11 @@ pub struct ServerStats {
     pub rejected: u64,
     /// Connections closed and released since start.
     pub closed: u64,
+    /// Whether the RDMA device serves now (false after it went, until it is back and the
+    /// server listens again; the device's counters below are zero meanwhile).
+    pub device_present: bool,
+    /// Times the device went (removed or failed) since start.
+    pub device_losses: u64,
     /// Registered memory.
     pub pool: PoolStats,
     /// CQs the pollers own.
@@ -208,25 +220,34 @@ impl Server {
         out
     }
 
-    /// The protection domain every connection shares: register
+    /// The protection domain every connection shares, while the device serves: register
     /// [`SharedRegion`](crate::verbs::SharedRegion)s on it for data all clients read, then
     /// let sessions [`grant`](super::SessionCx::grant) them per connection.
-    pub fn protection_domain(&self) -> &crate::verbs::ProtectionDomain {
-        &self.node.pd
+    ///
+    /// Whatever is registered on it keeps the device open: if the device goes, the kernel
+    /// cannot finish removing it while such objects live. State that must survive a
+    /// removal belongs to a service, registered in
+    /// [`Service::on_device_up`](super::Service::on_device_up) and dropped in
+    /// [`Service::on_device_down`](super::Service::on_device_down).
+    pub async fn protection_domain(&self) -> Option<crate::verbs::ProtectionDomain> {
+        self.cm.send(GetPd).await.ok().flatten()
     }
 
     /// Current counters.
     pub async fn stats(&self) -> ServerStats {
         let c = self.cm.send(GetCounters).await.unwrap_or_default();
+        let node = c.node.unwrap_or_default();
         ServerStats {
             connections: c.connections,
             accepted: c.accepted,
             rejected: c.rejected,
             closed: c.closed,
-            pool: self.node.pool_stats(),
-            cqs: self.node.cq_count(),
-            shared_queues: self.node.shared_queues(),
-            shared_recv_buffers: self.node.shared_recv_buffers(),
+            device_present: c.device_present,
+            device_losses: c.device_losses,
+            pool: node.pool,
+            cqs: node.cqs,
+            shared_queues: node.shared_queues,
+            shared_recv_buffers: node.shared_recv_buffers,
         }
     }
 
@@ -239,6 +260,5 @@ impl Server {
             let _ = rx.await;
         }
         super::cm::shut_down(&self.cm).await;
-        drop(self.node);
     }
 }

@@ -81,6 +81,19 @@ pub trait Service: Send + Sync + 'static {
 
     /// A session for a newly accepted connection.
     fn session(&self, peer: &PeerInfo) -> Box<dyn Session>;
+
+    /// The server's RDMA device serves: once at start, and again each time it came
+    /// back after it went (see [`on_device_down`](Service::on_device_down)). `pd` is the
+    /// protection domain every connection on it shares: register here what the service
+    /// keeps registered across connections. Runs on the CM actor's thread.
+    fn on_device_up(&self, _pd: &crate::verbs::ProtectionDomain) {}
+
+    /// The server's RDMA device went (removed or failed). Drop everything the service
+    /// registered on it (memory regions, windows, ...): the kernel finishes removing a
+    /// device only once the process closed every object on it, and the server rebuilds
+    /// its resources when the device is back. Every connection is closing meanwhile.
+    /// Runs on the CM actor's thread.
+    fn on_device_down(&self) {}
 }
 
 /// One connection's protocol logic. Methods run on the connection's actor, one at a time.

@@ -74,6 +74,22 @@ fn device_name(ctx: *mut ibv_context) -> String {
     }
 }
 
+fn device_index(ctx: *mut ibv_context) -> Option<u32> {
+    // SAFETY: `ctx` is a live context from rdma_get_devices; its `device` pointer lives
+    // as long as the context, and ibv_get_device_index only reads it.
+    let index = unsafe { ibv_get_device_index((*ctx).device) };
+    u32::try_from(index).ok()
+}
+
+/// A device as [`Context::listed`] finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedDevice {
+    /// Its name (for example `rxe0`).
+    pub name: String,
+    /// The kernel's index of it, if the kernel reports one.
+    pub index: Option<u32>,
+}
+
 fn devices() -> Result<(NonNull<*mut ibv_context>, Vec<NonNull<ibv_context>>)> {
     let mut n: i32 = 0;
     // SAFETY: `n` is a valid out-pointer; the returned array is NULL-terminated and owned
@@ -99,6 +115,33 @@ impl Context {
         // SAFETY: `list` came from rdma_get_devices and is not used after this.
         unsafe { rdma_free_devices(list.as_ptr()) };
         Ok(names)
+    }
+
+    /// The RDMA devices librdmacm can use now, with their kernel indexes.
+    ///
+    /// This goes through `rdma_get_devices` on purpose: librdmacm keeps its own open
+    /// handle of every device it has seen and closes the handle of a removed device only
+    /// when it next compares its list with the kernel's, which this call does. A process
+    /// that released everything of a removed device calls this to let the kernel's
+    /// removal finish (rxe cannot revoke a process's handle; the removal waits for it).
+    pub fn listed() -> Result<Vec<ListedDevice>> {
+        let (list, ctxs) = devices()?;
+        let out = ctxs
+            .iter()
+            .map(|c| ListedDevice {
+                name: device_name(c.as_ptr()),
+                index: device_index(c.as_ptr()),
+            })
+            .collect();
+        // SAFETY: `list` came from rdma_get_devices and is not used after this.
+        unsafe { rdma_free_devices(list.as_ptr()) };
+        Ok(out)
+    }
+
+    /// The kernel's index of this device (a device removed and added again under the
+    /// same name gets a new one), when the kernel reports indexes.
+    pub fn index(&self) -> Option<u32> {
+        device_index(self.as_ptr())
     }
 
     /// Opens the named device, or the first one when `name` is `None`.

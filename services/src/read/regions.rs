@@ -57,10 +57,18 @@ enum Source {
 }
 
 /// A region's bytes: held by the catalogue until the first lookup, then registered once
-/// on the server's protection domain and granted to every connection from there.
+/// on the server's protection domain and granted to every connection from there. Back
+/// to `Pending` if the server's device goes ([`ReadRegions::release_all`]).
 enum State {
-    Pending { version: u64, source: Source },
-    Shared(SharedRegion),
+    Pending {
+        version: u64,
+        source: Source,
+    },
+    Shared {
+        shared: SharedRegion,
+        /// A file region's file, kept to map it again on another device.
+        file: Option<File>,
+    },
 }
 
 /// One named region.
@@ -113,7 +121,7 @@ impl Region {
     pub fn version(&self) -> u64 {
         match &*self.state() {
             State::Pending { version, .. } => *version,
-            State::Shared(shared) => shared.version().unwrap_or(FIRST_VERSION),
+            State::Shared { shared, .. } => shared.version().unwrap_or(FIRST_VERSION),
         }
     }
 
@@ -127,7 +135,7 @@ impl Region {
     pub fn shared(&self, pd: &ProtectionDomain) -> Result<Option<SharedRegion>, RegionError> {
         let mut state = self.state();
         let shared = match &*state {
-            State::Shared(shared) => return Ok(Some(shared.clone())),
+            State::Shared { shared, .. } => return Ok(Some(shared.clone())),
             State::Pending { .. } if !self.mutable && self.len == 0 => return Ok(None),
             State::Pending {
                 version,
@@ -150,8 +158,46 @@ impl Region {
                 ..
             } => SharedRegion::map_file(pd, file)?,
         };
-        *state = State::Shared(shared.clone());
+        let pending = std::mem::replace(
+            &mut *state,
+            State::Shared {
+                shared: shared.clone(),
+                file: None,
+            },
+        );
+        if let (
+            State::Pending {
+                source: Source::File(f),
+                ..
+            },
+            State::Shared { file, .. },
+        ) = (pending, &mut *state)
+        {
+            *file = Some(f);
+        }
         Ok(Some(shared))
+    }
+
+    /// Drops the registration, keeping the bytes (a registered buffer's version and data
+    /// are copied back out of the registered memory, a file keeps its descriptor): the
+    /// next [`shared`](Region::shared) registers it on whichever PD it is given. True if
+    /// it was registered.
+    fn release(&self) -> bool {
+        let mut state = self.state();
+        let State::Shared { shared, file } = &mut *state else {
+            return false;
+        };
+        let version = shared.version().unwrap_or(FIRST_VERSION);
+        let source = match file.take() {
+            Some(file) => Source::File(file),
+            None => Source::Bytes(
+                shared
+                    .read(0, shared.data_len())
+                    .expect("the whole registered data"),
+            ),
+        };
+        *state = State::Pending { version, source };
+        true
     }
 
     /// The version and a copy of the data (for tests and diagnostics).
@@ -173,7 +219,7 @@ impl Region {
                 file.read_to_end(&mut bytes).expect("read");
                 (*version, bytes)
             }
-            State::Shared(shared) => (
+            State::Shared { shared, .. } => (
                 shared.version().unwrap_or(FIRST_VERSION),
                 shared.read(0, shared.data_len()).expect("whole data"),
             ),
@@ -326,7 +372,9 @@ impl ReadRegions {
     }
 
     /// Registers every region added so far on `pd` (the server's:
-    /// [`Server::protection_domain`](rdmactor::runtime::Server::protection_domain)), from
+    /// [`Server::protection_domain`](rdmactor::runtime::Server::protection_domain); if
+    /// the server's device goes and comes back, [`ReadService`](super::ReadService)
+    /// registers them again on the new one), from
     /// the calling thread. Without it a region is registered when a client first looks it
     /// up, on the poller thread that also runs every other connection's actor: pinning a
     /// large file or buffer there stalls them all for as long as it takes. Regions added
@@ -346,6 +394,24 @@ impl ReadRegions {
             region.shared(pd)?;
         }
         Ok(())
+    }
+
+    /// Drops every region's registration (the server's device went: a registration
+    /// keeps the device open), keeping the bytes and versions. The names of the regions
+    /// that were registered, to register them again on the next device.
+    pub(crate) fn release_all(&self) -> Vec<String> {
+        let regions: Vec<Arc<Region>> = self
+            .regions
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect();
+        regions
+            .into_iter()
+            .filter(|r| r.release())
+            .map(|r| r.name.clone())
+            .collect()
     }
 
     pub(crate) fn get(&self, name: &str) -> Option<Arc<Region>> {
@@ -406,7 +472,7 @@ impl RegionWriter {
                 f(*version, bytes);
                 *version
             }
-            State::Shared(shared) => shared
+            State::Shared { shared, .. } => shared
                 .update(f)
                 .expect("a mutable region is versioned, writable memory"),
             State::Pending {

@@ -3,9 +3,10 @@
 //! writer updates in place; the session does nothing per read and nothing per update.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use rdmactor::runtime::{Message, PeerInfo, Service, Session, SessionCx, SessionError};
-use rdmactor::verbs::{Access, RemoteRegion};
+use rdmactor::verbs::{Access, ProtectionDomain, RemoteRegion};
 
 use super::regions::ReadRegions;
 use super::wire::{ReadRequest, ReadResponse, RegionInfo};
@@ -18,6 +19,9 @@ pub const DEFAULT_MAX_GRANTS_PER_CONNECTION: usize = 256;
 pub struct ReadService {
     regions: ReadRegions,
     max_grants: usize,
+    /// Regions that were registered when the server's device went, registered again
+    /// when it is back (the others stay lazy, registered on first lookup).
+    reregister: Arc<Mutex<Vec<String>>>,
 }
 
 impl ReadService {
@@ -33,6 +37,7 @@ impl ReadService {
         ReadService {
             regions,
             max_grants,
+            reregister: Arc::default(),
         }
     }
 }
@@ -40,6 +45,34 @@ impl ReadService {
 impl Service for ReadService {
     fn max_message(&self) -> Option<usize> {
         Some(crate::CONTROL_MESSAGE_MAX)
+    }
+
+    fn on_device_down(&self) {
+        let released = self.regions.release_all();
+        tracing::warn!(
+            regions = released.len(),
+            "read service: the device went; region registrations dropped, bytes and versions kept"
+        );
+        *self
+            .reregister
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = released;
+    }
+
+    fn on_device_up(&self, pd: &ProtectionDomain) {
+        let names = std::mem::take(
+            &mut *self
+                .reregister
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        for name in names {
+            if let Some(region) = self.regions.get(&name) {
+                if let Err(e) = region.shared(pd) {
+                    tracing::warn!(region = %name, error = %e, "read service: registering a region again failed; it registers on first lookup");
+                }
+            }
+        }
     }
 
     fn session(&self, _peer: &PeerInfo) -> Box<dyn Session> {

@@ -420,6 +420,7 @@ impl Core {
                 | CloseReason::PeerUnreachable(_)
                 | CloseReason::Completion(_)
                 | CloseReason::HandshakeTimeout(_)
+                | CloseReason::DeviceLost(_)
         );
         // Not `established`: the passive side's QP is ready to send once accepted, and
         // the client's first message (a bad one, say) can arrive before ESTABLISHED

@@ -29,7 +29,12 @@ struct Open {
 }
 
 pub(crate) struct OobListener {
-    node: Arc<Node>,
+    /// The server's node while its device serves (`None` after the device went: clients
+    /// are refused until the CM actor hands over the rebuilt node).
+    node: Option<Arc<Node>>,
+    /// Told once the connections closed for a lost device have released and the node
+    /// has been let go.
+    device_gone: Option<Recipient<crate::runtime::cm::OobReleased>>,
     port: OobPort,
     service: Arc<dyn Service>,
     listener: Option<std::net::TcpListener>,
@@ -61,7 +66,8 @@ impl OobListener {
         };
         Ok((
             OobListener {
-                node,
+                node: Some(node),
+                device_gone: None,
                 port,
                 service,
                 listener: Some(listener),
@@ -109,7 +115,10 @@ impl OobListener {
             _ => records,
         };
         let framing = self.service.framing();
-        let prepared = prepare(&self.node, transport, &self.port.options, framing, &peers)?;
+        let Some(node) = &self.node else {
+            return Err("the server's RDMA device is gone".into());
+        };
+        let prepared = prepare(node, transport, &self.port.options, framing, &peers)?;
         let client = self.next_client;
         self.next_client += 1;
         let mut sessions = Vec::with_capacity(prepared.cores.len());
@@ -420,7 +429,59 @@ impl Handler<ConnClosed> for OobListener {
             for w in self.drained.drain(..) {
                 let _ = w.send(());
             }
+            if self.shutting_down {
+                self.node = None;
+            }
+            self.release_node();
         }
+    }
+}
+
+impl OobListener {
+    /// After the device went, once every connection released: lets the node go and
+    /// tells the CM actor.
+    fn release_node(&mut self) {
+        if let Some(released) = self.device_gone.take() {
+            self.node = None;
+            released.do_send(crate::runtime::cm::OobReleased);
+        }
+    }
+}
+
+/// The device went (`reason`): close every connection, refuse clients, let the node go
+/// once they released, then tell `released`.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct OobDeviceGone {
+    pub reason: CloseReason,
+    pub released: Recipient<crate::runtime::cm::OobReleased>,
+}
+
+impl Handler<OobDeviceGone> for OobListener {
+    type Result = ();
+
+    fn handle(&mut self, msg: OobDeviceGone, _: &mut Context<Self>) {
+        tracing::warn!(transport = %self.port.transport, connections = self.conns.len(), "out-of-band port: closing every connection, the device went; the TCP port stays open and refuses clients until it is back");
+        for open in self.conns.values() {
+            open.conn.do_send(CmNotice::Close(msg.reason.clone()));
+        }
+        self.device_gone = Some(msg.released);
+        if self.conns.is_empty() {
+            self.release_node();
+        }
+    }
+}
+
+/// The device is back: serve on `0`.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct OobDeviceBack(pub Arc<Node>);
+
+impl Handler<OobDeviceBack> for OobListener {
+    type Result = ();
+
+    fn handle(&mut self, msg: OobDeviceBack, _: &mut Context<Self>) {
+        self.node = Some(msg.0);
     }
 }
 
@@ -454,6 +515,7 @@ impl Handler<OobShutdown> for OobListener {
             open.conn.do_send(CmNotice::Close(CloseReason::Shutdown));
         }
         if self.conns.is_empty() {
+            self.node = None;
             let _ = msg.0.send(());
         } else {
             self.drained.push(msg.0);
