@@ -62,7 +62,8 @@
 //! rejected with a reason, and the connection stays usable for the next transfer. The
 //! room is checked (`statvfs`) and then reserved (`fallocate` on the temporary file)
 //! when the offer arrives, before any data moves, so an accepted upload does not run
-//! out of space halfway.
+//! out of space halfway. The shares and the bytes promised to admitted uploads belong
+//! to the service's [`QuotaOwner`] actor, asked once per offer ([`Output::Admit`]).
 //!
 //! **Aborts.** A transfer that fails midway for a reason the peer should hear (a write
 //! that ran out of space after all, a source that cannot be read) ends with

@@ -166,7 +166,8 @@ impl Budget {
     }
 }
 
-/// Owns one lambda service's [`Budget`]; a thin driver of it.
+/// Owns one lambda service's module cache and job slots (a `Budget`: the plain state
+/// machine); a thin driver of it.
 pub struct LambdaOwner {
     budget: Budget,
     /// Counts evictions and compilations for the application.
