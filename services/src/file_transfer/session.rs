@@ -17,9 +17,9 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use actix::{Actor, Addr, Recipient};
+use actix::{Addr, Recipient};
 use rdmactor::runtime::{
     Asked, Blocking, BufId, CloseReason, Message, Op, OpId, PeerInfo, Service, Session, SessionCx,
     SessionError,
@@ -35,6 +35,7 @@ use super::sender::ChunkRead;
 use super::server::Server;
 use super::store::{Reaper, StoreError};
 use super::wire::{Msg, RejectReason, RemoteWindow};
+use crate::owner_slot::OwnerSlot;
 
 /// The file-transfer service (register it as `files`): uploads into
 /// [`Config::dir`], downloads from it, and `Identify` answered from
@@ -57,9 +58,8 @@ pub struct FileTransfer {
     /// Removes the temporary files of failed or abandoned uploads off the poller.
     reaper: Reaper,
     /// Owns every client's share of uploads and reserved bytes, and the bytes promised
-    /// to admitted uploads: sessions ask it once per offer. Started with the first
-    /// session, as the service may be built before the actor system runs.
-    owner: Arc<OnceLock<Addr<QuotaOwner>>>,
+    /// to admitted uploads: sessions ask it once per offer.
+    owner: OwnerSlot<QuotaOwner>,
     /// Uploads admitted now, as the owner last published them.
     uploads: Arc<AtomicU64>,
     /// Set by [`FileTransfer::refuse_new_transfers`]: offers and fetches are answered
@@ -98,7 +98,7 @@ impl FileTransfer {
             source,
         })?;
         Ok(FileTransfer {
-            owner: Arc::new(OnceLock::new()),
+            owner: OwnerSlot::new(),
             uploads: Arc::new(AtomicU64::new(0)),
             draining: Arc::new(AtomicBool::new(false)),
             config: Arc::new(config),
@@ -114,7 +114,7 @@ impl FileTransfer {
     /// The actor that owns every client's admitted uploads and reserved bytes (ask it
     /// [`Usage`](super::Usage)); `None` until the first connection.
     pub fn quota_owner(&self) -> Option<Addr<QuotaOwner>> {
-        self.owner.get().cloned()
+        self.owner.get()
     }
 
     /// From now on every new offer and fetch, on every connection (clones of this
@@ -143,11 +143,11 @@ impl Service for FileTransfer {
         let client = peer
             .addr
             .map_or_else(|| format!("qp {}", peer.qp_num), |a| a.ip().to_string());
-        let owner = self.owner.get_or_init(|| {
-            QuotaOwner::new(self.config.client_quota, Arc::clone(&self.uploads)).start()
-        });
+        let owner = self
+            .owner
+            .get_or_start(|| QuotaOwner::new(self.config.client_quota, Arc::clone(&self.uploads)));
         Box::new(FileSession {
-            quota: owner.clone().recipient(),
+            quota: owner.recipient(),
             admitting: None,
             server: Some(
                 Server::new(Arc::clone(&self.config))

@@ -3,9 +3,8 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use actix::{Actor, Addr};
 use rdmactor::runtime::{PeerInfo, Service, Session};
 
 use super::config::LambdaConfig;
@@ -14,6 +13,7 @@ use super::native::NativeLambdas;
 use super::owner::{ClientHold, Contains, LambdaOwner, LambdaStats, Stats};
 use super::sandbox::{ClientId, ModuleHash, Sandbox};
 use super::session::LambdaSession;
+use crate::owner_slot::OwnerSlot;
 
 /// The `lambda` service: clients upload WebAssembly modules and invoke them, or native
 /// lambdas the application registered, on bytes they expose by RDMA.
@@ -67,9 +67,8 @@ pub struct LambdaService {
     sandbox: Arc<Sandbox>,
     natives: Arc<NativeLambdas>,
     config: LambdaConfig,
-    /// Owns the service's module cache and job slots; started with the first session,
-    /// as the service may be built before the actor system runs.
-    owner: Arc<OnceLock<Addr<LambdaOwner>>>,
+    /// Owns the service's module cache and job slots.
+    owner: OwnerSlot<LambdaOwner>,
     /// The next connection's client id in the cache (0 is the application's).
     next_client: AtomicU64,
 }
@@ -78,7 +77,7 @@ impl fmt::Debug for LambdaService {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LambdaService")
             .field("config", &self.config)
-            .field("owner_started", &self.owner.get().is_some())
+            .field("owner", &self.owner)
             .finish_non_exhaustive()
     }
 }
@@ -94,7 +93,7 @@ impl LambdaService {
             sandbox,
             natives,
             config,
-            owner: Arc::new(OnceLock::new()),
+            owner: OwnerSlot::new(),
             next_client: AtomicU64::new(1),
         }
     }
@@ -102,7 +101,7 @@ impl LambdaService {
     /// A view of the service's module cache and job slots, usable before the first
     /// connection (it answers once the service's actor runs).
     pub fn cache(&self) -> LambdaCache {
-        LambdaCache(Arc::clone(&self.owner))
+        LambdaCache(self.owner.clone())
     }
 }
 
@@ -116,8 +115,7 @@ impl Service for LambdaService {
     fn session(&self, _peer: &PeerInfo) -> Box<dyn Session> {
         let owner = self
             .owner
-            .get_or_init(|| LambdaOwner::new(self.sandbox.clone(), self.config.max_jobs).start())
-            .clone();
+            .get_or_start(|| LambdaOwner::new(self.sandbox.clone(), self.config.max_jobs));
         let client = ClientId(self.next_client.fetch_add(1, Ordering::Relaxed));
         Box::new(LambdaSession::new(
             Invocations::new(self.config),
@@ -133,7 +131,7 @@ impl Service for LambdaService {
 /// What a lambda service's cache and job slots hold now, asked of its actor (see
 /// [`LambdaService::cache`]).
 #[derive(Debug, Clone)]
-pub struct LambdaCache(Arc<OnceLock<Addr<LambdaOwner>>>);
+pub struct LambdaCache(OwnerSlot<LambdaOwner>);
 
 impl LambdaCache {
     /// The cache's module count and the running jobs; `None` before the first
