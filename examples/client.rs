@@ -6,6 +6,7 @@
 //! client --addr 192.0.2.1:7471 --service discard stream --connections 16 --size 64
 //! client --addr 192.0.2.1:7471 echo --connections 4 --forever   # verified load
 //! client --addr 192.0.2.1:7471 connect --connections 200        # setup rate
+//! client --addr 192.0.2.1:7471 --service lambda lambda --size 4096 [--wasm]
 //! ```
 //! Each run ends with one `RESULT key=value ...` line for scripts (see scripts/bench).
 
@@ -92,6 +93,18 @@ enum Run {
         requests: usize,
         #[arg(long)]
         forever: bool,
+    },
+    /// Round-trip latency of sequential invocations of the `checksum` lambda (connect
+    /// with `--service lambda`): each one READs `size` bytes of input from this client,
+    /// runs, and WRITEs the result back. Native Rust by default; `--wasm` uploads
+    /// `examples/lambdas/checksum.wat` and runs it in the sandbox.
+    Lambda {
+        #[arg(long, default_value_t = 2000)]
+        iters: usize,
+        #[arg(long, default_value_t = 4096)]
+        size: usize,
+        #[arg(long)]
+        wasm: bool,
     },
     /// Connection setup rate: open connections (`parallel` at a time), then hold them.
     Connect {
@@ -278,6 +291,49 @@ async fn run(args: Args) -> Result<()> {
             let rtts = rx.await.context("the session ended early")??;
             conn.close().await;
             report::latency("latency", size, iters, rtts);
+        }
+        Run::Lambda { iters, size, wasm } => {
+            use rdmactor::verbs::Access;
+            use rdmactor_services::lambda::{self, checksum_native, Invocation, LambdaRef};
+            let conn = connect_all(&client, &args, 1).await?.remove(0);
+            let target = if wasm {
+                let module = wat::parse_str(include_str!("lambdas/checksum.wat"))?;
+                LambdaRef::Module(lambda::upload(&conn, &module).await?)
+            } else {
+                LambdaRef::Native("checksum".into())
+            };
+            let data: Vec<u8> = (0..size).map(|i| (i * 7 + 3) as u8).collect();
+            let mut input = client.register(size.max(1), Access::REMOTE_READ)?;
+            input.as_mut_slice()[..size].copy_from_slice(&data);
+            let output = client.register(4096, Access::REMOTE_WRITE)?;
+            let inv = Invocation {
+                lambda: target,
+                input: input.remote(),
+                input_len: size as u64,
+                output: output.remote(),
+                limits: None,
+            };
+            let expected = checksum_native(&data);
+            let mut rtts = Vec::with_capacity(iters);
+            for i in 0..100 + iters {
+                let t = Instant::now();
+                let len = lambda::invoke(&conn, &inv).await?;
+                let rtt = t.elapsed();
+                anyhow::ensure!(
+                    output.as_slice()[..len as usize] == expected[..],
+                    "checksum differs from native Rust"
+                );
+                if i >= 100 {
+                    rtts.push(rtt);
+                }
+            }
+            conn.close().await;
+            report::latency(
+                if wasm { "lambda_wasm" } else { "lambda_native" },
+                size,
+                iters,
+                rtts,
+            );
         }
         Run::Latency { iters, size, .. } => {
             let conn = connect_all(&client, &args, 1).await?.remove(0);

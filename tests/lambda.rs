@@ -452,6 +452,7 @@ fn the_module_cache_evicts_the_least_recently_used() {
             Arc::new(NativeLambdas::new()),
             LambdaConfig::default(),
         );
+        let cache = service.cache();
         let (server, addr, client) = serve("lambda", service);
         let conn = client.connect(addr, "lambda").await.expect("connect");
         let text = Regions::new(&client, b"evict me", 64);
@@ -467,7 +468,7 @@ fn the_module_cache_evicts_the_least_recently_used() {
         assert_eq!(text.output(len), checksum_native(b"evict me"));
         // echo_upper is now the least recently used: the third module evicts it.
         let trap = lambda::upload(&conn, &module("trap")).await.unwrap();
-        assert_eq!((sandbox.cached_modules(), sandbox.evictions()), (2, 1));
+        assert_eq!((cache.cached_modules().await, sandbox.evictions()), (2, 1));
         let inv = text.invocation(LambdaRef::Module(upper), 8, None);
         expect_failure(
             &conn,
@@ -498,7 +499,7 @@ fn the_module_cache_evicts_the_least_recently_used() {
             .await
             .unwrap();
         assert_eq!(text.output(len), b"EVICT ME");
-        assert!(!sandbox.contains(&checksum));
+        assert!(!cache.contains(&checksum).await);
 
         conn.close().await;
         drop(text);
@@ -582,6 +583,7 @@ fn one_client_past_its_quota_evicts_its_own_modules() {
             ..LambdaConfig::default()
         };
         let service = LambdaService::new(sandbox.clone(), Arc::new(NativeLambdas::new()), config);
+        let cache = service.cache();
         let (server, addr, client) = serve("lambda", service);
         let a = client.connect(addr, "lambda").await.expect("connect a");
         let b = client.connect(addr, "lambda").await.expect("connect b");
@@ -594,15 +596,15 @@ fn one_client_past_its_quota_evicts_its_own_modules() {
         let looping = lambda::upload(&b, &module("infinite_loop")).await.unwrap();
         assert_eq!(
             (
-                sandbox.cached_modules(),
+                cache.cached_modules().await,
                 sandbox.evictions(),
                 sandbox.compilations()
             ),
             (4, 1, 5)
         );
-        assert!(sandbox.contains(&checksum) && sandbox.contains(&upper));
-        assert!(!sandbox.contains(&trap));
-        assert!(sandbox.contains(&bomb) && sandbox.contains(&looping));
+        assert!(cache.contains(&checksum).await && cache.contains(&upper).await);
+        assert!(!cache.contains(&trap).await);
+        assert!(cache.contains(&bomb).await && cache.contains(&looping).await);
 
         // A's modules are still cached: they run, and uploading one again is a cache hit.
         let len = lambda::invoke(&a, &text.invocation(LambdaRef::Module(checksum), 8, None))
@@ -647,18 +649,21 @@ fn one_client_past_its_quota_evicts_its_own_modules() {
             }
             other => panic!("third client: expected CacheFull, got {other:?}"),
         }
-        assert_eq!((sandbox.cached_modules(), sandbox.compilations()), (4, 6));
+        assert_eq!(
+            (cache.cached_modules().await, sandbox.compilations()),
+            (4, 6)
+        );
 
         // A's holds end with its connection: its modules leave, B's stay.
         a.close().await;
         eventually(
             "A's modules to leave the cache",
             Duration::from_secs(20),
-            || async { sandbox.cached_modules() == 2 },
+            || async { cache.cached_modules().await == 2 },
         )
         .await;
-        assert!(!sandbox.contains(&checksum) && !sandbox.contains(&upper));
-        assert!(sandbox.contains(&bomb) && sandbox.contains(&looping));
+        assert!(!cache.contains(&checksum).await && !cache.contains(&upper).await);
+        assert!(cache.contains(&bomb).await && cache.contains(&looping).await);
         // Now there is room for c.
         let trap = lambda::upload(&c, &module("trap")).await.unwrap();
         let inv = text.invocation(LambdaRef::Module(trap), 8, None);

@@ -27,7 +27,8 @@ mod srq;
 pub use client::{Client, ClientConnection, ConnectError, RequestError};
 pub use config::{NodeConfig, SharedRecvConfig};
 pub use connection::{
-    Blocking, BlockingError, BufId, Grant, GrantId, Op, SessionCx, SessionWaker, MAX_MESSAGE,
+    AskError, Asked, Blocking, BlockingError, BufId, Grant, GrantId, Op, SessionCx, SessionWaker,
+    MAX_MESSAGE,
 };
 pub use oob::{OobOptions, OobPort, OobStats, OobTransport};
 pub use poller::PollMode;

@@ -456,6 +456,11 @@ impl<'c, P: FnMut(Progress<'_>)> Drive<'c, P> {
                         TransferError::Driver("a client never serves a fetch".into()).into(),
                     );
                 }
+                Output::Admit { .. } => {
+                    return Err(
+                        TransferError::Driver("a client keeps no upload quotas".into()).into(),
+                    );
+                }
                 Output::Commit => {
                     let temp = ep.take_commit().ok_or_else(|| {
                         TransferError::Driver("a commit asked for without a file".into())

@@ -82,6 +82,7 @@ pub enum Outcome {
 /// | [`Send`](Self::Send) | yes | yes |
 /// | [`GrantWindow`](Self::GrantWindow), [`Revoke`](Self::Revoke), [`Consume`](Self::Consume), [`Commit`](Self::Commit) | yes | |
 /// | [`Prepare`](Self::Prepare) | (the server, before it becomes a sender) | |
+/// | [`Admit`](Self::Admit) | (the server, when its service keeps quotas) | |
 /// | [`Stage`](Self::Stage), [`WriteChunk`](Self::WriteChunk) | | yes |
 /// | [`Finished`](Self::Finished) | yes | yes |
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,6 +123,18 @@ pub enum Output {
     /// the connection, and hand the result to [`Endpoint::handle_prepared`]. The offer
     /// (or the refusal) follows from it.
     Prepare,
+    /// An offer passed the checks a connection can make alone: ask the service's
+    /// [`QuotaOwner`](super::QuotaOwner) to admit it ([`Admit`](super::Admit) with these
+    /// fields) and hand its answer to [`Endpoint::handle_admitted`]. The grant (or the
+    /// refusal) follows from it.
+    Admit {
+        /// The client whose share the upload counts against.
+        client: String,
+        /// The offered length.
+        len: u64,
+        /// What the file system reported free when the offer came.
+        free: u64,
+    },
     /// The transfer is over (a receiver may still answer one `Identify` after
     /// [`Outcome::Stored`]).
     Finished(Outcome),
@@ -257,6 +270,14 @@ pub trait Endpoint {
     fn handle_consumed(&mut self, consumed: super::receiver::Consumed) -> Result<()> {
         let _ = consumed;
         Err(unexpected(self, "consumed chunks".into()))
+    }
+
+    /// Receiver: the service's answer to [`Output::Admit`].
+    fn handle_admitted(
+        &mut self,
+        _answer: std::result::Result<super::Admission, super::wire::RejectReason>,
+    ) -> Result<()> {
+        Err(unexpected(self, "an admission".into()))
     }
 
     /// The fetch to prepare, after [`Output::Prepare`] (once).

@@ -62,7 +62,8 @@
 //! rejected with a reason, and the connection stays usable for the next transfer. The
 //! room is checked (`statvfs`) and then reserved (`fallocate` on the temporary file)
 //! when the offer arrives, before any data moves, so an accepted upload does not run
-//! out of space halfway.
+//! out of space halfway. The shares and the bytes promised to admitted uploads belong
+//! to the service's [`QuotaOwner`] actor, asked once per offer ([`Output::Admit`]).
 //!
 //! **Aborts.** A transfer that fails midway for a reason the peer should hear (a write
 //! that ran out of space after all, a source that cannot be read) ends with
@@ -105,6 +106,7 @@ mod error;
 pub mod fuzz;
 mod hash;
 mod name;
+mod owner;
 mod quota;
 mod receiver;
 mod sender;
@@ -119,7 +121,8 @@ pub use endpoint::{Auth, ChunkWrite, Endpoint, Outcome, Output, PrepareFetch};
 pub use error::{Result, TransferError};
 pub use hash::{hash_bytes, hash_file, hash_reader, Hasher};
 pub use name::{validate_name, NameError, MAX_NAME_LEN};
-pub use quota::{Admission, ClientQuota, Ledger};
+pub use owner::{Admission, Admit, Backed, QuotaOwner, Release, Usage};
+pub use quota::{AdmissionId, ClientQuota, Ledger};
 pub use receiver::{ConsumeJob, Consumed, Receiver, Sink};
 pub use sender::Sender;
 pub use server::Server;

@@ -5,15 +5,19 @@
 //! A server connection carries one transfer at a time, so a per-connection count would
 //! always be one: a client that wants more opens more connections. The share is
 //! therefore kept per *client*, by peer IP address (connections without an address,
-//! such as out-of-band ones, count each on its own). The ledger is consulted once per
-//! offer, on the control path, never per chunk.
+//! such as out-of-band ones, count each on its own).
 //!
-//! The ledger also counts the bytes admitted on file systems that cannot reserve space
-//! (no `fallocate`): the free-space check of a later offer subtracts them, since the
-//! file system does not know about them yet.
+//! The ledger also keeps the space bookkeeping: bytes admitted and not (yet) reserved
+//! on disk by `fallocate` are *promised*, and the free-space check of a later offer
+//! subtracts them, since the file system does not know about them yet. An admission is
+//! promised from the moment it is granted until its receiver says `fallocate` backed
+//! it; on file systems without `fallocate` it stays promised until it ends.
+//!
+//! [`Ledger`] is the plain state machine (no locking, no I/O); the service's
+//! [`QuotaOwner`](super::owner::QuotaOwner) actor owns the one instance and sessions
+//! ask it by message, once per offer, never per chunk.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 
 use super::wire::RejectReason;
 
@@ -38,24 +42,34 @@ impl Default for ClientQuota {
     }
 }
 
+/// Names one admitted upload in its [`Ledger`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AdmissionId(u64);
+
 #[derive(Debug, Default)]
 struct Use {
     uploads: u32,
     bytes: u64,
 }
 
-#[derive(Debug, Default)]
-struct State {
-    clients: HashMap<String, Use>,
-    /// Admitted bytes the file system did not reserve (no `fallocate`).
-    unbacked: u64,
+#[derive(Debug)]
+struct Admitted {
+    client: String,
+    len: u64,
+    /// Not reserved on disk (yet): counted in [`Ledger::promised`].
+    promised: bool,
 }
 
-/// The service's ledger of admitted uploads. Cloning shares it.
-#[derive(Debug, Clone)]
+/// The service's ledger of admitted uploads: a plain state machine, owned by one actor
+/// per service.
+#[derive(Debug)]
 pub struct Ledger {
     quota: ClientQuota,
-    state: Arc<Mutex<State>>,
+    clients: HashMap<String, Use>,
+    admitted: HashMap<AdmissionId, Admitted>,
+    /// Admitted bytes no `fallocate` reserved (yet).
+    promised: u64,
+    next: u64,
 }
 
 impl Ledger {
@@ -63,120 +77,120 @@ impl Ledger {
     pub fn new(quota: ClientQuota) -> Ledger {
         Ledger {
             quota,
-            state: Arc::default(),
+            clients: HashMap::new(),
+            admitted: HashMap::new(),
+            promised: 0,
+            next: 0,
         }
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        // A panic while holding the lock leaves plain counters behind: keep going.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Admits an upload of `len` bytes for `client`, or says which share it would
-    /// exceed. The returned [`Admission`] gives the share back when dropped.
+    /// Admits an upload of `len` bytes for `client` when the file system reports `free`
+    /// bytes available, or says which share or room it would exceed. The bytes count as
+    /// promised until [`handle_backed`](Self::handle_backed); the share comes back with
+    /// [`handle_release`](Self::handle_release).
     ///
     /// # Errors
     ///
-    /// [`RejectReason::Quota`] naming the limit.
-    pub fn admit(&self, client: &str, len: u64) -> Result<Admission, RejectReason> {
-        let mut state = self.state();
-        let used = state.clients.entry(client.to_owned()).or_default();
-        let uploads = used.uploads + 1;
+    /// [`RejectReason::Quota`] naming the limit; [`RejectReason::NoSpace`] when `free`
+    /// less what is promised already cannot hold `len`.
+    pub fn handle_admit(
+        &mut self,
+        client: &str,
+        len: u64,
+        free: u64,
+    ) -> Result<AdmissionId, RejectReason> {
+        let (uploads, bytes) = self.usage(client);
+        let uploads = uploads + 1;
         if uploads > self.quota.uploads {
-            let limit = self.quota.uploads;
-            drop_if_idle(&mut state, client);
             return Err(RejectReason::Quota {
                 what: "uploads at once".into(),
-                limit: u64::from(limit),
+                limit: u64::from(self.quota.uploads),
                 would_use: u64::from(uploads),
             });
         }
-        let bytes = used.bytes.saturating_add(len);
+        let bytes = bytes.saturating_add(len);
         if bytes > self.quota.reserved_bytes {
-            let limit = self.quota.reserved_bytes;
-            drop_if_idle(&mut state, client);
             return Err(RejectReason::Quota {
                 what: "bytes reserved and not yet stored".into(),
-                limit,
+                limit: self.quota.reserved_bytes,
                 would_use: bytes,
             });
         }
+        let available = free.saturating_sub(self.promised);
+        if available < len {
+            return Err(RejectReason::NoSpace {
+                needed: len,
+                available,
+            });
+        }
+        let used = self.clients.entry(client.to_owned()).or_default();
         used.uploads = uploads;
         used.bytes = bytes;
-        Ok(Admission {
-            ledger: self.clone(),
-            client: client.to_owned(),
-            len,
-            unbacked: false,
-        })
+        self.promised += len;
+        let id = AdmissionId(self.next);
+        self.next += 1;
+        self.admitted.insert(
+            id,
+            Admitted {
+                client: client.to_owned(),
+                len,
+                promised: true,
+            },
+        );
+        Ok(id)
+    }
+
+    /// The upload's bytes are reserved on disk: the file system's free space counts
+    /// them from now on, so they are no longer promised.
+    pub fn handle_backed(&mut self, id: AdmissionId) {
+        if let Some(a) = self.admitted.get_mut(&id) {
+            if a.promised {
+                a.promised = false;
+                self.promised -= a.len;
+            }
+        }
+    }
+
+    /// The upload ended (stored, refused, aborted, or its connection closed): its share
+    /// comes back. Unknown ids are ignored (released twice).
+    pub fn handle_release(&mut self, id: AdmissionId) {
+        let Some(a) = self.admitted.remove(&id) else {
+            return;
+        };
+        if a.promised {
+            self.promised -= a.len;
+        }
+        if let Some(used) = self.clients.get_mut(&a.client) {
+            used.uploads -= 1;
+            used.bytes -= a.len;
+            if used.uploads == 0 {
+                // Idle clients are forgotten.
+                self.clients.remove(&a.client);
+            }
+        }
     }
 
     /// Admitted bytes that no `fallocate` reserved: free space a file system reports
     /// that is already promised.
-    pub fn unbacked(&self) -> u64 {
-        self.state().unbacked
+    pub fn promised(&self) -> u64 {
+        self.promised
     }
 
     /// Uploads admitted now, over every client.
     pub fn uploads(&self) -> u64 {
-        self.state()
-            .clients
-            .values()
-            .map(|u| u64::from(u.uploads))
-            .sum()
+        self.admitted.len() as u64
     }
 
-    /// Uploads and bytes `client` has admitted now (for tests and logs).
+    /// Uploads and bytes `client` has admitted now.
     pub fn usage(&self, client: &str) -> (u32, u64) {
-        self.state()
-            .clients
+        self.clients
             .get(client)
             .map_or((0, 0), |u| (u.uploads, u.bytes))
     }
-}
 
-fn drop_if_idle(state: &mut State, client: &str) {
-    if state
-        .clients
-        .get(client)
-        .is_some_and(|u| u.uploads == 0 && u.bytes == 0)
-    {
-        state.clients.remove(client);
-    }
-}
-
-/// One admitted upload's share of its client's quota; given back on drop (the upload
-/// was stored, refused, aborted or its connection closed).
-#[derive(Debug)]
-pub struct Admission {
-    ledger: Ledger,
-    client: String,
-    len: u64,
-    unbacked: bool,
-}
-
-impl Admission {
-    /// The file system could not reserve this upload's bytes: count them as promised
-    /// until the admission ends.
-    pub fn mark_unbacked(&mut self) {
-        if !self.unbacked {
-            self.unbacked = true;
-            self.ledger.state().unbacked += self.len;
-        }
-    }
-}
-
-impl Drop for Admission {
-    fn drop(&mut self) {
-        let mut state = self.ledger.state();
-        if self.unbacked {
-            state.unbacked -= self.len;
-        }
-        if let Some(used) = state.clients.get_mut(&self.client) {
-            used.uploads -= 1;
-            used.bytes -= self.len;
-        }
-        drop_if_idle(&mut state, &self.client);
+    /// Clients with an upload admitted now.
+    pub fn clients(&self) -> usize {
+        self.clients.len()
     }
 }
 
@@ -184,47 +198,86 @@ impl Drop for Admission {
 mod tests {
     use super::*;
 
+    const LOTS: u64 = u64::MAX;
+
     #[test]
-    fn uploads_and_bytes_are_limited_per_client_and_given_back_on_drop() {
-        let ledger = Ledger::new(ClientQuota {
+    fn uploads_and_bytes_are_limited_per_client_and_given_back_on_release() {
+        let mut ledger = Ledger::new(ClientQuota {
             uploads: 2,
             reserved_bytes: 100,
         });
-        let a1 = ledger.admit("a", 40).unwrap();
-        let a2 = ledger.admit("a", 40).unwrap();
-        match ledger.admit("a", 1).unwrap_err() {
+        let a1 = ledger.handle_admit("a", 40, LOTS).unwrap();
+        let a2 = ledger.handle_admit("a", 40, LOTS).unwrap();
+        match ledger.handle_admit("a", 1, LOTS).unwrap_err() {
             RejectReason::Quota {
                 limit, would_use, ..
             } => assert_eq!((limit, would_use), (2, 3)),
             other => panic!("{other:?}"),
         }
         // Another client is not affected.
-        let b = ledger.admit("b", 100).unwrap();
-        drop(a2);
-        match ledger.admit("a", 61).unwrap_err() {
+        let b = ledger.handle_admit("b", 100, LOTS).unwrap();
+        ledger.handle_release(a2);
+        match ledger.handle_admit("a", 61, LOTS).unwrap_err() {
             RejectReason::Quota {
                 limit, would_use, ..
             } => assert_eq!((limit, would_use), (100, 101)),
             other => panic!("{other:?}"),
         }
-        let a3 = ledger.admit("a", 60).unwrap();
+        let a3 = ledger.handle_admit("a", 60, LOTS).unwrap();
         assert_eq!(ledger.usage("a"), (2, 100));
-        drop((a1, a3, b));
+        assert_eq!(ledger.uploads(), 3);
+        for id in [a1, a3, b] {
+            ledger.handle_release(id);
+        }
+        // Released twice: nothing changes.
+        ledger.handle_release(a1);
         assert_eq!(ledger.usage("a"), (0, 0));
-        assert!(
-            ledger.state().clients.is_empty(),
+        assert_eq!(
+            (ledger.clients(), ledger.uploads()),
+            (0, 0),
             "idle clients are forgotten"
         );
     }
 
     #[test]
-    fn unbacked_bytes_are_counted_until_the_admission_ends() {
-        let ledger = Ledger::new(ClientQuota::default());
-        let mut a = ledger.admit("a", 7).unwrap();
-        a.mark_unbacked();
-        a.mark_unbacked();
-        assert_eq!(ledger.unbacked(), 7);
-        drop(a);
-        assert_eq!(ledger.unbacked(), 0);
+    fn promised_bytes_count_against_free_space_until_backed_or_released() {
+        let mut ledger = Ledger::new(ClientQuota::default());
+        let a = ledger.handle_admit("a", 70, 100).unwrap();
+        assert_eq!(ledger.promised(), 70);
+        // The file system still says 100 free, but 70 of it is promised.
+        assert_eq!(
+            ledger.handle_admit("b", 40, 100),
+            Err(RejectReason::NoSpace {
+                needed: 40,
+                available: 30
+            })
+        );
+        // `fallocate` reserved it: the file system's 30 free is the truth now.
+        ledger.handle_backed(a);
+        ledger.handle_backed(a);
+        assert_eq!(ledger.promised(), 0);
+        let b = ledger.handle_admit("b", 30, 30).unwrap();
+        ledger.handle_release(b);
+        ledger.handle_release(a);
+        assert_eq!((ledger.promised(), ledger.uploads()), (0, 0));
+        // Never backed (no fallocate): promised until it ends.
+        let c = ledger.handle_admit("c", 7, 100).unwrap();
+        assert_eq!(ledger.promised(), 7);
+        ledger.handle_release(c);
+        assert_eq!(ledger.promised(), 0);
+    }
+
+    #[test]
+    fn a_refused_offer_leaves_no_trace() {
+        let mut ledger = Ledger::new(ClientQuota {
+            uploads: 1,
+            reserved_bytes: 10,
+        });
+        assert!(ledger.handle_admit("a", 11, LOTS).is_err());
+        assert!(ledger.handle_admit("a", 5, 4).is_err());
+        assert_eq!(
+            (ledger.clients(), ledger.uploads(), ledger.promised()),
+            (0, 0, 0)
+        );
     }
 }

@@ -13,12 +13,23 @@ use super::endpoint::{unexpected, Endpoint, Outcome, Output};
 use super::error::{Result, TransferError};
 use super::hash::Hasher;
 use super::name::validate_name;
-use super::quota::{Admission, Ledger};
+use super::owner::Admission;
 use super::store::{free_space, Reaper, StoreError, TempFile};
 use super::wire::{
     chunk_count, chunk_len, BadReason, FileOffer, HashAlg, Msg, RejectReason, RemoteWindow,
     WindowGrant, MAX_CHUNKS,
 };
+
+/// An offer that passed the connection's own checks, waiting for the service's quota
+/// owner to admit it.
+#[derive(Debug)]
+struct Admitting {
+    offer: FileOffer,
+    overwrite: bool,
+    slots: u32,
+    slot_len: u32,
+    chunks: u64,
+}
 
 /// A verified file waiting for its commit.
 #[derive(Debug)]
@@ -157,6 +168,8 @@ enum State {
         alg: HashAlg,
         overwrite: bool,
     },
+    /// `Admit` was emitted; waiting for `handle_admitted`.
+    Admitting(Box<Admitting>),
     /// `GrantWindow` was emitted; waiting for `handle_window`.
     Granting(Box<Incoming>),
     /// Chunks and then `Done`.
@@ -180,6 +193,7 @@ impl State {
         match self {
             State::AwaitOffer => "waiting for an offer",
             State::AwaitFetched { .. } => "waiting for the offer of the fetched file",
+            State::Admitting(_) => "waiting for the service to admit the offer",
             State::Granting(_) => "registering the window",
             State::Receiving(_) => "receiving chunks",
             State::Committing(_) => "storing the verified file",
@@ -215,8 +229,9 @@ pub struct Receiver {
     proved_id: Option<String>,
     /// Given to each temporary file (see [`TempFile::set_reaper`]).
     reaper: Option<Reaper>,
-    /// The service's ledger and this connection's client, for quotas (server side).
-    quota: Option<(Ledger, String)>,
+    /// This connection's client, whose share the service's quota owner keeps (server
+    /// side): offers are admitted by asking it ([`Output::Admit`]).
+    quota: Option<String>,
 }
 
 impl Receiver {
@@ -232,10 +247,11 @@ impl Receiver {
         }
     }
 
-    /// Charges every upload this receiver admits to `client`'s share in `ledger` (see
-    /// [`Config::client_quota`]).
-    pub fn set_quota(&mut self, ledger: Ledger, client: String) {
-        self.quota = Some((ledger, client));
+    /// Has every offer admitted by the service's quota owner ([`Output::Admit`]),
+    /// charged to `client`'s share (see [`Config::client_quota`]). Without it (the
+    /// client side of a download) the receiver checks the free space alone.
+    pub fn set_quota(&mut self, client: String) {
+        self.quota = Some(client);
     }
 
     /// Hands the temporary files this receiver abandons (a failure, a dropped receiver)
@@ -317,33 +333,51 @@ impl Receiver {
             });
         }
         let slots = u64::from(config.slots.max(1)).min(chunks.max(1)) as u32;
-        let mut admission = match &self.quota {
-            Some((ledger, client)) => match ledger.admit(client, offer.len) {
-                Ok(a) => Some(a),
-                Err(reason) => return self.reject(reason),
-            },
-            None => None,
-        };
-        // Room first (cheap, and no file is created for an offer that cannot fit),
-        // less what was promised on file systems that cannot reserve; then reserved.
-        let promised = self
-            .quota
-            .as_ref()
-            .map_or(0, |(ledger, _)| ledger.unbacked());
-        match free_space(&config.dir) {
-            Ok(free) if free.saturating_sub(promised) < offer.len => {
-                return self.reject(RejectReason::NoSpace {
-                    needed: offer.len,
-                    available: free.saturating_sub(promised),
-                })
-            }
-            Ok(_) => {}
+        // Room first (cheap, and no file is created for an offer that cannot fit).
+        let free = match free_space(&config.dir) {
+            Ok(free) => free,
             Err(e) => {
                 return self.reject(RejectReason::Unavailable {
                     reason: e.to_string(),
                 })
             }
+        };
+        let pending = Box::new(Admitting {
+            offer,
+            overwrite,
+            slots,
+            slot_len,
+            chunks,
+        });
+        match &self.quota {
+            // The service's owner decides, with what other offers were promised.
+            Some(client) => {
+                self.out.push_back(Output::Admit {
+                    client: client.clone(),
+                    len: pending.offer.len,
+                    free,
+                });
+                self.state = State::Admitting(pending);
+            }
+            None if free < pending.offer.len => self.reject(RejectReason::NoSpace {
+                needed: pending.offer.len,
+                available: free,
+            }),
+            None => self.admitted(*pending, None),
         }
+    }
+
+    /// Creates the temporary file of an admitted offer, reserves its bytes, and asks for
+    /// the window.
+    fn admitted(&mut self, pending: Admitting, mut admission: Option<Admission>) {
+        let config = Arc::clone(&self.config);
+        let Admitting {
+            offer,
+            overwrite,
+            slots,
+            slot_len,
+            chunks,
+        } = pending;
         let mut temp = match TempFile::create(&config.dir, &offer.name, overwrite) {
             Ok(t) => t,
             Err(StoreError::Exists(_)) => return self.reject(RejectReason::Exists),
@@ -357,12 +391,13 @@ impl Receiver {
             temp.set_reaper(reaper.clone());
         }
         match temp.reserve(offer.len) {
-            Ok(true) => {}
-            Ok(false) => {
+            Ok(true) => {
                 if let Some(a) = admission.as_mut() {
-                    a.mark_unbacked();
+                    a.mark_backed();
                 }
             }
+            // No fallocate: the bytes stay promised until the upload ends.
+            Ok(false) => {}
             Err(e) => return self.reject(store_reason(&e, offer.len)),
         }
         let inc = Box::new(Incoming {
@@ -512,6 +547,26 @@ fn store_reason(e: &StoreError, len: u64) -> RejectReason {
 impl Endpoint for Receiver {
     fn state_name(&self) -> &'static str {
         self.state.name()
+    }
+
+    fn handle_admitted(
+        &mut self,
+        answer: std::result::Result<Admission, RejectReason>,
+    ) -> Result<()> {
+        match (mem::replace(&mut self.state, State::Failed), answer) {
+            (State::Admitting(pending), Ok(admission)) => {
+                self.admitted(*pending, Some(admission));
+                Ok(())
+            }
+            (State::Admitting(_), Err(reason)) => {
+                self.reject(reason);
+                Ok(())
+            }
+            (state, _) => {
+                self.state = state;
+                Err(super::endpoint::unexpected(self, "an admission".into()))
+            }
+        }
     }
 
     fn handle_msg(&mut self, msg: Msg) -> Result<()> {
@@ -1247,28 +1302,53 @@ mod tests {
         assert!(text.contains("no space left"), "{text}");
     }
 
-    #[test]
-    fn a_client_past_its_quota_is_refused_and_served_again_once_under_it() {
+    /// Answers the receiver's `Admit` by asking `owner`, as the session does.
+    async fn admit(
+        r: &mut Receiver,
+        owner: &actix::Addr<crate::file_transfer::QuotaOwner>,
+    ) -> Vec<Output> {
+        let out = drain(r);
+        let [Output::Admit { client, len, free }] = &out[..] else {
+            return out;
+        };
+        let admit = crate::file_transfer::Admit {
+            client: client.clone(),
+            len: *len,
+            free: *free,
+        };
+        r.handle_admitted(owner.send(admit).await.unwrap()).unwrap();
+        drain(r)
+    }
+
+    #[actix::test]
+    async fn a_client_past_its_quota_is_refused_and_served_again_once_under_it() {
+        use actix::Actor;
         let dir = tempfile::tempdir().unwrap();
         let config = Arc::new(Config::new(dir.path()).with_client_quota(1, 1 << 20));
-        let ledger = Ledger::new(config.client_quota);
+        let uploads = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let owner = crate::file_transfer::QuotaOwner::new(config.client_quota, uploads).start();
+        let usage = |client: &str| owner.send(crate::file_transfer::Usage(client.into()));
         let receiver = |client: &str| {
             let mut r = Receiver::new(Arc::clone(&config));
-            r.set_quota(ledger.clone(), client.into());
+            r.set_quota(client.into());
             r
         };
         let mut first = receiver("10.0.0.1");
         first.handle_msg(offer("a", b"12345678")).unwrap();
+        assert_eq!(
+            first.state_name(),
+            "waiting for the service to admit the offer"
+        );
         assert!(matches!(
-            drain(&mut first)[..],
+            admit(&mut first, &owner).await[..],
             [Output::GrantWindow { .. }]
         ));
-        assert_eq!(ledger.usage("10.0.0.1"), (1, 8));
+        assert_eq!(usage("10.0.0.1").await.unwrap(), (1, 8));
         // The same client on another connection: one upload at once.
         let mut second = receiver("10.0.0.1");
         second.handle_msg(offer("b", b"x")).unwrap();
         assert!(matches!(
-            drain(&mut second)[..],
+            admit(&mut second, &owner).await[..],
             [
                 Output::Send(Msg::Reject {
                     reason: RejectReason::Quota {
@@ -1290,20 +1370,22 @@ mod tests {
                 overwrite: false,
             }))
             .unwrap();
-        let out = drain(&mut other);
+        let out = admit(&mut other, &owner).await;
         assert!(
             matches!(&out[0], Output::Send(Msg::Reject { reason: RejectReason::Quota { what, .. } }) if what.contains("bytes")),
             "{out:?}"
         );
         // The first upload ends (its connection drops it): the share comes back.
         drop(first);
-        assert_eq!(ledger.usage("10.0.0.1"), (0, 0));
+        assert_eq!(usage("10.0.0.1").await.unwrap(), (0, 0));
         let mut third = receiver("10.0.0.1");
         third.handle_msg(offer("c", b"x")).unwrap();
         assert!(matches!(
-            drain(&mut third)[..],
+            admit(&mut third, &owner).await[..],
             [Output::GrantWindow { .. }]
         ));
+        // An admission answered twice, or out of turn, is a protocol error.
+        assert!(third.handle_admitted(Err(RejectReason::Exists)).is_err());
     }
 
     #[test]

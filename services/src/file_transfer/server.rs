@@ -11,7 +11,6 @@ use std::sync::Arc;
 use super::config::Config;
 use super::endpoint::{ChunkWrite, Endpoint, Outcome, Output, PrepareFetch};
 use super::error::Result;
-use super::quota::Ledger;
 use super::receiver::Receiver;
 use super::sender::Sender;
 use super::store::Reaper;
@@ -46,8 +45,9 @@ pub struct Server {
     out: VecDeque<Output>,
     /// Given to every upload's receiver (see [`Receiver::set_reaper`]).
     reaper: Option<Reaper>,
-    /// The service's ledger and this connection's client (see [`Receiver::set_quota`]).
-    quota: Option<(Ledger, String)>,
+    /// This connection's client, whose uploads the service's quota owner admits (see
+    /// [`Receiver::set_quota`]).
+    quota: Option<String>,
     /// Set when the service stops taking transfers (shutdown has begun).
     draining: Option<Arc<AtomicBool>>,
 }
@@ -79,10 +79,10 @@ impl Server {
             .is_some_and(|f| f.load(Ordering::Relaxed))
     }
 
-    /// Charges this connection's uploads to `client`'s share in `ledger` (see
-    /// [`Config::client_quota`]).
-    pub fn with_quota(mut self, ledger: Ledger, client: String) -> Server {
-        self.quota = Some((ledger, client));
+    /// Has this connection's uploads admitted by the service's quota owner, charged to
+    /// `client`'s share (see [`Config::client_quota`] and [`Output::Admit`]).
+    pub fn with_quota(mut self, client: String) -> Server {
+        self.quota = Some(client);
         self
     }
 
@@ -152,8 +152,8 @@ impl Endpoint for Server {
                 if let Some(reaper) = &self.reaper {
                     r.set_reaper(reaper.clone());
                 }
-                if let Some((ledger, client)) = &self.quota {
-                    r.set_quota(ledger.clone(), client.clone());
+                if let Some(client) = &self.quota {
+                    r.set_quota(client.clone());
                 }
                 let res = r.handle_msg(Msg::Offer(offer));
                 self.role = Role::Receive(r);
@@ -214,6 +214,16 @@ impl Endpoint for Server {
 
     fn stopped_sending(&self) -> bool {
         self.role().is_none_or(|ep| ep.stopped_sending())
+    }
+
+    fn handle_admitted(
+        &mut self,
+        answer: std::result::Result<super::Admission, RejectReason>,
+    ) -> Result<()> {
+        match self.role_mut() {
+            Some(ep) => ep.handle_admitted(answer),
+            None => Err(super::endpoint::unexpected(self, "an admission".into())),
+        }
     }
 
     fn take_prepare(&mut self) -> Option<PrepareFetch> {

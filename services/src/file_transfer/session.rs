@@ -16,11 +16,12 @@
 //! registration per transfer costs little next to a file.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use actix::{Addr, Recipient};
 use rdmactor::runtime::{
-    Blocking, BufId, CloseReason, Message, Op, OpId, PeerInfo, Service, Session, SessionCx,
+    Asked, Blocking, BufId, CloseReason, Message, Op, OpId, PeerInfo, Service, Session, SessionCx,
     SessionError,
 };
 use rdmactor::verbs::{Access, RemoteRegion};
@@ -28,12 +29,13 @@ use rdmactor::verbs::{Access, RemoteRegion};
 use super::config::Config;
 use super::endpoint::{ChunkWrite, Endpoint, Outcome, Output};
 use super::error::{Result, TransferError};
-use super::quota::Ledger;
+use super::owner::{Admission, Admit, QuotaOwner};
 use super::receiver::Consumed;
 use super::sender::ChunkRead;
 use super::server::Server;
 use super::store::{Reaper, StoreError};
 use super::wire::{Msg, RejectReason, RemoteWindow};
+use crate::owner_slot::OwnerSlot;
 
 /// The file-transfer service (register it as `files`): uploads into
 /// [`Config::dir`], downloads from it, and `Identify` answered from
@@ -55,8 +57,11 @@ pub struct FileTransfer {
     config: Arc<Config>,
     /// Removes the temporary files of failed or abandoned uploads off the poller.
     reaper: Reaper,
-    /// Every client's share of uploads and reserved bytes.
-    ledger: Ledger,
+    /// Owns every client's share of uploads and reserved bytes, and the bytes promised
+    /// to admitted uploads: sessions ask it once per offer.
+    owner: OwnerSlot<QuotaOwner>,
+    /// Uploads admitted now, as the owner last published them.
+    uploads: Arc<AtomicU64>,
     /// Set by [`FileTransfer::refuse_new_transfers`]: offers and fetches are answered
     /// with [`RejectReason::ShuttingDown`].
     draining: Arc<AtomicBool>,
@@ -93,7 +98,8 @@ impl FileTransfer {
             source,
         })?;
         Ok(FileTransfer {
-            ledger: Ledger::new(config.client_quota),
+            owner: OwnerSlot::new(),
+            uploads: Arc::new(AtomicU64::new(0)),
             draining: Arc::new(AtomicBool::new(false)),
             config: Arc::new(config),
             reaper,
@@ -105,9 +111,10 @@ impl FileTransfer {
         &self.config
     }
 
-    /// Every client's admitted uploads and reserved bytes.
-    pub fn ledger(&self) -> &Ledger {
-        &self.ledger
+    /// The actor that owns every client's admitted uploads and reserved bytes (ask it
+    /// [`Usage`](super::Usage)); `None` until the first connection.
+    pub fn quota_owner(&self) -> Option<Addr<QuotaOwner>> {
+        self.owner.get()
     }
 
     /// From now on every new offer and fetch, on every connection (clones of this
@@ -122,7 +129,7 @@ impl FileTransfer {
 
     /// Uploads admitted and not yet stored or ended, over every connection.
     pub fn uploads_in_flight(&self) -> u64 {
-        self.ledger.uploads()
+        self.uploads.load(Ordering::Relaxed)
     }
 }
 
@@ -136,11 +143,16 @@ impl Service for FileTransfer {
         let client = peer
             .addr
             .map_or_else(|| format!("qp {}", peer.qp_num), |a| a.ip().to_string());
+        let owner = self
+            .owner
+            .get_or_start(|| QuotaOwner::new(self.config.client_quota, Arc::clone(&self.uploads)));
         Box::new(FileSession {
+            quota: owner.recipient(),
+            admitting: None,
             server: Some(
                 Server::new(Arc::clone(&self.config))
                     .with_reaper(self.reaper.clone())
-                    .with_quota(self.ledger.clone(), client)
+                    .with_quota(client)
                     .with_drain_flag(Arc::clone(&self.draining)),
             ),
             peer: peer
@@ -167,6 +179,10 @@ struct FileSession {
     server: Option<Server>,
     /// For logs.
     peer: String,
+    /// The service's quota owner, asked to admit each offer.
+    quota: Recipient<Admit>,
+    /// Its answer to the offer waiting for admission.
+    admitting: Option<Asked<std::result::Result<Admission, RejectReason>>>,
     /// The registered window of the upload in progress.
     window: Option<BufId>,
     /// The staging buffer of the download in progress.
@@ -202,6 +218,8 @@ const PREPARED: u64 = 2;
 const CONSUMED: u64 = 3;
 /// The `on_wake` token of a chunk read for a download.
 const CHUNK_READ: u64 = 4;
+/// The `on_wake` token of the quota owner's answer to an offer.
+const ADMITTED: u64 = 5;
 
 fn fail(e: TransferError) -> SessionError {
     SessionError::new(format!("file transfer: {e}"))
@@ -269,6 +287,10 @@ impl FileSession {
                     if let Some(job) = self.server()?.take_consume() {
                         self.consume = Some(cx.spawn_blocking(CONSUMED, move || job.run()));
                     }
+                }
+                Output::Admit { client, len, free } => {
+                    let admit = Admit { client, len, free };
+                    self.admitting = Some(cx.ask(ADMITTED, &self.quota, admit));
                 }
                 Output::Prepare => {
                     let job = self.server()?.take_prepare().ok_or_else(|| {
@@ -445,6 +467,19 @@ impl Session for FileSession {
             self.server()?.handle_consumed(consumed).map_err(fail)?;
             return self.drive(cx);
         }
+        if token == ADMITTED {
+            let Some(answer) = self.admitting.as_ref().and_then(Asked::try_take) else {
+                return Ok(());
+            };
+            self.admitting = None;
+            let answer = answer.unwrap_or_else(|e| {
+                Err(RejectReason::Unavailable {
+                    reason: format!("the quota keeper: {e}"),
+                })
+            });
+            self.server()?.handle_admitted(answer).map_err(fail)?;
+            return self.drive(cx);
+        }
         if token == PREPARED {
             let Some(result) = self.prepare.as_ref().and_then(Blocking::try_take) else {
                 return Ok(());
@@ -491,5 +526,7 @@ impl Session for FileSession {
         }
         self.writes.clear();
         self.reading = None;
+        // An answer still on its way is dropped with it, which gives its share back.
+        self.admitting = None;
     }
 }

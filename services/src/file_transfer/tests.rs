@@ -167,6 +167,7 @@ impl Pair {
                     ep.handle_committed(temp.commit()).map_err(fail)?;
                 }
                 Output::Finished(o) => me.outcomes.push(o),
+                Output::Admit { .. } => panic!("the harness keeps no quotas"),
             }
         }
         Ok(())

@@ -110,6 +110,7 @@ mod client;
 mod config;
 mod job;
 mod native;
+mod owner;
 mod sandbox;
 mod service;
 mod session;
@@ -120,8 +121,9 @@ mod wire;
 pub use client::{invoke, upload, CallError, Invocation};
 pub use config::LambdaConfig;
 pub use native::{checksum_native, NativeFn, NativeLambdas};
+pub use owner::{Contains, LambdaOwner, LambdaStats, Stats};
 pub use sandbox::{
     LambdaError, Limits, ModuleHash, Phases, Result, Sandbox, SandboxClient, SandboxConfig,
 };
-pub use service::LambdaService;
+pub use service::{LambdaCache, LambdaService};
 pub use wire::{Failure, FailureKind, LambdaRef, LambdaRequest, LambdaResponse, WireLimits};

@@ -2,7 +2,7 @@
 //! bounds the job threads they start together.
 
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use rdmactor::runtime::{PeerInfo, Service, Session};
@@ -10,8 +10,10 @@ use rdmactor::runtime::{PeerInfo, Service, Session};
 use super::config::LambdaConfig;
 use super::job::Invocations;
 use super::native::NativeLambdas;
-use super::sandbox::{Sandbox, SandboxClient};
+use super::owner::{ClientHold, Contains, LambdaOwner, LambdaStats, Stats};
+use super::sandbox::{ClientId, ModuleHash, Sandbox};
 use super::session::LambdaSession;
+use crate::owner_slot::OwnerSlot;
 
 /// The `lambda` service: clients upload WebAssembly modules and invoke them, or native
 /// lambdas the application registered, on bytes they expose by RDMA.
@@ -46,6 +48,15 @@ use super::session::LambdaSession;
 /// [`LambdaConfig::max_jobs`](super::LambdaConfig::max_jobs), and a long compilation or run must not hold a thread of
 /// the shared blocking pool.)
 ///
+/// # Shared state has one owner
+///
+/// The module cache (uploads held per client within quotas, released when the
+/// connection closes) and the job slots belong to one actor per service
+/// (`LambdaOwner`). A session asks it once per request, before the job starts: an
+/// upload is held at once if cached, or gets a job slot to compile on (and is then
+/// inserted); an invocation gets its compiled module and a job slot in one answer. The
+/// input's READs, the guest's run and the output's WRITE never go through it.
+///
 /// # Errors
 ///
 /// Every failure comes back as `Failed` with a [`FailureKind`](super::FailureKind) (one per
@@ -56,28 +67,41 @@ pub struct LambdaService {
     sandbox: Arc<Sandbox>,
     natives: Arc<NativeLambdas>,
     config: LambdaConfig,
-    running: Arc<AtomicUsize>,
+    /// Owns the service's module cache and job slots.
+    owner: OwnerSlot<LambdaOwner>,
+    /// The next connection's client id in the cache (0 is the application's).
+    next_client: AtomicU64,
 }
 
 impl fmt::Debug for LambdaService {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LambdaService")
             .field("config", &self.config)
-            .field("running_jobs", &self.running.load(Ordering::Relaxed))
+            .field("owner", &self.owner)
             .finish_non_exhaustive()
     }
 }
 
 impl LambdaService {
     /// Runs modules in `sandbox` and native lambdas from `natives` (both may be shared
-    /// with the application), within `config`.
+    /// with the application), within `config`. Modules clients upload are compiled by
+    /// `sandbox` and kept in the service's own cache, within the sandbox's bounds and
+    /// per-client quotas ([`SandboxConfig`](super::SandboxConfig)); the application's
+    /// own [`Sandbox::load`]s are not in it.
     pub fn new(sandbox: Arc<Sandbox>, natives: Arc<NativeLambdas>, config: LambdaConfig) -> Self {
         LambdaService {
             sandbox,
             natives,
             config,
-            running: Arc::new(AtomicUsize::new(0)),
+            owner: OwnerSlot::new(),
+            next_client: AtomicU64::new(1),
         }
+    }
+
+    /// A view of the service's module cache and job slots, usable before the first
+    /// connection (it answers once the service's actor runs).
+    pub fn cache(&self) -> LambdaCache {
+        LambdaCache(self.owner.clone())
     }
 }
 
@@ -89,47 +113,43 @@ impl Service for LambdaService {
     }
 
     fn session(&self, _peer: &PeerInfo) -> Box<dyn Session> {
+        let owner = self
+            .owner
+            .get_or_start(|| LambdaOwner::new(self.sandbox.clone(), self.config.max_jobs));
+        let client = ClientId(self.next_client.fetch_add(1, Ordering::Relaxed));
         Box::new(LambdaSession::new(
             Invocations::new(self.config),
-            Arc::new(SandboxClient::new(self.sandbox.clone())),
+            self.sandbox.clone(),
             self.natives.clone(),
-            JobSlots {
-                running: self.running.clone(),
-                max: self.config.max_jobs,
-            },
+            ClientHold::new(client, owner.clone()),
+            owner,
+            self.config.max_jobs,
         ))
     }
 }
 
-/// The service's [`LambdaConfig::max_jobs`](super::LambdaConfig::max_jobs) job threads, counted across its sessions.
+/// What a lambda service's cache and job slots hold now, asked of its actor (see
+/// [`LambdaService::cache`]).
 #[derive(Debug, Clone)]
-pub(super) struct JobSlots {
-    running: Arc<AtomicUsize>,
-    max: usize,
-}
+pub struct LambdaCache(OwnerSlot<LambdaOwner>);
 
-impl JobSlots {
-    /// The configured limit.
-    pub(super) fn max(&self) -> usize {
-        self.max
+impl LambdaCache {
+    /// The cache's module count and the running jobs; `None` before the first
+    /// connection or once the service's actor stopped.
+    pub async fn stats(&self) -> Option<LambdaStats> {
+        self.0.get()?.send(Stats).await.ok()
     }
 
-    /// A free slot, or `None` when all are taken.
-    pub(super) fn claim(&self) -> Option<JobSlot> {
-        self.running
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < self.max).then_some(n + 1)
-            })
-            .ok()
-            .map(|_| JobSlot(self.running.clone()))
+    /// Modules in the service's cache (0 before the first connection).
+    pub async fn cached_modules(&self) -> usize {
+        self.stats().await.map_or(0, |s| s.cached_modules)
     }
-}
 
-/// One of [`LambdaConfig::max_jobs`](super::LambdaConfig::max_jobs), released when the job's thread ends.
-pub(super) struct JobSlot(Arc<AtomicUsize>);
-
-impl Drop for JobSlot {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+    /// `true` if a module with this hash is in the service's cache.
+    pub async fn contains(&self, hash: &ModuleHash) -> bool {
+        match self.0.get() {
+            Some(owner) => owner.send(Contains(*hash)).await.unwrap_or(false),
+            None => false,
+        }
     }
 }

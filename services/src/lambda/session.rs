@@ -5,13 +5,16 @@
 use std::collections::HashMap;
 use std::sync::{mpsc, Arc};
 
-use rdmactor::runtime::{BufId, Message, Op, OpId, Session, SessionCx, SessionError, SessionWaker};
+use actix::{Addr, Recipient};
+use rdmactor::runtime::{
+    AskError, Asked, BufId, Message, Op, OpId, Session, SessionCx, SessionError, SessionWaker,
+};
 use rdmactor::verbs::Access;
 
 use super::job::{Action, Invocations, Outcome, Work};
 use super::native::NativeLambdas;
-use super::sandbox::{LambdaError, SandboxClient};
-use super::service::JobSlots;
+use super::owner::{ClientHold, Go, Insert, JobSlot, LambdaOwner, Start, Want};
+use super::sandbox::{Compiled, LambdaError, ModuleHash, Sandbox};
 use super::wire::LambdaRequest;
 
 enum PendingOp {
@@ -29,29 +32,80 @@ enum PendingOp {
 
 pub(super) struct LambdaSession {
     core: Invocations,
-    /// This connection's handle on the sandbox (its own module-cache quota); job threads
-    /// share it, so its holds end once the session and its last job are gone.
-    sandbox: Arc<SandboxClient>,
+    /// Compiles uploads and runs modules, on job threads.
+    sandbox: Arc<Sandbox>,
     natives: Arc<NativeLambdas>,
-    slots: JobSlots,
+    /// This connection's id in the service's module cache; its holds end when the
+    /// session goes.
+    client: ClientHold,
+    /// The service's owner of the module cache and the job slots.
+    start: Recipient<Start>,
+    insert: Recipient<Insert>,
+    /// Requests to the owner whose answers are on their way.
+    asks: Vec<Ask>,
+    /// The service's job slots, for the refusal when no thread can start.
+    max_jobs: usize,
     ops: HashMap<OpId, PendingOp>,
-    done_tx: mpsc::Sender<(usize, Outcome)>,
-    done_rx: mpsc::Receiver<(usize, Outcome)>,
+    done_tx: mpsc::Sender<(usize, Finished)>,
+    done_rx: mpsc::Receiver<(usize, Finished)>,
+}
+
+/// A request to the service's owner, and what the session goes on with once answered.
+enum Ask {
+    /// May this job start (and with what)?
+    Start {
+        job: usize,
+        work: Work,
+        input: Vec<u8>,
+        answer: Asked<Result<Go<JobSlot>, LambdaError>>,
+    },
+    /// Cache the module this job compiled.
+    Insert {
+        job: usize,
+        hash: ModuleHash,
+        answer: Asked<Result<(), LambdaError>>,
+    },
+}
+
+/// What a job thread hands back.
+enum Finished {
+    /// An invocation ran (or an upload was refused before compiling).
+    Outcome(Outcome),
+    /// An upload compiled: the owner caches it next.
+    Compiled(Result<(ModuleHash, Compiled), LambdaError>),
+}
+
+/// The outcome of `work` that could not start.
+fn refused(work: &Work, e: LambdaError) -> Outcome {
+    match work {
+        Work::Load(_) => Outcome::Loaded(Err(e)),
+        _ => Outcome::Ran(Err(e)),
+    }
+}
+
+fn owner_gone(e: AskError) -> SessionError {
+    SessionError::new(format!("lambda: the service's owner did not answer: {e}"))
 }
 
 impl LambdaSession {
     pub(super) fn new(
         core: Invocations,
-        sandbox: Arc<SandboxClient>,
+        sandbox: Arc<Sandbox>,
         natives: Arc<NativeLambdas>,
-        slots: JobSlots,
+        client: ClientHold,
+        owner: Addr<LambdaOwner>,
+        max_jobs: usize,
     ) -> Self {
         let (done_tx, done_rx) = mpsc::channel();
         LambdaSession {
             core,
             sandbox,
             natives,
-            slots,
+            client,
+            start: owner.clone().recipient(),
+            insert: owner.recipient(),
+            asks: Vec::new(),
+            max_jobs,
             ops: HashMap::new(),
             done_tx,
             done_rx,
@@ -65,11 +119,54 @@ impl LambdaSession {
             .or_else(|_| cx.register(len, Access::LOCAL_WRITE))
     }
 
-    /// Collects finished jobs, then carries out every action.
+    /// Collects finished jobs and the owner's answers, then carries out every action.
     fn drive(&mut self, cx: &mut SessionCx<'_>) -> Result<(), SessionError> {
         let waker = cx.waker();
-        while let Ok((job, outcome)) = self.done_rx.try_recv() {
-            self.core.handle_outcome(job, outcome);
+        while let Ok((job, finished)) = self.done_rx.try_recv() {
+            match finished {
+                Finished::Outcome(outcome) => self.core.handle_outcome(job, outcome),
+                Finished::Compiled(Ok((hash, compiled))) => {
+                    let insert = Insert {
+                        client: self.client.id,
+                        hash,
+                        compiled,
+                    };
+                    let answer = cx.ask(job as u64, &self.insert, insert);
+                    self.asks.push(Ask::Insert { job, hash, answer });
+                }
+                Finished::Compiled(Err(e)) => {
+                    rdmactor::metrics::lambda_module_load("refused");
+                    self.core.handle_outcome(job, Outcome::Loaded(Err(e)));
+                }
+            }
+        }
+        for ask in std::mem::take(&mut self.asks) {
+            match ask {
+                Ask::Start {
+                    job,
+                    work,
+                    input,
+                    answer,
+                } => match answer.try_take() {
+                    None => self.asks.push(Ask::Start {
+                        job,
+                        work,
+                        input,
+                        answer,
+                    }),
+                    Some(answer) => match answer.map_err(owner_gone)? {
+                        Err(e) => self.core.handle_outcome(job, refused(&work, e)),
+                        Ok(go) => self.go(job, work, input, go, waker.clone()),
+                    },
+                },
+                Ask::Insert { job, hash, answer } => match answer.try_take() {
+                    None => self.asks.push(Ask::Insert { job, hash, answer }),
+                    Some(answer) => {
+                        let loaded = answer.map_err(owner_gone)?.map(|()| hash);
+                        self.core.handle_outcome(job, Outcome::Loaded(loaded));
+                    }
+                },
+            }
         }
         while let Some(action) = self.core.poll_action() {
             match action {
@@ -112,61 +209,81 @@ impl LambdaSession {
                     self.ops.insert(op, PendingOp::Write { job, buf });
                 }
                 Action::Run { job, work, input } => {
-                    if let Err(outcome) = self.spawn(job, work, input, waker.clone()) {
-                        self.core.handle_outcome(job, outcome);
-                    }
+                    // The owner decides (cache lookup, job slot); the job starts when it
+                    // answers. One request per job, never per chunk.
+                    let want = match &work {
+                        Work::Load(module) => Want::Load(ModuleHash::of(module)),
+                        Work::Module(hash, _) => Want::Module(*hash),
+                        Work::Native(_) => Want::Native,
+                    };
+                    let start = Start {
+                        client: self.client.id,
+                        want,
+                    };
+                    let answer = cx.ask(job as u64, &self.start, start);
+                    self.asks.push(Ask::Start {
+                        job,
+                        work,
+                        input,
+                        answer,
+                    });
                 }
             }
         }
         Ok(())
     }
 
-    /// Starts `work` on a thread of its own; its outcome comes back through `done_rx`, and
-    /// `waker` makes the session collect it.
-    fn spawn(
-        &self,
-        job: usize,
-        work: Work,
-        input: Vec<u8>,
-        waker: SessionWaker,
-    ) -> Result<(), Outcome> {
-        let busy = |work: &Work, why: String| {
-            let e = LambdaError::Busy {
-                limit: self.slots.max(),
-            };
-            tracing::debug!(job, %why, "lambda job refused");
-            match work {
-                Work::Load(_) => Outcome::Loaded(Err(e)),
-                _ => Outcome::Ran(Err(e)),
-            }
-        };
-        let Some(slot) = self.slots.claim() else {
-            return Err(busy(&work, "all job threads busy".into()));
-        };
+    /// Carries out the owner's answer to a job's start.
+    fn go(&mut self, job: usize, work: Work, input: Vec<u8>, go: Go<JobSlot>, waker: SessionWaker) {
         let sandbox = self.sandbox.clone();
         let natives = self.natives.clone();
+        let busy = refused(
+            &work,
+            LambdaError::Busy {
+                limit: self.max_jobs,
+            },
+        );
+        let run: Box<dyn FnOnce() -> Finished + Send> = match (go, work) {
+            (Go::Held, Work::Load(module)) => {
+                let hash = ModuleHash::of(&module);
+                return self.core.handle_outcome(job, Outcome::Loaded(Ok(hash)));
+            }
+            (Go::Compile(slot), Work::Load(module)) => Box::new(move || {
+                let compiled = sandbox.compile(&module);
+                drop(slot);
+                Finished::Compiled(compiled)
+            }),
+            (Go::Run(compiled, slot), Work::Module(_, limits)) => Box::new(move || {
+                let ran = sandbox.run_compiled(&compiled, &input, &limits, &mut Default::default());
+                drop(slot);
+                Finished::Outcome(Outcome::Ran(counted("module", ran)))
+            }),
+            (Go::Native(slot), Work::Native(name)) => Box::new(move || {
+                let ran = natives.run(&name, &input);
+                drop(slot);
+                Finished::Outcome(Outcome::Ran(counted("native", ran)))
+            }),
+            (_, work) => {
+                // The owner answers what was asked; anything else is a bug here.
+                let e = LambdaError::Trap("the service answered another request".into());
+                return self.core.handle_outcome(job, refused(&work, e));
+            }
+        };
         let done = self.done_tx.clone();
-        let err_work = work.clone();
-        std::thread::Builder::new()
+        let spawned = std::thread::Builder::new()
             .name("lambda-job".into())
             .spawn(move || {
-                let outcome = match work {
-                    Work::Load(module) => Outcome::Loaded(sandbox.load(&module)),
-                    Work::Module(hash, limits) => {
-                        Outcome::Ran(counted("module", sandbox.run(&hash, &input, &limits)))
-                    }
-                    Work::Native(name) => {
-                        Outcome::Ran(counted("native", natives.run(&name, &input)))
-                    }
-                };
-                drop(slot);
+                let finished = run();
                 // The session may be gone (connection closed): nobody to tell.
-                if done.send((job, outcome)).is_ok() {
+                if done.send((job, finished)).is_ok() {
                     waker.wake(job as u64);
                 }
-            })
-            .map(|_| ())
-            .map_err(|e| busy(&err_work, format!("cannot start a thread: {e}")))
+            });
+        if let Err(e) = spawned {
+            tracing::debug!(job, error = %e, "cannot start a lambda job thread");
+            // The closure (and its slot) dropped with the error.
+            self.core.handle_outcome(job, busy);
+        }
     }
 }
 

@@ -36,7 +36,7 @@ pub(crate) use actor::{
 
 pub use cx::SessionCx;
 pub use grants::{Grant, GrantId};
-pub use wake::{Blocking, BlockingError, SessionWaker};
+pub use wake::{AskError, Asked, Blocking, BlockingError, SessionWaker};
 
 pub(crate) use self::actor::Pump;
 use self::grants::GrantEntry;

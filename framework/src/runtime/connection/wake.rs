@@ -1,11 +1,11 @@
 //! Work done away from the connection's thread reaching its session: a waker any
-//! thread can hold, and closures run on the blocking pool whose results come back
-//! through it.
+//! thread can hold, closures run on the blocking pool, and requests to other actors
+//! (a service's own actor), whose results come back through it.
 
 use std::sync::mpsc;
 
 use actix::prelude::*;
-use actix::WeakRecipient;
+use actix::{Recipient, WeakRecipient};
 
 use super::{ConnectionActor, SessionCx};
 use crate::runtime::Session;
@@ -85,7 +85,67 @@ impl<T> Blocking<T> {
     }
 }
 
+/// Why an [`Asked`] request has no answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AskError {
+    /// The actor asked stopped before it answered (or was already gone).
+    #[error("the actor asked is gone")]
+    ActorGone,
+    /// The answer was taken already, or its task was dropped (the runtime is shutting
+    /// down).
+    #[error("the answer was lost")]
+    Lost,
+}
+
+/// The answer to a request sent with [`SessionCx::ask`]; take it in
+/// [`Session::on_wake`] when the token it was sent with comes back.
+#[derive(Debug)]
+pub struct Asked<T> {
+    rx: mpsc::Receiver<Result<T, AskError>>,
+}
+
+impl<T> Asked<T> {
+    /// The actor's answer once it came; `None` while it is on its way. Taken once:
+    /// later calls answer `Some(Err(Lost))`.
+    pub fn try_take(&self) -> Option<Result<T, AskError>> {
+        match self.rx.try_recv() {
+            Ok(answer) => Some(answer),
+            Err(mpsc::TryRecvError::Empty) => None,
+            Err(mpsc::TryRecvError::Disconnected) => Some(Err(AskError::Lost)),
+        }
+    }
+}
+
 impl SessionCx<'_> {
+    /// Sends `msg` to another actor (a service's actor that owns what its sessions
+    /// share: quotas, caches, job slots) and calls [`Session::on_wake`] with `token` when
+    /// its answer is in; take it there with [`Asked::try_take`]. The connection's thread
+    /// never waits: the answer comes back as one more message to its actor.
+    ///
+    /// One request is a few channel hops (to the actor, back, the wake-up): meant for
+    /// control paths (an offer, an upload, one per request), not for every chunk or
+    /// message of a transfer. If the connection closed in the meantime, the answer is
+    /// dropped (an answer that holds a share gives it back when dropped, if its type
+    /// says so). To tell an actor something without an answer, `do_send` to it directly.
+    pub fn ask<M>(&mut self, token: u64, to: &Recipient<M>, msg: M) -> Asked<M::Result>
+    where
+        M: actix::Message + Send + 'static,
+        M::Result: Send,
+    {
+        let (tx, rx) = mpsc::sync_channel(1);
+        let waker = self.waker();
+        let request = to.send(msg);
+        actix::spawn(async move {
+            let answer = request.await.map_err(|_| AskError::ActorGone);
+            // The session may be gone: nobody to tell, and the answer drops here.
+            if tx.send(answer).is_ok() {
+                waker.wake(token);
+            }
+        });
+        Asked { rx }
+    }
+
     /// A handle that wakes this session from any thread (see [`SessionWaker`]).
     pub fn waker(&self) -> SessionWaker {
         SessionWaker {

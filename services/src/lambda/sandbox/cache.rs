@@ -65,7 +65,7 @@ impl fmt::Debug for ModuleHash {
 /// Who holds cached modules: one id per client (connection), and
 /// [`APPLICATION`](ClientId::APPLICATION) for the embedding application's own loads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(super) struct ClientId(pub u64);
+pub(crate) struct ClientId(pub u64);
 
 impl ClientId {
     /// Loads through [`Sandbox::load`](super::Sandbox::load): the application, whose
@@ -75,20 +75,20 @@ impl ClientId {
 
 /// How much of the cache one client may hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Quota {
+pub(crate) struct Quota {
     pub modules: usize,
     pub bytes: usize,
 }
 
 /// A validated, compiled module and what `run` needs to know about it.
 #[derive(Clone)]
-pub(super) struct Compiled {
+pub(crate) struct Compiled {
     /// The module with its (empty) imports resolved once, at upload: each invocation
     /// only instantiates it, with no linking or import type checks.
-    pub pre: InstancePre<Host>,
+    pub(super) pre: InstancePre<Host>,
     /// The ABI's exports, looked up once by name at upload; an invocation finds them in
     /// its instance by index.
-    pub exports: AbiExports,
+    pub(super) exports: AbiExports,
     /// The memory's declared minimum size, in bytes.
     pub min_memory_bytes: u64,
     /// What it counts against the cache's and each holder's byte bounds: Wasm bytes plus
@@ -98,7 +98,7 @@ pub(super) struct Compiled {
 
 /// Where the ABI's exports are in a module (see [`Compiled::exports`]).
 #[derive(Clone)]
-pub(super) struct AbiExports {
+pub(crate) struct AbiExports {
     pub memory: ModuleExport,
     pub alloc: ModuleExport,
     pub run: ModuleExport,
@@ -125,10 +125,13 @@ impl Holds {
     }
 }
 
-/// Compiled modules and who holds them. No locking of its own: the sandbox holds it
-/// behind a mutex and keeps each access short (a lookup clones the `Module`, an `Arc`
-/// inside).
-pub(super) struct ModuleCache {
+/// Compiled modules and who holds them: a plain state machine with no locking of its
+/// own. The lambda service's actor owns the service's cache; a [`Sandbox`] used
+/// directly by an application keeps its own behind a mutex, each access short (a lookup
+/// clones the `Module`, an `Arc` inside).
+///
+/// [`Sandbox`]: super::Sandbox
+pub(crate) struct ModuleCache {
     entries: HashMap<ModuleHash, Entry>,
     clients: HashMap<ClientId, Holds>,
     bytes: usize,

@@ -30,7 +30,8 @@ pub use error::{LambdaError, Result};
 pub use invoke::Phases;
 pub use limits::{Limits, SandboxConfig};
 
-use cache::{AbiExports, ClientId, Compiled, ModuleCache, Quota};
+use cache::AbiExports;
+pub(crate) use cache::{ClientId, Compiled, ModuleCache, Quota};
 use clock::EpochTicker;
 
 /// Exported linear memory, per the ABI.
@@ -217,16 +218,31 @@ impl Sandbox {
         if self.hold_cached(client, &hash)? {
             return Ok(hash);
         }
+        let (hash, module) = self.compile(bytes)?;
+        tracing::debug!(?client, "for the application's cache");
+        let evicted = self.cache().insert(client, hash, module)?;
+        *compiled = true;
+        self.evicted(evicted);
+        Ok(hash)
+    }
+
+    /// Validates and compiles `bytes` into a module ready to run, cached nowhere (the
+    /// lambda service keeps it in its own cache). Blocks: call it on a job thread.
+    pub(crate) fn compile(&self, bytes: &[u8]) -> Result<(ModuleHash, Compiled)> {
+        if bytes.len() > self.config.max_module_bytes {
+            return Err(LambdaError::ModuleTooLarge {
+                len: bytes.len(),
+                limit: self.config.max_module_bytes,
+            });
+        }
+        let hash = ModuleHash::of(bytes);
         self.compilations.fetch_add(1, Ordering::Relaxed);
         refuse_start_function(bytes)?;
         let module = Module::from_binary(&self.engine, bytes)
             .map_err(|e| LambdaError::InvalidModule(format!("{e:#}")))?;
         let module = check_abi(&self.engine, module, bytes.len())?;
-        tracing::debug!(%hash, len = bytes.len(), cost = module.cost, ?client, "compiled lambda module");
-        let evicted = self.cache().insert(client, hash, module)?;
-        *compiled = true;
-        self.evicted(evicted);
-        Ok(hash)
+        tracing::debug!(%hash, len = bytes.len(), cost = module.cost, "compiled lambda module");
+        Ok((hash, module))
     }
 
     /// If the module is cached, makes `client` hold it and returns `true`.
@@ -262,8 +278,8 @@ impl Sandbox {
         self.evicted(evicted);
     }
 
-    /// Counts modules that left the cache.
-    fn evicted(&self, n: usize) {
+    /// Counts modules that left a cache (the application's, or the lambda service's).
+    pub(crate) fn evicted(&self, n: usize) {
         self.evictions.fetch_add(n as u64, Ordering::Relaxed);
         rdmactor::metrics::lambda_modules_evicted(n as u64);
     }
@@ -351,16 +367,28 @@ impl Sandbox {
         limits: &Limits,
         phases: &mut Phases,
     ) -> Result<Vec<u8>> {
-        let start = Instant::now();
-        let deadline = start + limits.wall_clock;
         let compiled = self
             .cache()
             .get(client, hash)
             .ok_or_else(|| LambdaError::UnknownLambda(hash.to_string()))?;
+        self.run_compiled(&compiled, input, limits, phases)
+    }
+
+    /// Runs a compiled module on `input`, on the calling thread (see
+    /// [`run`](Sandbox::run)); the lambda service finds `compiled` in its own cache.
+    pub(crate) fn run_compiled(
+        &self,
+        compiled: &Compiled,
+        input: &[u8],
+        limits: &Limits,
+        phases: &mut Phases,
+    ) -> Result<Vec<u8>> {
+        let start = Instant::now();
+        let deadline = start + limits.wall_clock;
         let _worker = WorkerSlot::claim(&self.running, self.config.max_workers)?;
         let ticking = self.ticker.running(deadline);
         let output = panic::catch_unwind(AssertUnwindSafe(|| {
-            invoke::invoke(&self.engine, &compiled, input, limits, deadline, phases)
+            invoke::invoke(&self.engine, compiled, input, limits, deadline, phases)
         }))
         .unwrap_or_else(|panic| Err(LambdaError::Trap(panic_message(&*panic))));
         drop(ticking);
