@@ -383,31 +383,28 @@ impl ReadRegions {
     /// # Errors
     /// [`RegionError::Register`] for the first region whose registration fails.
     pub fn register_all(&self, pd: &ProtectionDomain) -> Result<(), RegionError> {
-        let regions: Vec<Arc<Region>> = self
-            .regions
+        for region in self.all() {
+            region.shared(pd)?;
+        }
+        Ok(())
+    }
+
+    /// Every region now, taken out of the lock: registering or releasing one is a
+    /// system call, not to be made while writers wait.
+    fn all(&self) -> Vec<Arc<Region>> {
+        self.regions
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .values()
             .cloned()
-            .collect();
-        for region in regions {
-            region.shared(pd)?;
-        }
-        Ok(())
+            .collect()
     }
 
     /// Drops every region's registration (the server's device went: a registration
     /// keeps the device open), keeping the bytes and versions. The names of the regions
     /// that were registered, to register them again on the next device.
     pub(crate) fn release_all(&self) -> Vec<String> {
-        let regions: Vec<Arc<Region>> = self
-            .regions
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .values()
-            .cloned()
-            .collect();
-        regions
+        self.all()
             .into_iter()
             .filter(|r| r.release())
             .map(|r| r.name.clone())

@@ -364,9 +364,6 @@ pub(crate) struct Core {
     pump_me: Option<actix::WeakRecipient<Pump>>,
     /// A waiter of ours is registered with the pool and not called yet.
     waiting_for_pool: bool,
-    /// The pool's count of the next rendezvous offer, taken when the offer was allowed
-    /// (see `pump_queued`).
-    offer_charge: Option<crate::memory::Charge>,
     /// Metric handles, set by `count_as` once the service is known.
     metrics: Option<crate::metrics::ConnectionMetrics>,
 }
@@ -448,7 +445,6 @@ impl Core {
             waker: None,
             pump_me: None,
             waiting_for_pool: false,
-            offer_charge: None,
             metrics: None,
         }
     }

@@ -101,7 +101,7 @@ impl Core {
 
     /// Turns the large message at the front of the queue into a [`PendingOffer`] once
     /// the outgoing budget (which waits for the peer's Dones) and the pool (which waits
-    /// for room, see [`Core::charge_offer`]) allow it, and starts registering it where
+    /// for room, see [`Core::take_from_pool`]) allow it, and starts registering it where
     /// it lies (no copy, see [`MemoryRegion::register_vec`]) with `MW_BIND` and no
     /// remote access, away from this thread. False while it waits.
     pub(super) fn begin_offer(&mut self) -> Result<bool, CloseReason> {
@@ -109,13 +109,15 @@ impl Core {
             return Ok(false);
         };
         let len = bytes.len();
-        if !self.budget_out.fits(len) || !self.charge_offer(len)? {
+        if !self.budget_out.fits(len) {
             return Ok(false);
         }
+        let Some(charge) = self.take_from_pool(|pool| pool.charge(len))? else {
+            return Ok(false);
+        };
         let Some(Outgoing::Data { tag, bytes }) = self.pending.pop_front() else {
             unreachable!("the front was a message")
         };
-        let charge = self.offer_charge.take().expect("charged above");
         self.budget_out.take(len);
         let registration = self.register_away(bytes)?;
         // Same bytes held as before: `pending_bytes` needs no change.
@@ -206,16 +208,6 @@ impl Core {
         self.post_frame(FrameKind::RendezvousOffer, tag, len as u32, &body)
     }
 
-    /// Counts the next offer's `len` bytes against the pool, once: true when counted
-    /// (kept for `post_rendezvous_offer`), false while the pool is at its cap and the
-    /// offer waits for room.
-    pub(super) fn charge_offer(&mut self, len: usize) -> Result<bool, CloseReason> {
-        if self.offer_charge.is_none() {
-            self.offer_charge = self.take_from_pool(|pool| pool.charge(len))?;
-        }
-        Ok(self.offer_charge.is_some())
-    }
-
     /// `take` from the pool; `None` when the pool is at its cap, and this connection
     /// is pumped again once memory comes back. The pool's cap is shared, but what the
     /// others hold goes back on its own (their peers READ it and say Done, or its
@@ -263,30 +255,36 @@ impl Core {
         key: u32,
         why: BudgetError,
     ) -> Result<(), CloseReason> {
-        let out = self
-            .rendezvous_out
-            .try_remove(key as usize)
-            .ok_or_else(|| {
-                CloseReason::Protocol(format!("refusal of unknown rendezvous region {key}"))
-            })?;
-        self.budget_out.release(out.len);
-        self.refusals.push_back((out.tag, why));
-        release_away(out);
+        let tag = self.finish_offer(key, || {
+            format!("refusal of unknown rendezvous region {key}")
+        })?;
+        self.refusals.push_back((tag, why));
         Ok(())
     }
 
     /// The peer READ the offer `key`: revoke its window, free the memory, release the
     /// budget.
     pub(super) fn handle_rendezvous_done(&mut self, key: u32) -> Result<(), CloseReason> {
+        self.finish_offer(key, || format!("rendezvous done for unknown region {key}"))?;
+        Ok(())
+    }
+
+    /// The offer `key` is over (READ or refused): its budget released, its window
+    /// revoked and its memory freed away from this thread. Its message's tag; an
+    /// unknown key is the peer's protocol error, described by `unknown`.
+    fn finish_offer(
+        &mut self,
+        key: u32,
+        unknown: impl FnOnce() -> String,
+    ) -> Result<u32, CloseReason> {
         let out = self
             .rendezvous_out
             .try_remove(key as usize)
-            .ok_or_else(|| {
-                CloseReason::Protocol(format!("rendezvous done for unknown region {key}"))
-            })?;
+            .ok_or_else(|| CloseReason::Protocol(unknown()))?;
         self.budget_out.release(out.len);
+        let tag = out.tag;
         release_away(out);
-        Ok(())
+        Ok(tag)
     }
 
     /// Takes the peer's offer of `len` bytes (checked against the budget when it arrived;
