@@ -55,6 +55,9 @@ enum Run {
         iters: usize,
         #[arg(long, default_value_t = 64)]
         size: usize,
+        /// Round trips before the measured ones (not timed).
+        #[arg(long, default_value_t = 100)]
+        warmup: usize,
         /// Drive the exchange from a client-side Session (each reply is handled on the
         /// connection's own thread and the next request sent from there) instead of
         /// awaiting `ClientConnection::request_typed` from a task.
@@ -273,12 +276,13 @@ async fn run(args: Args) -> Result<()> {
         Run::Latency {
             iters,
             size,
+            warmup,
             session: true,
         } => {
             let (tx, rx) = tokio::sync::oneshot::channel();
             let pinger = Pinger {
                 payload: vec![0x5a; size],
-                warmup: 100,
+                warmup,
                 left: iters,
                 sent_at: Instant::now(),
                 rtts: Vec::with_capacity(iters),
@@ -335,15 +339,21 @@ async fn run(args: Args) -> Result<()> {
                 rtts,
             );
         }
-        Run::Latency { iters, size, .. } => {
+        Run::Latency {
+            iters,
+            size,
+            warmup,
+            ..
+        } => {
             let conn = connect_all(&client, &args, 1).await?.remove(0);
             // The loop runs on the poller thread that also runs the connection's actor,
             // so a reply reaches it without a thread wake-up.
             let rtts = client
                 .run_on_poller(async move {
-                    let payload = vec![0x5a; size];
-                    for _ in 0..100 {
-                        echo(&conn, payload.clone()).await?; // warm-up
+                    // Not one repeated byte: a chunk landing at the wrong offset shows.
+                    let payload: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+                    for _ in 0..warmup {
+                        echo(&conn, payload.clone()).await?;
                     }
                     let mut rtts = Vec::with_capacity(iters);
                     for _ in 0..iters {
