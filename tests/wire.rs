@@ -319,24 +319,23 @@ fn upload_across_a_10s_outage(
     (wire.wait(Host::B, &job, Duration::from_secs(300)), sum)
 }
 
-/// An echo client on b (verified payloads), which must succeed: the server still serves.
+/// An echo client on b: 4 connections, 200 verified requests each.
+fn echo_cmd() -> Vec<String> {
+    [bin("client"), "--addr".into(), server_addr(), "echo".into()]
+        .into_iter()
+        .chain(["--connections", "4", "--requests", "200"].map(String::from))
+        .collect()
+}
+
+/// [`echo_cmd`], which must succeed: the server still serves.
 fn echo_from_b(wire: &Wire) {
-    let client = bin("client");
-    wire.run(
-        Host::B,
-        &[
-            &client,
-            "--addr",
-            &server_addr(),
-            "echo",
-            "--connections",
-            "4",
-            "--requests",
-            "200",
-        ],
-        Duration::from_secs(120),
-    )
-    .ok("echo client");
+    wire.run(Host::B, &args(&echo_cmd()), Duration::from_secs(120))
+        .ok("echo client");
+}
+
+/// A command built of `String`s as the `&str`s `Wire` takes.
+fn args(cmd: &[String]) -> Vec<&str> {
+    cmd.iter().map(String::as_str).collect()
 }
 
 #[test]
@@ -464,24 +463,30 @@ fn verified_or_stalled(job: Job, what: &str) -> bool {
 /// they were before the lossy round. On the clean wire first, an offer beyond the
 /// server's largest message is refused with the limit named, and that client's next
 /// request on the same connection is still served.
+/// `client latency` on b: `iters` verified echoes of `size` bytes, no warm-up; the
+/// command, for `Wire::run` or `Wire::spawn`.
+fn big_echo_cmd(size: usize, iters: usize) -> Vec<String> {
+    [
+        bin("client"),
+        "--addr".into(),
+        server_addr(),
+        "latency".into(),
+    ]
+    .into_iter()
+    .chain(["--size", &size.to_string(), "--iters", &iters.to_string()].map(String::from))
+    .chain(["--warmup", "0"].map(String::from))
+    .collect()
+}
+
 #[test]
 fn big_and_small_clients_share_a_lossy_wire() {
     let Some(wire) = Wire::from_env() else { return };
     let server = DemoServer::start(&wire, &[]);
-    let client = bin("client");
-    let addr = server_addr();
-    let big_size = (4usize << 20).to_string();
+    let big_size = 4 << 20;
     // Beyond the server's largest message, within the client's own budget: the server
     // is the one that refuses.
-    let too_big = (NodeConfig::default().max_message * 3 / 2).to_string();
-    let refused = wire.run(
-        Host::B,
-        &[
-            &client, "--addr", &addr, "latency", "--size", &too_big, "--iters", "1", "--warmup",
-            "0",
-        ],
-        Duration::from_secs(120),
-    );
+    let too_big = big_echo_cmd(NodeConfig::default().max_message * 3 / 2, 1);
+    let refused = wire.run(Host::B, &args(&too_big), Duration::from_secs(120));
     assert_ne!(
         refused.status, 0,
         "an oversized offer was served: {refused:#?}"
@@ -496,10 +501,7 @@ fn big_and_small_clients_share_a_lossy_wire() {
     // stay; what the lossy round holds must come back to this.
     wire.run(
         Host::B,
-        &[
-            &client, "--addr", &addr, "latency", "--size", &big_size, "--iters", "1", "--warmup",
-            "0",
-        ],
+        &args(&big_echo_cmd(big_size, 1)),
         Duration::from_secs(120),
     )
     .ok("a 4 MiB echo on a clean wire");
@@ -509,30 +511,11 @@ fn big_and_small_clients_share_a_lossy_wire() {
     let spec = "loss 0.2%";
     wire.netem(Host::A, spec);
     wire.netem(Host::B, spec);
+    let big_cmd = big_echo_cmd(big_size, 8);
     let big: Vec<String> = (0..2)
-        .map(|_| {
-            wire.spawn(
-                Host::B,
-                &[
-                    &client, "--addr", &addr, "latency", "--size", &big_size, "--iters", "8",
-                    "--warmup", "0",
-                ],
-            )
-        })
+        .map(|_| wire.spawn(Host::B, &args(&big_cmd)))
         .collect();
-    let small = wire.spawn(
-        Host::B,
-        &[
-            &client,
-            "--addr",
-            &addr,
-            "echo",
-            "--connections",
-            "4",
-            "--requests",
-            "200",
-        ],
-    );
+    let small = wire.spawn(Host::B, &args(&echo_cmd()));
     let mut stalled = usize::from(verified_or_stalled(
         wire.wait(Host::B, &small, Duration::from_secs(120)),
         "the small echo client",
