@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EchoRequest {
     /// Bytes to send back.
+    #[serde(with = "serde_bytes")]
     pub payload: Vec<u8>,
 }
 
@@ -17,6 +18,7 @@ pub struct EchoRequest {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EchoResponse {
     /// The request's bytes.
+    #[serde(with = "serde_bytes")]
     pub payload: Vec<u8>,
 }
 
@@ -142,6 +144,29 @@ mod tests {
             let back: EchoRequestRef<'_> = postcard::from_bytes(&req).unwrap();
             assert_eq!(back.payload, &payload[..]);
         }
+    }
+
+    /// `payload` goes through serde as bytes (one length, one copy) instead of a
+    /// sequence of `u8`s; postcard encodes both alike, so peers built before the change
+    /// still understand it.
+    #[test]
+    fn bytes_encode_as_the_sequence_they_replaced() {
+        #[derive(Serialize)]
+        struct AsSequence {
+            payload: Vec<u8>,
+        }
+        let payload: Vec<u8> = (0..300u32).map(|i| (i * 13) as u8).collect();
+        let old = postcard::to_allocvec(&AsSequence {
+            payload: payload.clone(),
+        })
+        .unwrap();
+        let new = postcard::to_allocvec(&EchoRequest {
+            payload: payload.clone(),
+        })
+        .unwrap();
+        assert_eq!(old, new);
+        let back: EchoResponse = postcard::from_bytes(&old).unwrap();
+        assert_eq!(back.payload, payload);
     }
 
     #[test]

@@ -58,6 +58,7 @@ pub enum LambdaRequest {
     /// Validate, compile and cache a WebAssembly module: [`LambdaResponse::Loaded`].
     Upload {
         /// The module's bytes (binary format).
+        #[serde(with = "serde_bytes")]
         module: Vec<u8>,
     },
     /// Run a lambda on `input[..input_len]` and write its output to the start of
