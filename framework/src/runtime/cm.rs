@@ -947,18 +947,35 @@ impl CmActor {
         let listed = match crate::verbs::Context::listed() {
             Ok(listed) => listed,
             Err(e) => {
-                if !*said_empty {
-                    *said_empty = true;
-                    // librdmacm compares its list with the kernel's only when the kernel
-                    // lists some device; until then it keeps the removed one open.
-                    tracing::warn!(
+                // librdmacm compares its list with the kernel's only when the kernel lists
+                // some device; until then it keeps the removed one open, and the kernel's
+                // removal waits for it. Tried on every look: a PD an application still
+                // held may have gone since.
+                let released = crate::verbs::release_removed_devices();
+                match released {
+                    Ok(n) if n > 0 => tracing::warn!(
+                        device = %gone.name,
+                        handles = n,
+                        "no RDMA device is listed: released the handles librdmacm kept of \
+                         the removed device, so the kernel's removal can finish"
+                    ),
+                    Ok(_) if !*said_empty => tracing::warn!(
                         device = %gone.name,
                         error = %e,
-                        "no RDMA device is listed: librdmacm keeps its handle of the removed \
-                         device until one is, so the kernel's removal waits for that (or for \
-                         this process to exit)"
-                    );
+                        "no RDMA device is listed"
+                    ),
+                    Ok(_) => {}
+                    Err(release) if !*said_empty => tracing::warn!(
+                        device = %gone.name,
+                        error = %e,
+                        %release,
+                        "no RDMA device is listed, and releasing librdmacm's handles of the \
+                         removed device failed: the kernel's removal waits for this process \
+                         to exit"
+                    ),
+                    Err(_) => {}
                 }
+                *said_empty = true;
                 return;
             }
         };

@@ -6,8 +6,10 @@
 //! connection that rdma_cm routes to the device.
 
 use std::ffi::CStr;
+use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use rdma_sys::*;
 
@@ -37,8 +39,17 @@ impl Drop for ContextInner {
         // SAFETY: `list` came from rdma_get_devices and is freed exactly once here; the
         // contexts themselves stay owned by librdmacm.
         unsafe { rdma_free_devices(self.list.as_ptr()) };
+        OPEN_CONTEXTS.fetch_sub(1, Ordering::SeqCst);
     }
 }
+
+/// [`Context`]s alive in this process (every PD, CQ, QP and MR holds one).
+static OPEN_CONTEXTS: AtomicUsize = AtomicUsize::new(0);
+
+/// Held around everything that may make librdmacm open a device (`rdma_get_devices`)
+/// and around [`release_removed_devices`], so that one never points a descriptor the
+/// other just opened at `/dev/null`.
+static LISTING: Mutex<()> = Mutex::new(());
 
 /// The device limits a framework needs for sizing queues and rd_atomic depth.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,6 +102,7 @@ pub struct ListedDevice {
 }
 
 fn devices() -> Result<(NonNull<*mut ibv_context>, Vec<NonNull<ibv_context>>)> {
+    let _listing = LISTING.lock().unwrap_or_else(|e| e.into_inner());
     let mut n: i32 = 0;
     // SAFETY: `n` is a valid out-pointer; the returned array is NULL-terminated and owned
     // by the caller until rdma_free_devices.
@@ -159,6 +171,7 @@ impl Context {
                 None => VerbsError::NoDevice,
             });
         };
+        OPEN_CONTEXTS.fetch_add(1, Ordering::SeqCst);
         Ok(Context {
             inner: Arc::new(ContextInner {
                 list,
@@ -204,4 +217,75 @@ impl std::fmt::Debug for Context {
             .field("name", &self.inner.name)
             .finish()
     }
+}
+
+/// Lets the kernel finish removing a device when no RDMA device is left: points every
+/// descriptor this process still holds on a removed device at `/dev/null`, and says how
+/// many it pointed.
+///
+/// Why: librdmacm keeps its own open handle (command descriptor and async-event
+/// descriptor) of every device it has seen, and closes a removed device's only when a
+/// listing shows the device gone; but its listing gives up when the kernel lists no
+/// device at all (rdma-core's `sync_devices_list` returns at once on an empty list), so
+/// with the host's only device removed the handle stays open, and rxe, which cannot
+/// revoke a process's handle, makes `rdma link delete` wait for this process to exit.
+///
+/// It does something only when it cannot hit a live device: no [`Context`] of this
+/// process is open (so nothing of ours uses any device), and libibverbs lists no device
+/// (so every `/dev/infiniband/uverbs*` descriptor and every `[infinibandevent]` descriptor
+/// left belongs to a removed one); the listing lock keeps librdmacm from opening a new
+/// device meanwhile. The descriptor numbers stay taken, by `/dev/null`: librdmacm's
+/// `ibv_close_device` of the old context, once a later listing sees the device gone,
+/// closes them and nothing else. The rdma_cm event channel (`/dev/infiniband/rdma_cm`)
+/// is left alone. Returns 0 when there was nothing to do.
+pub fn release_removed_devices() -> std::io::Result<usize> {
+    let _listing = LISTING.lock().unwrap_or_else(|e| e.into_inner());
+    if OPEN_CONTEXTS.load(Ordering::SeqCst) > 0 {
+        return Ok(0);
+    }
+    let mut n: i32 = 0;
+    // SAFETY: `n` is a valid out-pointer; the list (which opens no device) is freed right
+    // away and not used after.
+    unsafe {
+        let list = ibv_get_device_list(&mut n);
+        if !list.is_null() {
+            ibv_free_device_list(list);
+        }
+    }
+    if n != 0 {
+        return Ok(0);
+    }
+    let null = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")?;
+    let mut pointed = 0;
+    for entry in std::fs::read_dir("/proc/self/fd")? {
+        let entry = entry?;
+        let Ok(target) = std::fs::read_link(entry.path()) else {
+            continue; // the directory's own descriptor, already closed
+        };
+        let target = target.to_string_lossy();
+        if !(target.starts_with("/dev/infiniband/uverbs")
+            || target == "anon_inode:[infinibandevent]")
+        {
+            continue;
+        }
+        let Some(fd) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: dup3 only replaces what descriptor `fd` refers to (atomically, so the
+        // number is never free for another open to take); `null` is an open descriptor
+        // and outlives the call. The descriptor's owner (librdmacm's context of a removed
+        // device, see above) closes it later as before.
+        if unsafe { libc::dup3(null.as_raw_fd(), fd, libc::O_CLOEXEC) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        pointed += 1;
+    }
+    Ok(pointed)
 }

@@ -51,7 +51,7 @@ pub use cm::{
 pub use cq::{
     CompletionChannel, CompletionQueue, CqKey, WcOpcode, WcStatus, WorkCompletion, POLL_BATCH,
 };
-pub use device::{Context, DeviceAttr, ListedDevice};
+pub use device::{release_removed_devices, Context, DeviceAttr, ListedDevice};
 pub use error::{Result, Verb, VerbsError};
 pub use mr::{Access, MemoryRegion, RemoteRegion, Sge};
 pub use mw::MemoryWindow;
