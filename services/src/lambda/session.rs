@@ -57,6 +57,8 @@ enum Ask {
         job: usize,
         work: Work,
         input: Vec<u8>,
+        /// The hash of an upload's module, computed off the poller thread.
+        hash: Option<ModuleHash>,
         answer: Asked<Result<Go<JobSlot>, LambdaError>>,
     },
     /// Cache the module this job compiled.
@@ -69,6 +71,8 @@ enum Ask {
 
 /// What a job thread hands back.
 enum Finished {
+    /// An upload's module was hashed: the owner is asked next.
+    Hashed { hash: ModuleHash, module: Vec<u8> },
     /// An invocation ran (or an upload was refused before compiling).
     Outcome(Outcome),
     /// An upload compiled: the owner caches it next.
@@ -124,6 +128,9 @@ impl LambdaSession {
         let waker = cx.waker();
         while let Ok((job, finished)) = self.done_rx.try_recv() {
             match finished {
+                Finished::Hashed { hash, module } => {
+                    self.ask_start(cx, job, Work::Load(module), Vec::new(), Some(hash));
+                }
                 Finished::Outcome(outcome) => self.core.handle_outcome(job, outcome),
                 Finished::Compiled(Ok((hash, compiled))) => {
                     let insert = Insert {
@@ -146,17 +153,19 @@ impl LambdaSession {
                     job,
                     work,
                     input,
+                    hash,
                     answer,
                 } => match answer.try_take() {
                     None => self.asks.push(Ask::Start {
                         job,
                         work,
                         input,
+                        hash,
                         answer,
                     }),
                     Some(answer) => match answer.map_err(owner_gone)? {
                         Err(e) => self.core.handle_outcome(job, refused(&work, e)),
-                        Ok(go) => self.go(job, work, input, go, waker.clone()),
+                        Ok(go) => self.go(job, work, input, hash, go, waker.clone()),
                     },
                 },
                 Ask::Insert { job, hash, answer } => match answer.try_take() {
@@ -208,33 +217,95 @@ impl LambdaSession {
                     })?;
                     self.ops.insert(op, PendingOp::Write { job, buf });
                 }
-                Action::Run { job, work, input } => {
-                    // The owner decides (cache lookup, job slot); the job starts when it
-                    // answers. One request per job, never per chunk.
-                    let want = match &work {
-                        Work::Load(module) => Want::Load(ModuleHash::of(module)),
-                        Work::Module(hash, _) => Want::Module(*hash),
-                        Work::Native(_) => Want::Native,
-                    };
-                    let start = Start {
-                        client: self.client.id,
-                        want,
-                    };
-                    let answer = cx.ask(job as u64, &self.start, start);
-                    self.asks.push(Ask::Start {
-                        job,
-                        work,
-                        input,
-                        answer,
+                Action::Run {
+                    job,
+                    work: Work::Load(module),
+                    ..
+                } => {
+                    // A module is as large as the service allows (MiBs): hashed on a job
+                    // thread, not on the poller thread that serves every connection on it.
+                    let hashing = Box::new(move || Finished::Hashed {
+                        hash: ModuleHash::of(&module),
+                        module,
                     });
+                    if !self.spawn_job(job, hashing, waker.clone()) {
+                        let e = LambdaError::Busy {
+                            limit: self.max_jobs,
+                        };
+                        self.core.handle_outcome(job, Outcome::Loaded(Err(e)));
+                    }
                 }
+                Action::Run { job, work, input } => self.ask_start(cx, job, work, input, None),
             }
         }
         Ok(())
     }
 
+    /// Asks the owner whether `job` may start (cache lookup, job slot); it starts when the
+    /// owner answers. One request per job, never per chunk.
+    fn ask_start(
+        &mut self,
+        cx: &mut SessionCx<'_>,
+        job: usize,
+        work: Work,
+        input: Vec<u8>,
+        hash: Option<ModuleHash>,
+    ) {
+        let want = match (&work, hash) {
+            (Work::Load(_), Some(hash)) => Want::Load(hash),
+            // Not reached: uploads arrive hashed (`Finished::Hashed`).
+            (Work::Load(module), None) => Want::Load(ModuleHash::of(module)),
+            (Work::Module(hash, _), _) => Want::Module(*hash),
+            (Work::Native(_), _) => Want::Native,
+        };
+        let start = Start {
+            client: self.client.id,
+            want,
+        };
+        let answer = cx.ask(job as u64, &self.start, start);
+        self.asks.push(Ask::Start {
+            job,
+            work,
+            input,
+            hash,
+            answer,
+        });
+    }
+
+    /// Runs `work` on a thread of its own and hands its result to this session (through
+    /// `done_tx`, then a wake-up); false if no thread could be started.
+    fn spawn_job(
+        &self,
+        job: usize,
+        work: Box<dyn FnOnce() -> Finished + Send>,
+        waker: SessionWaker,
+    ) -> bool {
+        let done = self.done_tx.clone();
+        let spawned = std::thread::Builder::new()
+            .name("lambda-job".into())
+            .spawn(move || {
+                let finished = work();
+                // The session may be gone (connection closed): nobody to tell.
+                if done.send((job, finished)).is_ok() {
+                    waker.wake(job as u64);
+                }
+            });
+        if let Err(e) = &spawned {
+            tracing::debug!(job, error = %e, "cannot start a lambda job thread");
+        }
+        spawned.is_ok()
+    }
+
     /// Carries out the owner's answer to a job's start.
-    fn go(&mut self, job: usize, work: Work, input: Vec<u8>, go: Go<JobSlot>, waker: SessionWaker) {
+    fn go(
+        &mut self,
+        job: usize,
+        work: Work,
+        input: Vec<u8>,
+        hash: Option<ModuleHash>,
+        go: Go<JobSlot>,
+        waker: SessionWaker,
+    ) {
         let sandbox = self.sandbox.clone();
         let natives = self.natives.clone();
         let busy = refused(
@@ -245,7 +316,7 @@ impl LambdaSession {
         );
         let run: Box<dyn FnOnce() -> Finished + Send> = match (go, work) {
             (Go::Held, Work::Load(module)) => {
-                let hash = ModuleHash::of(&module);
+                let hash = hash.unwrap_or_else(|| ModuleHash::of(&module));
                 return self.core.handle_outcome(job, Outcome::Loaded(Ok(hash)));
             }
             (Go::Compile(slot), Work::Load(module)) => Box::new(move || {
@@ -269,18 +340,7 @@ impl LambdaSession {
                 return self.core.handle_outcome(job, refused(&work, e));
             }
         };
-        let done = self.done_tx.clone();
-        let spawned = std::thread::Builder::new()
-            .name("lambda-job".into())
-            .spawn(move || {
-                let finished = run();
-                // The session may be gone (connection closed): nobody to tell.
-                if done.send((job, finished)).is_ok() {
-                    waker.wake(job as u64);
-                }
-            });
-        if let Err(e) = spawned {
-            tracing::debug!(job, error = %e, "cannot start a lambda job thread");
+        if !self.spawn_job(job, run, waker) {
             // The closure (and its slot) dropped with the error.
             self.core.handle_outcome(job, busy);
         }
