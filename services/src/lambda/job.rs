@@ -30,10 +30,6 @@ pub(crate) enum Outcome {
 pub(crate) enum Action {
     /// Answer request `tag`.
     Reply { tag: u32, response: LambdaResponse },
-    /// Ask whether `work` may run (the service's owner: module cache, job slots) while
-    /// the input is read; the matching [`Action::Run`] follows once it is in. A refusal
-    /// comes back as a failed [`Outcome`] through `handle_outcome`.
-    Admit { job: usize, work: Work },
     /// RDMA READ the `len` bytes of `src` (the input's bytes from `offset`), then
     /// `handle_input`. A large input is read in chunks of
     /// [`LambdaConfig::read_chunk`], at most [`LambdaConfig::reads_in_flight`] at a time.
@@ -76,11 +72,6 @@ enum Stage {
     },
     Running {
         output: RemoteRegion,
-    },
-    /// Refused while its input was being read: answered already, kept until the reads
-    /// in flight complete so that its slab key is not reused under them.
-    Abandoned {
-        in_flight: usize,
     },
     Writing {
         len: u64,
@@ -200,7 +191,6 @@ impl Invocations {
                         input: Vec::new(),
                     });
                 } else {
-                    let admit = work.clone();
                     let job = self.jobs.insert(Job {
                         tag,
                         stage: Stage::Reading {
@@ -213,7 +203,6 @@ impl Invocations {
                             received: 0,
                         },
                     });
-                    self.actions.push_back(Action::Admit { job, work: admit });
                     self.request_chunks(job);
                 }
             }
@@ -261,13 +250,6 @@ impl Invocations {
         let Some(j) = self.jobs.get_mut(job) else {
             return;
         };
-        if let Stage::Abandoned { in_flight } = &mut j.stage {
-            *in_flight -= 1;
-            if *in_flight == 0 {
-                self.jobs.remove(job);
-            }
-            return;
-        }
         let Stage::Reading {
             input,
             in_flight,
@@ -351,20 +333,6 @@ impl Invocations {
             }
             (Outcome::Ran(Err(e)), Some(_)) => {
                 self.jobs.remove(job);
-                // Refused by the owner after its input came in: the Run queued for it
-                // must not reach the driver (the job's key may be reused).
-                self.actions
-                    .retain(|a| !matches!(a, Action::Run { job: j, .. } if *j == job));
-                self.fail(tag, (&e).into());
-            }
-            (Outcome::Ran(Err(e)), None) if matches!(j.stage, Stage::Reading { .. }) => {
-                if let Stage::Reading { in_flight, .. } = j.stage {
-                    if in_flight == 0 {
-                        self.jobs.remove(job);
-                    } else {
-                        self.jobs[job].stage = Stage::Abandoned { in_flight };
-                    }
-                }
                 self.fail(tag, (&e).into());
             }
             (outcome, _) => debug_assert!(false, "{outcome:?} for job {job} in {:?}", j.stage),
@@ -458,20 +426,15 @@ mod tests {
     fn an_invocation_reads_runs_writes_and_answers() {
         let mut inv = Invocations::new(config());
         inv.handle_request(5, invoke(LambdaRef::Module(hash()), 100, 64));
-        let acts = actions(&mut inv);
-        let [Action::Admit {
-            job: admitted,
-            work: Work::Module(..),
-        }, Action::ReadInput {
+        let [Action::ReadInput {
             job,
             offset,
             src,
             len,
-        }] = acts[..]
+        }] = actions(&mut inv)[..]
         else {
-            panic!("expected the owner asked and a read: {acts:?}");
+            panic!("expected a read");
         };
-        assert_eq!(admitted, job);
         assert_eq!((offset, src, len), (0, region(0x1000, 100), 100));
         inv.handle_input(job, 0, &[1; 100]);
         let acts = actions(&mut inv);
@@ -518,7 +481,6 @@ mod tests {
         inv.handle_request(1, invoke(LambdaRef::Native("n".into()), 10, 16));
         let reads = |acts: Vec<Action>| -> Vec<(usize, u64, usize)> {
             acts.into_iter()
-                .filter(|a| !matches!(a, Action::Admit { .. }))
                 .map(|a| match a {
                     Action::ReadInput {
                         offset, src, len, ..
@@ -694,60 +656,10 @@ mod tests {
             inv.handle_request(tag, invoke(LambdaRef::Native("n".into()), 1, 16));
         }
         let acts = actions(&mut inv);
-        assert!(matches!(acts[0], Action::Admit { .. }));
+        assert!(matches!(acts[0], Action::ReadInput { .. }));
         assert!(matches!(acts[1], Action::ReadInput { .. }));
-        assert!(matches!(acts[2], Action::Admit { .. }));
-        assert!(matches!(acts[3], Action::ReadInput { .. }));
-        assert!(failed(3, FailureKind::Busy)(&acts[4]), "{acts:?}");
+        assert!(failed(3, FailureKind::Busy)(&acts[2]), "{acts:?}");
         assert_eq!(inv.jobs(), 2);
-    }
-
-    /// The owner refuses while the input is being read: the client is answered at once,
-    /// and the job keeps its key until its reads in flight are back, so that a new job
-    /// cannot take the key and receive the old job's bytes.
-    #[test]
-    fn a_refusal_during_the_reads_answers_and_waits_for_them() {
-        let mut cfg = config();
-        cfg.read_chunk = 4;
-        let mut inv = Invocations::new(cfg);
-        inv.handle_request(1, invoke(LambdaRef::Native("n".into()), 10, 16));
-        let acts = actions(&mut inv);
-        assert_eq!(acts.len(), 4, "admit and three reads: {acts:?}");
-        inv.handle_input(0, 0, b"0123");
-        inv.handle_outcome(0, Outcome::Ran(Err(LambdaError::Busy { limit: 8 })));
-        let acts = actions(&mut inv);
-        assert!(
-            acts.len() == 1 && failed(1, FailureKind::Busy)(&acts[0]),
-            "{acts:?}"
-        );
-        assert_eq!(inv.jobs(), 1, "two reads still in flight");
-        inv.handle_request(2, invoke(LambdaRef::Native("n".into()), 4, 16));
-        let acts = actions(&mut inv);
-        let Action::Admit { job: next, .. } = acts[0] else {
-            panic!("{acts:?}");
-        };
-        assert_ne!(next, 0, "the refused job's key is still taken");
-        inv.handle_input(0, 4, b"4567");
-        inv.handle_input(0, 8, b"89");
-        assert_eq!(inv.jobs(), 1, "the refused job is gone after its last read");
-        assert!(actions(&mut inv).is_empty(), "and nothing ran for it");
-    }
-
-    /// The owner's refusal arrives after the input is in, with the job's Run queued: the
-    /// Run is dropped with the job.
-    #[test]
-    fn a_refusal_after_the_reads_drops_the_queued_run() {
-        let mut inv = Invocations::new(config());
-        inv.handle_request(1, invoke(LambdaRef::Native("n".into()), 2, 16));
-        let _ = actions(&mut inv);
-        inv.handle_input(0, 0, b"ab");
-        inv.handle_outcome(0, Outcome::Ran(Err(LambdaError::Busy { limit: 8 })));
-        let acts = actions(&mut inv);
-        assert!(
-            acts.len() == 1 && failed(1, FailureKind::Busy)(&acts[0]),
-            "{acts:?}"
-        );
-        assert_eq!(inv.jobs(), 0);
     }
 
     #[test]

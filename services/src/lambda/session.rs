@@ -43,8 +43,6 @@ pub(super) struct LambdaSession {
     insert: Recipient<Insert>,
     /// Requests to the owner whose answers are on their way.
     asks: Vec<Ask>,
-    /// Jobs the owner let start before their input was read (the slot is held).
-    admitted: HashMap<usize, Go<JobSlot>>,
     /// The service's job slots, for the refusal when no thread can start.
     max_jobs: usize,
     ops: HashMap<OpId, PendingOp>,
@@ -58,8 +56,7 @@ enum Ask {
     Start {
         job: usize,
         work: Work,
-        /// `None` while the input is still being read (asked at `Action::Admit`).
-        input: Option<Vec<u8>>,
+        input: Vec<u8>,
         /// The hash of an upload's module, computed off the poller thread.
         hash: Option<ModuleHash>,
         answer: Asked<Result<Go<JobSlot>, LambdaError>>,
@@ -112,7 +109,6 @@ impl LambdaSession {
             start: owner.clone().recipient(),
             insert: owner.recipient(),
             asks: Vec::new(),
-            admitted: HashMap::new(),
             max_jobs,
             ops: HashMap::new(),
             done_tx,
@@ -133,7 +129,7 @@ impl LambdaSession {
         while let Ok((job, finished)) = self.done_rx.try_recv() {
             match finished {
                 Finished::Hashed { hash, module } => {
-                    self.ask_start(cx, job, Work::Load(module), Some(Vec::new()), Some(hash));
+                    self.ask_start(cx, job, Work::Load(module), Vec::new(), Some(hash));
                 }
                 Finished::Outcome(outcome) => self.core.handle_outcome(job, outcome),
                 Finished::Compiled(Ok((hash, compiled))) => {
@@ -167,15 +163,9 @@ impl LambdaSession {
                         hash,
                         answer,
                     }),
-                    Some(answer) => match (answer.map_err(owner_gone)?, input) {
-                        (Err(e), _) => self.core.handle_outcome(job, refused(&work, e)),
-                        (Ok(go), Some(input)) => {
-                            self.go(job, work, input, hash, go, waker.clone());
-                        }
-                        // Admitted before its input is in: runs at `Action::Run`.
-                        (Ok(go), None) => {
-                            self.admitted.insert(job, go);
-                        }
+                    Some(answer) => match answer.map_err(owner_gone)? {
+                        Err(e) => self.core.handle_outcome(job, refused(&work, e)),
+                        Ok(go) => self.go(job, work, input, hash, go, waker.clone()),
                     },
                 },
                 Ask::Insert { job, hash, answer } => match answer.try_take() {
@@ -245,22 +235,7 @@ impl LambdaSession {
                         self.core.handle_outcome(job, Outcome::Loaded(Err(e)));
                     }
                 }
-                // Asked while the input was read, so the owner's round trip overlaps the
-                // READs instead of following them.
-                Action::Admit { job, work } => self.ask_start(cx, job, work, None, None),
-                Action::Run { job, work, input } => {
-                    if let Some(go) = self.admitted.remove(&job) {
-                        self.go(job, work, input, None, go, waker.clone());
-                    } else if let Some(Ask::Start { input: slot, .. }) = self
-                        .asks
-                        .iter_mut()
-                        .find(|a| matches!(a, Ask::Start { job: j, input: None, .. } if *j == job))
-                    {
-                        *slot = Some(input);
-                    } else {
-                        self.ask_start(cx, job, work, Some(input), None);
-                    }
-                }
+                Action::Run { job, work, input } => self.ask_start(cx, job, work, input, None),
             }
         }
         Ok(())
@@ -273,7 +248,7 @@ impl LambdaSession {
         cx: &mut SessionCx<'_>,
         job: usize,
         work: Work,
-        input: Option<Vec<u8>>,
+        input: Vec<u8>,
         hash: Option<ModuleHash>,
     ) {
         let want = match (&work, hash) {
