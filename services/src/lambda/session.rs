@@ -7,7 +7,8 @@ use std::sync::{mpsc, Arc};
 
 use actix::{Addr, Recipient};
 use rdmactor::runtime::{
-    AskError, Asked, BufId, Message, Op, OpId, Session, SessionCx, SessionError, SessionWaker,
+    AskError, Asked, Blocking, BufId, Message, Op, OpId, Session, SessionCx, SessionError,
+    SessionWaker,
 };
 use rdmactor::verbs::Access;
 
@@ -43,6 +44,8 @@ pub(super) struct LambdaSession {
     insert: Recipient<Insert>,
     /// Requests to the owner whose answers are on their way.
     asks: Vec<Ask>,
+    /// Uploads being hashed on the runtime's blocking pool, by job.
+    hashing: Vec<(usize, Hashing)>,
     /// The service's job slots, for the refusal when no thread can start.
     max_jobs: usize,
     ops: HashMap<OpId, PendingOp>,
@@ -69,10 +72,11 @@ enum Ask {
     },
 }
 
+/// An upload's module being hashed; its hash and the module once done.
+type Hashing = Blocking<(ModuleHash, Vec<u8>)>;
+
 /// What a job thread hands back.
 enum Finished {
-    /// An upload's module was hashed: the owner is asked next.
-    Hashed { hash: ModuleHash, module: Vec<u8> },
     /// An invocation ran (or an upload was refused before compiling).
     Outcome(Outcome),
     /// An upload compiled: the owner caches it next.
@@ -109,6 +113,7 @@ impl LambdaSession {
             start: owner.clone().recipient(),
             insert: owner.recipient(),
             asks: Vec::new(),
+            hashing: Vec::new(),
             max_jobs,
             ops: HashMap::new(),
             done_tx,
@@ -128,9 +133,6 @@ impl LambdaSession {
         let waker = cx.waker();
         while let Ok((job, finished)) = self.done_rx.try_recv() {
             match finished {
-                Finished::Hashed { hash, module } => {
-                    self.ask_start(cx, job, Work::Load(module), Vec::new(), Some(hash));
-                }
                 Finished::Outcome(outcome) => self.core.handle_outcome(job, outcome),
                 Finished::Compiled(Ok((hash, compiled))) => {
                     let insert = Insert {
@@ -143,6 +145,18 @@ impl LambdaSession {
                 }
                 Finished::Compiled(Err(e)) => {
                     rdmactor::metrics::lambda_module_load("refused");
+                    self.core.handle_outcome(job, Outcome::Loaded(Err(e)));
+                }
+            }
+        }
+        for (job, hashing) in std::mem::take(&mut self.hashing) {
+            match hashing.try_take() {
+                None => self.hashing.push((job, hashing)),
+                Some(Ok((hash, module))) => {
+                    self.ask_start(cx, job, Work::Load(module), Vec::new(), Some(hash));
+                }
+                Some(Err(e)) => {
+                    let e = LambdaError::Trap(format!("hashing the module: {e}"));
                     self.core.handle_outcome(job, Outcome::Loaded(Err(e)));
                 }
             }
@@ -222,18 +236,12 @@ impl LambdaSession {
                     work: Work::Load(module),
                     ..
                 } => {
-                    // A module is as large as the service allows (MiBs): hashed on a job
-                    // thread, not on the poller thread that serves every connection on it.
-                    let hashing = Box::new(move || Finished::Hashed {
-                        hash: ModuleHash::of(&module),
-                        module,
-                    });
-                    if !self.spawn_job(job, hashing, waker.clone()) {
-                        let e = LambdaError::Busy {
-                            limit: self.max_jobs,
-                        };
-                        self.core.handle_outcome(job, Outcome::Loaded(Err(e)));
-                    }
+                    // A module is as large as the service allows (MiBs): hashed on the
+                    // runtime's blocking pool, not on the poller thread that serves every
+                    // connection on it; the owner is asked once the hash is in.
+                    let hashing =
+                        cx.spawn_blocking(job as u64, move || (ModuleHash::of(&module), module));
+                    self.hashing.push((job, hashing));
                 }
                 Action::Run { job, work, input } => self.ask_start(cx, job, work, input, None),
             }
@@ -253,7 +261,7 @@ impl LambdaSession {
     ) {
         let want = match (&work, hash) {
             (Work::Load(_), Some(hash)) => Want::Load(hash),
-            // Not reached: uploads arrive hashed (`Finished::Hashed`).
+            // Not reached: uploads arrive hashed (`hashing`).
             (Work::Load(module), None) => Want::Load(ModuleHash::of(module)),
             (Work::Module(hash, _), _) => Want::Module(*hash),
             (Work::Native(_), _) => Want::Native,
