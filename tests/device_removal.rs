@@ -383,9 +383,12 @@ fn delete_under_load_then_add(devices: fn() -> Devices) {
         };
         let text = fs::read_to_string(&*log).unwrap_or_default();
         assert!(!status.success(), "a client's echo loop ends in an error");
+        // The clients share the removed device with the server: a client's connection
+        // ends on whichever comes first, its own DEVICE_REMOVAL event or the server's
+        // disconnect (seen once in a CI run), and its error says which.
         assert!(
-            text.contains("the RDMA device is gone"),
-            "the client's error names the removal:\n{text}"
+            text.contains("the RDMA device is gone") || text.contains("peer disconnected"),
+            "the client's error names the removal or the server's disconnect:\n{text}"
         );
     }
     println!(
