@@ -263,15 +263,16 @@ async fn connect_all(client: &Client, args: &Args, n: usize) -> Result<Vec<Clien
 }
 
 async fn run(args: Args) -> Result<()> {
-    let client = Client::start(NodeConfig {
+    // The transport options go on last: they set the event mode's spin window.
+    let client = Client::start(args.transport.apply(NodeConfig {
         device: args.device.clone(),
         poll_mode: if args.busy_poll {
             PollMode::Busy
         } else {
             PollMode::EVENT
         },
-        ..args.transport.apply(NodeConfig::default())
-    })?;
+        ..NodeConfig::default()
+    }))?;
     match args.run {
         Run::Latency {
             iters,

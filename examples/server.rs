@@ -294,7 +294,8 @@ fn main() -> Result<()> {
         )
         .init();
     let args = Args::parse();
-    let config = NodeConfig {
+    // The transport options go on last: they set the event mode's spin window.
+    let config = args.transport.apply(NodeConfig {
         device: args.device.clone(),
         pollers: args.pollers,
         poll_mode: match args.poll_mode {
@@ -305,8 +306,8 @@ fn main() -> Result<()> {
             max_bytes: args.pool_mib << 20,
             ..PoolConfig::default()
         },
-        ..args.transport.apply(NodeConfig::default())
-    };
+        ..NodeConfig::default()
+    });
     let listeners = args
         .listen
         .iter()

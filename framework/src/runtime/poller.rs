@@ -345,7 +345,8 @@ async fn poll_task(shared: Arc<PollerShared>, channel: Option<CompletionChannel>
         // reading the clock on each one was a visible share of a spinning poller's time.
         let sleep = match (mode, &fd, &channel) {
             (PollMode::Event { spin }, Some(fd), Some(ch))
-                if idle_passes % 64 == 63 && last_activity.elapsed() > spin =>
+                if (spin.is_zero() && idle_passes > 0)
+                    || (idle_passes % 64 == 63 && last_activity.elapsed() > spin) =>
             {
                 Some((fd, ch))
             }
