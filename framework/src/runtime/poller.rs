@@ -34,7 +34,10 @@ pub enum PollMode {
     Busy,
     /// Spin for `spin` after the last completion, then sleep on a completion channel.
     Event {
-        /// How long to keep spinning after activity before sleeping.
+        /// How long to keep spinning after activity before sleeping. Zero sleeps as soon
+        /// as a pass finds the CQs empty: a thread that sleeps is woken ahead of busy
+        /// ones by the kernel's scheduler, where a spinning one that loses its CPU waits
+        /// out a time slice (see the README's fairness rows).
         spin: Duration,
     },
 }
@@ -343,6 +346,7 @@ async fn poll_task(shared: Arc<PollerShared>, channel: Option<CompletionChannel>
         }
         // The clock is read every 64th idle pass only: a pass is a few microseconds, and
         // reading the clock on each one was a visible share of a spinning poller's time.
+        // Without a spin window there is nothing to time: the first empty pass sleeps.
         let sleep = match (mode, &fd, &channel) {
             (PollMode::Event { spin }, Some(fd), Some(ch))
                 if (spin.is_zero() && idle_passes > 0)
