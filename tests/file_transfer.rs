@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use rdmactor::memory::PoolConfig;
 use rdmactor::runtime::{Client, ClientConnection, CloseReason, NodeConfig, RequestError, Server};
 use rdmactor::verbs::RemoteRegion;
 use rdmactor_services::file_transfer::{
@@ -555,6 +556,66 @@ fn a_full_disk_is_refused_with_the_reason_before_any_data_moves() {
     });
     assert_eq!(names(&store), set(&["fits", "small"]));
     assert_random_file(&store.join("fits"), 12 * MIB, 32);
+    assert_released(&base);
+}
+
+#[test]
+fn a_window_beyond_the_pools_cap_is_refused_with_the_reason_and_the_connection_stays() {
+    let Some(_ctx) = rdma_context() else { return };
+    let base = resource_counts();
+    let scratch = Scratch::new("window-cap");
+    let (src, store) = (scratch.sub("src"), scratch.sub("store"));
+    write_random_file(&src.join("big"), 16 * MIB, 41);
+    write_random_file(&src.join("small"), 200 << 10, 42);
+    actix_run(async {
+        // Room for 4 MiB outside the receive buffers: an upload's window of 8 slots of
+        // 1 MiB does not fit, a small file's one slot of its own size does.
+        let pool = PoolConfig::default();
+        let server = Server::builder()
+            .config(NodeConfig {
+                pool: PoolConfig {
+                    max_bytes: pool.reserved_smallest + (4 << 20),
+                    ..pool
+                },
+                ..NodeConfig::default()
+            })
+            .listen(test_addr(), None)
+            .service(
+                "files",
+                FileTransfer::new(Config::new(&store)).expect("files"),
+            )
+            .start()
+            .expect("server");
+        let client = Client::start(NodeConfig::default()).expect("client");
+        let conn = client
+            .connect(server.local_addrs()[0], "files")
+            .await
+            .expect("connect");
+        let (outcome, grant) = send(&conn, &src.join("big"), "big", &SendOptions::default()).await;
+        assert!(grant.is_none(), "no window was granted");
+        match &outcome {
+            Outcome::Rejected(RejectReason::Unavailable { reason }) => assert!(
+                reason.contains("window") && reason.contains("pool's cap"),
+                "the reason names the window and the cap: {reason}"
+            ),
+            other => panic!("expected Unavailable, got {other:?}"),
+        }
+        assert_eq!(names(&store), set(&[]), "no file, no temporary file");
+        assert_eq!(
+            server.stats().await.pool.charged_bytes,
+            0,
+            "nothing stays charged"
+        );
+        let (outcome, _) = send(&conn, &src.join("small"), "small", &SendOptions::default()).await;
+        assert!(
+            delivered(&outcome),
+            "the same connection still serves: {outcome:?}"
+        );
+        close_all(&server, client, vec![conn]).await;
+        server.shutdown().await;
+    });
+    assert_eq!(names(&store), set(&["small"]));
+    assert_random_file(&store.join("small"), 200 << 10, 42);
     assert_released(&base);
 }
 

@@ -219,6 +219,19 @@ pub trait Endpoint {
         Err(unexpected(self, "window registration".into()))
     }
 
+    /// Receiver: the window asked for by [`Output::GrantWindow`] could not be registered
+    /// (the pool's cap, a memlock limit). The offer is rejected with
+    /// [`RejectReason::Unavailable`] naming `reason`, before any data moved, and nothing
+    /// of it is kept (its temporary file, its reservation and its quota share go).
+    ///
+    /// # Errors
+    ///
+    /// Not asked for a window.
+    fn window_refused(&mut self, reason: String) -> Result<()> {
+        let _ = reason;
+        Err(unexpected(self, "window refusal".into()))
+    }
+
     /// Sender: copy the bytes of `chunk` into `dst` (its [`ChunkWrite::range`] of the
     /// staging buffer).
     ///

@@ -846,6 +846,24 @@ impl Endpoint for Receiver {
             }
         }
     }
+
+    fn window_refused(&mut self, reason: String) -> Result<()> {
+        match mem::replace(&mut self.state, State::Failed) {
+            // Dropping the transfer removes its temporary file and gives back its
+            // reservation and its admission.
+            State::Granting(_) => {
+                self.reject(RejectReason::Unavailable {
+                    reason: format!("no memory for the transfer's window: {reason}"),
+                });
+                Ok(())
+            }
+            state => {
+                self.state = state;
+                let e = unexpected(self, "window refusal".into());
+                self.fail(e)
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -990,6 +1008,40 @@ mod tests {
             drain(r).as_slice(),
             [Output::Send(Msg::Grant { window: Some(w) })] if w.region == region
         ));
+    }
+
+    #[test]
+    fn a_window_that_cannot_be_registered_rejects_the_offer_and_keeps_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = Receiver::new(config(dir.path()));
+        r.handle_msg(offer("f", b"0123456789")).unwrap();
+        assert_eq!(drain(&mut r), vec![Output::GrantWindow { len: 8 }]);
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "the offer's temporary file exists while the window is asked for"
+        );
+        r.window_refused("registering 8 B would pass the pool's cap".into())
+            .unwrap();
+        match rejected(&mut r) {
+            RejectReason::Unavailable { reason } => {
+                assert!(
+                    reason.contains("window") && reason.contains("pool's cap"),
+                    "{reason}"
+                )
+            }
+            other => panic!("expected Unavailable, got {other:?}"),
+        }
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            0,
+            "the temporary file went with the offer"
+        );
+        assert!(r.is_finished());
+        assert!(
+            r.window_refused("again".into()).is_err(),
+            "a refusal nobody asked for is a driver error"
+        );
     }
 
     #[test]

@@ -278,6 +278,13 @@ impl Endpoint for Server {
         }
     }
 
+    fn window_refused(&mut self, reason: String) -> Result<()> {
+        match self.role_mut() {
+            Some(ep) => ep.window_refused(reason),
+            None => Err(super::endpoint::unexpected(self, "window refusal".into())),
+        }
+    }
+
     fn fill_chunk(&mut self, chunk: &ChunkWrite, dst: &mut [u8]) -> Result<()> {
         match self.role_mut() {
             Some(ep) => ep.fill_chunk(chunk, dst),

@@ -255,7 +255,16 @@ impl FileSession {
                 Output::GrantWindow { len } => {
                     let len = usize::try_from(len)
                         .map_err(|_| SessionError::new(format!("window of {len} bytes")))?;
-                    let buf = cx.register(len, Access::REMOTE_WRITE)?;
+                    // Out of registrable memory is the server's condition: the
+                    // client is told why its offer is refused, the connection stays.
+                    let buf = match cx.register(len, Access::REMOTE_WRITE) {
+                        Ok(buf) => buf,
+                        Err(e) => {
+                            tracing::warn!(error = %e, len, "cannot register an upload window");
+                            self.server()?.window_refused(e.to_string()).map_err(fail)?;
+                            continue;
+                        }
+                    };
                     self.window = Some(buf);
                     let region = remote_window(cx.remote(buf)?);
                     self.server()?.handle_window(region).map_err(fail)?;

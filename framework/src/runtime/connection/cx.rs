@@ -2,6 +2,7 @@
 //! buffers and the rkeys it grants), handed to every session callback.
 
 use super::{Buf, BufEntry, BufId, Core, Op, Outgoing, Wr};
+use crate::memory::Charge;
 use crate::runtime::service::{Message, OpId, SessionError};
 use crate::verbs::{Access, MemoryRegion, MemoryWindow, RemoteRegion, VerbsError};
 
@@ -74,7 +75,7 @@ impl<'a> SessionCx<'a> {
             .pool
             .lease(len)
             .map_err(|e| SessionError::new(e.to_string()))?;
-        Ok(self.insert_buf(Buf::Pooled(lease), None))
+        Ok(self.insert_buf(Buf::Pooled(lease), None, None))
     }
 
     /// Registers a buffer with `access` (for regions the peer may read or write). It is
@@ -85,12 +86,24 @@ impl<'a> SessionCx<'a> {
     /// other connection on the shared PD gets a remote access error), and freeing the
     /// buffer deallocates the window, revoking it. The bind is posted here, ahead of any
     /// message that carries the rkey.
+    ///
+    /// The bytes count against the pool's cap (as a rendezvous buffer does) until the
+    /// buffer is freed: a session's windows and staging buffers come out of the same
+    /// registered-memory budget as everything else, so many connections each within
+    /// their service's own bounds cannot together pin more than the cap. At the cap this
+    /// fails at once with the pool's reason (`registering N B would pass the pool's cap`),
+    /// before anything is registered; the service decides what its client is told.
     pub fn register(&mut self, len: usize, access: Access) -> Result<BufId, SessionError> {
+        let charge = self
+            .core
+            .pool
+            .charge(len)
+            .map_err(|e| SessionError::new(e.to_string()))?;
         let remote = access.remote_part();
         if remote == Access::NONE {
             let mr = MemoryRegion::register(&self.core.pd, len, access)
                 .map_err(|e| SessionError::new(e.to_string()))?;
-            return Ok(self.insert_buf(Buf::Registered(mr), None));
+            return Ok(self.insert_buf(Buf::Registered(mr), None, Some(charge)));
         }
         let err = |e: VerbsError| SessionError::new(e.to_string());
         let mr = MemoryRegion::register(&self.core.pd, len, Access::LOCAL_WRITE | Access::MW_BIND)
@@ -109,7 +122,7 @@ impl<'a> SessionCx<'a> {
             .map_err(err)?;
         slot.insert(Wr::Bind);
         self.core.send_outstanding += 1;
-        Ok(self.insert_buf(Buf::Registered(mr), Some((window, grant))))
+        Ok(self.insert_buf(Buf::Registered(mr), Some((window, grant)), Some(charge)))
     }
 
     /// Hands a region the application registered (on this connection's PD) to the
@@ -121,13 +134,14 @@ impl<'a> SessionCx<'a> {
                 "the region is registered on another protection domain",
             ));
         }
-        Ok(self.insert_buf(Buf::Registered(region), None))
+        Ok(self.insert_buf(Buf::Registered(region), None, None))
     }
 
     /// Returns a buffer from [`adopt`](Self::adopt) (or [`register`](Self::register), if
     /// it was registered without remote access) to the caller. `None`, and the buffer
     /// stays, while operations still use it, for a pool buffer or one with a window
-    /// bound; `None` for an unknown id.
+    /// bound; `None` for an unknown id. A registered buffer's charge against the pool's
+    /// cap ends here: the region is the caller's from now on.
     pub fn take_back(&mut self, id: BufId) -> Option<MemoryRegion> {
         match self.core.bufs.get(id.0) {
             Some(BufEntry {
@@ -135,6 +149,7 @@ impl<'a> SessionCx<'a> {
                 buf: Buf::Registered(_),
                 inflight: 0,
                 freed: false,
+                ..
             }) => {}
             _ => return None,
         }
@@ -144,10 +159,16 @@ impl<'a> SessionCx<'a> {
         }
     }
 
-    fn insert_buf(&mut self, buf: Buf, grant: Option<(MemoryWindow, RemoteRegion)>) -> BufId {
+    fn insert_buf(
+        &mut self,
+        buf: Buf,
+        grant: Option<(MemoryWindow, RemoteRegion)>,
+        charge: Option<Charge>,
+    ) -> BufId {
         BufId(self.core.bufs.insert(BufEntry {
             grant,
             buf,
+            _charge: charge,
             inflight: 0,
             freed: false,
         }))

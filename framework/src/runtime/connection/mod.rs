@@ -48,7 +48,7 @@ use super::recv_groups::Membership;
 use super::service::{Framing, Message, OpId};
 use super::srq::SharedRecv;
 use super::CloseReason;
-use crate::memory::{Lease, MrPool, PoolError};
+use crate::memory::{Charge, Lease, MrPool, PoolError};
 use crate::proto::budget::{Budget, BudgetError};
 use crate::proto::credits::{CreditError, CreditWindow};
 use crate::proto::frame::{RendezvousOffer, HEADER_LEN};
@@ -108,9 +108,14 @@ impl Buf {
 }
 
 struct BufEntry {
-    // Field order is drop order: the window (the peer's access) goes before the memory.
+    // Field order is drop order: the window (the peer's access) goes before the memory,
+    // and the memory is deregistered before its charge against the pool's cap is given
+    // back (a waiter woken by that charge finds the room really free).
     grant: Option<(MemoryWindow, RemoteRegion)>,
     buf: Buf,
+    /// For a buffer [`SessionCx::register`] made: its bytes, counted against the pool's
+    /// cap.
+    _charge: Option<Charge>,
     inflight: u32,
     freed: bool,
 }
