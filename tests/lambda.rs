@@ -10,7 +10,7 @@ use std::cell::Cell;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdmactor::runtime::{Client, ClientConnection};
+use rdmactor::runtime::{Client, ClientConnection, NodeConfig, Server};
 use rdmactor::verbs::{Access, MemoryRegion};
 use rdmactor_services::lambda::{
     self, checksum_native, CallError, FailureKind, Invocation, LambdaConfig, LambdaRef,
@@ -109,6 +109,65 @@ async fn expect_failure(
         other => panic!("{what}: expected {kind:?}, got {other:?}"),
     }
     assert!(elapsed < within, "{what}: {elapsed:?}, limit {within:?}");
+}
+
+#[test]
+fn an_output_beyond_the_pools_cap_fails_its_invocation_busy_and_the_connection_stays() {
+    let Some(_ctx) = rdma_context() else { return };
+    let base = resource_counts();
+    actix_run(async {
+        let natives = NativeLambdas::new();
+        natives.register("checksum", Arc::new(|i: &[u8]| Ok(checksum_native(i))));
+        // 4 MiB out of 4 KiB in: more than the pool's largest class, so the output is
+        // registered for the WRITE, and charged to the cap.
+        natives.register("grow", Arc::new(|_: &[u8]| Ok(vec![7; 4 << 20])));
+        let config = LambdaConfig {
+            cap: Limits {
+                max_output: 8 << 20,
+                ..cap()
+            },
+            ..LambdaConfig::default()
+        };
+        let service = LambdaService::new(Arc::new(Sandbox::new()), Arc::new(natives), config);
+        // Room for 2 MiB outside the receive buffers.
+        let server = Server::builder()
+            .config(rdmactor_tests::capped_pool(2 << 20))
+            .listen(rdmactor_tests::test_addr(), None)
+            .service("lambda", service)
+            .start()
+            .expect("server");
+        let client = Client::start(NodeConfig::default()).expect("client");
+        let conn = client
+            .connect(server.local_addrs()[0], "lambda")
+            .await
+            .expect("connect");
+        let input = pattern(4096, 9);
+        let regions = Regions::new(&client, &input, 4 << 20);
+        let grow = regions.invocation(LambdaRef::Native("grow".into()), input.len(), None);
+        match lambda::invoke(&conn, &grow).await {
+            Err(CallError::Failed(f)) if f.kind == FailureKind::Busy => {
+                println!("4 MiB output through 2 MiB of room: {}", f.message);
+                assert!(f.message.contains("pool's cap"), "{}", f.message);
+            }
+            other => panic!("expected Busy, got {other:?}"),
+        }
+        let sum = regions.invocation(LambdaRef::Native("checksum".into()), input.len(), None);
+        let len = lambda::invoke(&conn, &sum)
+            .await
+            .expect("the same connection still serves");
+        assert_eq!(regions.output(len), checksum_native(&input));
+        assert_eq!(
+            server.stats().await.pool.charged_bytes,
+            0,
+            "nothing stays charged"
+        );
+        conn.close().await;
+        drop(regions);
+        wait_idle(&server, "the connection to close", Duration::from_secs(20)).await;
+        client.shutdown().await;
+        server.shutdown().await;
+    });
+    assert_released(&base);
 }
 
 #[test]

@@ -339,6 +339,22 @@ impl Invocations {
         }
     }
 
+    /// No buffer could be had for `job`'s output (the registered-memory pool at its cap):
+    /// the request is answered [`FailureKind::Busy`] with `reason`, and the job is gone.
+    /// The output was computed; the client may ask again once the server has room.
+    pub fn output_refused(&mut self, job: usize, reason: &str) {
+        if let Some(Job {
+            tag,
+            stage: Stage::Writing { .. },
+        }) = self.jobs.get(job)
+        {
+            let tag = *tag;
+            self.jobs.remove(job);
+            let message = format!("no memory for the output: {reason}");
+            self.fail(tag, Failure::new(FailureKind::Busy, message));
+        }
+    }
+
     /// The output of `job` was written.
     pub fn handle_written(&mut self, job: usize) {
         if let Some(Job {
@@ -579,6 +595,33 @@ mod tests {
                 response: LambdaResponse::Done { len: 0 }
             }]
         );
+    }
+
+    #[test]
+    fn an_output_without_a_buffer_is_answered_busy_and_frees_the_job() {
+        let mut inv = Invocations::new(config());
+        inv.handle_request(4, invoke(LambdaRef::Module(hash()), 0, 16));
+        let Some(Action::Run { job, .. }) = inv.poll_action() else {
+            panic!()
+        };
+        inv.handle_outcome(job, Outcome::Ran(Ok(vec![1, 2, 3])));
+        assert!(matches!(
+            inv.poll_action(),
+            Some(Action::WriteOutput { job: j, .. }) if j == job
+        ));
+        inv.output_refused(job, "registering 3 B would pass the pool's cap");
+        let acts = actions(&mut inv);
+        assert!(acts.iter().any(failed(4, FailureKind::Busy)), "{acts:?}");
+        match &acts[..] {
+            [Action::Reply {
+                response: LambdaResponse::Failed(f),
+                ..
+            }] => assert!(f.message.contains("pool's cap"), "{}", f.message),
+            other => panic!("one answer expected: {other:?}"),
+        }
+        assert_eq!(inv.jobs(), 0);
+        inv.handle_written(job);
+        assert!(actions(&mut inv).is_empty(), "no second answer");
     }
 
     #[test]

@@ -221,7 +221,15 @@ impl LambdaSession {
                     );
                 }
                 Action::WriteOutput { job, dst, data } => {
-                    let buf = Self::buffer(cx, data.len())?;
+                    // At the pool's cap this one request fails, not the connection.
+                    let buf = match Self::buffer(cx, data.len()) {
+                        Ok(buf) => buf,
+                        Err(e) => {
+                            tracing::warn!(error = %e, len = data.len(), "no buffer for a lambda's output");
+                            self.core.output_refused(job, &e.to_string());
+                            continue;
+                        }
+                    };
                     cx.bytes_mut(buf)?[..data.len()].copy_from_slice(&data);
                     let op = cx.post(Op::Write {
                         buf,
