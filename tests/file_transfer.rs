@@ -14,7 +14,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rdmactor::memory::PoolConfig;
 use rdmactor::runtime::{Client, ClientConnection, CloseReason, NodeConfig, RequestError, Server};
 use rdmactor::verbs::RemoteRegion;
 use rdmactor_services::file_transfer::{
@@ -570,15 +569,8 @@ fn a_window_beyond_the_pools_cap_is_refused_with_the_reason_and_the_connection_s
     actix_run(async {
         // Room for 4 MiB outside the receive buffers: an upload's window of 8 slots of
         // 1 MiB does not fit, a small file's one slot of its own size does.
-        let pool = PoolConfig::default();
         let server = Server::builder()
-            .config(NodeConfig {
-                pool: PoolConfig {
-                    max_bytes: pool.reserved_smallest + (4 << 20),
-                    ..pool
-                },
-                ..NodeConfig::default()
-            })
+            .config(rdmactor_tests::capped_pool(4 << 20))
             .listen(test_addr(), None)
             .service(
                 "files",

@@ -366,15 +366,8 @@ fn replies_beyond_the_pools_cap_wait_their_turn() {
     const REPLY: usize = 7 << 20;
     actix_run(async move {
         let reasons = Reasons::default();
-        let pool = PoolConfig::default();
         let server = Server::builder()
-            .config(NodeConfig {
-                pool: PoolConfig {
-                    max_bytes: pool.reserved_smallest + (12 << 20),
-                    ..pool
-                },
-                ..NodeConfig::default()
-            })
+            .config(rdmactor_tests::capped_pool(12 << 20))
             .listen(test_addr(), None)
             .service(
                 "big",

@@ -287,6 +287,20 @@ pub fn serve(
     (server, addr, client)
 }
 
+/// A node whose registered-memory pool has `room` bytes beyond the receive buffers it
+/// reserves: the cap that rendezvous buffers, large leases and session registrations
+/// share.
+pub fn capped_pool(room: usize) -> rdmactor::runtime::NodeConfig {
+    let pool = rdmactor::memory::PoolConfig::default();
+    rdmactor::runtime::NodeConfig {
+        pool: rdmactor::memory::PoolConfig {
+            max_bytes: pool.reserved_smallest + room,
+            ..pool
+        },
+        ..rdmactor::runtime::NodeConfig::default()
+    }
+}
+
 /// Wraps a service and records why each of its connections closed (`CloseReason`'s
 /// text), so tests can check the reason a misbehaving peer or session was given.
 pub struct Recorded<S> {
