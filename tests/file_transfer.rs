@@ -569,20 +569,12 @@ fn a_window_beyond_the_pools_cap_is_refused_with_the_reason_and_the_connection_s
     actix_run(async {
         // Room for 4 MiB outside the receive buffers: an upload's window of 8 slots of
         // 1 MiB does not fit, a small file's one slot of its own size does.
-        let server = Server::builder()
-            .config(rdmactor_tests::capped_pool(4 << 20))
-            .listen(test_addr(), None)
-            .service(
-                "files",
-                FileTransfer::new(Config::new(&store)).expect("files"),
-            )
-            .start()
-            .expect("server");
-        let client = Client::start(NodeConfig::default()).expect("client");
-        let conn = client
-            .connect(server.local_addrs()[0], "files")
-            .await
-            .expect("connect");
+        let (server, addr, client) = rdmactor_tests::serve_with(
+            rdmactor_tests::capped_pool(4 << 20),
+            "files",
+            FileTransfer::new(Config::new(&store)).expect("files"),
+        );
+        let conn = client.connect(addr, "files").await.expect("connect");
         let (outcome, grant) = send(&conn, &src.join("big"), "big", &SendOptions::default()).await;
         assert!(grant.is_none(), "no window was granted");
         match &outcome {

@@ -10,7 +10,7 @@ use std::cell::Cell;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdmactor::runtime::{Client, ClientConnection, NodeConfig, Server};
+use rdmactor::runtime::{Client, ClientConnection};
 use rdmactor::verbs::{Access, MemoryRegion};
 use rdmactor_services::lambda::{
     self, checksum_native, CallError, FailureKind, Invocation, LambdaConfig, LambdaRef,
@@ -130,17 +130,9 @@ fn an_output_beyond_the_pools_cap_fails_its_invocation_busy_and_the_connection_s
         };
         let service = LambdaService::new(Arc::new(Sandbox::new()), Arc::new(natives), config);
         // Room for 2 MiB outside the receive buffers.
-        let server = Server::builder()
-            .config(rdmactor_tests::capped_pool(2 << 20))
-            .listen(rdmactor_tests::test_addr(), None)
-            .service("lambda", service)
-            .start()
-            .expect("server");
-        let client = Client::start(NodeConfig::default()).expect("client");
-        let conn = client
-            .connect(server.local_addrs()[0], "lambda")
-            .await
-            .expect("connect");
+        let (server, addr, client) =
+            rdmactor_tests::serve_with(rdmactor_tests::capped_pool(2 << 20), "lambda", service);
+        let conn = client.connect(addr, "lambda").await.expect("connect");
         let input = pattern(4096, 9);
         let regions = Regions::new(&client, &input, 4 << 20);
         let grow = regions.invocation(LambdaRef::Native("grow".into()), input.len(), None);

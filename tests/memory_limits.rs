@@ -366,20 +366,12 @@ fn replies_beyond_the_pools_cap_wait_their_turn() {
     const REPLY: usize = 7 << 20;
     actix_run(async move {
         let reasons = Reasons::default();
-        let server = Server::builder()
-            .config(rdmactor_tests::capped_pool(12 << 20))
-            .listen(test_addr(), None)
-            .service(
-                "big",
-                Big {
-                    reply_len: REPLY,
-                    reasons: reasons.clone(),
-                },
-            )
-            .start()
-            .expect("server");
-        let addr = server.local_addrs()[0];
-        let client = rdmactor::runtime::Client::start(NodeConfig::default()).expect("client");
+        let big = Big {
+            reply_len: REPLY,
+            reasons: reasons.clone(),
+        };
+        let (server, addr, client) =
+            rdmactor_tests::serve_with(rdmactor_tests::capped_pool(12 << 20), "big", big);
         let conns = rdmactor_tests::connect_n(&client, addr, "big", 4).await;
         for round in 0..3 {
             let asks = conns.iter().enumerate().map(|(c, conn)| async move {

@@ -276,7 +276,21 @@ pub fn serve(
     std::net::SocketAddr,
     rdmactor::runtime::Client,
 ) {
+    serve_with(rdmactor::runtime::NodeConfig::default(), name, service)
+}
+
+/// [`serve`] with the server's node configured by `config` (the client's stays default).
+pub fn serve_with(
+    config: rdmactor::runtime::NodeConfig,
+    name: &str,
+    service: impl rdmactor::runtime::Service,
+) -> (
+    rdmactor::runtime::Server,
+    std::net::SocketAddr,
+    rdmactor::runtime::Client,
+) {
     let server = rdmactor::runtime::Server::builder()
+        .config(config)
         .listen(test_addr(), None)
         .service(name, service)
         .start()
