@@ -163,6 +163,68 @@ fn an_output_beyond_the_pools_cap_fails_its_invocation_busy_and_the_connection_s
 }
 
 #[test]
+fn an_input_beyond_the_pools_cap_fails_its_invocation_busy_and_the_connection_stays() {
+    let Some(_ctx) = rdma_context() else { return };
+    let base = resource_counts();
+    actix_run(async {
+        let natives = NativeLambdas::new();
+        natives.register("checksum", Arc::new(|i: &[u8]| Ok(checksum_native(i))));
+        // Chunks of 1.5 MiB, larger than the pool's largest class: each is registered
+        // for its READ and charged to the cap, and four are asked for at once.
+        let config = LambdaConfig {
+            read_chunk: 3 << 19,
+            reads_in_flight: 4,
+            ..LambdaConfig::default()
+        };
+        let service = LambdaService::new(Arc::new(Sandbox::new()), Arc::new(natives), config);
+        // Room for 2 MiB outside the receive buffers: the first chunk fits, the second
+        // does not, while the first is still being READ.
+        let (server, addr, client) =
+            rdmactor_tests::serve_with(rdmactor_tests::capped_pool(2 << 20), "lambda", service);
+        let conn = client.connect(addr, "lambda").await.expect("connect");
+        let big = pattern(6 << 20, 5);
+        let regions = Regions::new(&client, &big, 4096);
+        let sum = regions.invocation(LambdaRef::Native("checksum".into()), big.len(), None);
+        match lambda::invoke(&conn, &sum).await {
+            Err(CallError::Failed(f)) if f.kind == FailureKind::Busy => {
+                println!(
+                    "6 MiB input in 1.5 MiB chunks through 2 MiB of room: {}",
+                    f.message
+                );
+                assert!(
+                    f.message.contains("no memory for the input"),
+                    "{}",
+                    f.message
+                );
+                assert!(f.message.contains("pool's cap"), "{}", f.message);
+            }
+            other => panic!("expected Busy, got {other:?}"),
+        }
+        // One chunk's worth is served on the same connection, and its result is right.
+        let small = pattern(1 << 20, 6);
+        let fits = Regions::new(&client, &small, 4096);
+        let len = lambda::invoke(
+            &conn,
+            &fits.invocation(LambdaRef::Native("checksum".into()), small.len(), None),
+        )
+        .await
+        .expect("the same connection still serves");
+        assert_eq!(fits.output(len), checksum_native(&small));
+        assert_eq!(
+            server.stats().await.pool.charged_bytes,
+            0,
+            "nothing stays charged"
+        );
+        conn.close().await;
+        drop((regions, fits));
+        wait_idle(&server, "the connection to close", Duration::from_secs(20)).await;
+        client.shutdown().await;
+        server.shutdown().await;
+    });
+    assert_released(&base);
+}
+
+#[test]
 fn results_are_correct_and_bad_lambdas_fail_alone() {
     let Some(_ctx) = rdma_context() else { return };
     let base = resource_counts();

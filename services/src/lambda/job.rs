@@ -69,6 +69,10 @@ enum Stage {
         in_flight: usize,
         /// Bytes handled.
         received: usize,
+        /// Why the input cannot be read (no buffer for a chunk): no more chunks are
+        /// asked for, and the request is answered once those posted have come back, so
+        /// the client's input region is not READ after its answer.
+        refused: Option<String>,
     },
     Running {
         output: RemoteRegion,
@@ -201,6 +205,7 @@ impl Invocations {
                             next: 0,
                             in_flight: 0,
                             received: 0,
+                            refused: None,
                         },
                     });
                     self.request_chunks(job);
@@ -254,11 +259,16 @@ impl Invocations {
             input,
             in_flight,
             received,
+            refused,
             ..
         } = &mut j.stage
         else {
             return;
         };
+        if refused.is_some() {
+            *in_flight -= 1;
+            return self.finish_refused(job);
+        }
         let Some(slot) = offset
             .checked_add(data.len())
             .and_then(|end| input.get_mut(offset..end))
@@ -336,6 +346,54 @@ impl Invocations {
                 self.fail(tag, (&e).into());
             }
             (outcome, _) => debug_assert!(false, "{outcome:?} for job {job} in {:?}", j.stage),
+        }
+    }
+
+    /// No buffer could be had for a chunk of `job`'s input (the registered-memory pool at
+    /// its cap): the request is answered [`FailureKind::Busy`] with `reason` once the
+    /// chunks already posted are back, and the connection goes on. The chunks asked for
+    /// and not yet posted are dropped.
+    pub fn input_refused(&mut self, job: usize, reason: &str) {
+        let Some(Job {
+            stage: Stage::Reading {
+                in_flight, refused, ..
+            },
+            ..
+        }) = self.jobs.get_mut(job)
+        else {
+            return;
+        };
+        if refused.is_none() {
+            *refused = Some(format!("no memory for the input: {reason}"));
+        }
+        // This chunk, and the ones queued behind it, were counted as posted.
+        let before = self.actions.len();
+        self.actions
+            .retain(|a| !matches!(a, Action::ReadInput { job: j, .. } if *j == job));
+        *in_flight -= 1 + (before - self.actions.len());
+        self.finish_refused(job);
+    }
+
+    /// Answers a refused job whose posted chunks are all back.
+    fn finish_refused(&mut self, job: usize) {
+        if let Some(Job {
+            stage:
+                Stage::Reading {
+                    in_flight: 0,
+                    refused: Some(_),
+                    ..
+                },
+            ..
+        }) = self.jobs.get(job)
+        {
+            let j = self.jobs.remove(job);
+            if let Stage::Reading {
+                refused: Some(message),
+                ..
+            } = j.stage
+            {
+                self.fail(j.tag, Failure::new(FailureKind::Busy, message));
+            }
         }
     }
 
@@ -622,6 +680,73 @@ mod tests {
         assert_eq!(inv.jobs(), 0);
         inv.handle_written(job);
         assert!(actions(&mut inv).is_empty(), "no second answer");
+    }
+
+    #[test]
+    fn an_input_chunk_without_a_buffer_is_answered_busy_once_the_posted_chunks_are_back() {
+        let mut inv = Invocations::new(LambdaConfig {
+            read_chunk: 4,
+            reads_in_flight: 3,
+            ..config()
+        });
+        inv.handle_request(6, invoke(LambdaRef::Native("checksum".into()), 20, 16));
+        // The driver takes one action at a time: the first chunk is posted, the second
+        // finds no buffer, and the third is still queued behind it.
+        let Some(Action::ReadInput { job, offset: 0, .. }) = inv.poll_action() else {
+            panic!("the first chunk is asked for")
+        };
+        let Some(Action::ReadInput { offset: 4, .. }) = inv.poll_action() else {
+            panic!("the second chunk is asked for")
+        };
+        inv.handle_request(7, invoke(LambdaRef::Native("checksum".into()), 0, 16));
+        inv.input_refused(job, "registering 4 B would pass the pool's cap");
+        let acts = actions(&mut inv);
+        assert!(
+            !acts.iter().any(|a| matches!(a, Action::ReadInput { .. })),
+            "no chunk asked for after the refusal: {acts:?}"
+        );
+        assert!(
+            !acts.iter().any(failed(6, FailureKind::Busy)),
+            "answered while a READ of the client's input is still posted: {acts:?}"
+        );
+        // The posted chunk comes back: now the answer, and the job is gone.
+        inv.handle_input(job, 0, &[1, 2, 3, 4]);
+        let acts = actions(&mut inv);
+        match &acts[..] {
+            [Action::Reply {
+                tag: 6,
+                response: LambdaResponse::Failed(f),
+            }] => {
+                assert_eq!(f.kind, FailureKind::Busy);
+                assert!(
+                    f.message.contains("no memory for the input"),
+                    "{}",
+                    f.message
+                );
+                assert!(f.message.contains("pool's cap"), "{}", f.message);
+            }
+            other => panic!("one Busy answer expected: {other:?}"),
+        }
+        assert_eq!(inv.jobs(), 1, "the other request's job goes on");
+        inv.handle_input(job, 4, &[5, 6, 7, 8]);
+        assert!(
+            actions(&mut inv).is_empty(),
+            "a stray chunk changes nothing"
+        );
+    }
+
+    #[test]
+    fn an_input_refused_with_nothing_posted_is_answered_at_once() {
+        let mut inv = Invocations::new(config());
+        inv.handle_request(2, invoke(LambdaRef::Native("checksum".into()), 8, 16));
+        let Some(Action::ReadInput { job, .. }) = inv.poll_action() else {
+            panic!()
+        };
+        inv.input_refused(job, "the pool is at its cap");
+        let acts = actions(&mut inv);
+        assert!(acts.iter().any(failed(2, FailureKind::Busy)), "{acts:?}");
+        assert_eq!(acts.len(), 1, "{acts:?}");
+        assert_eq!(inv.jobs(), 0);
     }
 
     #[test]

@@ -204,7 +204,15 @@ impl LambdaSession {
                     src,
                     len,
                 } => {
-                    let buf = Self::buffer(cx, len)?;
+                    // At the pool's cap this one request fails, not the connection.
+                    let buf = match Self::buffer(cx, len) {
+                        Ok(buf) => buf,
+                        Err(e) => {
+                            tracing::warn!(error = %e, len, "no buffer for a lambda's input chunk");
+                            self.core.input_refused(job, &e.to_string());
+                            continue;
+                        }
+                    };
                     let op = cx.post(Op::Read {
                         buf,
                         range: 0..len,
