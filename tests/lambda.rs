@@ -111,6 +111,46 @@ async fn expect_failure(
     assert!(elapsed < within, "{what}: {elapsed:?}, limit {within:?}");
 }
 
+/// Invokes `inv` on `conn`, which must fail [`FailureKind::Busy`] with a message naming
+/// each of `names`.
+async fn expect_busy(conn: &ClientConnection, inv: &Invocation, what: &str, names: &[&str]) {
+    match lambda::invoke(conn, inv).await {
+        Err(CallError::Failed(f)) if f.kind == FailureKind::Busy => {
+            println!("{what}: {}", f.message);
+            for name in names {
+                assert!(f.message.contains(name), "{what}: {}", f.message);
+            }
+        }
+        other => panic!("{what}: expected Busy, got {other:?}"),
+    }
+}
+
+/// After an invocation refused at the pool's cap: the same connection computes `input`'s
+/// checksum right, nothing stays charged to the cap, and everything closes.
+async fn served_after_a_refusal(
+    server: rdmactor::runtime::Server,
+    client: Client,
+    conn: ClientConnection,
+    input: &[u8],
+) {
+    let regions = Regions::new(&client, input, 4096);
+    let sum = regions.invocation(LambdaRef::Native("checksum".into()), input.len(), None);
+    let len = lambda::invoke(&conn, &sum)
+        .await
+        .expect("the same connection still serves");
+    assert_eq!(regions.output(len), checksum_native(input));
+    assert_eq!(
+        server.stats().await.pool.charged_bytes,
+        0,
+        "nothing stays charged"
+    );
+    conn.close().await;
+    drop(regions);
+    wait_idle(&server, "the connection to close", Duration::from_secs(20)).await;
+    client.shutdown().await;
+    server.shutdown().await;
+}
+
 #[test]
 fn an_output_beyond_the_pools_cap_fails_its_invocation_busy_and_the_connection_stays() {
     let Some(_ctx) = rdma_context() else { return };
@@ -136,28 +176,15 @@ fn an_output_beyond_the_pools_cap_fails_its_invocation_busy_and_the_connection_s
         let input = pattern(4096, 9);
         let regions = Regions::new(&client, &input, 4 << 20);
         let grow = regions.invocation(LambdaRef::Native("grow".into()), input.len(), None);
-        match lambda::invoke(&conn, &grow).await {
-            Err(CallError::Failed(f)) if f.kind == FailureKind::Busy => {
-                println!("4 MiB output through 2 MiB of room: {}", f.message);
-                assert!(f.message.contains("pool's cap"), "{}", f.message);
-            }
-            other => panic!("expected Busy, got {other:?}"),
-        }
-        let sum = regions.invocation(LambdaRef::Native("checksum".into()), input.len(), None);
-        let len = lambda::invoke(&conn, &sum)
-            .await
-            .expect("the same connection still serves");
-        assert_eq!(regions.output(len), checksum_native(&input));
-        assert_eq!(
-            server.stats().await.pool.charged_bytes,
-            0,
-            "nothing stays charged"
-        );
-        conn.close().await;
+        expect_busy(
+            &conn,
+            &grow,
+            "4 MiB output through 2 MiB of room",
+            &["no memory for the output", "pool's cap"],
+        )
+        .await;
         drop(regions);
-        wait_idle(&server, "the connection to close", Duration::from_secs(20)).await;
-        client.shutdown().await;
-        server.shutdown().await;
+        served_after_a_refusal(server, client, conn, &input).await;
     });
     assert_released(&base);
 }
@@ -185,41 +212,16 @@ fn an_input_beyond_the_pools_cap_fails_its_invocation_busy_and_the_connection_st
         let big = pattern(6 << 20, 5);
         let regions = Regions::new(&client, &big, 4096);
         let sum = regions.invocation(LambdaRef::Native("checksum".into()), big.len(), None);
-        match lambda::invoke(&conn, &sum).await {
-            Err(CallError::Failed(f)) if f.kind == FailureKind::Busy => {
-                println!(
-                    "6 MiB input in 1.5 MiB chunks through 2 MiB of room: {}",
-                    f.message
-                );
-                assert!(
-                    f.message.contains("no memory for the input"),
-                    "{}",
-                    f.message
-                );
-                assert!(f.message.contains("pool's cap"), "{}", f.message);
-            }
-            other => panic!("expected Busy, got {other:?}"),
-        }
-        // One chunk's worth is served on the same connection, and its result is right.
-        let small = pattern(1 << 20, 6);
-        let fits = Regions::new(&client, &small, 4096);
-        let len = lambda::invoke(
+        expect_busy(
             &conn,
-            &fits.invocation(LambdaRef::Native("checksum".into()), small.len(), None),
+            &sum,
+            "6 MiB input in 1.5 MiB chunks through 2 MiB of room",
+            &["no memory for the input", "pool's cap"],
         )
-        .await
-        .expect("the same connection still serves");
-        assert_eq!(fits.output(len), checksum_native(&small));
-        assert_eq!(
-            server.stats().await.pool.charged_bytes,
-            0,
-            "nothing stays charged"
-        );
-        conn.close().await;
-        drop((regions, fits));
-        wait_idle(&server, "the connection to close", Duration::from_secs(20)).await;
-        client.shutdown().await;
-        server.shutdown().await;
+        .await;
+        drop(regions);
+        // One chunk's worth is served on the same connection.
+        served_after_a_refusal(server, client, conn, &pattern(1 << 20, 6)).await;
     });
     assert_released(&base);
 }
