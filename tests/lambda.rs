@@ -125,6 +125,21 @@ async fn expect_busy(conn: &ClientConnection, inv: &Invocation, what: &str, name
     }
 }
 
+/// A lambda server whose pool has room for 2 MiB beyond its receive buffers, offering
+/// `natives` and the native `checksum` (what [`served_after_a_refusal`] runs), and a
+/// client connected to it.
+async fn with_2_mib_of_room(
+    natives: NativeLambdas,
+    config: LambdaConfig,
+) -> (rdmactor::runtime::Server, Client, ClientConnection) {
+    natives.register("checksum", Arc::new(|i: &[u8]| Ok(checksum_native(i))));
+    let service = LambdaService::new(Arc::new(Sandbox::new()), Arc::new(natives), config);
+    let (server, addr, client) =
+        rdmactor_tests::serve_with(rdmactor_tests::capped_pool(2 << 20), "lambda", service);
+    let conn = client.connect(addr, "lambda").await.expect("connect");
+    (server, client, conn)
+}
+
 /// After an invocation refused at the pool's cap: the same connection computes `input`'s
 /// checksum right, nothing stays charged to the cap, and everything closes.
 async fn served_after_a_refusal(
@@ -157,7 +172,6 @@ fn an_output_beyond_the_pools_cap_fails_its_invocation_busy_and_the_connection_s
     let base = resource_counts();
     actix_run(async {
         let natives = NativeLambdas::new();
-        natives.register("checksum", Arc::new(|i: &[u8]| Ok(checksum_native(i))));
         // 4 MiB out of 4 KiB in: more than the pool's largest class, so the output is
         // registered for the WRITE, and charged to the cap.
         natives.register("grow", Arc::new(|_: &[u8]| Ok(vec![7; 4 << 20])));
@@ -168,11 +182,7 @@ fn an_output_beyond_the_pools_cap_fails_its_invocation_busy_and_the_connection_s
             },
             ..LambdaConfig::default()
         };
-        let service = LambdaService::new(Arc::new(Sandbox::new()), Arc::new(natives), config);
-        // Room for 2 MiB outside the receive buffers.
-        let (server, addr, client) =
-            rdmactor_tests::serve_with(rdmactor_tests::capped_pool(2 << 20), "lambda", service);
-        let conn = client.connect(addr, "lambda").await.expect("connect");
+        let (server, client, conn) = with_2_mib_of_room(natives, config).await;
         let input = pattern(4096, 9);
         let regions = Regions::new(&client, &input, 4 << 20);
         let grow = regions.invocation(LambdaRef::Native("grow".into()), input.len(), None);
@@ -194,21 +204,15 @@ fn an_input_beyond_the_pools_cap_fails_its_invocation_busy_and_the_connection_st
     let Some(_ctx) = rdma_context() else { return };
     let base = resource_counts();
     actix_run(async {
-        let natives = NativeLambdas::new();
-        natives.register("checksum", Arc::new(|i: &[u8]| Ok(checksum_native(i))));
         // Chunks of 1.5 MiB, larger than the pool's largest class: each is registered
-        // for its READ and charged to the cap, and four are asked for at once.
+        // for its READ and charged to the cap, and four are asked for at once. In 2 MiB
+        // of room the first fits, the second does not, while the first is still READ.
         let config = LambdaConfig {
             read_chunk: 3 << 19,
             reads_in_flight: 4,
             ..LambdaConfig::default()
         };
-        let service = LambdaService::new(Arc::new(Sandbox::new()), Arc::new(natives), config);
-        // Room for 2 MiB outside the receive buffers: the first chunk fits, the second
-        // does not, while the first is still being READ.
-        let (server, addr, client) =
-            rdmactor_tests::serve_with(rdmactor_tests::capped_pool(2 << 20), "lambda", service);
-        let conn = client.connect(addr, "lambda").await.expect("connect");
+        let (server, client, conn) = with_2_mib_of_room(NativeLambdas::new(), config).await;
         let big = pattern(6 << 20, 5);
         let regions = Regions::new(&client, &big, 4096);
         let sum = regions.invocation(LambdaRef::Native("checksum".into()), big.len(), None);

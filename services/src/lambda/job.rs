@@ -72,7 +72,7 @@ enum Stage {
         /// Why the input cannot be read (no buffer for a chunk): no more chunks are
         /// asked for, and the request is answered once those posted have come back, so
         /// the client's input region is not READ after its answer.
-        refused: Option<String>,
+        refused: Option<Failure>,
     },
     Running {
         output: RemoteRegion,
@@ -364,7 +364,7 @@ impl Invocations {
             return;
         };
         if refused.is_none() {
-            *refused = Some(format!("no memory for the input: {reason}"));
+            *refused = Some(no_memory("input", reason));
         }
         // This chunk, and the ones queued behind it, were counted as posted.
         let before = self.actions.len();
@@ -388,11 +388,11 @@ impl Invocations {
         {
             let j = self.jobs.remove(job);
             if let Stage::Reading {
-                refused: Some(message),
+                refused: Some(failure),
                 ..
             } = j.stage
             {
-                self.fail(j.tag, Failure::new(FailureKind::Busy, message));
+                self.fail(j.tag, failure);
             }
         }
     }
@@ -408,8 +408,7 @@ impl Invocations {
         {
             let tag = *tag;
             self.jobs.remove(job);
-            let message = format!("no memory for the output: {reason}");
-            self.fail(tag, Failure::new(FailureKind::Busy, message));
+            self.fail(tag, no_memory("output", reason));
         }
     }
 
@@ -432,6 +431,15 @@ impl Invocations {
     pub fn poll_action(&mut self) -> Option<Action> {
         self.actions.pop_front()
     }
+}
+
+/// The answer to a request whose `what` (input or output) found no buffer: `Busy`, since
+/// the memory is the server's and the client may ask again once there is room.
+fn no_memory(what: &str, reason: &str) -> Failure {
+    Failure::new(
+        FailureKind::Busy,
+        format!("no memory for the {what}: {reason}"),
+    )
 }
 
 #[cfg(test)]
