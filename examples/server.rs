@@ -387,16 +387,22 @@ fn main() -> Result<()> {
             println!("listening out of band on {addr} ({transport})");
         }
         // Once a second, from `Server::stats`: the pool's gauges (with --metrics), and a
-        // line whenever the RDMA device goes or comes back.
+        // line whenever the RDMA device goes or comes back, and while it is gone whenever
+        // the count of connections still letting go of it changes (the first sample
+        // after a removal may come before the last of them closed).
         let sample = async {
-            let mut present = true;
+            let mut shown = (true, None);
             loop {
                 let stats = server.stats().await;
                 if metrics.is_some() {
                     rdmactor::metrics::record_pool(&stats.pool);
                 }
-                if stats.device_present != present {
-                    present = stats.device_present;
+                let now = (
+                    stats.device_present,
+                    (!stats.device_present).then_some(stats.connections),
+                );
+                if now != shown {
+                    shown = now;
                     println!(
                         "stats: device_present={} connections={} device_losses={}",
                         stats.device_present, stats.connections, stats.device_losses
