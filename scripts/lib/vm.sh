@@ -37,6 +37,12 @@ fetch_kernel() { # -> sets kver, kdir
         (cd "$tmp" && apt-get download -qq -o APT::Sandbox::User=root "$pkg" >/dev/null 2>&1) ||
             { rm -rf "$tmp"; die "apt-get download $pkg failed"; }
         dpkg -x "$tmp"/*.deb "$tmp/root"
+        # Trixie's kernel packages ship their modules under usr/lib/modules (merged
+        # /usr); bookworm's under lib/modules, where depmod -b and modprobe -d look.
+        if [ ! -d "$tmp/root/lib/modules" ] && [ -d "$tmp/root/usr/lib/modules" ]; then
+            mkdir -p "$tmp/root/lib"
+            mv "$tmp/root/usr/lib/modules" "$tmp/root/lib/modules"
+        fi
         local ver
         ver=$(ls "$tmp/root/lib/modules")
         [ "$ver" = "$kver" ] || { rm -rf "$tmp"; die "unexpected module directory $ver in $pkg"; }

@@ -5,7 +5,7 @@
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use rdma_sys::*;
+use super::sys::*;
 
 use super::error::{check_ptr, Result, Verb};
 use super::pd::ProtectionDomain;

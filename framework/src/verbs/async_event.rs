@@ -8,11 +8,11 @@
 use std::fmt;
 use std::time::Duration;
 
-use rdma_sys::*;
+use super::sys::*;
 
 use super::device::Context;
 use super::error::{Result, Verb, VerbsError};
-use super::sys::{poll_readable, set_nonblocking};
+use super::sys::os::{poll_readable, set_nonblocking};
 
 /// What happened, by the verbs name (`IBV_EVENT_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

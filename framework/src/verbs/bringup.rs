@@ -20,7 +20,7 @@
 
 use std::marker::PhantomData;
 
-use rdma_sys::*;
+use super::sys::*;
 
 use super::ah::AddressVector;
 use super::cq::CompletionQueue;

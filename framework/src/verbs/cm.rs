@@ -11,7 +11,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdma_sys::*;
+use super::sys::*;
 
 use super::cq::CompletionQueue;
 use super::device::Context;
@@ -19,7 +19,7 @@ use super::error::{check, check_ptr, Result, Verb, VerbsError};
 use super::pd::ProtectionDomain;
 use super::qp::{QpCaps, QueuePair};
 use super::srq::SharedReceiveQueue;
-use super::sys;
+use super::sys::os;
 
 /// Private data a connect request can carry over RoCE/IB (the CM REQ has 92 bytes, the
 /// rdma_cm header takes 36).
@@ -64,7 +64,7 @@ impl EventChannel {
         let chan = EventChannel {
             inner: Arc::new(EventChannelInner { ch }),
         };
-        sys::set_nonblocking(chan.fd(), Verb::CreateEventChannel)?;
+        os::set_nonblocking(chan.fd(), Verb::CreateEventChannel)?;
         Ok(chan)
     }
 
@@ -111,7 +111,7 @@ impl EventChannel {
                 },
                 None => None,
             };
-            sys::poll_readable(self.fd(), left)?;
+            os::poll_readable(self.fd(), left)?;
         }
     }
 
@@ -401,7 +401,7 @@ impl CmId {
 
     /// Binds to a local address (port 0 picks a free port).
     pub fn bind(&self, addr: SocketAddr) -> Result<()> {
-        let mut ss = sys::to_sockaddr(&addr);
+        let mut ss = os::to_sockaddr(&addr);
         // SAFETY: the id is alive; `ss` holds a valid sockaddr for the call.
         let ret = unsafe {
             rdma_bind_addr(
@@ -474,8 +474,8 @@ impl CmId {
         dst: SocketAddr,
         timeout: Duration,
     ) -> Result<()> {
-        let mut src_ss = src.map(|s| sys::to_sockaddr(&s));
-        let mut dst_ss = sys::to_sockaddr(&dst);
+        let mut src_ss = src.map(|s| os::to_sockaddr(&s));
+        let mut dst_ss = os::to_sockaddr(&dst);
         let src_ptr = src_ss.as_mut().map_or(std::ptr::null_mut(), |s| {
             (s as *mut libc::sockaddr_storage).cast()
         });
@@ -509,7 +509,7 @@ impl CmId {
         // that librdmacm keeps initialised (zero family until bound).
         unsafe {
             let id = &*self.inner.as_ptr();
-            sys::from_sockaddr(rdma_get_local_addr(id))
+            os::from_sockaddr(rdma_get_local_addr(id))
         }
     }
 
@@ -518,7 +518,7 @@ impl CmId {
         // SAFETY: as in `local_addr`, for dst_addr.
         unsafe {
             let id = &*self.inner.as_ptr();
-            sys::from_sockaddr(rdma_get_peer_addr(id))
+            os::from_sockaddr(rdma_get_peer_addr(id))
         }
     }
 

@@ -7,11 +7,11 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdma_sys::*;
+use super::sys::*;
 
 use super::device::Context;
 use super::error::{check, check_ptr, Result, Verb, VerbsError};
-use super::sys;
+use super::sys::os;
 
 /// A completion channel: a file descriptor that becomes readable when an armed CQ gets
 /// a completion. Lets a poller thread sleep instead of spinning.
@@ -56,7 +56,7 @@ impl CompletionChannel {
                 ch,
             }),
         };
-        sys::set_nonblocking(chan.fd(), Verb::CreateCompChannel)?;
+        os::set_nonblocking(chan.fd(), Verb::CreateCompChannel)?;
         Ok(chan)
     }
 
@@ -69,7 +69,7 @@ impl CompletionChannel {
     /// Waits up to `timeout` for a CQ event and acknowledges it. Returns which CQ fired,
     /// or `None` on timeout. The CQ must be re-armed with `req_notify` and then drained.
     pub fn wait(&self, timeout: Option<Duration>) -> Result<Option<CqKey>> {
-        if !sys::poll_readable(self.fd(), timeout)? {
+        if !os::poll_readable(self.fd(), timeout)? {
             return Ok(None);
         }
         let mut cq: *mut ibv_cq = std::ptr::null_mut();
@@ -275,8 +275,7 @@ impl WorkCompletion {
             opcode: WcOpcode::from_raw(wc.opcode),
             byte_len: wc.byte_len,
             // SAFETY: with IBV_WC_WITH_IMM set, the union holds imm_data (network order).
-            imm_data: with_imm
-                .then(|| u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data })),
+            imm_data: with_imm.then(|| u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data })),
             qp_num: wc.qp_num,
             vendor_err: wc.vendor_err,
         }

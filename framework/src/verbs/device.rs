@@ -11,7 +11,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use rdma_sys::*;
+use super::sys::*;
 
 use super::error::{check, Result, Verb, VerbsError};
 

@@ -1,4 +1,5 @@
-//! Safe RAII wrappers over libibverbs and librdmacm (through `rdma-sys`).
+//! Safe RAII wrappers over libibverbs and librdmacm (raw bindings in `sys/`, generated
+//! from the system's rdma-core headers by `framework/build.rs`).
 //!
 //! This module is the only place in rdmactor with `unsafe`; every block says why it is
 //! sound. Each object holds an `Arc` to what it depends on, so the destroy order the

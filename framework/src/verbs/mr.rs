@@ -12,7 +12,7 @@ use std::ops::{BitOr, BitOrAssign, Range};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use rdma_sys::*;
+use super::sys::*;
 
 use super::error::{Result, VerbsError};
 use super::pd::ProtectionDomain;

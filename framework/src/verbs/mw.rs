@@ -5,7 +5,7 @@
 
 use std::ptr::NonNull;
 
-use rdma_sys::*;
+use super::sys::*;
 
 use super::error::{Result, Verb, VerbsError};
 use super::pd::ProtectionDomain;
@@ -27,9 +27,7 @@ impl MemoryWindow {
     pub fn alloc(pd: &ProtectionDomain) -> Result<MemoryWindow> {
         // SAFETY: the PD is alive (and kept alive by the clone stored below).
         let mw = unsafe { ibv_alloc_mw(pd.as_ptr(), ibv_mw_type::IBV_MW_TYPE_2) };
-        let mw = mw
-            .and_then(NonNull::new)
-            .ok_or_else(|| VerbsError::last_os(Verb::AllocMw))?;
+        let mw = NonNull::new(mw).ok_or_else(|| VerbsError::last_os(Verb::AllocMw))?;
         Ok(MemoryWindow {
             _pd: pd.clone(),
             mw,

@@ -3,7 +3,7 @@
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use rdma_sys::*;
+use super::sys::*;
 
 use super::device::Context;
 use super::error::{check_ptr, Result, Verb};

@@ -5,7 +5,7 @@
 use std::fmt;
 use std::net::Ipv6Addr;
 
-use rdma_sys::*;
+use super::sys::*;
 
 use super::device::Context;
 use super::error::{check, Result, Verb};
@@ -143,7 +143,7 @@ impl Context {
         let mut attr: ibv_port_attr = unsafe { std::mem::zeroed() };
         // SAFETY: the context is open and `attr` is a valid, full-sized out-pointer (the
         // inline wrapper passes its size to the provider).
-        let ret = unsafe { ___ibv_query_port(self.as_ptr(), port, &mut attr) };
+        let ret = unsafe { ibv_query_port_full(self.as_ptr(), port, &mut attr) };
         check(Verb::QueryPort, ret)?;
         let link_layer = match attr.link_layer as u32 {
             IBV_LINK_LAYER_INFINIBAND | IBV_LINK_LAYER_UNSPECIFIED => LinkLayer::InfiniBand,

@@ -11,7 +11,7 @@ use std::ops::Range;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use rdma_sys::*;
+use super::sys::*;
 
 use super::ah::AddressHandle;
 use super::cm::CmIdInner;
@@ -162,28 +162,28 @@ impl<'a> SendWr<'a> {
             flags |= ibv_send_flags::IBV_SEND_SOLICITED.0;
         }
         wr.send_flags = flags;
-        let rdma = |r: &RemoteRegion| rdma_t {
-            remote_addr: r.addr,
-            rkey: r.rkey,
+        let rdma = |wr: &mut ibv_send_wr, r: &RemoteRegion| {
+            wr.wr.rdma.remote_addr = r.addr;
+            wr.wr.rdma.rkey = r.rkey;
         };
         match self.op {
             SendOp::Send => wr.opcode = IBV_WR_SEND,
             SendOp::SendWithImm(imm) => {
                 wr.opcode = IBV_WR_SEND_WITH_IMM;
-                wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+                wr.__bindgen_anon_1.imm_data = imm.to_be();
             }
             SendOp::Write(r) => {
                 wr.opcode = IBV_WR_RDMA_WRITE;
-                wr.wr.rdma = rdma(&r);
+                rdma(&mut wr, &r);
             }
             SendOp::WriteWithImm(r, imm) => {
                 wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-                wr.wr.rdma = rdma(&r);
-                wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+                rdma(&mut wr, &r);
+                wr.__bindgen_anon_1.imm_data = imm.to_be();
             }
             SendOp::Read(r) => {
                 wr.opcode = IBV_WR_RDMA_READ;
-                wr.wr.rdma = rdma(&r);
+                rdma(&mut wr, &r);
             }
             SendOp::CompareSwap {
                 remote,
@@ -191,21 +191,17 @@ impl<'a> SendWr<'a> {
                 swap,
             } => {
                 wr.opcode = IBV_WR_ATOMIC_CMP_AND_SWP;
-                wr.wr.atomic = atomic_t {
-                    remote_addr: remote.addr,
-                    compare_add: compare,
-                    swap,
-                    rkey: remote.rkey,
-                };
+                wr.wr.atomic.remote_addr = remote.addr;
+                wr.wr.atomic.compare_add = compare;
+                wr.wr.atomic.swap = swap;
+                wr.wr.atomic.rkey = remote.rkey;
             }
             SendOp::FetchAdd { remote, add } => {
                 wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
-                wr.wr.atomic = atomic_t {
-                    remote_addr: remote.addr,
-                    compare_add: add,
-                    swap: 0,
-                    rkey: remote.rkey,
-                };
+                wr.wr.atomic.remote_addr = remote.addr;
+                wr.wr.atomic.compare_add = add;
+                wr.wr.atomic.swap = 0;
+                wr.wr.atomic.rkey = remote.rkey;
             }
         }
         wr
@@ -382,11 +378,9 @@ impl QueuePair {
     /// Fills the UD addressing of a send for a QP bound to one peer.
     fn address(&self, wr: &mut ibv_send_wr) {
         if let Some(peer) = &self.inner.ud_peer {
-            wr.wr.ud = ud_t {
-                ah: peer.ah.as_ptr(),
-                remote_qpn: peer.qpn,
-                remote_qkey: peer.qkey,
-            };
+            wr.wr.ud.ah = peer.ah.as_ptr();
+            wr.wr.ud.remote_qpn = peer.qpn;
+            wr.wr.ud.remote_qkey = peer.qkey;
         }
     }
 
@@ -547,15 +541,13 @@ impl QueuePair {
         wr.wr_id = wr_id;
         wr.opcode = ibv_wr_opcode::IBV_WR_BIND_MW;
         wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
-        wr.bind_mw_tso_union.bind_mw = bind_mw_t {
-            mw: window.as_ptr(),
-            rkey,
-            bind_info: ibv_mw_bind_info {
-                mr,
-                addr,
-                length,
-                mw_access_flags: access.remote_part().bits(),
-            },
+        wr.__bindgen_anon_2.bind_mw.mw = window.as_ptr();
+        wr.__bindgen_anon_2.bind_mw.rkey = rkey;
+        wr.__bindgen_anon_2.bind_mw.bind_info = ibv_mw_bind_info {
+            mr,
+            addr,
+            length,
+            mw_access_flags: access.remote_part().bits(),
         };
         let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
         // SAFETY: the QP, window and MR are alive across the call; the MR stays

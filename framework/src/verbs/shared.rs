@@ -26,7 +26,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use rdma_sys::*;
+use super::sys::*;
 
 use super::error::{Result, Verb, VerbsError};
 use super::mr::Access;

@@ -9,7 +9,7 @@
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use rdma_sys::*;
+use super::sys::*;
 
 use super::error::{check, check_ptr, Result, Verb, VerbsError};
 use super::pd::ProtectionDomain;

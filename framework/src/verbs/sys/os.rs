@@ -4,7 +4,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::RawFd;
 use std::time::Duration;
 
-use super::error::{Result, Verb, VerbsError};
+use crate::verbs::error::{Result, Verb, VerbsError};
 
 /// Puts `fd` in non-blocking mode so event reads never stall a runtime thread.
 pub(crate) fn set_nonblocking(fd: RawFd, verb: Verb) -> Result<()> {
