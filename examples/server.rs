@@ -253,6 +253,13 @@ fn files_service(args: &Args) -> Result<Option<FileTransfer>> {
         .file_slot_kib
         .checked_mul(1024)
         .context("--file-slot-kib too large")?;
+    if slot_len < rdmactor_services::file_transfer::MIN_GRANT_SLOT_LEN {
+        bail!(
+            "--file-slot-kib {}: senders refuse slots under {} bytes",
+            args.file_slot_kib,
+            rdmactor_services::file_transfer::MIN_GRANT_SLOT_LEN
+        );
+    }
     let mut config = FilesConfig::new(dir)
         .with_max_size(args.max_file_size)
         .with_window(args.file_slots, slot_len)

@@ -4,29 +4,19 @@
 //! credits than could exist. Each connection is closed with a reason naming what went
 //! wrong, and the server's memory stays bounded while it happens.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
-use rdmactor::blocking::{self, Endpoint, EndpointOptions};
-use rdmactor::proto::frame::{FrameKind, Header, HEADER_LEN};
-use rdmactor::proto::hello::{Hello, Welcome, PROTOCOL_VERSION};
-use rdmactor::runtime::{Message, PeerInfo, Server, Service, Session, SessionCx, SessionError};
-use rdmactor::verbs::{Access, MemoryRegion, ProtectionDomain, RecvWr};
+use rdmactor::blocking::{self, EndpointOptions};
+use rdmactor::proto::frame::HEADER_LEN;
+use rdmactor::runtime::Server;
+use rdmactor::verbs::{Access, MemoryRegion, ProtectionDomain};
 use rdmactor_services::echo::RawEcho;
+use rdmactor_tests::framed::{data_frame, framed_connect, mirror_server, off_thread};
 use rdmactor_tests::{
     actix_run, assert_released, eventually, first_close_reason, flood_sends, rdma_context,
     resource_counts, rss_kib, test_addr, wait_idle, Recorded,
 };
-
-/// Runs `client` on its own thread (it blocks) while this thread keeps the server's
-/// actors going, and returns its result.
-async fn off_thread<T: Send + 'static>(client: impl FnOnce() -> T + Send + 'static) -> T {
-    let handle = std::thread::spawn(client);
-    while !handle.is_finished() {
-        actix_rt::time::sleep(Duration::from_millis(10)).await;
-    }
-    handle.join().expect("client thread")
-}
 
 fn has(reasons: &Mutex<Vec<String>>, what: &str) -> bool {
     reasons.lock().unwrap().iter().any(|r| r.contains(what))
@@ -106,79 +96,6 @@ fn raw_peer_that_never_receives_is_closed_and_server_memory_stays_bounded() {
     assert_released(&base);
 }
 
-/// A framed service answering every message with its bytes.
-struct Mirror;
-
-impl Service for Mirror {
-    fn session(&self, _peer: &PeerInfo) -> Box<dyn Session> {
-        Box::new(MirrorSession)
-    }
-}
-
-struct MirrorSession;
-
-impl Session for MirrorSession {
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
-        let data = msg.data.clone();
-        cx.reply(&msg, data)
-    }
-}
-
-/// A framed rdmactor connection made by hand: the hello, `depth` receives of 4 KiB
-/// posted (so the server's frames never meet RNR) and the server's advertised depth.
-fn framed_connect(
-    pd: &ProtectionDomain,
-    addr: std::net::SocketAddr,
-) -> (Endpoint, u16, Vec<MemoryRegion>) {
-    let depth = 16u16;
-    let hello = Hello {
-        version: PROTOCOL_VERSION,
-        service: "mirror".into(),
-        recv_depth: depth,
-        recv_size: 4096,
-        max_credits: depth,
-    }
-    .encode()
-    .unwrap();
-    let recv: Vec<MemoryRegion> = (0..depth)
-        .map(|_| MemoryRegion::register(pd, 4096, Access::LOCAL_WRITE).unwrap())
-        .collect();
-    let ep = blocking::connect(pd, addr, &EndpointOptions::default(), &hello, |qp| {
-        for (i, mr) in recv.iter().enumerate() {
-            qp.post_recv(&[RecvWr {
-                wr_id: 1_000_000 + i as u64,
-                local: Some(mr.sge_all()),
-            }])?;
-        }
-        Ok(())
-    })
-    .unwrap();
-    let server_depth = Welcome::decode(&ep.peer_data).expect("welcome").recv_depth;
-    (ep, server_depth, recv)
-}
-
-fn frame(b: &mut [u8], credits: u32, body_len: usize) {
-    Header {
-        kind: FrameKind::Data,
-        credits,
-        len: body_len as u32,
-        tag: 7,
-    }
-    .encode(&mut b[..HEADER_LEN]);
-}
-
-/// Starts a `mirror` server recording its close reasons.
-fn mirror_server() -> (Server, std::net::SocketAddr, Arc<Mutex<Vec<String>>>) {
-    let (service, reasons) = Recorded::new(Mirror);
-    let server = Server::builder()
-        .listen(test_addr(), None)
-        .service("mirror", service)
-        .start()
-        .expect("server");
-    let addr = server.local_addrs()[0];
-    (server, addr, reasons)
-}
-
 #[test]
 fn framed_peer_sending_beyond_its_credits_is_closed_as_a_protocol_violation() {
     let Some(ctx) = rdma_context() else { return };
@@ -211,7 +128,7 @@ fn framed_peer_sending_beyond_its_credits_is_closed_as_a_protocol_violation() {
                     if i % 4096 == 0 {
                         peak = peak.max(rss_kib());
                     }
-                    frame(b, 0, 1024 - HEADER_LEN)
+                    data_frame(b, 0, 1024 - HEADER_LEN)
                 },
                 || !seen.lock().unwrap().is_empty(),
             );
@@ -281,7 +198,7 @@ fn framed_peer_returning_impossible_credits_is_closed_as_a_protocol_violation() 
                 HEADER_LEN + 4,
                 1,
                 1,
-                |_, b| frame(b, u32::MAX, 4),
+                |_, b| data_frame(b, u32::MAX, 4),
                 || !seen.lock().unwrap().is_empty(),
             );
             std::thread::sleep(Duration::from_millis(200));

@@ -973,3 +973,72 @@ fn a_hostile_grant_ends_only_its_connection() {
     assert_eq!(names(&store), set(&["f"]));
     assert_released(&base);
 }
+
+/// Issue 26 (1): a client fetching its own 1 MiB file grants 64 Mi slots of one byte.
+/// The server kept `vec![None; slots]` of slot state for it (about a gigabyte) and
+/// registered a staging buffer of the whole 64 MiB window, for every such Fetch. Now the
+/// grant is refused, only that connection ends, with the cap in its reason, and the
+/// server's memory does not move.
+#[test]
+fn a_fetch_grant_of_millions_of_one_byte_slots_is_refused_without_allocating() {
+    let Some(_ctx) = rdma_context() else { return };
+    let base = resource_counts();
+    let scratch = Scratch::new("slot-grant");
+    let (src, store) = (scratch.sub("src"), scratch.sub("store"));
+    write_random_file(&src.join("own"), MIB, 61);
+    actix_run(async {
+        let (files, reasons) =
+            rdmactor_tests::Recorded::new(FileTransfer::new(Config::new(&store)).expect("files"));
+        let server = Server::builder()
+            .listen(test_addr(), None)
+            .service("files", files)
+            .service("echo", rdmactor_services::echo::Echo)
+            .start()
+            .expect("server");
+        let addr = server.local_addrs()[0];
+        let client = Client::start(NodeConfig::default()).expect("client");
+        let other = client.connect(addr, "echo").await.expect("connect echo");
+        rdmactor_tests::echo_ok(&other, b"before".to_vec()).await;
+        let hostile = client.connect(addr, "files").await.expect("connect");
+        let (outcome, _) = send(&hostile, &src.join("own"), "own", &SendOptions::default()).await;
+        assert!(delivered(&outcome), "{outcome:?}");
+        let before = rdmactor_tests::rss_kib();
+        let fetch = Msg::Fetch {
+            name: "own".into(),
+            alg: HashAlg::Sha256,
+        };
+        hostile.send(fetch.encode()).await.expect("send Fetch");
+        let offer = hostile.recv().await.expect("the offer");
+        assert!(
+            matches!(Msg::decode(&offer.data), Ok(Msg::Offer(o)) if o.len == MIB),
+            "{offer:?}"
+        );
+        let (slots, slot_len) = (64u32 << 20, 1u32);
+        let grant = Msg::Grant {
+            window: Some(WindowGrant {
+                region: rdmactor_services::file_transfer::RemoteWindow {
+                    addr: 0x7f00_0000_0000,
+                    len: u64::from(slots) * u64::from(slot_len),
+                    rkey: 1,
+                },
+                slots,
+                slot_len,
+            }),
+        };
+        hostile.send(grant.encode()).await.expect("send Grant");
+        let closed = tokio::time::timeout(Duration::from_secs(30), hostile.recv()).await;
+        assert_eq!(closed, Ok(None), "the hostile connection is closed");
+        let grown = rdmactor_tests::rss_kib().saturating_sub(before);
+        let reason = rdmactor_tests::first_close_reason(&reasons, Duration::from_secs(10)).await;
+        println!("hostile slot grant: closed with {reason:?}; RSS grew by {grown} KiB");
+        assert!(reason.contains("more than the 1024 accepted"), "{reason}");
+        assert!(grown < 32 * 1024, "RSS grew by {grown} KiB for one grant");
+        for i in 0..10u8 {
+            rdmactor_tests::echo_ok(&other, vec![i; 1000 + 300 * i as usize]).await;
+        }
+        close_all(&server, client, vec![other]).await;
+        server.shutdown().await;
+    });
+    assert_eq!(names(&store), set(&["own"]));
+    assert_released(&base);
+}

@@ -41,8 +41,23 @@ wire_pid() { # wire_pid HOST -> qemu pid of HOST if it runs
     echo "$pid"
 }
 
-# wire_boot HOST: start HOST's qemu (again) and wait until its agent listens.
+# wire_boot HOST: start HOST's qemu (again) and wait until its agent listens. A guest
+# kernel that panics while booting is booted again, twice at most (see scripts/softroce:
+# trixie's 6.12 kernel under TCG, about one boot in ten).
 wire_boot() {
+    local attempt
+    for attempt in 1 2 3; do
+        wire_boot_once "$1" && return 0
+        if [ "$attempt" -lt 3 ] && grep -q 'Kernel panic' "$w/$1/console.log" 2>/dev/null; then
+            log "host $1: the guest kernel panicked while booting (attempt $attempt); booting again"
+            mv "$w/$1/console.log" "$w/$1/console.log.$attempt"
+            continue
+        fi
+        return 1
+    done
+}
+
+wire_boot_once() {
     local h=$1 peer ip n append
     peer=$(wire_peer "$h")
     ip=$(wire_ip "$h")

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use rdmactor::blocking::{self, Endpoint, EndpointOptions, Listener};
 use rdmactor::verbs::{CmId, Context, EventChannel, ProtectionDomain, QueuePair, Result};
 
+pub mod framed;
 pub mod wire;
 
 /// Opens the test device, or returns `None` (test skipped) when there is none and the run

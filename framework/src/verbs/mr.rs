@@ -86,8 +86,19 @@ impl RemoteRegion {
                 self.len
             )));
         }
+        // The region is the peer's word: its end may lie past the address space.
+        let Some(addr) = self
+            .addr
+            .checked_add(offset)
+            .filter(|a| a.checked_add(len).is_some())
+        else {
+            return Err(VerbsError::InvalidArgument(format!(
+                "remote range {offset}+{len} of a region at {:#x} wraps around the address space",
+                self.addr
+            )));
+        };
         Ok(RemoteRegion {
-            addr: self.addr + offset,
+            addr,
             len,
             rkey: self.rkey,
         })
@@ -421,6 +432,22 @@ mod tests {
             "overflow is refused, not wrapped"
         );
         assert_eq!(r.slice(100, 0).unwrap().len, 0);
+    }
+
+    /// Issue 26 (7): a peer's region near the top of the address space. `addr + offset`
+    /// overflowed here, a panic (and so an abort) in a build with overflow checks.
+    #[test]
+    fn a_region_that_wraps_the_address_space_is_refused_not_wrapped() {
+        let r = RemoteRegion {
+            addr: u64::MAX - 10,
+            len: 1 << 20,
+            rkey: 7,
+        };
+        let err = r.slice(64, 4096).unwrap_err();
+        assert!(err.to_string().contains("wraps around"), "{err}");
+        // The end (one past the last byte) must itself be a u64.
+        assert!(r.slice(0, 10).is_ok());
+        assert!(r.slice(0, 11).is_err());
     }
 
     /// Issue 16: a size the allocator cannot serve is an error, not `handle_alloc_error`'s

@@ -130,7 +130,7 @@ pub use session::FileTransfer;
 pub use store::{free_space, open_source, sweep_temp_files, StoreError, TempFile};
 pub use wire::{
     BadReason, Digest, FileOffer, HashAlg, Msg, RejectReason, RemoteWindow, SecretKey, WindowGrant,
-    DIGEST_LEN, MAX_CHUNKS, MAX_MSG_LEN,
+    DIGEST_LEN, MAX_CHUNKS, MAX_GRANT_SLOTS, MAX_MSG_LEN, MIN_GRANT_SLOT_LEN,
 };
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ use super::name::validate_name;
 use super::store::{open_source, StoreError};
 use super::wire::{
     chunk_count, chunk_len, FileOffer, HashAlg, Msg, RejectReason, WindowGrant, MAX_CHUNKS,
+    MAX_GRANT_SLOTS, MIN_GRANT_SLOT_LEN,
 };
 use super::Config;
 
@@ -103,6 +104,8 @@ pub struct Sender {
     source: Option<Box<dyn Read + Send>>,
     identity: Option<String>,
     max_window: u64,
+    /// Smallest slot accepted (unless the file is smaller).
+    min_slot_len: u32,
     state: State,
     pipe: Option<Pipeline>,
     out: VecDeque<Output>,
@@ -137,6 +140,7 @@ impl Sender {
             source: Some(source),
             identity: None,
             max_window: Config::DEFAULT_MAX_WINDOW,
+            min_slot_len: MIN_GRANT_SLOT_LEN,
             state: State::Offered,
             pipe: None,
             out,
@@ -211,9 +215,16 @@ impl Sender {
     }
 
     /// Accepts grants of at most `max` bytes (default [`Config::DEFAULT_MAX_WINDOW`]);
-    /// the staging buffer has the window's size.
+    /// the staging buffer has the size of the slots the file can use at once.
     pub fn with_max_window(mut self, max: u64) -> Sender {
         self.max_window = max;
+        self
+    }
+
+    /// Accepts slots as small as `len` bytes (default [`MIN_GRANT_SLOT_LEN`]). Tiny
+    /// chunks cost a WRITE and an acknowledgement each: for tests and experiments.
+    pub fn with_min_slot_len(mut self, len: u32) -> Sender {
+        self.min_slot_len = len;
         self
     }
 
@@ -255,6 +266,19 @@ impl Sender {
         if grant.slots == 0 || grant.slot_len == 0 {
             return Err(format!("{} slots of {} bytes", grant.slots, grant.slot_len));
         }
+        if grant.slots > MAX_GRANT_SLOTS {
+            return Err(format!(
+                "{} slots, more than the {MAX_GRANT_SLOTS} accepted",
+                grant.slots
+            ));
+        }
+        let floor = u64::from(self.min_slot_len).min(len);
+        if u64::from(grant.slot_len) < floor {
+            return Err(format!(
+                "slots of {} bytes, fewer than the {floor} required",
+                grant.slot_len
+            ));
+        }
         let window_len = u64::from(grant.slots) * u64::from(grant.slot_len);
         if grant.region.len != window_len {
             return Err(format!(
@@ -280,13 +304,17 @@ impl Sender {
         if chunks > MAX_CHUNKS {
             return Err(format!("{chunks} chunks do not fit 32-bit indices"));
         }
+        // Only this many slots ever hold a chunk (chunk `n` uses slot `n % slots`, and
+        // with fewer chunks than slots that is `n` itself): the slot state and the
+        // staging buffer are sized by it, not by the grant.
+        let in_flight = u64::from(grant.slots).min(chunks) as usize;
         Ok(Some(Pipeline {
             grant,
             chunks,
             issued: 0,
             filled: 0,
             acked: 0,
-            slots: vec![None; grant.slots as usize],
+            slots: vec![None; in_flight],
         }))
     }
 
@@ -528,8 +556,11 @@ impl Endpoint for Sender {
             (State::Offered, Msg::Grant { window }) => match self.check_grant(window) {
                 Ok(pipe) => {
                     if let Some(p) = &pipe {
+                        // Slot `s` stages at `s * slot_len`; with fewer chunks than
+                        // slots the last one ends at the file's end.
+                        let slots = p.slots.len() as u64 * u64::from(p.grant.slot_len);
                         self.out.push_back(Output::Stage {
-                            len: p.grant.region.len,
+                            len: slots.min(self.offer.len),
                         });
                     }
                     self.pipe = pipe;
@@ -732,7 +763,10 @@ mod tests {
             digest: hash_bytes(HashAlg::Sha256, data),
             overwrite: false,
         };
-        Sender::new(offer, Box::new(Cursor::new(data.to_vec()))).unwrap()
+        // Chunks of a few bytes keep these tests readable.
+        Sender::new(offer, Box::new(Cursor::new(data.to_vec())))
+            .unwrap()
+            .with_min_slot_len(1)
     }
 
     fn drain(s: &mut Sender) -> Vec<Output> {
@@ -1159,5 +1193,50 @@ mod tests {
             drain(&mut s),
             vec![Output::Finished(Outcome::Aborted(reason))]
         );
+    }
+
+    /// Issue 26 (1): the grant a hostile fetching client sends. The slot state was
+    /// `vec![None; slots]` (about a gigabyte for 64 Mi slots) and the staging buffer the
+    /// whole window, for every Fetch.
+    #[test]
+    fn grants_of_too_many_or_too_small_slots_are_refused() {
+        let data = vec![7u8; 1 << 20];
+        for (slots, slot_len, why) in [
+            (64 << 20, 1, "more than the 1024 accepted"),
+            (MAX_GRANT_SLOTS + 1, 4096, "more than the 1024 accepted"),
+            (16, 1, "fewer than the 4096 required"),
+            (16, 4095, "fewer than the 4096 required"),
+        ] {
+            let mut s = sender(&data).with_min_slot_len(MIN_GRANT_SLOT_LEN);
+            drain(&mut s);
+            let err = s.handle_msg(grant(slots, slot_len)).unwrap_err();
+            assert!(
+                matches!(err, TransferError::BadGrant(_)) && err.to_string().contains(why),
+                "{slots} x {slot_len}: {err}"
+            );
+            assert!(drain(&mut s).is_empty(), "nothing staged");
+        }
+    }
+
+    /// A file smaller than the granted window stages only its own bytes, and keeps
+    /// state only for the slots it can fill.
+    #[test]
+    fn staging_and_slot_state_follow_the_chunks_not_the_grant() {
+        let data = vec![7u8; 10_000];
+        let mut s = sender(&data).with_min_slot_len(MIN_GRANT_SLOT_LEN);
+        drain(&mut s);
+        s.handle_msg(grant(1024, 1 << 16)).unwrap();
+        let out = drain(&mut s);
+        assert_eq!(out[0], Output::Stage { len: 10_000 });
+        assert_eq!(writes(&out), vec![0]);
+        assert_eq!(s.pipe.as_ref().unwrap().slots.len(), 1);
+
+        let mut s = sender(&data).with_min_slot_len(MIN_GRANT_SLOT_LEN);
+        drain(&mut s);
+        s.handle_msg(grant(1024, 4096)).unwrap();
+        let out = drain(&mut s);
+        assert_eq!(out[0], Output::Stage { len: 10_000 });
+        assert_eq!(writes(&out), vec![0, 1, 2]);
+        assert_eq!(s.pipe.as_ref().unwrap().slots.len(), 3);
     }
 }

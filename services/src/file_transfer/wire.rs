@@ -15,6 +15,16 @@ pub const MAX_MSG_LEN: usize = 64 * 1024;
 /// The largest number of chunks in a transfer: chunk indices are 32-bit immediates.
 pub const MAX_CHUNKS: u64 = 1 << 32;
 
+/// Most slots a sender accepts in a grant. Each slot is a chunk in flight whose state the
+/// sender keeps and whose bytes it stages; receivers grant 8 by default. Without a cap a
+/// Fetch granting 64 Mi one-byte slots made the server allocate about a gigabyte of slot
+/// state and register a 64 MiB staging buffer.
+pub const MAX_GRANT_SLOTS: u32 = 1024;
+
+/// Smallest slot a sender accepts, unless the whole file is smaller: one-byte chunks
+/// would cost the sender a WRITE and an acknowledgement per byte.
+pub const MIN_GRANT_SLOT_LEN: u32 = 4096;
+
 /// Length of every digest, for both algorithms.
 pub const DIGEST_LEN: usize = 32;
 

@@ -118,6 +118,7 @@ impl Core {
             FrameKind::RendezvousOffer => {
                 let len = header.len as usize;
                 let offer = RendezvousOffer::decode(&body);
+                check_offer(&offer, header.len)?;
                 // Before anything is allocated for it; refused, the connection goes on.
                 if let Err(why) = self.budget_in.check(len) {
                     tracing::info!(qp = self.qp.qp_num(), %why, "rendezvous offer refused");
@@ -234,5 +235,51 @@ impl Frame {
         let (header, body) =
             Header::decode(bytes).map_err(|e| CloseReason::Protocol(e.to_string()))?;
         Ok(Frame(Some((header, body.to_vec()))))
+    }
+}
+
+/// The peer's offer must name a range its own registration could hold: at least one
+/// byte (small messages travel inline, so an empty offer is never sent) whose last byte
+/// is addressable. An address near `u64::MAX` would wrap the READs' target addresses.
+fn check_offer(offer: &RendezvousOffer, len: u32) -> Result<(), CloseReason> {
+    if len == 0 {
+        return Err(CloseReason::Protocol(
+            "a rendezvous offer of 0 bytes".into(),
+        ));
+    }
+    if offer.addr.checked_add(u64::from(len)).is_none() {
+        return Err(CloseReason::Protocol(format!(
+            "a rendezvous offer of {len} bytes at {:#x} wraps around the address space",
+            offer.addr
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn offer(addr: u64) -> RendezvousOffer {
+        RendezvousOffer {
+            addr,
+            rkey: 1,
+            key: 2,
+        }
+    }
+
+    /// Issue 26 (7): the READs of an offer target `addr + offset`; an offer whose end
+    /// lies past the address space is refused before any is posted.
+    #[test]
+    fn offers_that_wrap_or_are_empty_are_protocol_violations() {
+        assert!(check_offer(&offer(0x7f00_0000_0000), 1 << 20).is_ok());
+        assert!(check_offer(&offer(u64::MAX - 4096), 4096).is_ok());
+        for (addr, len) in [(u64::MAX - 10, 1 << 20), (u64::MAX, 1), (1 << 40, 0)] {
+            let err = check_offer(&offer(addr), len).unwrap_err();
+            assert!(
+                matches!(err, CloseReason::Protocol(_)),
+                "{addr:#x}+{len}: {err}"
+            );
+        }
     }
 }

@@ -1,0 +1,98 @@
+//! A framed rdmactor peer made by hand, for tests that play a client breaking the wire
+//! protocol on purpose: the hello, receives posted, frames written byte by byte.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rdmactor::blocking::{self, Endpoint, EndpointOptions};
+use rdmactor::proto::frame::{FrameKind, Header, HEADER_LEN};
+use rdmactor::proto::hello::{Hello, Welcome, PROTOCOL_VERSION};
+use rdmactor::runtime::{Message, PeerInfo, Server, Service, Session, SessionCx, SessionError};
+use rdmactor::verbs::{Access, MemoryRegion, ProtectionDomain, RecvWr};
+
+use crate::{test_addr, Recorded};
+
+/// Runs `client` on its own thread (it blocks) while this thread keeps the server's
+/// actors going, and returns its result.
+pub async fn off_thread<T: Send + 'static>(client: impl FnOnce() -> T + Send + 'static) -> T {
+    let handle = std::thread::spawn(client);
+    while !handle.is_finished() {
+        actix_rt::time::sleep(Duration::from_millis(10)).await;
+    }
+    handle.join().expect("client thread")
+}
+
+/// A framed service answering every message with its bytes.
+pub struct Mirror;
+
+impl Service for Mirror {
+    fn session(&self, _peer: &PeerInfo) -> Box<dyn Session> {
+        Box::new(MirrorSession)
+    }
+}
+
+struct MirrorSession;
+
+impl Session for MirrorSession {
+    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
+        let data = msg.data.clone();
+        cx.reply(&msg, data)
+    }
+}
+
+/// A framed rdmactor connection made by hand: the hello, `depth` receives of 4 KiB
+/// posted (so the server's frames never meet RNR) and the server's advertised depth.
+pub fn framed_connect(
+    pd: &ProtectionDomain,
+    addr: std::net::SocketAddr,
+) -> (Endpoint, u16, Vec<MemoryRegion>) {
+    let depth = 16u16;
+    let hello = Hello {
+        version: PROTOCOL_VERSION,
+        service: "mirror".into(),
+        recv_depth: depth,
+        recv_size: 4096,
+        max_credits: depth,
+    }
+    .encode()
+    .unwrap();
+    let recv: Vec<MemoryRegion> = (0..depth)
+        .map(|_| MemoryRegion::register(pd, 4096, Access::LOCAL_WRITE).unwrap())
+        .collect();
+    let ep = blocking::connect(pd, addr, &EndpointOptions::default(), &hello, |qp| {
+        for (i, mr) in recv.iter().enumerate() {
+            qp.post_recv(&[RecvWr {
+                wr_id: 1_000_000 + i as u64,
+                local: Some(mr.sge_all()),
+            }])?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    let server_depth = Welcome::decode(&ep.peer_data).expect("welcome").recv_depth;
+    (ep, server_depth, recv)
+}
+
+/// Writes a Data frame's header into `b`: `body_len` payload bytes, `credits` granted
+/// to the server, tag 7.
+pub fn data_frame(b: &mut [u8], credits: u32, body_len: usize) {
+    Header {
+        kind: FrameKind::Data,
+        credits,
+        len: body_len as u32,
+        tag: 7,
+    }
+    .encode(&mut b[..HEADER_LEN]);
+}
+
+/// Starts a `mirror` server recording its close reasons.
+pub fn mirror_server() -> (Server, std::net::SocketAddr, Arc<Mutex<Vec<String>>>) {
+    let (service, reasons) = Recorded::new(Mirror);
+    let server = Server::builder()
+        .listen(test_addr(), None)
+        .service("mirror", service)
+        .start()
+        .expect("server");
+    let addr = server.local_addrs()[0];
+    (server, addr, reasons)
+}
