@@ -403,6 +403,7 @@ fn main() -> Result<()> {
                 let stats = server.stats().await;
                 if metrics.is_some() {
                     rdmactor::metrics::record_pool(&stats.pool);
+                    rdmactor::metrics::record_shared_receives(&stats.shared_receives_posted);
                 }
                 let now = (
                     stats.device_present,

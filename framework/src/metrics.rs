@@ -175,6 +175,14 @@ pub fn record_pool(stats: &PoolStats) {
     gauge!("rdmactor_pool_leased_chunks").set(stats.leased.iter().sum::<usize>() as f64);
 }
 
+/// The receives posted in each shared receive queue (`queue` is its index in
+/// `ServerStats::shared_queues`), from `ServerStats::shared_receives_posted`.
+pub fn record_shared_receives(posted: &[usize]) {
+    for (i, n) in posted.iter().enumerate() {
+        gauge!("rdmactor_shared_receives_posted", "queue" => i.to_string()).set(*n as f64);
+    }
+}
+
 /// A file upload finished with the hash verdict `good` (or not) after `bytes`.
 pub fn file_transfer(good: bool, bytes: u64) {
     let result = if good { "good" } else { "bad" };

@@ -250,6 +250,16 @@ pub async fn assert_leases_returned(server: &rdmactor::runtime::Server) {
         stats.shared_recv_buffers,
         "leases returned: {stats:?}"
     );
+    // And every buffer of those queues is posted again, none lost to a closed member.
+    if let Some(depth) = stats
+        .shared_recv_buffers
+        .checked_div(stats.shared_receives_posted.len())
+    {
+        assert!(
+            stats.shared_receives_posted.iter().all(|&n| n == depth),
+            "shared receives posted, of {depth} each: {stats:?}"
+        );
+    }
 }
 
 /// Opens `n` connections to `service` at `addr`, one after another.

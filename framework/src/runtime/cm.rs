@@ -71,6 +71,7 @@ pub(crate) struct NodeStats {
     pub pool: crate::memory::PoolStats,
     pub cqs: usize,
     pub shared_queues: Vec<u32>,
+    pub shared_receives_posted: Vec<usize>,
     pub shared_recv_buffers: usize,
 }
 
@@ -743,6 +744,7 @@ impl Handler<GetCounters> for CmActor {
             pool: n.pool_stats(),
             cqs: n.cq_count(),
             shared_queues: n.shared_queues(),
+            shared_receives_posted: n.shared_receives_posted(),
             shared_recv_buffers: n.shared_recv_buffers(),
         });
         MessageResult(c)

@@ -195,6 +195,12 @@ impl Node {
             .map_or_else(Vec::new, RecvGroups::occupancy)
     }
 
+    pub fn shared_receives_posted(&self) -> Vec<usize> {
+        self.recv_groups
+            .as_ref()
+            .map_or_else(Vec::new, RecvGroups::posted)
+    }
+
     pub fn shared_recv_buffers(&self) -> usize {
         self.recv_groups.as_ref().map_or(0, RecvGroups::buffers)
     }

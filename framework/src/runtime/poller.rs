@@ -16,7 +16,7 @@
 //! hold another connection's worst case, so a CQ never overflows (an overflow would put
 //! every QP on it in the error state).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::{Rc, Weak};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 
+use crate::runtime::srq::{OrphanedRecv, SharedRecv};
 use crate::verbs::{CompletionChannel, CompletionQueue, Context, Result, WorkCompletion};
 
 /// How poller threads wait for completions.
@@ -69,6 +70,57 @@ thread_local! {
 /// `connection::Handshake`), so no completion ever arrives for a QP not registered yet.
 pub(crate) fn register(qp_num: u32, inbox: Weak<dyn Inbox>) {
     INBOXES.with(|m| m.borrow_mut().insert(qp_num, inbox));
+    ORPHANS.with(|o| o.borrow_mut().remove(&qp_num));
+}
+
+thread_local! {
+    /// QPs of connections that left a shared receive queue, with the pass they left in:
+    /// receives their QP consumed may still complete, and each such buffer must go back
+    /// to the queue, or the other members run out of receives and their peers' SENDs meet
+    /// RNR for ever. Kept until every CQ of this thread has been polled empty once after
+    /// that pass (the QP is destroyed by then, so nothing more of it can arrive).
+    static ORPHANS: RefCell<HashMap<u32, (OrphanedRecv, u64)>> = RefCell::new(HashMap::new());
+    /// Full passes over this thread's CQs so far.
+    static PASSES: Cell<u64> = const { Cell::new(0) };
+}
+
+/// A connection on a shared receive queue is leaving: completions of QP `qp_num` that
+/// reach no connection from now on give their shared receives back to `queue`. Call it
+/// on the poller thread, before the QP is destroyed.
+pub(crate) fn adopt_orphan(qp_num: u32, queue: OrphanedRecv) {
+    let pass = PASSES.with(Cell::get);
+    ORPHANS.with(|o| o.borrow_mut().insert(qp_num, (queue, pass)));
+}
+
+/// Gives back the shared receives among `wcs`, completions of a QP whose connection is
+/// gone; returns how many were neither (nobody is told about those).
+pub(crate) fn return_orphans(wcs: &[WorkCompletion]) -> usize {
+    let Some(first) = wcs.first() else {
+        return 0;
+    };
+    let queue = ORPHANS.with(|o| o.borrow().get(&first.qp_num).map(|(q, _)| q.clone()));
+    let mut dropped = 0;
+    for wc in wcs {
+        match (SharedRecv::slot_of(wc.wr_id), &queue) {
+            (Some(slot), Some(queue)) if wc.qp_num == first.qp_num => {
+                if let Err(e) = queue.repost(slot) {
+                    tracing::error!(qp = wc.qp_num, slot, error = %e, "reposting an orphaned shared receive failed");
+                }
+            }
+            _ => dropped += 1,
+        }
+    }
+    dropped
+}
+
+/// Every CQ of this thread has just been polled empty: forget the orphans whose QP is
+/// surely drained.
+fn end_pass() {
+    let pass = PASSES.with(|p| {
+        p.set(p.get() + 1);
+        p.get()
+    });
+    ORPHANS.with(|o| o.borrow_mut().retain(|_, (_, left)| *left + 2 > pass));
 }
 
 /// Stops delivering `qp_num`'s completions (on the same thread as [`register`]).
@@ -338,6 +390,7 @@ async fn poll_task(shared: Arc<PollerShared>, channel: Option<CompletionChannel>
         for cq in &cqs {
             found += drain(cq, &mut wcs);
         }
+        end_pass();
         if found > 0 {
             last_activity = Instant::now();
             idle_passes = 0;
@@ -462,14 +515,17 @@ fn route(wcs: &[WorkCompletion]) -> usize {
         match inbox(first.qp_num) {
             Some(inbox) => inbox.completions(batch),
             None => {
-                unrouted += batch.len();
-                crate::metrics::completions_unrouted(batch.len());
-                tracing::debug!(
-                    qp = first.qp_num,
-                    n = batch.len(),
-                    first_status = ?first.status,
-                    "completions for a QP with no connection dropped"
-                );
+                let dropped = return_orphans(batch);
+                unrouted += dropped;
+                if dropped > 0 {
+                    crate::metrics::completions_unrouted(dropped);
+                    tracing::debug!(
+                        qp = first.qp_num,
+                        n = dropped,
+                        first_status = ?first.status,
+                        "completions for a QP with no connection dropped"
+                    );
+                }
             }
         }
         rest = tail;

@@ -136,6 +136,13 @@ impl RecvGroups {
         q.queues.len() * self.cfg.depth() as usize
     }
 
+    /// Receives posted in each queue now, for stats: its depth unless buffers are
+    /// consumed and not yet reposted (a lasting shortfall is a leak).
+    pub fn posted(&self) -> Vec<usize> {
+        let q = self.inner.lock().expect("recv groups lock");
+        q.queues.iter().map(|g| g.recv.posted()).collect()
+    }
+
     /// Queues and their members, for stats and tests.
     pub fn occupancy(&self) -> Vec<u32> {
         let q = self.inner.lock().expect("recv groups lock");

@@ -193,6 +193,10 @@ pub struct ServerStats {
     /// not: empty queues up to `SharedRecvConfig::keep_empty` are kept for the next
     /// connections.
     pub shared_recv_buffers: usize,
+    /// Receives posted in each shared queue now (one entry per queue, as
+    /// `shared_queues`): the queue's depth, less the buffers consumed and not yet
+    /// reposted. Counted, not computed: a buffer that never comes back shows here.
+    pub shared_receives_posted: Vec<usize>,
 }
 
 impl Server {
@@ -248,6 +252,7 @@ impl Server {
             cqs: node.cqs,
             shared_queues: node.shared_queues,
             shared_recv_buffers: node.shared_recv_buffers,
+            shared_receives_posted: node.shared_receives_posted,
         }
     }
 

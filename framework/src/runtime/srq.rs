@@ -10,9 +10,12 @@
 //! Teardown: moving one QP to the error state does not flush the SRQ, so the other
 //! connections keep their receives. The SRQ is destroyed when the last clone of this
 //! handle goes, which is after the last QP (a connection drops its QP before its
-//! handle), and only then are the buffers returned to the pool.
+//! handle), and only then are the buffers returned to the pool. Receives a leaving
+//! member's QP consumed may complete after its connection is gone (in the rest of the
+//! batch that closed it, or later in the CQ): the poller gives those back through an
+//! [`OrphanedRecv`], which does not keep the queue alive.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use crate::memory::{Lease, MrPool};
 use crate::verbs::{RecvWr, SharedReceiveQueue, VerbsError, WorkCompletion};
@@ -24,12 +27,44 @@ pub(crate) struct SharedRecv {
     srq: SharedReceiveQueue,
 }
 
+/// A handle that does not keep the queue alive: for completions whose connection is
+/// gone (see [`SharedRecv::orphan`]).
+#[derive(Clone)]
+pub(crate) struct OrphanedRecv(Weak<Mutex<Inner>>);
+
 struct Inner {
     // Field order is drop order: the queue (this clone of it) before the memory it
     // points at; see the module comment for why no QP can still use it then.
-    _srq: SharedReceiveQueue,
+    srq: SharedReceiveQueue,
     bufs: Vec<Lease>,
     size: usize,
+    /// Receives posted and not yet seen completing: the queue's depth while every
+    /// completion is taken. A consumed receive whose completion nobody takes is a
+    /// buffer lost until the queue goes, which is what this shows.
+    posted: usize,
+}
+
+impl Inner {
+    fn post(&mut self, slot: usize) -> Result<(), VerbsError> {
+        let sge = self.bufs[slot].sge(0..self.size)?;
+        self.srq.post_recv(&[RecvWr {
+            wr_id: SharedRecv::TAG | slot as u64,
+            local: Some(sge),
+        }])?;
+        self.posted += 1;
+        Ok(())
+    }
+
+    /// The receive in `slot` completed: it is no longer posted.
+    fn completed(&mut self, slot: usize) -> Result<(), VerbsError> {
+        if slot >= self.bufs.len() {
+            return Err(VerbsError::InvalidArgument(format!(
+                "shared receive slot {slot} does not exist"
+            )));
+        }
+        self.posted = self.posted.saturating_sub(1);
+        Ok(())
+    }
 }
 
 impl SharedRecv {
@@ -47,20 +82,19 @@ impl SharedRecv {
             .map(|_| pool.lease(size))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| e.to_string())?;
-        let shared = SharedRecv {
-            inner: Arc::new(Mutex::new(Inner {
-                _srq: srq.clone(),
-                bufs,
-                size,
-            })),
-            srq,
+        let mut inner = Inner {
+            srq: srq.clone(),
+            bufs,
+            size,
+            posted: 0,
         };
         for slot in 0..depth as usize {
-            shared
-                .post(&shared.inner.lock().expect("srq lock"), slot)
-                .map_err(|e| e.to_string())?;
+            inner.post(slot).map_err(|e| e.to_string())?;
         }
-        Ok(shared)
+        Ok(SharedRecv {
+            inner: Arc::new(Mutex::new(inner)),
+            srq,
+        })
     }
 
     /// The queue, to create QPs on.
@@ -73,12 +107,9 @@ impl SharedRecv {
         (wr_id & Self::TAG != 0).then_some((wr_id & !Self::TAG) as usize)
     }
 
-    fn post(&self, inner: &Inner, slot: usize) -> Result<(), VerbsError> {
-        let sge = inner.bufs[slot].sge(0..inner.size)?;
-        self.srq.post_recv(&[RecvWr {
-            wr_id: Self::TAG | slot as u64,
-            local: Some(sge),
-        }])
+    /// Receives posted now (see `Inner::posted`).
+    pub fn posted(&self) -> usize {
+        self.inner.lock().expect("srq lock").posted
     }
 
     /// Hands what the completed receive in `slot` holds (`None` when it failed) to `read`,
@@ -90,18 +121,33 @@ impl SharedRecv {
         wc: &WorkCompletion,
         read: impl FnOnce(Option<&[u8]>) -> R,
     ) -> Result<R, VerbsError> {
-        let inner = self.inner.lock().expect("srq lock");
-        let Some(buf) = inner.bufs.get(slot) else {
-            return Err(VerbsError::InvalidArgument(format!(
-                "shared receive slot {slot} does not exist"
-            )));
-        };
+        let mut inner = self.inner.lock().expect("srq lock");
+        inner.completed(slot)?;
         let got = read(
             wc.is_ok()
-                .then(|| &buf.as_slice()[..(wc.byte_len as usize).min(inner.size)]),
+                .then(|| &inner.bufs[slot].as_slice()[..(wc.byte_len as usize).min(inner.size)]),
         );
-        self.post(&inner, slot)?;
+        inner.post(slot)?;
         Ok(got)
+    }
+
+    /// A handle for the completions a leaving member's QP may still produce: receives it
+    /// consumed before it closed, whose buffers the other members need back.
+    pub fn orphan(&self) -> OrphanedRecv {
+        OrphanedRecv(Arc::downgrade(&self.inner))
+    }
+}
+
+impl OrphanedRecv {
+    /// Posts the buffer of the completed receive in `slot` again, unread. Nothing to do
+    /// when the queue itself is gone (its buffers went back to the pool with it).
+    pub fn repost(&self, slot: usize) -> Result<(), VerbsError> {
+        let Some(inner) = self.0.upgrade() else {
+            return Ok(());
+        };
+        let mut inner = inner.lock().expect("srq lock");
+        inner.completed(slot)?;
+        inner.post(slot)
     }
 }
 

@@ -399,6 +399,10 @@ impl<S: Session> Connection<S> {
             return;
         };
         poller::unregister(core.qp_num());
+        if let Some(shared) = &core.shared_recv {
+            // Receives this QP consumed may still complete after it is gone.
+            poller::adopt_orphan(core.qp_num(), shared.orphan());
+        }
         // Release the QP, cm_id, CQ reservation and buffers before telling the CM actor,
         // so a freed connection slot never exists alongside the resources it held.
         drop(core);
@@ -422,8 +426,11 @@ impl<S: Session> Connection<S> {
         if let Some(core) = self.core.as_mut() {
             core.liveness.heard();
         }
-        for wc in wcs {
+        for (i, wc) in wcs.iter().enumerate() {
             let Some(core) = self.core.as_mut() else {
+                // Released in the middle of the batch: the rest still holds shared
+                // receives the other members of its queue need back.
+                poller::return_orphans(&wcs[i..]);
                 return;
             };
             match core.handle_completion(wc) {
