@@ -123,6 +123,11 @@ enum Run {
         /// first (admission under a connect storm).
         #[arg(long)]
         count_rejects: bool,
+        /// Times one connect is tried again after a reject by the transport (no
+        /// rdmactor reason: the CM's own, for example a REQ that met no listener),
+        /// waiting 50 ms, then twice as long each time.
+        #[arg(long, default_value_t = 3)]
+        retries: u32,
         /// Once all are open, send one verified echo on every connection.
         #[arg(long)]
         echo: bool,
@@ -451,6 +456,7 @@ async fn run(args: Args) -> Result<()> {
             parallel,
             hold,
             count_rejects,
+            retries,
             echo: echo_round,
             stdin_steps,
         } => {
@@ -458,9 +464,23 @@ async fn run(args: Args) -> Result<()> {
             let start = Instant::now();
             let mut conns = Vec::with_capacity(connections);
             let mut rejected = std::collections::BTreeMap::<String, usize>::new();
+            let retried = std::cell::Cell::new(0usize);
+            let connect_retrying = || async {
+                let mut tries = 0;
+                loop {
+                    match client.connect(args.addr, &args.service).await {
+                        Err(ConnectError::RejectedByTransport(_)) if tries < retries => {
+                            retried.set(retried.get() + 1);
+                            actix_rt::time::sleep(Duration::from_millis(50 << tries.min(6))).await;
+                            tries += 1;
+                        }
+                        other => return other,
+                    }
+                }
+            };
             // `parallel` connects in flight at any time.
             let mut attempts = futures::stream::iter(0..connections)
-                .map(|_| client.connect(args.addr, &args.service))
+                .map(|_| connect_retrying())
                 .buffer_unordered(parallel.max(1));
             while let Some(c) = attempts.next().await {
                 match c {
@@ -468,15 +488,28 @@ async fn run(args: Args) -> Result<()> {
                     Err(ConnectError::Rejected(r)) if count_rejects => {
                         *rejected.entry(format!("{:?}", r.code)).or_default() += 1;
                     }
-                    Err(e) => return Err(e).context("connect"),
+                    Err(ConnectError::RejectedByTransport(s)) if count_rejects => {
+                        let why = rdmactor::verbs::transport_reject(s).replace(' ', "_");
+                        *rejected.entry(format!("transport:{why}")).or_default() += 1;
+                    }
+                    Err(e) => {
+                        return Err(e).with_context(|| {
+                            format!(
+                                "connect (after {} open, {} retried)",
+                                conns.len(),
+                                retried.get()
+                            )
+                        })
+                    }
                 }
             }
             drop(attempts);
             let rate = conns.len() as f64 / start.elapsed().as_secs_f64();
             let refused: usize = rejected.values().sum();
             println!(
-                "RESULT kind=connect connections={} rejected={refused} conn_per_s={rate:.1}",
-                conns.len()
+                "RESULT kind=connect connections={} rejected={refused} retried={} conn_per_s={rate:.1}",
+                conns.len(),
+                retried.get()
             );
             for (code, n) in &rejected {
                 println!("REJECTED code={code} count={n}");

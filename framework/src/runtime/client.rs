@@ -27,8 +27,9 @@ pub enum ConnectError {
     /// The server rejected the connection and said why.
     #[error("rejected by the server: {0}")]
     Rejected(Reject),
-    /// Rejected without an rdmactor reason (CM reject status).
-    #[error("rejected (status {0})")]
+    /// Rejected without an rdmactor reason: the CM's own reject status, printed with its
+    /// meaning (see [`transport_reject`](crate::verbs::transport_reject)).
+    #[error("rejected by the transport: {}", crate::verbs::transport_reject(*.0))]
     RejectedByTransport(i32),
     /// The server accepted but is not an rdmactor server.
     #[error("the peer is not an rdmactor server")]

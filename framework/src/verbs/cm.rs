@@ -29,6 +29,43 @@ pub const MAX_ACCEPT_PRIVATE_DATA: usize = 196;
 /// Private data a reject (CM REJ) can carry.
 pub const MAX_REJECT_PRIVATE_DATA: usize = 148;
 
+/// What a REJECTED event's status means when no rdmactor reason came with it: on
+/// InfiniBand and RoCE, the IB CM reject reason (IBTA vol. 1, "REJ"; `enum
+/// ib_cm_rej_reason` in the kernel); on iWARP, a negative errno. For example `8` is
+/// "no listener for the service ID (IB CM reject 8)".
+pub fn transport_reject(status: i32) -> String {
+    let reason = match status {
+        1 => "no QP available",
+        2 => "no EEC available",
+        3 => "no resources available at the server",
+        4 => "the server's CM timed out",
+        5 => "unsupported request",
+        6 => "invalid communication ID",
+        7 => "invalid communication instance",
+        8 => "no listener for the service ID",
+        9 => "invalid transport type",
+        10 => "stale connection (a REQ that matches an old one)",
+        12 => "invalid GID",
+        13 => "invalid LID",
+        14 => "invalid SL",
+        15 => "invalid traffic class",
+        16 => "invalid hop limit",
+        17 => "invalid packet rate",
+        26 => "invalid MTU",
+        27 => "insufficient responder resources",
+        28 => "rejected by the server's application, with no reason attached",
+        29 => "invalid RNR retry count",
+        30 => "duplicate local communication ID",
+        31 => "unsupported CM class version",
+        s if s < 0 => {
+            let err = std::io::Error::from_raw_os_error(-s);
+            return format!("{err} (transport errno {})", -s);
+        }
+        _ => "reject",
+    };
+    format!("{reason} (IB CM reject {status})")
+}
+
 /// An rdma_cm event channel: one fd delivering events for every id created on it.
 #[derive(Clone)]
 pub struct EventChannel {
@@ -619,5 +656,21 @@ impl std::fmt::Debug for CmId {
             .field("local", &self.local_addr())
             .field("peer", &self.peer_addr())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transport_rejects_say_what_they_mean() {
+        assert_eq!(
+            transport_reject(8),
+            "no listener for the service ID (IB CM reject 8)"
+        );
+        assert!(transport_reject(28).contains("IB CM reject 28"));
+        assert!(transport_reject(-111).contains("transport errno 111"));
+        assert_eq!(transport_reject(99), "reject (IB CM reject 99)");
     }
 }

@@ -46,8 +46,8 @@ pub use bringup::{
     UdInit,
 };
 pub use cm::{
-    CmEvent, CmEventKind, CmId, CmIdKey, ConnParam, EventChannel, MAX_ACCEPT_PRIVATE_DATA,
-    MAX_CONNECT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA,
+    transport_reject, CmEvent, CmEventKind, CmId, CmIdKey, ConnParam, EventChannel,
+    MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA,
 };
 pub use cq::{
     CompletionChannel, CompletionQueue, CqKey, WcOpcode, WcStatus, WorkCompletion, POLL_BATCH,
