@@ -137,9 +137,11 @@ struct Args {
     /// An out-of-band connection with no message for this long is closed (ms).
     #[arg(long, default_value_t = 3000)]
     oob_idle_ms: u64,
-    /// Serve Prometheus metrics at http://ADDR:PORT/metrics (off by default). See
-    /// `rdmactor::metrics` for the list.
-    #[arg(long, value_name = "ADDR:PORT")]
+    /// Serve Prometheus metrics at http://127.0.0.1:PORT/metrics, or at ADDR:PORT (off
+    /// by default; see `rdmactor::metrics` for the list). For a scraper on a management
+    /// network only: it must not face clients (8 connections at once, 5 s to ask and to
+    /// be answered, `GET /metrics` only).
+    #[arg(long, value_name = "PORT|ADDR:PORT", value_parser = metrics_addr)]
     metrics: Option<SocketAddr>,
     #[command(flatten)]
     transport: transport::Transport,
@@ -177,14 +179,24 @@ fn oob_ports(args: &Args) -> Result<Vec<OobPort>> {
     Ok(ports)
 }
 
-/// Installs the Prometheus exporter: a recorder for the `metrics` facade and an HTTP
-/// listener on its own thread. Latencies and sizes become histograms with buckets that
-/// fit them (the exporter's default would be summaries).
+/// `--metrics`: a port alone binds loopback.
+fn metrics_addr(s: &str) -> std::result::Result<SocketAddr, String> {
+    match s.parse::<u16>() {
+        Ok(port) => Ok(SocketAddr::from(([127, 0, 0, 1], port))),
+        Err(_) => s
+            .parse()
+            .map_err(|_| format!("{s:?} is neither a port nor ADDR:PORT")),
+    }
+}
+
+/// Installs the Prometheus exporter's recorder for the `metrics` facade and serves its
+/// text through `rdmactor::metrics::serve`, whose limits the exporter's own listener
+/// lacks. Latencies and sizes become histograms with buckets that fit them (the
+/// exporter's default would be summaries).
 fn install_metrics(addr: SocketAddr) -> Result<()> {
     use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
     let seconds = |name: &str| Matcher::Full(name.to_string());
-    PrometheusBuilder::new()
-        .with_http_listener(addr)
+    let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(
             seconds("rdmactor_echo_handling_seconds"),
             &[1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 1e-3],
@@ -197,8 +209,13 @@ fn install_metrics(addr: SocketAddr) -> Result<()> {
             seconds("rdmactor_cq_poll_batch"),
             &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0],
         )?
-        .install()
-        .context("starting the metrics exporter")?;
+        .install_recorder()
+        .context("installing the metrics recorder")?;
+    if !addr.ip().is_loopback() {
+        eprintln!("warning: --metrics {addr} is not loopback: keep it off the clients' network");
+    }
+    let addr = rdmactor::metrics::serve(addr, Default::default(), move || handle.render())
+        .with_context(|| format!("serving metrics on {addr}"))?;
     println!("metrics on http://{addr}/metrics");
     Ok(())
 }

@@ -116,10 +116,11 @@ fn counters_match_what_the_test_did() {
     let base = resource_counts();
     let metrics = free_port();
     // The recorder must be in place before any connection registers its handles.
-    metrics_exporter_prometheus::PrometheusBuilder::new()
-        .with_http_listener(metrics)
-        .install()
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
         .expect("installing the exporter");
+    rdmactor::metrics::serve(metrics, Default::default(), move || handle.render())
+        .expect("serving /metrics");
 
     let stop = Arc::new(AtomicBool::new(false));
     let during = Arc::new(Mutex::new(Vec::new()));

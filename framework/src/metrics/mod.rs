@@ -35,6 +35,10 @@
 //!
 //! `side` is `server` or `client`: one process may be both (the integration tests are).
 
+mod endpoint;
+
+pub use endpoint::{serve, EndpointLimits};
+
 use std::time::Instant;
 
 use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
