@@ -12,7 +12,9 @@ use rdmactor::proto::frame::HEADER_LEN;
 use rdmactor::runtime::Server;
 use rdmactor::verbs::{Access, MemoryRegion, ProtectionDomain};
 use rdmactor_services::echo::RawEcho;
-use rdmactor_tests::framed::{data_frame, framed_connect, mirror_server, off_thread};
+use rdmactor_tests::framed::{
+    data_frame, framed_connect, framed_peer_sends, mirror_server, off_thread,
+};
 use rdmactor_tests::{
     actix_run, assert_released, eventually, first_close_reason, flood_sends, rdma_context,
     resource_counts, rss_kib, test_addr, wait_idle, Recorded,
@@ -187,21 +189,16 @@ fn framed_peer_returning_impossible_credits_is_closed_as_a_protocol_violation() 
         let (server, addr, reasons) = mirror_server();
         let (ctx, seen) = (ctx.clone(), reasons.clone());
         off_thread(move || {
-            let pd = ProtectionDomain::new(&ctx).unwrap();
-            let (ep, _depth, _recv) = framed_connect(&pd, addr);
-            let mut out = MemoryRegion::register(&pd, 4096, Access::NONE).unwrap();
             // One frame granting u32::MAX credits: the server never granted us a frame
             // to answer with, let alone four billion (this overflowed its counter).
-            flood_sends(
-                &ep,
-                &mut out,
+            framed_peer_sends(
+                &ctx,
+                addr,
                 HEADER_LEN + 4,
-                1,
                 1,
                 |_, b| data_frame(b, u32::MAX, 4),
                 || !seen.lock().unwrap().is_empty(),
             );
-            std::thread::sleep(Duration::from_millis(200));
         })
         .await;
         let got = first_close_reason(&reasons, Duration::from_secs(30)).await;

@@ -10,10 +10,10 @@ use rdmactor::runtime::{
     Client, Message, NodeConfig, PeerInfo, Service, Session, SessionCx, SessionError,
 };
 use rdmactor::verbs::{Access, MemoryRegion, ProtectionDomain};
-use rdmactor_tests::framed::{framed_connect, mirror_server, off_thread};
+use rdmactor_tests::framed::{framed_connect, framed_peer_sends, mirror_server, off_thread};
 use rdmactor_tests::{
-    actix_run, assert_leases_returned, assert_released, first_close_reason, flood_sends, pattern,
-    rdma_context, resource_counts, wait_idle,
+    actix_run, assert_released, close_all, first_close_reason, flood_sends, pattern, rdma_context,
+    resource_counts,
 };
 
 /// Issue 26 (7): an offer of 1 MiB at `u64::MAX - 10`. The server READs an offer in
@@ -33,14 +33,10 @@ fn a_rendezvous_offer_that_wraps_the_address_space_ends_only_its_connection() {
 
         let (ctx, seen) = (ctx.clone(), reasons.clone());
         off_thread(move || {
-            let pd = ProtectionDomain::new(&ctx).unwrap();
-            let (ep, _depth, _recv) = framed_connect(&pd, addr);
-            let mut out = MemoryRegion::register(&pd, 4096, Access::NONE).unwrap();
-            flood_sends(
-                &ep,
-                &mut out,
+            framed_peer_sends(
+                &ctx,
+                addr,
                 HEADER_LEN + OFFER_LEN,
-                1,
                 1,
                 |_, b| {
                     Header {
@@ -59,11 +55,6 @@ fn a_rendezvous_offer_that_wraps_the_address_space_ends_only_its_connection() {
                 },
                 || !seen.lock().unwrap().is_empty(),
             );
-            // Keep the QP until the server has acted on the frame.
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            while seen.lock().unwrap().is_empty() && std::time::Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
-            }
         })
         .await;
         let got = first_close_reason(&reasons, Duration::from_secs(30)).await;
@@ -75,10 +66,7 @@ fn a_rendezvous_offer_that_wraps_the_address_space_ends_only_its_connection() {
             let data = pattern(100 + i as usize * 500, i);
             assert_eq!(steady.request(data.clone()).await.expect("after"), data);
         }
-        steady.close().await;
-        client.shutdown().await;
-        wait_idle(&server, "connections to close", Duration::from_secs(30)).await;
-        assert_leases_returned(&server).await;
+        close_all(&server, client, vec![steady]).await;
         server.shutdown().await;
     });
     assert_released(&base);
@@ -197,10 +185,7 @@ fn a_member_closing_in_the_middle_of_a_burst_gives_back_every_shared_receive() {
                     .expect("after");
             assert_eq!(answer, data);
         }
-        steady.close().await;
-        client.shutdown().await;
-        wait_idle(&server, "connections to close", Duration::from_secs(30)).await;
-        assert_leases_returned(&server).await;
+        close_all(&server, client, vec![steady]).await;
         server.shutdown().await;
     });
     assert_released(&base);

@@ -10,7 +10,7 @@ use rdmactor::proto::hello::{Hello, Welcome, PROTOCOL_VERSION};
 use rdmactor::runtime::{Message, PeerInfo, Server, Service, Session, SessionCx, SessionError};
 use rdmactor::verbs::{Access, MemoryRegion, ProtectionDomain, RecvWr};
 
-use crate::{test_addr, Recorded};
+use crate::{flood_sends, test_addr, Recorded};
 
 /// Runs `client` on its own thread (it blocks) while this thread keeps the server's
 /// actors going, and returns its result.
@@ -95,4 +95,26 @@ pub fn mirror_server() -> (Server, std::net::SocketAddr, Arc<Mutex<Vec<String>>>
         .expect("server");
     let addr = server.local_addrs()[0];
     (server, addr, reasons)
+}
+
+/// A framed peer of `addr` that sends `count` frames of `bytes` bytes, each written by
+/// `fill`, all in flight at once, and keeps its QP until `done` says the server acted
+/// (10 s at most). Returns how many SENDs completed.
+pub fn framed_peer_sends(
+    ctx: &rdmactor::verbs::Context,
+    addr: std::net::SocketAddr,
+    bytes: usize,
+    count: usize,
+    fill: impl FnMut(usize, &mut [u8]),
+    done: impl Fn() -> bool,
+) -> usize {
+    let pd = ProtectionDomain::new(ctx).unwrap();
+    let (ep, _depth, _recv) = framed_connect(&pd, addr);
+    let mut out = MemoryRegion::register(&pd, bytes.max(4096), Access::NONE).unwrap();
+    let sent = flood_sends(&ep, &mut out, bytes, count, count, fill, &done);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !done() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    sent
 }
