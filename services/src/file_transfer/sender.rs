@@ -729,7 +729,10 @@ impl Endpoint for Sender {
         let slot = self.pipe.as_mut().filter(|_| ok_state).and_then(|p| {
             let i = u64::from(index);
             let slot = (i % u64::from(p.grant.slots)) as usize;
-            p.slots[slot]
+            // The index is the driver's word: with fewer chunks than granted slots, a
+            // slot past the file's chunks has no state at all.
+            p.slots
+                .get_mut(slot)?
                 .as_mut()
                 .filter(|u| u.index == i && !u.written && i < p.filled)
         });

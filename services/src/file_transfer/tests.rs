@@ -791,8 +791,8 @@ fn a_grant_at_the_top_of_the_address_space_is_refused_not_a_panic() {
                 len: 2,
                 rkey: 1,
             },
-            slots: 2,
-            slot_len: 1,
+            slots: 1,
+            slot_len: 2,
         }),
     };
     let e = s.handle_msg(hostile).unwrap_err();
