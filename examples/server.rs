@@ -102,6 +102,11 @@ struct Args {
     /// Bytes one client host may have admitted and not yet stored, in MiB.
     #[arg(long, default_value_t = ClientQuota::default().reserved_bytes >> 20)]
     files_client_mib: u64,
+    /// A transfer that waits this long on its client (for the grant, a chunk, an
+    /// acknowledgement) is ended with a "stalled" reason, and its window, staging,
+    /// quota share and reserved disk are freed. 0 waits for ever.
+    #[arg(long, default_value_t = FilesConfig::DEFAULT_STALL.as_secs())]
+    files_stall_secs: u64,
     /// `NAME=PATH`: serve the file at PATH as region NAME of the `read` service.
     /// Repeatable.
     #[arg(long = "region", value_name = "NAME=PATH")]
@@ -303,7 +308,10 @@ fn files_service(args: &Args) -> Result<Option<FileTransfer>> {
     }
     config = config
         .with_public_fetch(args.files_public_fetch)
-        .with_overwrite_others(args.files_overwrite_others);
+        .with_overwrite_others(args.files_overwrite_others)
+        .with_stall(
+            Some(std::time::Duration::from_secs(args.files_stall_secs)).filter(|d| !d.is_zero()),
+        );
     FileTransfer::new(config)
         .map(Some)
         .with_context(|| format!("files service in {}", dir.display()))

@@ -150,13 +150,19 @@ fn set(names: &[&str]) -> BTreeSet<String> {
 /// A server with the `files` service. Two pollers: a session hashes and writes each
 /// chunk on its poller thread, and the VM has two vCPUs to share that work.
 fn files_server(config: Config) -> Server {
+    files_server_with(FileTransfer::new(config).expect("files service"))
+}
+
+/// [`files_server`] with a service made by the caller (who keeps a clone to ask its
+/// quota owner).
+fn files_server_with(files: FileTransfer) -> Server {
     Server::builder()
         .config(NodeConfig {
             pollers: 2,
             ..NodeConfig::default()
         })
         .listen(test_addr(), None)
-        .service("files", FileTransfer::new(config).expect("files service"))
+        .service("files", files)
         .start()
         .expect("server")
 }
@@ -1040,5 +1046,134 @@ fn a_fetch_grant_of_millions_of_one_byte_slots_is_refused_without_allocating() {
         server.shutdown().await;
     });
     assert_eq!(names(&store), set(&["own"]));
+    assert_released(&base);
+}
+
+/// Issue 26 (4): a client that takes its grant and never writes, or asks for a file and
+/// never grants a window, held the window (or the staging and the open file), its quota
+/// share and its reserved disk for as long as its QP lived. With a stall limit the server
+/// ends each transfer with the reason, frees all of it, and keeps the connection: the
+/// same client uploads a file afterwards. Another client is served throughout.
+#[test]
+fn a_client_that_goes_silent_mid_transfer_is_told_why_and_everything_it_held_is_freed() {
+    let Some(_ctx) = rdma_context() else { return };
+    let base = resource_counts();
+    let scratch = Scratch::new("stalled");
+    let (src, store) = (scratch.sub("src"), scratch.sub("store"));
+    let len = 2 * MIB + 3;
+    write_random_file(&src.join("mine"), len, 71);
+    write_random_file(&src.join("other"), 3 * MIB, 72);
+    let stall = Duration::from_secs(2);
+    actix_run(async {
+        let files = FileTransfer::new(Config::new(&store).with_stall(Some(stall))).expect("files");
+        let server = files_server_with(files.clone());
+        let addr = server.local_addrs()[0];
+        let client = Client::start(NodeConfig::default()).expect("client");
+        let silent = client.connect(addr, "files").await.expect("connect");
+        let other = client.connect(addr, "files").await.expect("connect");
+        let (outcome, _) = send(&silent, &src.join("mine"), "mine", &SendOptions::default()).await;
+        assert!(delivered(&outcome), "{outcome:?}");
+        let usage = || {
+            let owner = files.quota_owner().expect("the quota owner");
+            async move {
+                owner
+                    .send(rdmactor_services::file_transfer::Usage(
+                        test_addr().ip().to_string(),
+                    ))
+                    .await
+                    .expect("usage")
+            }
+        };
+        let expect_stalled = |msg: Option<rdmactor::runtime::Message>, what: &str| {
+            let msg = msg.unwrap_or_else(|| panic!("{what}: the connection closed"));
+            match Msg::decode(&msg.data) {
+                Ok(Msg::Abort {
+                    reason: RejectReason::Stalled { secs },
+                }) => assert_eq!(secs, 2, "{what}"),
+                other => panic!("{what}: expected Abort with Stalled, got {other:?}"),
+            }
+        };
+
+        // Upload: offer, take the grant, write nothing.
+        let mrs = resource_counts().get("mr");
+        let offer = FileOffer {
+            name: "never".into(),
+            len: 2 * MIB,
+            digest: hash_bytes(HashAlg::Sha256, b"not these bytes"),
+            overwrite: false,
+        };
+        let t0 = Instant::now();
+        silent
+            .send(Msg::Offer(offer).encode())
+            .await
+            .expect("offer");
+        let reply = silent.recv().await.expect("an answer to the offer");
+        let Ok(Msg::Grant {
+            window: Some(grant),
+        }) = Msg::decode(&reply.data)
+        else {
+            panic!("expected a grant, got {reply:?}");
+        };
+        assert_eq!(
+            resource_counts().get("mr"),
+            mrs + 1,
+            "the window is registered"
+        );
+        assert_eq!(usage().await, (1, 2 * MIB), "the upload holds its share");
+        // The other client's upload goes through while this one stalls.
+        let (outcome, _) = send(&other, &src.join("other"), "other", &SendOptions::default()).await;
+        assert!(delivered(&outcome), "{outcome:?}");
+        let abort = tokio::time::timeout(Duration::from_secs(30), silent.recv())
+            .await
+            .expect("an Abort within 30 s of a 2 s stall limit");
+        let waited = t0.elapsed();
+        expect_stalled(abort, "the silent upload");
+        println!("silent upload: Abort(Stalled) after {waited:?}");
+        assert!(waited >= stall, "ended after {waited:?}, before the limit");
+        assert_eq!(
+            resource_counts().get("mr"),
+            mrs,
+            "the window is deregistered"
+        );
+        assert_eq!(usage().await, (0, 0), "the share is given back");
+        assert_eq!(
+            names(&store),
+            set(&["mine", "other"]),
+            "no temporary file is left"
+        );
+        expect_remote_access_error(&other, region(&grant), "the stalled window").await;
+
+        // Download: ask for our own file, take the offer, never grant a window.
+        let fetch = Msg::Fetch {
+            name: "mine".into(),
+            alg: HashAlg::Sha256,
+        };
+        silent.send(fetch.encode()).await.expect("fetch");
+        let offer = silent.recv().await.expect("the offer");
+        assert!(
+            matches!(Msg::decode(&offer.data), Ok(Msg::Offer(o)) if o.len == len),
+            "{offer:?}"
+        );
+        let abort = tokio::time::timeout(Duration::from_secs(30), silent.recv())
+            .await
+            .expect("an Abort within 30 s of a 2 s stall limit");
+        expect_stalled(abort, "the ungranted download");
+
+        // The connection stays usable: the same client uploads again.
+        let (outcome, _) = send(
+            &silent,
+            &src.join("other"),
+            "again",
+            &SendOptions::default(),
+        )
+        .await;
+        assert!(delivered(&outcome), "{outcome:?}");
+        assert_eq!(
+            sha256_file(&store.join("again")),
+            sha256_file(&src.join("other"))
+        );
+        close_all(&server, client, vec![silent]).await;
+        server.shutdown().await;
+    });
     assert_released(&base);
 }

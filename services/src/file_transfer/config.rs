@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use super::error::{Result, TransferError};
 use super::quota::ClientQuota;
@@ -36,6 +37,15 @@ pub struct Config {
     /// admitted and bytes reserved but not yet stored (see [`ClientQuota`]). Offers
     /// beyond it are refused with [`RejectReason::Quota`](super::RejectReason::Quota).
     pub client_quota: ClientQuota,
+    /// How long a transfer may wait on its peer (for the grant, a chunk, an
+    /// acknowledgement, the verdict) before it is ended with
+    /// [`RejectReason::Stalled`](super::RejectReason::Stalled) and everything it holds
+    /// is freed: without it, a client that takes a grant and never writes keeps its
+    /// window, quota share and reserved disk for as long as its QP lives, and a
+    /// paused process's QP lives on (the kernel answers keepalive probes for it).
+    /// `None` waits for ever. Time spent on the server's own work (hashing, writing
+    /// to disk) does not count.
+    pub stall: Option<Duration>,
 }
 
 impl Config {
@@ -49,6 +59,10 @@ impl Config {
     pub const DEFAULT_MAX_SIZE: u64 = 1 << 40;
     /// 64 MiB.
     pub const DEFAULT_MAX_WINDOW: u64 = 64 << 20;
+    /// 60 s: far past any pause a working client makes between chunks (a full window
+    /// of 8 MiB moves in well under a second even under Soft-RoCE), short enough that
+    /// a stuck client does not hold its share for long.
+    pub const DEFAULT_STALL: Duration = Duration::from_secs(60);
 
     /// The defaults, storing into `dir`, with no secrets.
     pub fn new(dir: impl Into<PathBuf>) -> Config {
@@ -62,7 +76,14 @@ impl Config {
             public_fetch: false,
             overwrite_others: false,
             client_quota: ClientQuota::default(),
+            stall: Some(Config::DEFAULT_STALL),
         }
+    }
+
+    /// Sets how long a transfer may wait on its peer (see [`stall`](Self::stall)).
+    pub fn with_stall(mut self, stall: Option<Duration>) -> Config {
+        self.stall = stall;
+        self
     }
 
     /// Sets what one client may hold at once (see [`client_quota`](Self::client_quota)).
@@ -127,6 +148,11 @@ impl Config {
                 "window of {window} bytes, more than the maximum of {}",
                 self.max_window
             )));
+        }
+        if self.stall.is_some_and(|d| d.is_zero()) {
+            return Err(TransferError::Invalid(
+                "a stall limit of 0 s (use None to wait for ever)".into(),
+            ));
         }
         Ok(())
     }

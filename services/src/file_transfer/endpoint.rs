@@ -182,6 +182,27 @@ pub trait Endpoint {
     /// True when no transfer is in progress (none started, or the last one finished).
     fn is_finished(&self) -> bool;
 
+    /// True while the transfer waits on the peer (its grant, chunks, acknowledgements,
+    /// verdict, or the Abort that answers ours) rather than on nothing: the span a
+    /// stall deadline measures. The driver knows about its own jobs (hashing,
+    /// appending, reading) and does not count the time they take against the peer.
+    fn waits_on_peer(&self) -> bool {
+        false
+    }
+
+    /// The peer stayed silent past the driver's deadline while
+    /// [`waits_on_peer`](Self::waits_on_peer): end the transfer now, without waiting
+    /// on the peer for anything more. The peer is told why ([`Msg::Abort`] with
+    /// `reason`, read if it is alive but slow or paused), the window (if any) is
+    /// revoked at once rather than after the sender's `Done`, the pending chunks are
+    /// dropped, and [`Outcome::Aborted`] finishes it; what the transfer held (its
+    /// temporary file, quota share and reserved space) goes with it. A peer that
+    /// carries on afterwards meets a dead rkey or an unexpected-message error, which
+    /// ends its connection. Does nothing when not waiting on the peer.
+    fn give_up(&mut self, reason: RejectReason) {
+        let _ = reason;
+    }
+
     /// Sender: true once no more chunks may be posted (the transfer aborted or
     /// ended). A driver checks it after [`fill_chunk`](Self::fill_chunk) and
     /// [`handle_read`](Self::handle_read): a read that failed aborts the transfer, and

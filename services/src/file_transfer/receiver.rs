@@ -652,6 +652,26 @@ impl Endpoint for Receiver {
         matches!(self.state, State::Finished { .. })
     }
 
+    fn waits_on_peer(&self) -> bool {
+        matches!(self.state, State::Receiving(_) | State::Aborted { .. })
+    }
+
+    fn give_up(&mut self, reason: RejectReason) {
+        match mem::replace(&mut self.state, State::Failed) {
+            State::Receiving(inc) => {
+                self.out.push_back(Output::Send(Msg::Abort {
+                    reason: reason.clone(),
+                }));
+                // Chunks received and not yet consumed are dropped with the transfer.
+                self.out.retain(|o| !matches!(o, Output::Consume));
+                self.aborted(inc.window.is_some(), reason);
+            }
+            // Our Abort went out already; the sender's `Done` is not waited for.
+            State::Aborted { window, .. } => self.aborted(window, reason),
+            state => self.state = state,
+        }
+    }
+
     fn chunk_range(&self, index: u32) -> Result<Range<usize>> {
         if matches!(self.state, State::Aborted { .. }) {
             // Chunks in flight when the abort went out: nothing to read.
@@ -1484,5 +1504,76 @@ mod tests {
         );
         assert!(r.is_finished());
         assert!(entries(dir.path()).is_empty(), "the temporary file is gone");
+    }
+
+    #[test]
+    fn a_silent_sender_is_given_up_on_and_everything_the_upload_held_goes() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = b"abcdefghijklmnopqrst";
+        let mut r = Receiver::new(config(dir.path()));
+        assert!(!r.waits_on_peer(), "no transfer yet");
+        r.handle_msg(offer("f", data)).unwrap();
+        assert!(!r.waits_on_peer(), "the window is the server's own work");
+        granted(&mut r, 8);
+        assert!(r.waits_on_peer());
+        r.handle_chunk(0, &data[0..4]).unwrap();
+        drain(&mut r);
+        assert_eq!(entries(dir.path()).len(), 1, "the temporary file");
+        let reason = RejectReason::Stalled { secs: 60 };
+        r.give_up(reason.clone());
+        assert_eq!(
+            drain(&mut r),
+            vec![
+                Output::Send(Msg::Abort {
+                    reason: reason.clone()
+                }),
+                Output::Revoke,
+                Output::Finished(Outcome::Aborted(reason.clone())),
+            ],
+            "the window goes at once, not after the sender's Done"
+        );
+        assert!(r.is_finished() && !r.waits_on_peer());
+        assert!(entries(dir.path()).is_empty(), "the temporary file is gone");
+        // Once finished there is nothing to give up.
+        r.give_up(reason);
+        assert_eq!(drain(&mut r), vec![]);
+        // A sender that wakes up and carries on meets an unexpected-message error.
+        assert!(r.handle_msg(Msg::Done).is_err());
+    }
+
+    #[test]
+    fn an_abort_waiting_for_the_senders_done_is_given_up_on_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = b"abcdefghijklmnopqrst";
+        let mut r = Receiver::new(config(dir.path()));
+        r.handle_msg(offer("g", data)).unwrap();
+        granted(&mut r, 8);
+        // A write failure made the receiver abort; the sender never says Done.
+        r.handle_chunk(0, &data[0..4]).unwrap();
+        let out: Vec<Output> = std::iter::from_fn(|| r.poll_output()).collect();
+        assert!(out.contains(&Output::Consume), "{out:?}");
+        let job = r.take_consume().expect("chunks to consume");
+        let Consumed { sink, .. } = job.run();
+        r.handle_consumed(Consumed {
+            sink,
+            done: Vec::new(),
+            result: Err(StoreError::Io {
+                op: "write",
+                path: dir.path().join("g"),
+                source: std::io::Error::from_raw_os_error(5),
+            }),
+        })
+        .unwrap();
+        assert!(matches!(
+            drain(&mut r).as_slice(),
+            [Output::Send(Msg::Abort { .. })]
+        ));
+        assert!(r.waits_on_peer(), "waiting for the sender's Done");
+        let reason = RejectReason::Stalled { secs: 1 };
+        r.give_up(reason.clone());
+        assert_eq!(
+            drain(&mut r),
+            vec![Output::Revoke, Output::Finished(Outcome::Aborted(reason))]
+        );
     }
 }

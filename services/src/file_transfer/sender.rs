@@ -636,6 +636,30 @@ impl Endpoint for Sender {
         self.state == State::Finished
     }
 
+    fn waits_on_peer(&self) -> bool {
+        matches!(
+            self.state,
+            State::Offered
+                | State::Sending
+                | State::AwaitVerdict
+                | State::Identifying
+                | State::Aborting
+        )
+    }
+
+    fn give_up(&mut self, reason: RejectReason) {
+        if !self.waits_on_peer() {
+            return;
+        }
+        self.out.retain(|o| !matches!(o, Output::WriteChunk(_)));
+        if self.state != State::Aborting {
+            self.out.push_back(Output::Send(Msg::Abort {
+                reason: reason.clone(),
+            }));
+        }
+        self.finish(Outcome::Aborted(reason));
+    }
+
     fn stopped_sending(&self) -> bool {
         matches!(
             self.state,
@@ -1241,5 +1265,52 @@ mod tests {
         assert_eq!(out[0], Output::Stage { len: 10_000 });
         assert_eq!(writes(&out), vec![0, 1, 2]);
         assert_eq!(s.pipe.as_ref().unwrap().slots.len(), 3);
+    }
+
+    #[test]
+    fn a_receiver_that_stops_acknowledging_is_given_up_on() {
+        let data = b"abcdefghij"; // 3 chunks of 4 through 2 slots
+        let mut s = sender(data);
+        drain(&mut s);
+        assert!(s.waits_on_peer(), "the offer waits for a grant");
+        s.handle_msg(grant(2, 4)).unwrap();
+        let out = drain(&mut s);
+        assert!(
+            out.iter().any(|o| matches!(o, Output::WriteChunk(_))),
+            "{out:?}"
+        );
+        let reason = RejectReason::Stalled { secs: 60 };
+        s.give_up(reason.clone());
+        assert_eq!(
+            drain(&mut s),
+            vec![
+                Output::Send(Msg::Abort {
+                    reason: reason.clone()
+                }),
+                Output::Finished(Outcome::Aborted(reason.clone())),
+            ]
+        );
+        assert!(s.is_finished() && s.stopped_sending() && !s.waits_on_peer());
+        s.give_up(reason);
+        assert_eq!(drain(&mut s), vec![]);
+    }
+
+    #[test]
+    fn a_sender_waiting_for_the_answer_to_its_abort_stops_waiting() {
+        let (mut s, c) = short_source();
+        s.fill_chunk(&c, &mut [0; 8]).unwrap();
+        let out = drain(&mut s);
+        assert!(
+            matches!(out.as_slice(), [Output::Send(Msg::Abort { .. })]),
+            "{out:?}"
+        );
+        assert!(s.waits_on_peer());
+        let reason = RejectReason::Stalled { secs: 5 };
+        s.give_up(reason.clone());
+        // Our Abort went out already: no second one.
+        assert_eq!(
+            drain(&mut s),
+            vec![Output::Finished(Outcome::Aborted(reason))]
+        );
     }
 }

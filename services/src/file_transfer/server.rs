@@ -216,6 +216,16 @@ impl Endpoint for Server {
         self.role().is_none_or(|ep| ep.stopped_sending())
     }
 
+    fn waits_on_peer(&self) -> bool {
+        self.role().is_some_and(|ep| ep.waits_on_peer())
+    }
+
+    fn give_up(&mut self, reason: RejectReason) {
+        if let Some(ep) = self.role_mut() {
+            ep.give_up(reason);
+        }
+    }
+
     fn handle_admitted(
         &mut self,
         answer: std::result::Result<super::Admission, RejectReason>,

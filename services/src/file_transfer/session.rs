@@ -18,6 +18,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use actix::{Addr, Recipient};
 use rdmactor::runtime::{
@@ -167,6 +168,9 @@ impl Service for FileTransfer {
             prepare: None,
             closed: Arc::new(AtomicBool::new(false)),
             reading: None,
+            stall: self.config.stall,
+            heard: Instant::now(),
+            stall_armed: false,
         })
     }
 }
@@ -208,6 +212,13 @@ struct FileSession {
     /// The chunk of a download being read on the blocking pool; its WRITE is posted,
     /// and the state machine's later outputs carried out, when the read is done.
     reading: Option<(ChunkWrite, Blocking<ChunkRead>)>,
+    /// [`Config::stall`]: how long a transfer may wait on the peer.
+    stall: Option<Duration>,
+    /// When the transfer last moved: a message or chunk from the peer, a WRITE
+    /// completion, or one of this session's own jobs finishing.
+    heard: Instant,
+    /// A [`STALL_CHECK`] wake-up is on its way (one at a time).
+    stall_armed: bool,
 }
 
 /// The `on_wake` token of a finished commit.
@@ -220,6 +231,8 @@ const CONSUMED: u64 = 3;
 const CHUNK_READ: u64 = 4;
 /// The `on_wake` token of the quota owner's answer to an offer.
 const ADMITTED: u64 = 5;
+/// The `on_wake` token of the stall deadline.
+const STALL_CHECK: u64 = 6;
 
 fn fail(e: TransferError) -> SessionError {
     SessionError::new(format!("file transfer: {e}"))
@@ -328,7 +341,60 @@ impl FileSession {
                 }
             }
         }
+        if let (false, Some(limit)) = (self.busy(), self.stall) {
+            self.arm_stall(cx, limit);
+        }
         Ok(())
+    }
+
+    /// True while one of this session's own jobs runs (a fetch being hashed, chunks
+    /// being appended, a chunk being read, a commit, the quota owner's answer): the
+    /// transfer waits on the server then, not on the peer.
+    fn busy(&self) -> bool {
+        self.reading.is_some()
+            || self.consume.is_some()
+            || self.commit.is_some()
+            || self.prepare.is_some()
+            || self.admitting.is_some()
+    }
+
+    /// Arms the stall deadline for `after` when a transfer waits on the peer and none
+    /// is armed. Called after every event, so the one timer follows the transfer.
+    fn arm_stall(&mut self, cx: &mut SessionCx<'_>, after: Duration) {
+        if self.stall_armed || self.stall.is_none() {
+            return;
+        }
+        if self.server.as_ref().is_some_and(|s| s.waits_on_peer()) {
+            self.stall_armed = true;
+            cx.wake_after(STALL_CHECK, after);
+        }
+    }
+
+    /// The stall deadline came: ends the transfer if it has waited on a silent peer
+    /// for the whole limit, or arms the deadline again for what is left of it.
+    fn check_stall(&mut self, cx: &mut SessionCx<'_>) -> std::result::Result<(), SessionError> {
+        self.stall_armed = false;
+        let Some(limit) = self.stall else {
+            return Ok(());
+        };
+        let waiting = self.server.as_ref().is_some_and(|s| s.waits_on_peer());
+        if !waiting {
+            return Ok(());
+        }
+        let silent = self.heard.elapsed();
+        if self.busy() || silent < limit {
+            let left = if self.busy() { limit } else { limit - silent };
+            self.arm_stall(cx, left);
+            return Ok(());
+        }
+        let reason = RejectReason::Stalled {
+            secs: limit.as_secs(),
+        };
+        let state = self.server()?.state_name();
+        tracing::warn!(peer = %self.peer, state, %reason,
+            "ending a transfer whose peer went silent; its window, staging and share are freed");
+        self.server()?.give_up(reason);
+        self.drive(cx)
     }
 
     /// Copies a chunk read off the poller into its range of the staging buffer (a
@@ -389,6 +455,7 @@ impl Session for FileSession {
         cx: &mut SessionCx<'_>,
         msg: Message,
     ) -> std::result::Result<(), SessionError> {
+        self.heard = Instant::now();
         match msg.imm {
             // A chunk landed in the window (WRITE_WITH_IMM: no bytes in the message).
             Some(index) => {
@@ -422,6 +489,7 @@ impl Session for FileSession {
         op: OpId,
         result: rdmactor::verbs::Result<()>,
     ) -> std::result::Result<(), SessionError> {
+        self.heard = Instant::now();
         let Some((transfer, index)) = self.writes.remove(&op) else {
             return Err(SessionError::new(format!(
                 "file transfer: completion of unknown {op:?}"
@@ -442,6 +510,11 @@ impl Session for FileSession {
         cx: &mut SessionCx<'_>,
         token: u64,
     ) -> std::result::Result<(), SessionError> {
+        if token == STALL_CHECK {
+            return self.check_stall(cx);
+        }
+        // One of this session's own jobs finished: the transfer moved.
+        self.heard = Instant::now();
         if token == CHUNK_READ {
             let Some(result) = self
                 .reading

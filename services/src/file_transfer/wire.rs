@@ -235,6 +235,13 @@ pub enum RejectReason {
     },
     /// The server is shutting down and takes no more transfers.
     ShuttingDown,
+    /// The transfer waited on the peer (a chunk, an acknowledgement, an answer) for
+    /// this long and heard nothing: it was ended, and what it held (window, staging,
+    /// quota share, reserved disk) was freed.
+    Stalled {
+        /// The limit, in seconds.
+        secs: u64,
+    },
 }
 
 impl fmt::Display for RejectReason {
@@ -262,6 +269,10 @@ impl fmt::Display for RejectReason {
                 "quota exceeded: {would_use} {what} for this client, the limit is {limit}"
             ),
             RejectReason::ShuttingDown => f.write_str("the server is shutting down"),
+            RejectReason::Stalled { secs } => write!(
+                f,
+                "stalled: nothing from the peer for {secs} s while the transfer waited on it"
+            ),
         }
     }
 }

@@ -153,6 +153,18 @@ impl SessionCx<'_> {
         }
     }
 
+    /// Calls [`Session::on_wake`] with `token` once `delay` has passed: a deadline for
+    /// something the peer owes (a chunk, an answer). The timer cannot be cancelled and
+    /// does not keep the connection alive, so check on the wake-up whether the deadline
+    /// still applies, and arm a new one for what is left of it.
+    pub fn wake_after(&mut self, token: u64, delay: std::time::Duration) {
+        let waker = self.waker();
+        actix::spawn(async move {
+            actix::clock::sleep(delay).await;
+            waker.wake(token);
+        });
+    }
+
     /// Runs `f` on the runtime's blocking pool (never on the poller thread that hosts
     /// this connection and many others), then calls [`Session::on_wake`] with `token`;
     /// take the result there with [`Blocking::try_take`]. If the connection closed in the
