@@ -51,6 +51,10 @@ struct Args {
     /// Most connections served at once.
     #[arg(long, default_value_t = 1024)]
     max_connections: usize,
+    /// Most connections one client address may hold at once (0: no limit); more from it
+    /// are refused with a reason naming this limit. Default: half of --max-connections.
+    #[arg(long)]
+    max_connections_per_peer: Option<usize>,
     /// Registered memory cap, in MiB.
     #[arg(long, default_value_t = 1024)]
     pool_mib: usize,
@@ -378,6 +382,9 @@ fn main() -> Result<()> {
                     }),
                 ),
             );
+        if let Some(n) = args.max_connections_per_peer {
+            builder = builder.max_connections_per_peer(n);
+        }
         // A clone shares the service's state: kept to drain it at shutdown.
         let files_drain = files.clone();
         if let Some(files) = files {

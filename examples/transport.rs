@@ -26,7 +26,7 @@ pub struct Transport {
     #[arg(long, default_value_t = NodeConfig::default().handshake_timeout.as_secs_f64())]
     pub handshake_timeout: f64,
     /// Close a connection on which no message arrived for this many seconds (0: never).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = NodeConfig::default().idle_timeout.map_or(0.0, |d| d.as_secs_f64()))]
     pub idle_timeout: f64,
     /// Give each framed connection a receive queue of its own (16 buffers) instead of a
     /// share of a shared receive queue.

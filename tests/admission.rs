@@ -24,6 +24,8 @@ fn unknown_service_and_full_server_are_rejected_with_reasons() {
             .listen(test_addr(), None)
             .service("echo", Echo)
             .max_connections(2)
+            // Every client of this test shares one address.
+            .max_connections_per_peer(0)
             .start()
             .expect("server");
         let addr = server.local_addrs()[0];
@@ -104,6 +106,86 @@ fn a_client_that_sends_nothing_is_closed_by_the_idle_timeout() {
         echo_ok(&busy, b"still served".to_vec()).await;
         drop(silent);
         busy.close().await;
+        client.shutdown().await;
+        server.shutdown().await;
+    });
+    assert_released(&base);
+}
+
+/// Issue 26 (5): on its defaults the server had no per-peer limit and no idle timeout,
+/// so one live client that opened `max_connections` connections and said nothing held
+/// every slot for ever, and every other host was refused with `ServerFull`. Now one
+/// address gets at most half the slots by default: its next connect is refused with a
+/// reason naming the per-peer limit, another host still gets in and is served, and the
+/// silent connections go at the idle limit, after which the first host gets in again.
+#[test]
+fn one_silent_host_cannot_take_every_slot() {
+    let Some(_ctx) = rdma_context() else { return };
+    let base = resource_counts();
+    actix_run(async {
+        let (service, reasons) = rdmactor_tests::Recorded::new(Echo);
+        let idle = std::time::Duration::from_secs(3);
+        // max_connections 8 and no per-peer setting: the default limit, 4 per address.
+        let server = Server::builder()
+            .config(NodeConfig {
+                idle_timeout: Some(idle),
+                ..NodeConfig::default()
+            })
+            .listen(test_addr(), None)
+            .service("echo", service)
+            .max_connections(8)
+            .start()
+            .expect("server");
+        let addr = server.local_addrs()[0];
+        let client = Client::start(NodeConfig::default()).expect("client");
+        let here = test_addr().ip();
+        let mut silent = Vec::new();
+        for i in 0..4 {
+            let conn = client
+                .connect_from(here, addr, "echo")
+                .await
+                .unwrap_or_else(|e| panic!("silent connection {i}: {e}"));
+            silent.push(conn);
+        }
+        let msg = rejected_with(
+            client.connect_from(here, addr, "echo").await.unwrap_err(),
+            RejectCode::ServerFull,
+        );
+        assert!(msg.contains("per-peer connection limit of 4"), "{msg}");
+        assert!(msg.contains(&here.to_string()), "{msg}");
+
+        // Another host is admitted and served while the first holds its four.
+        let other = client
+            .connect_from(rdmactor_tests::second_peer_ip(), addr, "echo")
+            .await
+            .expect("a second host gets a slot");
+        for i in 0..6u8 {
+            echo_ok(&other, vec![i; 100 * (i as usize + 1)]).await;
+            actix_rt::time::sleep(std::time::Duration::from_millis(400)).await;
+        }
+        assert_eq!(server.stats().await.connections, 5);
+
+        // The silent four go at the idle limit; the busy one stays.
+        rdmactor_tests::eventually(
+            "the silent connections to reach the idle limit",
+            std::time::Duration::from_secs(20),
+            || async { reasons.lock().unwrap().len() >= 4 },
+        )
+        .await;
+        for why in reasons.lock().unwrap().iter() {
+            assert!(why.contains("idle: no message for 3s"), "{why}");
+        }
+        echo_ok(&other, b"still served".to_vec()).await;
+        let again = client
+            .connect_from(here, addr, "echo")
+            .await
+            .expect("the first host gets in again once its slots are free");
+        echo_ok(&again, b"back".to_vec()).await;
+        let stats = server.stats().await;
+        assert_eq!((stats.accepted, stats.rejected), (6, 1));
+        drop(silent);
+        other.close().await;
+        again.close().await;
         client.shutdown().await;
         server.shutdown().await;
     });

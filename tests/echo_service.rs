@@ -36,6 +36,8 @@ fn many_clients_echo_mixed_sizes() {
             .listen(test_addr(), None)
             .service("echo", Echo)
             .max_connections(clients + 8)
+            // Every client of this test shares one address.
+            .max_connections_per_peer(0)
             .start()
             .expect("server");
         let addr = server.local_addrs()[0];

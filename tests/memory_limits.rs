@@ -320,6 +320,8 @@ fn bulk_rendezvous_never_starves_new_connections() {
             .listen(test_addr(), None)
             .service("discard", Discard)
             .max_connections(1000)
+            // Every client of this test shares one address.
+            .max_connections_per_peer(0)
             .start()
             .expect("server");
         let addr = server.local_addrs()[0];

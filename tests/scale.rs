@@ -43,6 +43,8 @@ fn two_hundred_senders_flood_a_slow_service_without_rnr_through_shared_receives(
             .config(no_rnr.clone())
             .listen(test_addr(), None)
             .max_connections(400)
+            // Every client of this test shares one address.
+            .max_connections_per_peer(0)
             .service("slow", rdmactor_tests::Slow)
             .start()
             .expect("server");
@@ -188,6 +190,8 @@ fn admission_is_exact_under_a_connect_storm() {
             .listen(test_addr(), None)
             .service("echo", Echo)
             .max_connections(1000)
+            // Every client of this test shares one address.
+            .max_connections_per_peer(0)
             .start()
             .expect("server");
         let addr = server.local_addrs()[0];
@@ -269,6 +273,8 @@ fn twenty_thousand_clients_each_echo_while_all_are_open() {
             .listen(test_addr(), None)
             .service("echo", Echo)
             .max_connections(total + 16)
+            // Every client of this test shares one address.
+            .max_connections_per_peer(0)
             .start()
             .expect("server");
         let addr = server.local_addrs()[0];

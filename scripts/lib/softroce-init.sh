@@ -5,7 +5,9 @@
 # filesystem (9p tag "hostroot", read-only) on /newroot and the repository
 # (9p tag "repo", writable) over its own path inside it, brings up Soft-RoCE
 # (rxe0 on the VM's NIC if qemu gave it one, else on the dummy interface rxenet0;
-# address from softroce_ip=, default 192.0.2.1/24; MTU from softroce_mtu=),
+# address from softroce_ip=, default 192.0.2.1/24, plus that address + 100 as a
+# second local address, so that a test can connect as a second peer host; MTU from
+# softroce_mtu=),
 # then runs the per-run script <repo>/.softroce/runs/<id>/run.sh chrooted into
 # /newroot. The command's stdout/stderr go to the virtio ports "out"/"err",
 # which the host connects to its own stdout/stderr. The exit status is written
@@ -104,6 +106,8 @@ fi
 in_root ip link set "$netdev" mtu "$mtu" || fail "cannot set the MTU of $netdev to $mtu"
 in_root ip link set "$netdev" up || fail "cannot bring $netdev up"
 in_root ip addr add "$ip/24" dev "$netdev" || fail "cannot address $netdev"
+second=${ip%.*}.$((${ip##*.} + 100))
+in_root ip addr add "$second/24" dev "$netdev" || fail "cannot add $second to $netdev"
 in_root rdma link add rxe0 type rxe netdev "$netdev" || fail "cannot create rxe0"
 echo "$netdev" >"$run/netdev"
 

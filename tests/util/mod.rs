@@ -57,6 +57,19 @@ pub fn test_addr() -> SocketAddr {
     SocketAddr::new(ip, 0)
 }
 
+/// A second address of this host on the RDMA interface (the VM gives it the test
+/// address + 100, 192.0.2.101): connecting from it makes a second peer to a server that
+/// counts connections per peer address.
+pub fn second_peer_ip() -> IpAddr {
+    match test_addr().ip() {
+        IpAddr::V4(v4) => {
+            let [a, b, c, d] = v4.octets();
+            IpAddr::V4(std::net::Ipv4Addr::new(a, b, c, d.wrapping_add(100)))
+        }
+        other => panic!("no second peer address for {other}"),
+    }
+}
+
 /// Per-kind object counts of one device, as `rdma resource show` prints them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResourceCounts(pub BTreeMap<String, u64>);

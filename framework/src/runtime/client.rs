@@ -2,7 +2,7 @@
 //! connection actors, so one process can drive thousands of connections.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -83,7 +83,14 @@ impl Client {
     pub fn start(config: NodeConfig) -> Result<Client, VerbsError> {
         let node = Node::start(config)?;
         let channel = EventChannel::new()?;
-        let cm = CmActor::new(node.clone(), channel, Arc::new(HashMap::new()), usize::MAX).start();
+        let cm = CmActor::new(
+            node.clone(),
+            channel,
+            Arc::new(HashMap::new()),
+            usize::MAX,
+            0,
+        )
+        .start();
         Ok(Client { node, cm })
     }
 
@@ -93,7 +100,23 @@ impl Client {
         addr: SocketAddr,
         service: &str,
     ) -> Result<ClientConnection, ConnectError> {
-        self.connect_inner(addr, service, None).await
+        self.connect_inner(addr, None, service, None).await
+    }
+
+    /// [`connect`](Self::connect) from the local address `from` (one of this host's),
+    /// not the one the route picks: a host with several addresses is several peers to a
+    /// server that limits connections per peer address.
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`](Self::connect); an address not on this host fails to resolve.
+    pub async fn connect_from(
+        &self,
+        from: IpAddr,
+        addr: SocketAddr,
+        service: &str,
+    ) -> Result<ClientConnection, ConnectError> {
+        self.connect_inner(addr, Some(from), service, None).await
     }
 
     /// Connects to `service` at `addr` with the application's own [`Session`] driving the
@@ -108,19 +131,21 @@ impl Client {
         service: &str,
         session: impl Session,
     ) -> Result<ClientConnection, ConnectError> {
-        self.connect_inner(addr, service, Some(Box::new(session)))
+        self.connect_inner(addr, None, service, Some(Box::new(session)))
             .await
     }
 
     async fn connect_inner(
         &self,
         addr: SocketAddr,
+        from: Option<IpAddr>,
         service: &str,
         session: Option<Box<dyn Session>>,
     ) -> Result<ClientConnection, ConnectError> {
         let (tx, rx) = oneshot::channel();
         self.cm.do_send(Connect {
             addr,
+            from,
             service: service.to_owned(),
             reply: tx,
             session,

@@ -8,7 +8,7 @@
 //! → QP → connect → ESTABLISHED or a typed failure.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -97,6 +97,12 @@ pub(crate) struct CmActor {
     handshaking: HashMap<CmIdKey, Instant>,
     connecting: HashMap<CmIdKey, Connecting>,
     max_connections: usize,
+    /// Most accepted connections one peer address may hold (0: no limit), so that one
+    /// host cannot take every slot under `max_connections`.
+    max_per_peer: usize,
+    /// Accepted connections open per peer address, and the address of each.
+    per_peer: HashMap<IpAddr, usize>,
+    peer_of: HashMap<CmIdKey, IpAddr>,
     shutting_down: bool,
     drained: Vec<oneshot::Sender<()>>,
     counters: CmCounters,
@@ -108,6 +114,7 @@ impl CmActor {
         channel: EventChannel,
         services: Services,
         max_connections: usize,
+        max_per_peer: usize,
     ) -> Self {
         CmActor {
             config: node.config.clone(),
@@ -123,6 +130,9 @@ impl CmActor {
             handshaking: HashMap::new(),
             connecting: HashMap::new(),
             max_connections,
+            max_per_peer,
+            per_peer: HashMap::new(),
+            peer_of: HashMap::new(),
             shutting_down: false,
             drained: Vec::new(),
             counters: CmCounters::default(),
@@ -242,6 +252,22 @@ impl CmActor {
                 ),
             );
         }
+        let peer_ip = id.peer_addr().map(|a| a.ip());
+        if let Some(ip) = peer_ip.filter(|_| self.max_per_peer > 0) {
+            let open = self.per_peer.get(&ip).copied().unwrap_or(0);
+            if open >= self.max_per_peer {
+                return self.reject(
+                    &id,
+                    Reject::new(
+                        RejectCode::ServerFull,
+                        format!(
+                            "per-peer connection limit of {} reached ({ip} has {open} open)",
+                            self.max_per_peer
+                        ),
+                    ),
+                );
+            }
+        }
         let framing = service.framing();
         if framing == Framing::Framed && peer_depth.is_none() {
             return self.reject(
@@ -323,6 +349,10 @@ impl CmActor {
             handed_over: Instant::now(),
         });
         self.conns.insert(key, addr.recipient());
+        if let Some(ip) = peer_ip {
+            *self.per_peer.entry(ip).or_default() += 1;
+            self.peer_of.insert(key, ip);
+        }
         self.qps.insert(qp_num, key);
         self.qp_of.insert(key, qp_num);
         self.counters.accepted += 1;
@@ -607,6 +637,14 @@ impl Handler<ConnClosed> for CmActor {
         if self.conns.remove(&msg.key).is_some() {
             self.counters.closed += 1;
         }
+        if let Some(ip) = self.peer_of.remove(&msg.key) {
+            if let Some(open) = self.per_peer.get_mut(&ip) {
+                *open -= 1;
+                if *open == 0 {
+                    self.per_peer.remove(&ip);
+                }
+            }
+        }
         if let Some(qp) = self.qp_of.remove(&msg.key) {
             // rxe reuses QP numbers: only if it still names this connection.
             if self.qps.get(&qp) == Some(&msg.key) {
@@ -640,6 +678,8 @@ impl Handler<HandshakeFailed> for CmActor {
 #[rtype(result = "()")]
 pub(crate) struct Connect {
     pub addr: SocketAddr,
+    /// The local address to connect from (`None`: the route's).
+    pub from: Option<IpAddr>,
     pub service: String,
     pub reply: oneshot::Sender<Result<(ClientAddr, Inbox), ConnectError>>,
     /// The application's own session for this connection, if any.
@@ -666,7 +706,8 @@ impl Handler<Connect> for CmActor {
                 return;
             }
         };
-        if let Err(e) = id.resolve_addr(None, msg.addr, RESOLVE_TIMEOUT) {
+        let src = msg.from.map(|ip| SocketAddr::new(ip, 0));
+        if let Err(e) = id.resolve_addr(src, msg.addr, RESOLVE_TIMEOUT) {
             let _ = msg.reply.send(Err(ConnectError::Verbs(e.to_string())));
             return;
         }

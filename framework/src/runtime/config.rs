@@ -73,7 +73,11 @@ pub struct NodeConfig {
     /// Close a connection on which no message arrived for this long
     /// ([`CloseReason::IdleTimeout`](super::CloseReason::IdleTimeout)); `None`: never.
     /// Keepalive probes do not count as messages: they prove the peer is alive, not
-    /// that it uses the connection.
+    /// that it uses the connection. Ten minutes by default: far longer than a client
+    /// that uses its connection stays silent, and without a limit a live peer that
+    /// opens connections and says nothing holds its slots (and their QPs and
+    /// receive buffers) for as long as it likes, since the kernel answers keepalive
+    /// probes even for a stopped process.
     pub idle_timeout: Option<Duration>,
     /// Largest framed message a connection sends or accepts (at most
     /// [`MAX_MESSAGE`](super::MAX_MESSAGE)). A peer's rendezvous offer names its length
@@ -126,7 +130,7 @@ impl Default for NodeConfig {
             ack_timeout: 18,
             keepalive: Some(Duration::from_secs(5)),
             handshake_timeout: Duration::from_secs(30),
-            idle_timeout: None,
+            idle_timeout: Some(Duration::from_secs(600)),
             max_message: 16 << 20,
             rendezvous_budget: 32 << 20,
             rendezvous_deadline: Duration::from_secs(30),

@@ -22,6 +22,7 @@ pub struct ServerBuilder {
     listeners: Vec<(SocketAddr, Option<String>)>,
     services: HashMap<String, Arc<dyn Service>>,
     max_connections: usize,
+    max_per_peer: Option<usize>,
     oob: Vec<OobPort>,
 }
 
@@ -44,6 +45,7 @@ impl Default for ServerBuilder {
             listeners: Vec::new(),
             services: HashMap::new(),
             max_connections: 1024,
+            max_per_peer: None,
             oob: Vec::new(),
         }
     }
@@ -74,6 +76,24 @@ impl ServerBuilder {
     pub fn max_connections(mut self, n: usize) -> Self {
         self.max_connections = n;
         self
+    }
+
+    /// Connections one peer address may hold at once; more from it are rejected with
+    /// `ServerFull` and a reason naming this limit, while other peers still get in. 0
+    /// lifts the limit (a test or a benchmark whose clients all share one address).
+    /// Default: half of [`max_connections`](Self::max_connections) (at least 1), so that
+    /// no single host, however many connections it opens and keeps silent, takes every
+    /// slot.
+    pub fn max_connections_per_peer(mut self, n: usize) -> Self {
+        self.max_per_peer = Some(n);
+        self
+    }
+
+    /// The per-peer limit in force (see
+    /// [`max_connections_per_peer`](Self::max_connections_per_peer)).
+    fn per_peer_limit(&self) -> usize {
+        self.max_per_peer
+            .unwrap_or((self.max_connections / 2).max(1))
     }
 
     /// Also listens for `ibv_*_pingpong`-style clients on a TCP port (QPs brought up out
@@ -113,6 +133,7 @@ impl ServerBuilder {
             }
         }
         let config = self.config.clone();
+        let per_peer = self.per_peer_limit();
         let node = Node::start(self.config)?;
         let mut oob = Vec::new();
         for port in self.oob {
@@ -128,6 +149,7 @@ impl ServerBuilder {
             channel.clone(),
             Arc::new(self.services),
             self.max_connections,
+            per_peer,
         );
         let mut addrs = Vec::new();
         let mut relisten = Vec::new();
