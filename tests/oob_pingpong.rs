@@ -294,6 +294,26 @@ fn bad_exchanges_and_vanished_clients_cost_only_themselves() {
     assert_all_released(&base);
 }
 
+/// The test address as a RoCE GID (IPv4-mapped), as the client's own.
+fn own_gid() -> String {
+    match test_addr().ip() {
+        std::net::IpAddr::V4(v4) => format!("::ffff:{v4}"),
+        std::net::IpAddr::V6(v6) => v6.to_string(),
+    }
+}
+
+/// One record with QP number `qpn` and the GID written as an IPv6 address.
+fn own_record(qpn: u32, gid: &str) -> Vec<u8> {
+    Dest {
+        qpn,
+        psn: 0x42,
+        gid: Gid(gid.parse::<std::net::Ipv6Addr>().unwrap().octets()),
+        ..Dest::default()
+    }
+    .encode()
+    .to_vec()
+}
+
 #[test]
 fn refusal_reasons_name_the_problem() {
     let Some(_ctx) = rdma_context() else { return };
@@ -326,13 +346,22 @@ fn refusal_reasons_name_the_problem() {
                 }
                 .encode()
                 .to_vec(),
-                "unreachable",
+                "is not the address this client connected from",
             ),
+            // Records naming a third host on the subnet (UD would answer there), a
+            // multicast group, or a reserved QP.
+            (
+                rc,
+                own_record(0x77, "::ffff:192.0.2.77"),
+                "is not the address this client connected from",
+            ),
+            (rc, own_record(0x77, "ff0e::1"), "is a multicast GID"),
+            (rc, own_record(1, &own_gid()), "QPN 0x1 is reserved"),
             // Run without -g: no GID, so no GRH, which RoCE cannot do.
             (
                 rc,
                 record("0000:000077:000042:00000000000000000000000000000000"),
-                "unreachable",
+                "no GID in the record",
             ),
             (srq, vec![0u8; 0], "silent client"),
             (

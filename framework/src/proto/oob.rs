@@ -9,6 +9,8 @@
 //! `ibv_ud_pingpong` send one record; `ibv_srq_pingpong` always sends 256, of which the
 //! first `-q` describe its QPs and the rest are all zero.
 
+use std::net::IpAddr;
+
 use crate::verbs::Gid;
 
 /// Bytes of one record, the terminating NUL included.
@@ -67,6 +69,61 @@ pub enum ExchangeError {
     /// The acknowledgement after the server's records was not `done\0`.
     #[error("expected \"done\" after the exchange, got {0:?}")]
     NotDone(String),
+    /// A record names a QP number no client QP can have.
+    #[error("QPN {0:#x} is reserved (0 and 1 are the management QPs, 0xffffff multicast)")]
+    ReservedQpn(u32),
+    /// A record's GID is a multicast group, not a QP's address.
+    #[error("GID {0} is a multicast GID")]
+    MulticastGid(Gid),
+    /// No GID and no LID: nothing to address the client's QP by (RoCE needs a GID).
+    #[error("no GID in the record (run the client with -g and the index of its address)")]
+    NoGid,
+    /// A record's GID is not the address the client connected from. The server would
+    /// send to whatever a record names (UD answers every message it gets), so a
+    /// record may only name the client itself.
+    #[error("GID {gid} is not the address this client connected from ({peer}): run it with -g and the GID index of that address")]
+    ForeignGid {
+        /// The record's GID.
+        gid: Gid,
+        /// The TCP peer's address.
+        peer: IpAddr,
+    },
+}
+
+/// Checks that a client's record names a QP of the client itself, at the address its
+/// TCP connection came from: a RoCE GID that is that IP address (IPv4-mapped for IPv4),
+/// not a multicast group, and a QP number that is not reserved. A zero GID is accepted
+/// only with a LID (InfiniBand addressing, which no IP address can be checked against).
+///
+/// # Errors
+///
+/// The [`ExchangeError`] naming the first rule broken.
+pub fn check_peer_record(dest: &Dest, peer: IpAddr) -> Result<(), ExchangeError> {
+    if matches!(dest.qpn, 0 | 1 | 0xff_ffff) || dest.qpn > 0xff_ffff {
+        return Err(ExchangeError::ReservedQpn(dest.qpn));
+    }
+    if dest.gid.0[0] == 0xff {
+        return Err(ExchangeError::MulticastGid(dest.gid));
+    }
+    if dest.gid.is_zero() {
+        return if dest.lid != 0 {
+            Ok(())
+        } else {
+            Err(ExchangeError::NoGid)
+        };
+    }
+    let ours = match peer {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        IpAddr::V6(v6) => v6,
+    };
+    if dest.gid.to_ipv6() == ours {
+        Ok(())
+    } else {
+        Err(ExchangeError::ForeignGid {
+            gid: dest.gid,
+            peer: peer.to_canonical(),
+        })
+    }
 }
 
 impl Dest {
@@ -267,5 +324,58 @@ mod tests {
         assert!(check_done(b"done\0").is_ok());
         assert!(check_done(b"nope\0").is_err());
         assert!(check_done(b"done").is_err());
+    }
+
+    #[test]
+    fn a_record_may_only_name_the_client_itself() {
+        let peer: IpAddr = "192.0.2.1".parse().unwrap();
+        let gid = |text: &str| Gid(text.parse::<std::net::Ipv6Addr>().unwrap().octets());
+        let rec = |qpn, g| Dest {
+            lid: 0,
+            qpn,
+            psn: 7,
+            gid: g,
+        };
+        let own = gid("::ffff:192.0.2.1");
+        assert_eq!(check_peer_record(&rec(0x77, own), peer), Ok(()));
+        // A v4 client seen through a v6 socket as ::ffff:a.b.c.d is the same peer.
+        let mapped: IpAddr = "::ffff:192.0.2.1".parse().unwrap();
+        assert_eq!(check_peer_record(&rec(0x77, own), mapped), Ok(()));
+        let third = gid("::ffff:192.0.2.77");
+        let err = check_peer_record(&rec(0x77, third), peer).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("is not the address this client connected from (192.0.2.1)"),
+            "{err}"
+        );
+        // A link-local GID comes from a MAC, not from the address: refused too.
+        assert!(matches!(
+            check_peer_record(&rec(0x77, gid("fe80::1")), peer),
+            Err(ExchangeError::ForeignGid { .. })
+        ));
+        assert_eq!(
+            check_peer_record(&rec(0x77, gid("ff0e::1")), peer),
+            Err(ExchangeError::MulticastGid(gid("ff0e::1")))
+        );
+        for qpn in [0, 1, 0xff_ffff, 0x100_0000] {
+            assert_eq!(
+                check_peer_record(&rec(qpn, own), peer),
+                Err(ExchangeError::ReservedQpn(qpn))
+            );
+        }
+        assert_eq!(
+            check_peer_record(&rec(0x77, Gid::default()), peer),
+            Err(ExchangeError::NoGid)
+        );
+        let ib = Dest {
+            lid: 3,
+            ..rec(0x77, Gid::default())
+        };
+        assert_eq!(check_peer_record(&ib, peer), Ok(()));
+        let v6: IpAddr = "2001:db8::5".parse().unwrap();
+        assert_eq!(
+            check_peer_record(&rec(0x77, gid("2001:db8::5")), v6),
+            Ok(())
+        );
     }
 }

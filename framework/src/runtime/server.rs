@@ -136,12 +136,20 @@ impl ServerBuilder {
         let per_peer = self.per_peer_limit();
         let node = Node::start(self.config)?;
         let mut oob = Vec::new();
+        let mut oob_threads = Vec::new();
         for port in self.oob {
             let service = self.services[&port.service].clone();
             let (listener, bound) = OobListener::bind(node.clone(), port.clone(), service)
                 .map_err(|e| ServerError::Config(format!("out-of-band port {}: {e}", port.addr)))?;
             tracing::info!(addr = %bound, transport = %port.transport, service = %port.service, "listening out of band");
-            oob.push((listener.start(), bound));
+            // Its own thread: bringing a client's QPs up (up to 255 of them, address
+            // handles that may wait on neighbour resolution) blocks in the kernel, and
+            // on the CM actor's thread it would hold up every accept and teardown. One
+            // thread per port also bounds bring-ups to one at a time per port.
+            let thread = actix::Arbiter::new();
+            let addr = OobListener::start_in_arbiter(&thread.handle(), move |_| listener);
+            oob.push((addr, bound));
+            oob_threads.push(thread);
         }
         let channel = EventChannel::new()?;
         let mut cm = CmActor::new(
@@ -171,7 +179,12 @@ impl ServerBuilder {
             oob: oob.iter().map(|(l, _)| l.clone()).collect(),
         });
         let cm = cm.start();
-        Ok(Server { cm, addrs, oob })
+        Ok(Server {
+            cm,
+            addrs,
+            oob,
+            oob_threads,
+        })
     }
 }
 
@@ -187,6 +200,8 @@ pub struct Server {
     cm: Addr<CmActor>,
     addrs: Vec<SocketAddr>,
     oob: Vec<(Addr<OobListener>, SocketAddr)>,
+    /// The threads the out-of-band listeners run on, stopped at shutdown.
+    oob_threads: Vec<actix::Arbiter>,
 }
 
 /// A snapshot of a server's counters.
@@ -285,6 +300,11 @@ impl Server {
             let (tx, rx) = tokio::sync::oneshot::channel();
             l.do_send(OobShutdown(tx));
             let _ = rx.await;
+        }
+        for thread in self.oob_threads {
+            thread.stop();
+            // The listener (its TCP socket included) is gone once the thread is.
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
         }
         super::cm::shut_down(&self.cm).await;
     }

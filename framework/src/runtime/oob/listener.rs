@@ -114,6 +114,9 @@ impl OobListener {
                 .map_err(|e| e.to_string())?,
             _ => records,
         };
+        for dest in &peers {
+            oob::check_peer_record(dest, peer.ip()).map_err(|e| e.to_string())?;
+        }
         let framing = self.service.framing();
         let Some(node) = &self.node else {
             return Err("the server's RDMA device is gone".into());
