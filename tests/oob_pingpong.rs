@@ -469,3 +469,131 @@ fn rdmactor_oob_client_against_the_stock_rc_server() {
     assert!(status.success(), "the stock server failed: {status:?}");
     assert_all_released(&base);
 }
+
+/// Issue 26 (8): out-of-band QPs were outside `max_connections`, so 1,024 clients × 255
+/// QPs per port could be made on a server limited to 1,024 connections. Now rdma_cm and
+/// out-of-band connections draw on one budget: an SRQ client asking for more QPs than
+/// are left is refused whole with the reason, a client that fits takes its slot, and
+/// rdma_cm connects beyond the limit are refused until it is given back.
+#[test]
+fn out_of_band_qps_count_under_max_connections() {
+    let Some(_ctx) = rdma_context() else { return };
+    let base = resource_counts();
+    actix_run(async move {
+        let stock = stock(None);
+        let mut rc = OobPort::new(test_addr(), OobTransport::Rc, "stock-rc");
+        rc.options.exchange_timeout = Duration::from_secs(30);
+        let srq = OobPort::new(test_addr(), OobTransport::Srq, "stock-srq");
+        let server = Server::builder()
+            .listen(test_addr(), None)
+            .service("echo", rdmactor_services::echo::Echo)
+            .service("stock-rc", StockPingPongService::connected(stock))
+            .service("stock-srq", StockPingPongService::shared(stock))
+            .oob(rc)
+            .oob(srq)
+            .max_connections(4)
+            .max_connections_per_peer(0)
+            .start()
+            .expect("server");
+        let addr = server.local_addrs()[0];
+        let [rc, srq] = server.oob_addrs()[..] else {
+            panic!("two ports")
+        };
+        let client =
+            rdmactor::runtime::Client::start(rdmactor::runtime::NodeConfig::default()).unwrap();
+        let mut conns = Vec::new();
+        for _ in 0..3 {
+            conns.push(client.connect(addr, "echo").await.expect("connect"));
+        }
+        assert_eq!(server.stats().await.qps, 3);
+
+        // Four QPs asked for, one left: refused whole, nothing brought up.
+        let records: Vec<u8> = (0..4u32)
+            .flat_map(|i| own_record(0x100 + i, &own_gid()))
+            .chain(record("0000:000000:000000:00000000000000000000000000000000").repeat(252))
+            .collect();
+        let t = std::thread::spawn(move || exchange(srq, &records));
+        eventually(
+            "the SRQ client's refusal",
+            Duration::from_secs(20),
+            || async { port_stats(&server, 1).await.refused > 0 },
+        )
+        .await;
+        let reason = port_stats(&server, 1)
+            .await
+            .last_refusal
+            .unwrap_or_default();
+        assert!(
+            reason.contains("4 QPs asked for: connection limit of 4 reached (3 QPs open"),
+            "{reason}"
+        );
+        assert!(join(t).await.is_empty(), "nothing answered");
+        assert_eq!(server.stats().await.qps, 3);
+
+        // One RC QP fits: brought up and answered; it holds the last slot until its
+        // client leaves without "done".
+        let (tx, rx) = std::sync::mpsc::channel();
+        let one = own_record(0x200, &own_gid());
+        let t = std::thread::spawn(move || {
+            let mut s = TcpStream::connect(rc).expect("connect");
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            s.write_all(&one).unwrap();
+            let mut answer = vec![0u8; RECORD_LEN];
+            s.read_exact(&mut answer).expect("the server's record");
+            tx.send(()).unwrap();
+            // Hold the exchange open a while, then leave without "done".
+            std::thread::sleep(Duration::from_secs(3));
+            drop(s);
+        });
+        while rx.try_recv().is_err() {
+            actix_rt::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(server.stats().await.qps, 4);
+        match client.connect(addr, "echo").await {
+            Err(rdmactor::runtime::ConnectError::Rejected(r)) => {
+                assert!(r.message.contains("connection limit of 4 reached"), "{r:?}")
+            }
+            Err(e) => panic!("expected a ServerFull reject, got {e}"),
+            Ok(_) => panic!("a fifth QP was admitted"),
+        }
+        join(t).await;
+        eventually(
+            "the abandoned QP's slot to come back",
+            Duration::from_secs(20),
+            || async { server.stats().await.qps == 3 },
+        )
+        .await;
+        conns.push(
+            client
+                .connect(addr, "echo")
+                .await
+                .expect("the freed slot admits"),
+        );
+        for c in &conns {
+            rdmactor_tests::echo_ok(c, b"served".to_vec()).await;
+        }
+        rdmactor_tests::close_all(&server, client, conns).await;
+        server.shutdown().await;
+    });
+    assert_released(&base);
+}
+
+/// Writes `bytes` to an out-of-band port, closes the write side, and returns whatever
+/// came back.
+fn exchange(addr: SocketAddr, bytes: &[u8]) -> Vec<u8> {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(bytes).unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut back = Vec::new();
+    let _ = s.read_to_end(&mut back);
+    back
+}
+
+/// Joins a client thread without blocking the actors of this thread (the CM actor's).
+async fn join<T>(t: std::thread::JoinHandle<T>) -> T {
+    while !t.is_finished() {
+        actix_rt::time::sleep(Duration::from_millis(20)).await;
+    }
+    t.join().expect("the client thread")
+}

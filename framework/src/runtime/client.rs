@@ -87,7 +87,7 @@ impl Client {
             node.clone(),
             channel,
             Arc::new(HashMap::new()),
-            usize::MAX,
+            super::budget::QpBudget::new(usize::MAX),
             0,
         )
         .start();

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
+use super::budget::QpBudget;
 use super::client::{ClientSession, ConnectError};
 use super::connection::{
     CmCall, CmNotice, ConnClosed, ConnectionActor, ConnectionParts, Handshake, HandshakeFailed,
@@ -54,6 +55,8 @@ struct Connecting {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct CmCounters {
     pub connections: usize,
+    /// QPs under the connection limit, rdma_cm and out-of-band together.
+    pub qps: usize,
     pub accepted: u64,
     pub rejected: u64,
     pub closed: u64,
@@ -96,7 +99,8 @@ pub(crate) struct CmActor {
     /// [`HandshakeTick`]).
     handshaking: HashMap<CmIdKey, Instant>,
     connecting: HashMap<CmIdKey, Connecting>,
-    max_connections: usize,
+    /// The server's connection limit, shared with its out-of-band ports.
+    budget: QpBudget,
     /// Most accepted connections one peer address may hold (0: no limit), so that one
     /// host cannot take every slot under `max_connections`.
     max_per_peer: usize,
@@ -113,7 +117,7 @@ impl CmActor {
         node: Arc<Node>,
         channel: EventChannel,
         services: Services,
-        max_connections: usize,
+        budget: QpBudget,
         max_per_peer: usize,
     ) -> Self {
         CmActor {
@@ -129,7 +133,7 @@ impl CmActor {
             qp_of: HashMap::new(),
             handshaking: HashMap::new(),
             connecting: HashMap::new(),
-            max_connections,
+            budget,
             max_per_peer,
             per_peer: HashMap::new(),
             peer_of: HashMap::new(),
@@ -243,15 +247,12 @@ impl CmActor {
                 ),
             );
         };
-        if self.conns.len() >= self.max_connections {
-            return self.reject(
-                &id,
-                Reject::new(
-                    RejectCode::ServerFull,
-                    format!("connection limit of {} reached", self.max_connections),
-                ),
-            );
-        }
+        let slot = match self.budget.take(1) {
+            Ok(slot) => slot,
+            Err(full) => {
+                return self.reject(&id, Reject::new(RejectCode::ServerFull, full.to_string()))
+            }
+        };
         let peer_ip = id.peer_addr().map(|a| a.ip());
         if let Some(ip) = peer_ip.filter(|_| self.max_per_peer > 0) {
             let open = self.per_peer.get(&ip).copied().unwrap_or(0);
@@ -282,6 +283,7 @@ impl CmActor {
             Ok(core) => core,
             Err(e) => return self.reject(&id, Reject::new(RejectCode::Internal, e)),
         };
+        core.hold_slot(slot);
         if let Some((_, recv_size)) = peer_depth {
             core.set_peer_recv_size(recv_size);
         }
@@ -780,6 +782,7 @@ impl Handler<GetCounters> for CmActor {
     fn handle(&mut self, _msg: GetCounters, _ctx: &mut Context<Self>) -> Self::Result {
         let mut c = self.counters.clone();
         c.connections = self.conns.len();
+        c.qps = self.budget.used();
         c.device_present = self.device.node().is_some();
         c.node = self.device.any_node().map(|n| NodeStats {
             pool: n.pool_stats(),

@@ -111,6 +111,12 @@ pub struct NodeConfig {
     /// Most work items (messages, one-sided operations) a connection may hold queued;
     /// bounds the per-item overhead of many small messages the same way.
     pub max_queued_sends: usize,
+    /// Most completion queues the pollers create, over all of them. Connections share
+    /// CQs (16,383 entries each, filled by reservation), so a server needs few; the
+    /// cap keeps a pattern of reservations that fits no existing CQ from making the
+    /// kernel allocate CQs without end. A connection that would need one more is
+    /// refused with the reason.
+    pub max_cqs: usize,
 }
 
 impl Default for NodeConfig {
@@ -138,6 +144,7 @@ impl Default for NodeConfig {
             rendezvous_chunks: 4,
             max_queued_bytes: 16 << 20,
             max_queued_sends: 4096,
+            max_cqs: 256,
         }
     }
 }

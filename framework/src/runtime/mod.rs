@@ -10,6 +10,7 @@
 //!                           device (context)    CQ-polling threads   service sessions
 //! ```
 
+mod budget;
 mod client;
 mod cm;
 mod config;

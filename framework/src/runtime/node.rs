@@ -50,7 +50,7 @@ impl Node {
         let pd = ProtectionDomain::new(&ctx)?;
         check_memlock(&pd, config.pool.arena_bytes)?;
         let pool = MrPool::registered(&pd, config.pool.clone());
-        let pollers = Pollers::start(&ctx, config.pollers, config.poll_mode)?;
+        let pollers = Pollers::start(&ctx, config.pollers, config.poll_mode, config.max_cqs)?;
         let recv_groups = config
             .shared_recv
             .clone()

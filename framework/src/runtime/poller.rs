@@ -19,7 +19,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::{Rc, Weak};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -165,6 +165,9 @@ pub struct Pollers {
     ctx: Context,
     pollers: Vec<Poller>,
     next: AtomicU64,
+    /// CQs created (they live as long as the pollers), and the cap on them.
+    created: AtomicUsize,
+    max_cqs: usize,
 }
 
 /// A connection's claim on CQ capacity; returned when dropped. Its actor must run on
@@ -221,7 +224,12 @@ impl std::fmt::Debug for CqReservation {
 
 impl Pollers {
     /// Starts `count` poller threads on `ctx`. Must run inside an actix System.
-    pub(crate) fn start(ctx: &Context, count: usize, mode: PollMode) -> Result<Self> {
+    pub(crate) fn start(
+        ctx: &Context,
+        count: usize,
+        mode: PollMode,
+        max_cqs: usize,
+    ) -> Result<Self> {
         let mut pollers = Vec::with_capacity(count.max(1));
         for _ in 0..count.max(1) {
             let shared = Arc::new(PollerShared {
@@ -246,6 +254,8 @@ impl Pollers {
             ctx: ctx.clone(),
             pollers,
             next: AtomicU64::new(0),
+            created: AtomicUsize::new(0),
+            max_cqs,
         })
     }
 
@@ -261,11 +271,28 @@ impl Pollers {
         {
             Some(at) => at,
             None => {
+                // Counted apart from the per-poller locks: taking another poller's
+                // lock under this one could deadlock with a reservation there.
+                let max = self.max_cqs;
+                if self
+                    .created
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                        (n < max).then_some(n + 1)
+                    })
+                    .is_err()
+                {
+                    return Err(crate::verbs::VerbsError::Limit(format!(
+                        "{max} CQs, the most the pollers create (NodeConfig::max_cqs)"
+                    )));
+                }
                 let cq = CompletionQueue::new(
                     &self.ctx,
                     CQ_ENTRIES.max(entries),
                     poller.channel.as_ref(),
-                )?;
+                )
+                .inspect_err(|_| {
+                    self.created.fetch_sub(1, Ordering::AcqRel);
+                })?;
                 cqs.push(CqSlot { cq, reserved: 0 });
                 poller.shared.generation.fetch_add(1, Ordering::Release);
                 cqs.len() - 1

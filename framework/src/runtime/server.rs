@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 
+use super::budget::QpBudget;
 use super::cm::{CmActor, GetCounters, GetPd};
 use super::config::NodeConfig;
 use super::node::Node;
@@ -72,7 +73,9 @@ impl ServerBuilder {
         self
     }
 
-    /// Connections served at once; more are rejected with `ServerFull`.
+    /// Connections (QPs) served at once, rdma_cm clients and out-of-band ones together;
+    /// more are rejected with `ServerFull` (an out-of-band client, whose QPs are taken
+    /// all or none, is refused with the same reason).
     pub fn max_connections(mut self, n: usize) -> Self {
         self.max_connections = n;
         self
@@ -134,13 +137,16 @@ impl ServerBuilder {
         }
         let config = self.config.clone();
         let per_peer = self.per_peer_limit();
+        let budget = QpBudget::new(self.max_connections);
         let node = Node::start(self.config)?;
         let mut oob = Vec::new();
         let mut oob_threads = Vec::new();
         for port in self.oob {
             let service = self.services[&port.service].clone();
-            let (listener, bound) = OobListener::bind(node.clone(), port.clone(), service)
-                .map_err(|e| ServerError::Config(format!("out-of-band port {}: {e}", port.addr)))?;
+            let (listener, bound) =
+                OobListener::bind(node.clone(), port.clone(), service, budget.clone()).map_err(
+                    |e| ServerError::Config(format!("out-of-band port {}: {e}", port.addr)),
+                )?;
             tracing::info!(addr = %bound, transport = %port.transport, service = %port.service, "listening out of band");
             // Its own thread: bringing a client's QPs up (up to 255 of them, address
             // handles that may wait on neighbour resolution) blocks in the kernel, and
@@ -156,7 +162,7 @@ impl ServerBuilder {
             node.clone(),
             channel.clone(),
             Arc::new(self.services),
-            self.max_connections,
+            budget,
             per_peer,
         );
         let mut addrs = Vec::new();
@@ -209,6 +215,9 @@ pub struct Server {
 pub struct ServerStats {
     /// Connections open now.
     pub connections: usize,
+    /// QPs held under `max_connections` now: the rdma_cm connections and every
+    /// out-of-band client's QPs.
+    pub qps: usize,
     /// Connections accepted since start.
     pub accepted: u64,
     /// Connect requests rejected since start.
@@ -280,6 +289,7 @@ impl Server {
         let node = c.node.unwrap_or_default();
         ServerStats {
             connections: c.connections,
+            qps: c.qps,
             accepted: c.accepted,
             rejected: c.rejected,
             closed: c.closed,

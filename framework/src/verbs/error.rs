@@ -154,6 +154,9 @@ pub enum VerbsError {
     /// oversize private data, zero-length registration, ...).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// The runtime's own cap on a kind of object is reached (no verb was called).
+    #[error("limit reached: {0}")]
+    Limit(String),
     /// A synchronous wait for one rdma_cm event got another one.
     #[error("expected rdma_cm event {expected:?}, got {got:?} (status {status})")]
     UnexpectedEvent {

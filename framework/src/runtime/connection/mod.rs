@@ -301,6 +301,9 @@ pub(crate) struct Core {
     /// Receives from a queue shared with other connections (after `qp`: the QP goes first).
     shared_recv: Option<SharedRecv>,
     _cq: CqReservation,
+    /// This connection's place under the server's connection limit, given back once
+    /// the QP above is destroyed (`None` on a client).
+    _slot: Option<crate::runtime::budget::QpSlots>,
     framing: Framing,
     recv: Vec<Lease>,
     recv_size: usize,
@@ -407,6 +410,7 @@ impl Core {
             shared_recv: p.shared_recv,
             membership: p.membership,
             _cq: p.cq,
+            _slot: None,
             framing: p.framing,
             recv: p.recv,
             recv_size: p.recv_size,
@@ -510,6 +514,12 @@ impl Core {
 
     /// The peer's receive buffers are `size` bytes (from its hello or welcome): frames
     /// to it stay within them.
+    /// Holds `slot` of the server's connection budget for as long as this core (and
+    /// its QP) lives.
+    pub(crate) fn hold_slot(&mut self, slot: crate::runtime::budget::QpSlots) {
+        self._slot = Some(slot);
+    }
+
     pub(crate) fn set_peer_recv_size(&mut self, size: u32) {
         self.peer_recv_size = (size as usize).max(HEADER_LEN + 1);
     }

@@ -15,6 +15,7 @@ use tokio::sync::oneshot;
 use super::bringup::prepare;
 use super::{OobPort, OobStats, OobTransport};
 use crate::proto::oob::{self, ExchangeError, RECORD_LEN};
+use crate::runtime::budget::QpBudget;
 use crate::runtime::connection::{
     panic_message, CmNotice, ConnClosed, ConnectionActor, ConnectionParts, Handshake,
 };
@@ -44,6 +45,9 @@ pub(crate) struct OobListener {
     exchanging: usize,
     next_key: usize,
     next_client: u64,
+    /// The server's connection limit, shared with the CM actor: a client's QPs are
+    /// taken from it all or none.
+    budget: QpBudget,
     shutting_down: bool,
     drained: Vec<oneshot::Sender<()>>,
     stats: OobStats,
@@ -55,6 +59,7 @@ impl OobListener {
         node: Arc<Node>,
         port: OobPort,
         service: Arc<dyn Service>,
+        budget: QpBudget,
     ) -> std::io::Result<(OobListener, SocketAddr)> {
         let listener = std::net::TcpListener::bind(port.addr)?;
         listener.set_nonblocking(true)?;
@@ -76,6 +81,7 @@ impl OobListener {
                 exchanging: 0,
                 next_key: 1,
                 next_client: 1,
+                budget,
                 shutting_down: false,
                 drained: Vec::new(),
                 stats,
@@ -117,6 +123,10 @@ impl OobListener {
         for dest in &peers {
             oob::check_peer_record(dest, peer.ip()).map_err(|e| e.to_string())?;
         }
+        let mut slots = self
+            .budget
+            .take(peers.len())
+            .map_err(|full| format!("{} QPs asked for: {full}", peers.len()))?;
         let framing = self.service.framing();
         let Some(node) = &self.node else {
             return Err("the server's RDMA device is gone".into());
@@ -140,7 +150,10 @@ impl OobListener {
                 Err(p) => return Err(format!("service panicked: {}", panic_message(&*p))),
             }
         }
-        for (core, (session, info)) in prepared.cores.into_iter().zip(sessions) {
+        for (mut core, (session, info)) in prepared.cores.into_iter().zip(sessions) {
+            if let Some(slot) = slots.split_one() {
+                core.hold_slot(slot);
+            }
             let key = CmIdKey::out_of_band(self.next_key);
             self.next_key += 1;
             let label = format!(
