@@ -58,6 +58,10 @@ struct Args {
     /// Registered memory cap, in MiB.
     #[arg(long, default_value_t = 1024)]
     pool_mib: usize,
+    /// Heap all connections together may hold for incoming messages being received,
+    /// in MiB; more wait their turn.
+    #[arg(long, default_value_t = PoolConfig::default().heap_bytes >> 20)]
+    incoming_heap_mib: usize,
     /// CQ-polling threads (each also runs its connections' actors).
     #[arg(long, default_value_t = 1)]
     pollers: usize,
@@ -340,6 +344,7 @@ fn main() -> Result<()> {
         },
         pool: PoolConfig {
             max_bytes: args.pool_mib << 20,
+            heap_bytes: args.incoming_heap_mib << 20,
             ..PoolConfig::default()
         },
         ..NodeConfig::default()

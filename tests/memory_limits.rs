@@ -403,3 +403,86 @@ fn replies_beyond_the_pools_cap_wait_their_turn() {
         server.shutdown().await;
     });
 }
+
+/// Peak resident memory of this process, in KiB (`VmHWM`).
+fn peak_rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM line")
+}
+
+/// Issue 26 (3): each connection was held to its own 32 MiB of incoming messages, but
+/// nothing bounded them all together: 32 clients streaming 8 MiB messages made the
+/// server assemble 256 MiB in its heap at once (1,024 of them, 32 GiB: the OOM killer).
+/// With a server-wide budget of 16 MiB the messages queue for it instead, every one
+/// arrives, and the server's peak memory stays near the budget. The clients are a
+/// separate process (`client ... stream`), so only the server's memory counts here.
+#[test]
+fn incoming_messages_of_many_clients_share_one_heap_budget() {
+    let Some(_ctx) = rdma_context() else { return };
+    const BUDGET: usize = 16 << 20;
+    actix_run(async {
+        let server = Server::builder()
+            .config(NodeConfig {
+                pool: PoolConfig {
+                    heap_bytes: BUDGET,
+                    ..PoolConfig::default()
+                },
+                ..NodeConfig::default()
+            })
+            .listen(test_addr(), None)
+            .service("discard", Discard)
+            .max_connections_per_peer(0)
+            .start()
+            .expect("server");
+        let addr = server.local_addrs()[0];
+        // Peak RSS from here on.
+        std::fs::write("/proc/self/clear_refs", "5").expect("reset VmHWM");
+        let before = peak_rss_kib();
+        let mut cmd = std::process::Command::new(rdmactor_tests::target_bin("client"));
+        cmd.args([
+            "--addr",
+            &addr.to_string(),
+            "--service",
+            "discard",
+            "stream",
+        ])
+        .args(["--connections", "32", "--window", "2", "--size", "8388608"])
+        .args(["--secs", "6"]);
+        let run = std::thread::spawn(move || cmd.output().expect("run the client"));
+        let mut most = 0;
+        while !run.is_finished() {
+            most = most.max(server.stats().await.pool.heap_bytes);
+            actix_rt::time::sleep(Duration::from_millis(20)).await;
+        }
+        let out = run.join().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "client: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let grown_mib = peak_rss_kib().saturating_sub(before) / 1024;
+        let stats = server.stats().await;
+        println!(
+            "32 clients × 8 MiB messages, heap budget 16 MiB: {} ; heap held at most {} MiB, \
+             {} pool waits, peak RSS grew by {grown_mib} MiB",
+            stdout
+                .lines()
+                .find(|l| l.starts_with("RESULT"))
+                .unwrap_or("?"),
+            most >> 20,
+            stats.pool.waits
+        );
+        assert!(most <= BUDGET, "{most} B held, over the {BUDGET} B budget");
+        assert_eq!(stats.pool.heap_bytes, 0, "every charge came back");
+        assert!(
+            grown_mib < 96,
+            "the server's peak RSS grew by {grown_mib} MiB for a 16 MiB budget"
+        );
+        server.shutdown().await;
+    });
+}

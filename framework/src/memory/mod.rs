@@ -4,6 +4,6 @@
 mod pool;
 
 pub use pool::{
-    Charge, ChunkSource, Lease, MrPool, Pool, PoolConfig, PoolError, PoolStats, RegisteredChunks,
-    RoomWaiter,
+    Charge, ChunkSource, HeapCharge, Lease, MrPool, Pool, PoolConfig, PoolError, PoolStats,
+    RegisteredChunks, RoomWaiter,
 };

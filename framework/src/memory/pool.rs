@@ -45,6 +45,13 @@ pub struct PoolConfig {
     /// registered: re-registering costs a system call and page pinning, so a steady load
     /// should not pay it per lease.
     pub keep_bytes: usize,
+    /// Bytes of incoming messages all connections together may hold in the heap while
+    /// they arrive ([`Pool::charge_heap`]: rendezvous messages being READ and
+    /// assembled, which live in plain heap memory, not in the pool). Each connection is
+    /// held to its own `rendezvous_budget` as well; without this bound, 1,024
+    /// connections at 32 MiB each could make the server hold 32 GiB and meet the OOM
+    /// killer. A message that does not fit waits its turn, like a lease at the cap.
+    pub heap_bytes: usize,
 }
 
 impl Default for PoolConfig {
@@ -59,6 +66,7 @@ impl Default for PoolConfig {
             // connections), or 512 connections of 16 receives each.
             reserved_smallest: 16 << 20,
             keep_bytes: 64 << 20,
+            heap_bytes: 512 << 20,
         }
     }
 }
@@ -97,6 +105,16 @@ pub enum PoolError {
     /// Registering an arena failed.
     #[error("registering a pool arena failed: {0}")]
     Register(#[from] VerbsError),
+    /// Incoming messages already hold the server's heap budget ([`PoolConfig::heap_bytes`]).
+    #[error("a message of {len} B would pass the server's budget for incoming messages: {in_use} B of {limit} B held")]
+    HeapFull {
+        /// Bytes asked for.
+        len: usize,
+        /// Bytes held by messages arriving now.
+        in_use: usize,
+        /// The budget.
+        limit: usize,
+    },
 }
 
 /// Where a pool's chunks come from.
@@ -143,6 +161,8 @@ pub struct PoolStats {
     /// Waiters registered since start ([`Pool::notify_on_room`]): how often someone met
     /// the cap and waited for room.
     pub waits: u64,
+    /// Heap bytes held by incoming messages now ([`Pool::charge_heap`]).
+    pub heap_bytes: usize,
 }
 
 struct Arena<C> {
@@ -204,6 +224,8 @@ struct State<C> {
     /// Bytes in arenas of the smallest class.
     registered_smallest: usize,
     charged: usize,
+    /// Heap bytes of incoming messages ([`Pool::charge_heap`]); not part of the cap.
+    heap: usize,
     peak: usize,
     /// Called once the next time memory comes back (see [`Pool::notify_on_room`]).
     waiters: Vec<RoomWaiter>,
@@ -333,6 +355,7 @@ impl<S: ChunkSource> Pool<S> {
                     registered: 0,
                     registered_smallest: 0,
                     charged: 0,
+                    heap: 0,
                     peak: 0,
                     waiters: Vec::new(),
                     waits: 0,
@@ -445,6 +468,32 @@ impl<S: ChunkSource> Pool<S> {
         })
     }
 
+    /// Counts `len` heap bytes of an incoming message against
+    /// [`PoolConfig::heap_bytes`] until the returned [`HeapCharge`] is dropped. Checked
+    /// before the caller allocates; a refusal is waited out like one at the cap
+    /// ([`notify_on_room`](Self::notify_on_room)), unless `len` alone is over the budget.
+    pub fn charge_heap(&self, len: usize) -> Result<HeapCharge<S>, PoolError> {
+        let limit = self.shared.config.heap_bytes;
+        let mut state = self.shared.state.lock().expect("pool lock");
+        if state.heap.saturating_add(len) > limit {
+            return Err(PoolError::HeapFull {
+                len,
+                in_use: state.heap,
+                limit,
+            });
+        }
+        state.heap += len;
+        Ok(HeapCharge {
+            len,
+            pool: self.shared.clone(),
+        })
+    }
+
+    /// The most [`charge_heap`](Self::charge_heap) can ever grant at once.
+    pub fn heap_limit(&self) -> usize {
+        self.shared.config.heap_bytes
+    }
+
     /// Calls `waiter` once, from whichever thread gives memory back next (a lease
     /// returned, a charge dropped): the way a connection refused at the cap waits for room
     /// instead of failing, since what others hold goes back on its own (their peers READ
@@ -473,6 +522,7 @@ impl<S: ChunkSource> Pool<S> {
             leased: state.classes.iter().map(|c| c.leased).collect(),
             arenas: state.classes.iter().map(|c| c.arenas.len()).collect(),
             waits: state.waits,
+            heap_bytes: state.heap,
         }
     }
 }
@@ -558,6 +608,31 @@ impl<S: ChunkSource> Charge<S> {
     }
 }
 
+/// Heap bytes of an incoming message counted against [`PoolConfig::heap_bytes`] (see
+/// [`Pool::charge_heap`]); uncounted when dropped.
+pub struct HeapCharge<S: ChunkSource = RegisteredChunks> {
+    len: usize,
+    pool: Arc<Shared<S>>,
+}
+
+impl<S: ChunkSource> std::fmt::Debug for HeapCharge<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeapCharge")
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl<S: ChunkSource> Drop for HeapCharge<S> {
+    fn drop(&mut self) {
+        let mut state = self.pool.state.lock().expect("pool lock");
+        state.heap -= self.len;
+        let waiters = state.take_waiters();
+        drop(state);
+        waiters.into_iter().for_each(|w| w());
+    }
+}
+
 impl<S: ChunkSource> Drop for Charge<S> {
     fn drop(&mut self) {
         let mut state = self.pool.state.lock().expect("pool lock");
@@ -605,6 +680,7 @@ mod tests {
                 max_bytes: max,
                 reserved_smallest: 0,
                 keep_bytes: usize::MAX / 2,
+                heap_bytes: 4 << 10,
             },
         )
     }
@@ -620,6 +696,7 @@ mod tests {
                 max_bytes: 16 << 10,
                 reserved_smallest: 2 << 10,
                 keep_bytes: keep,
+                heap_bytes: 4 << 10,
             },
         )
     }
@@ -758,6 +835,7 @@ mod tests {
                 max_bytes: 16 << 10,
                 reserved_smallest: 2 << 10,
                 keep_bytes: usize::MAX / 2,
+                heap_bytes: 4 << 10,
             },
         );
         let mut big: Vec<_> = (0..14).map(|_| p.lease(1024).unwrap()).collect();
@@ -829,5 +907,43 @@ mod tests {
         assert!(p.charge(1 << 10).is_ok(), "and the refused charge now fits");
         assert_eq!(p.bulk_limit(), 14 << 10);
         assert_eq!(p.stats().waits, 3);
+    }
+
+    #[test]
+    fn heap_charges_are_bounded_and_wake_waiters_when_they_go() {
+        let p = pool(1 << 20);
+        let a = p.charge_heap(3 << 10).unwrap();
+        let err = p.charge_heap(2 << 10).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                PoolError::HeapFull {
+                    len: 2048,
+                    in_use: 3072,
+                    limit: 4096
+                }
+            ),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains("budget for incoming messages"),
+            "{err}"
+        );
+        let woken = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = woken.clone();
+        p.notify_on_room(Box::new(move || {
+            flag.store(true, std::sync::atomic::Ordering::SeqCst)
+        }));
+        assert_eq!(p.stats().heap_bytes, 3 << 10);
+        drop(a);
+        assert!(
+            woken.load(std::sync::atomic::Ordering::SeqCst),
+            "the waiter ran"
+        );
+        assert_eq!(p.stats().heap_bytes, 0);
+        let b = p.charge_heap(2 << 10).unwrap();
+        assert_eq!(p.stats().heap_bytes, 2 << 10);
+        drop(b);
+        assert!(p.charge_heap(p.heap_limit() + 1).is_err());
     }
 }

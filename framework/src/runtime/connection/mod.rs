@@ -350,6 +350,9 @@ pub(crate) struct Core {
     pd: ProtectionDomain,
     /// Bytes registered for rendezvous messages being READ from the peer.
     budget_in: Budget,
+    /// The heap charge taken for the READ about to be posted (see `pump`), moved into
+    /// its incoming message.
+    heap_charge: Option<crate::memory::HeapCharge>,
     /// Bytes registered for rendezvous messages offered to the peer, until its Done.
     budget_out: Budget,
     /// How long an offer may wait for the peer's Done (see `rendezvous.rs`).
@@ -442,6 +445,7 @@ impl Core {
             pool: p.pool,
             pd: p.pd,
             budget_in: Budget::new(p.rendezvous_budget, p.max_message),
+            heap_charge: None,
             budget_out: Budget::new(p.rendezvous_budget, p.max_message),
             rendezvous_deadline: p.rendezvous_deadline,
             rendezvous_timer: false,

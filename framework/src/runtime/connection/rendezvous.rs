@@ -11,7 +11,7 @@ use std::time::Instant;
 use std::sync::mpsc;
 
 use super::{Buf, CloseReason, Core, Delivery, Outgoing, Pump, Wr};
-use crate::memory::{Charge, MrPool, PoolError};
+use crate::memory::{Charge, HeapCharge, MrPool, PoolError};
 use crate::proto::budget::BudgetError;
 use crate::proto::frame::{FrameKind, RendezvousOffer, OFFER_LEN};
 use crate::runtime::service::Message;
@@ -90,6 +90,9 @@ pub(super) struct Incoming {
     data: Vec<u8>,
     /// Bytes for which READs have been posted.
     posted: usize,
+    /// Its share of the server-wide heap budget, held until the message is complete
+    /// (or the connection is gone).
+    _heap: Option<HeapCharge>,
 }
 
 impl Core {
@@ -221,6 +224,7 @@ impl Core {
         let can_wait = |e: &PoolError, pool: &MrPool| match e {
             PoolError::Exhausted { .. } => true,
             PoolError::ChargeRefused { len, .. } => *len <= pool.bulk_limit(),
+            PoolError::HeapFull { len, .. } => *len <= pool.heap_limit(),
             _ => false,
         };
         match take(&self.pool) {
@@ -298,6 +302,7 @@ impl Core {
         len: usize,
     ) {
         self.budget_in.take(len);
+        let heap = self.heap_charge.take();
         self.rendezvous_in.push_back(Incoming {
             seq,
             tag,
@@ -305,6 +310,7 @@ impl Core {
             len,
             data: Vec::new(),
             posted: 0,
+            _heap: heap,
         });
     }
 

@@ -120,6 +120,19 @@ impl Core {
                 crate::metrics::send_stalled();
                 break;
             }
+            // A READ also needs its message's room in the server-wide heap budget:
+            // waited for like pool memory (this connection is pumped once some comes
+            // back), so a burst of large messages on many connections queues instead
+            // of growing the heap without bound.
+            if let Some(&Outgoing::Read { len, .. }) = self.pending.front() {
+                match self.take_from_pool(|pool| pool.charge_heap(len))? {
+                    Some(charge) => self.heap_charge = Some(charge),
+                    None => {
+                        crate::metrics::send_stalled();
+                        break;
+                    }
+                }
+            }
             let item = self.dequeue().expect("front exists");
             self.post_outgoing(item)?;
         }

@@ -41,6 +41,9 @@ pub(crate) struct OobListener {
     listener: Option<std::net::TcpListener>,
     stop_accepting: Option<oneshot::Sender<()>>,
     conns: HashMap<CmIdKey, Open>,
+    /// Open QPs per client: its keys are the clients counted under `max_clients`
+    /// (kept as connections open and close, not recounted per accept).
+    qps_of_client: HashMap<u64, usize>,
     /// Clients in the exchange (not yet `done`), by id.
     exchanging: usize,
     next_key: usize,
@@ -78,6 +81,7 @@ impl OobListener {
                 listener: Some(listener),
                 stop_accepting: None,
                 conns: HashMap::new(),
+                qps_of_client: HashMap::new(),
                 exchanging: 0,
                 next_key: 1,
                 next_client: 1,
@@ -91,10 +95,7 @@ impl OobListener {
     }
 
     fn clients_open(&self) -> usize {
-        let mut clients: Vec<u64> = self.conns.values().map(|o| o.client).collect();
-        clients.sort_unstable();
-        clients.dedup();
-        clients.len() + self.exchanging
+        self.qps_of_client.len() + self.exchanging
     }
 
     fn refuse(&mut self, peer: SocketAddr, reason: &str) {
@@ -173,6 +174,7 @@ impl OobListener {
             });
             // RTS already: the session may send as soon as its actor runs.
             addr.do_send(CmNotice::Established { peer: None });
+            *self.qps_of_client.entry(client).or_default() += 1;
             self.conns.insert(
                 key,
                 Open {
@@ -436,8 +438,14 @@ impl Handler<ConnClosed> for OobListener {
     type Result = ();
 
     fn handle(&mut self, msg: ConnClosed, _: &mut Context<Self>) {
-        if self.conns.remove(&msg.key).is_some() {
+        if let Some(open) = self.conns.remove(&msg.key) {
             self.stats.closed += 1;
+            if let Some(n) = self.qps_of_client.get_mut(&open.client) {
+                *n -= 1;
+                if *n == 0 {
+                    self.qps_of_client.remove(&open.client);
+                }
+            }
         }
         self.stats.connections = self.conns.len();
         tracing::debug!(reason = %msg.reason, "out-of-band connection released");
