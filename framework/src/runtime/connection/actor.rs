@@ -316,7 +316,12 @@ impl<S: Session> Connection<S> {
             return;
         }
         match &reason {
-            CloseReason::PeerDisconnected | CloseReason::Local(_) | CloseReason::Shutdown => {
+            // A peer's goodbye (whatever its own reason) is routine: a storm of
+            // clients closing must not flood the log at warning level.
+            CloseReason::PeerDisconnected
+            | CloseReason::PeerClosed(_)
+            | CloseReason::Local(_)
+            | CloseReason::Shutdown => {
                 tracing::info!(conn = %self.label, %reason, "closing")
             }
             _ => tracing::warn!(conn = %self.label, %reason, "closing"),
