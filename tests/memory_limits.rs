@@ -404,16 +404,6 @@ fn replies_beyond_the_pools_cap_wait_their_turn() {
     });
 }
 
-/// Peak resident memory of this process, in KiB (`VmHWM`).
-fn peak_rss_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmHWM line")
-}
-
 /// Issue 26 (3): each connection was held to its own 32 MiB of incoming messages, but
 /// nothing bounded them all together: 32 clients streaming 8 MiB messages made the
 /// server assemble 256 MiB in its heap at once (1,024 of them, 32 GiB: the OOM killer).
@@ -441,7 +431,7 @@ fn incoming_messages_of_many_clients_share_one_heap_budget() {
         let addr = server.local_addrs()[0];
         // Peak RSS from here on.
         std::fs::write("/proc/self/clear_refs", "5").expect("reset VmHWM");
-        let before = peak_rss_kib();
+        let before = rdmactor_tests::peak_rss_kib();
         let mut cmd = std::process::Command::new(rdmactor_tests::target_bin("client"));
         cmd.args([
             "--addr",
@@ -465,7 +455,7 @@ fn incoming_messages_of_many_clients_share_one_heap_budget() {
             "client: {stdout}{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let grown_mib = peak_rss_kib().saturating_sub(before) / 1024;
+        let grown_mib = rdmactor_tests::peak_rss_kib().saturating_sub(before) / 1024;
         let stats = server.stats().await;
         println!(
             "32 clients × 8 MiB messages, heap budget 16 MiB: {} ; heap held at most {} MiB, \

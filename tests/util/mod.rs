@@ -414,12 +414,23 @@ impl rdmactor::runtime::Session for RecordingSession {
 /// This process's resident set size in KiB (`VmRSS` in `/proc/self/status`). The tests
 /// run their server in-process, so its growth bounds what the server kept in memory.
 pub fn rss_kib() -> u64 {
+    status_kib("VmRSS")
+}
+
+/// Peak resident memory of this process, in KiB (`VmHWM`; reset it by writing `5` to
+/// `/proc/self/clear_refs`).
+pub fn peak_rss_kib() -> u64 {
+    status_kib("VmHWM")
+}
+
+/// One `KEY:   N kB` line of `/proc/self/status`.
+fn status_kib(key: &str) -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS line")
+        .unwrap_or_else(|| panic!("no {key} line in /proc/self/status"))
 }
 
 /// Posts up to `count` SENDs of `bytes` (their contents chosen per index by `fill`) on a
