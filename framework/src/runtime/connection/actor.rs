@@ -336,9 +336,9 @@ impl<S: Session> Connection<S> {
             tracing::warn!(conn = %self.label, reason = %panicked, "on_close panicked");
         }
         self.reason = Some(reason.clone());
-        if core.post_goodbye(&reason) {
+        if core.post_goodbye(&reason) || core.await_sends(&reason) {
             // The QP stays up until the peer has read the frame (it disconnects then),
-            // for a moment at most.
+            // or a raw connection's last SENDs have left, for a moment at most.
             let this = self.this.clone();
             actix::spawn(poller::abort_if_it_panics(
                 "connection goodbye timer",

@@ -233,7 +233,9 @@ impl<'a> SessionCx<'a> {
         self.core.qp_num()
     }
 
-    /// Closes the connection after this callback returns.
+    /// Closes the connection after this callback returns. What is still queued is
+    /// dropped; on a raw connection the SENDs already posted complete first (for a
+    /// moment at most); a framed one tells the peer why with a `Close` frame when it can.
     pub fn close(&mut self, reason: impl Into<String>) {
         self.close = Some(reason.into());
     }

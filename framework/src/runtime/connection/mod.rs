@@ -276,6 +276,12 @@ enum Goodbye {
     Delivered,
     /// Failed: nothing to wait for.
     Failed,
+    /// A raw connection has no `Close` frame: its QP stays up until the SENDs posted
+    /// before the close have completed (or the timer runs out). Moving it to the error
+    /// state at once flushes those the provider has not transmitted yet (rxe on 6.12,
+    /// unlike 6.1, transmits from a work queue after `ibv_post_send` has returned), and
+    /// the peer never receives the last answers it is waiting for.
+    Sends,
 }
 
 enum Delivery {

@@ -218,6 +218,9 @@ impl Core {
         if self.batch.is_empty() {
             return Ok(());
         }
+        if self.credits.is_none() {
+            self.signal_last_of_batch();
+        }
         let posted = match self.batch.as_slice() {
             // The common case (one answer per turn) needs no chain.
             [q] => queued_wr(&self.inflight, q)
@@ -238,6 +241,26 @@ impl Core {
         }
         self.batch.clear();
         Ok(())
+    }
+
+    /// A raw connection signals the last SEND of every chain it posts, so the newest
+    /// SEND on its queue is always signalled: a closing connection learns from its
+    /// completion that everything it posted has left (see [`Core::await_sends`]). A
+    /// framed connection learns that from its `Close` frame instead.
+    fn signal_last_of_batch(&mut self) {
+        let Some(last) = self.batch.last() else {
+            return;
+        };
+        if let Some(Wr::Send { seq, signaled, .. }) = self.inflight.get_mut(last.wr_id) {
+            if !*signaled {
+                *signaled = true;
+                let seq = *seq;
+                // The newest SEND is the newest unsignalled one.
+                if self.unsignaled.back().is_some_and(|&(s, _)| s == seq) {
+                    self.unsignaled.pop_back();
+                }
+            }
+        }
     }
 
     /// The connection is ending with SENDs queued but not posted (or with a chain the
@@ -426,15 +449,7 @@ impl Core {
     /// it completes (the peer has it then) or a short timer runs out. Best effort by
     /// design: a peer that is out of credits or gone learns only of the disconnect.
     pub(super) fn post_goodbye(&mut self, reason: &CloseReason) -> bool {
-        let tells = !matches!(
-            reason,
-            CloseReason::PeerDisconnected
-                | CloseReason::PeerClosed(_)
-                | CloseReason::PeerUnreachable(_)
-                | CloseReason::Completion(_)
-                | CloseReason::HandshakeTimeout(_)
-                | CloseReason::DeviceLost(_)
-        );
+        let tells = qp_still_works(reason);
         // Not `established`: the passive side's QP is ready to send once accepted, and
         // the client's first message (a bad one, say) can arrive before ESTABLISHED
         // does. A QP that cannot send yet refuses the post, and nothing is waited for.
@@ -470,11 +485,42 @@ impl Core {
         }
     }
 
-    /// True while a `Close` frame is on its way or the peer has yet to answer it with
-    /// its disconnect.
-    pub(super) fn saying_goodbye(&self) -> bool {
-        matches!(self.goodbye, Goodbye::Posted | Goodbye::Delivered)
+    /// A raw connection closing for a reason that leaves its QP working, with SENDs
+    /// posted and not yet completed: true, and the caller keeps the QP up until they
+    /// complete (the newest is signalled, see [`Core::signal_last_of_batch`]) or a
+    /// short timer runs out. What was queued and not posted is dropped, as on any close.
+    pub(super) fn await_sends(&mut self, reason: &CloseReason) -> bool {
+        if self.credits.is_some() || !qp_still_works(reason) || self.send_outstanding == 0 {
+            return false;
+        }
+        self.goodbye = Goodbye::Sends;
+        true
     }
+
+    /// True while a `Close` frame is on its way or the peer has yet to answer it with
+    /// its disconnect, or a raw connection's last SENDs have yet to complete.
+    pub(super) fn saying_goodbye(&self) -> bool {
+        match self.goodbye {
+            Goodbye::Posted | Goodbye::Delivered => true,
+            Goodbye::Sends => self.send_outstanding > 0,
+            Goodbye::NotSent | Goodbye::Failed => false,
+        }
+    }
+}
+
+/// Whether a connection closing for `reason` still has a working QP to the peer (the
+/// reason is not the peer's doing or a failed transport): worth telling it why, and
+/// letting what was posted reach it first.
+fn qp_still_works(reason: &CloseReason) -> bool {
+    !matches!(
+        reason,
+        CloseReason::PeerDisconnected
+            | CloseReason::PeerClosed(_)
+            | CloseReason::PeerUnreachable(_)
+            | CloseReason::Completion(_)
+            | CloseReason::HandshakeTimeout(_)
+            | CloseReason::DeviceLost(_)
+    )
 }
 
 /// The work request for a SEND queued by [`Core::post_send_lease`].
