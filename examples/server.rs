@@ -115,6 +115,15 @@ struct Args {
     /// quota share and reserved disk are freed. 0 waits for ever.
     #[arg(long, default_value_t = FilesConfig::DEFAULT_STALL.as_secs())]
     files_stall_secs: u64,
+    /// Fetches one client host may have being hashed at once, over all its
+    /// connections; more are refused with a quota reason. Fetches of files whose digest
+    /// is known (stored or served before, unchanged since) do not count.
+    #[arg(long, default_value_t = FilesConfig::DEFAULT_FETCH_PREPARATIONS)]
+    files_fetch_preparations: u32,
+    /// Digests of stored and served files kept in memory, so that fetching them again
+    /// does not read them whole. 0 keeps none.
+    #[arg(long, default_value_t = rdmactor_services::file_transfer::DigestCache::DEFAULT_CAPACITY)]
+    files_digest_cache: usize,
     /// `NAME=PATH`: serve the file at PATH as region NAME of the `read` service.
     /// Repeatable.
     #[arg(long = "region", value_name = "NAME=PATH")]
@@ -317,6 +326,8 @@ fn files_service(args: &Args) -> Result<Option<FileTransfer>> {
     config = config
         .with_public_fetch(args.files_public_fetch)
         .with_overwrite_others(args.files_overwrite_others)
+        .with_fetch_preparations(args.files_fetch_preparations)
+        .with_digest_cache(args.files_digest_cache)
         .with_stall(
             Some(std::time::Duration::from_secs(args.files_stall_secs)).filter(|d| !d.is_zero()),
         );

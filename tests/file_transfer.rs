@@ -1177,3 +1177,186 @@ fn a_client_that_goes_silent_mid_transfer_is_told_why_and_everything_it_held_is_
     });
     assert_released(&base);
 }
+
+/// The digest store's size for the tests below: `RDMACTOR_FT_DIGEST_CACHE=0` turns it
+/// off, which is how fetches were served before it (every one hashed its file).
+fn digest_cache() -> usize {
+    std::env::var("RDMACTOR_FT_DIGEST_CACHE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(rdmactor_services::file_transfer::DigestCache::DEFAULT_CAPACITY)
+}
+
+/// Issue 26, item 10: every fetch read and hashed its whole file on the blocking pool,
+/// so a client could make the server read a large file in full for a few bytes of
+/// request, again and again. The digest verified when the file was uploaded is now
+/// reused as long as the file is unchanged.
+#[test]
+fn fetching_an_uploaded_file_again_and_again_never_hashes_it() {
+    let Some(_ctx) = rdma_context() else { return };
+    let base = resource_counts();
+    let scratch = Scratch::new("digest-cache");
+    let (src, store) = (scratch.sub("src"), scratch.sub("store"));
+    let sha = write_random_file(&src.join("up"), 8 * MIB, 51);
+    const FETCHES: u64 = 4;
+    let files =
+        FileTransfer::new(Config::new(&store).with_digest_cache(digest_cache())).expect("files");
+    actix_run(async {
+        let server = files_server_with(files.clone());
+        let client = Client::start(NodeConfig::default()).expect("client");
+        let conn = client
+            .connect(server.local_addrs()[0], "files")
+            .await
+            .expect("connect");
+        let (outcome, _) = send(&conn, &src.join("up"), "up", &SendOptions::default()).await;
+        assert!(delivered(&outcome), "{outcome:?}");
+        for i in 0..FETCHES {
+            let out = scratch.sub(&format!("out-{i}"));
+            let started = Instant::now();
+            let outcome = fetch_file(&conn, &client, "up", &out, &FetchOptions::default(), |_| {})
+                .await
+                .expect("fetch");
+            assert!(
+                matches!(&outcome, Outcome::Stored { len, .. } if *len == 8 * MIB),
+                "{outcome:?}"
+            );
+            assert_eq!(sha256_file(&out.join("up")), sha, "fetch {i} differs");
+            println!(
+                "fetch {i}: {:?}, files hashed so far: {}",
+                started.elapsed(),
+                files.files_hashed()
+            );
+        }
+        let stats = files.digest_stats();
+        println!("digest store after the upload and {FETCHES} fetches: {stats:?}");
+        assert_eq!(
+            files.files_hashed(),
+            0,
+            "the digest verified at upload serves every fetch: {stats:?}"
+        );
+        assert_eq!(stats.hits, FETCHES);
+        // Replaced by another upload: that one's digest is the one offered.
+        write_random_file(&src.join("up"), 3 * MIB, 52);
+        let opts = SendOptions {
+            overwrite: true,
+            ..SendOptions::default()
+        };
+        let (outcome, _) = send(&conn, &src.join("up"), "up", &opts).await;
+        assert!(delivered(&outcome), "{outcome:?}");
+        let out = scratch.sub("out-replaced");
+        let outcome = fetch_file(&conn, &client, "up", &out, &FetchOptions::default(), |_| {})
+            .await
+            .expect("fetch");
+        assert!(
+            matches!(&outcome, Outcome::Stored { len, .. } if *len == 3 * MIB),
+            "{outcome:?}"
+        );
+        assert_random_file(&out.join("up"), 3 * MIB, 52);
+        assert_eq!(files.files_hashed(), 0);
+        close_all(&server, client, vec![conn]).await;
+        server.shutdown().await;
+    });
+    assert_released(&base);
+}
+
+/// Issue 26, item 10: one client could have any number of files hashed at once by
+/// fetching over many connections. Each client now has at most
+/// `Config::DEFAULT_FETCH_PREPARATIONS` (2) at once; the third is refused with the
+/// reason, while another client is served.
+#[test]
+fn a_client_preparing_more_fetches_than_allowed_is_refused_while_others_are_served() {
+    let Some(_ctx) = rdma_context() else { return };
+    let base = resource_counts();
+    let scratch = Scratch::new("preparations");
+    let store = scratch.sub("store");
+    // Files the operator put there: unknown to the service, so each fetch hashes.
+    let names = ["a1", "a2", "a3", "b1"];
+    for (i, name) in names.iter().enumerate() {
+        write_random_file(&store.join(name), 32 * MIB, 60 + i as u64);
+    }
+    let files = FileTransfer::new(
+        Config::new(&store)
+            .with_public_fetch(true)
+            .with_digest_cache(digest_cache()),
+    )
+    .expect("files");
+    let limit = Config::DEFAULT_FETCH_PREPARATIONS;
+    assert_eq!(limit, 2);
+    actix_run(async {
+        let server = files_server_with(files.clone());
+        let addr = server.local_addrs()[0];
+        let client = Client::start(NodeConfig::default()).expect("client");
+        let mut conns = Vec::new();
+        for _ in 0..3 {
+            conns.push(client.connect(addr, "files").await.expect("connect"));
+        }
+        let other = client
+            .connect_from(rdmactor_tests::second_peer_ip(), addr, "files")
+            .await
+            .expect("connect from the second address");
+        let fetch = |conn: &ClientConnection, name: &'static str| {
+            let out = scratch.sub(&format!("out-{name}"));
+            let client = &client;
+            let conn = conn.clone();
+            async move {
+                let outcome =
+                    fetch_file(&conn, client, name, &out, &FetchOptions::default(), |_| {})
+                        .await
+                        .unwrap_or_else(|e| panic!("fetching {name}: {e}"));
+                (name, outcome)
+            }
+        };
+        // Three fetches from one host at once, and one from another host.
+        let (a1, a2, a3, b1) = futures::join!(
+            fetch(&conns[0], "a1"),
+            fetch(&conns[1], "a2"),
+            fetch(&conns[2], "a3"),
+            fetch(&other, "b1"),
+        );
+        let mut refused = Vec::new();
+        for (name, outcome) in [a1, a2, a3] {
+            println!("client A, {name}: {outcome:?}");
+            match outcome {
+                Outcome::Stored { len, .. } => assert_eq!(len, 32 * MIB),
+                Outcome::Rejected(reason) => {
+                    assert_eq!(
+                        reason,
+                        RejectReason::Quota {
+                            what: "fetches being prepared at once".into(),
+                            limit: 2,
+                            would_use: 3,
+                        }
+                    );
+                    println!("refused with: {reason}");
+                    refused.push(name);
+                }
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+        assert_eq!(refused.len(), 1, "exactly one of three is over the limit");
+        println!("client B, {}: {:?}", b1.0, b1.1);
+        assert!(
+            matches!(b1.1, Outcome::Stored { len, .. } if len == 32 * MIB),
+            "the other client is served: {:?}",
+            b1.1
+        );
+        assert_eq!(files.files_hashed(), 3);
+        // Once the others are prepared, the refused one is served.
+        let (name, outcome) = fetch(&conns[0], refused[0]).await;
+        assert!(
+            matches!(outcome, Outcome::Stored { .. }),
+            "{name}: {outcome:?}"
+        );
+        conns.push(other);
+        close_all(&server, client, conns).await;
+        server.shutdown().await;
+    });
+    for (i, name) in names.iter().enumerate() {
+        assert_random_file(
+            &scratch.0.join(format!("out-{name}")).join(name),
+            32 * MIB,
+            60 + i as u64,
+        );
+    }
+    assert_released(&base);
+}

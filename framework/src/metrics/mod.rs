@@ -27,6 +27,7 @@
 //! | `rdmactor_pool_waits_total` | counter | | times a connection refused at the pool's cap waited for room (a rendezvous offer or READ chunk) instead of closing |
 //! | `rdmactor_file_transfers_total` | counter | result (`good`, `bad`) | finished uploads, by hash verdict |
 //! | `rdmactor_file_transfer_bytes_total` | counter | result | their bytes |
+//! | `rdmactor_file_fetch_digests_total` | counter | source (`cached`, `hashed`) | fetches whose file's digest was known (stored or served before, unchanged since), or had to be read whole |
 //! | `rdmactor_lambda_runs_total` | counter | kind (`module`, `native`), outcome | lambda invocations by result (`ok`, `trap`, `out_of_fuel`, `timeout`, `memory_limit`, `error`) |
 //! | `rdmactor_lambda_module_loads_total` | counter | result (`cached`, `compiled`, `refused`) | lambda module uploads: already compiled (now held for the client too), compiled, or refused (invalid, too large, no room) |
 //! | `rdmactor_lambda_module_evictions_total` | counter | | compiled modules that left the lambda cache: evicted for a client's quota or the cache's bounds, or let go by their last holder (its connection closed) |
@@ -192,6 +193,13 @@ pub fn file_transfer(good: bool, bytes: u64) {
     let result = if good { "good" } else { "bad" };
     counter!("rdmactor_file_transfers_total", "result" => result).increment(1);
     counter!("rdmactor_file_transfer_bytes_total", "result" => result).increment(bytes);
+}
+
+/// A file to fetch got its digest from the service's store of known digests
+/// (`cached`) or by reading it whole.
+pub fn file_fetch_digest(cached: bool) {
+    let source = if cached { "cached" } else { "hashed" };
+    counter!("rdmactor_file_fetch_digests_total", "source" => source).increment(1);
 }
 
 /// A lambda invocation ended: `kind` is `module` or `native`, `outcome` one of `ok`,

@@ -21,6 +21,7 @@ mod oob;
 mod poller;
 mod recovery;
 mod recv_groups;
+mod registrar;
 mod server;
 mod service;
 mod srq;

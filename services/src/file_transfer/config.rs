@@ -46,6 +46,16 @@ pub struct Config {
     /// `None` waits for ever. Time spent on the server's own work (hashing, writing
     /// to disk) does not count.
     pub stall: Option<Duration>,
+    /// How many files' digests the service remembers (see
+    /// [`DigestCache`](super::DigestCache)), so that fetching a file it stored or
+    /// served before does not read it whole again. 0 remembers none: every fetch
+    /// hashes its file.
+    pub digest_cache: usize,
+    /// How many fetches one client (by IP address, over all its connections) may have
+    /// being prepared (their file hashed) at once; one more is refused with
+    /// [`RejectReason::Quota`](super::RejectReason::Quota). A fetch of a file whose
+    /// digest is known needs no preparation and does not count.
+    pub fetch_preparations: u32,
 }
 
 impl Config {
@@ -63,6 +73,9 @@ impl Config {
     /// of 8 MiB moves in well under a second even under Soft-RoCE), short enough that
     /// a stuck client does not hold its share for long.
     pub const DEFAULT_STALL: Duration = Duration::from_secs(60);
+    /// 2: a client fetching two new files at once is served; one opening a connection
+    /// per file to keep the disk and the blocking pool busy is not.
+    pub const DEFAULT_FETCH_PREPARATIONS: u32 = 2;
 
     /// The defaults, storing into `dir`, with no secrets.
     pub fn new(dir: impl Into<PathBuf>) -> Config {
@@ -77,7 +90,23 @@ impl Config {
             overwrite_others: false,
             client_quota: ClientQuota::default(),
             stall: Some(Config::DEFAULT_STALL),
+            digest_cache: super::DigestCache::DEFAULT_CAPACITY,
+            fetch_preparations: Config::DEFAULT_FETCH_PREPARATIONS,
         }
+    }
+
+    /// Sets how many digests the service remembers (see
+    /// [`digest_cache`](Self::digest_cache)).
+    pub fn with_digest_cache(mut self, entries: usize) -> Config {
+        self.digest_cache = entries;
+        self
+    }
+
+    /// Sets how many fetches one client may have prepared at once (see
+    /// [`fetch_preparations`](Self::fetch_preparations)).
+    pub fn with_fetch_preparations(mut self, limit: u32) -> Config {
+        self.fetch_preparations = limit;
+        self
     }
 
     /// Sets how long a transfer may wait on its peer (see [`stall`](Self::stall)).
@@ -149,6 +178,11 @@ impl Config {
                 self.max_window
             )));
         }
+        if self.fetch_preparations == 0 {
+            return Err(TransferError::Invalid(
+                "0 fetch preparations per client (no new file could be fetched)".into(),
+            ));
+        }
         if self.stall.is_some_and(|d| d.is_zero()) {
             return Err(TransferError::Invalid(
                 "a stall limit of 0 s (use None to wait for ever)".into(),
@@ -210,6 +244,10 @@ mod tests {
         assert!(Config::new("/tmp").with_window(1, 0).validate().is_err());
         assert!(Config::new("/tmp")
             .with_window(1000, 1 << 20)
+            .validate()
+            .is_err());
+        assert!(Config::new("/tmp")
+            .with_fetch_preparations(0)
             .validate()
             .is_err());
     }

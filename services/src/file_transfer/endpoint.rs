@@ -3,10 +3,15 @@
 
 use std::ops::Range;
 use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
+use super::digests::{DigestCache, FileKey};
 use super::error::{Result, TransferError};
+use super::quota::PreparationLimit;
+use super::sender::{hashed, open_fetched, unavailable, Sender};
 use super::store::{StoreError, TempFile};
-use super::wire::{BadReason, Digest, Msg, RejectReason, RemoteWindow, SecretKey};
+use super::wire::{BadReason, Digest, FileOffer, Msg, RejectReason, RemoteWindow, SecretKey};
 
 /// One RDMA WRITE_WITH_IMM the sender's driver must post: fill staging bytes
 /// [`range`](Self::range) with [`Endpoint::fill_chunk`], then write them to
@@ -119,7 +124,8 @@ pub enum Output {
     /// follow from it. At most one job is out at a time.
     Consume,
     /// A `Fetch` was asked for: take the job with [`Endpoint::take_prepare`], run
-    /// [`PrepareFetch::run`] (open and hash the whole file) off the thread that serves
+    /// [`PrepareFetch::run`] (open the file and find its digest: known, or by hashing
+    /// all of it) off the thread that serves
     /// the connection, and hand the result to [`Endpoint::handle_prepared`]. The offer
     /// (or the refusal) follows from it.
     Prepare,
@@ -341,8 +347,10 @@ pub trait Endpoint {
 }
 
 /// The error for `what` arriving while `ep` is in a state that does not take it.
-/// The blocking part of serving a `Fetch`: open the file and hash all of it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The blocking part of serving a `Fetch`: open the file and find its digest, in the
+/// service's [`DigestCache`] if it knows the file as it is now, else by hashing all of
+/// it (under one of its client's [`PreparationPermit`](super::PreparationPermit)s).
+#[derive(Debug, Clone)]
 pub struct PrepareFetch {
     /// The served directory.
     pub dir: PathBuf,
@@ -350,22 +358,83 @@ pub struct PrepareFetch {
     pub name: String,
     /// The hash asked for.
     pub alg: super::wire::HashAlg,
+    /// Where known digests are looked up and new ones stored; `None` hashes every time.
+    pub digests: Option<Arc<DigestCache>>,
+    /// The fetching client's share of preparations, and the client; `None` is
+    /// unlimited.
+    pub limit: Option<(Arc<PreparationLimit>, String)>,
 }
 
 impl PrepareFetch {
-    /// Opens and hashes the file: the sender that serves it, or why not. Blocks (reads
-    /// the whole file).
-    pub fn run(self) -> std::result::Result<super::sender::Sender, super::wire::RejectReason> {
-        super::sender::Sender::for_fetch(&self.dir, &self.name, self.alg)
+    /// A job for `name` in `dir` hashed with `alg`, without a digest store or a limit.
+    pub fn new(dir: PathBuf, name: String, alg: super::wire::HashAlg) -> PrepareFetch {
+        PrepareFetch {
+            dir,
+            name,
+            alg,
+            digests: None,
+            limit: None,
+        }
+    }
+
+    /// Opens the file and finds its digest: the sender that serves it, or why not.
+    /// Blocks (reads the whole file unless its digest is known).
+    ///
+    /// # Errors
+    ///
+    /// The reason to send back in a `Reject` (see [`Sender::for_fetch`]), and
+    /// [`RejectReason::Quota`] when the file must be hashed and its client has as many
+    /// preparations running as it may.
+    pub fn run(self) -> std::result::Result<Sender, RejectReason> {
+        self.run_cancellable(&AtomicBool::new(false))
     }
 
     /// [`run`](Self::run) that gives up as soon as `cancel` is set (the driver sets it
     /// when the connection closes).
-    pub fn run_cancellable(
-        self,
-        cancel: &std::sync::atomic::AtomicBool,
-    ) -> std::result::Result<super::sender::Sender, super::wire::RejectReason> {
-        super::sender::Sender::for_fetch_cancellable(&self.dir, &self.name, self.alg, cancel)
+    ///
+    /// The digest found describes the bytes the sender will read only as far as the
+    /// key can tell (see [`DigestCache`]): a hit is taken on the open file's `fstat`,
+    /// and a hash is stored only if the file's key after hashing is the one before,
+    /// so a file written to while it was hashed is not remembered.
+    ///
+    /// # Errors
+    ///
+    /// As [`run`](Self::run), and `Unavailable` once cancelled.
+    pub fn run_cancellable(self, cancel: &AtomicBool) -> std::result::Result<Sender, RejectReason> {
+        let file = open_fetched(&self.dir, &self.name)?;
+        // The key, if the file system tells: without one, the file is just hashed.
+        let key = file.metadata().ok().map(|m| FileKey::of(&m));
+        if let (Some(cache), Some(key)) = (&self.digests, key) {
+            if let Some(digest) = cache.get(&key, self.alg) {
+                rdmactor::metrics::file_fetch_digest(true);
+                let offer = FileOffer {
+                    name: self.name,
+                    len: key.len,
+                    digest,
+                    overwrite: false,
+                };
+                return Ok(Sender::for_fetched(offer, file)?.with_fetched_key(key));
+            }
+        }
+        let _permit = match &self.limit {
+            Some((limit, client)) => Some(limit.try_acquire(client)?),
+            None => None,
+        };
+        if let Some(cache) = &self.digests {
+            cache.note_hashed();
+        }
+        rdmactor::metrics::file_fetch_digest(false);
+        let (file, offer) =
+            hashed(file, &self.name, self.alg, false, cancel).map_err(unavailable)?;
+        let after = file.metadata().ok().map(|m| FileKey::of(&m));
+        let digest = offer.digest;
+        let unchanged = key.filter(|k| after == Some(*k) && offer.len == k.len);
+        let mut sender = Sender::for_fetched(offer, file)?;
+        if let (Some(cache), Some(key)) = (&self.digests, unchanged) {
+            cache.insert(key, digest);
+            sender = sender.with_fetched_key(key);
+        }
+        Ok(sender)
     }
 }
 

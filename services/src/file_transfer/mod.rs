@@ -65,6 +65,17 @@
 //! out of space halfway. The shares and the bytes promised to admitted uploads belong
 //! to the service's [`QuotaOwner`] actor, asked once per offer ([`Output::Admit`]).
 //!
+//! **Serving a fetch.** The offer carries the file's digest, so the server must know
+//! it before the first byte moves. It is not hashed again if the service already knows
+//! it ([`DigestCache`]: the digest an upload was verified against, or one computed for
+//! an earlier fetch, kept under the file's device, inode, length, mtime and ctime, so
+//! a replaced or modified file is hashed afresh). Otherwise the whole file is read
+//! and hashed off the connection's thread ([`Output::Prepare`]), and a client may
+//! have at most [`Config::fetch_preparations`] of those at once, over all its
+//! connections ([`PreparationLimit`]); one more is refused with
+//! [`RejectReason::Quota`]. The store is in memory: after a restart, the first fetch
+//! of each file hashes it.
+//!
 //! **Aborts.** A transfer that fails midway for a reason the peer should hear (a write
 //! that ran out of space after all, a source that cannot be read) ends with
 //! [`Msg::Abort`] and the reason, not with a closed connection: the sender stops and
@@ -100,6 +111,7 @@
 
 mod client;
 mod config;
+mod digests;
 mod endpoint;
 mod error;
 #[doc(hidden)]
@@ -117,12 +129,13 @@ mod wire;
 
 pub use client::{fetch_file, send_file, ClientError, FetchOptions, Progress, SendOptions};
 pub use config::{parse_secrets, Config};
+pub use digests::{DigestCache, DigestStats, FileKey};
 pub use endpoint::{Auth, ChunkWrite, Endpoint, Outcome, Output, PrepareFetch};
 pub use error::{Result, TransferError};
 pub use hash::{hash_bytes, hash_file, hash_reader, Hasher};
 pub use name::{validate_name, NameError, MAX_NAME_LEN};
 pub use owner::{Admission, Admit, Backed, QuotaOwner, Release, Usage};
-pub use quota::{AdmissionId, ClientQuota, Ledger};
+pub use quota::{AdmissionId, ClientQuota, Ledger, PreparationLimit, PreparationPermit};
 pub use receiver::{ConsumeJob, Consumed, Receiver, Sink};
 pub use sender::Sender;
 pub use server::Server;

@@ -18,6 +18,7 @@
 //! ask it by message, once per offer, never per chunk.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use super::wire::RejectReason;
 
@@ -194,6 +195,85 @@ impl Ledger {
     }
 }
 
+/// How many `Fetch` preparations (whole-file hashes) each client may have running at
+/// once, over all its connections: a client that opens many connections and fetches
+/// large files on each would otherwise fill the blocking pool with reads of the disk.
+/// A fetch whose digest is known needs no preparation and takes no permit.
+///
+/// A shared counter rather than a question to the [`QuotaOwner`](super::QuotaOwner)
+/// like an upload's admission: whether a fetch needs hashing is only known once its
+/// file is opened and `fstat`ed on the blocking pool, so asking the actor would take a
+/// second job and a round trip per fetch, while the count needs nothing the ledger
+/// keeps. The job takes a [`PreparationPermit`] right before hashing and drops it when
+/// done (or cancelled), under a mutex held for a map update.
+#[derive(Debug)]
+pub struct PreparationLimit {
+    limit: u32,
+    running: Mutex<HashMap<String, u32>>,
+}
+
+impl PreparationLimit {
+    /// At most `limit` preparations per client at once.
+    pub fn new(limit: u32) -> Arc<PreparationLimit> {
+        Arc::new(PreparationLimit {
+            limit,
+            running: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
+        // Every change is one call: a panic elsewhere leaves the map consistent.
+        self.running.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A permit for one more preparation by `client`, or the refusal to send.
+    ///
+    /// # Errors
+    ///
+    /// [`RejectReason::Quota`] when `client` has `limit` preparations running.
+    pub fn try_acquire(self: &Arc<Self>, client: &str) -> Result<PreparationPermit, RejectReason> {
+        let mut running = self.lock();
+        let now = running.get(client).copied().unwrap_or(0);
+        if now >= self.limit {
+            return Err(RejectReason::Quota {
+                what: "fetches being prepared at once".into(),
+                limit: u64::from(self.limit),
+                would_use: u64::from(now) + 1,
+            });
+        }
+        running.insert(client.to_owned(), now + 1);
+        Ok(PreparationPermit {
+            owner: Arc::clone(self),
+            client: client.to_owned(),
+        })
+    }
+
+    /// Preparations `client` has running now.
+    pub fn running(&self, client: &str) -> u32 {
+        self.lock().get(client).copied().unwrap_or(0)
+    }
+}
+
+/// One running preparation: given back when dropped.
+#[derive(Debug)]
+pub struct PreparationPermit {
+    owner: Arc<PreparationLimit>,
+    client: String,
+}
+
+impl Drop for PreparationPermit {
+    fn drop(&mut self) {
+        let mut running = self.owner.lock();
+        if let Some(n) = running.get_mut(&self.client) {
+            *n -= 1;
+            if *n == 0 {
+                // Idle clients are forgotten.
+                running.remove(&self.client);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -279,5 +359,28 @@ mod tests {
             (ledger.clients(), ledger.uploads(), ledger.promised()),
             (0, 0, 0)
         );
+    }
+
+    #[test]
+    fn fetch_preparations_are_limited_per_client_and_given_back_on_drop() {
+        let limit = PreparationLimit::new(2);
+        let a1 = limit.try_acquire("a").unwrap();
+        let _a2 = limit.try_acquire("a").unwrap();
+        assert_eq!(
+            limit.try_acquire("a").unwrap_err(),
+            RejectReason::Quota {
+                what: "fetches being prepared at once".into(),
+                limit: 2,
+                would_use: 3,
+            }
+        );
+        // Another client is not affected.
+        let b = limit.try_acquire("b").unwrap();
+        assert_eq!((limit.running("a"), limit.running("b")), (2, 1));
+        drop(a1);
+        let _a3 = limit.try_acquire("a").unwrap();
+        drop(b);
+        assert_eq!(limit.running("b"), 0);
+        assert_eq!(limit.lock().len(), 1, "idle clients are forgotten");
     }
 }

@@ -111,6 +111,8 @@ pub struct Sender {
     out: VecDeque<Output>,
     /// Why this sender aborted (while [`State::Aborting`]).
     aborting: Option<RejectReason>,
+    /// See [`Sender::fetched_key`].
+    fetched_key: Option<super::digests::FileKey>,
 }
 
 impl std::fmt::Debug for Sender {
@@ -145,6 +147,7 @@ impl Sender {
             pipe: None,
             out,
             aborting: None,
+            fetched_key: None,
         })
     }
 
@@ -190,22 +193,33 @@ impl Sender {
         alg: HashAlg,
         cancel: &AtomicBool,
     ) -> std::result::Result<Sender, RejectReason> {
-        let (file, _) = open_source(dir, name).map_err(|e| match e {
-            StoreError::Name(e) => RejectReason::BadName {
-                reason: e.to_string(),
-            },
-            StoreError::NotFound(_) => RejectReason::NotFound,
-            e => RejectReason::Unavailable {
-                reason: e.to_string(),
-            },
-        })?;
-        let unavailable = |e: io::Error| RejectReason::Unavailable {
-            reason: e.to_string(),
-        };
+        let file = open_fetched(dir, name)?;
         let (file, offer) = hashed(file, name, alg, false, cancel).map_err(unavailable)?;
+        Sender::for_fetched(offer, file)
+    }
+
+    /// The sender of a fetched file already opened (by [`open_fetched`]) and whose
+    /// digest is known: `offer.len` bytes of `file` are sent from its start.
+    pub(crate) fn for_fetched(
+        offer: FileOffer,
+        file: File,
+    ) -> std::result::Result<Sender, RejectReason> {
         Sender::new(offer, Box::new(file)).map_err(|e| RejectReason::BadName {
             reason: e.to_string(),
         })
+    }
+
+    /// Remembers where the offered digest came from, so that the service can forget
+    /// it if the receiver finds it wrong ([`fetched_key`](Self::fetched_key)).
+    pub(crate) fn with_fetched_key(mut self, key: super::digests::FileKey) -> Sender {
+        self.fetched_key = Some(key);
+        self
+    }
+
+    /// The key, in the service's digest store, of the file this sender serves (set
+    /// for fetches served by a `FileTransfer`).
+    pub fn fetched_key(&self) -> Option<&super::digests::FileKey> {
+        self.fetched_key.as_ref()
     }
 
     /// Sends `Identify { id }` after GOOD.
@@ -522,7 +536,28 @@ impl<R: Read> Read for Cancellable<'_, R> {
 }
 
 /// Hashes `file` whole (until `cancel` is set), rewinds it, and builds the offer.
-fn hashed(
+/// Opens the file a `Fetch` asks for, or says why not in the words of a `Reject`.
+pub(crate) fn open_fetched(dir: &Path, name: &str) -> std::result::Result<File, RejectReason> {
+    let (file, _) = open_source(dir, name).map_err(|e| match e {
+        StoreError::Name(e) => RejectReason::BadName {
+            reason: e.to_string(),
+        },
+        StoreError::NotFound(_) => RejectReason::NotFound,
+        e => RejectReason::Unavailable {
+            reason: e.to_string(),
+        },
+    })?;
+    Ok(file)
+}
+
+pub(crate) fn unavailable(e: io::Error) -> RejectReason {
+    RejectReason::Unavailable {
+        reason: e.to_string(),
+    }
+}
+
+/// Hashes `file` from where it is to its end, then rewinds it: the offer of its bytes.
+pub(crate) fn hashed(
     mut file: File,
     name: &str,
     alg: HashAlg,

@@ -9,8 +9,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use super::config::Config;
+use super::digests::DigestCache;
 use super::endpoint::{ChunkWrite, Endpoint, Outcome, Output, PrepareFetch};
 use super::error::Result;
+use super::quota::PreparationLimit;
 use super::receiver::Receiver;
 use super::sender::Sender;
 use super::store::Reaper;
@@ -23,7 +25,8 @@ enum Role {
     /// until the driver takes it.
     Preparing(Option<PrepareFetch>),
     Receive(Receiver),
-    Send(Sender),
+    /// Boxed: a sender is more than twice the size of the other roles.
+    Send(Box<Sender>),
 }
 
 /// The server side of a connection (see [`Endpoint`] for how to drive it). Between
@@ -50,6 +53,10 @@ pub struct Server {
     quota: Option<String>,
     /// Set when the service stops taking transfers (shutdown has begun).
     draining: Option<Arc<AtomicBool>>,
+    /// The service's known digests, given to every fetch's preparation.
+    digests: Option<Arc<DigestCache>>,
+    /// The service's per-client limit of fetch preparations.
+    preparations: Option<Arc<PreparationLimit>>,
 }
 
 impl Server {
@@ -63,7 +70,24 @@ impl Server {
             reaper: None,
             quota: None,
             draining: None,
+            digests: None,
+            preparations: None,
         }
+    }
+
+    /// Looks every fetched file's digest up in `digests` before hashing it, and
+    /// stores what it hashes there (see [`PrepareFetch`]).
+    pub fn with_digests(mut self, digests: Arc<DigestCache>) -> Server {
+        self.digests = Some(digests);
+        self
+    }
+
+    /// Counts the fetches this connection's client has being hashed against `limit`:
+    /// the client given to [`with_quota`](Self::with_quota), without which there is
+    /// no one to count against and no limit.
+    pub fn with_preparation_limit(mut self, limit: Arc<PreparationLimit>) -> Server {
+        self.preparations = Some(limit);
+        self
     }
 
     /// Refuses every new offer and fetch with [`RejectReason::ShuttingDown`] once
@@ -97,7 +121,7 @@ impl Server {
         match &self.role {
             Role::Idle | Role::Preparing(_) => None,
             Role::Receive(r) => Some(r),
-            Role::Send(s) => Some(s),
+            Role::Send(s) => Some(&**s),
         }
     }
 
@@ -105,7 +129,7 @@ impl Server {
         match &mut self.role {
             Role::Idle | Role::Preparing(_) => None,
             Role::Receive(r) => Some(r),
-            Role::Send(s) => Some(s),
+            Role::Send(s) => Some(&mut **s),
         }
     }
 
@@ -178,11 +202,10 @@ impl Endpoint for Server {
             }
             Msg::Fetch { name, alg } if between => {
                 self.retire();
-                self.role = Role::Preparing(Some(PrepareFetch {
-                    dir: self.config.dir.clone(),
-                    name,
-                    alg,
-                }));
+                let mut job = PrepareFetch::new(self.config.dir.clone(), name, alg);
+                job.digests = self.digests.clone();
+                job.limit = self.preparations.clone().zip(self.quota.clone());
+                self.role = Role::Preparing(Some(job));
                 self.out.push_back(Output::Prepare);
                 Ok(())
             }
@@ -198,12 +221,21 @@ impl Endpoint for Server {
             .out
             .pop_front()
             .or_else(|| self.role_mut().and_then(|ep| ep.poll_output()));
-        if let (Some(Output::Finished(Outcome::Stored { path, .. })), Role::Receive(_)) =
-            (&out, &self.role)
-        {
-            if let Some(name) = path.file_name().and_then(|n| n.to_str()) {
-                self.owned.insert(name.to_owned());
+        match (&out, &self.role) {
+            (Some(Output::Finished(Outcome::Stored { path, .. })), Role::Receive(_)) => {
+                if let Some(name) = path.file_name().and_then(|n| n.to_str()) {
+                    self.owned.insert(name.to_owned());
+                }
             }
+            // The client found the bytes we sent unlike the digest we offered: if it
+            // was remembered (see `DigestCache` for how that can happen), the next
+            // fetch hashes again.
+            (Some(Output::Finished(Outcome::Bad(_))), Role::Send(s)) => {
+                if let (Some(cache), Some(key)) = (&self.digests, s.fetched_key()) {
+                    cache.forget(key, s.offer().digest.alg);
+                }
+            }
+            _ => {}
         }
         out
     }
@@ -251,7 +283,7 @@ impl Endpoint for Server {
             return Err(super::endpoint::unexpected(self, "a prepared fetch".into()));
         }
         match result {
-            Ok(s) => self.role = Role::Send(s.with_max_window(self.config.max_window)),
+            Ok(s) => self.role = Role::Send(Box::new(s.with_max_window(self.config.max_window))),
             Err(reason) => {
                 self.role = Role::Idle;
                 self.out.push_back(Output::Send(Msg::Reject {

@@ -28,9 +28,11 @@ use rdmactor::runtime::{
 use rdmactor::verbs::{Access, RemoteRegion};
 
 use super::config::Config;
+use super::digests::{DigestCache, DigestStats, FileKey};
 use super::endpoint::{ChunkWrite, Endpoint, Outcome, Output};
 use super::error::{Result, TransferError};
 use super::owner::{Admission, Admit, QuotaOwner};
+use super::quota::PreparationLimit;
 use super::receiver::Consumed;
 use super::sender::ChunkRead;
 use super::server::Server;
@@ -53,6 +55,14 @@ use crate::owner_slot::OwnerSlot;
 /// abandoned otherwise (an error, a closed connection) goes to the service's
 /// [`Reaper`] thread. A download's chunks are read from the file on the blocking pool
 /// too, one at a time, and copied into the staging buffer and posted when read.
+///
+/// A `Fetch` reads its file whole only when the service does not know its digest
+/// already: digests verified by uploads and computed for earlier fetches are kept in a
+/// [`DigestCache`] ([`Config::digest_cache`]) under the file's identity and times, and
+/// each client may have at most [`Config::fetch_preparations`] files being hashed at
+/// once ([`PreparationLimit`]), so that asking for large files over many connections
+/// does not turn a few bytes of request into whole-disk reads that fill the blocking
+/// pool.
 #[derive(Debug, Clone)]
 pub struct FileTransfer {
     config: Arc<Config>,
@@ -66,6 +76,10 @@ pub struct FileTransfer {
     /// Set by [`FileTransfer::refuse_new_transfers`]: offers and fetches are answered
     /// with [`RejectReason::ShuttingDown`].
     draining: Arc<AtomicBool>,
+    /// Digests of stored and served files, shared by every connection.
+    digests: Arc<DigestCache>,
+    /// Fetches being hashed, per client, over every connection.
+    preparations: Arc<PreparationLimit>,
 }
 
 impl FileTransfer {
@@ -102,6 +116,8 @@ impl FileTransfer {
             owner: OwnerSlot::new(),
             uploads: Arc::new(AtomicU64::new(0)),
             draining: Arc::new(AtomicBool::new(false)),
+            digests: Arc::new(DigestCache::new(config.digest_cache)),
+            preparations: PreparationLimit::new(config.fetch_preparations),
             config: Arc::new(config),
             reaper,
         })
@@ -132,6 +148,17 @@ impl FileTransfer {
     pub fn uploads_in_flight(&self) -> u64 {
         self.uploads.load(Ordering::Relaxed)
     }
+
+    /// Whole files read to hash them for a fetch, over every connection since the
+    /// service started: fetches of files whose digest was known are not counted.
+    pub fn files_hashed(&self) -> u64 {
+        self.digests.stats().hashed
+    }
+
+    /// What the store of known digests did so far.
+    pub fn digest_stats(&self) -> DigestStats {
+        self.digests.stats()
+    }
 }
 
 impl Service for FileTransfer {
@@ -154,8 +181,12 @@ impl Service for FileTransfer {
                 Server::new(Arc::clone(&self.config))
                     .with_reaper(self.reaper.clone())
                     .with_quota(client)
-                    .with_drain_flag(Arc::clone(&self.draining)),
+                    .with_drain_flag(Arc::clone(&self.draining))
+                    .with_digests(Arc::clone(&self.digests))
+                    .with_preparation_limit(Arc::clone(&self.preparations)),
             ),
+            digests: Arc::clone(&self.digests),
+            stored_key: None,
             peer: peer
                 .addr
                 .map_or_else(|| format!("qp {}", peer.qp_num), |a| a.to_string()),
@@ -201,7 +232,12 @@ struct FileSession {
     /// The commit (fsync, rename) of a verified upload, running on the blocking pool.
     /// If the connection closes first, it still finishes: the file was complete and
     /// verified, only the verdict is lost.
-    commit: Option<Blocking<std::result::Result<std::path::PathBuf, StoreError>>>,
+    commit: Option<Blocking<std::result::Result<Committed, StoreError>>>,
+    /// The service's known digests: a stored upload's goes in.
+    digests: Arc<DigestCache>,
+    /// The key of the file the last commit stored, until its outcome says with which
+    /// digest.
+    stored_key: Option<FileKey>,
     /// Received chunks being hashed and appended on the blocking pool (one job at a
     /// time; the state machine queues what arrives meanwhile).
     consume: Option<Blocking<Consumed>>,
@@ -220,6 +256,9 @@ struct FileSession {
     /// A [`STALL_CHECK`] wake-up is on its way (one at a time).
     stall_armed: bool,
 }
+
+/// What a commit job gives back: the final path, and the stored file's key if known.
+type Committed = (std::path::PathBuf, Option<FileKey>);
 
 /// The `on_wake` token of a finished commit.
 const COMMIT_DONE: u64 = 1;
@@ -326,10 +365,20 @@ impl FileSession {
                     let temp = self.server()?.take_commit().ok_or_else(|| {
                         SessionError::new("file transfer: a commit asked for without a file")
                     })?;
-                    self.commit = Some(cx.spawn_blocking(COMMIT_DONE, move || temp.commit()));
+                    self.commit =
+                        Some(cx.spawn_blocking(COMMIT_DONE, move || temp.commit_identified()));
                 }
                 Output::Finished(outcome) => {
                     self.log(&outcome);
+                    // The digest the upload was verified against is the stored file's:
+                    // a fetch of it need not read it again.
+                    if let (Outcome::Stored { len, digest, .. }, Some(key)) =
+                        (&outcome, self.stored_key.take())
+                    {
+                        if key.len == *len {
+                            self.digests.insert(key, *digest);
+                        }
+                    }
                     // Freed after the WRITEs still reading it complete.
                     if let Some(buf) = self.staging.take() {
                         cx.free(buf);
@@ -582,13 +631,18 @@ impl Session for FileSession {
             return Ok(());
         };
         self.commit = None;
-        let result = result.unwrap_or_else(|e| {
-            Err(StoreError::Io {
-                op: "commit",
-                path: std::path::PathBuf::new(),
-                source: std::io::Error::other(e.to_string()),
+        let result = result
+            .unwrap_or_else(|e| {
+                Err(StoreError::Io {
+                    op: "commit",
+                    path: std::path::PathBuf::new(),
+                    source: std::io::Error::other(e.to_string()),
+                })
             })
-        });
+            .map(|(path, key)| {
+                self.stored_key = key;
+                path
+            });
         self.server()?.handle_committed(result).map_err(fail)?;
         self.drive(cx)
     }

@@ -23,6 +23,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use super::digests::FileKey;
 use super::name::{validate_name, NameError, MAX_NAME_LEN, TEMP_MARKER};
 
 /// How often [`TempFile::create`] retries when a random name is taken.
@@ -272,7 +273,22 @@ impl TempFile {
     /// [`StoreError::Exists`] if the name appeared meanwhile (without overwrite),
     /// [`StoreError::Abandoned`] (after removing it) for an abandoned file, or the
     /// failing file-system call.
-    pub fn commit(mut self) -> Result<PathBuf, StoreError> {
+    pub fn commit(self) -> Result<PathBuf, StoreError> {
+        self.commit_identified().map(|(path, _)| path)
+    }
+
+    /// [`commit`](Self::commit), and the [`FileKey`] of the file now under the final
+    /// name, for remembering its digest (see [`DigestCache`](super::DigestCache)):
+    /// `None` when it cannot be told that the name still holds the bytes written (it
+    /// was replaced or written to since, or `fstat` failed). The key is taken after the
+    /// link or rename, which change the file's ctime, from a fresh open of the final
+    /// name, as a fetch will see it; the file written stays open until then, so its
+    /// inode number cannot go to another file meanwhile.
+    ///
+    /// # Errors
+    ///
+    /// As [`commit`](Self::commit).
+    pub fn commit_identified(mut self) -> Result<(PathBuf, Option<FileKey>), StoreError> {
         if self.abandoned {
             self.file.take();
             if self.temp_exists {
@@ -284,7 +300,7 @@ impl TempFile {
         }
         let file = self.file.take().expect("open until commit");
         file.sync_all().map_err(io_err("fsync", &self.temp))?;
-        drop(file);
+        let written = file.metadata().ok().map(|m| FileKey::of(&m));
         if self.overwrite {
             fs::rename(&self.temp, &self.target).map_err(io_err("rename", &self.target))?;
             self.temp_exists = false;
@@ -292,7 +308,19 @@ impl TempFile {
             self.link_new()?;
         }
         sync_dir(&self.dir)?;
-        Ok(self.target.clone())
+        let key = written.and_then(|w| self.identify(w));
+        drop(file);
+        Ok((self.target.clone(), key))
+    }
+
+    /// The key of the file under the final name, if it is the file written (same
+    /// inode) and unchanged (same length and mtime).
+    fn identify(&self, written: FileKey) -> Option<FileKey> {
+        let meta = File::open(&self.target).and_then(|f| f.metadata()).ok()?;
+        let now = FileKey::of(&meta);
+        let same = (now.dev, now.ino, now.len, now.mtime_ns)
+            == (written.dev, written.ino, written.len, written.mtime_ns);
+        same.then_some(now)
     }
 
     /// Gives the temporary file its final name only if that name is free.
@@ -455,6 +483,19 @@ pub(crate) mod tests {
         assert_eq!(p, dir.path().join("out.bin"));
         assert_eq!(fs::read(&p).unwrap(), b"hello world");
         assert_eq!(entries(dir.path()), vec!["out.bin"]);
+    }
+
+    #[test]
+    fn a_committed_file_is_known_by_the_key_a_fetch_will_see() {
+        let dir = tempfile::tempdir().unwrap();
+        for overwrite in [false, true] {
+            let mut t = TempFile::create(dir.path(), "f", overwrite).unwrap();
+            t.write_all(b"stored").unwrap();
+            let (path, key) = t.commit_identified().unwrap();
+            let seen = FileKey::of(&File::open(&path).unwrap().metadata().unwrap());
+            assert_eq!(key, Some(seen), "overwrite: {overwrite}");
+            assert_eq!(seen.len, 6);
+        }
     }
 
     /// Security issue item 7: temporary files left by a crash were never removed.

@@ -775,6 +775,128 @@ fn a_fetch_waits_for_its_preparation_and_nothing_else_is_taken_meanwhile() {
     );
 }
 
+/// Asks `s` for `name` and runs the preparation: the offer, or the refusal.
+fn fetch_offer(
+    s: &mut Server,
+    name: &str,
+    alg: HashAlg,
+) -> std::result::Result<FileOffer, RejectReason> {
+    s.handle_msg(Msg::Fetch {
+        name: name.into(),
+        alg,
+    })
+    .unwrap();
+    assert_eq!(s.poll_output(), Some(Output::Prepare));
+    let job = s.take_prepare().unwrap();
+    s.handle_prepared(job.run()).unwrap();
+    match s.poll_output() {
+        Some(Output::Send(Msg::Offer(offer))) => Ok(offer),
+        Some(Output::Send(Msg::Reject { reason })) => {
+            assert_eq!(
+                s.poll_output(),
+                Some(Output::Finished(Outcome::Rejected(reason.clone())))
+            );
+            Err(reason)
+        }
+        other => panic!("expected an offer or a refusal, got {other:?}"),
+    }
+}
+
+/// Issue 26, item 10: every fetch read and hashed its whole file.
+#[test]
+fn a_fetch_of_a_known_unchanged_file_is_not_hashed_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f");
+    std::fs::write(&path, b"fetched").unwrap();
+    let cache = Arc::new(DigestCache::new(8));
+    let server = || Server::new(server_config(dir.path())).with_digests(Arc::clone(&cache));
+    let first = fetch_offer(&mut server(), "f", HashAlg::Sha256).unwrap();
+    assert_eq!(first.digest, hash_bytes(HashAlg::Sha256, b"fetched"));
+    assert_eq!((cache.stats().hashed, cache.stats().entries), (1, 1));
+    // Another connection, the same file: the digest is known.
+    let again = fetch_offer(&mut server(), "f", HashAlg::Sha256).unwrap();
+    assert_eq!(again, first);
+    assert_eq!((cache.stats().hashed, cache.stats().hits), (1, 1));
+    // The other algorithm is another digest.
+    fetch_offer(&mut server(), "f", HashAlg::Blake3).unwrap();
+    assert_eq!(cache.stats().hashed, 2);
+    // Rewritten in place with the same length: its mtime moved, so it is hashed again.
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    std::io::Write::write_all(&mut &f, b"FETCHED").unwrap();
+    f.set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(5))
+        .unwrap();
+    drop(f);
+    let changed = fetch_offer(&mut server(), "f", HashAlg::Sha256).unwrap();
+    assert_eq!(changed.digest, hash_bytes(HashAlg::Sha256, b"FETCHED"));
+    assert_eq!(cache.stats().hashed, 3);
+    // Replaced by a file of the same length (another inode): hashed again.
+    std::fs::write(dir.path().join("g"), b"fetcheD").unwrap();
+    std::fs::rename(dir.path().join("g"), &path).unwrap();
+    let replaced = fetch_offer(&mut server(), "f", HashAlg::Sha256).unwrap();
+    assert_eq!(replaced.digest, hash_bytes(HashAlg::Sha256, b"fetcheD"));
+    assert_eq!(cache.stats().hashed, 4);
+    fetch_offer(&mut server(), "f", HashAlg::Sha256).unwrap();
+    assert_eq!(cache.stats().hashed, 4);
+}
+
+#[test]
+fn a_fetch_the_client_found_bad_is_hashed_again_next_time() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("e"), b"").unwrap();
+    let cache = Arc::new(DigestCache::new(8));
+    let mut s = Server::new(server_config(dir.path())).with_digests(Arc::clone(&cache));
+    let offer = fetch_offer(&mut s, "e", HashAlg::Sha256).unwrap();
+    assert_eq!(cache.stats().entries, 1);
+    // An empty file: no window, the sender says Done at once.
+    s.handle_msg(Msg::Grant { window: None }).unwrap();
+    assert_eq!(s.poll_output(), Some(Output::Send(Msg::Done)));
+    let bad = BadReason::Mismatch { got: offer.digest };
+    s.handle_msg(Msg::Bad {
+        reason: bad.clone(),
+    })
+    .unwrap();
+    assert_eq!(s.poll_output(), Some(Output::Finished(Outcome::Bad(bad))));
+    assert_eq!(cache.stats().entries, 0, "the digest is forgotten");
+    fetch_offer(&mut s, "e", HashAlg::Sha256).unwrap();
+    assert_eq!(cache.stats().hashed, 2);
+}
+
+#[test]
+fn a_client_at_its_limit_of_preparations_is_refused_but_known_files_are_served() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("known"), b"k").unwrap();
+    std::fs::write(dir.path().join("new"), b"n").unwrap();
+    let cache = Arc::new(DigestCache::new(8));
+    let limit = PreparationLimit::new(1);
+    let server = |client: &str| {
+        Server::new(server_config(dir.path()))
+            .with_quota(client.into())
+            .with_digests(Arc::clone(&cache))
+            .with_preparation_limit(Arc::clone(&limit))
+    };
+    fetch_offer(&mut server("b"), "known", HashAlg::Sha256).unwrap();
+    // Client a has one file being hashed on another connection.
+    let held = limit.try_acquire("a").unwrap();
+    assert_eq!(
+        fetch_offer(&mut server("a"), "new", HashAlg::Sha256),
+        Err(RejectReason::Quota {
+            what: "fetches being prepared at once".into(),
+            limit: 1,
+            would_use: 2,
+        })
+    );
+    // A known file needs no hashing, and other clients are not affected.
+    fetch_offer(&mut server("a"), "known", HashAlg::Sha256).unwrap();
+    fetch_offer(&mut server("b"), "new", HashAlg::Sha256).unwrap();
+    drop(held);
+    fetch_offer(&mut server("a"), "new", HashAlg::Blake3).unwrap();
+    assert_eq!(
+        limit.running("a"),
+        0,
+        "a finished preparation gives its permit back"
+    );
+}
+
 /// Security issue item 1: a `Grant` whose region ends beyond `u64::MAX` used to panic
 /// the server's sender (`RemoteWindow::slice(..).expect(..)`) on the poller thread. It
 /// is now a `BadGrant` error that ends only this transfer.

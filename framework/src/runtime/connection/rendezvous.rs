@@ -32,7 +32,8 @@ pub(super) struct RendezvousOut {
 }
 
 /// A large message on its way to being offered: counted by the budget and the pool,
-/// and registered on the runtime's blocking pool. Pinning a message's pages costs a
+/// and registered on the framework's registration threads (`runtime::registrar`, not
+/// the blocking pool, where service jobs could queue ahead of it). Pinning a message's pages costs a
 /// system call whose time grows with its size (0.4 ms on average for 8 MiB in the test
 /// VM, 2 ms at worst, and as much again to unpin it), and the poller thread that would
 /// pay it serves every other connection on it.
@@ -73,12 +74,9 @@ impl PendingOffer {
 }
 
 /// Drops `out` (its window, then its registration, then its count in the pool) on the
-/// runtime's blocking pool: deregistering unpins every page of the message.
+/// registration threads: deregistering unpins every page of the message.
 fn release_away(out: RendezvousOut) {
-    match tokio::runtime::Handle::try_current() {
-        Ok(rt) => drop(rt.spawn_blocking(move || drop(out))),
-        Err(_) => drop(out),
-    }
+    crate::runtime::registrar::run(move || drop(out));
 }
 
 /// An offer of the peer's being READ, chunk by chunk, into `data`.
@@ -134,24 +132,23 @@ impl Core {
         Ok(true)
     }
 
-    /// Registers `bytes` on the blocking pool, which pumps this connection when done;
-    /// here and now when there is no actor to pump (nothing has started it yet).
+    /// Registers `bytes` on the registration threads, which pump this connection when
+    /// done; here and now when there is no actor to pump (nothing has started it yet).
     fn register_away(&self, bytes: Vec<u8>) -> Result<Registration, CloseReason> {
-        let (Some(pump), Ok(rt)) = (self.pump_me.clone(), tokio::runtime::Handle::try_current())
-        else {
+        let Some(pump) = self.pump_me.clone() else {
             return MemoryRegion::register_vec(&self.pd, bytes, Access::MW_BIND)
                 .map(Registration::Done)
                 .map_err(CloseReason::from_verbs);
         };
         let (tx, rx) = mpsc::sync_channel(1);
         let pd = self.pd.clone();
-        drop(rt.spawn_blocking(move || {
+        crate::runtime::registrar::run(move || {
             // A closed connection drops the receiver, and the registration with it.
             let _ = tx.send(MemoryRegion::register_vec(&pd, bytes, Access::MW_BIND));
             if let Some(conn) = pump.upgrade() {
                 conn.do_send(Pump::Registered);
             }
-        }));
+        });
         Ok(Registration::Running(rx))
     }
 
