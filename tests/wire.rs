@@ -533,10 +533,15 @@ fn big_and_small_clients_share_a_lossy_wire() {
     // unreachable if the server noticed first, as disconnected if the client did (its
     // `Close` frame could not cross the stalled QP). The server may notice after the
     // client has exited (its own keepalive or the client's DREQ, both retried across the
-    // lossy wire), so wait for it, up to the dead-peer bound.
+    // lossy wire), so wait for it, up to the dead-peer bound. The disconnect moves the
+    // QP to the error state while the CM event is on its way to the connection, so the
+    // connection may see a send flushed first and close with that (seen on trixie's
+    // 6.12 kernel, whose rxe still has sends queued then): the same close.
     let closed_as_stalled = || {
         let log = wire.stderr_so_far(Host::A, &server.job);
-        log.matches("peer unreachable").count() + log.matches("peer disconnected").count()
+        log.matches("peer unreachable").count()
+            + log.matches("peer disconnected").count()
+            + log.matches("completed with WrFlushError").count()
     };
     let bound = NodeConfig::default().dead_peer_bound().expect("keepalive");
     let deadline = Instant::now() + bound;
