@@ -430,10 +430,11 @@ impl FileSession {
         if !waiting {
             return Ok(());
         }
+        // While the server's own job runs the peer owes nothing: a whole limit again.
+        let busy = self.busy();
         let silent = self.heard.elapsed();
-        if self.busy() || silent < limit {
-            let left = if self.busy() { limit } else { limit - silent };
-            self.arm_stall(cx, left);
+        if busy || silent < limit {
+            self.arm_stall(cx, if busy { limit } else { limit - silent });
             return Ok(());
         }
         let reason = RejectReason::Stalled {
