@@ -62,6 +62,10 @@ struct Args {
     /// in MiB; more wait their turn.
     #[arg(long, default_value_t = PoolConfig::default().heap_bytes >> 20)]
     incoming_heap_mib: usize,
+    /// Seconds a message may wait for room in the pool (first come, first served)
+    /// before it fails with the reason; the connection goes on.
+    #[arg(long, default_value_t = NodeConfig::default().pool_wait.as_secs())]
+    pool_wait_secs: u64,
     /// CQ-polling threads (each also runs its connections' actors).
     #[arg(long, default_value_t = 1)]
     pollers: usize,
@@ -358,6 +362,7 @@ fn main() -> Result<()> {
             heap_bytes: args.incoming_heap_mib << 20,
             ..PoolConfig::default()
         },
+        pool_wait: std::time::Duration::from_secs(args.pool_wait_secs),
         ..NodeConfig::default()
     });
     let listeners = args

@@ -11,6 +11,9 @@
 //! - 16 connections × 64 rendezvous messages of 1 MiB, then 500 connections at once: the
 //!   pool returns its idle 1 MiB arenas and keeps receive buffers reserved, so every
 //!   connect succeeds.
+//! - Issue 26 (9): waiters for pool memory are served in order with the head's room kept
+//!   (a large reply is not starved by a stream of smaller ones), and a message that waits
+//!   past `NodeConfig::pool_wait` fails with the reason while its connection goes on.
 //!
 //! The misbehaving peers are plain verbs clients speaking rdmactor's frames by hand.
 
@@ -82,6 +85,53 @@ fn frame(kind: FrameKind, tag: u32, len: u32, body: &[u8]) -> Vec<u8> {
     .encode(&mut out[..HEADER_LEN]);
     out[HEADER_LEN..].copy_from_slice(body);
     out
+}
+
+/// A plain verbs client on its own thread: asks `service` for an answer once, checks that
+/// it comes as a rendezvous offer of `len` bytes, reports that on the returned channel,
+/// and never READs it nor says Done; then runs `then` (which decides when it leaves).
+fn ask_and_never_read(
+    ctx: rdmactor::verbs::Context,
+    addr: std::net::SocketAddr,
+    service: &'static str,
+    len: u32,
+    then: impl FnOnce(blocking::Endpoint) + Send + 'static,
+) -> (std::sync::mpsc::Receiver<()>, std::thread::JoinHandle<()>) {
+    let (offered_tx, offered_rx) = std::sync::mpsc::channel();
+    let plain = std::thread::spawn(move || {
+        let pd = ProtectionDomain::new(&ctx).unwrap();
+        let mut out = MemoryRegion::register(&pd, 4096, Access::NONE).unwrap();
+        let back = MemoryRegion::register(&pd, 4096, Access::LOCAL_WRITE).unwrap();
+        let opts = EndpointOptions {
+            timeout: Duration::from_secs(20),
+            ..EndpointOptions::default()
+        };
+        let ep = blocking::connect(&pd, addr, &opts, &hello(service), |qp| {
+            qp.post_recv(&[RecvWr {
+                wr_id: 1,
+                local: Some(back.sge_all()),
+            }])
+        })
+        .unwrap();
+        let f = frame(FrameKind::Data, 9, 4, &len.to_le_bytes());
+        out.as_mut_slice()[..f.len()].copy_from_slice(&f);
+        ep.qp
+            .post_send(&SendWr::new(
+                2,
+                SendOp::Send,
+                Some(out.sge(0..f.len()).unwrap()),
+            ))
+            .unwrap();
+        let wcs = ep.wait(2).unwrap();
+        let recv = wcs.iter().find(|w| w.wr_id == 1).expect("a reply");
+        let (header, _) = Header::decode(&back.as_slice()[..recv.byte_len as usize]).unwrap();
+        assert_eq!(header.kind, FrameKind::RendezvousOffer);
+        assert_eq!(header.len, len);
+        offered_tx.send(()).unwrap();
+        // Never READ, never Done.
+        then(ep);
+    });
+    (offered_rx, plain)
 }
 
 /// Waits, without blocking the actix System, for a plain client's thread.
@@ -235,38 +285,7 @@ fn rendezvous_replies_never_released_are_reclaimed_at_the_deadline() {
             .start()
             .expect("server");
         let addr = server.local_addrs()[0];
-        let (offered_tx, offered_rx) = std::sync::mpsc::channel();
-        let plain = std::thread::spawn(move || {
-            let pd = ProtectionDomain::new(&ctx).unwrap();
-            let mut out = MemoryRegion::register(&pd, 4096, Access::NONE).unwrap();
-            let back = MemoryRegion::register(&pd, 4096, Access::LOCAL_WRITE).unwrap();
-            let opts = EndpointOptions {
-                timeout: Duration::from_secs(20),
-                ..EndpointOptions::default()
-            };
-            let ep = blocking::connect(&pd, addr, &opts, &hello("big"), |qp| {
-                qp.post_recv(&[RecvWr {
-                    wr_id: 1,
-                    local: Some(back.sge_all()),
-                }])
-            })
-            .unwrap();
-            let f = frame(FrameKind::Data, 9, 5, b"hello");
-            out.as_mut_slice()[..f.len()].copy_from_slice(&f);
-            ep.qp
-                .post_send(&SendWr::new(
-                    2,
-                    SendOp::Send,
-                    Some(out.sge(0..f.len()).unwrap()),
-                ))
-                .unwrap();
-            let wcs = ep.wait(2).unwrap();
-            let recv = wcs.iter().find(|w| w.wr_id == 1).expect("a reply");
-            let (header, _) = Header::decode(&back.as_slice()[..recv.byte_len as usize]).unwrap();
-            assert_eq!(header.kind, FrameKind::RendezvousOffer);
-            assert_eq!(header.len, 1 << 20);
-            offered_tx.send(()).unwrap();
-            // Never READ, never Done.
+        let (offered_rx, plain) = ask_and_never_read(ctx, addr, "big", 1 << 20, |ep| {
             ep.wait_disconnected()
                 .expect("the server disconnects at the deadline");
         });
@@ -473,6 +492,175 @@ fn incoming_messages_of_many_clients_share_one_heap_budget() {
             grown_mib < 96,
             "the server's peak RSS grew by {grown_mib} MiB for a 16 MiB budget"
         );
+        server.shutdown().await;
+    });
+}
+
+/// Answers a message holding a little-endian `u32` with that many bytes of 7s. An
+/// answer the pool had no room for within `NodeConfig::pool_wait` is replaced by a
+/// 4-byte `busy` under the same tag, so the client hears why (see `Session::on_refused`).
+struct Sized;
+
+impl Service for Sized {
+    fn session(&self, _peer: &PeerInfo) -> Box<dyn Session> {
+        Box::new(SizedSession)
+    }
+}
+
+struct SizedSession;
+
+impl Session for SizedSession {
+    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
+        let len = u32::from_le_bytes(msg.data[..4].try_into().expect("4 bytes")) as usize;
+        cx.reply(&msg, vec![7; len])
+    }
+
+    fn on_refused(
+        &mut self,
+        cx: &mut SessionCx<'_>,
+        tag: u32,
+        why: BudgetError,
+    ) -> Result<(), SessionError> {
+        assert!(matches!(why, BudgetError::NoRoom { .. }), "{why}");
+        cx.send(tag, b"busy".to_vec())
+    }
+}
+
+/// Asks for `len` bytes and checks what comes back is them.
+async fn ask_sized(conn: &rdmactor::runtime::ClientConnection, len: usize) -> Vec<u8> {
+    let reply = conn
+        .request((len as u32).to_le_bytes().to_vec())
+        .await
+        .expect("an answer");
+    if reply.len() == len {
+        assert!(reply.iter().all(|&b| b == 7), "bytes differ");
+    }
+    reply
+}
+
+/// Issue 26 (9): memory that came back went to whichever waiter ran first, so a 7 MiB
+/// reply waiting for room lost, every time, to 2 MiB replies asked for after it: eight
+/// clients streaming 2 MiB answers through a 12 MiB pool never left 7 MiB free at once,
+/// and the large reply waited without end. Waiters are now served in order, and the
+/// room the head of the line needs is kept for it: the 7 MiB reply goes out within
+/// seconds, while the small streams keep being served.
+#[test]
+fn a_large_reply_is_not_starved_by_a_stream_of_smaller_ones() {
+    let Some(_ctx) = rdma_context() else { return };
+    const BIG: usize = 7 << 20;
+    const SMALL: usize = 2 << 20;
+    actix_run(async {
+        let (server, addr, client) =
+            rdmactor_tests::serve_with(rdmactor_tests::capped_pool(12 << 20), "sized", Sized);
+        let small = rdmactor_tests::connect_n(&client, addr, "sized", 8).await;
+        let big = rdmactor_tests::connect_n(&client, addr, "sized", 1).await;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let served = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let streams = small.iter().map(|conn| {
+            let (stop, served) = (stop.clone(), served.clone());
+            async move {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    assert_eq!(ask_sized(conn, SMALL).await.len(), SMALL);
+                    served.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        });
+        let large = async {
+            // The streams fill the pool first.
+            actix_rt::time::sleep(Duration::from_secs(1)).await;
+            let before = served.load(std::sync::atomic::Ordering::Relaxed);
+            let asked = std::time::Instant::now();
+            let reply = actix_rt::time::timeout(Duration::from_secs(25), ask_sized(&big[0], BIG))
+                .await
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "the 7 MiB reply still waits after 25 s ({} small replies served \
+                         meanwhile)",
+                        served.load(std::sync::atomic::Ordering::Relaxed) - before
+                    )
+                });
+            let waited = asked.elapsed();
+            let during = served.load(std::sync::atomic::Ordering::Relaxed) - before;
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            (reply.len(), waited, during)
+        };
+        let (_, (len, waited, during)) =
+            futures::future::join(futures::future::join_all(streams), large).await;
+        let stats = server.stats().await;
+        println!(
+            "7 MiB reply among 8 streams of 2 MiB replies, 12 MiB pool: served in {waited:?}, \
+             {during} small replies meanwhile, {} pool waits",
+            stats.pool.waits
+        );
+        assert_eq!(len, BIG, "the large reply itself, not a refusal");
+        assert!(during > 0, "the small streams stalled while it waited");
+        assert!(
+            stats.pool.waits > 0,
+            "nothing waited: the pool was never full"
+        );
+        let mut conns = small;
+        conns.extend(big);
+        rdmactor_tests::close_all(&server, client, conns).await;
+        server.shutdown().await;
+    });
+}
+
+/// Issue 26 (9): a reply that waited for room in the pool had no deadline: with the pool
+/// held by a peer that never READs its offers, the next client's answer waited until
+/// that peer's rendezvous deadline (here a minute), and longer behind a queue of such
+/// peers. Now it fails after `NodeConfig::pool_wait` with the pool's reason, handed
+/// to the session, which tells the client; the connection goes on, and once the memory
+/// is back the same connection is answered in full. The pool's lines are empty again.
+#[test]
+fn an_answer_that_waits_past_the_pool_deadline_fails_and_the_connection_goes_on() {
+    let Some(ctx) = rdma_context() else { return };
+    const BIG: usize = 7 << 20;
+    actix_run(async move {
+        let config = NodeConfig {
+            pool_wait: Duration::from_secs(2),
+            rendezvous_deadline: Duration::from_secs(60),
+            ..rdmactor_tests::capped_pool(12 << 20)
+        };
+        let (server, addr, client) = rdmactor_tests::serve_with(config, "sized", Sized);
+        let (leave_tx, leave_rx) = std::sync::mpsc::channel::<()>();
+        let (offered_rx, hog) = ask_and_never_read(ctx, addr, "sized", BIG as u32, move |ep| {
+            // Holds the offer (and 7 MiB of the pool) until told to go.
+            let _ = leave_rx.recv();
+            drop(ep);
+        });
+        eventually("the hog's offer", Duration::from_secs(20), || {
+            let got = offered_rx.try_recv().is_ok();
+            async move { got }
+        })
+        .await;
+        let conns = rdmactor_tests::connect_n(&client, addr, "sized", 1).await;
+        for round in 0..2 {
+            let asked = std::time::Instant::now();
+            let reply = ask_sized(&conns[0], BIG).await;
+            let waited = asked.elapsed();
+            assert_eq!(reply, b"busy", "round {round}: the answer could not fit");
+            assert!(
+                waited >= Duration::from_secs(2) && waited < Duration::from_secs(10),
+                "round {round}: failed after {waited:?}, not at the 2 s deadline"
+            );
+            let stats = server.stats().await;
+            assert_eq!(stats.pool.waiting, [0, 0, 0], "{stats:?}");
+            assert_eq!(stats.connections, 2, "both connections stay open");
+        }
+        leave_tx.send(()).unwrap();
+        join(hog).await;
+        eventually(
+            "the hog's offer to be freed",
+            Duration::from_secs(10),
+            || async { server.stats().await.pool.charged_bytes == 0 },
+        )
+        .await;
+        assert_eq!(
+            ask_sized(&conns[0], BIG).await.len(),
+            BIG,
+            "served once room is back"
+        );
+        rdmactor_tests::close_all(&server, client, conns).await;
         server.shutdown().await;
     });
 }

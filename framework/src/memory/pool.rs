@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex};
 
 use slab::Slab;
 
+use super::line::{Ask, Line, Lines, Reserved, RoomWaker};
 use crate::verbs::{Access, MemoryRegion, ProtectionDomain, VerbsError};
 
 /// Pool sizing.
@@ -158,9 +159,11 @@ pub struct PoolStats {
     pub leased: Vec<usize>,
     /// Arenas registered now, per class.
     pub arenas: Vec<usize>,
-    /// Waiters registered since start ([`Pool::notify_on_room`]): how often someone met
-    /// the cap and waited for room.
+    /// Places taken in line since start ([`Pool::join_line`]): how often someone met a
+    /// limit and waited for room.
     pub waits: u64,
+    /// Waiting now, per line (smallest class, bulk, heap).
+    pub waiting: [usize; 3],
     /// Heap bytes held by incoming messages now ([`Pool::charge_heap`]).
     pub heap_bytes: usize,
 }
@@ -183,6 +186,17 @@ struct Class<C> {
 impl<C> Class<C> {
     fn arena_bytes(&self) -> usize {
         self.size * self.count
+    }
+
+    /// Whether someone other than the head of the line may take a free chunk of this
+    /// class (index `me`): there is one, and it is not the last one of the class the
+    /// head waits for.
+    fn may_take(&self, me: usize, reserved: Reserved) -> bool {
+        let mut free = self.with_free.iter().map(|&id| self.arenas[id].free.len());
+        if reserved.class != Some(me) {
+            return free.next().is_some();
+        }
+        free.sum::<usize>() > 1
     }
 
     fn take(&mut self) -> Option<(usize, C)> {
@@ -227,25 +241,13 @@ struct State<C> {
     /// Heap bytes of incoming messages ([`Pool::charge_heap`]); not part of the cap.
     heap: usize,
     peak: usize,
-    /// Called once the next time memory comes back (see [`Pool::notify_on_room`]).
-    waiters: Vec<RoomWaiter>,
+    /// Asks waiting for memory to come back, one line per limit (see `line.rs`).
+    lines: Lines,
     waits: u64,
 }
 
-impl<C> State<C> {
-    /// The waiters to call once the lock is released, when memory just came back.
-    fn take_waiters(&mut self) -> Vec<RoomWaiter> {
-        if self.waiters.is_empty() {
-            Vec::new()
-        } else {
-            std::mem::take(&mut self.waiters)
-        }
-    }
-}
-
-/// Run once when memory goes back to a pool that refused someone; see
-/// [`Pool::notify_on_room`].
-pub type RoomWaiter = Box<dyn FnOnce() + Send>;
+/// Registered memory came back (a lease, a charge): both lines under the cap may move.
+const REGISTERED: [Line; 2] = [Line::Smallest, Line::Bulk];
 
 impl<C> State<C> {
     fn in_use(&self) -> usize {
@@ -357,7 +359,7 @@ impl<S: ChunkSource> Pool<S> {
                     charged: 0,
                     heap: 0,
                     peak: 0,
-                    waiters: Vec::new(),
+                    lines: Lines::default(),
                     waits: 0,
                 }),
             }),
@@ -376,19 +378,98 @@ impl<S: ChunkSource> Pool<S> {
 
     /// Leases a chunk of at least `len` bytes: the smallest class that fits, registering
     /// another arena for it if it has no free chunk (reclaiming idle arenas of other
-    /// classes if the cap requires), else a free chunk of a larger class.
+    /// classes if the cap requires), else a free chunk of a larger class. Leaves what the
+    /// head of the line waits for (see [`join_line`](Self::join_line)).
     pub fn lease(&self, len: usize) -> Result<Lease<S>, PoolError> {
-        let cfg = &self.shared.config;
-        let class =
-            cfg.classes
-                .iter()
-                .position(|&size| size >= len)
-                .ok_or(PoolError::TooLarge {
-                    len,
-                    largest: self.largest(),
-                })?;
+        self.lease_in_turn(len, None)
+    }
+
+    /// Counts `len` bytes the caller registers outside the pool (a rendezvous buffer of
+    /// exactly one message) against the pool's cap, under the same limit as every class
+    /// but the smallest, until the returned [`Charge`] is dropped. Checked before the
+    /// caller allocates anything; idle arenas are reclaimed to make room if needed.
+    pub fn charge(&self, len: usize) -> Result<Charge<S>, PoolError> {
+        self.charge_in_turn(len, None)
+    }
+
+    /// Counts `len` heap bytes of an incoming message against
+    /// [`PoolConfig::heap_bytes`] until the returned [`HeapCharge`] is dropped. Checked
+    /// before the caller allocates; a refusal can be waited out in line
+    /// ([`join_line`](Self::join_line)), unless `len` alone is over the budget.
+    pub fn charge_heap(&self, len: usize) -> Result<HeapCharge<S>, PoolError> {
+        self.charge_heap_in_turn(len, None)
+    }
+
+    /// The line `ask` waits in, and what is kept for it at the head: an arena of its
+    /// class for a lease (or a free chunk of that class), the bytes themselves otherwise.
+    fn line_of(&self, ask: Ask) -> (Line, usize, Option<usize>) {
+        match ask {
+            Ask::Lease(len) => match self.class_of(len) {
+                Some(c) => {
+                    let cfg = &self.shared.config;
+                    let size = cfg.classes[c];
+                    let bytes = size * (cfg.arena_bytes / size).max(1);
+                    let line = if c == 0 { Line::Smallest } else { Line::Bulk };
+                    (line, bytes, Some(c))
+                }
+                // Never served; the caller learns why when it asks.
+                None => (Line::Bulk, 0, None),
+            },
+            Ask::Charge(len) => (Line::Bulk, len, None),
+            Ask::Heap(len) => (Line::Heap, len, None),
+        }
+    }
+
+    fn class_of(&self, len: usize) -> Option<usize> {
+        self.shared
+            .config
+            .classes
+            .iter()
+            .position(|&size| size >= len)
+    }
+
+    /// Takes a place at the back of the line for `ask`, after the pool refused it at a
+    /// limit: `wake` is called when the place reaches the head and memory may serve it,
+    /// and again each time memory comes back while it is the head and not yet served.
+    /// Ask again with the place ([`lease_in_turn`](Self::lease_in_turn) ...), at once (memory returned
+    /// before the place was taken woke nobody) and after each wake; drop the place when
+    /// served or giving up, which wakes the next in line.
+    pub fn join_line(&self, ask: Ask, wake: RoomWaker) -> PlaceInLine<S> {
+        let (line, need, class) = self.line_of(ask);
+        let mut state = self.shared.state.lock().expect("pool lock");
+        state.waits += 1;
+        let id = state.lines.join(line, need, class, wake);
+        PlaceInLine {
+            pool: self.shared.clone(),
+            line,
+            id,
+        }
+    }
+
+    /// The id of `place`'s waiter, checked to be one of this pool's.
+    fn who(&self, place: Option<&PlaceInLine<S>>) -> Option<u64> {
+        let place = place?;
+        assert!(
+            Arc::ptr_eq(&place.pool, &self.shared),
+            "a place in another pool's line"
+        );
+        Some(place.id)
+    }
+
+    /// [`lease`](Self::lease) as the waiter holding `place` (if any): ahead of everyone
+    /// behind it in line.
+    pub fn lease_in_turn(
+        &self,
+        len: usize,
+        place: Option<&PlaceInLine<S>>,
+    ) -> Result<Lease<S>, PoolError> {
+        let who = self.who(place);
+        let class = self.class_of(len).ok_or(PoolError::TooLarge {
+            len,
+            largest: self.largest(),
+        })?;
         let mut released = Vec::new();
-        let result = self.lease_class(class, &mut released);
+        let result = self.lease_class(class, who, &mut released);
         drop(released);
         result
     }
@@ -396,21 +477,40 @@ impl<S: ChunkSource> Pool<S> {
     fn lease_class(
         &self,
         class: usize,
+        who: Option<u64>,
         released: &mut Vec<Vec<S::Chunk>>,
     ) -> Result<Lease<S>, PoolError> {
         let cfg = &self.shared.config;
+        let line = if class == 0 {
+            Line::Smallest
+        } else {
+            Line::Bulk
+        };
         let mut state = self.shared.state.lock().expect("pool lock");
+        if let Some(id) = who {
+            state.lines.retrying(line, id);
+        }
+        let reserved = state.lines.reserved(line, who);
         let lease = |(arena, chunk), class| Lease {
             chunk: Some(chunk),
             class,
             arena,
             pool: self.shared.clone(),
         };
-        if let Some(taken) = state.classes[class].take() {
+        if state.classes[class].may_take(class, reserved) {
+            let taken = state.classes[class]
+                .take()
+                .expect("may_take saw a free chunk");
             return Ok(lease(taken, class));
         }
         let bytes = state.classes[class].arena_bytes();
-        if state.make_room(cfg, bytes, class == 0, Some(class), released) {
+        if state.make_room(
+            cfg,
+            bytes + reserved.bytes,
+            class == 0,
+            Some(class),
+            released,
+        ) {
             let (size, count) = (state.classes[class].size, state.classes[class].count);
             let chunks = self.shared.source.grow(size, count)?;
             state.registered += bytes;
@@ -428,7 +528,10 @@ impl<S: ChunkSource> Pool<S> {
             return Ok(lease(taken, class));
         }
         for larger in class + 1..state.classes.len() {
-            if let Some(taken) = state.classes[larger].take() {
+            if state.classes[larger].may_take(larger, reserved) {
+                let taken = state.classes[larger]
+                    .take()
+                    .expect("may_take saw a free chunk");
                 return Ok(lease(taken, larger));
             }
         }
@@ -443,15 +546,21 @@ impl<S: ChunkSource> Pool<S> {
         })
     }
 
-    /// Counts `len` bytes the caller registers outside the pool (a rendezvous buffer of
-    /// exactly one message) against the pool's cap, under the same limit as every class
-    /// but the smallest, until the returned [`Charge`] is dropped. Checked before the
-    /// caller allocates anything; idle arenas are reclaimed to make room if needed.
-    pub fn charge(&self, len: usize) -> Result<Charge<S>, PoolError> {
+    /// [`charge`](Self::charge) as the waiter holding `place` (if any).
+    pub fn charge_in_turn(
+        &self,
+        len: usize,
+        place: Option<&PlaceInLine<S>>,
+    ) -> Result<Charge<S>, PoolError> {
+        let who = self.who(place);
         let cfg = &self.shared.config;
         let mut released = Vec::new();
         let mut state = self.shared.state.lock().expect("pool lock");
-        if !state.make_room(cfg, len, false, None, &mut released) {
+        if let Some(id) = who {
+            state.lines.retrying(Line::Bulk, id);
+        }
+        let reserved = state.lines.reserved(Line::Bulk, who).bytes;
+        if !state.make_room(cfg, len + reserved, false, None, &mut released) {
             return Err(PoolError::ChargeRefused {
                 len,
                 in_use: state.bulk(),
@@ -468,14 +577,20 @@ impl<S: ChunkSource> Pool<S> {
         })
     }
 
-    /// Counts `len` heap bytes of an incoming message against
-    /// [`PoolConfig::heap_bytes`] until the returned [`HeapCharge`] is dropped. Checked
-    /// before the caller allocates; a refusal is waited out like one at the cap
-    /// ([`notify_on_room`](Self::notify_on_room)), unless `len` alone is over the budget.
-    pub fn charge_heap(&self, len: usize) -> Result<HeapCharge<S>, PoolError> {
+    /// [`charge_heap`](Self::charge_heap) as the waiter holding `place` (if any).
+    pub fn charge_heap_in_turn(
+        &self,
+        len: usize,
+        place: Option<&PlaceInLine<S>>,
+    ) -> Result<HeapCharge<S>, PoolError> {
+        let who = self.who(place);
         let limit = self.shared.config.heap_bytes;
         let mut state = self.shared.state.lock().expect("pool lock");
-        if state.heap.saturating_add(len) > limit {
+        if let Some(id) = who {
+            state.lines.retrying(Line::Heap, id);
+        }
+        let reserved = state.lines.reserved(Line::Heap, who).bytes;
+        if state.heap.saturating_add(len).saturating_add(reserved) > limit {
             return Err(PoolError::HeapFull {
                 len,
                 in_use: state.heap,
@@ -494,18 +609,6 @@ impl<S: ChunkSource> Pool<S> {
         self.shared.config.heap_bytes
     }
 
-    /// Calls `waiter` once, from whichever thread gives memory back next (a lease
-    /// returned, a charge dropped): the way a connection refused at the cap waits for room
-    /// instead of failing, since what others hold goes back on its own (their peers READ
-    /// it, or its deadline revokes it). Register, then try again before waiting: memory
-    /// returned between the refusal and this call would otherwise wake nobody. A waiter
-    /// called when the retry had already succeeded finds nothing to do.
-    pub fn notify_on_room(&self, waiter: RoomWaiter) {
-        let mut state = self.shared.state.lock().expect("pool lock");
-        state.waits += 1;
-        state.waiters.push(waiter);
-    }
-
     /// The most a charge or a lease of a class other than the smallest can ever take:
     /// asks beyond it will never fit, however long they wait.
     pub fn bulk_limit(&self) -> usize {
@@ -522,6 +625,7 @@ impl<S: ChunkSource> Pool<S> {
             leased: state.classes.iter().map(|c| c.leased).collect(),
             arenas: state.classes.iter().map(|c| c.arenas.len()).collect(),
             waits: state.waits,
+            waiting: [Line::Smallest, Line::Bulk, Line::Heap].map(|l| state.lines.len(l)),
             heap_bytes: state.heap,
         }
     }
@@ -575,7 +679,7 @@ impl<S: ChunkSource> Drop for Lease<S> {
         if idle && state.registered >= self.pool.config.keep_bytes + bytes {
             state.release_arena(self.class, self.arena, &mut released);
         }
-        let waiters = state.take_waiters();
+        let waiters = state.lines.wake_heads(&REGISTERED);
         // Deregistration is a system call: not under the lock.
         drop(state);
         drop(released);
@@ -627,7 +731,7 @@ impl<S: ChunkSource> Drop for HeapCharge<S> {
     fn drop(&mut self) {
         let mut state = self.pool.state.lock().expect("pool lock");
         state.heap -= self.len;
-        let waiters = state.take_waiters();
+        let waiters = state.lines.wake_heads(&[Line::Heap]);
         drop(state);
         waiters.into_iter().for_each(|w| w());
     }
@@ -637,9 +741,51 @@ impl<S: ChunkSource> Drop for Charge<S> {
     fn drop(&mut self) {
         let mut state = self.pool.state.lock().expect("pool lock");
         state.charged -= self.len;
-        let waiters = state.take_waiters();
+        let waiters = state.lines.wake_heads(&REGISTERED);
         drop(state);
         waiters.into_iter().for_each(|w| w());
+    }
+}
+
+/// A place in one of the pool's lines (see [`Pool::join_line`]): asks made with it
+/// ([`Pool::lease_in_turn`] ...) are served ahead of anyone behind it. Dropping it leaves
+/// the line.
+pub struct PlaceInLine<S: ChunkSource = RegisteredChunks> {
+    pool: Arc<Shared<S>>,
+    line: Line,
+    id: u64,
+}
+
+impl<S: ChunkSource> PlaceInLine<S> {
+    /// How many wait ahead of this place (0: it is the head).
+    pub fn ahead(&self) -> usize {
+        let state = self.pool.state.lock().expect("pool lock");
+        state.lines.ahead_of(self.line, self.id).unwrap_or(0)
+    }
+
+    /// The line it is in.
+    pub fn line(&self) -> Line {
+        self.line
+    }
+}
+
+impl<S: ChunkSource> Drop for PlaceInLine<S> {
+    fn drop(&mut self) {
+        let mut state = self.pool.state.lock().expect("pool lock");
+        let next = state.lines.leave(self.line, self.id);
+        drop(state);
+        if let Some(wake) = next {
+            wake();
+        }
+    }
+}
+
+impl<S: ChunkSource> std::fmt::Debug for PlaceInLine<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PlaceInLine")
+            .field("line", &self.line)
+            .field("id", &self.id)
+            .finish()
     }
 }
 
@@ -873,40 +1019,155 @@ mod tests {
         assert!(p.charge(14 << 10).is_ok());
     }
 
-    #[test]
-    fn a_waiter_is_called_once_when_memory_comes_back() {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        let p = shrinking(usize::MAX / 2);
+    /// A waker counting its calls.
+    fn counter() -> (Arc<AtomicUsize>, RoomWaker) {
         let calls = Arc::new(AtomicUsize::new(0));
-        let waiter = || {
-            let calls = calls.clone();
-            Box::new(move || {
-                calls.fetch_add(1, Ordering::SeqCst);
-            }) as RoomWaiter
-        };
+        let c = calls.clone();
+        (
+            calls,
+            Arc::new(move || {
+                c.fetch_add(1, Ordering::SeqCst);
+            }),
+        )
+    }
+
+    #[test]
+    fn only_the_head_is_woken_and_the_next_once_it_leaves() {
+        let p = shrinking(usize::MAX / 2);
         let held = p.charge(14 << 10).unwrap();
         assert!(p.charge(1 << 10).is_err());
-        p.notify_on_room(waiter());
-        p.notify_on_room(waiter());
-        let lease = p.lease(64).unwrap();
-        drop(lease);
+        let (first_calls, first_wake) = counter();
+        let (second_calls, second_wake) = counter();
+        let first = p.join_line(Ask::Charge(1 << 10), first_wake);
+        let second = p.join_line(Ask::Charge(1 << 10), second_wake);
+        assert_eq!((first.ahead(), second.ahead()), (0, 1));
+        assert_eq!(p.stats().waiting, [0, 2, 0]);
+        drop(p.lease(64).unwrap());
         assert_eq!(
-            calls.load(Ordering::SeqCst),
-            2,
-            "a returned lease wakes every waiter"
+            first_calls.load(Ordering::SeqCst),
+            1,
+            "a return wakes the head"
+        );
+        assert_eq!(second_calls.load(Ordering::SeqCst), 0, "and only the head");
+        drop(p.lease(64).unwrap());
+        assert_eq!(
+            first_calls.load(Ordering::SeqCst),
+            1,
+            "a head woken and not yet retried is not woken again"
+        );
+        assert!(
+            p.charge_in_turn(1 << 10, Some(&first)).is_err(),
+            "still full: the retry fails"
         );
         drop(p.lease(64).unwrap());
         assert_eq!(
-            calls.load(Ordering::SeqCst),
+            first_calls.load(Ordering::SeqCst),
             2,
-            "each waiter is called once"
+            "after its retry, woken again"
         );
-        p.notify_on_room(waiter());
         drop(held);
-        assert_eq!(calls.load(Ordering::SeqCst), 3, "so does a dropped charge");
-        assert!(p.charge(1 << 10).is_ok(), "and the refused charge now fits");
-        assert_eq!(p.bulk_limit(), 14 << 10);
-        assert_eq!(p.stats().waits, 3);
+        let got = p
+            .charge_in_turn(1 << 10, Some(&first))
+            .expect("room came back: the head is served");
+        drop(first);
+        assert_eq!(
+            second_calls.load(Ordering::SeqCst),
+            1,
+            "the head's leaving wakes the next"
+        );
+        assert!(p.charge_in_turn(1 << 10, Some(&second)).is_ok());
+        drop((second, got));
+        assert_eq!(p.stats().waiting, [0, 0, 0]);
+        assert_eq!(p.stats().waits, 2);
+    }
+
+    /// Without the reservation, a stream of small asks arriving after a large one keeps
+    /// taking the room as it comes back, and the large one waits for ever.
+    #[test]
+    fn newcomers_cannot_take_the_room_the_head_waits_for() {
+        let p = shrinking(usize::MAX / 2);
+        // Bulk limit 14 KiB: 10 KiB held, a 6 KiB ask waits.
+        let held = p.charge(10 << 10).unwrap();
+        assert!(p.charge(6 << 10).is_err());
+        let (_, wake) = counter();
+        let head = p.join_line(Ask::Charge(6 << 10), wake);
+        let small = p.charge(1 << 10);
+        assert!(
+            matches!(small, Err(PoolError::ChargeRefused { .. })),
+            "4 KiB are free, but 1 KiB would leave the head's 6 KiB unable to fit: {small:?}"
+        );
+        drop(held);
+        let small = p
+            .charge(4 << 10)
+            .expect("room for both: the newcomer goes too");
+        assert!(
+            p.charge(5 << 10).is_err(),
+            "4 + 5 + the head's 6 would pass 14"
+        );
+        let big = p
+            .charge_in_turn(6 << 10, Some(&head))
+            .expect("the head's room was kept");
+        drop((head, small, big));
+        assert_eq!(p.stats().charged_bytes, 0);
+    }
+
+    #[test]
+    fn the_last_free_chunk_of_the_heads_class_is_the_heads() {
+        // One 1 KiB arena of 256 B chunks fits under the bulk limit; nothing more.
+        let p = Pool::new(
+            Heap::default(),
+            PoolConfig {
+                classes: vec![64, 256],
+                arena_bytes: 1024,
+                max_bytes: 2048,
+                reserved_smallest: 1024,
+                keep_bytes: usize::MAX / 2,
+                heap_bytes: 4 << 10,
+            },
+        );
+        let mut held: Vec<_> = (0..4).map(|_| p.lease(256).unwrap()).collect();
+        assert!(p.lease(256).is_err());
+        let (calls, wake) = counter();
+        let head = p.join_line(Ask::Lease(256), wake);
+        held.pop();
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert!(
+            p.lease(256).is_err(),
+            "the one free chunk is kept for the head"
+        );
+        let mine = p
+            .lease_in_turn(256, Some(&head))
+            .expect("the head takes it");
+        assert_eq!(mine.len(), 256);
+        drop(head);
+        assert!(p.lease(64).is_ok(), "other classes were never held back");
+    }
+
+    #[test]
+    fn a_waiter_that_leaves_hands_the_head_on() {
+        let p = pool(1 << 20);
+        let held = p.charge_heap(4 << 10).unwrap();
+        let (a_calls, a_wake) = counter();
+        let (b_calls, b_wake) = counter();
+        let a = p.join_line(Ask::Heap(2 << 10), a_wake);
+        let b = p.join_line(Ask::Heap(1 << 10), b_wake);
+        assert_eq!(a.line(), Line::Heap);
+        drop(a);
+        assert_eq!(b_calls.load(Ordering::SeqCst), 1, "b is the head now");
+        assert_eq!(a_calls.load(Ordering::SeqCst), 0);
+        assert_eq!(b.ahead(), 0);
+        drop(held);
+        assert_eq!(
+            b_calls.load(Ordering::SeqCst),
+            1,
+            "woken and not retried before the return: not woken twice"
+        );
+        let got = p
+            .charge_heap_in_turn(1 << 10, Some(&b))
+            .expect("b is served");
+        drop(b);
+        drop(got);
+        assert_eq!(p.stats().waiting, [0, 0, 0]);
     }
 
     #[test]
@@ -929,19 +1190,14 @@ mod tests {
             err.to_string().contains("budget for incoming messages"),
             "{err}"
         );
-        let woken = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let flag = woken.clone();
-        p.notify_on_room(Box::new(move || {
-            flag.store(true, std::sync::atomic::Ordering::SeqCst)
-        }));
+        let (woken, wake) = counter();
+        let place = p.join_line(Ask::Heap(2 << 10), wake);
         assert_eq!(p.stats().heap_bytes, 3 << 10);
         drop(a);
-        assert!(
-            woken.load(std::sync::atomic::Ordering::SeqCst),
-            "the waiter ran"
-        );
+        assert_eq!(woken.load(Ordering::SeqCst), 1, "the waiter ran");
         assert_eq!(p.stats().heap_bytes, 0);
-        let b = p.charge_heap(2 << 10).unwrap();
+        let b = p.charge_heap_in_turn(2 << 10, Some(&place)).unwrap();
+        drop(place);
         assert_eq!(p.stats().heap_bytes, 2 << 10);
         drop(b);
         assert!(p.charge_heap(p.heap_limit() + 1).is_err());

@@ -24,7 +24,9 @@
 //! | `rdmactor_cq_poll_batch` | histogram | | completions returned by each non-empty CQ poll |
 //! | `rdmactor_pool_registered_bytes`, `rdmactor_pool_leased_chunks` | gauge | | the memory pool, sampled by [`record_pool`] |
 //! | `rdmactor_pool_exhausted_total` | counter | | leases refused because the pool reached its cap |
-//! | `rdmactor_pool_waits_total` | counter | | times a connection refused at the pool's cap waited for room (a rendezvous offer or READ chunk) instead of closing |
+//! | `rdmactor_pool_waits_total` | counter | | times a connection refused at one of the pool's limits took a place in its line (a rendezvous offer, an incoming message's heap share, a READ chunk) instead of closing |
+//! | `rdmactor_pool_waiting` | gauge | `line` (`smallest`, `bulk`, `heap`) | places in the pool's lines now, sampled by [`record_pool`] |
+//! | `rdmactor_pool_heap_bytes` | gauge | | heap held by incoming messages (the budget of `PoolConfig::heap_bytes`), sampled by [`record_pool`] |
 //! | `rdmactor_file_transfers_total` | counter | result (`good`, `bad`) | finished uploads, by hash verdict |
 //! | `rdmactor_file_transfer_bytes_total` | counter | result | their bytes |
 //! | `rdmactor_file_fetch_digests_total` | counter | source (`cached`, `hashed`) | fetches whose file's digest was known (stored or served before, unchanged since), or had to be read whole |
@@ -167,7 +169,7 @@ pub(crate) fn pool_exhausted() {
     counter!("rdmactor_pool_exhausted_total").increment(1);
 }
 
-/// A connection refused at the pool's cap waits for room.
+/// A connection refused at one of the pool's limits took a place in its line.
 pub(crate) fn pool_wait() {
     counter!("rdmactor_pool_waits_total").increment(1);
 }
@@ -178,6 +180,10 @@ pub fn record_pool(stats: &PoolStats) {
     gauge!("rdmactor_pool_registered_bytes").set(stats.registered_bytes as f64);
     gauge!("rdmactor_pool_charged_bytes").set(stats.charged_bytes as f64);
     gauge!("rdmactor_pool_leased_chunks").set(stats.leased.iter().sum::<usize>() as f64);
+    gauge!("rdmactor_pool_heap_bytes").set(stats.heap_bytes as f64);
+    for (line, n) in ["smallest", "bulk", "heap"].iter().zip(stats.waiting) {
+        gauge!("rdmactor_pool_waiting", "line" => *line).set(n as f64);
+    }
 }
 
 /// The receives posted in each shared receive queue (`queue` is its index in

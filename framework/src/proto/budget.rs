@@ -36,6 +36,18 @@ pub enum BudgetError {
         /// The largest message.
         max: usize,
     },
+    /// The pool had no room for it (its rendezvous registration on the sender's side,
+    /// its heap share on the receiver's) within the wait allowed (`NodeConfig::pool_wait`):
+    /// the memory stayed held by other connections' messages.
+    #[error(
+        "no room for a message of {len} bytes: the memory pool stayed full for {waited_ms} ms"
+    )]
+    NoRoom {
+        /// The message's length.
+        len: usize,
+        /// How long it waited, in milliseconds.
+        waited_ms: usize,
+    },
 }
 
 impl BudgetError {
@@ -45,6 +57,7 @@ impl BudgetError {
         let (code, len, limit) = match *self {
             BudgetError::OverBudget { len, budget } => (1u8, len, budget),
             BudgetError::TooLarge { len, max } => (2u8, len, max),
+            BudgetError::NoRoom { len, waited_ms } => (3u8, len, waited_ms),
         };
         let mut out = [0u8; REFUSAL_LEN];
         out[0] = code;
@@ -66,6 +79,10 @@ impl BudgetError {
         match body[0] {
             1 => Some(BudgetError::OverBudget { len, budget: limit }),
             2 => Some(BudgetError::TooLarge { len, max: limit }),
+            3 => Some(BudgetError::NoRoom {
+                len,
+                waited_ms: limit,
+            }),
             _ => None,
         }
     }
@@ -166,6 +183,10 @@ mod tests {
             BudgetError::TooLarge {
                 len: 17 << 20,
                 max: 16 << 20,
+            },
+            BudgetError::NoRoom {
+                len: 7 << 20,
+                waited_ms: 30_000,
             },
         ] {
             assert_eq!(BudgetError::decode(&e.encode()), Some(e));

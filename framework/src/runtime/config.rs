@@ -92,6 +92,15 @@ pub struct NodeConfig {
     /// never says it would keep the registration (and its window) forever; at the
     /// deadline the window is revoked, the memory freed and the connection closed.
     pub rendezvous_deadline: Duration,
+    /// How long a message may wait for the memory pool before it fails: a large message
+    /// of ours waiting to be registered for its offer, or a peer's offer waiting for its
+    /// share of the heap budget. Waits are served first in, first out (see
+    /// `memory/line.rs`); past this, the message fails with
+    /// [`BudgetError::NoRoom`](crate::proto::budget::BudgetError::NoRoom) (ours is handed
+    /// back to the session's `on_refused`, the peer's is refused to it) and the connection
+    /// goes on. The pool stays full that long only when many offers are held by peers
+    /// that do not READ them, each for up to `rendezvous_deadline`.
+    pub pool_wait: Duration,
     /// Bytes of a peer's rendezvous offer fetched by one RDMA READ (at most the pool's
     /// largest class; the chunk is a pool buffer). Large messages are READ in chunks so
     /// that they never hold the poller thread for long and never reach the provider as
@@ -140,6 +149,7 @@ impl Default for NodeConfig {
             max_message: 16 << 20,
             rendezvous_budget: 32 << 20,
             rendezvous_deadline: Duration::from_secs(30),
+            pool_wait: Duration::from_secs(30),
             rendezvous_chunk: 64 << 10,
             rendezvous_chunks: 4,
             max_queued_bytes: 16 << 20,

@@ -166,6 +166,7 @@ impl Node {
             max_message: cfg.max_message.min(super::MAX_MESSAGE),
             rendezvous_budget: cfg.rendezvous_budget,
             rendezvous_deadline: cfg.rendezvous_deadline,
+            pool_wait: cfg.pool_wait,
             rendezvous_chunk: cfg.rendezvous_chunk,
             rendezvous_chunks: cfg.rendezvous_chunks,
             keepalive: cfg.keepalive,

@@ -118,16 +118,29 @@ pub trait Session: Send + Unpin + 'static {
         result.map_err(|e| SessionError::new(format!("unexpected completion of {op:?}: {e}")))
     }
 
-    /// The peer refused a message this session sent with `tag` (a rendezvous message
-    /// larger than it takes, or than its budget): nothing of it was delivered, and the
-    /// connection goes on. By default the connection closes with the refusal as the
-    /// reason: a service whose answers its clients cannot take has a bug to show.
+    /// A message this session sent with `tag` was not delivered, and the connection goes
+    /// on. Either the peer refused it (a rendezvous message larger than it takes, or than
+    /// its budget: [`BudgetError::OverBudget`](crate::proto::budget::BudgetError::OverBudget),
+    /// [`TooLarge`](crate::proto::budget::BudgetError::TooLarge)), or it waited for the
+    /// memory pool longer than `NodeConfig::pool_wait`
+    /// ([`NoRoom`](crate::proto::budget::BudgetError::NoRoom)): nothing of it was sent.
+    ///
+    /// By default a refusal by the peer closes the connection with the refusal as the
+    /// reason (a service whose answers its clients cannot take has a bug to show), and a
+    /// message the pool had no room for is logged and dropped: the server is busy, not
+    /// wrong. A service whose answers can be large should override this to tell its
+    /// client, for example with a small error answer under the same tag, since the
+    /// client otherwise waits for an answer that never comes.
     fn on_refused(
         &mut self,
         _cx: &mut SessionCx<'_>,
         tag: u32,
         why: crate::proto::budget::BudgetError,
     ) -> Result<(), SessionError> {
+        if let crate::proto::budget::BudgetError::NoRoom { .. } = why {
+            tracing::warn!(tag, %why, "a message was dropped");
+            return Ok(());
+        }
         Err(SessionError::new(format!(
             "the peer refused message {tag}: {why}"
         )))

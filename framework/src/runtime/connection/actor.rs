@@ -227,15 +227,31 @@ impl<S: Session> Connection<S> {
         if let Some(core) = self.core.as_mut() {
             if let Err(reason) = core.pump() {
                 self.begin_close(reason);
-            } else if let Some(at) = core.poll_rendezvous_timer() {
-                self.arm_rendezvous_timer(at);
+                return;
             }
+            if let Some(at) = core.poll_rendezvous_timer() {
+                // Offers the peer has not released by then are revoked and the
+                // connection closes (see `rendezvous.rs`).
+                self.at(at, Core::handle_rendezvous_timer);
+            }
+        }
+        if let Some(at) = self.core.as_mut().and_then(Core::poll_pool_timer) {
+            // Messages still waiting for the pool then fail (see `pool_wait.rs`).
+            self.at(at, |core, now| {
+                core.handle_pool_timer(now);
+                Ok(())
+            });
         }
     }
 
-    /// At `at`, offers the peer has not released by then are revoked and the connection
-    /// closes (see `rendezvous.rs`); otherwise the next pump arms the next deadline.
-    fn arm_rendezvous_timer(&mut self, at: std::time::Instant) {
+    /// At `at`, runs `check` on the core unless the connection is gone, then pumps (the
+    /// check may have changed the queue), or closes on an error. Each deadline's next
+    /// timer is armed by the pump after it.
+    fn at(
+        &mut self,
+        at: std::time::Instant,
+        check: impl FnOnce(&mut Core, std::time::Instant) -> Result<(), CloseReason> + 'static,
+    ) {
         let this = self.this.clone();
         actix::spawn(async move {
             actix::clock::sleep_until(actix::clock::Instant::from_std(at)).await;
@@ -246,8 +262,11 @@ impl<S: Session> Connection<S> {
             let Some(core) = conn.core.as_mut() else {
                 return;
             };
-            match core.handle_rendezvous_timer(std::time::Instant::now()) {
-                Ok(()) => conn.pump(),
+            match check(core, std::time::Instant::now()) {
+                Ok(()) => {
+                    conn.deliver();
+                    conn.pump();
+                }
                 Err(reason) => conn.begin_close(reason),
             }
         });
@@ -425,6 +444,29 @@ impl<S: Session> Connection<S> {
         }
     }
 
+    /// Hands the session the messages ready in order, then our messages that were
+    /// refused (by the peer, or by the pool's deadline), while the connection is open.
+    fn deliver(&mut self) {
+        while let Some(msg) = self.core.as_mut().and_then(|c| {
+            if c.closing.is_none() {
+                c.next_delivery()
+            } else {
+                None
+            }
+        }) {
+            self.with_session(|s, cx| s.on_message(cx, msg));
+        }
+        while let Some((tag, why)) = self.core.as_mut().and_then(|c| {
+            if c.closing.is_none() {
+                c.refusals.pop_front()
+            } else {
+                None
+            }
+        }) {
+            self.with_session(|s, cx| s.on_refused(cx, tag, why));
+        }
+    }
+
     /// Handles a batch of this connection's completions, in CQ order: operation results
     /// and received messages go to the session, then whatever it queued is posted.
     fn on_completions(&mut self, wcs: &[WorkCompletion]) {
@@ -462,24 +504,7 @@ impl<S: Session> Connection<S> {
                 Ok(None) => {}
                 Err(reason) => self.begin_close(reason),
             }
-            while let Some(msg) = self.core.as_mut().and_then(|c| {
-                if c.closing.is_none() {
-                    c.next_delivery()
-                } else {
-                    None
-                }
-            }) {
-                self.with_session(|s, cx| s.on_message(cx, msg));
-            }
-            while let Some((tag, why)) = self.core.as_mut().and_then(|c| {
-                if c.closing.is_none() {
-                    c.refusals.pop_front()
-                } else {
-                    None
-                }
-            }) {
-                self.with_session(|s, cx| s.on_refused(cx, tag, why));
-            }
+            self.deliver();
         }
         self.pump();
         if let Some(core) = &self.core {
@@ -657,13 +682,9 @@ pub(crate) enum Pump {
 impl<S: Session> Handler<Pump> for ConnectionActor<S> {
     type Result = ();
 
-    fn handle(&mut self, why: Pump, _: &mut Context<Self>) {
+    fn handle(&mut self, _why: Pump, _: &mut Context<Self>) {
         let _guard = AbortOnUnwind::new("connection actor");
-        let mut conn = self.conn();
-        if let (Pump::PoolRoom, Some(core)) = (why, conn.core.as_mut()) {
-            core.waiting_for_pool = false;
-        }
-        conn.pump();
+        self.conn().pump();
     }
 }
 

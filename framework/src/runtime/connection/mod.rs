@@ -24,6 +24,7 @@ mod actor;
 mod cx;
 mod grants;
 mod liveness;
+mod pool_wait;
 mod recv;
 mod rendezvous;
 mod send;
@@ -41,6 +42,7 @@ pub use wake::{AskError, Asked, Blocking, BlockingError, SessionWaker};
 pub(crate) use self::actor::Pump;
 use self::grants::GrantEntry;
 use self::liveness::{Liveness, Verdict};
+use self::pool_wait::PoolWaits;
 use self::rendezvous::{Incoming, PendingOffer, RendezvousOut};
 use self::wake::Wake;
 use super::poller::CqReservation;
@@ -379,8 +381,9 @@ pub(crate) struct Core {
     /// This connection's actor again, to pump once what the queue waits for away from
     /// this thread is ready (see [`Pump`]).
     pump_me: Option<actix::WeakRecipient<Pump>>,
-    /// A waiter of ours is registered with the pool and not called yet.
-    waiting_for_pool: bool,
+    /// Our places in the pool's lines, while something waits for memory (see
+    /// `pool_wait.rs`).
+    pool_waits: PoolWaits,
     /// Metric handles, set by `count_as` once the service is known.
     metrics: Option<crate::metrics::ConnectionMetrics>,
 }
@@ -404,6 +407,7 @@ pub(crate) struct CoreParts {
     pub max_message: usize,
     pub rendezvous_budget: usize,
     pub rendezvous_deadline: Duration,
+    pub pool_wait: Duration,
     pub rendezvous_chunk: usize,
     pub rendezvous_chunks: u32,
     pub keepalive: Option<Duration>,
@@ -463,7 +467,7 @@ impl Core {
             grants: Slab::new(),
             waker: None,
             pump_me: None,
-            waiting_for_pool: false,
+            pool_waits: PoolWaits::new(p.pool_wait),
             metrics: None,
         }
     }

@@ -8,10 +8,11 @@
 
 use std::time::Instant;
 
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 
+use super::pool_wait::Waiting;
 use super::{Buf, CloseReason, Core, Delivery, Outgoing, Pump, Wr};
-use crate::memory::{Charge, HeapCharge, MrPool, PoolError};
+use crate::memory::{Ask, Charge, HeapCharge, MrPool, PlaceInLine, PoolError};
 use crate::proto::budget::BudgetError;
 use crate::proto::frame::{FrameKind, RendezvousOffer, OFFER_LEN};
 use crate::runtime::service::Message;
@@ -113,7 +114,10 @@ impl Core {
         if !self.budget_out.fits(len) {
             return Ok(false);
         }
-        let Some(charge) = self.take_from_pool(|pool| pool.charge(len))? else {
+        let Some(charge) = self.take_from_pool(Waiting::Offer, Ask::Charge(len), |pool, me| {
+            pool.charge_in_turn(len, me)
+        })?
+        else {
             return Ok(false);
         };
         let Some(Outgoing::Data { tag, bytes }) = self.pending.pop_front() else {
@@ -208,15 +212,18 @@ impl Core {
         self.post_frame(FrameKind::RendezvousOffer, tag, len as u32, &body)
     }
 
-    /// `take` from the pool; `None` when the pool is at its cap, and this connection
-    /// is pumped again once memory comes back. The pool's cap is shared, but what the
-    /// others hold goes back on its own (their peers READ it and say Done, or its
-    /// deadline revokes it), while each connection's own use is bounded by its budgets:
-    /// so a connection that meets a full pool waits its turn instead of being closed for
-    /// what others took. Only an ask larger than the pool could ever give ends it.
+    /// `take` from the pool; `None` when the pool is at a limit, and this connection is
+    /// pumped again when its turn in the pool's line comes (see `pool_wait.rs`). The
+    /// pool's cap is shared, but what the others hold goes back on its own (their peers
+    /// READ it and say Done, or its deadline revokes it), while each connection's own use
+    /// is bounded by its budgets: so a connection that meets a full pool waits its turn
+    /// instead of being closed for what others took. Only an ask larger than the pool
+    /// could ever give ends it.
     pub(super) fn take_from_pool<T>(
         &mut self,
-        take: impl Fn(&MrPool) -> Result<T, PoolError>,
+        what: Waiting,
+        ask: Ask,
+        take: impl Fn(&MrPool, Option<&PlaceInLine>) -> Result<T, PoolError>,
     ) -> Result<Option<T>, CloseReason> {
         let can_wait = |e: &PoolError, pool: &MrPool| match e {
             PoolError::Exhausted { .. } => true,
@@ -224,28 +231,82 @@ impl Core {
             PoolError::HeapFull { len, .. } => *len <= pool.heap_limit(),
             _ => false,
         };
-        match take(&self.pool) {
-            Ok(t) => return Ok(Some(t)),
+        match take(&self.pool, self.pool_waits.place(what)) {
+            Ok(t) => {
+                self.pool_waits.served(what);
+                return Ok(Some(t));
+            }
             Err(e) if !can_wait(&e, &self.pool) || self.pump_me.is_none() => {
                 return Err(CloseReason::from_pool(e))
             }
+            Err(_) if self.pool_waits.place(what).is_some() => return Ok(None),
             Err(_) => {}
         }
-        if !self.waiting_for_pool {
-            let room = self.pump_me.clone().expect("checked above");
-            self.waiting_for_pool = true;
-            crate::metrics::pool_wait();
-            self.pool.notify_on_room(Box::new(move || {
+        let room = self.pump_me.clone().expect("checked above");
+        crate::metrics::pool_wait();
+        let place = self.pool.join_line(
+            ask,
+            Arc::new(move || {
                 if let Some(conn) = room.upgrade() {
                     conn.do_send(Pump::PoolRoom);
                 }
-            }));
-        }
-        // Memory that came back before the waiter was registered woke nobody.
-        match take(&self.pool) {
+            }),
+        );
+        // Memory that came back before the place was taken woke nobody.
+        match take(&self.pool, Some(&place)) {
             Ok(t) => Ok(Some(t)),
-            Err(e) if can_wait(&e, &self.pool) => Ok(None),
+            Err(e) if can_wait(&e, &self.pool) => {
+                self.pool_waits.wait(what, place);
+                Ok(None)
+            }
             Err(e) => Err(CloseReason::from_pool(e)),
+        }
+    }
+
+    /// When the connection should next look at its pool waits' deadlines (see
+    /// `pool_wait.rs`).
+    pub(super) fn poll_pool_timer(&mut self) -> Option<Instant> {
+        if self.closing.is_some() {
+            return None;
+        }
+        self.pool_waits.poll_timer()
+    }
+
+    /// The timer from [`Core::poll_pool_timer`] fired. An outgoing message whose offer
+    /// waited past the limit is handed back to the session as refused; an incoming offer
+    /// whose READ did not start is refused to the peer. Both leave the queue; the
+    /// connection goes on.
+    pub(super) fn handle_pool_timer(&mut self, now: Instant) {
+        let front = |core: &Core, w: Waiting| match (w, core.pending.front()) {
+            (Waiting::Offer, Some(Outgoing::Data { bytes, .. })) => bytes.len(),
+            (Waiting::Read, Some(Outgoing::Read { len, .. })) => *len,
+            _ => 0,
+        };
+        let lens = [front(self, Waiting::Offer), front(self, Waiting::Read)];
+        for (what, why) in self.pool_waits.expire(now, |w| lens[w as usize]) {
+            tracing::warn!(qp = self.qp.qp_num(), %why, "a message gave up waiting for the pool");
+            let expected = matches!(
+                (what, self.pending.front()),
+                (Waiting::Offer, Some(Outgoing::Data { .. }))
+                    | (Waiting::Read, Some(Outgoing::Read { .. }))
+            );
+            // A place is held only for the front item, and given up when it leaves.
+            debug_assert!(expected, "{what:?} waited for another front");
+            if !expected {
+                continue;
+            }
+            match self.dequeue() {
+                Some(Outgoing::Data { tag, .. }) => self.refusals.push_back((tag, why)),
+                Some(Outgoing::Read { seq, offer, .. }) => {
+                    self.deliveries
+                        .retain(|d| !matches!(d, Delivery::Waiting(s) if *s == seq));
+                    self.pending.push_front(Outgoing::Refuse {
+                        key: offer.key,
+                        why,
+                    });
+                }
+                _ => unreachable!("checked above"),
+            }
         }
     }
 
@@ -340,7 +401,11 @@ impl Core {
                     rkey: m.offer.rkey,
                 };
                 let seq = m.seq;
-                let Some(lease) = self.take_from_pool(|pool| pool.lease(len))? else {
+                let Some(lease) =
+                    self.take_from_pool(Waiting::Chunk, Ask::Lease(len), |pool, me| {
+                        pool.lease_in_turn(len, me)
+                    })?
+                else {
                     return Ok(());
                 };
                 let entry = self.inflight.vacant_entry();

@@ -2,10 +2,11 @@
 //! credits and send-queue room allow (frames, rendezvous offers and reads, one-sided
 //! operations), SENDs batched under one doorbell per turn and signalled selectively.
 
+use super::pool_wait::Waiting;
 use super::{
     Core, Goodbye, Op, Outgoing, QueuedSend, Wr, INLINE_MAX, MAX_BATCH, SIGNAL_EVERY, SPARE_BUFFERS,
 };
-use crate::memory::Lease;
+use crate::memory::{Ask, Lease};
 use crate::proto::frame::{close_reason_body, FrameKind, Header, HEADER_LEN};
 use crate::runtime::service::OpId;
 use crate::runtime::CloseReason;
@@ -43,10 +44,12 @@ impl Core {
         Some(item)
     }
 
-    /// Drops everything queued (the connection is closing).
+    /// Drops everything queued (the connection is closing), and leaves the pool's lines:
+    /// nothing here waits any more.
     pub(super) fn clear_queue(&mut self) {
         self.pending.clear();
         self.pending_bytes = 0;
+        self.pool_waits.clear();
     }
 
     /// Checked after each pump, when everything that could be posted was: what is left
@@ -125,7 +128,9 @@ impl Core {
             // back), so a burst of large messages on many connections queues instead
             // of growing the heap without bound.
             if let Some(&Outgoing::Read { len, .. }) = self.pending.front() {
-                match self.take_from_pool(|pool| pool.charge_heap(len))? {
+                match self.take_from_pool(Waiting::Read, Ask::Heap(len), |pool, me| {
+                    pool.charge_heap_in_turn(len, me)
+                })? {
                     Some(charge) => self.heap_charge = Some(charge),
                     None => {
                         crate::metrics::send_stalled();

@@ -150,6 +150,7 @@ impl Plan<'_> {
             max_message: cfg.max_message.min(crate::runtime::MAX_MESSAGE),
             rendezvous_budget: cfg.rendezvous_budget,
             rendezvous_deadline: cfg.rendezvous_deadline,
+            pool_wait: cfg.pool_wait,
             rendezvous_chunk: cfg.rendezvous_chunk,
             rendezvous_chunks: cfg.rendezvous_chunks,
             // No zero-length WRITE probes: UD and UC have no ACKs to learn from, and the

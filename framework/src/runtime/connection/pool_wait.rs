@@ -1,0 +1,131 @@
+//! Waiting for the pool: a connection's places in its lines, and the deadline on them.
+//!
+//! A connection refused at one of the pool's limits does not close: what the others
+//! hold goes back on its own, so it takes a place in the pool's line for that limit (see
+//! `memory/line.rs`: first in, first out, with room kept for the head) and is pumped when
+//! its turn comes. Three things can wait, each at most once at a time because each waits
+//! at the front of something:
+//!
+//! - the large message at the front of the outgoing queue, for its rendezvous
+//!   registration's charge ([`Waiting::Offer`]);
+//! - the peer's offer at the front of the queue, for its share of the heap budget
+//!   ([`Waiting::Read`]);
+//! - the next READ chunk of a message already being taken, for a pool chunk
+//!   ([`Waiting::Chunk`]).
+//!
+//! A wait cannot last for ever. Peers that never READ what they were offered are cut
+//! off at the rendezvous deadline, but the pool can stay full for longer than any one
+//! offer (a queue of them), and a client should hear why its message did not move rather
+//! than wait on it without end. So an offer or a READ not started within
+//! `NodeConfig::pool_wait` fails with [`BudgetError::NoRoom`]: an outgoing message is
+//! handed back to the session (`Session::on_refused`), an incoming one is refused to the
+//! peer (whose request fails with the reason). The connection goes on. A chunk of a
+//! message already under way is not timed: its message holds its budget, and chunks
+//! come back as READs complete.
+
+use std::time::{Duration, Instant};
+
+use crate::memory::PlaceInLine;
+use crate::proto::budget::BudgetError;
+
+/// What waits for the pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Waiting {
+    /// The front outgoing message, for its rendezvous charge.
+    Offer = 0,
+    /// The front incoming offer, for its heap charge.
+    Read = 1,
+    /// The next READ chunk, for a pool lease; never timed out.
+    Chunk = 2,
+}
+
+struct Place {
+    place: PlaceInLine,
+    since: Instant,
+}
+
+/// A connection's places in the pool's lines.
+pub(super) struct PoolWaits {
+    places: [Option<Place>; 3],
+    /// How long an offer or READ may wait before it fails.
+    limit: Duration,
+    /// A timer for the earliest deadline is armed.
+    timer: bool,
+}
+
+impl PoolWaits {
+    pub fn new(limit: Duration) -> Self {
+        PoolWaits {
+            places: [None, None, None],
+            limit,
+            timer: false,
+        }
+    }
+
+    /// The place `what` holds, if it waits.
+    pub fn place(&self, what: Waiting) -> Option<&PlaceInLine> {
+        self.places[what as usize].as_ref().map(|p| &p.place)
+    }
+
+    /// `what` waits in `place` from now on.
+    pub fn wait(&mut self, what: Waiting, place: PlaceInLine) {
+        self.places[what as usize] = Some(Place {
+            place,
+            since: Instant::now(),
+        });
+    }
+
+    /// `what` was served (or is gone): its place goes, which wakes the next in line.
+    pub fn served(&mut self, what: Waiting) {
+        self.places[what as usize] = None;
+    }
+
+    /// Leaves every line (the connection is closing).
+    pub fn clear(&mut self) {
+        self.places = [None, None, None];
+    }
+
+    /// When the connection should look at its waits' deadlines: the earliest, once per
+    /// armed timer (`None` while one is armed or nothing timed waits).
+    pub fn poll_timer(&mut self) -> Option<Instant> {
+        if self.timer {
+            return None;
+        }
+        let at = [Waiting::Offer, Waiting::Read]
+            .iter()
+            .filter_map(|&w| self.places[w as usize].as_ref())
+            .map(|p| p.since + self.limit)
+            .min()?;
+        self.timer = true;
+        Some(at)
+    }
+
+    /// The timer fired: the timed waits past their deadline leave their lines, each
+    /// with the refusal its message fails with.
+    pub fn expire(
+        &mut self,
+        now: Instant,
+        len_of: impl Fn(Waiting) -> usize,
+    ) -> Vec<(Waiting, BudgetError)> {
+        self.timer = false;
+        let mut out = Vec::new();
+        for w in [Waiting::Offer, Waiting::Read] {
+            let Some(p) = &self.places[w as usize] else {
+                continue;
+            };
+            let waited = now.saturating_duration_since(p.since);
+            if waited < self.limit {
+                continue;
+            }
+            self.places[w as usize] = None;
+            out.push((
+                w,
+                BudgetError::NoRoom {
+                    len: len_of(w),
+                    waited_ms: waited.as_millis().try_into().unwrap_or(usize::MAX),
+                },
+            ));
+        }
+        out
+    }
+}
