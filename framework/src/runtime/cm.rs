@@ -2,13 +2,17 @@
 //! every connection. A dedicated thread reads the (non-blocking) channel and forwards
 //! each event as a message, so the actor system never blocks in `rdma_get_cm_event`.
 //!
-//! Passive side: CONNECT_REQUEST → admission (limit, service from the private data or
-//! the listener's default, version) → QP on the shared PD, receives posted → accept, or
-//! reject with a reason the client can read. Active side: resolve address → resolve route
-//! → QP → connect → ESTABLISHED or a typed failure.
+//! Passive side: CONNECT_REQUEST → admission (`admission.rs`: limits, service from the
+//! private data or the listener's default, version) → QP on the shared PD, receives
+//! posted → accept, or reject with a reason the client can read; an accepted connection
+//! that never becomes ESTABLISHED is closed (`handshakes.rs`). Active side
+//! (`connect.rs`): resolve address → resolve route → QP → connect → ESTABLISHED or a
+//! typed failure. The device's loss and return are in `recovery.rs`, the connections
+//! and their drain in `conn_set.rs`; this file gathers the facts, applies the outcomes,
+//! keeps the counters and shuts down.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,39 +20,27 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
+use super::admission::{self, PeerCounts};
 use super::budget::QpBudget;
-use super::client::{ClientSession, ConnectError};
+use super::conn_set::{fmt_addr, ConnSet};
+use super::connect::{Connect, ConnectError, Dialing, Reports};
 use super::connection::{
-    CmCall, CmNotice, ConnClosed, ConnectionActor, ConnectionParts, Handshake, HandshakeFailed,
+    panic_message, CmCall, CmNotice, ConnClosed, ConnectionParts, Handshake, HandshakeFailed,
 };
+use super::device_watch::DeviceNotice;
+use super::handshakes::{HandshakeTick, Handshakes, HANDSHAKE_TICK};
 use super::node::Node;
-use super::recovery::{self, DeviceSlot, GoneDevice, Relisten};
-use super::service::{Framing, PeerInfo, Service, Session};
+use super::recovery::{self, OobReleased, Recovery, Relisten};
+use super::service::{Framing, PeerInfo, Service};
 use super::CloseReason;
-use crate::proto::credits::{Advert, MIN_DEPTH};
-use crate::proto::hello::{Hello, Reject, RejectCode, Welcome, PROTOCOL_VERSION};
+use crate::proto::hello::{Reject, RejectCode, Welcome};
 use crate::verbs::{CmEvent, CmEventKind, CmId, CmIdKey, EventChannel};
-
-/// Time allowed for address and route resolution.
-const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub(crate) type Services = Arc<HashMap<String, Arc<dyn Service>>>;
 
 struct Listening {
     _id: CmId,
     default_service: Option<String>,
-}
-
-type ClientAddr = Addr<ConnectionActor<ClientSession>>;
-type Inbox = super::client::ClientEnds;
-
-struct Connecting {
-    id: CmId,
-    service: String,
-    reply: Option<oneshot::Sender<Result<(ClientAddr, Inbox), ConnectError>>>,
-    conn: Option<ClientAddr>,
-    inbox: Option<Inbox>,
-    session: Option<Box<dyn Session>>,
 }
 
 /// Counters the CM actor keeps.
@@ -80,35 +72,29 @@ pub(crate) struct NodeStats {
 
 pub(crate) struct CmActor {
     /// The device's resources, and what became of them (see `recovery.rs`).
-    device: DeviceSlot,
+    recovery: Recovery,
     /// The node's configuration, kept for timeouts while the device is absent.
     config: super::config::NodeConfig,
-    /// How a server serves again once its device is back (`None`: a client's actor,
-    /// which closes its connections when the device goes and serves no more).
-    relisten: Option<Relisten>,
     channel: EventChannel,
     stop: Arc<AtomicBool>,
     listeners: HashMap<CmIdKey, Listening>,
     services: Services,
-    conns: HashMap<CmIdKey, Recipient<CmNotice>>,
-    /// The connection of each QP, for device events that name a QP (`device_watch.rs`).
-    qps: HashMap<u32, CmIdKey>,
-    /// The QP number of each connection in `qps`, to forget it in O(1) when it closes.
-    qp_of: HashMap<CmIdKey, u32>,
-    /// Passive connections accepted but not yet established, with when (see
-    /// [`HandshakeTick`]).
-    handshaking: HashMap<CmIdKey, Instant>,
-    connecting: HashMap<CmIdKey, Connecting>,
+    /// Every connection, passive and active, with the peer address a passive one is
+    /// counted under in `per_peer`.
+    conns: ConnSet<Option<IpAddr>>,
+    /// Passive connections accepted but not yet established.
+    handshaking: Handshakes,
+    /// Active connects under way.
+    dialing: Dialing,
     /// The server's connection limit, shared with its out-of-band ports.
     budget: QpBudget,
     /// Most accepted connections one peer address may hold (0: no limit), so that one
     /// host cannot take every slot under `max_connections`.
     max_per_peer: usize,
-    /// Accepted connections open per peer address, and the address of each.
-    per_peer: HashMap<IpAddr, usize>,
-    peer_of: HashMap<CmIdKey, IpAddr>,
+    /// Accepted connections open per peer address.
+    per_peer: PeerCounts,
     shutting_down: bool,
-    drained: Vec<oneshot::Sender<()>>,
+    /// `accepted` and `rejected`; the rest is read from where it is kept.
     counters: CmCounters,
 }
 
@@ -122,23 +108,18 @@ impl CmActor {
     ) -> Self {
         CmActor {
             config: node.config.clone(),
-            device: DeviceSlot::Present { node, watch: None },
-            relisten: None,
+            recovery: Recovery::new(node),
             channel,
             stop: Arc::new(AtomicBool::new(false)),
             listeners: HashMap::new(),
             services,
-            conns: HashMap::new(),
-            qps: HashMap::new(),
-            qp_of: HashMap::new(),
-            handshaking: HashMap::new(),
-            connecting: HashMap::new(),
+            conns: ConnSet::default(),
+            handshaking: Handshakes::default(),
+            dialing: Dialing::default(),
             budget,
             max_per_peer,
-            per_peer: HashMap::new(),
-            peer_of: HashMap::new(),
+            per_peer: PeerCounts::default(),
             shutting_down: false,
-            drained: Vec::new(),
             counters: CmCounters::default(),
         }
     }
@@ -146,12 +127,7 @@ impl CmActor {
     /// Makes this a server's actor: it watches the device's async events and, when the
     /// device goes, serves again on `relisten` once it is back.
     pub fn serve_again(&mut self, relisten: Relisten) {
-        self.relisten = Some(relisten);
-    }
-
-    /// The node, while the device serves.
-    fn node(&self) -> Option<Arc<Node>> {
-        self.device.node().cloned()
+        self.recovery.serve_again(relisten);
     }
 
     /// Adds a bound, listening id (created on this actor's channel).
@@ -174,6 +150,8 @@ impl CmActor {
         }
     }
 
+    /// Gathers the facts of a connect request, has [`admission::decide`] decide, and
+    /// applies the decision: the connection prepared and started, or the reject sent.
     fn on_connect_request(&mut self, mut ev: CmEvent, ctx: &mut Context<Self>) {
         let begun = Instant::now();
         let Some(id) = ev.take_request() else {
@@ -182,103 +160,30 @@ impl CmActor {
         let default = ev
             .listen_id
             .and_then(|k| self.listeners.get(&k))
-            .and_then(|l| l.default_service.clone());
-        if self.shutting_down {
-            return self.reject(
-                &id,
-                Reject::new(RejectCode::ShuttingDown, "server is shutting down"),
-            );
-        }
-        let Some(node) = self.node() else {
-            return self.reject(
-                &id,
-                Reject::new(RejectCode::Internal, "the server's RDMA device is gone"),
-            );
-        };
-        let (service_name, peer_depth) = match Hello::decode(&ev.private_data) {
-            Err(e) => return self.reject(&id, Reject::new(RejectCode::BadHello, e.to_string())),
-            Ok(None) => match default {
-                Some(name) => (name, None::<(Advert, u32)>),
-                None => {
-                    return self.reject(
-                        &id,
-                        Reject::new(
-                            RejectCode::UnknownService,
-                            "no default service on this port",
-                        ),
-                    )
-                }
-            },
-            Ok(Some(hello)) => {
-                if hello.version != PROTOCOL_VERSION {
-                    return self.reject(
-                        &id,
-                        Reject::new(
-                            RejectCode::VersionMismatch,
-                            format!(
-                                "client speaks version {}, server {PROTOCOL_VERSION}",
-                                hello.version
-                            ),
-                        ),
-                    );
-                }
-                let advert = hello.advert();
-                if !advert.is_valid() {
-                    return self.reject(
-                        &id,
-                        Reject::new(
-                            RejectCode::BadHello,
-                            format!(
-                                "receive depth {} (at most {}) is below {MIN_DEPTH} or above its maximum",
-                                advert.initial, advert.max
-                            ),
-                        ),
-                    );
-                }
-                (hello.service, Some((advert, hello.recv_size)))
-            }
-        };
-        let Some(service) = self.services.get(&service_name).cloned() else {
-            return self.reject(
-                &id,
-                Reject::new(
-                    RejectCode::UnknownService,
-                    format!("unknown service {service_name:?}"),
-                ),
-            );
-        };
-        let slot = match self.budget.take(1) {
-            Ok(slot) => slot,
-            Err(full) => {
-                return self.reject(&id, Reject::new(RejectCode::ServerFull, full.to_string()))
-            }
-        };
+            .and_then(|l| l.default_service.as_deref());
         let peer_ip = id.peer_addr().map(|a| a.ip());
-        if let Some(ip) = peer_ip.filter(|_| self.max_per_peer > 0) {
-            let open = self.per_peer.get(&ip).copied().unwrap_or(0);
-            if open >= self.max_per_peer {
-                return self.reject(
-                    &id,
-                    Reject::new(
-                        RejectCode::ServerFull,
-                        format!(
-                            "per-peer connection limit of {} reached ({ip} has {open} open)",
-                            self.max_per_peer
-                        ),
-                    ),
-                );
-            }
-        }
-        let framing = service.framing();
-        if framing == Framing::Framed && peer_depth.is_none() {
-            return self.reject(
-                &id,
-                Reject::new(
-                    RejectCode::BadHello,
-                    format!("service {service_name:?} needs an rdmactor client"),
-                ),
-            );
-        }
+        let request = admission::Request {
+            shutting_down: self.shutting_down,
+            node: self.recovery.node().cloned(),
+            private_data: &ev.private_data,
+            default_service: default,
+            services: &self.services,
+            peer: peer_ip,
+            max_per_peer: self.max_per_peer,
+            per_peer: &self.per_peer,
+        };
+        let admitted = match admission::decide(request, || self.budget.take(1)) {
+            Ok(admitted) => admitted,
+            Err(reject) => return self.reject(&id, reject),
+        };
+        let admission::Admitted {
+            node,
+            service_name,
+            service,
+            framing,
+            peer_depth,
+            slot,
+        } = admitted;
         let mut core = match node.prepare(&id, framing, peer_depth.map(|(a, _)| a)) {
             Ok(core) => core,
             Err(e) => return self.reject(&id, Reject::new(RejectCode::Internal, e)),
@@ -305,7 +210,7 @@ impl CmActor {
         })) {
             Ok(session) => session,
             Err(payload) => {
-                let why = crate::runtime::connection::panic_message(&*payload);
+                let why = panic_message(&*payload);
                 tracing::error!(service = %service_name, panic = %why, "Service::session panicked");
                 drop(core);
                 return self.reject(
@@ -341,7 +246,7 @@ impl CmActor {
             failed: ctx.address().recipient(),
         });
         let prepared = Instant::now();
-        let addr = ConnectionActor::start(ConnectionParts {
+        let parts = ConnectionParts {
             core,
             session,
             cm: ctx.address().recipient(),
@@ -349,16 +254,13 @@ impl CmActor {
             label,
             handshake,
             handed_over: Instant::now(),
-        });
-        self.conns.insert(key, addr.recipient());
+        };
+        self.conns.start(parts, peer_ip);
         if let Some(ip) = peer_ip {
-            *self.per_peer.entry(ip).or_default() += 1;
-            self.peer_of.insert(key, ip);
+            self.per_peer.add(ip);
         }
-        self.qps.insert(qp_num, key);
-        self.qp_of.insert(key, qp_num);
         self.counters.accepted += 1;
-        self.handshaking.insert(key, Instant::now());
+        self.handshaking.begin(key, Instant::now());
         crate::metrics::accepted(&service_name);
         tracing::debug!(
             target: "rdmactor::setup",
@@ -368,7 +270,7 @@ impl CmActor {
         );
     }
 
-    fn on_event(&mut self, mut ev: CmEvent, ctx: &mut Context<Self>) {
+    fn on_event(&mut self, ev: CmEvent, ctx: &mut Context<Self>) {
         if ev.kind == CmEventKind::ConnectRequest {
             return self.on_connect_request(ev, ctx);
         }
@@ -378,166 +280,50 @@ impl CmActor {
             drop(ev);
             return self.device_lost("removed (RDMA_CM_EVENT_DEVICE_REMOVAL)", ctx);
         }
-        if self.connecting.contains_key(&ev.id) {
-            return self.on_active_event(ev, ctx);
+        if self.dialing.has(ev.id) {
+            let reports = Reports {
+                closed: ctx.address().recipient(),
+                failed: ctx.address().recipient(),
+            };
+            let node = self.recovery.node().cloned();
+            return self
+                .dialing
+                .on_event(ev, node.as_deref(), reports, &mut self.conns);
         }
         match ev.kind {
             CmEventKind::Established => {
-                self.handshaking.remove(&ev.id);
-                self.notify(ev.id, CmNotice::Established { peer: None })
+                self.handshaking.done(ev.id);
+                self.conns
+                    .notify(ev.id, CmNotice::Established { peer: None })
             }
-            CmEventKind::Disconnected => self.notify(ev.id, CmNotice::Disconnected),
+            CmEventKind::Disconnected => self.conns.notify(ev.id, CmNotice::Disconnected),
             CmEventKind::TimewaitExit => {}
             CmEventKind::Unreachable => {
                 // The CM's own messages to the peer timed out: across a wire, a dead or
                 // cut-off peer, which is what the transport's RetryExceeded says too.
                 let why = format!("rdma_cm UNREACHABLE (status {})", ev.status);
-                self.notify(ev.id, CmNotice::Close(CloseReason::PeerUnreachable(why)));
+                let reason = CloseReason::PeerUnreachable(why);
+                self.conns.notify(ev.id, CmNotice::Close(reason));
             }
             kind @ (CmEventKind::ConnectError | CmEventKind::Rejected) => {
                 let why = format!("{kind:?} (status {})", ev.status);
-                self.notify(ev.id, CmNotice::Close(CloseReason::Verbs(why)));
+                self.conns
+                    .notify(ev.id, CmNotice::Close(CloseReason::Verbs(why)));
             }
             other => tracing::debug!(kind = ?other, "ignored rdma_cm event"),
         }
-        let _ = &mut ev;
     }
 
-    fn notify(&self, key: CmIdKey, notice: CmNotice) {
-        match self.conns.get(&key) {
-            Some(c) => c.do_send(notice),
-            None => tracing::debug!(?notice, "event for a connection already gone"),
-        }
-    }
-
-    fn fail_connect(&mut self, key: CmIdKey, err: ConnectError) {
-        if let Some(mut c) = self.connecting.remove(&key) {
-            if let Some(conn) = c.conn.take() {
-                conn.do_send(CmNotice::Close(CloseReason::Local(err.to_string())));
-            }
-            if let Some(reply) = c.reply.take() {
-                let _ = reply.send(Err(err));
+    /// Calls `f` on every service, a panic caught and logged.
+    fn tell_services(&self, f: impl Fn(&dyn Service)) {
+        for (name, service) in self.services.iter() {
+            let called = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&**service)));
+            if let Err(payload) = called {
+                let why = panic_message(&*payload);
+                tracing::error!(service = %name, panic = %why, "a service's device hook panicked");
             }
         }
     }
-
-    fn on_active_event(&mut self, ev: CmEvent, ctx: &mut Context<Self>) {
-        let key = ev.id;
-        match ev.kind {
-            CmEventKind::AddrResolved => {
-                let c = &self.connecting[&key];
-                if let Err(e) = c.id.resolve_route(RESOLVE_TIMEOUT) {
-                    self.fail_connect(key, ConnectError::Verbs(e.to_string()));
-                }
-            }
-            CmEventKind::RouteResolved => self.on_route_resolved(key, ctx),
-            CmEventKind::Established => {
-                let depth = Welcome::decode(&ev.private_data).map(|w| (w.advert(), w.recv_size));
-                let Some(mut c) = self.connecting.remove(&key) else {
-                    return;
-                };
-                let Some(conn) = c.conn.take() else {
-                    return;
-                };
-                if depth.is_none() {
-                    conn.do_send(CmNotice::Close(CloseReason::Protocol(
-                        "accept without a welcome".into(),
-                    )));
-                    if let Some(reply) = c.reply.take() {
-                        let _ = reply.send(Err(ConnectError::NotRdmactor));
-                    }
-                    return;
-                }
-                conn.do_send(CmNotice::Established { peer: depth });
-                if let (Some(reply), Some(inbox)) = (c.reply.take(), c.inbox.take()) {
-                    let _ = reply.send(Ok((conn, inbox)));
-                }
-            }
-            CmEventKind::Rejected => {
-                let err = match Reject::decode(&ev.private_data) {
-                    Some(r) => ConnectError::Rejected(r),
-                    None => ConnectError::RejectedByTransport(ev.status),
-                };
-                self.fail_connect(key, err);
-            }
-            kind => {
-                let err = ConnectError::Failed {
-                    event: format!("{kind:?}"),
-                    status: ev.status,
-                };
-                self.fail_connect(key, err);
-            }
-        }
-    }
-
-    fn on_route_resolved(&mut self, key: CmIdKey, ctx: &mut Context<Self>) {
-        let Some(c) = self.connecting.get_mut(&key) else {
-            return;
-        };
-        let id = c.id.clone();
-        let service = c.service.clone();
-        let user = c.session.take();
-        let Some(node) = self.node() else {
-            return self.fail_connect(
-                key,
-                ConnectError::Resources("the RDMA device is gone".into()),
-            );
-        };
-        let mut core = match node.prepare(&id, Framing::Framed, None) {
-            Ok(core) => core,
-            Err(e) => return self.fail_connect(key, ConnectError::Resources(e)),
-        };
-        core.count_as(crate::metrics::Side::Client, &service);
-        let qp_num = core.qp_num();
-        let label = format!(
-            "client/{}/qp{}/{}",
-            fmt_addr(id.peer_addr()),
-            qp_num,
-            service
-        );
-        let (session, inbox) = ClientSession::new(user);
-        let ours = node.advert();
-        let hello = Hello {
-            version: PROTOCOL_VERSION,
-            service,
-            recv_depth: ours.initial as u16,
-            recv_size: node.config.recv_size,
-            max_credits: ours.max as u16,
-        };
-        let private_data = match hello.encode() {
-            Ok(d) => d,
-            Err(e) => return self.fail_connect(key, ConnectError::Verbs(e.to_string())),
-        };
-        // The actor connects once it has registered with its poller (see `Handshake`).
-        let handshake = Handshake::Connect(CmCall {
-            private_data,
-            responder_resources: 16,
-            initiator_depth: 16,
-            rnr_retry_count: node.config.rnr_retry_count,
-            retry_count: node.config.retry_count,
-            failed: ctx.address().recipient(),
-        });
-        let addr = ConnectionActor::start(ConnectionParts {
-            core,
-            session,
-            cm: ctx.address().recipient(),
-            key,
-            label,
-            handshake,
-            handed_over: Instant::now(),
-        });
-        self.conns.insert(key, addr.clone().recipient());
-        self.qps.insert(qp_num, key);
-        self.qp_of.insert(key, qp_num);
-        if let Some(c) = self.connecting.get_mut(&key) {
-            c.conn = Some(addr);
-            c.inbox = Some(inbox);
-        }
-    }
-}
-
-fn fmt_addr(addr: Option<SocketAddr>) -> String {
-    addr.map_or_else(|| "?".into(), |a| a.to_string())
 }
 
 impl Actor for CmActor {
@@ -567,9 +353,9 @@ impl Actor for CmActor {
                 }
             })
             .expect("spawn the rdma_cm event thread");
-        if self.relisten.is_some() {
-            self.start_watch(ctx);
-            if let Some(node) = self.device.node() {
+        if self.recovery.is_server() {
+            self.recovery.start_watch(ctx.address().recipient());
+            if let Some(node) = self.recovery.node() {
                 let pd = node.pd.clone();
                 self.tell_services(|s| s.on_device_up(&pd));
             }
@@ -588,36 +374,6 @@ impl Actor for CmActor {
 #[rtype(result = "()")]
 struct CmEventMsg(CmEvent, Instant);
 
-/// How often the event thread checks for handshakes that did not finish.
-const HANDSHAKE_TICK: Duration = Duration::from_secs(1);
-
-/// Sent by the event thread once per [`HANDSHAKE_TICK`], stamped when sent. It queues
-/// behind every event the thread read before it, so when the CM actor handles it, every
-/// ESTABLISHED that had arrived by then has been handled: a connection still
-/// handshaking whose accept is `handshake_timeout` older than the stamp has really not
-/// heard from its peer. (A timer per connection fired under connect storms while the
-/// ESTABLISHED events were merely waiting in this actor's mailbox.)
-#[derive(Message)]
-#[rtype(result = "()")]
-struct HandshakeTick(Instant);
-
-impl Handler<HandshakeTick> for CmActor {
-    type Result = ();
-    fn handle(&mut self, tick: HandshakeTick, _ctx: &mut Context<Self>) {
-        let limit = self.config.handshake_timeout;
-        let expired: Vec<CmIdKey> = self
-            .handshaking
-            .iter()
-            .filter(|(_, &at)| tick.0.saturating_duration_since(at) >= limit)
-            .map(|(&k, _)| k)
-            .collect();
-        for key in expired {
-            self.handshaking.remove(&key);
-            self.notify(key, CmNotice::Close(CloseReason::HandshakeTimeout(limit)));
-        }
-    }
-}
-
 impl Handler<CmEventMsg> for CmActor {
     type Result = ();
     fn handle(&mut self, msg: CmEventMsg, ctx: &mut Context<Self>) {
@@ -633,97 +389,53 @@ impl Handler<CmEventMsg> for CmActor {
     }
 }
 
+impl Handler<HandshakeTick> for CmActor {
+    type Result = ();
+    fn handle(&mut self, tick: HandshakeTick, _ctx: &mut Context<Self>) {
+        let limit = self.config.handshake_timeout;
+        for key in self.handshaking.expired(tick.0, limit) {
+            let reason = CloseReason::HandshakeTimeout(limit);
+            self.conns.notify(key, CmNotice::Close(reason));
+        }
+    }
+}
+
 impl Handler<ConnClosed> for CmActor {
     type Result = ();
-    fn handle(&mut self, msg: ConnClosed, ctx: &mut Context<Self>) {
-        if self.conns.remove(&msg.key).is_some() {
-            self.counters.closed += 1;
+    fn handle(&mut self, msg: ConnClosed, _ctx: &mut Context<Self>) {
+        if let Some(Some(ip)) = self.conns.release(msg.key) {
+            self.per_peer.remove(ip);
         }
-        if let Some(ip) = self.peer_of.remove(&msg.key) {
-            if let Some(open) = self.per_peer.get_mut(&ip) {
-                *open -= 1;
-                if *open == 0 {
-                    self.per_peer.remove(&ip);
-                }
-            }
-        }
-        if let Some(qp) = self.qp_of.remove(&msg.key) {
-            // rxe reuses QP numbers: only if it still names this connection.
-            if self.qps.get(&qp) == Some(&msg.key) {
-                self.qps.remove(&qp);
-            }
-        }
-        self.handshaking.remove(&msg.key);
+        self.handshaking.done(msg.key);
         tracing::debug!(reason = %msg.reason, "connection released");
-        if self.conns.is_empty() {
-            for w in self.drained.drain(..) {
-                let _ = w.send(());
-            }
-        }
-        self.try_release(ctx);
+        self.conns.answer_if_drained();
+        self.recovery.try_release(!self.conns.is_empty());
     }
 }
 
 impl Handler<HandshakeFailed> for CmActor {
     type Result = ();
     fn handle(&mut self, msg: HandshakeFailed, _ctx: &mut Context<Self>) {
-        if self.connecting.contains_key(&msg.key) {
-            self.fail_connect(msg.key, ConnectError::Verbs(msg.error));
+        if self.dialing.has(msg.key) {
+            self.dialing.fail(msg.key, ConnectError::Verbs(msg.error));
         } else {
-            self.notify(msg.key, CmNotice::Close(CloseReason::Verbs(msg.error)));
+            let reason = CloseReason::Verbs(msg.error);
+            self.conns.notify(msg.key, CmNotice::Close(reason));
         }
     }
-}
-
-/// Starts an active connection (client side).
-#[derive(Message)]
-#[rtype(result = "()")]
-pub(crate) struct Connect {
-    pub addr: SocketAddr,
-    /// The local address to connect from (`None`: the route's).
-    pub from: Option<IpAddr>,
-    pub service: String,
-    pub reply: oneshot::Sender<Result<(ClientAddr, Inbox), ConnectError>>,
-    /// The application's own session for this connection, if any.
-    pub session: Option<Box<dyn Session>>,
 }
 
 impl Handler<Connect> for CmActor {
     type Result = ();
     fn handle(&mut self, msg: Connect, _ctx: &mut Context<Self>) {
         if self.shutting_down {
-            let _ = msg.reply.send(Err(ConnectError::ShuttingDown));
-            return;
+            return msg.dialer.failed(ConnectError::ShuttingDown);
         }
-        if self.device.node().is_none() {
-            let _ = msg.reply.send(Err(ConnectError::Resources(
-                "the RDMA device is gone".into(),
-            )));
-            return;
+        if self.recovery.node().is_none() {
+            let gone = ConnectError::Resources("the RDMA device is gone".into());
+            return msg.dialer.failed(gone);
         }
-        let id = match CmId::new(&self.channel) {
-            Ok(id) => id,
-            Err(e) => {
-                let _ = msg.reply.send(Err(ConnectError::Verbs(e.to_string())));
-                return;
-            }
-        };
-        let src = msg.from.map(|ip| SocketAddr::new(ip, 0));
-        if let Err(e) = id.resolve_addr(src, msg.addr, RESOLVE_TIMEOUT) {
-            let _ = msg.reply.send(Err(ConnectError::Verbs(e.to_string())));
-            return;
-        }
-        self.connecting.insert(
-            id.key(),
-            Connecting {
-                id,
-                service: msg.service,
-                reply: Some(msg.reply),
-                conn: None,
-                inbox: None,
-                session: msg.session,
-            },
-        );
+        self.dialing.begin(&self.channel, msg);
     }
 }
 
@@ -737,18 +449,9 @@ impl Handler<Shutdown> for CmActor {
     fn handle(&mut self, msg: Shutdown, _ctx: &mut Context<Self>) {
         self.shutting_down = true;
         self.listeners.clear();
-        let keys: Vec<CmIdKey> = self.connecting.keys().copied().collect();
-        for k in keys {
-            self.fail_connect(k, ConnectError::ShuttingDown);
-        }
-        for c in self.conns.values() {
-            c.do_send(CmNotice::Close(CloseReason::Shutdown));
-        }
-        if self.conns.is_empty() {
-            let _ = msg.0.send(());
-        } else {
-            self.drained.push(msg.0);
-        }
+        let why = CloseReason::Local(ConnectError::ShuttingDown.to_string());
+        drop(self.dialing.fail_all(&why, || ConnectError::ShuttingDown));
+        self.conns.drain(msg.0);
     }
 }
 
@@ -763,11 +466,7 @@ impl Handler<Stop> for CmActor {
         self.stop.store(true, Ordering::Release);
         // The node goes now, so that its device resources are released when the
         // shutdown is answered (every connection released already).
-        self.device = DeviceSlot::Absent {
-            gone: GoneDevice::default(),
-            since: Instant::now(),
-            said_empty: true,
-        };
+        self.recovery.let_go();
         ctx.stop();
     }
 }
@@ -782,9 +481,11 @@ impl Handler<GetCounters> for CmActor {
     fn handle(&mut self, _msg: GetCounters, _ctx: &mut Context<Self>) -> Self::Result {
         let mut c = self.counters.clone();
         c.connections = self.conns.len();
+        c.closed = self.conns.closed();
         c.qps = self.budget.used();
-        c.device_present = self.device.node().is_some();
-        c.node = self.device.any_node().map(|n| NodeStats {
+        c.device_losses = self.recovery.losses();
+        c.device_present = self.recovery.node().is_some();
+        c.node = self.recovery.any_node().map(|n| NodeStats {
             pool: n.pool_stats(),
             cqs: n.cq_count(),
             shared_queues: n.shared_queues(),
@@ -803,7 +504,7 @@ pub(crate) struct GetPd;
 impl Handler<GetPd> for CmActor {
     type Result = Option<crate::verbs::ProtectionDomain>;
     fn handle(&mut self, _msg: GetPd, _ctx: &mut Context<Self>) -> Self::Result {
-        self.device.node().map(|n| n.pd.clone())
+        self.recovery.node().map(|n| n.pd.clone())
     }
 }
 
@@ -816,14 +517,13 @@ pub(crate) async fn shut_down(cm: &Addr<CmActor>) {
     let _ = cm.send(Stop).await;
 }
 
-impl Handler<super::device_watch::DeviceNotice> for CmActor {
+impl Handler<DeviceNotice> for CmActor {
     type Result = ();
-    fn handle(&mut self, msg: super::device_watch::DeviceNotice, ctx: &mut Context<Self>) {
-        use super::device_watch::DeviceNotice;
+    fn handle(&mut self, msg: DeviceNotice, ctx: &mut Context<Self>) {
         match msg {
-            DeviceNotice::QpFailed { qp_num, event } => match self.qps.get(&qp_num) {
-                Some(key) => self.notify(
-                    *key,
+            DeviceNotice::QpFailed { qp_num, event } => match self.conns.by_qp(qp_num) {
+                Some(key) => self.conns.notify(
+                    key,
                     CmNotice::Close(CloseReason::Verbs(format!(
                         "the device reported {event} for this connection's QP"
                     ))),
@@ -835,201 +535,42 @@ impl Handler<super::device_watch::DeviceNotice> for CmActor {
     }
 }
 
-/// An out-of-band listener has closed its connections after the device went and let go
-/// of the node (`OobDeviceGone`).
-#[derive(Message)]
-#[rtype(result = "()")]
-pub(crate) struct OobReleased;
-
 impl Handler<OobReleased> for CmActor {
     type Result = ();
-    fn handle(&mut self, _msg: OobReleased, ctx: &mut Context<Self>) {
-        if let DeviceSlot::Releasing { oob_pending, .. } = &mut self.device {
-            *oob_pending = oob_pending.saturating_sub(1);
-        }
-        self.try_release(ctx);
+    fn handle(&mut self, _msg: OobReleased, _ctx: &mut Context<Self>) {
+        self.recovery.oob_released();
+        self.recovery.try_release(!self.conns.is_empty());
     }
 }
 
-/// Losing the device and serving again (the order is in `recovery.rs`).
+/// The CM actor's part in losing the device and serving again (the order is in
+/// `recovery.rs`).
 impl CmActor {
     /// The device was removed or failed (`how`): closes everything on it and waits for
     /// the connections to release before the node goes. Once per loss.
     fn device_lost(&mut self, how: &str, ctx: &mut Context<Self>) {
-        // Every id on the device reports the removal: only the first one acts (taking a
-        // releasing node out of its slot here would drop it under its connections).
-        if self.device.node().is_none() {
-            return;
-        }
-        let DeviceSlot::Present { node, watch } = std::mem::replace(
-            &mut self.device,
-            DeviceSlot::Absent {
-                gone: GoneDevice::default(),
-                since: Instant::now(),
-                said_empty: false,
-            },
-        ) else {
+        let Some(reason) = self.recovery.lose(how, self.conns.len()) else {
             return;
         };
-        drop(watch);
-        self.counters.device_losses += 1;
-        let gone = GoneDevice {
-            name: node.ctx.name().to_owned(),
-            index: node.ctx.index(),
-        };
-        let reason = CloseReason::DeviceLost(format!("RDMA device {} {how}", gone.name));
-        tracing::error!(
-            device = %gone.name,
-            connections = self.conns.len(),
-            out_of_band_listeners = self.relisten.as_ref().map_or(0, |r| r.oob.len()),
-            "RDMA device {how}: closing every connection and listener; its resources are \
-             released once the connections have let go"
-        );
-        for c in self.conns.values() {
-            c.do_send(CmNotice::Close(reason.clone()));
-        }
-        // Destroying an id waits until its events are acknowledged, and events of these
-        // ids may be queued behind this one for this very actor: destroyed on a thread
-        // of their own, which waits for this actor to read them.
+        self.conns.close_all(&reason);
         let mut ids: Vec<CmId> = self.listeners.drain().map(|(_, l)| l._id).collect();
-        for (_, mut c) in self.connecting.drain() {
-            if let Some(conn) = c.conn.take() {
-                conn.do_send(CmNotice::Close(reason.clone()));
-            }
-            if let Some(reply) = c.reply.take() {
-                let _ = reply.send(Err(ConnectError::Resources(reason.to_string())));
-            }
-            ids.push(c.id);
-        }
-        if !ids.is_empty() {
-            let spawned = std::thread::Builder::new()
-                .name("rdmactor-cm-drop".into())
-                .spawn(move || drop(ids));
-            if let Err(e) = spawned {
-                tracing::error!(error = %e, "cannot start the thread destroying the lost device's cm ids");
-            }
-        }
+        let err = || ConnectError::Resources(reason.to_string());
+        ids.extend(self.dialing.fail_all(&reason, err));
+        recovery::destroy_ids(ids);
         self.tell_services(|s| s.on_device_down());
-        let mut oob_pending = 0;
-        if let Some(r) = &self.relisten {
-            for l in &r.oob {
-                l.do_send(super::oob::OobDeviceGone {
-                    reason: reason.clone(),
-                    released: ctx.address().recipient(),
-                });
-                oob_pending += 1;
-            }
-        }
-        self.device = DeviceSlot::Releasing {
-            node,
-            gone,
-            since: Instant::now(),
-            oob_pending,
-        };
-        self.try_release(ctx);
+        self.recovery
+            .tell_oob_gone(&reason, ctx.address().recipient());
+        self.recovery.try_release(!self.conns.is_empty());
     }
 
-    /// Drops the node once nothing uses it any more.
-    fn try_release(&mut self, _ctx: &mut Context<Self>) {
-        let DeviceSlot::Releasing {
-            oob_pending: 0,
-            since,
-            ..
-        } = &self.device
-        else {
-            return;
-        };
-        if !self.conns.is_empty() {
-            return;
-        }
-        let since = *since;
-        let DeviceSlot::Releasing { node, gone, .. } = std::mem::replace(
-            &mut self.device,
-            DeviceSlot::Absent {
-                gone: GoneDevice::default(),
-                since,
-                said_empty: false,
-            },
-        ) else {
-            return;
-        };
-        // The pollers' threads are joined here; every connection they ran has ended.
-        drop(node);
-        let waits = match &self.relisten {
-            Some(r) => format!(
-                "waiting for {} to return (looking every {:?})",
-                r.config.device.as_deref().unwrap_or("an RDMA device"),
-                recovery::POLL
-            ),
-            None => "this client's connections are closed; it serves no more".into(),
-        };
-        tracing::warn!(
-            device = %gone.name,
-            released_in = ?since.elapsed(),
-            "every connection released; the device's resources are closed; {waits}"
-        );
-        self.device = DeviceSlot::Absent {
-            gone,
-            since,
-            said_empty: false,
-        };
-    }
-
-    /// Every [`recovery::POLL`] while absent: lists the devices (which also lets
-    /// librdmacm close its handle of the removed one) and serves again on a returned one.
+    /// Every [`recovery::POLL`] while absent: serves again on a returned device.
     fn look_for_device(&mut self, ctx: &mut Context<Self>) {
-        let (
-            DeviceSlot::Absent {
-                gone, said_empty, ..
-            },
-            Some(relisten),
-        ) = (&mut self.device, &self.relisten)
-        else {
-            return;
-        };
         if self.shutting_down {
             return;
         }
-        let listed = match crate::verbs::Context::listed() {
-            Ok(listed) => listed,
-            Err(e) => {
-                // librdmacm compares its list with the kernel's only when the kernel lists
-                // some device; until then it keeps the removed one open, and the kernel's
-                // removal waits for it. Tried on every look: a PD an application still
-                // held may have gone since.
-                let released = crate::verbs::release_removed_devices();
-                match released {
-                    Ok(n) if n > 0 => tracing::warn!(
-                        device = %gone.name,
-                        handles = n,
-                        "no RDMA device is listed: released the handles librdmacm kept of \
-                         the removed device, so the kernel's removal can finish"
-                    ),
-                    Ok(_) if !*said_empty => tracing::warn!(
-                        device = %gone.name,
-                        error = %e,
-                        "no RDMA device is listed"
-                    ),
-                    Ok(_) => {}
-                    Err(release) if !*said_empty => tracing::warn!(
-                        device = %gone.name,
-                        error = %e,
-                        %release,
-                        "no RDMA device is listed, and releasing librdmacm's handles of the \
-                         removed device failed: the kernel's removal waits for this process \
-                         to exit"
-                    ),
-                    Err(_) => {}
-                }
-                *said_empty = true;
-                return;
-            }
-        };
-        let want = relisten.config.device.as_deref();
-        let Some(found) = recovery::returned(want, gone, &listed) else {
+        let Some(found) = self.recovery.look() else {
             return;
         };
-        let found = found.name.clone();
         if let Err(e) = self.serve_on(&found, ctx) {
             tracing::warn!(device = %found, error = %e, "the device is back but serving on it failed; trying again");
         }
@@ -1038,64 +579,15 @@ impl CmActor {
     /// Rebuilds the node on `device`, listens again, tells the services and the
     /// out-of-band listeners.
     fn serve_on(&mut self, device: &str, ctx: &mut Context<Self>) -> Result<(), String> {
-        let Some(relisten) = &self.relisten else {
+        let Some(back) = self.recovery.serve_on(device, &self.channel)? else {
             return Ok(());
         };
-        let since = match &self.device {
-            DeviceSlot::Absent { since, .. } => *since,
-            _ => return Ok(()),
-        };
-        let mut config = relisten.config.clone();
-        config.device = Some(device.to_owned());
-        let node = Node::start(config).map_err(|e| format!("opening the device: {e}"))?;
-        let mut listening = Vec::new();
-        for (addr, default) in &relisten.listeners {
-            let id = CmId::new(&self.channel).map_err(|e| e.to_string())?;
-            id.bind(*addr).map_err(|e| format!("binding {addr}: {e}"))?;
-            id.listen(1024)
-                .map_err(|e| format!("listening on {addr}: {e}"))?;
-            listening.push((id, default.clone()));
-        }
-        for l in &relisten.oob {
-            l.do_send(super::oob::OobDeviceBack(node.clone()));
-        }
-        for (id, default) in listening {
+        for (id, default) in back.listening {
             self.add_listener(id, default);
         }
-        let pd = node.pd.clone();
-        self.device = DeviceSlot::Present { node, watch: None };
-        self.start_watch(ctx);
-        self.tell_services(|s| s.on_device_up(&pd));
-        tracing::warn!(
-            device,
-            absent_for = ?since.elapsed(),
-            listeners = ?self.relisten.as_ref().map(|r| r.listeners.iter().map(|(a, _)| *a).collect::<Vec<_>>()),
-            "RDMA device is back: serving again"
-        );
+        self.recovery.start_watch(ctx.address().recipient());
+        self.tell_services(|s| s.on_device_up(&back.pd));
+        self.recovery.say_back(device, back.since);
         Ok(())
-    }
-
-    /// Starts reading the present device's async events (servers).
-    fn start_watch(&mut self, ctx: &mut Context<Self>) {
-        let recipient = ctx.address().recipient();
-        if let DeviceSlot::Present { node, watch } = &mut self.device {
-            match super::device_watch::start(&node.ctx, recipient) {
-                Ok(w) => *watch = Some(w),
-                Err(e) => {
-                    tracing::error!(device = %node.ctx.name(), error = %e, "cannot watch the device's events")
-                }
-            }
-        }
-    }
-
-    /// Calls `f` on every service, a panic caught and logged.
-    fn tell_services(&self, f: impl Fn(&dyn Service)) {
-        for (name, service) in self.services.iter() {
-            let called = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&**service)));
-            if let Err(payload) = called {
-                let why = crate::runtime::connection::panic_message(&*payload);
-                tracing::error!(service = %name, panic = %why, "a service's device hook panicked");
-            }
-        }
     }
 }

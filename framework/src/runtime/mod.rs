@@ -10,12 +10,17 @@
 //!                           device (context)    CQ-polling threads   service sessions
 //! ```
 
+mod admission;
 mod budget;
 mod client;
+mod client_session;
 mod cm;
 mod config;
+mod conn_set;
+mod connect;
 mod connection;
 mod device_watch;
+mod handshakes;
 mod node;
 mod oob;
 mod poller;
@@ -26,8 +31,10 @@ mod server;
 mod service;
 mod srq;
 
-pub use client::{Client, ClientConnection, ConnectError, RequestError};
+pub use client::{Client, ClientConnection};
+pub use client_session::RequestError;
 pub use config::{NodeConfig, SharedRecvConfig};
+pub use connect::ConnectError;
 pub use connection::{
     AskError, Asked, Blocking, BlockingError, BufId, Grant, GrantId, Op, SessionCx, SessionWaker,
     MAX_MESSAGE,

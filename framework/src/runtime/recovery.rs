@@ -1,17 +1,18 @@
 //! Surviving the loss of the RDMA device (`rdma link delete`, a hot-unplugged NIC, a
-//! device that failed): what the CM actor holds about the device, and the decision of
-//! when it has come back.
+//! device that failed): what the CM actor holds about the device ([`Recovery`]), how it
+//! lets go of it, the decision of when it has come back, and how it serves again. The
+//! CM actor (`cm.rs`) drives it and does the parts that touch its own state (closing its
+//! connections, dropping its listening ids, telling the services).
 //!
-//! The order of events, driven by the CM actor (`cm.rs`):
+//! The order of events:
 //!
 //! 1. **Present**: the node (context, PD, pool, pollers, shared receive queues) serves.
 //! 2. The CM reports `RDMA_CM_EVENT_DEVICE_REMOVAL`, or the device's async events
-//!    `IBV_EVENT_DEVICE_FATAL`: every connection closes with
-//!    [`CloseReason::DeviceLost`](super::CloseReason::DeviceLost), the listening ids are
-//!    destroyed, services drop what they registered (`Service::on_device_down`), the
-//!    out-of-band listeners close their connections. **Releasing**: the node waits for
-//!    the last connection to release its QP, buffers and CQ share (its poller threads run
-//!    those connections, so it cannot go first).
+//!    `IBV_EVENT_DEVICE_FATAL`: every connection closes with [`CloseReason::DeviceLost`],
+//!    the listening ids are destroyed, services drop what they registered
+//!    (`Service::on_device_down`), the out-of-band listeners close their connections.
+//!    **Releasing**: the node waits for the last connection to release its QP, buffers
+//!    and CQ share (its poller threads run those connections, so it cannot go first).
 //! 3. The node is dropped. **Absent**: every half second the actor lists the
 //!    devices. Listing is itself what lets the kernel finish: rxe cannot revoke a
 //!    process's handles, so `rdma link delete` waits until the process closed the device,
@@ -26,10 +27,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use actix::prelude::*;
+
 use super::config::NodeConfig;
-use super::device_watch::DeviceWatch;
+use super::device_watch::{DeviceNotice, DeviceWatch};
 use super::node::Node;
-use crate::verbs::ListedDevice;
+use super::CloseReason;
+use crate::verbs::{CmId, EventChannel, ListedDevice, ProtectionDomain};
 
 /// How often an absent device is looked for.
 pub(crate) const POLL: Duration = Duration::from_millis(500);
@@ -63,8 +67,34 @@ pub(crate) struct Relisten {
     /// The bound addresses (a port 0 given to the builder resolved) and their default
     /// services, in the builder's order.
     pub listeners: Vec<(SocketAddr, Option<String>)>,
-    pub oob: Vec<actix::Addr<super::oob::OobListener>>,
+    pub oob: Vec<OobLink>,
 }
+
+/// How the CM actor reaches an out-of-band listener when the device goes and comes back.
+pub(crate) struct OobLink {
+    pub gone: Recipient<OobDeviceGone>,
+    pub back: Recipient<OobDeviceBack>,
+}
+
+/// To an out-of-band listener: the device went (`reason`); close every connection,
+/// refuse clients, let the node go once they released, then tell `released`.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct OobDeviceGone {
+    pub reason: CloseReason,
+    pub released: Recipient<OobReleased>,
+}
+
+/// To an out-of-band listener: the device is back; serve on this node.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct OobDeviceBack(pub Arc<Node>);
+
+/// To the CM actor: an out-of-band listener has closed its connections after the device
+/// went and let go of the node (`OobDeviceGone`).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct OobReleased;
 
 /// The CM actor's hold on the device. The only long-lived owner of the node: connections
 /// hold clones of its parts (PD, pool, CQ share) only while they live.
@@ -106,6 +136,308 @@ impl DeviceSlot {
             DeviceSlot::Present { node, .. } | DeviceSlot::Releasing { node, .. } => Some(node),
             DeviceSlot::Absent { .. } => None,
         }
+    }
+}
+
+/// The device as the CM actor holds it, and how it gets back a lost one.
+pub(crate) struct Recovery {
+    device: DeviceSlot,
+    /// How a server serves again once its device is back (`None`: a client's actor,
+    /// which closes its connections when the device goes and serves no more).
+    relisten: Option<Relisten>,
+    /// Times the device was lost (removed or failed).
+    losses: u64,
+}
+
+/// A server's device that came back: what the CM actor listens on, and the new PD for
+/// its services.
+pub(crate) struct Back {
+    pub listening: Vec<(CmId, Option<String>)>,
+    pub pd: ProtectionDomain,
+    /// Since when the device was absent.
+    pub since: Instant,
+}
+
+impl Recovery {
+    /// The device serves `node`.
+    pub fn new(node: Arc<Node>) -> Recovery {
+        Recovery {
+            device: DeviceSlot::Present { node, watch: None },
+            relisten: None,
+            losses: 0,
+        }
+    }
+
+    /// Makes this a server's: it watches the device's async events and, when the device
+    /// goes, serves again on `relisten` once it is back.
+    pub fn serve_again(&mut self, relisten: Relisten) {
+        self.relisten = Some(relisten);
+    }
+
+    /// Whether this is a server's (see [`serve_again`](Self::serve_again)).
+    pub fn is_server(&self) -> bool {
+        self.relisten.is_some()
+    }
+
+    /// The node, while the device serves.
+    pub fn node(&self) -> Option<&Arc<Node>> {
+        self.device.node()
+    }
+
+    /// The node, present or releasing.
+    pub fn any_node(&self) -> Option<&Arc<Node>> {
+        self.device.any_node()
+    }
+
+    /// Times the device was lost.
+    pub fn losses(&self) -> u64 {
+        self.losses
+    }
+
+    /// Starts reading the present device's async events (servers), told to `to`.
+    pub fn start_watch(&mut self, to: Recipient<DeviceNotice>) {
+        if let DeviceSlot::Present { node, watch } = &mut self.device {
+            match super::device_watch::start(&node.ctx, to) {
+                Ok(w) => *watch = Some(w),
+                Err(e) => {
+                    tracing::error!(device = %node.ctx.name(), error = %e, "cannot watch the device's events")
+                }
+            }
+        }
+    }
+
+    /// The device was removed or failed (`how`), with `connections` open: takes it out
+    /// of service (releasing until they have let go) and says why they close. `None`
+    /// when it is not serving: every id on the device reports the removal, and only the
+    /// first one acts (taking a releasing node out of its slot would drop it under its
+    /// connections).
+    pub fn lose(&mut self, how: &str, connections: usize) -> Option<CloseReason> {
+        self.device.node()?;
+        let DeviceSlot::Present { node, watch } = std::mem::replace(
+            &mut self.device,
+            DeviceSlot::Absent {
+                gone: GoneDevice::default(),
+                since: Instant::now(),
+                said_empty: false,
+            },
+        ) else {
+            return None;
+        };
+        drop(watch);
+        self.losses += 1;
+        let gone = GoneDevice {
+            name: node.ctx.name().to_owned(),
+            index: node.ctx.index(),
+        };
+        let reason = CloseReason::DeviceLost(format!("RDMA device {} {how}", gone.name));
+        let oob = self.relisten.as_ref().map_or(0, |r| r.oob.len());
+        tracing::error!(
+            device = %gone.name,
+            connections,
+            out_of_band_listeners = oob,
+            "RDMA device {how}: closing every connection and listener; its resources are \
+             released once the connections have let go"
+        );
+        self.device = DeviceSlot::Releasing {
+            node,
+            gone,
+            since: Instant::now(),
+            oob_pending: oob,
+        };
+        Some(reason)
+    }
+
+    /// Tells every out-of-band listener that the device went; each answers `released`
+    /// once its connections have let go of the node.
+    pub fn tell_oob_gone(&self, reason: &CloseReason, released: Recipient<OobReleased>) {
+        for l in self.relisten.iter().flat_map(|r| &r.oob) {
+            l.gone.do_send(OobDeviceGone {
+                reason: reason.clone(),
+                released: released.clone(),
+            });
+        }
+    }
+
+    /// An out-of-band listener has let go of the node.
+    pub fn oob_released(&mut self) {
+        if let DeviceSlot::Releasing { oob_pending, .. } = &mut self.device {
+            *oob_pending = oob_pending.saturating_sub(1);
+        }
+    }
+
+    /// Drops a releasing node once nothing uses it any more (`connections_open`: the CM
+    /// actor's own connections).
+    pub fn try_release(&mut self, connections_open: bool) {
+        let DeviceSlot::Releasing {
+            oob_pending: 0,
+            since,
+            ..
+        } = &self.device
+        else {
+            return;
+        };
+        if connections_open {
+            return;
+        }
+        let since = *since;
+        let DeviceSlot::Releasing { node, gone, .. } = std::mem::replace(
+            &mut self.device,
+            DeviceSlot::Absent {
+                gone: GoneDevice::default(),
+                since,
+                said_empty: false,
+            },
+        ) else {
+            return;
+        };
+        // The pollers' threads are joined here; every connection they ran has ended.
+        drop(node);
+        let waits = match &self.relisten {
+            Some(r) => format!(
+                "waiting for {} to return (looking every {:?})",
+                r.config.device.as_deref().unwrap_or("an RDMA device"),
+                POLL
+            ),
+            None => "this client's connections are closed; it serves no more".into(),
+        };
+        tracing::warn!(
+            device = %gone.name,
+            released_in = ?since.elapsed(),
+            "every connection released; the device's resources are closed; {waits}"
+        );
+        self.device = DeviceSlot::Absent {
+            gone,
+            since,
+            said_empty: false,
+        };
+    }
+
+    /// Every [`POLL`] while absent (servers): lists the devices (which also lets
+    /// librdmacm close its handle of the removed one); the name of a returned one.
+    pub fn look(&mut self) -> Option<String> {
+        let (
+            DeviceSlot::Absent {
+                gone, said_empty, ..
+            },
+            Some(relisten),
+        ) = (&mut self.device, &self.relisten)
+        else {
+            return None;
+        };
+        let listed = match crate::verbs::Context::listed() {
+            Ok(listed) => listed,
+            Err(e) => {
+                // librdmacm compares its list with the kernel's only when the kernel lists
+                // some device; until then it keeps the removed one open, and the kernel's
+                // removal waits for it. Tried on every look: a PD an application still
+                // held may have gone since.
+                let released = crate::verbs::release_removed_devices();
+                match released {
+                    Ok(n) if n > 0 => tracing::warn!(
+                        device = %gone.name,
+                        handles = n,
+                        "no RDMA device is listed: released the handles librdmacm kept of \
+                         the removed device, so the kernel's removal can finish"
+                    ),
+                    Ok(_) if !*said_empty => tracing::warn!(
+                        device = %gone.name,
+                        error = %e,
+                        "no RDMA device is listed"
+                    ),
+                    Ok(_) => {}
+                    Err(release) if !*said_empty => tracing::warn!(
+                        device = %gone.name,
+                        error = %e,
+                        %release,
+                        "no RDMA device is listed, and releasing librdmacm's handles of the \
+                         removed device failed: the kernel's removal waits for this process \
+                         to exit"
+                    ),
+                    Err(_) => {}
+                }
+                *said_empty = true;
+                return None;
+            }
+        };
+        let want = relisten.config.device.as_deref();
+        returned(want, gone, &listed).map(|found| found.name.clone())
+    }
+
+    /// Rebuilds the node on `device` with the server's configuration, binds and listens
+    /// on its addresses again (ids on `channel`) and hands the out-of-band listeners the
+    /// new node. `None` when there is nothing to serve again (a client, or a device not
+    /// absent).
+    pub fn serve_on(
+        &mut self,
+        device: &str,
+        channel: &EventChannel,
+    ) -> Result<Option<Back>, String> {
+        let Some(relisten) = &self.relisten else {
+            return Ok(None);
+        };
+        let since = match &self.device {
+            DeviceSlot::Absent { since, .. } => *since,
+            _ => return Ok(None),
+        };
+        let mut config = relisten.config.clone();
+        config.device = Some(device.to_owned());
+        let node = Node::start(config).map_err(|e| format!("opening the device: {e}"))?;
+        let mut listening = Vec::new();
+        for (addr, default) in &relisten.listeners {
+            let id = CmId::new(channel).map_err(|e| e.to_string())?;
+            id.bind(*addr).map_err(|e| format!("binding {addr}: {e}"))?;
+            id.listen(1024)
+                .map_err(|e| format!("listening on {addr}: {e}"))?;
+            listening.push((id, default.clone()));
+        }
+        for l in &relisten.oob {
+            l.back.do_send(OobDeviceBack(node.clone()));
+        }
+        let pd = node.pd.clone();
+        self.device = DeviceSlot::Present { node, watch: None };
+        Ok(Some(Back {
+            listening,
+            pd,
+            since,
+        }))
+    }
+
+    /// Logs that the device is back (after [`serve_on`](Self::serve_on) and the CM
+    /// actor's part).
+    pub fn say_back(&self, device: &str, since: Instant) {
+        tracing::warn!(
+            device,
+            absent_for = ?since.elapsed(),
+            listeners = ?self.relisten.as_ref().map(|r| r.listeners.iter().map(|(a, _)| *a).collect::<Vec<_>>()),
+            "RDMA device is back: serving again"
+        );
+    }
+
+    /// Lets the node go at the end of the actor's life (every connection released
+    /// already), so that its device resources are released when the shutdown is
+    /// answered.
+    pub fn let_go(&mut self) {
+        self.device = DeviceSlot::Absent {
+            gone: GoneDevice::default(),
+            since: Instant::now(),
+            said_empty: true,
+        };
+    }
+}
+
+/// Destroys the listening and connecting ids of a lost device. Destroying an id waits
+/// until its events are acknowledged, and events of these ids may be queued behind the
+/// removal for the CM actor that calls this: destroyed on a thread of their own, which
+/// waits for that actor to read them.
+pub(crate) fn destroy_ids(ids: Vec<CmId>) {
+    if ids.is_empty() {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("rdmactor-cm-drop".into())
+        .spawn(move || drop(ids));
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "cannot start the thread destroying the lost device's cm ids");
     }
 }
 

@@ -12,7 +12,7 @@ use super::cm::{CmActor, GetCounters, GetPd};
 use super::config::NodeConfig;
 use super::node::Node;
 use super::oob::{GetOobStats, OobListener, OobPort, OobShutdown, OobStats};
-use super::recovery::Relisten;
+use super::recovery::{OobLink, Relisten};
 use super::service::{Framing, Service};
 use crate::memory::PoolStats;
 use crate::verbs::{CmId, EventChannel, VerbsError};
@@ -182,7 +182,13 @@ impl ServerBuilder {
         cm.serve_again(Relisten {
             config,
             listeners: relisten,
-            oob: oob.iter().map(|(l, _)| l.clone()).collect(),
+            oob: oob
+                .iter()
+                .map(|(l, _)| OobLink {
+                    gone: l.clone().recipient(),
+                    back: l.clone().recipient(),
+                })
+                .collect(),
         });
         let cm = cm.start();
         Ok(Server {

@@ -16,18 +16,13 @@ use super::bringup::prepare;
 use super::{OobPort, OobStats, OobTransport};
 use crate::proto::oob::{self, ExchangeError, RECORD_LEN};
 use crate::runtime::budget::QpBudget;
-use crate::runtime::connection::{
-    panic_message, CmNotice, ConnClosed, ConnectionActor, ConnectionParts, Handshake,
-};
+use crate::runtime::conn_set::ConnSet;
+use crate::runtime::connection::{panic_message, CmNotice, ConnClosed, ConnectionParts, Handshake};
 use crate::runtime::node::Node;
+use crate::runtime::recovery::{OobDeviceBack, OobDeviceGone, OobReleased};
 use crate::runtime::service::{PeerInfo, Service};
 use crate::runtime::CloseReason;
 use crate::verbs::CmIdKey;
-
-struct Open {
-    conn: Recipient<CmNotice>,
-    client: u64,
-}
 
 pub(crate) struct OobListener {
     /// The server's node while its device serves (`None` after the device went: clients
@@ -35,12 +30,13 @@ pub(crate) struct OobListener {
     node: Option<Arc<Node>>,
     /// Told once the connections closed for a lost device have released and the node
     /// has been let go.
-    device_gone: Option<Recipient<crate::runtime::cm::OobReleased>>,
+    device_gone: Option<Recipient<OobReleased>>,
     port: OobPort,
     service: Arc<dyn Service>,
     listener: Option<std::net::TcpListener>,
     stop_accepting: Option<oneshot::Sender<()>>,
-    conns: HashMap<CmIdKey, Open>,
+    /// The QPs' connections, each with the client it belongs to.
+    conns: ConnSet<u64>,
     /// Open QPs per client: its keys are the clients counted under `max_clients`
     /// (kept as connections open and close, not recounted per accept).
     qps_of_client: HashMap<u64, usize>,
@@ -52,7 +48,7 @@ pub(crate) struct OobListener {
     /// taken from it all or none.
     budget: QpBudget,
     shutting_down: bool,
-    drained: Vec<oneshot::Sender<()>>,
+    /// Its counters but `connections` and `closed` (read from `conns`).
     stats: OobStats,
 }
 
@@ -80,14 +76,13 @@ impl OobListener {
                 service,
                 listener: Some(listener),
                 stop_accepting: None,
-                conns: HashMap::new(),
+                conns: ConnSet::default(),
                 qps_of_client: HashMap::new(),
                 exchanging: 0,
                 next_key: 1,
                 next_client: 1,
                 budget,
                 shutting_down: false,
-                drained: Vec::new(),
                 stats,
             },
             bound,
@@ -163,7 +158,7 @@ impl OobListener {
             );
             let (tx, rx) = oneshot::channel();
             registered.push(rx);
-            let addr = ConnectionActor::start(ConnectionParts {
+            let parts = ConnectionParts {
                 core,
                 session,
                 cm: ctx.address().recipient(),
@@ -171,19 +166,12 @@ impl OobListener {
                 label,
                 handshake: Handshake::OutOfBand(tx),
                 handed_over: std::time::Instant::now(),
-            });
+            };
+            let addr = self.conns.start(parts, client);
             // RTS already: the session may send as soon as its actor runs.
             addr.do_send(CmNotice::Established { peer: None });
             *self.qps_of_client.entry(client).or_default() += 1;
-            self.conns.insert(
-                key,
-                Open {
-                    conn: addr.recipient(),
-                    client,
-                },
-            );
         }
-        self.stats.connections = self.conns.len();
         Ok(Brought {
             client,
             answer: oob::encode_records(&prepared.answer, transport.records()),
@@ -192,10 +180,8 @@ impl OobListener {
     }
 
     fn close_client(&mut self, client: u64, reason: &str) {
-        for open in self.conns.values().filter(|o| o.client == client) {
-            open.conn
-                .do_send(CmNotice::Close(CloseReason::Protocol(reason.to_owned())));
-        }
+        let reason = CloseReason::Protocol(reason.to_owned());
+        self.conns.close_where(|&c| c == client, &reason);
     }
 }
 
@@ -438,21 +424,16 @@ impl Handler<ConnClosed> for OobListener {
     type Result = ();
 
     fn handle(&mut self, msg: ConnClosed, _: &mut Context<Self>) {
-        if let Some(open) = self.conns.remove(&msg.key) {
-            self.stats.closed += 1;
-            if let Some(n) = self.qps_of_client.get_mut(&open.client) {
+        if let Some(client) = self.conns.release(msg.key) {
+            if let Some(n) = self.qps_of_client.get_mut(&client) {
                 *n -= 1;
                 if *n == 0 {
-                    self.qps_of_client.remove(&open.client);
+                    self.qps_of_client.remove(&client);
                 }
             }
         }
-        self.stats.connections = self.conns.len();
         tracing::debug!(reason = %msg.reason, "out-of-band connection released");
-        if self.conns.is_empty() {
-            for w in self.drained.drain(..) {
-                let _ = w.send(());
-            }
+        if self.conns.answer_if_drained() {
             if self.shutting_down {
                 self.node = None;
             }
@@ -467,18 +448,9 @@ impl OobListener {
     fn release_node(&mut self) {
         if let Some(released) = self.device_gone.take() {
             self.node = None;
-            released.do_send(crate::runtime::cm::OobReleased);
+            released.do_send(OobReleased);
         }
     }
-}
-
-/// The device went (`reason`): close every connection, refuse clients, let the node go
-/// once they released, then tell `released`.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub(crate) struct OobDeviceGone {
-    pub reason: CloseReason,
-    pub released: Recipient<crate::runtime::cm::OobReleased>,
 }
 
 impl Handler<OobDeviceGone> for OobListener {
@@ -486,20 +458,13 @@ impl Handler<OobDeviceGone> for OobListener {
 
     fn handle(&mut self, msg: OobDeviceGone, _: &mut Context<Self>) {
         tracing::warn!(transport = %self.port.transport, connections = self.conns.len(), "out-of-band port: closing every connection, the device went; the TCP port stays open and refuses clients until it is back");
-        for open in self.conns.values() {
-            open.conn.do_send(CmNotice::Close(msg.reason.clone()));
-        }
+        self.conns.close_all(&msg.reason);
         self.device_gone = Some(msg.released);
         if self.conns.is_empty() {
             self.release_node();
         }
     }
 }
-
-/// The device is back: serve on `0`.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub(crate) struct OobDeviceBack(pub Arc<Node>);
 
 impl Handler<OobDeviceBack> for OobListener {
     type Result = ();
@@ -518,7 +483,10 @@ impl Handler<GetOobStats> for OobListener {
     type Result = MessageResult<GetOobStats>;
 
     fn handle(&mut self, _: GetOobStats, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(self.stats.clone())
+        let mut stats = self.stats.clone();
+        stats.connections = self.conns.len();
+        stats.closed = self.conns.closed();
+        MessageResult(stats)
     }
 }
 
@@ -535,14 +503,9 @@ impl Handler<OobShutdown> for OobListener {
         if let Some(stop) = self.stop_accepting.take() {
             let _ = stop.send(());
         }
-        for open in self.conns.values() {
-            open.conn.do_send(CmNotice::Close(CloseReason::Shutdown));
-        }
         if self.conns.is_empty() {
             self.node = None;
-            let _ = msg.0.send(());
-        } else {
-            self.drained.push(msg.0);
         }
+        self.conns.drain(msg.0);
     }
 }
