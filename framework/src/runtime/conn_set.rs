@@ -145,3 +145,102 @@ impl<T> ConnSet<T> {
 pub(crate) fn fmt_addr(addr: Option<SocketAddr>) -> String {
     addr.map_or_else(|| "?".into(), |a| a.to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// Stands in for a connection actor: keeps the notices it is sent.
+    struct Heard(Arc<Mutex<Vec<String>>>);
+
+    impl Actor for Heard {
+        type Context = Context<Self>;
+    }
+
+    impl Handler<CmNotice> for Heard {
+        type Result = ();
+        fn handle(&mut self, notice: CmNotice, _: &mut Context<Self>) {
+            self.0.lock().unwrap().push(format!("{notice:?}"));
+        }
+    }
+
+    fn key(n: usize) -> CmIdKey {
+        CmIdKey::out_of_band(n)
+    }
+
+    /// Runs `f` on a set holding connections 1 to 3 (tags 10, 20, 20; QPs 101 to 103),
+    /// then returns what each connection heard.
+    fn with_set(f: impl FnOnce(&mut ConnSet<u64>) + 'static) -> Vec<Vec<String>> {
+        actix::System::new().block_on(async move {
+            let heard: Vec<_> = (0..3).map(|_| Arc::new(Mutex::new(Vec::new()))).collect();
+            let mut set = ConnSet::default();
+            for (i, tag) in [10, 20, 20].into_iter().enumerate() {
+                let conn = Heard(heard[i].clone()).start().recipient();
+                set.insert(key(i + 1), 101 + i as u32, conn, tag);
+            }
+            f(&mut set);
+            // Every notice sent is delivered before this one-turn sleep ends.
+            actix::clock::sleep(std::time::Duration::from_millis(20)).await;
+            heard.iter().map(|h| h.lock().unwrap().clone()).collect()
+        })
+    }
+
+    #[test]
+    fn a_drain_closes_every_connection_and_answers_once_all_released() {
+        let (tx, mut rx) = oneshot::channel();
+        let heard = with_set(move |set| {
+            set.drain(tx);
+            assert!(rx.try_recv().is_err(), "three still open");
+            assert_eq!(set.release(key(2)), Some(20));
+            assert_eq!(set.release(key(2)), None, "released once");
+            assert!(!set.answer_if_drained());
+            set.release(key(1));
+            set.release(key(3));
+            assert!(set.answer_if_drained());
+            assert_eq!(rx.try_recv(), Ok(()));
+            assert_eq!((set.len(), set.closed()), (0, 3));
+        });
+        for h in heard {
+            assert_eq!(h, vec!["Close(Shutdown)"]);
+        }
+    }
+
+    #[test]
+    fn a_drain_of_an_empty_set_answers_at_once() {
+        let mut set: ConnSet<()> = ConnSet::default();
+        let (tx, mut rx) = oneshot::channel();
+        set.drain(tx);
+        assert_eq!(rx.try_recv(), Ok(()));
+    }
+
+    #[test]
+    fn close_where_reaches_only_the_tagged_and_notify_only_the_named() {
+        let heard = with_set(|set| {
+            set.close_where(|&t| t == 20, &CloseReason::Protocol("left".into()));
+            set.notify(key(1), CmNotice::Disconnected);
+            set.notify(key(9), CmNotice::Disconnected);
+        });
+        assert_eq!(heard[0], vec!["Disconnected"]);
+        let left = r#"Close(Protocol("left"))"#;
+        assert_eq!(heard[1], vec![left]);
+        assert_eq!(heard[2], vec![left]);
+    }
+
+    #[test]
+    fn a_qp_names_its_connection_until_released_or_reused() {
+        with_set(|set| {
+            assert_eq!(set.by_qp(102), Some(key(2)));
+            assert_eq!(set.by_qp(104), None);
+            // rxe reuses QP numbers: a new connection on QP 102 before the old one's
+            // release keeps the number.
+            let other = set.open[&key(1)].conn.clone();
+            set.insert(key(4), 102, other, 30);
+            set.release(key(2));
+            assert_eq!(set.by_qp(102), Some(key(4)));
+            set.release(key(4));
+            assert_eq!(set.by_qp(102), None);
+        });
+    }
+}
