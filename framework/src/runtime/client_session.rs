@@ -110,8 +110,9 @@ pub(super) struct ClientSession {
     ops: HashMap<OpId, PendingOp>,
     inbox: mpsc::UnboundedSender<Message>,
     closed: ClosedReason,
-    /// The application's session (see [`Client::connect_session`](super::Client::connect_session)), which then gets
-    /// every message and the completions of its own operations.
+    /// The application's session (see
+    /// [`Client::connect_session`](super::Client::connect_session)), which then gets every
+    /// message and the completions of its own operations.
     user: Option<Box<dyn Session>>,
 }
 

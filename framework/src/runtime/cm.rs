@@ -18,11 +18,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use tokio::sync::oneshot;
 
 use super::admission::{self, PeerCounts};
 use super::budget::QpBudget;
-use super::conn_set::{fmt_addr, ConnSet};
+use super::conn_set::{self, fmt_addr, ConnSet, Drain};
 use super::connect::{Connect, ConnectError, Dialing, Reports};
 use super::connection::{
     panic_message, CmCall, CmNotice, ConnClosed, ConnectionParts, Handshake, HandshakeFailed,
@@ -176,14 +175,9 @@ impl CmActor {
             Ok(admitted) => admitted,
             Err(reject) => return self.reject(&id, reject),
         };
-        let admission::Admitted {
-            node,
-            service_name,
-            service,
-            framing,
-            peer_depth,
-            slot,
-        } = admitted;
+        let (node, service, framing) = (admitted.node, admitted.service, admitted.framing);
+        let (service_name, peer_depth) = (admitted.service_name, admitted.peer_depth);
+        let slot = admitted.slot;
         let mut core = match node.prepare(&id, framing, peer_depth.map(|(a, _)| a)) {
             Ok(core) => core,
             Err(e) => return self.reject(&id, Reject::new(RejectCode::Internal, e)),
@@ -440,13 +434,9 @@ impl Handler<Connect> for CmActor {
 }
 
 /// Stops accepting, closes every connection, and answers once all are released.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub(crate) struct Shutdown(pub oneshot::Sender<()>);
-
-impl Handler<Shutdown> for CmActor {
+impl Handler<Drain> for CmActor {
     type Result = ();
-    fn handle(&mut self, msg: Shutdown, _ctx: &mut Context<Self>) {
+    fn handle(&mut self, msg: Drain, _ctx: &mut Context<Self>) {
         self.shutting_down = true;
         self.listeners.clear();
         let why = CloseReason::Local(ConnectError::ShuttingDown.to_string());
@@ -455,7 +445,7 @@ impl Handler<Shutdown> for CmActor {
     }
 }
 
-/// Stops the actor and its event thread (after `Shutdown`).
+/// Stops the actor and its event thread (after `Drain`).
 #[derive(Message)]
 #[rtype(result = "()")]
 pub(crate) struct Stop;
@@ -511,9 +501,7 @@ impl Handler<GetPd> for CmActor {
 /// Closes every connection of `cm`, waits until they released their resources, then
 /// stops the actor and its event thread (the end of a server's or client's life).
 pub(crate) async fn shut_down(cm: &Addr<CmActor>) {
-    let (tx, rx) = oneshot::channel();
-    cm.do_send(Shutdown(tx));
-    let _ = rx.await;
+    conn_set::drain(cm).await;
     let _ = cm.send(Stop).await;
 }
 

@@ -141,6 +141,23 @@ impl<T> ConnSet<T> {
     }
 }
 
+/// Shutdown, to an owner of a set: stop taking connections, close every one, and answer
+/// once all have released (see [`ConnSet::drain`]).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct Drain(pub oneshot::Sender<()>);
+
+/// Sends [`Drain`] to `owner` and waits for the answer (or for the owner to be gone).
+pub(crate) async fn drain<A>(owner: &Addr<A>)
+where
+    A: Actor + Handler<Drain>,
+    A::Context: actix::dev::ToEnvelope<A, Drain>,
+{
+    let (tx, rx) = oneshot::channel();
+    owner.do_send(Drain(tx));
+    let _ = rx.await;
+}
+
 /// A peer address for a connection's label (`?` when unknown).
 pub(crate) fn fmt_addr(addr: Option<SocketAddr>) -> String {
     addr.map_or_else(|| "?".into(), |a| a.to_string())

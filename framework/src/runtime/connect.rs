@@ -75,23 +75,14 @@ pub(crate) trait Dialer: Send + 'static {
 
 /// `parts` with the dialer's `session`.
 pub(crate) fn with_session<S>(parts: ConnectionParts<()>, session: S) -> ConnectionParts<S> {
-    let ConnectionParts {
-        core,
-        session: (),
-        cm,
-        key,
-        label,
-        handshake,
-        handed_over,
-    } = parts;
     ConnectionParts {
-        core,
         session,
-        cm,
-        key,
-        label,
-        handshake,
-        handed_over,
+        core: parts.core,
+        cm: parts.cm,
+        key: parts.key,
+        label: parts.label,
+        handshake: parts.handshake,
+        handed_over: parts.handed_over,
     }
 }
 

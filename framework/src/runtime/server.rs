@@ -11,7 +11,7 @@ use super::budget::QpBudget;
 use super::cm::{CmActor, GetCounters, GetPd};
 use super::config::NodeConfig;
 use super::node::Node;
-use super::oob::{GetOobStats, OobListener, OobPort, OobShutdown, OobStats};
+use super::oob::{GetOobStats, OobListener, OobPort, OobStats};
 use super::recovery::{OobLink, Relisten};
 use super::service::{Framing, Service};
 use crate::memory::PoolStats;
@@ -313,9 +313,7 @@ impl Server {
     /// its resources, and stops the actors and threads.
     pub async fn shutdown(self) {
         for (l, _) in &self.oob {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            l.do_send(OobShutdown(tx));
-            let _ = rx.await;
+            super::conn_set::drain(l).await;
         }
         for thread in self.oob_threads {
             thread.stop();

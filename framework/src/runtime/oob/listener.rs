@@ -16,7 +16,7 @@ use super::bringup::prepare;
 use super::{OobPort, OobStats, OobTransport};
 use crate::proto::oob::{self, ExchangeError, RECORD_LEN};
 use crate::runtime::budget::QpBudget;
-use crate::runtime::conn_set::ConnSet;
+use crate::runtime::conn_set::{ConnSet, Drain};
 use crate::runtime::connection::{panic_message, CmNotice, ConnClosed, ConnectionParts, Handshake};
 use crate::runtime::node::Node;
 use crate::runtime::recovery::{OobDeviceBack, OobDeviceGone, OobReleased};
@@ -490,15 +490,12 @@ impl Handler<GetOobStats> for OobListener {
     }
 }
 
-/// Stops accepting, closes every connection, answers once all are released, then stops.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub(crate) struct OobShutdown(pub oneshot::Sender<()>);
-
-impl Handler<OobShutdown> for OobListener {
+/// Stops accepting, closes every connection, and answers once all are released (the
+/// node let go first).
+impl Handler<Drain> for OobListener {
     type Result = ();
 
-    fn handle(&mut self, msg: OobShutdown, _: &mut Context<Self>) {
+    fn handle(&mut self, msg: Drain, _: &mut Context<Self>) {
         self.shutting_down = true;
         if let Some(stop) = self.stop_accepting.take() {
             let _ = stop.send(());

@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use crate::verbs::Mtu;
 
-pub(crate) use listener::{GetOobStats, OobListener, OobShutdown};
+pub(crate) use listener::{GetOobStats, OobListener};
 
 /// The transport of an out-of-band port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
