@@ -125,3 +125,9 @@ pub mod metrics;
 pub mod proto;
 pub mod runtime;
 pub mod verbs;
+
+// The Rust blocks of docs/writing-a-service.md, compiled (and run: they define items
+// only) by `cargo test --doc`, so that the guide cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/writing-a-service.md")]
+mod writing_a_service {}
