@@ -347,7 +347,7 @@ pub struct Recorded<S> {
 }
 
 impl<S> Recorded<S> {
-    /// `inner`, recording into a list the caller reads with [`Recorded::reasons`].
+    /// `inner`, recording into a list the caller reads (its `reasons`).
     pub fn new(inner: S) -> (Recorded<S>, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
         let reasons = std::sync::Arc::default();
         let rec = Recorded {

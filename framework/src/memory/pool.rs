@@ -164,6 +164,8 @@ pub struct PoolStats {
     pub waits: u64,
     /// Waiting now, per line (smallest class, bulk, heap).
     pub waiting: [usize; 3],
+    /// Leases refused at the cap since start.
+    pub exhausted: u64,
     /// Heap bytes held by incoming messages now ([`Pool::charge_heap`]).
     pub heap_bytes: usize,
 }
@@ -244,6 +246,7 @@ struct State<C> {
     /// Asks waiting for memory to come back, one line per limit (see `line.rs`).
     lines: Lines,
     waits: u64,
+    exhausted: u64,
 }
 
 /// Registered memory came back (a lease, a charge): both lines under the cap may move.
@@ -361,6 +364,7 @@ impl<S: ChunkSource> Pool<S> {
                     peak: 0,
                     lines: Lines::default(),
                     waits: 0,
+                    exhausted: 0,
                 }),
             }),
         }
@@ -535,7 +539,7 @@ impl<S: ChunkSource> Pool<S> {
                 return Ok(lease(taken, larger));
             }
         }
-        crate::metrics::pool_exhausted();
+        state.exhausted += 1;
         Err(PoolError::Exhausted {
             class: state.classes[class].size,
             limit: if class == 0 {
@@ -626,6 +630,7 @@ impl<S: ChunkSource> Pool<S> {
             arenas: state.classes.iter().map(|c| c.arenas.len()).collect(),
             waits: state.waits,
             waiting: [Line::Smallest, Line::Bulk, Line::Heap].map(|l| state.lines.len(l)),
+            exhausted: state.exhausted,
             heap_bytes: state.heap,
         }
     }

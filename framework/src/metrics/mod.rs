@@ -23,7 +23,7 @@
 //! | `rdmactor_completions_unrouted_total` | counter | | completions for a QP with no registered connection, dropped (late flushes of a released connection; anything else is a bug) |
 //! | `rdmactor_cq_poll_batch` | histogram | | completions returned by each non-empty CQ poll |
 //! | `rdmactor_pool_registered_bytes`, `rdmactor_pool_leased_chunks` | gauge | | the memory pool, sampled by [`record_pool`] |
-//! | `rdmactor_pool_exhausted_total` | counter | | leases refused because the pool reached its cap |
+//! | `rdmactor_pool_exhausted_total` | counter | | leases refused because the pool reached its cap, sampled by [`record_pool`] (the pool counts them itself, so `memory` does not depend on this module) |
 //! | `rdmactor_pool_waits_total` | counter | | times a connection refused at one of the pool's limits took a place in its line (a rendezvous offer, an incoming message's heap share, a READ chunk) instead of closing |
 //! | `rdmactor_pool_waiting` | gauge | `line` (`smallest`, `bulk`, `heap`) | places in the pool's lines now, sampled by [`record_pool`] |
 //! | `rdmactor_pool_heap_bytes` | gauge | | heap held by incoming messages (the budget of `PoolConfig::heap_bytes`), sampled by [`record_pool`] |
@@ -164,11 +164,6 @@ pub(crate) fn completions_unrouted(n: usize) {
     counter!("rdmactor_completions_unrouted_total").increment(n as u64);
 }
 
-/// The pool refused a lease at its cap.
-pub(crate) fn pool_exhausted() {
-    counter!("rdmactor_pool_exhausted_total").increment(1);
-}
-
 /// A connection refused at one of the pool's limits took a place in its line.
 pub(crate) fn pool_wait() {
     counter!("rdmactor_pool_waits_total").increment(1);
@@ -181,6 +176,7 @@ pub fn record_pool(stats: &PoolStats) {
     gauge!("rdmactor_pool_charged_bytes").set(stats.charged_bytes as f64);
     gauge!("rdmactor_pool_leased_chunks").set(stats.leased.iter().sum::<usize>() as f64);
     gauge!("rdmactor_pool_heap_bytes").set(stats.heap_bytes as f64);
+    counter!("rdmactor_pool_exhausted_total").absolute(stats.exhausted);
     for (line, n) in ["smallest", "bulk", "heap"].iter().zip(stats.waiting) {
         gauge!("rdmactor_pool_waiting", "line" => *line).set(n as f64);
     }

@@ -281,7 +281,7 @@ pub trait Endpoint {
         Err(unexpected(self, format!("read of chunk {}", chunk.index)))
     }
 
-    /// Sender: what a [`ReadJob`](super::sender::ReadJob) read; returns the chunk's
+    /// Sender: what a `ReadJob` read; returns the chunk's
     /// bytes, to copy into its [`ChunkWrite::range`] of the staging buffer and post.
     ///
     /// # Errors

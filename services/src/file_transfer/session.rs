@@ -53,7 +53,7 @@ use crate::owner_slot::OwnerSlot;
 /// consumed, which bounds what waits to the window. The temporary file of an upload
 /// whose hash did not match is removed by the commit job, before BAD goes out; one
 /// abandoned otherwise (an error, a closed connection) goes to the service's
-/// [`Reaper`] thread. A download's chunks are read from the file on the blocking pool
+/// `Reaper` thread. A download's chunks are read from the file on the blocking pool
 /// too, one at a time, and copied into the staging buffer and posted when read.
 ///
 /// A `Fetch` reads its file whole only when the service does not know its digest

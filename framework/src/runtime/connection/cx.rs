@@ -216,7 +216,7 @@ impl<'a> SessionCx<'a> {
         })
     }
 
-    /// Posts a one-sided operation; its completion arrives in [`Session::on_op`].
+    /// Posts a one-sided operation; its completion arrives in [`Session::on_op`](crate::runtime::Session::on_op).
     pub fn post(&mut self, op: Op) -> Result<OpId, SessionError> {
         self.entry(op.buf())?;
         let id = OpId(self.core.next_op);
