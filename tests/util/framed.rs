@@ -12,15 +12,7 @@ use rdmactor::verbs::{Access, MemoryRegion, ProtectionDomain, RecvWr};
 
 use crate::{flood_sends, test_addr, Recorded};
 
-/// Runs `client` on its own thread (it blocks) while this thread keeps the server's
-/// actors going, and returns its result.
-pub async fn off_thread<T: Send + 'static>(client: impl FnOnce() -> T + Send + 'static) -> T {
-    let handle = std::thread::spawn(client);
-    while !handle.is_finished() {
-        actix_rt::time::sleep(Duration::from_millis(10)).await;
-    }
-    handle.join().expect("client thread")
-}
+pub use rdmactor_testkit::off_thread;
 
 /// A framed service answering every message with its bytes.
 pub struct Mirror;

@@ -1,5 +1,11 @@
-//! Shared helpers for the real-verbs tests: device discovery, `rdma resource` counts and
-//! a connected client/server pair over rdma_cm.
+//! Shared helpers for the real-verbs tests: `rdma resource` counts, this process's
+//! memory, the tools' binaries, an echo checked byte for byte and a blocking SEND flood;
+//! a framed peer made by hand ([`framed`]) and the driver of `scripts/wire` ([`wire`]).
+//!
+//! The fixtures the tests share with the services' unit tests and the tools (the byte
+//! [`pattern`], the device and addresses, servers, clients, a connected verbs pair) live
+//! in the `rdmactor-testkit` crate and are re-exported here, so a test names them all
+//! from this crate.
 //!
 //! The tests need an RDMA device (run them through `scripts/test`, which boots the
 //! Soft-RoCE VM). Outside the VM they print that they skip, unless
@@ -7,68 +13,19 @@
 //! fails the test.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, SocketAddr};
 use std::process::Command;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use rdmactor::blocking::{self, Endpoint, EndpointOptions, Listener};
-use rdmactor::verbs::{CmId, Context, EventChannel, ProtectionDomain, QueuePair, Result};
+use rdmactor::blocking::Endpoint;
+
+pub use rdmactor_testkit::{
+    actix_run, assert_leases_returned, capped_pool, close_all, connect_n, connect_pair, eventually,
+    first_close_reason, pattern, rdma_context, second_peer_ip, serve, serve_with, test_addr,
+    wait_idle, Pair, Reasons, Recorded, Slow,
+};
 
 pub mod framed;
 pub mod wire;
-
-/// Opens the test device, or returns `None` (test skipped) when there is none and the run
-/// does not require one.
-///
-/// The context is opened once per process and a cm_id is bound once: librdmacm allocates
-/// a PD of its own per device the first time an id binds to it and keeps it while the
-/// device list is referenced, so doing that before any baseline is taken makes
-/// `rdma resource` counts comparable across tests.
-pub fn rdma_context() -> Option<Context> {
-    static CONTEXT: OnceLock<Result<Context, String>> = OnceLock::new();
-    let ctx = CONTEXT.get_or_init(|| {
-        let name = std::env::var("RDMACTOR_DEVICE").ok();
-        let ctx = Context::open(name.as_deref()).map_err(|e| e.to_string())?;
-        let channel = EventChannel::new().map_err(|e| e.to_string())?;
-        let id = CmId::new(&channel).map_err(|e| e.to_string())?;
-        id.bind(test_addr())
-            .map_err(|e| format!("bind {}: {e}", test_addr()))?;
-        Ok(ctx)
-    });
-    match ctx {
-        Ok(ctx) => Some(ctx.clone()),
-        Err(e) if std::env::var("RDMACTOR_REQUIRE_RDMA").as_deref() == Ok("1") => {
-            panic!("RDMACTOR_REQUIRE_RDMA=1 but no usable RDMA device: {e}")
-        }
-        Err(e) => {
-            eprintln!("skipping: no RDMA device ({e}); run scripts/test to use the Soft-RoCE VM");
-            None
-        }
-    }
-}
-
-/// The address of the RDMA interface (192.0.2.1 in the Soft-RoCE VM), port 0.
-pub fn test_addr() -> SocketAddr {
-    let ip: IpAddr = std::env::var("RDMACTOR_TEST_IP")
-        .unwrap_or_else(|_| "192.0.2.1".into())
-        .parse()
-        .expect("RDMACTOR_TEST_IP is an IP address");
-    SocketAddr::new(ip, 0)
-}
-
-/// A second address of this host on the RDMA interface (the VM gives it the test
-/// address + 100, 192.0.2.101): connecting from it makes a second peer to a server that
-/// counts connections per peer address.
-pub fn second_peer_ip() -> IpAddr {
-    match test_addr().ip() {
-        IpAddr::V4(v4) => {
-            let [a, b, c, d] = v4.octets();
-            IpAddr::V4(std::net::Ipv4Addr::new(a, b, c, d.wrapping_add(100)))
-        }
-        other => panic!("no second peer address for {other}"),
-    }
-}
 
 /// Per-kind object counts of one device, as `rdma resource show` prints them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,71 +91,6 @@ pub fn assert_released(baseline: &ResourceCounts) {
     }
 }
 
-/// A connected client/server pair on one PD.
-pub struct Pair {
-    /// Active side.
-    pub client: Endpoint,
-    /// Passive side.
-    pub server: Endpoint,
-}
-
-/// Connects a client to a fresh listener; `server_prepare` and `client_prepare` run on
-/// each QP before it becomes ready (post receives there).
-pub fn connect_pair(
-    pd: &ProtectionDomain,
-    server_prepare: impl FnOnce(&QueuePair) -> Result<()> + Send,
-    client_prepare: impl FnOnce(&QueuePair) -> Result<()>,
-) -> Pair {
-    let opts = EndpointOptions::default();
-    let listener = Listener::bind(test_addr()).expect("bind listener");
-    let addr = listener.local_addr().expect("listener address");
-    std::thread::scope(|s| {
-        let server = s.spawn(|| listener.accept(pd, &opts, b"srv", server_prepare));
-        let client = blocking::connect(pd, addr, &opts, b"cli", client_prepare).expect("connect");
-        let server = server.join().expect("server thread").expect("accept");
-        assert_eq!(server.peer_data.get(..3), Some(&b"cli"[..]));
-        Pair { client, server }
-    })
-}
-
-/// Deterministic pseudo-random bytes (xorshift), so failures are reproducible.
-pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
-/// Runs `fut` inside a fresh actix System (what servers and clients need). With
-/// `RUST_LOG` set, the framework's logs go to the test's output.
-pub fn actix_run<F: std::future::Future>(fut: F) -> F::Output {
-    if std::env::var_os("RUST_LOG").is_some() {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
-    }
-    actix::System::new().block_on(fut)
-}
-
-/// Polls `check` until it holds or `timeout` passes.
-pub async fn eventually<F, Fut>(what: &str, timeout: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        actix_rt::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// A path next to the test binary's `target/<profile>/` (for example the examples'
 /// binaries, which `scripts/test` builds first).
 pub fn target_bin(name: &str) -> std::path::PathBuf {
@@ -220,195 +112,6 @@ pub async fn echo_ok(conn: &rdmactor::runtime::ClientConnection, payload: Vec<u8
         .await
         .expect("echo request");
     assert!(resp.payload == payload, "echo payload differs");
-}
-
-/// Waits until `server` has no connection left (each one released its resources).
-pub async fn wait_idle(server: &rdmactor::runtime::Server, what: &str, timeout: Duration) {
-    eventually(what, timeout, || async {
-        server.stats().await.connections == 0
-    })
-    .await;
-}
-
-/// Closes `conns`, waits until `server` has released them, checks every pool lease came
-/// back, and shuts `client` down.
-pub async fn close_all(
-    server: &rdmactor::runtime::Server,
-    client: rdmactor::runtime::Client,
-    conns: Vec<rdmactor::runtime::ClientConnection>,
-) {
-    for conn in conns {
-        conn.close().await;
-    }
-    wait_idle(
-        server,
-        "server connections to close",
-        Duration::from_secs(20),
-    )
-    .await;
-    assert_leases_returned(server).await;
-    client.shutdown().await;
-}
-
-/// Every lease is back in the pool, but for the receive buffers of the empty shared
-/// queues the server keeps for its next connections.
-pub async fn assert_leases_returned(server: &rdmactor::runtime::Server) {
-    let stats = server.stats().await;
-    assert!(
-        stats.shared_queues.iter().all(|&m| m == 0),
-        "no connection left in a shared queue: {stats:?}"
-    );
-    assert_eq!(
-        stats.pool.leased.iter().sum::<usize>(),
-        stats.shared_recv_buffers,
-        "leases returned: {stats:?}"
-    );
-    // And every buffer of those queues is posted again, none lost to a closed member.
-    if let Some(depth) = stats
-        .shared_recv_buffers
-        .checked_div(stats.shared_receives_posted.len())
-    {
-        assert!(
-            stats.shared_receives_posted.iter().all(|&n| n == depth),
-            "shared receives posted, of {depth} each: {stats:?}"
-        );
-    }
-}
-
-/// Opens `n` connections to `service` at `addr`, one after another.
-pub async fn connect_n(
-    client: &rdmactor::runtime::Client,
-    addr: std::net::SocketAddr,
-    service: &str,
-    n: usize,
-) -> Vec<rdmactor::runtime::ClientConnection> {
-    let mut conns = Vec::with_capacity(n);
-    for i in 0..n {
-        let conn = client.connect(addr, service).await;
-        conns.push(conn.unwrap_or_else(|e| panic!("connect {i} to {service}: {e}")));
-    }
-    conns
-}
-
-/// A server on the test address offering `service` as `name`, its address, and a client
-/// (inside an actix System).
-pub fn serve(
-    name: &str,
-    service: impl rdmactor::runtime::Service,
-) -> (
-    rdmactor::runtime::Server,
-    std::net::SocketAddr,
-    rdmactor::runtime::Client,
-) {
-    serve_with(rdmactor::runtime::NodeConfig::default(), name, service)
-}
-
-/// [`serve`] with the server's node configured by `config` (the client's stays default).
-pub fn serve_with(
-    config: rdmactor::runtime::NodeConfig,
-    name: &str,
-    service: impl rdmactor::runtime::Service,
-) -> (
-    rdmactor::runtime::Server,
-    std::net::SocketAddr,
-    rdmactor::runtime::Client,
-) {
-    let server = rdmactor::runtime::Server::builder()
-        .config(config)
-        .listen(test_addr(), None)
-        .service(name, service)
-        .start()
-        .expect("server");
-    let addr = server.local_addrs()[0];
-    let client =
-        rdmactor::runtime::Client::start(rdmactor::runtime::NodeConfig::default()).expect("client");
-    (server, addr, client)
-}
-
-/// A node whose registered-memory pool has `room` bytes beyond the receive buffers it
-/// reserves: the cap that rendezvous buffers, large leases and session registrations
-/// share.
-pub fn capped_pool(room: usize) -> rdmactor::runtime::NodeConfig {
-    let pool = rdmactor::memory::PoolConfig::default();
-    rdmactor::runtime::NodeConfig {
-        pool: rdmactor::memory::PoolConfig {
-            max_bytes: pool.reserved_smallest + room,
-            ..pool
-        },
-        ..rdmactor::runtime::NodeConfig::default()
-    }
-}
-
-/// Wraps a service and records why each of its connections closed (`CloseReason`'s
-/// text), so tests can check the reason a misbehaving peer or session was given.
-pub struct Recorded<S> {
-    inner: S,
-    reasons: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
-}
-
-impl<S> Recorded<S> {
-    /// `inner`, recording into a list the caller reads (its `reasons`).
-    pub fn new(inner: S) -> (Recorded<S>, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
-        let reasons = std::sync::Arc::default();
-        let rec = Recorded {
-            inner,
-            reasons: std::sync::Arc::clone(&reasons),
-        };
-        (rec, reasons)
-    }
-}
-
-impl<S: rdmactor::runtime::Service> rdmactor::runtime::Service for Recorded<S> {
-    fn framing(&self) -> rdmactor::runtime::Framing {
-        self.inner.framing()
-    }
-
-    fn session(&self, peer: &rdmactor::runtime::PeerInfo) -> Box<dyn rdmactor::runtime::Session> {
-        Box::new(RecordingSession {
-            inner: self.inner.session(peer),
-            reasons: self.reasons.clone(),
-        })
-    }
-}
-
-struct RecordingSession {
-    inner: Box<dyn rdmactor::runtime::Session>,
-    reasons: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
-}
-
-impl rdmactor::runtime::Session for RecordingSession {
-    fn on_established(
-        &mut self,
-        cx: &mut rdmactor::runtime::SessionCx<'_>,
-    ) -> Result<(), rdmactor::runtime::SessionError> {
-        self.inner.on_established(cx)
-    }
-    fn on_message(
-        &mut self,
-        cx: &mut rdmactor::runtime::SessionCx<'_>,
-        msg: rdmactor::runtime::Message,
-    ) -> Result<(), rdmactor::runtime::SessionError> {
-        self.inner.on_message(cx, msg)
-    }
-    fn on_op(
-        &mut self,
-        cx: &mut rdmactor::runtime::SessionCx<'_>,
-        op: rdmactor::runtime::OpId,
-        result: rdmactor::verbs::Result<()>,
-    ) -> Result<(), rdmactor::runtime::SessionError> {
-        self.inner.on_op(cx, op, result)
-    }
-    fn on_wake(
-        &mut self,
-        cx: &mut rdmactor::runtime::SessionCx<'_>,
-        token: u64,
-    ) -> Result<(), rdmactor::runtime::SessionError> {
-        self.inner.on_wake(cx, token)
-    }
-    fn on_close(&mut self, reason: &rdmactor::runtime::CloseReason) {
-        self.reasons.lock().unwrap().push(reason.to_string());
-        self.inner.on_close(reason)
-    }
 }
 
 /// This process's resident set size in KiB (`VmRSS` in `/proc/self/status`). The tests
@@ -480,44 +183,4 @@ pub fn flood_sends(
         }
     }
     done
-}
-
-/// Close reasons a test service records (see [`Recorded`]).
-pub type Reasons = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
-
-/// Waits until a connection recorded in `reasons` has closed, and returns the first
-/// reason.
-pub async fn first_close_reason(reasons: &Reasons, within: Duration) -> String {
-    eventually("the connection to close", within, || {
-        let reasons = reasons.clone();
-        async move { !reasons.lock().unwrap().is_empty() }
-    })
-    .await;
-    let first = reasons.lock().unwrap()[0].clone();
-    first
-}
-
-/// A deliberately slow echo service: each message takes a millisecond of the poller
-/// thread, so senders outrun it and only credits keep them from overrunning its
-/// receives.
-pub struct Slow;
-
-impl rdmactor::runtime::Service for Slow {
-    fn session(&self, _peer: &rdmactor::runtime::PeerInfo) -> Box<dyn rdmactor::runtime::Session> {
-        Box::new(SlowSession)
-    }
-}
-
-struct SlowSession;
-
-impl rdmactor::runtime::Session for SlowSession {
-    fn on_message(
-        &mut self,
-        cx: &mut rdmactor::runtime::SessionCx<'_>,
-        msg: rdmactor::runtime::Message,
-    ) -> Result<(), rdmactor::runtime::SessionError> {
-        std::thread::sleep(Duration::from_millis(1));
-        let data = msg.data.clone();
-        cx.reply(&msg, data)
-    }
 }

@@ -9,6 +9,7 @@ use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::Arc;
 
+use rdmactor_testkit::pattern;
 use sha2::Digest as _;
 
 use super::store::tests::entries;
@@ -270,18 +271,6 @@ fn owner_config(dir: &Path) -> Arc<Config> {
     Arc::new(Config::new(dir).with_window(SLOTS, SLOT_LEN))
 }
 
-fn data(len: usize, seed: u8) -> Vec<u8> {
-    let mut x = u32::from(seed) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x as u8
-        })
-        .collect()
-}
-
 /// SHA-256 hex straight from the sha2 crate, and from `sha256sum` when installed.
 fn independent_sha256(path: &Path) -> String {
     let bytes = std::fs::read(path).unwrap();
@@ -317,7 +306,7 @@ fn uploads_of_every_size_with_both_hashes() {
     for (n, len) in [0usize, 1, 1024, (4 << 20) + 123].into_iter().enumerate() {
         for alg in [HashAlg::Sha256, HashAlg::Blake3] {
             let dst = tempfile::tempdir().unwrap();
-            let bytes = data(len, n as u8);
+            let bytes = pattern(len, n as u64);
             let src = src_dir.path().join(format!("src-{len}"));
             std::fs::write(&src, &bytes).unwrap();
             let mut pair = Pair::new(upload(&src, "out.bin", alg, false), server(dst.path()));
@@ -365,7 +354,7 @@ fn a_corrupted_chunk_is_bad_and_leaves_nothing() {
     let src_dir = tempfile::tempdir().unwrap();
     let dst = tempfile::tempdir().unwrap();
     let src = src_dir.path().join("src");
-    std::fs::write(&src, data(300_000, 7)).unwrap();
+    std::fs::write(&src, pattern(300_000, 7)).unwrap();
     let mut pair = Pair::new(
         upload(&src, "f", HashAlg::Sha256, false),
         server(dst.path()),
@@ -388,7 +377,7 @@ fn dropping_the_receiver_mid_transfer_leaves_nothing() {
     let src_dir = tempfile::tempdir().unwrap();
     let dst = tempfile::tempdir().unwrap();
     let src = src_dir.path().join("src");
-    std::fs::write(&src, data(1 << 20, 9)).unwrap();
+    std::fs::write(&src, pattern(1 << 20, 9)).unwrap();
     let mut pair = Pair::new(
         upload(&src, "f", HashAlg::Blake3, false),
         server(dst.path()),
@@ -580,7 +569,7 @@ fn downloads_of_every_size() {
     for (n, len) in [0usize, 1, 1024, (4 << 20) + 123].into_iter().enumerate() {
         for alg in [HashAlg::Sha256, HashAlg::Blake3] {
             let local = tempfile::tempdir().unwrap();
-            let bytes = data(len, 40 + n as u8);
+            let bytes = pattern(len, 40 + n as u64);
             std::fs::write(served.path().join("file"), &bytes).unwrap();
             let client_config = Arc::new(Config::new(local.path()).with_window(3, 50_000));
             let client = Receiver::fetch(client_config, "file", alg, false).unwrap();
@@ -660,7 +649,7 @@ fn one_connection_carries_several_transfers() {
     let dst = tempfile::tempdir().unwrap();
     let local = tempfile::tempdir().unwrap();
     let src = src_dir.path().join("src");
-    let bytes = data(200_000, 3);
+    let bytes = pattern(200_000, 3);
     std::fs::write(&src, &bytes).unwrap();
 
     let mut pair = Pair::new(
@@ -704,7 +693,7 @@ fn one_connection_carries_several_transfers() {
 #[test]
 fn a_source_that_shrank_aborts_with_the_reason_and_leaves_nothing() {
     let dst = tempfile::tempdir().unwrap();
-    let bytes = data(150_000, 5);
+    let bytes = pattern(150_000, 5);
     let offer = FileOffer {
         name: "f".into(),
         len: bytes.len() as u64,

@@ -5,6 +5,8 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use rdmactor_testkit::pattern;
+
 use super::*;
 
 fn example(name: &str) -> Vec<u8> {
@@ -17,19 +19,6 @@ fn example(name: &str) -> Vec<u8> {
 
 fn wasm(text: &str) -> Vec<u8> {
     wat::parse_str(text).unwrap()
-}
-
-/// Deterministic pseudo-random bytes (xorshift), so that inputs are not all zeros.
-fn bytes(len: usize) -> Vec<u8> {
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 /// Small limits that still let the examples process 1 MiB.
@@ -63,20 +52,20 @@ fn checksum_matches_native() {
         Vec::new(),
         b"a".to_vec(),
         b"foobar".to_vec(),
-        bytes(7),
+        pattern(7, 1),
         // `checksum_words` hashes 32 bytes per loop iteration and `checksum` 128, then
         // the rest byte by byte.
-        bytes(31),
-        bytes(32),
-        bytes(33),
-        bytes(127),
-        bytes(128),
-        bytes(129),
-        bytes(1000),
-        bytes(1_000_003),
-        bytes(65_536),
-        bytes(200_000),
-        bytes(1 << 20),
+        pattern(31, 1),
+        pattern(32, 1),
+        pattern(33, 1),
+        pattern(127, 1),
+        pattern(128, 1),
+        pattern(129, 1),
+        pattern(1000, 1),
+        pattern(1_000_003, 1),
+        pattern(65_536, 1),
+        pattern(200_000, 1),
+        pattern(1 << 20, 1),
     ] {
         for hash in [simd, words, bytewise] {
             let output = sandbox.run(&hash, &input, &limits()).unwrap();
@@ -99,7 +88,7 @@ fn echo_upper_uppercases_ascii_only() {
         .unwrap();
     assert_eq!(out, "HELLO, WöRLD! AZ{AZ`".as_bytes());
     assert_eq!(sandbox.run(&hash, b"", &limits()).unwrap(), b"");
-    let big = bytes(1 << 20);
+    let big = pattern(1 << 20, 1);
     assert_eq!(
         sandbox.run(&hash, &big, &limits()).unwrap(),
         big.to_ascii_uppercase()
@@ -220,7 +209,7 @@ fn a_hundred_instant_timeouts_leave_no_worker_behind() {
         );
         assert_eq!(sandbox.running_workers(), 0, "after invocation {i}");
     }
-    let input = bytes(1000);
+    let input = pattern(1000, 1);
     assert_eq!(
         sandbox.run(&checksum, &input, &limits()).unwrap(),
         checksum_native(&input)
@@ -294,7 +283,7 @@ fn garbage_is_an_invalid_module() {
         &b""[..],
         b"garbage",
         b"\0asm\x01\0\0\0\xff\xff\xff",
-        &bytes(4096),
+        &pattern(4096, 1),
     ] {
         assert!(
             matches!(sandbox.load(garbage), Err(LambdaError::InvalidModule(_))),
@@ -431,7 +420,7 @@ fn inputs_and_initial_memory_must_fit_the_memory_limit() {
     };
     let checksum = sandbox.load(&example("checksum")).unwrap();
     assert_eq!(
-        sandbox.run(&checksum, &bytes(2 << 20), &small),
+        sandbox.run(&checksum, &pattern(2 << 20, 1), &small),
         Err(LambdaError::InputTooLarge {
             len: 2 << 20,
             limit: 1 << 20
@@ -439,7 +428,7 @@ fn inputs_and_initial_memory_must_fit_the_memory_limit() {
     );
     // The input fits the limit, but not together with the allocator's first 1 KiB.
     assert_eq!(
-        sandbox.run(&checksum, &bytes(1 << 20), &small),
+        sandbox.run(&checksum, &pattern(1 << 20, 1), &small),
         Err(LambdaError::MemoryLimit { limit: 1 << 20 })
     );
     let big_memory = sandbox
@@ -600,7 +589,7 @@ fn concurrent_runs_from_several_threads() {
             let sandbox = Arc::clone(&sandbox);
             thread::spawn(move || {
                 for i in 0..10 {
-                    let input = bytes(1000 * t + i);
+                    let input = pattern(1000 * t + i, 1);
                     assert_eq!(
                         sandbox.run(&checksum, &input, &limits()).unwrap(),
                         checksum_native(&input)
@@ -645,7 +634,7 @@ fn limits_are_capped_per_field() {
 fn lambda_timing_checksum_1mib() {
     let sandbox = Sandbox::new();
     let hash = sandbox.load(&example("checksum")).unwrap();
-    let input = bytes(1 << 20);
+    let input = pattern(1 << 20, 1);
     let rounds = 20;
     let best = |f: &dyn Fn() -> Vec<u8>| {
         (0..rounds)

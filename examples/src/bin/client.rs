@@ -10,11 +10,6 @@
 //! ```
 //! Each run ends with one `RESULT key=value ...` line for scripts (see scripts/bench).
 
-#[path = "report.rs"]
-mod report;
-#[path = "transport.rs"]
-mod transport;
-
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -24,6 +19,7 @@ use rdmactor::runtime::{
     Client, ClientConnection, CloseReason, ConnectError, Message, NodeConfig, PollMode, Session,
     SessionCx, SessionError,
 };
+use rdmactor_examples::{lambdas, logs, report, transport};
 use rdmactor_services::echo::{EchoRequest, EchoResponse};
 
 #[derive(Parser)]
@@ -151,13 +147,7 @@ async fn step(line: String) -> Result<()> {
 }
 
 fn main() -> Result<()> {
-    // Logs go to stderr; stdout carries the lines scripts and tests parse.
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .init();
+    logs::init("warn");
     let args = Args::parse();
     actix::System::new().block_on(run(args))
 }
@@ -307,7 +297,7 @@ async fn run(args: Args) -> Result<()> {
             use rdmactor_services::lambda::{self, checksum_native, Invocation, LambdaRef};
             let conn = connect_all(&client, &args, 1).await?.remove(0);
             let target = if wasm {
-                let module = wat::parse_str(include_str!("lambdas/checksum.wat"))?;
+                let module = wat::parse_str(lambdas::CHECKSUM_WAT)?;
                 LambdaRef::Module(lambda::upload(&conn, &module).await?)
             } else {
                 LambdaRef::Native("checksum".into())

@@ -11,9 +11,6 @@
 //! the offer to the verdict (hashing the file before the offer is not counted), for
 //! scripts/bench. The exit status is 0 only if every file was GOOD.
 
-#[path = "transport.rs"]
-mod transport;
-
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -23,6 +20,7 @@ use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use rdmactor::runtime::{Client, ClientConnection, NodeConfig};
+use rdmactor_examples::{logs, transport};
 use rdmactor_services::file_transfer::{
     fetch_file, send_file, Auth, ClientError, Digest, FetchOptions, HashAlg, Outcome, Progress,
     SendOptions,
@@ -91,12 +89,7 @@ enum Cmd {
 }
 
 fn main() -> Result<ExitCode> {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .init();
+    logs::init("warn");
     let args = Args::parse();
     let all_good = actix::System::new().block_on(run(args))?;
     Ok(if all_good {

@@ -11,9 +11,6 @@
 //! `ibv_{rc,uc,ud,srq}_pingpong` clients (QPs brought up over TCP, no rdma_cm).
 //! SIGINT or SIGTERM: stop accepting, disconnect everyone, release everything, exit 0.
 
-#[path = "transport.rs"]
-mod transport;
-
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -23,6 +20,7 @@ use clap::{Parser, ValueEnum};
 use rdmactor::memory::PoolConfig;
 use rdmactor::runtime::{NodeConfig, OobPort, OobTransport, PollMode, Server};
 use rdmactor::verbs::Mtu;
+use rdmactor_examples::{logs, transport};
 use rdmactor_services::echo::{Discard, Echo, RawEcho};
 use rdmactor_services::file_transfer::{ClientQuota, Config as FilesConfig, FileTransfer};
 use rdmactor_services::ingest::{IngestConfig, IngestService, Record};
@@ -341,13 +339,7 @@ fn files_service(args: &Args) -> Result<Option<FileTransfer>> {
 }
 
 fn main() -> Result<()> {
-    // Logs go to stderr; stdout carries the lines scripts and tests parse.
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
+    logs::init("info");
     let args = Args::parse();
     // The transport options go on last: they set the event mode's spin window.
     let config = args.transport.apply(NodeConfig {

@@ -8,9 +8,6 @@
 //! verbs_pingpong client --addr 192.0.2.1:7480 --iters 5000 --size 64
 //! ```
 
-#[path = "report.rs"]
-mod report;
-
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -21,6 +18,7 @@ use rdmactor::verbs::{
     self, Access, Context, MemoryRegion, ProtectionDomain, QueuePair, RecvWr, SendOp, SendWr,
     WorkCompletion,
 };
+use rdmactor_examples::report;
 
 #[derive(Parser)]
 #[command(about = "SEND ping-pong on rdmactor's verbs layer, no runtime (a latency floor)")]

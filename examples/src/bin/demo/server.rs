@@ -1,0 +1,154 @@
+//! The demo's server: every service behind one CM actor, the `read` service's live
+//! region and the thread that keeps it changing.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use rdmactor::runtime::{NodeConfig, Server};
+use rdmactor_services::echo::Echo;
+use rdmactor_services::file_transfer::{Config as FilesConfig, FileTransfer};
+use rdmactor_services::ingest::{IngestConfig, IngestService, Record};
+use rdmactor_services::lambda::{
+    checksum_native, LambdaConfig, LambdaService, NativeLambdas, Sandbox,
+};
+use rdmactor_services::read::layout::FIRST_VERSION;
+use rdmactor_services::read::{ReadRegions, ReadService, RegionWriter};
+use rdmactor_services::rping::Rping;
+
+use crate::Args;
+
+/// The ID whose secret the demo's upload earns: the `files` service releases a secret
+/// only to the connection whose GOOD upload created the file of that name.
+pub const ID: &str = "report.bin";
+/// The secret the operator configured for [`ID`].
+pub const SECRET: &str = "the-cake-is-a-lie";
+/// The live region: `WORDS` little-endian u64 words, all equal to `version / 2`.
+pub const WORDS: usize = 512;
+
+/// The demo's server: every service behind one CM actor, and the thread that keeps the
+/// `read` service's live region changing.
+pub struct DemoServer {
+    server: Server,
+    updater: Updater,
+    /// Where the `files` service stores uploads.
+    pub store: PathBuf,
+}
+
+impl DemoServer {
+    /// `public_fetch`: any client may fetch any stored file (a client on another host
+    /// fetches its upload back on a new connection to compare it).
+    pub async fn start(
+        args: &Args,
+        config: NodeConfig,
+        store: PathBuf,
+        public_fetch: bool,
+    ) -> Result<Self> {
+        std::fs::create_dir_all(&store).with_context(|| format!("creating {}", store.display()))?;
+        let regions = ReadRegions::new();
+        let live = regions.add_buffer_with_copies(
+            "live",
+            (FIRST_VERSION / 2).to_le_bytes().repeat(WORDS),
+            64,
+        )?;
+        let addr = SocketAddr::new(args.ip, args.port);
+        let rping_addr = SocketAddr::new(args.ip, args.rping_port);
+        let files = FilesConfig::new(&store)
+            .with_secret(ID, SECRET)
+            .with_public_fetch(public_fetch);
+        let server = Server::builder()
+            .config(config)
+            .listen(addr, None)
+            .listen(rping_addr, Some("rping"))
+            .max_connections(1024)
+            .service("echo", Echo)
+            .service("rping", Rping::default())
+            .service("files", FileTransfer::new(files)?)
+            .service("read", ReadService::new(regions.clone()))
+            .service("lambda", lambda_service())
+            .service(
+                "ingest",
+                IngestService::new(IngestConfig::default(), Arc::new(|_: Record| {})),
+            )
+            .start()
+            .context("starting the server (is there an RDMA device? run scripts/demo)")?;
+        // Register the read regions now, on this thread, not on the poller at first lookup.
+        let pd = server
+            .protection_domain()
+            .await
+            .context("the RDMA device went right after start")?;
+        regions.register_all(&pd)?;
+        drop(pd);
+        println!(
+            "server: echo, files, read, lambda, ingest on {addr}; rping on {rping_addr} (pid {})",
+            std::process::id()
+        );
+        let updater = Updater::start(live);
+        Ok(DemoServer {
+            server,
+            updater,
+            store,
+        })
+    }
+
+    /// Shuts down (every connection closed, everything released) and says what was served.
+    pub async fn stop(self) {
+        let updates = self.updater.stop();
+        let stats = self.server.stats().await;
+        self.server.shutdown().await;
+        println!(
+            "server: {} connections accepted, {} rejected, {} closed; the live region was \
+             updated {updates} times; shut down cleanly",
+            stats.accepted, stats.rejected, stats.closed,
+        );
+    }
+}
+
+/// The `lambda` service, with `checksum` also registered as native Rust.
+fn lambda_service() -> LambdaService {
+    let natives = NativeLambdas::new();
+    natives.register("checksum", Arc::new(|i: &[u8]| Ok(checksum_native(i))));
+    LambdaService::new(
+        Arc::new(Sandbox::new()),
+        Arc::new(natives),
+        LambdaConfig::default(),
+    )
+}
+
+/// The application's side of the live region: a thread updating it in place about every
+/// millisecond, as a server publishing state would.
+struct Updater {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<u64>,
+}
+
+impl Updater {
+    fn start(writer: RegionWriter) -> Updater {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut updates = 0;
+            while !flag.load(Ordering::Relaxed) {
+                writer.update(|version, bytes| {
+                    let word = (version / 2).to_le_bytes();
+                    for chunk in bytes.chunks_exact_mut(8) {
+                        chunk.copy_from_slice(&word);
+                    }
+                });
+                updates += 1;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            updates
+        });
+        Updater { stop, thread }
+    }
+
+    fn stop(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap_or(0)
+    }
+}

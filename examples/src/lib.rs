@@ -1,0 +1,22 @@
+//! The tools' library: what rdmactor's example binaries share, so that none of them
+//! includes another's source.
+//!
+//! - [`transport`]: the transport options of `server`, `client`, `ft` and `demo`
+//!   (`--retry-count`, `--keepalive`, ...), applied to a `NodeConfig`.
+//! - [`report`]: the `RESULT kind=.. p50_us=.. p99_us=..` latency line `scripts/bench`
+//!   reads, one definition of a percentile for every binary it compares.
+//! - [`logs`]: logs to stderr with a default filter, so stdout carries only the lines
+//!   scripts and tests parse.
+//! - [`lambdas`]: the example lambda modules the binaries upload.
+//!
+//! The binaries are in `src/bin/` (their names are what `scripts/` and `tests/` run:
+//! `target/release/server`, `client`, `demo`, ...); the demo, the largest, is split into
+//! scenarios under `src/bin/demo/`. The byte pattern payloads are made and checked with
+//! is `rdmactor_testkit::pattern`, the one the tests use.
+
+#![deny(missing_docs)]
+
+pub mod lambdas;
+pub mod logs;
+pub mod report;
+pub mod transport;
