@@ -108,7 +108,7 @@ pub struct Recorded<S> {
 }
 
 impl<S> Recorded<S> {
-    /// `inner`, recording into a list the caller reads with [`Recorded::reasons`].
+    /// `inner`, and the list of reasons it records into (one entry per closed connection).
     pub fn new(inner: S) -> (Recorded<S>, Reasons) {
         let reasons = Arc::default();
         let rec = Recorded {

@@ -8,7 +8,7 @@
 //! may import nothing, so all a module can do is compute on the bytes it is given. The
 //! module is compiled to machine code by [wasmtime] (Cranelift) once, when uploaded, and
 //! the checksum example runs within 1.1x of the same checksum in native Rust on the host
-//! (`examples/lambda_bench.rs`; the wasmi interpreter used before was 50 times slower in
+//! (`examples/src/bin/lambda_bench.rs`; the wasmi interpreter used before was 50 times slower in
 //! the test VM). Compiled code bounds-checks its memory accesses explicitly instead of
 //! relying on guard pages, which spares every invocation two `mprotect` calls. The embedding application can
 //! still register trusted [native lambdas](NativeLambdas).

@@ -9,7 +9,7 @@ use super::cache::Compiled;
 use super::limits::GuestLimiter;
 use super::{LambdaError, Limits, Result, EXPORT_ALLOC, EXPORT_MEMORY, EXPORT_RUN};
 
-/// Where one invocation's time went, for benchmarks (`examples/lambda_bench.rs`): the
+/// Where one invocation's time went, for benchmarks (`examples/src/bin/lambda_bench.rs`): the
 /// sandbox's own costs (instantiation, copies) apart from the guest's code.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Phases {
