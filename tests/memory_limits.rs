@@ -540,8 +540,8 @@ async fn ask_sized(conn: &rdmactor::runtime::ClientConnection, len: usize) -> Ve
 
 /// Issue 26 (9): memory that came back went to whichever waiter ran first, so a 7 MiB
 /// reply waiting for room lost, every time, to 2 MiB replies asked for after it: eight
-/// clients streaming 2 MiB answers through a 12 MiB pool never left 7 MiB free at once,
-/// and the large reply waited without end. Waiters are now served in order, and the
+/// clients streaming 2 MiB answers (four in flight each) through a 12 MiB pool never
+/// left 7 MiB free at once, and the large reply waited without end. Waiters are now served in order, and the
 /// room the head of the line needs is kept for it: the 7 MiB reply goes out within
 /// seconds, while the small streams keep being served.
 #[test]
@@ -556,15 +556,20 @@ fn a_large_reply_is_not_starved_by_a_stream_of_smaller_ones() {
         let big = rdmactor_tests::connect_n(&client, addr, "sized", 1).await;
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let served = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let streams = small.iter().map(|conn| {
-            let (stop, served) = (stop.clone(), served.clone());
-            async move {
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    assert_eq!(ask_sized(conn, SMALL).await.len(), SMALL);
-                    served.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // Four requests in flight on each: a small reply is always waiting for the
+        // memory the last one gave back.
+        let streams = small
+            .iter()
+            .flat_map(|conn| std::iter::repeat_n(conn, 4))
+            .map(|conn| {
+                let (stop, served) = (stop.clone(), served.clone());
+                async move {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        assert_eq!(ask_sized(conn, SMALL).await.len(), SMALL);
+                        served.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
                 }
-            }
-        });
+            });
         let large = async {
             // The streams fill the pool first.
             actix_rt::time::sleep(Duration::from_secs(1)).await;
@@ -588,7 +593,7 @@ fn a_large_reply_is_not_starved_by_a_stream_of_smaller_ones() {
             futures::future::join(futures::future::join_all(streams), large).await;
         let stats = server.stats().await;
         println!(
-            "7 MiB reply among 8 streams of 2 MiB replies, 12 MiB pool: served in {waited:?}, \
+            "7 MiB reply among 8 connections streaming 2 MiB replies (4 in flight each), 12 MiB pool: served in {waited:?}, \
              {during} small replies meanwhile, {} pool waits",
             stats.pool.waits
         );
