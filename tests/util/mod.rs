@@ -176,8 +176,15 @@ pub fn flood_sends(
         }
         match ep.wait_any(1) {
             Ok(wcs) if wcs.iter().all(|wc| wc.ok().is_ok()) => {
-                done += wcs.len();
-                inflight -= wcs.len();
+                // The peer's frames (its Close) land in receives on the same CQ: only
+                // the SENDs count. Counting every completion once made `inflight` wrap,
+                // which only the overflow checks of release builds showed.
+                let sends = wcs
+                    .iter()
+                    .filter(|wc| wc.opcode == rdmactor::verbs::WcOpcode::Send)
+                    .count();
+                done += sends;
+                inflight -= sends;
             }
             _ => break,
         }
