@@ -310,6 +310,16 @@ impl<C> State<C> {
     }
 }
 
+/// The line a lease of class `class` waits in: the smallest class is limited by the whole
+/// cap, the others by the bulk limit.
+fn class_line(class: usize) -> Line {
+    if class == 0 {
+        Line::Smallest
+    } else {
+        Line::Bulk
+    }
+}
+
 fn bulk_limit(config: &PoolConfig) -> usize {
     config.max_bytes.saturating_sub(config.reserved_smallest)
 }
@@ -406,16 +416,10 @@ impl<S: ChunkSource> Pool<S> {
 
     /// The line `ask` waits in, and what is kept for it at the head: an arena of its
     /// class for a lease (or a free chunk of that class), the bytes themselves otherwise.
-    fn line_of(&self, ask: Ask) -> (Line, usize, Option<usize>) {
+    fn line_of(&self, state: &State<S::Chunk>, ask: Ask) -> (Line, usize, Option<usize>) {
         match ask {
             Ask::Lease(len) => match self.class_of(len) {
-                Some(c) => {
-                    let cfg = &self.shared.config;
-                    let size = cfg.classes[c];
-                    let bytes = size * (cfg.arena_bytes / size).max(1);
-                    let line = if c == 0 { Line::Smallest } else { Line::Bulk };
-                    (line, bytes, Some(c))
-                }
+                Some(c) => (class_line(c), state.classes[c].arena_bytes(), Some(c)),
                 // Never served; the caller learns why when it asks.
                 None => (Line::Bulk, 0, None),
             },
@@ -439,8 +443,8 @@ impl<S: ChunkSource> Pool<S> {
     /// before the place was taken woke nobody) and after each wake; drop the place when
     /// served or giving up, which wakes the next in line.
     pub fn join_line(&self, ask: Ask, wake: RoomWaker) -> PlaceInLine<S> {
-        let (line, need, class) = self.line_of(ask);
         let mut state = self.shared.state.lock().expect("pool lock");
+        let (line, need, class) = self.line_of(&state, ask);
         state.waits += 1;
         let id = state.lines.join(line, need, class, wake);
         PlaceInLine {
@@ -485,11 +489,7 @@ impl<S: ChunkSource> Pool<S> {
         released: &mut Vec<Vec<S::Chunk>>,
     ) -> Result<Lease<S>, PoolError> {
         let cfg = &self.shared.config;
-        let line = if class == 0 {
-            Line::Smallest
-        } else {
-            Line::Bulk
-        };
+        let line = class_line(class);
         let mut state = self.shared.state.lock().expect("pool lock");
         if let Some(id) = who {
             state.lines.retrying(line, id);

@@ -101,12 +101,8 @@ impl PoolWaits {
     }
 
     /// The timer fired: the timed waits past their deadline leave their lines, each
-    /// with the refusal its message fails with.
-    pub fn expire(
-        &mut self,
-        now: Instant,
-        len_of: impl Fn(Waiting) -> usize,
-    ) -> Vec<(Waiting, BudgetError)> {
+    /// with the refusal its message (the front one, of `len` bytes) fails with.
+    pub fn expire(&mut self, now: Instant, len: usize) -> Vec<(Waiting, BudgetError)> {
         self.timer = false;
         let mut out = Vec::new();
         for w in [Waiting::Offer, Waiting::Read] {
@@ -121,7 +117,7 @@ impl PoolWaits {
             out.push((
                 w,
                 BudgetError::NoRoom {
-                    len: len_of(w),
+                    len,
                     waited_ms: waited.as_millis().try_into().unwrap_or(usize::MAX),
                 },
             ));

@@ -277,13 +277,14 @@ impl Core {
     /// whose READ did not start is refused to the peer. Both leave the queue; the
     /// connection goes on.
     pub(super) fn handle_pool_timer(&mut self, now: Instant) {
-        let front = |core: &Core, w: Waiting| match (w, core.pending.front()) {
-            (Waiting::Offer, Some(Outgoing::Data { bytes, .. })) => bytes.len(),
-            (Waiting::Read, Some(Outgoing::Read { len, .. })) => *len,
+        // Offers and READs wait only at the front of the queue, so at most one of them
+        // waits at a time, for the front item.
+        let front_len = match self.pending.front() {
+            Some(Outgoing::Data { bytes, .. }) => bytes.len(),
+            Some(Outgoing::Read { len, .. }) => *len,
             _ => 0,
         };
-        let lens = [front(self, Waiting::Offer), front(self, Waiting::Read)];
-        for (what, why) in self.pool_waits.expire(now, |w| lens[w as usize]) {
+        for (what, why) in self.pool_waits.expire(now, front_len) {
             tracing::warn!(qp = self.qp.qp_num(), %why, "a message gave up waiting for the pool");
             let expected = matches!(
                 (what, self.pending.front()),
