@@ -1,11 +1,18 @@
 //! Admission: unknown services and connections beyond the limit are rejected with a
 //! reason the client sees, while admitted clients keep being served.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
 use rdmactor::proto::hello::RejectCode;
-use rdmactor::runtime::{Client, ConnectError, NodeConfig, Server};
+use rdmactor::runtime::{
+    Client, ClientConnection, ConnectError, Message, NodeConfig, PeerInfo, ReserveStats, Server,
+    Service, Session, SessionCx, SessionError, SharedRecvConfig,
+};
 use rdmactor_services::echo::Echo;
 use rdmactor_tests::{
-    actix_run, assert_released, echo_ok, rdma_context, resource_counts, test_addr,
+    actix_run, assert_released, echo_ok, rdma_context, resource_counts, second_peer_ip, test_addr,
 };
 
 fn rejected_with(err: ConnectError, code: RejectCode) -> String {
@@ -189,5 +196,142 @@ fn one_silent_host_cannot_take_every_slot() {
         client.shutdown().await;
         server.shutdown().await;
     });
+    assert_released(&base);
+}
+
+/// Takes one-way messages a little slower than a client sends them, so that every
+/// sender runs low on credits and borrows from its queue's reserve; counts them.
+struct SlowSink(Arc<AtomicUsize>);
+
+impl Service for SlowSink {
+    fn session(&self, _peer: &PeerInfo) -> Box<dyn Session> {
+        Box::new(SlowSink(self.0.clone()))
+    }
+}
+
+impl Session for SlowSink {
+    fn on_message(&mut self, _cx: &mut SessionCx<'_>, _msg: Message) -> Result<(), SessionError> {
+        std::thread::sleep(Duration::from_micros(200));
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// Floods each connection with `n` one-way messages at once; all of them must go.
+async fn flood(conns: &[ClientConnection], n: usize) {
+    let sends = conns
+        .iter()
+        .map(|c| c.send_all((0..n).map(|i| vec![i as u8; 64]).collect()));
+    for (i, sent) in futures::future::join_all(sends)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        sent.unwrap_or_else(|e| panic!("flood on connection {i}: {e}"));
+    }
+}
+
+/// One queue of 16 members with a reserve of 32 credits, `cap` of them per peer
+/// address. Host A floods six connections; then host B floods two while A floods
+/// again. Returns the reserve's stats after each phase.
+async fn flood_from_two_hosts(cap: Option<u32>) -> (ReserveStats, ReserveStats, ReserveStats) {
+    let shared = SharedRecvConfig {
+        members: 16,
+        reserve: 32,
+        reserve_per_peer: cap,
+        ..SharedRecvConfig::default()
+    };
+    let got = Arc::new(AtomicUsize::new(0));
+    let server = Server::builder()
+        .config(NodeConfig {
+            shared_recv: Some(shared),
+            ..NodeConfig::default()
+        })
+        .listen(test_addr(), None)
+        .service("sink", SlowSink(got.clone()))
+        .max_connections_per_peer(0)
+        .start()
+        .expect("server");
+    let addr = server.local_addrs()[0];
+    let client = Client::start(NodeConfig::default()).expect("client");
+    let mut a = Vec::new();
+    for _ in 0..6 {
+        a.push(
+            client
+                .connect_from(test_addr().ip(), addr, "sink")
+                .await
+                .expect("host a"),
+        );
+    }
+    let mut b = Vec::new();
+    for _ in 0..2 {
+        b.push(
+            client
+                .connect_from(second_peer_ip(), addr, "sink")
+                .await
+                .expect("host b"),
+        );
+    }
+    let per_conn = 500;
+    flood(&a, per_conn).await;
+    rdmactor_tests::eventually(
+        "host a's messages to arrive",
+        Duration::from_secs(60),
+        || async { got.load(Ordering::Relaxed) == 6 * per_conn },
+    )
+    .await;
+    let stats = server.stats().await;
+    assert_eq!(stats.shared_queues, vec![8], "one queue holds all eight");
+    let after_a = stats.shared_reserves[0];
+
+    let both = a.iter().chain(&b).cloned().collect::<Vec<_>>();
+    flood(&both, per_conn).await;
+    rdmactor_tests::eventually(
+        "every message to arrive",
+        Duration::from_secs(60),
+        || async { got.load(Ordering::Relaxed) == 14 * per_conn },
+    )
+    .await;
+    let after_both = server.stats().await.shared_reserves[0];
+    for c in both {
+        c.close().await;
+    }
+    rdmactor_tests::wait_idle(&server, "the sink's connections", Duration::from_secs(20)).await;
+    // The queue stays (one empty queue is kept), with what came back to its reserve.
+    let closed = server.stats().await.shared_reserves[0];
+    client.shutdown().await;
+    server.shutdown().await;
+    (after_a, after_both, closed)
+}
+
+/// Issue 26 (5), the reserve: one client host that opened several connections on a
+/// shared queue and flooded them all borrowed its whole credit reserve, so every other
+/// host's busy connections ran on their four-credit shares. Now one address holds at
+/// most its cap (half the reserve by default; 16 of 32 here), a second host borrows
+/// from the rest, and everything sent arrives. The same flood without a cap empties the
+/// reserve: the cap is what keeps the room.
+#[test]
+fn one_flooding_host_cannot_borrow_a_whole_credit_reserve() {
+    let Some(_ctx) = rdma_context() else { return };
+    let base = resource_counts();
+    let (uncapped, _, _) = actix_run(flood_from_two_hosts(None));
+    println!("no cap: after host a {uncapped:?}");
+    assert_eq!(
+        uncapped.lowest, 0,
+        "six flooding connections take all 32: {uncapped:?}"
+    );
+    let (after_a, after_both, closed) = actix_run(flood_from_two_hosts(Some(16)));
+    println!("cap 16: after host a {after_a:?}, after both {after_both:?}");
+    assert_eq!(
+        after_a.most_to_one_peer, 16,
+        "host a borrowed up to its cap"
+    );
+    assert_eq!(after_a.lowest, 16, "and left the other half: {after_a:?}");
+    assert!(
+        after_both.lowest < 16,
+        "host b borrowed from what host a left: {after_both:?}"
+    );
+    assert!(after_both.most_to_one_peer <= 16, "{after_both:?}");
+    assert_eq!(closed.free, 32, "every lent credit came back: {closed:?}");
     assert_released(&base);
 }

@@ -89,6 +89,7 @@ fn a_member_closing_in_the_middle_of_a_burst_gives_back_every_shared_receive() {
             max_credits: 8,
             members: 4,
             reserve: 8,
+            reserve_per_peer: None,
             keep_empty: 1,
         };
         let depth = shared.depth() as usize;

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context as _, Result};
 use clap::{Parser, ValueEnum};
 use rdmactor::memory::PoolConfig;
-use rdmactor::runtime::{NodeConfig, OobPort, OobTransport, PollMode, Server};
+use rdmactor::runtime::{NodeConfig, OobPort, OobTransport, PollMode, Server, SharedRecvConfig};
 use rdmactor::verbs::Mtu;
 use rdmactor_examples::{logs, transport};
 use rdmactor_services::echo::{Discard, Echo, RawEcho};
@@ -53,6 +53,11 @@ struct Args {
     /// are refused with a reason naming this limit. Default: half of --max-connections.
     #[arg(long)]
     max_connections_per_peer: Option<usize>,
+    /// Most credits of a shared receive queue's reserve that one client address may
+    /// hold borrowed at once (0: no limit): a host flooding many connections cannot take
+    /// the credits every other host's busy connections borrow.
+    #[arg(long, default_value_t = default_reserve_per_peer())]
+    reserve_per_peer: u32,
     /// Registered memory cap, in MiB.
     #[arg(long, default_value_t = 1024)]
     pool_mib: usize,
@@ -338,6 +343,10 @@ fn files_service(args: &Args) -> Result<Option<FileTransfer>> {
         .with_context(|| format!("files service in {}", dir.display()))
 }
 
+fn default_reserve_per_peer() -> u32 {
+    SharedRecvConfig::default().reserve_per_peer.unwrap_or(0)
+}
+
 fn main() -> Result<()> {
     logs::init("info");
     let args = Args::parse();
@@ -355,6 +364,12 @@ fn main() -> Result<()> {
             ..PoolConfig::default()
         },
         pool_wait: std::time::Duration::from_secs(args.pool_wait_secs),
+        shared_recv: NodeConfig::default()
+            .shared_recv
+            .map(|shared| SharedRecvConfig {
+                reserve_per_peer: (args.reserve_per_peer > 0).then_some(args.reserve_per_peer),
+                ..shared
+            }),
         ..NodeConfig::default()
     });
     let listeners = args
@@ -449,6 +464,9 @@ fn main() -> Result<()> {
                 if metrics.is_some() {
                     rdmactor::metrics::record_pool(&stats.pool);
                     rdmactor::metrics::record_shared_receives(&stats.shared_receives_posted);
+                    for (queue, r) in stats.shared_reserves.iter().enumerate() {
+                        rdmactor::metrics::record_shared_reserve(queue, r.free, r.lowest);
+                    }
                 }
                 let now = (
                     stats.device_present,

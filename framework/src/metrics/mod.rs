@@ -190,6 +190,14 @@ pub fn record_shared_receives(posted: &[usize]) {
     }
 }
 
+/// Shared queue `queue`'s credit reserve: credits free now, and the fewest ever free
+/// (from `ServerStats::shared_reserves`).
+pub fn record_shared_reserve(queue: usize, free: u32, lowest: u32) {
+    let queue = queue.to_string();
+    gauge!("rdmactor_shared_reserve_free", "queue" => queue.clone()).set(f64::from(free));
+    gauge!("rdmactor_shared_reserve_lowest", "queue" => queue).set(f64::from(lowest));
+}
+
 /// A file upload finished with the hash verdict `good` (or not) after `bytes`.
 pub fn file_transfer(good: bool, bytes: u64) {
     let result = if good { "good" } else { "bad" };

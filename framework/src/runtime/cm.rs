@@ -66,6 +66,7 @@ pub(crate) struct NodeStats {
     pub cqs: usize,
     pub shared_queues: Vec<u32>,
     pub shared_receives_posted: Vec<usize>,
+    pub shared_reserves: Vec<super::ReserveStats>,
     pub shared_recv_buffers: usize,
 }
 
@@ -480,6 +481,7 @@ impl Handler<GetCounters> for CmActor {
             cqs: n.cq_count(),
             shared_queues: n.shared_queues(),
             shared_receives_posted: n.shared_receives_posted(),
+            shared_reserves: n.shared_reserves(),
             shared_recv_buffers: n.shared_recv_buffers(),
         });
         MessageResult(c)

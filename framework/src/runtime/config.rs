@@ -175,6 +175,12 @@ pub struct SharedRecvConfig {
     pub members: u32,
     /// Credits of a queue lent to busy connections beyond their share.
     pub reserve: u32,
+    /// Most credits of a queue's reserve the connections of one peer address may hold
+    /// borrowed at once; `None`: no cap. Half the reserve by default
+    /// ([`with_reserve`](Self::with_reserve) keeps it so): one client host that floods
+    /// many connections cannot take all of it, and a second busy host always finds
+    /// room (see `proto/credits/reserve.rs`).
+    pub reserve_per_peer: Option<u32>,
     /// Empty queues kept (with their buffers) for the next connections; more are
     /// destroyed and their buffers returned to the pool as the last member leaves.
     pub keep_empty: usize,
@@ -187,12 +193,22 @@ impl Default for SharedRecvConfig {
             max_credits: 16,
             members: 230,
             reserve: 128,
+            reserve_per_peer: Some(64),
             keep_empty: 1,
         }
     }
 }
 
 impl SharedRecvConfig {
+    /// A reserve of `credits`, half of which one peer may borrow.
+    pub fn with_reserve(self, credits: u32) -> Self {
+        SharedRecvConfig {
+            reserve: credits,
+            reserve_per_peer: Some(credits / 2),
+            ..self
+        }
+    }
+
     /// Receives posted to each queue.
     pub fn depth(&self) -> u32 {
         self.members * u32::from(self.share) + self.reserve

@@ -41,6 +41,7 @@ pub use connection::{
 };
 pub use oob::{OobOptions, OobPort, OobStats, OobTransport};
 pub use poller::PollMode;
+pub use recv_groups::ReserveStats;
 pub use server::{Server, ServerBuilder, ServerStats};
 pub use service::{Framing, Message, OpId, PeerInfo, Service, Session, SessionError};
 

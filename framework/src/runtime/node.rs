@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::config::NodeConfig;
 use super::connection::{Core, CoreParts};
 use super::poller::Pollers;
-use super::recv_groups::RecvGroups;
+use super::recv_groups::{RecvGroups, ReserveStats};
 use super::service::Framing;
 use crate::memory::{MrPool, PoolStats};
 use crate::proto::credits::{Advert, CreditWindow};
@@ -92,7 +92,11 @@ impl Node {
         // Framed connections take their receives from a shared queue when configured,
         // and use its CQ.
         let shared = match (framing, &self.recv_groups) {
-            (Framing::Framed, Some(groups)) => Some(groups.join(&self.pollers, cfg.send_depth)?),
+            (Framing::Framed, Some(groups)) => Some(groups.join(
+                &self.pollers,
+                cfg.send_depth,
+                id.peer_addr().map(|a| a.ip()),
+            )?),
             _ => None,
         };
         let (depth, size) = match framing {
@@ -200,6 +204,12 @@ impl Node {
         self.recv_groups
             .as_ref()
             .map_or_else(Vec::new, RecvGroups::posted)
+    }
+
+    pub fn shared_reserves(&self) -> Vec<ReserveStats> {
+        self.recv_groups
+            .as_ref()
+            .map_or_else(Vec::new, RecvGroups::reserves)
     }
 
     pub fn shared_recv_buffers(&self) -> usize {

@@ -17,13 +17,15 @@
 //! [`Membership`]; its QP drops before both (field order in `Core`), so a queue outlives
 //! every QP created on it.
 
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
 use super::config::SharedRecvConfig;
 use super::poller::{CqReservation, Pollers};
 use super::srq::SharedRecv;
 use crate::memory::MrPool;
-use crate::proto::credits::{Advert, CreditReserve};
+use crate::proto::credits::{Advert, CreditReserve, PeerLoan};
 use crate::verbs::{ProtectionDomain, SharedReceiveQueue};
 
 /// Every shared queue of a node's framed connections.
@@ -48,12 +50,16 @@ struct Queue {
     recv: SharedRecv,
     reserve: Arc<CreditReserve>,
     members: u32,
+    /// The loan account of each peer address with members here, and how many.
+    peers: HashMap<Option<IpAddr>, (Arc<PeerLoan>, u32)>,
 }
 
 /// A connection's place in a shared queue: its share stays posted while it lives.
 pub(crate) struct Membership {
     id: u64,
     reserve: Arc<CreditReserve>,
+    peer: Option<IpAddr>,
+    loan: Arc<PeerLoan>,
     queues: Arc<Mutex<Queues>>,
     keep_empty: usize,
 }
@@ -80,10 +86,13 @@ impl RecvGroups {
     /// Joins the fullest queue with room, creating one (reserving its CQ, posting its
     /// receives) when none has. Returns the queue, the membership and the CQ to create
     /// the QP with (its entries are the queue's, for `send_depth` sends per member).
+    /// `peer` is the client's address: its connections on a queue borrow from one
+    /// account, capped by `SharedRecvConfig::reserve_per_peer`.
     pub fn join(
         &self,
         pollers: &Pollers,
         send_depth: u32,
+        peer: Option<IpAddr>,
     ) -> Result<(SharedRecv, Membership, CqReservation), String> {
         let mut q = self.inner.lock().expect("recv groups lock");
         let room = q
@@ -116,14 +125,23 @@ impl RecvGroups {
                     recv,
                     reserve: Arc::new(CreditReserve::new(self.cfg.reserve)),
                     members: 0,
+                    peers: HashMap::new(),
                 });
                 q.queues.last_mut().expect("just pushed")
             }
         };
         queue.members += 1;
+        let cap = self.cfg.reserve_per_peer;
+        let (loan, n) = queue
+            .peers
+            .entry(peer)
+            .or_insert_with(|| (Arc::new(PeerLoan::new(cap)), 0));
+        *n += 1;
         let member = Membership {
             id: queue.id,
             reserve: queue.reserve.clone(),
+            peer,
+            loan: loan.clone(),
             queues: self.inner.clone(),
             keep_empty: self.cfg.keep_empty,
         };
@@ -148,12 +166,37 @@ impl RecvGroups {
         let q = self.inner.lock().expect("recv groups lock");
         q.queues.iter().map(|g| g.members).collect()
     }
+
+    /// Each queue's reserve, for stats.
+    pub fn reserves(&self) -> Vec<ReserveStats> {
+        let q = self.inner.lock().expect("recv groups lock");
+        q.queues
+            .iter()
+            .map(|g| ReserveStats {
+                free: g.reserve.available(),
+                lowest: g.reserve.lowest(),
+                most_to_one_peer: g.peers.values().map(|(l, _)| l.most()).max().unwrap_or(0),
+            })
+            .collect()
+    }
+}
+
+/// One shared queue's credit reserve, as [`ServerStats`](super::ServerStats) shows it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReserveStats {
+    /// Credits free to lend now.
+    pub free: u32,
+    /// The fewest that were ever free since the queue was made.
+    pub lowest: u32,
+    /// The most any one peer address with members on the queue now held borrowed at
+    /// once (at most `SharedRecvConfig::reserve_per_peer`).
+    pub most_to_one_peer: u32,
 }
 
 impl Membership {
-    /// The reserve this connection borrows from.
-    pub fn reserve(&self) -> &CreditReserve {
-        &self.reserve
+    /// The reserve this connection borrows from, and its peer's account with it.
+    pub fn reserve(&self) -> (&CreditReserve, &PeerLoan) {
+        (&self.reserve, &self.loan)
     }
 }
 
@@ -163,7 +206,14 @@ impl Drop for Membership {
         let Some(pos) = q.queues.iter().position(|g| g.id == self.id) else {
             return;
         };
-        q.queues[pos].members -= 1;
+        let queue = &mut q.queues[pos];
+        queue.members -= 1;
+        if let Some((_, n)) = queue.peers.get_mut(&self.peer) {
+            *n -= 1;
+            if *n == 0 {
+                queue.peers.remove(&self.peer);
+            }
+        }
         let empty = q.queues.iter().filter(|g| g.members == 0).count();
         if q.queues[pos].members == 0 && empty > self.keep_empty {
             // The queue itself goes when its last clone does: the leaving connection's,

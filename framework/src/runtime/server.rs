@@ -249,6 +249,9 @@ pub struct ServerStats {
     /// `shared_queues`): the queue's depth, less the buffers consumed and not yet
     /// reposted. Counted, not computed: a buffer that never comes back shows here.
     pub shared_receives_posted: Vec<usize>,
+    /// Each shared queue's credit reserve (as `shared_queues`): free now, its low-water
+    /// mark, and the most one peer address held.
+    pub shared_reserves: Vec<super::ReserveStats>,
 }
 
 impl Server {
@@ -306,6 +309,7 @@ impl Server {
             shared_queues: node.shared_queues,
             shared_recv_buffers: node.shared_recv_buffers,
             shared_receives_posted: node.shared_receives_posted,
+            shared_reserves: node.shared_reserves,
         }
     }
 

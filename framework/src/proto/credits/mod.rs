@@ -33,7 +33,7 @@ pub const MIN_DEPTH: u32 = 4;
 
 mod reserve;
 
-pub use reserve::CreditReserve;
+pub use reserve::{CreditReserve, PeerLoan};
 
 /// How a peer broke the credit rules; the connection closes with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

@@ -21,6 +21,13 @@
 //! went quiet keeps what it was lent until its peer uses it (credits cannot be taken
 //! back); the reserve bounds how much that can be in all.
 //!
+//! **A cap per peer** ([`PeerLoan`]): without one, a single client host that opens many
+//! connections on one queue and floods them all borrows the whole reserve, and every
+//! other host's connections run on their shares alone. The connections of one peer
+//! address on a queue share one loan account, and the reserve lends to it only up to its
+//! cap (by default half the reserve, so a second busy host always finds room). The cap
+//! is on what the peer holds now, not on its rate: credits it used come back as usual.
+//!
 //! This is plain arithmetic on counters (the shared queue itself lives in the runtime);
 //! the window calls [`CreditWindow::settle`] after each frame that used a shared receive,
 //! whose buffer was reposted at once.
@@ -36,6 +43,9 @@ use super::CreditWindow;
 #[derive(Debug)]
 pub struct CreditReserve {
     free: AtomicU32,
+    /// The fewest credits that were ever free: how close the reserve came to running
+    /// out, for stats (a reserve that hits zero often is too small, or lent to few).
+    lowest: AtomicU32,
 }
 
 impl CreditReserve {
@@ -43,18 +53,24 @@ impl CreditReserve {
     pub fn new(credits: u32) -> Self {
         CreditReserve {
             free: AtomicU32::new(credits),
+            lowest: AtomicU32::new(credits),
         }
     }
 
     /// Takes up to `want` credits; returns how many it got.
     pub fn take(&self, want: u32) -> u32 {
         let mut got = 0;
+        let mut left = 0;
         let _ = self
             .free
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |free| {
                 got = free.min(want);
-                Some(free - got)
+                left = free - got;
+                Some(left)
             });
+        if got > 0 {
+            self.lowest.fetch_min(left, Ordering::AcqRel);
+        }
         got
     }
 
@@ -65,9 +81,80 @@ impl CreditReserve {
         }
     }
 
+    /// Lends up to `want` credits to `peer`, within its cap; returns how many.
+    pub fn lend(&self, peer: &PeerLoan, want: u32) -> u32 {
+        let allowed = peer.claim(want);
+        let got = self.take(allowed);
+        peer.repay(allowed - got);
+        got
+    }
+
+    /// Takes back `n` credits `peer` was lent.
+    pub fn repay(&self, peer: &PeerLoan, n: u32) {
+        peer.repay(n);
+        self.give(n);
+    }
+
     /// Credits free now.
     pub fn available(&self) -> u32 {
         self.free.load(Ordering::Acquire)
+    }
+
+    /// The fewest credits that were free at any time since the reserve was made.
+    pub fn lowest(&self) -> u32 {
+        self.lowest.load(Ordering::Acquire)
+    }
+}
+
+/// What the connections of one peer (one client address) on one shared queue have
+/// borrowed from its reserve, and the most they may (see the module comment).
+#[derive(Debug)]
+pub struct PeerLoan {
+    lent: AtomicU32,
+    cap: u32,
+    /// The most this peer ever held at once, for stats and tests.
+    most: AtomicU32,
+}
+
+impl PeerLoan {
+    /// An account that may hold at most `cap` credits; `None` for no cap.
+    pub fn new(cap: Option<u32>) -> Self {
+        PeerLoan {
+            lent: AtomicU32::new(0),
+            cap: cap.unwrap_or(u32::MAX),
+            most: AtomicU32::new(0),
+        }
+    }
+
+    /// Reserves up to `want` credits of the cap; returns how many.
+    fn claim(&self, want: u32) -> u32 {
+        let mut got = 0;
+        let mut now = 0;
+        let _ = self
+            .lent
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |lent| {
+                got = self.cap.saturating_sub(lent).min(want);
+                now = lent + got;
+                Some(now)
+            });
+        self.most.fetch_max(now, Ordering::AcqRel);
+        got
+    }
+
+    fn repay(&self, n: u32) {
+        if n > 0 {
+            self.lent.fetch_sub(n, Ordering::AcqRel);
+        }
+    }
+
+    /// Credits this peer holds borrowed now.
+    pub fn lent(&self) -> u32 {
+        self.lent.load(Ordering::Acquire)
+    }
+
+    /// The most this peer held borrowed at once.
+    pub fn most(&self) -> u32 {
+        self.most.load(Ordering::Acquire)
     }
 }
 
@@ -75,7 +162,7 @@ impl CreditWindow {
     /// Returns credits for the frames just received on shared receives (already
     /// reposted): the connection's share always, borrowed ones only while the peer runs
     /// low; borrows more from `reserve` when it does (see the module comment).
-    pub fn settle(&mut self, reserve: &CreditReserve) {
+    pub fn settle(&mut self, reserve: &CreditReserve, peer: &PeerLoan) {
         // The peer sends faster than our grants come back: it has used half its window
         // (share plus what it borrowed). A steady stream settles where the window just
         // covers a round trip: borrowed credits go back one per frame while the peer
@@ -89,7 +176,7 @@ impl CreditWindow {
                 // Keep them: re-grant what it used of them.
                 self.owed += self.borrowed - extra;
             } else {
-                reserve.give(self.borrowed - extra);
+                reserve.repay(peer, self.borrowed - extra);
                 self.borrowed = extra;
             }
         }
@@ -101,7 +188,7 @@ impl CreditWindow {
         if running_low {
             let committed = self.peer_credits + self.owed;
             let room = self.max.saturating_sub(committed).min(self.share);
-            let got = reserve.take(room);
+            let got = reserve.lend(peer, room);
             self.owed += got;
             self.borrowed += got;
         }
@@ -109,8 +196,8 @@ impl CreditWindow {
 
     /// Gives every borrowed credit back (the connection is gone; its peer's credits
     /// died with the QP).
-    pub fn release_borrowed(&mut self, reserve: &CreditReserve) {
-        reserve.give(std::mem::take(&mut self.borrowed));
+    pub fn release_borrowed(&mut self, reserve: &CreditReserve, peer: &PeerLoan) {
+        reserve.repay(peer, std::mem::take(&mut self.borrowed));
     }
 
     /// Credits lent to this connection by the reserve.
@@ -134,11 +221,21 @@ mod tests {
         /// Credits each peer holds (its send credits towards us).
         peer_send: Vec<u32>,
         reserve: CreditReserve,
+        /// The loan account of each connection's peer (index into `loans`).
+        peer_of: Vec<usize>,
+        loans: Vec<PeerLoan>,
         posted: u32,
     }
 
     impl Shared {
+        /// `n` connections, each from a peer of its own, no cap.
         fn new(n: usize, reserve: u32) -> Shared {
+            Self::with_peers(n, reserve, (0..n).collect(), None)
+        }
+
+        /// `n` connections whose peers are `peer_of`, each peer capped at `cap`.
+        fn with_peers(n: usize, reserve: u32, peer_of: Vec<usize>, cap: Option<u32>) -> Shared {
+            let peers = peer_of.iter().max().map_or(0, |m| m + 1);
             let ours = Advert {
                 initial: SHARE,
                 max: MAX,
@@ -149,6 +246,8 @@ mod tests {
                     .collect(),
                 peer_send: vec![SHARE; n],
                 reserve: CreditReserve::new(reserve),
+                peer_of,
+                loans: (0..peers).map(|_| PeerLoan::new(cap)).collect(),
                 posted: n as u32 * SHARE + reserve,
             }
         }
@@ -164,7 +263,7 @@ mod tests {
             // The peer returns every credit we used (it reposts at once).
             let back = 64 - w.send_credits();
             w.handle_received(back).expect("within credits");
-            w.settle(&self.reserve);
+            w.settle(&self.reserve, &self.loans[self.peer_of[i]]);
             if grant_now && w.owed() > 0 {
                 let g = w.take_for_send();
                 self.peer_send[i] += g;
@@ -193,6 +292,15 @@ mod tests {
             for (w, held) in self.windows.iter().zip(&self.peer_send) {
                 assert!(w.peer_credits + w.owed <= MAX);
                 assert!(*held <= w.peer_credits, "peer holds more than we granted");
+            }
+            // Each peer's account is what its connections borrowed, within its cap.
+            for (p, loan) in self.loans.iter().enumerate() {
+                let borrowed: u32 = (0..self.windows.len())
+                    .filter(|i| self.peer_of[*i] == p)
+                    .map(|i| self.windows[i].borrowed())
+                    .sum();
+                assert_eq!(loan.lent(), borrowed, "peer {p}'s account");
+                assert!(loan.lent() <= loan.cap);
             }
         }
     }
@@ -266,7 +374,52 @@ mod tests {
             s.grant(0);
         }
         let mut w = s.windows.pop().expect("one");
-        w.release_borrowed(&s.reserve);
+        w.release_borrowed(&s.reserve, &s.loans[0]);
         assert_eq!(s.reserve.available(), 8);
+        assert_eq!(s.loans[0].lent(), 0);
+        assert!(s.reserve.lowest() < 8, "the low-water mark saw the loan");
+    }
+
+    /// Issue 26 (5): one host with many connections on a queue, all flooding, took the
+    /// whole reserve, and a second host's connections ran on their shares alone. With a
+    /// cap per peer the first host holds at most its cap, and the second still borrows.
+    #[test]
+    fn one_peer_with_many_connections_borrows_at_most_its_cap() {
+        // Six connections of peer 0, two of peer 1; a reserve of 32, half per peer.
+        let peer_of = vec![0, 0, 0, 0, 0, 0, 1, 1];
+        let mut s = Shared::with_peers(8, 32, peer_of, Some(16));
+        for _ in 0..20 {
+            for i in 0..6 {
+                while s.frame(i, false) {}
+                s.grant(i);
+            }
+        }
+        assert_eq!(s.loans[0].most(), 16, "the flooding host reached its cap");
+        assert_eq!(s.reserve.available(), 16, "and no more");
+        assert_eq!(s.reserve.lowest(), 16);
+        // The second host floods as well: it borrows from what is left.
+        for _ in 0..20 {
+            for i in 6..8 {
+                while s.frame(i, false) {}
+                s.grant(i);
+            }
+        }
+        assert!(s.loans[1].most() > 0, "the second host borrowed");
+        assert!(s.loans[1].most() <= 16);
+
+        // Without a cap the same flood takes everything.
+        let peer_of = vec![0, 0, 0, 0, 0, 0, 1, 1];
+        let mut s = Shared::with_peers(8, 32, peer_of, None);
+        for _ in 0..20 {
+            for i in 0..6 {
+                while s.frame(i, false) {}
+                s.grant(i);
+            }
+        }
+        assert_eq!(
+            s.reserve.lowest(),
+            0,
+            "an uncapped host empties the reserve"
+        );
     }
 }

@@ -640,7 +640,8 @@ impl Drop for Core {
         self.drop_rendezvous_windows();
         // The peer's credits die with the QP; what it borrowed goes back to the reserve.
         if let (Some(credits), Some(m)) = (self.credits.as_mut(), &self.membership) {
-            credits.release_borrowed(m.reserve());
+            let (reserve, loan) = m.reserve();
+            credits.release_borrowed(reserve, loan);
         }
     }
 }

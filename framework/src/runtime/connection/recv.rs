@@ -189,7 +189,8 @@ impl Core {
             }
             self.handle_frame(frame.ok_or_else(failed)??, wc)?;
             if let (Some(credits), Some(m)) = (self.credits.as_mut(), &self.membership) {
-                credits.settle(m.reserve());
+                let (reserve, loan) = m.reserve();
+                credits.settle(reserve, loan);
             }
             return Ok(());
         }
