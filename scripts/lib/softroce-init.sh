@@ -82,6 +82,18 @@ mount -t tmpfs -o mode=0755 tmpfs $R/run || true
 # A repository under /tmp or /run is hidden by the tmpfs: recreate its path.
 [ -d "$R$repo_path" ] || mkdir -p "$R$repo_path"
 mount -o bind /repo "$R$repo_path" || fail "cannot bind the repository to $repo_path"
+# Directories shared with `scripts/softroce --share DIR`, each at its own path.
+if [ -s "$run/shares" ]; then
+    i=0
+    while IFS= read -r path; do
+        [ -n "$path" ] || continue
+        mkdir -p "/share$i"
+        mount -t 9p -o "$p9,cache=mmap" "share$i" "/share$i" || fail "cannot mount 9p share$i ($path)"
+        [ -d "$R$path" ] || mkdir -p "$R$path" || fail "cannot create $path in the guest"
+        mount -o bind "/share$i" "$R$path" || fail "cannot bind $path"
+        i=$((i + 1))
+    done <"$run/shares"
+fi
 
 # Networking. One VM (scripts/softroce): nothing leaves it (qemu gives it no NIC)
 # and rxe runs over a dummy interface. Two VMs (scripts/wire): rxe runs over the
@@ -142,6 +154,11 @@ chroot $R /usr/bin/env -i /bin/bash --noprofile --norc "$repo_path/.softroce/run
 rc=$?
 echo "$rc" >"$run/status.tmp" && mv "$run/status.tmp" "$run/status"
 sync
+if [ -s "$run/shares" ]; then
+    while IFS= read -r path; do
+        [ -n "$path" ] && umount "$R$path" 2>/dev/null
+    done <"$run/shares"
+fi
 umount "$R$repo_path" 2>/dev/null
 umount /repo 2>/dev/null
 poweroff -f
