@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use rdmactor::proto::hello::RejectCode;
 use rdmactor::runtime::{
-    Client, ClientConnection, ConnectError, Message, NodeConfig, PeerInfo, ReserveStats, Server,
-    Service, Session, SessionCx, SessionError, SharedRecvConfig,
+    Client, ClientConnection, ConnectError, ConnectionConfig, Message, NodeConfig, PeerInfo,
+    ReceiveConfig, ReserveStats, Server, Service, Session, SessionCx, SessionError,
+    SharedRecvConfig,
 };
 use rdmactor_services::echo::Echo;
 use rdmactor_tests::{
@@ -85,7 +86,10 @@ fn a_client_that_sends_nothing_is_closed_by_the_idle_timeout() {
         let (service, reasons) = rdmactor_tests::Recorded::new(Echo);
         let server = Server::builder()
             .config(NodeConfig {
-                idle_timeout: Some(std::time::Duration::from_secs(2)),
+                connection: ConnectionConfig {
+                    idle_timeout: Some(std::time::Duration::from_secs(2)),
+                    ..ConnectionConfig::default()
+                },
                 ..NodeConfig::default()
             })
             .listen(test_addr(), None)
@@ -135,7 +139,10 @@ fn one_silent_host_cannot_take_every_slot() {
         // max_connections 8 and no per-peer setting: the default limit, 4 per address.
         let server = Server::builder()
             .config(NodeConfig {
-                idle_timeout: Some(idle),
+                connection: ConnectionConfig {
+                    idle_timeout: Some(idle),
+                    ..ConnectionConfig::default()
+                },
                 ..NodeConfig::default()
             })
             .listen(test_addr(), None)
@@ -244,7 +251,10 @@ async fn flood_from_two_hosts(cap: Option<u32>) -> (ReserveStats, ReserveStats, 
     let got = Arc::new(AtomicUsize::new(0));
     let server = Server::builder()
         .config(NodeConfig {
-            shared_recv: Some(shared),
+            receives: ReceiveConfig {
+                shared: Some(shared),
+                ..ReceiveConfig::default()
+            },
             ..NodeConfig::default()
         })
         .listen(test_addr(), None)

@@ -4,6 +4,7 @@
 //! credits than could exist. Each connection is closed with a reason naming what went
 //! wrong, and the server's memory stays bounded while it happens.
 
+use rdmactor::runtime::ConnectionConfig;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -35,7 +36,10 @@ fn raw_peer_that_never_receives_is_closed_and_server_memory_stays_bounded() {
         // stops completing the client's SENDs; not understood yet), before the default
         // bound is reached.
         let config = rdmactor::runtime::NodeConfig {
-            max_queued_sends: 512,
+            connection: ConnectionConfig {
+                max_queued_sends: 512,
+                ..ConnectionConfig::default()
+            },
             ..Default::default()
         };
         let server = Server::builder()
@@ -153,7 +157,8 @@ fn framed_peer_sending_beyond_its_credits_is_closed_as_a_protocol_violation() {
         // them (they are reposted at once, and the other connections' credits are still
         // backed once the violator is gone).
         let queue = rdmactor::runtime::NodeConfig::default()
-            .shared_recv
+            .receives
+            .shared
             .map_or(depth as usize, |c| c.depth() as usize);
         assert!(
             sent <= 2 * depth as usize + queue + 32,

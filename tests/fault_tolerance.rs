@@ -6,7 +6,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use rdmactor::runtime::{Client, NodeConfig, Server};
+use rdmactor::runtime::{Client, ConnectionConfig, NodeConfig, ReceiveConfig, Server};
 use rdmactor_services::echo::Echo;
 use rdmactor_tests::{
     actix_run, assert_released, echo_ok, eventually, pattern, rdma_context, resource_counts, serve,
@@ -83,8 +83,14 @@ fn flooding_a_slow_service_causes_no_rnr_and_loses_nothing() {
     // With zero RNR retries, a single SEND that met an empty receive queue would fail
     // the connection; credits must prevent that entirely.
     let no_rnr = NodeConfig {
-        rnr_retry_count: 0,
-        recv_depth: 4,
+        connection: ConnectionConfig {
+            rnr_retry_count: 0,
+            ..ConnectionConfig::default()
+        },
+        receives: ReceiveConfig {
+            depth: 4,
+            ..ReceiveConfig::default()
+        },
         ..NodeConfig::default()
     };
     actix_run(async move {

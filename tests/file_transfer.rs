@@ -14,7 +14,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rdmactor::runtime::{Client, ClientConnection, CloseReason, NodeConfig, RequestError, Server};
+use rdmactor::runtime::{
+    Client, ClientConnection, CloseReason, NodeConfig, RequestError, Server, TransportConfig,
+};
 use rdmactor::verbs::RemoteRegion;
 use rdmactor_services::file_transfer::{
     fetch_file, hash_bytes, send_file, Auth, BadReason, Config, FetchOptions, FileOffer,
@@ -158,7 +160,10 @@ fn files_server(config: Config) -> Server {
 fn files_server_with(files: FileTransfer) -> Server {
     Server::builder()
         .config(NodeConfig {
-            pollers: 2,
+            transport: TransportConfig {
+                pollers: 2,
+                ..TransportConfig::default()
+            },
             ..NodeConfig::default()
         })
         .listen(test_addr(), None)

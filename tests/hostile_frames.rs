@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use rdmactor::proto::frame::{FrameKind, Header, RendezvousOffer, HEADER_LEN, OFFER_LEN};
 use rdmactor::runtime::{
-    Client, Message, NodeConfig, PeerInfo, Service, Session, SessionCx, SessionError,
+    Client, Message, NodeConfig, PeerInfo, ReceiveConfig, Service, Session, SessionCx, SessionError,
 };
 use rdmactor::verbs::{Access, MemoryRegion, ProtectionDomain};
 use rdmactor_tests::framed::{framed_connect, framed_peer_sends, mirror_server, off_thread};
@@ -96,7 +96,10 @@ fn a_member_closing_in_the_middle_of_a_burst_gives_back_every_shared_receive() {
         let (service, reasons) = rdmactor_tests::Recorded::new(StallingMirror);
         let server = rdmactor::runtime::Server::builder()
             .config(NodeConfig {
-                shared_recv: Some(shared),
+                receives: ReceiveConfig {
+                    shared: Some(shared),
+                    ..ReceiveConfig::default()
+                },
                 ..NodeConfig::default()
             })
             .listen(rdmactor_tests::test_addr(), None)

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rdmactor::runtime::{Client, NodeConfig, Server};
+use rdmactor::runtime::{Client, ConnectionConfig, NodeConfig, Server};
 use rdmactor_services::ingest::{
     seal, ImmCodec, Ingest, IngestConfig, IngestRequest, IngestResponse, IngestService, Record,
 };
@@ -88,7 +88,10 @@ fn flooding_clients_deliver_every_record_exactly_once() {
             .expect("server");
         let addr = server.local_addrs()[0];
         let client = Client::start(NodeConfig {
-            rnr_retry_count: 0,
+            connection: ConnectionConfig {
+                rnr_retry_count: 0,
+                ..ConnectionConfig::default()
+            },
             ..NodeConfig::default()
         })
         .expect("client");

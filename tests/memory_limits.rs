@@ -13,7 +13,7 @@
 //!   connect succeeds.
 //! - Issue 26 (9): waiters for pool memory are served in order with the head's room kept
 //!   (a large reply is not starved by a stream of smaller ones), and a message that waits
-//!   past `NodeConfig::pool_wait` fails with the reason while its connection goes on.
+//!   past `ConnectionConfig::pool_wait` fails with the reason while its connection goes on.
 //!
 //! The misbehaving peers are plain verbs clients speaking rdmactor's frames by hand.
 
@@ -25,7 +25,8 @@ use rdmactor::proto::budget::BudgetError;
 use rdmactor::proto::frame::{FrameKind, Header, RendezvousOffer, HEADER_LEN, OFFER_LEN};
 use rdmactor::proto::hello::{Hello, PROTOCOL_VERSION};
 use rdmactor::runtime::{
-    CloseReason, Message, NodeConfig, PeerInfo, Server, Service, Session, SessionCx, SessionError,
+    CloseReason, ConnectionConfig, Message, NodeConfig, PeerInfo, Server, Service, Session,
+    SessionCx, SessionError,
 };
 use rdmactor::verbs::{Access, MemoryRegion, ProtectionDomain, RecvWr, SendOp, SendWr};
 use rdmactor_services::echo::Discard;
@@ -220,7 +221,7 @@ fn oversized_rendezvous_offers_are_refused_without_registration() {
                     other => panic!("unexpected {other:?} frame"),
                 }
             }
-            let budget = NodeConfig::default().rendezvous_budget;
+            let budget = ConnectionConfig::default().rendezvous_budget;
             refused.sort_by_key(|r| r.0);
             assert_eq!(
                 refused,
@@ -249,7 +250,7 @@ fn oversized_rendezvous_offers_are_refused_without_registration() {
         // The shared receive queue's buffers, rounded up to whole arenas, and nothing
         // for the offer.
         let arena = 4 << 20;
-        let size = NodeConfig::default().recv_size as usize;
+        let size = NodeConfig::default().receives.size as usize;
         let receives = (stats.shared_recv_buffers * size).div_ceil(arena) * arena;
         assert!(
             stats.pool.peak_bytes <= receives.max(arena),
@@ -271,7 +272,10 @@ fn rendezvous_replies_never_released_are_reclaimed_at_the_deadline() {
         let reasons = Reasons::default();
         let server = Server::builder()
             .config(NodeConfig {
-                rendezvous_deadline: Duration::from_secs(2),
+                connection: ConnectionConfig {
+                    rendezvous_deadline: Duration::from_secs(2),
+                    ..ConnectionConfig::default()
+                },
                 ..NodeConfig::default()
             })
             .listen(test_addr(), None)
@@ -331,9 +335,12 @@ fn bulk_rendezvous_never_starves_new_connections() {
                     max_bytes: 64 << 20,
                     ..PoolConfig::default()
                 },
-                // 16 × 2 MiB stays inside the cap less the receive reservation.
-                rendezvous_budget: 2 << 20,
-                max_message: 1 << 20,
+                connection: ConnectionConfig {
+                    // 16 × 2 MiB stays inside the cap less the receive reservation.
+                    rendezvous_budget: 2 << 20,
+                    max_message: 1 << 20,
+                    ..ConnectionConfig::default()
+                },
                 ..NodeConfig::default()
             })
             .listen(test_addr(), None)
@@ -497,7 +504,7 @@ fn incoming_messages_of_many_clients_share_one_heap_budget() {
 }
 
 /// Answers a message holding a little-endian `u32` with that many bytes of 7s. An
-/// answer the pool had no room for within `NodeConfig::pool_wait` is replaced by a
+/// answer the pool had no room for within `ConnectionConfig::pool_wait` is replaced by a
 /// 4-byte `busy` under the same tag, so the client hears why (see `Session::on_refused`).
 struct Sized;
 
@@ -613,7 +620,7 @@ fn a_large_reply_is_not_starved_by_a_stream_of_smaller_ones() {
 /// Issue 26 (9): a reply that waited for room in the pool had no deadline: with the pool
 /// held by a peer that never READs its offers, the next client's answer waited until
 /// that peer's rendezvous deadline (here a minute), and longer behind a queue of such
-/// peers. Now it fails after `NodeConfig::pool_wait` with the pool's reason, handed
+/// peers. Now it fails after `ConnectionConfig::pool_wait` with the pool's reason, handed
 /// to the session, which tells the client; the connection goes on, and once the memory
 /// is back the same connection is answered in full. The pool's lines are empty again.
 #[test]
@@ -622,8 +629,11 @@ fn an_answer_that_waits_past_the_pool_deadline_fails_and_the_connection_goes_on(
     const BIG: usize = 7 << 20;
     actix_run(async move {
         let config = NodeConfig {
-            pool_wait: Duration::from_secs(2),
-            rendezvous_deadline: Duration::from_secs(60),
+            connection: ConnectionConfig {
+                pool_wait: Duration::from_secs(2),
+                rendezvous_deadline: Duration::from_secs(60),
+                ..rdmactor_tests::capped_pool(12 << 20).connection
+            },
             ..rdmactor_tests::capped_pool(12 << 20)
         };
         let (server, addr, client) = rdmactor_tests::serve_with(config, "sized", Sized);

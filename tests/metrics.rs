@@ -84,7 +84,7 @@ fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
 }
 
 /// One-way messages in the burst sent to the slow service: several times the
-/// connection's credits (`NodeConfig::recv_depth`, 16), fewer than its send queue (64),
+/// connection's credits (`ReceiveConfig::depth`, 16), fewer than its send queue (64),
 /// so only credits hold the sender back.
 const BURST: usize = 48;
 

@@ -8,7 +8,7 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use rdmactor::runtime::{Client, NodeConfig, Server};
+use rdmactor::runtime::{Client, ConnectionConfig, NodeConfig, Server};
 use rdmactor_services::echo::Echo;
 use rdmactor_tests::{
     actix_run, assert_leases_returned, assert_released, pattern, rdma_context, resource_counts,
@@ -31,11 +31,14 @@ fn two_hundred_senders_flood_a_slow_service_without_rnr_through_shared_receives(
     let base = resource_counts();
     let rnr_before = (hw_counter("send_rnr_err"), hw_counter("rcvd_rnr_err"));
     let no_rnr = NodeConfig {
-        rnr_retry_count: 0,
+        connection: ConnectionConfig {
+            rnr_retry_count: 0,
+            ..ConnectionConfig::default()
+        },
         ..NodeConfig::default()
     };
     assert!(
-        no_rnr.shared_recv.is_some(),
+        no_rnr.receives.shared.is_some(),
         "shared receives are the default"
     );
     actix_run(async move {
@@ -263,9 +266,12 @@ fn twenty_thousand_clients_each_echo_while_all_are_open() {
     let per_proc = total.div_ceil(4);
     actix_run(async move {
         let config = NodeConfig {
-            // One probe per silent connection per period: 20,000 connections at the
-            // default 5 s would cost 4,000 probes a second on each side.
-            keepalive: Some(Duration::from_secs(60)),
+            connection: ConnectionConfig {
+                // One probe per silent connection per period: 20,000 connections at the
+                // default 5 s would cost 4,000 probes a second on each side.
+                keepalive: Some(Duration::from_secs(60)),
+                ..ConnectionConfig::default()
+            },
             ..NodeConfig::default()
         };
         let server = Server::builder()

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use rdmactor::proto::budget::BudgetError;
 use rdmactor::runtime::{
-    Client, CloseReason, Message, NodeConfig, PeerInfo, RequestError, Server, Service, Session,
-    SessionCx, SessionError,
+    Client, CloseReason, ConnectionConfig, Message, NodeConfig, PeerInfo, RequestError, Server,
+    Service, Session, SessionCx, SessionError,
 };
 use rdmactor_services::echo::Echo;
 use rdmactor_tests::{
@@ -107,7 +107,10 @@ fn a_connection_the_server_ends_tells_the_client_why() {
     actix_run(async {
         let server = Server::builder()
             .config(NodeConfig {
-                idle_timeout: Some(Duration::from_secs(1)),
+                connection: ConnectionConfig {
+                    idle_timeout: Some(Duration::from_secs(1)),
+                    ..ConnectionConfig::default()
+                },
                 ..NodeConfig::default()
             })
             .listen(test_addr(), None)

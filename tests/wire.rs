@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use rdmactor::runtime::NodeConfig;
+use rdmactor::runtime::ConnectionConfig;
 use rdmactor_tests::target_bin;
 use rdmactor_tests::wire::{Host, Job, Wire};
 
@@ -355,7 +355,9 @@ fn cable_pulled_for_10s_mid_upload_fails_cleanly() {
     );
     // The server noticed too (its keepalive probe went unanswered), freed the connection
     // and removed the temp file; nothing half-written is left.
-    let bound = NodeConfig::default().dead_peer_bound().expect("keepalive");
+    let bound = ConnectionConfig::default()
+        .dead_peer_bound()
+        .expect("keepalive");
     wire.wait_resources(
         Host::A,
         &serving,
@@ -419,7 +421,9 @@ fn host_b_killed_mid_upload_and_mid_echo() {
     );
 
     wire.kill(Host::B);
-    let bound = NodeConfig::default().dead_peer_bound().expect("keepalive");
+    let bound = ConnectionConfig::default()
+        .dead_peer_bound()
+        .expect("keepalive");
     let took = wire.wait_resources(
         Host::A,
         &serving,
@@ -485,7 +489,7 @@ fn big_and_small_clients_share_a_lossy_wire() {
     let big_size = 4 << 20;
     // Beyond the server's largest message, within the client's own budget: the server
     // is the one that refuses.
-    let too_big = big_echo_cmd(NodeConfig::default().max_message * 3 / 2, 1);
+    let too_big = big_echo_cmd(ConnectionConfig::default().max_message * 3 / 2, 1);
     let refused = wire.run(Host::B, &args(&too_big), Duration::from_secs(120));
     assert_ne!(
         refused.status, 0,
@@ -546,7 +550,9 @@ fn big_and_small_clients_share_a_lossy_wire() {
     // Twice the dead-peer bound: once in three runs (2026-11-26) the second of two
     // stalled connections was still open at the bound itself (docs/known-gaps.md, "rxe
     // across a lossy wire"); the time it took is printed so that runs tell how late.
-    let bound = 2 * NodeConfig::default().dead_peer_bound().expect("keepalive");
+    let bound = 2 * ConnectionConfig::default()
+        .dead_peer_bound()
+        .expect("keepalive");
     let waiting = Instant::now();
     let deadline = waiting + bound;
     while closed_as_stalled() < stalled && Instant::now() < deadline {

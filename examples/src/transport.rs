@@ -1,9 +1,9 @@
 //! The transport options the example binaries share: how long a lost packet or a dead
-//! peer is retried, and when a silent connection is probed (see `NodeConfig`).
+//! peer is retried, and when a silent connection is probed (see `ConnectionConfig`).
 
 use std::time::Duration;
 
-use rdmactor::runtime::{NodeConfig, PollMode};
+use rdmactor::runtime::{ConnectionConfig, NodeConfig, PollMode};
 
 /// `--retry-count`, `--ack-timeout`, `--keepalive`, the handshake and idle timeouts,
 /// where framed connections' receives come from, how large messages are READ, and how
@@ -12,21 +12,21 @@ use rdmactor::runtime::{NodeConfig, PollMode};
 pub struct Transport {
     /// Transport retries before a request to a silent peer fails (0..=6; Soft-RoCE reads
     /// 7 as forever).
-    #[arg(long, default_value_t = NodeConfig::default().retry_count)]
+    #[arg(long, default_value_t = ConnectionConfig::default().retry_count)]
     pub retry_count: u8,
     /// Local ACK timeout exponent: wait 4.096 µs × 2^N for an ACK before retransmitting
     /// (18: 1.07 s; 20: 4.3 s).
-    #[arg(long, default_value_t = NodeConfig::default().ack_timeout)]
+    #[arg(long, default_value_t = ConnectionConfig::default().ack_timeout)]
     pub ack_timeout: u8,
     /// Probe a connection that has been silent this many seconds, to notice a peer that
     /// died without a word (0: never).
-    #[arg(long, default_value_t = NodeConfig::default().keepalive.map_or(0.0, |d| d.as_secs_f64()))]
+    #[arg(long, default_value_t = ConnectionConfig::default().keepalive.map_or(0.0, |d| d.as_secs_f64()))]
     pub keepalive: f64,
     /// Close a connection not established within this many seconds.
-    #[arg(long, default_value_t = NodeConfig::default().handshake_timeout.as_secs_f64())]
+    #[arg(long, default_value_t = ConnectionConfig::default().handshake_timeout.as_secs_f64())]
     pub handshake_timeout: f64,
     /// Close a connection on which no message arrived for this many seconds (0: never).
-    #[arg(long, default_value_t = NodeConfig::default().idle_timeout.map_or(0.0, |d| d.as_secs_f64()))]
+    #[arg(long, default_value_t = ConnectionConfig::default().idle_timeout.map_or(0.0, |d| d.as_secs_f64()))]
     pub idle_timeout: f64,
     /// Give each framed connection a receive queue of its own (16 buffers) instead of a
     /// share of a shared receive queue.
@@ -34,10 +34,10 @@ pub struct Transport {
     pub per_connection_receives: bool,
     /// KiB of a peer's large message fetched per RDMA READ (at most the pool's largest
     /// class, 1 MiB).
-    #[arg(long, default_value_t = NodeConfig::default().rendezvous_chunk >> 10)]
+    #[arg(long, default_value_t = ConnectionConfig::default().rendezvous_chunk >> 10)]
     pub rendezvous_chunk_kib: usize,
     /// Chunk READs one connection keeps in flight.
-    #[arg(long, default_value_t = NodeConfig::default().rendezvous_chunks)]
+    #[arg(long, default_value_t = ConnectionConfig::default().rendezvous_chunks)]
     pub rendezvous_chunks: u32,
     /// In event mode, microseconds a poller keeps spinning after its last completion
     /// before it sleeps on the completion channel (0: sleep at once). Spinning saves a
@@ -47,25 +47,29 @@ pub struct Transport {
 }
 
 impl Transport {
-    /// `config` with these options.
-    pub fn apply(&self, config: NodeConfig) -> NodeConfig {
-        NodeConfig {
-            retry_count: self.retry_count.min(6),
-            ack_timeout: self.ack_timeout.min(31),
-            keepalive: (self.keepalive > 0.0).then(|| Duration::from_secs_f64(self.keepalive)),
+    /// `config` with these options. Zero on the command line means off, which the
+    /// configuration writes as `None`; the rest is checked by `NodeConfig::validate`
+    /// when the server or client starts.
+    pub fn apply(&self, mut config: NodeConfig) -> NodeConfig {
+        let secs = |s: f64| (s > 0.0).then(|| Duration::from_secs_f64(s));
+        config.connection = ConnectionConfig {
+            retry_count: self.retry_count,
+            ack_timeout: self.ack_timeout,
+            keepalive: secs(self.keepalive),
             handshake_timeout: Duration::from_secs_f64(self.handshake_timeout.max(0.001)),
-            idle_timeout: (self.idle_timeout > 0.0)
-                .then(|| Duration::from_secs_f64(self.idle_timeout)),
-            shared_recv: config.shared_recv.filter(|_| !self.per_connection_receives),
-            rendezvous_chunk: (self.rendezvous_chunk_kib << 10).max(1),
-            rendezvous_chunks: self.rendezvous_chunks.max(1),
-            poll_mode: match config.poll_mode {
-                PollMode::Event { .. } => PollMode::Event {
-                    spin: Duration::from_micros(self.spin_us),
-                },
-                busy => busy,
-            },
-            ..config
+            idle_timeout: secs(self.idle_timeout),
+            rendezvous_chunk: self.rendezvous_chunk_kib << 10,
+            rendezvous_chunks: self.rendezvous_chunks,
+            ..config.connection
+        };
+        if self.per_connection_receives {
+            config.receives.shared = None;
         }
+        if let PollMode::Event { .. } = config.transport.poll_mode {
+            config.transport.poll_mode = PollMode::Event {
+                spin: Duration::from_micros(self.spin_us),
+            };
+        }
+        config
     }
 }

@@ -89,7 +89,7 @@
 //! # Threads
 //!
 //! A server or client runs one CM actor (on the actix `System` it was started in) with
-//! a thread of its own reading rdma_cm events, and `NodeConfig::pollers` polling threads,
+//! a thread of its own reading rdma_cm events, and `TransportConfig::pollers` polling threads,
 //! each of which also runs the actors of the connections whose CQs it polls. A session's
 //! callbacks run one at a time on its connection's poller thread, next to many other
 //! connections: never block there. Work that takes time goes to the blocking pool

@@ -17,7 +17,7 @@ use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand};
 use rdmactor::runtime::{
     Client, ClientConnection, CloseReason, ConnectError, Message, NodeConfig, PollMode, Session,
-    SessionCx, SessionError,
+    SessionCx, SessionError, TransportConfig,
 };
 use rdmactor_examples::{lambdas, logs, report, transport};
 use rdmactor_services::echo::{EchoRequest, EchoResponse};
@@ -260,11 +260,14 @@ async fn connect_all(client: &Client, args: &Args, n: usize) -> Result<Vec<Clien
 async fn run(args: Args) -> Result<()> {
     // The transport options go on last: they set the event mode's spin window.
     let client = Client::start(args.transport.apply(NodeConfig {
-        device: args.device.clone(),
-        poll_mode: if args.busy_poll {
-            PollMode::Busy
-        } else {
-            PollMode::EVENT
+        transport: TransportConfig {
+            device: args.device.clone(),
+            poll_mode: if args.busy_poll {
+                PollMode::Busy
+            } else {
+                PollMode::EVENT
+            },
+            ..TransportConfig::default()
         },
         ..NodeConfig::default()
     }))?;

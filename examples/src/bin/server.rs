@@ -18,7 +18,10 @@ use std::sync::Arc;
 use anyhow::{bail, Context as _, Result};
 use clap::{Parser, ValueEnum};
 use rdmactor::memory::PoolConfig;
-use rdmactor::runtime::{NodeConfig, OobPort, OobTransport, PollMode, Server, SharedRecvConfig};
+use rdmactor::runtime::{
+    ConnectionConfig, NodeConfig, OobPort, OobTransport, PollMode, ReceiveConfig, Server,
+    SharedRecvConfig, TransportConfig,
+};
 use rdmactor::verbs::Mtu;
 use rdmactor_examples::{logs, transport};
 use rdmactor_services::echo::{Discard, Echo, RawEcho};
@@ -67,7 +70,7 @@ struct Args {
     incoming_heap_mib: usize,
     /// Seconds a message may wait for room in the pool (first come, first served)
     /// before it fails with the reason; the connection goes on.
-    #[arg(long, default_value_t = NodeConfig::default().pool_wait.as_secs())]
+    #[arg(long, default_value_t = ConnectionConfig::default().pool_wait.as_secs())]
     pool_wait_secs: u64,
     /// CQ-polling threads (each also runs its connections' actors).
     #[arg(long, default_value_t = 1)]
@@ -351,26 +354,33 @@ fn main() -> Result<()> {
     logs::init("info");
     let args = Args::parse();
     // The transport options go on last: they set the event mode's spin window.
+    let defaults = NodeConfig::default();
     let config = args.transport.apply(NodeConfig {
-        device: args.device.clone(),
-        pollers: args.pollers,
-        poll_mode: match args.poll_mode {
-            Mode::Busy => PollMode::Busy,
-            Mode::Event => PollMode::EVENT,
+        transport: TransportConfig {
+            device: args.device.clone(),
+            pollers: args.pollers,
+            poll_mode: match args.poll_mode {
+                Mode::Busy => PollMode::Busy,
+                Mode::Event => PollMode::EVENT,
+            },
+            ..defaults.transport
         },
         pool: PoolConfig {
             max_bytes: args.pool_mib << 20,
             heap_bytes: args.incoming_heap_mib << 20,
             ..PoolConfig::default()
         },
-        pool_wait: std::time::Duration::from_secs(args.pool_wait_secs),
-        shared_recv: NodeConfig::default()
-            .shared_recv
-            .map(|shared| SharedRecvConfig {
+        receives: ReceiveConfig {
+            shared: defaults.receives.shared.map(|shared| SharedRecvConfig {
                 reserve_per_peer: (args.reserve_per_peer > 0).then_some(args.reserve_per_peer),
                 ..shared
             }),
-        ..NodeConfig::default()
+            ..defaults.receives
+        },
+        connection: ConnectionConfig {
+            pool_wait: std::time::Duration::from_secs(args.pool_wait_secs),
+            ..defaults.connection
+        },
     });
     let listeners = args
         .listen

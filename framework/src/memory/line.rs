@@ -18,7 +18,7 @@
 //! A place is an RAII value ([`super::PlaceInLine`]): dropping it (served, deadline
 //! passed, connection closed) leaves the line and wakes whoever is head next. How long a
 //! place may be held is the caller's policy (a connection's message fails at its
-//! deadline, see `NodeConfig::pool_wait`).
+//! deadline, see `ConnectionConfig::pool_wait`).
 
 use std::collections::VecDeque;
 use std::sync::Arc;

@@ -37,7 +37,7 @@ pub enum BudgetError {
         max: usize,
     },
     /// The pool had no room for it (its rendezvous registration on the sender's side,
-    /// its heap share on the receiver's) within the wait allowed (`NodeConfig::pool_wait`):
+    /// its heap share on the receiver's) within the wait allowed (`ConnectionConfig::pool_wait`):
     /// the memory stayed held by other connections' messages.
     #[error(
         "no room for a message of {len} bytes: the memory pool stayed full for {waited_ms} ms"

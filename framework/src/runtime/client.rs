@@ -29,9 +29,22 @@ pub struct Client {
     cm: Addr<CmActor>,
 }
 
+/// Why a client could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// Opening the device or the event channel failed.
+    #[error(transparent)]
+    Verbs(#[from] VerbsError),
+    /// The configuration is inconsistent ([`NodeConfig::validate`]).
+    #[error("configuration: {0}")]
+    Invalid(#[from] super::ConfigError),
+}
+
 impl Client {
     /// Opens the device and starts the client's actors. Must run inside an actix System.
-    pub fn start(config: NodeConfig) -> Result<Client, VerbsError> {
+    pub fn start(config: NodeConfig) -> Result<Client, ClientError> {
+        config.validate()?;
         let node = Node::start(config)?;
         let channel = EventChannel::new()?;
         let cm = CmActor::new(

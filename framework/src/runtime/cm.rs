@@ -224,7 +224,7 @@ impl CmActor {
                 let ours = node.advert();
                 Welcome {
                     recv_depth: ours.initial as u16,
-                    recv_size: node.config.recv_size,
+                    recv_size: node.config.receives.size,
                     max_credits: ours.max as u16,
                 }
                 .encode()
@@ -236,8 +236,8 @@ impl CmActor {
             private_data,
             responder_resources: ev.initiator_depth.clamp(1, 16),
             initiator_depth: ev.responder_resources.clamp(1, 16),
-            rnr_retry_count: node.config.rnr_retry_count,
-            retry_count: node.config.retry_count,
+            rnr_retry_count: node.config.connection.rnr_retry_count,
+            retry_count: node.config.connection.retry_count,
             failed: ctx.address().recipient(),
         });
         let prepared = Instant::now();
@@ -387,7 +387,7 @@ impl Handler<CmEventMsg> for CmActor {
 impl Handler<HandshakeTick> for CmActor {
     type Result = ();
     fn handle(&mut self, tick: HandshakeTick, _ctx: &mut Context<Self>) {
-        let limit = self.config.handshake_timeout;
+        let limit = self.config.connection.handshake_timeout;
         for key in self.handshaking.expired(tick.0, limit) {
             let reason = CloseReason::HandshakeTimeout(limit);
             self.conns.notify(key, CmNotice::Close(reason));

@@ -1,37 +1,109 @@
-//! Configuration shared by servers and clients.
+//! Configuration shared by servers and clients, in parts: the transport (device and
+//! pollers), the registered-memory pool, the receive queues, and each connection's
+//! limits and timers. Each part is handed whole to what it configures, and the whole is
+//! checked once, by [`NodeConfig::validate`], when a server or client starts. "Off" is
+//! always `None`; a zero duration where `None` is meant is an error, not a second
+//! spelling of off.
 
 use std::time::Duration;
 
 use crate::memory::PoolConfig;
+use crate::proto::credits::MIN_DEPTH;
+use crate::proto::frame::HEADER_LEN;
 
 use super::poller::PollMode;
 
-/// Sizing of a server's or client's device-level resources and of each connection.
-#[derive(Debug, Clone)]
+/// Everything a server or client sizes: its parts, each with its own defaults.
+///
+/// ```
+/// use std::time::Duration;
+/// use rdmactor::runtime::{ConnectionConfig, NodeConfig};
+///
+/// let config = NodeConfig {
+///     connection: ConnectionConfig {
+///         keepalive: None,
+///         idle_timeout: Some(Duration::from_secs(60)),
+///         ..ConnectionConfig::default()
+///     },
+///     ..NodeConfig::default()
+/// };
+/// config.validate().expect("consistent");
+/// ```
+#[derive(Debug, Clone, Default)]
 pub struct NodeConfig {
+    /// The device and the threads that poll it.
+    pub transport: TransportConfig,
+    /// Registered-memory pool.
+    pub pool: PoolConfig,
+    /// Receive buffers of framed and raw connections.
+    pub receives: ReceiveConfig,
+    /// Each connection's limits and timers.
+    pub connection: ConnectionConfig,
+}
+
+/// The device, and the threads polling its completion queues.
+#[derive(Debug, Clone)]
+pub struct TransportConfig {
     /// RDMA device name (`None`: the one rdma_cm routes to, opened on first use).
     pub device: Option<String>,
     /// CQ-polling threads; each also runs the actors of the connections it polls for.
     pub pollers: usize,
     /// How pollers wait.
     pub poll_mode: PollMode,
-    /// Registered-memory pool.
-    pub pool: PoolConfig,
+    /// Most completion queues the pollers create, over all of them. Connections share
+    /// CQs (16,383 entries each, filled by reservation), so a server needs few; the
+    /// cap keeps a pattern of reservations that fits no existing CQ from making the
+    /// kernel allocate CQs without end. A connection that would need one more is
+    /// refused with the reason.
+    pub max_cqs: usize,
+}
+
+impl Default for TransportConfig {
+    fn default() -> Self {
+        TransportConfig {
+            device: None,
+            pollers: 1,
+            poll_mode: PollMode::EVENT,
+            max_cqs: 256,
+        }
+    }
+}
+
+/// Receive buffers: how many each connection has posted, their size, and whether
+/// framed connections share them.
+#[derive(Debug, Clone)]
+pub struct ReceiveConfig {
     /// Receives pre-posted per framed connection (the peer's send credits) when
-    /// `shared_recv` is `None`.
-    pub recv_depth: u16,
+    /// `shared` is `None`.
+    pub depth: u16,
     /// Receives of framed connections come from shared receive queues, with credits
     /// split into a share per connection and a reserve lent to busy ones; `None`: a
-    /// receive queue of `recv_depth` buffers per connection.
-    pub shared_recv: Option<SharedRecvConfig>,
+    /// receive queue of `depth` buffers per connection.
+    pub shared: Option<SharedRecvConfig>,
     /// Size of each framed receive buffer; larger messages use rendezvous. 2 KiB: with
     /// shared receive queues each connection's share of buffers is 4 of these plus a
     /// slice of the reserve (9 KiB at 2 KiB, 18 KiB at 4 KiB); messages above it go by
     /// rendezvous (one RDMA READ more). A sender's limit is the smaller of its own and
     /// its peer's size (hello and welcome carry it).
-    pub recv_size: u32,
+    pub size: u32,
     /// Receives pre-posted per raw connection.
-    pub raw_recv_depth: u16,
+    pub raw_depth: u16,
+}
+
+impl Default for ReceiveConfig {
+    fn default() -> Self {
+        ReceiveConfig {
+            depth: 16,
+            shared: Some(SharedRecvConfig::default()),
+            size: 2048,
+            raw_depth: 8,
+        }
+    }
+}
+
+/// One connection's queues, transport retries, timers and message limits.
+#[derive(Debug, Clone)]
+pub struct ConnectionConfig {
     /// Send-queue depth per connection. Providers round a queue up to a power of two
     /// slots including one spare, so 2^n − 1 costs the least: under Soft-RoCE a send
     /// queue of 31 is 32 slots of 256 bytes (12 KiB with its header page), one of 32 is
@@ -120,25 +192,11 @@ pub struct NodeConfig {
     /// Most work items (messages, one-sided operations) a connection may hold queued;
     /// bounds the per-item overhead of many small messages the same way.
     pub max_queued_sends: usize,
-    /// Most completion queues the pollers create, over all of them. Connections share
-    /// CQs (16,383 entries each, filled by reservation), so a server needs few; the
-    /// cap keeps a pattern of reservations that fits no existing CQ from making the
-    /// kernel allocate CQs without end. A connection that would need one more is
-    /// refused with the reason.
-    pub max_cqs: usize,
 }
 
-impl Default for NodeConfig {
+impl Default for ConnectionConfig {
     fn default() -> Self {
-        NodeConfig {
-            device: None,
-            pollers: 1,
-            poll_mode: PollMode::EVENT,
-            pool: PoolConfig::default(),
-            recv_depth: 16,
-            shared_recv: Some(SharedRecvConfig::default()),
-            recv_size: 2048,
-            raw_recv_depth: 8,
+        ConnectionConfig {
             send_depth: 31,
             rnr_retry_count: 7,
             retry_count: 6,
@@ -154,7 +212,6 @@ impl Default for NodeConfig {
             rendezvous_chunks: 4,
             max_queued_bytes: 16 << 20,
             max_queued_sends: 4096,
-            max_cqs: 256,
         }
     }
 }
@@ -215,7 +272,7 @@ impl SharedRecvConfig {
     }
 }
 
-impl NodeConfig {
+impl ConnectionConfig {
     /// How long one request may go unacknowledged before it fails: the first try plus
     /// `retry_count` retransmissions, each after the ACK timeout. (Soft-RoCE adds up to
     /// a timer tick per try.)
@@ -224,20 +281,166 @@ impl NodeConfig {
         timeout * (u32::from(self.retry_count.min(6)) + 1)
     }
 
-    /// The longest a connection to a peer that died silently (host crashed, cable cut)
-    /// stays open: up to two keepalive periods until a probe goes out (silence is checked
-    /// once per period), then the probe's [`retry_span`](Self::retry_span), rounded up to
-    /// whole periods, plus one period (the probe is given up on even if the transport
-    /// never fails it). A connection with requests in flight usually notices after one
-    /// retry span. `None` without keepalive. With the defaults: 2 × 5 s + 2 × 5 s + 5 s =
-    /// 25 s at most; the transport's own verdict (7 × 1.07 s after the probe) comes
-    /// sooner, 12 to 18 s after the peer died.
-    pub fn dead_peer_bound(&self) -> Option<Duration> {
-        self.keepalive.filter(|k| !k.is_zero()).map(|k| {
-            let span_periods = self.retry_span().as_nanos().div_ceil(k.as_nanos()) as u32;
-            k * (2 + span_periods + 1)
+    /// Keepalive checks a probe may stay unanswered, with nothing heard, before the
+    /// peer is declared unreachable: the retry span rounded up to whole periods, plus
+    /// one (the probe is given up on even if the transport never fails it; see
+    /// `connection/liveness.rs`). `None` without keepalive.
+    pub(crate) fn keepalive_patience(&self) -> Option<(Duration, u32)> {
+        self.keepalive.map(|period| {
+            let period_ns = period.as_nanos().max(1);
+            let span_periods = self.retry_span().as_nanos().div_ceil(period_ns);
+            (period, (span_periods + 1).min(u128::from(u32::MAX)) as u32)
         })
     }
+
+    /// The longest a connection to a peer that died silently (host crashed, cable cut)
+    /// stays open: up to two keepalive periods until a probe goes out (silence is checked
+    /// once per period), then the probe's patience (see `keepalive_patience`). `None`
+    /// without keepalive. With the defaults: 2 × 5 s + 2 × 5 s + 5 s = 25 s at most; the
+    /// transport's own verdict (7 × 1.07 s after the probe) comes sooner, 12 to 18 s
+    /// after the peer died. A connection with requests in flight usually notices after
+    /// one retry span.
+    pub fn dead_peer_bound(&self) -> Option<Duration> {
+        self.keepalive_patience()
+            .map(|(period, patience)| period.saturating_mul(2 + patience))
+    }
+}
+
+impl NodeConfig {
+    /// Checks the parts against each other and against what the transport allows; a
+    /// server or client refuses to start with the first inconsistency, named.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let t = &self.transport;
+        let r = &self.receives;
+        let c = &self.connection;
+        if t.pollers == 0 {
+            return Err(ConfigError::Zero("transport.pollers"));
+        }
+        if t.max_cqs == 0 {
+            return Err(ConfigError::Zero("transport.max_cqs"));
+        }
+        for (field, off) in [
+            ("connection.keepalive", c.keepalive),
+            ("connection.idle_timeout", c.idle_timeout),
+        ] {
+            if off == Some(Duration::ZERO) {
+                return Err(ConfigError::ZeroForOff(field));
+            }
+        }
+        for (field, d) in [
+            ("connection.handshake_timeout", c.handshake_timeout),
+            ("connection.rendezvous_deadline", c.rendezvous_deadline),
+            ("connection.pool_wait", c.pool_wait),
+        ] {
+            if d.is_zero() {
+                return Err(ConfigError::Zero(field));
+            }
+        }
+        if c.retry_count > 6 {
+            return Err(ConfigError::RetryCount(c.retry_count));
+        }
+        if c.ack_timeout > 31 {
+            return Err(ConfigError::AckTimeout(c.ack_timeout));
+        }
+        if c.send_depth == 0 {
+            return Err(ConfigError::Zero("connection.send_depth"));
+        }
+        if c.max_message == 0 || c.max_message > super::MAX_MESSAGE {
+            return Err(ConfigError::MaxMessage(c.max_message));
+        }
+        let largest = self.pool.classes.last().copied().unwrap_or(0);
+        if c.rendezvous_chunk == 0 || c.rendezvous_chunk > largest {
+            return Err(ConfigError::RendezvousChunk {
+                chunk: c.rendezvous_chunk,
+                largest,
+            });
+        }
+        if c.rendezvous_chunks == 0 {
+            return Err(ConfigError::Zero("connection.rendezvous_chunks"));
+        }
+        if (r.size as usize) <= HEADER_LEN || r.size as usize > largest {
+            return Err(ConfigError::ReceiveSize {
+                size: r.size,
+                largest,
+            });
+        }
+        if u32::from(r.depth) < MIN_DEPTH {
+            return Err(ConfigError::Credits("receives.depth", u32::from(r.depth)));
+        }
+        if r.raw_depth == 0 {
+            return Err(ConfigError::Zero("receives.raw_depth"));
+        }
+        if let Some(shared) = &r.shared {
+            if u32::from(shared.share) < MIN_DEPTH {
+                return Err(ConfigError::Credits(
+                    "receives.shared.share",
+                    shared.share.into(),
+                ));
+            }
+            if shared.max_credits < shared.share {
+                return Err(ConfigError::MaxCredits {
+                    max: shared.max_credits,
+                    share: shared.share,
+                });
+            }
+            if shared.members == 0 {
+                return Err(ConfigError::Zero("receives.shared.members"));
+            }
+            if shared.reserve_per_peer == Some(0) {
+                return Err(ConfigError::ZeroForOff("receives.shared.reserve_per_peer"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What [`NodeConfig::validate`] found inconsistent.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A count or duration that must not be zero is.
+    #[error("{0} must not be zero")]
+    Zero(&'static str),
+    /// A limit that is off when `None` was given as zero.
+    #[error("{0} is zero: write None to turn it off")]
+    ZeroForOff(&'static str),
+    /// More transport retries than the transport can count (7 means "forever" to
+    /// Soft-RoCE; see `ConnectionConfig::retry_count`).
+    #[error("connection.retry_count {0} is above 6")]
+    RetryCount(u8),
+    /// An ACK timeout exponent past what the QP attribute holds.
+    #[error("connection.ack_timeout {0} is above 31")]
+    AckTimeout(u8),
+    /// A message limit of zero or above what a frame can carry.
+    #[error("connection.max_message {0} is not within 1..={max}", max = super::MAX_MESSAGE)]
+    MaxMessage(usize),
+    /// Rendezvous chunks are pool buffers: none may exceed the pool's largest class.
+    #[error("connection.rendezvous_chunk {chunk} is not within 1..={largest} (the pool's largest class)")]
+    RendezvousChunk {
+        /// The chunk asked for.
+        chunk: usize,
+        /// The pool's largest class.
+        largest: usize,
+    },
+    /// Receive buffers must hold a frame header and come from the pool.
+    #[error("receives.size {size} must exceed a frame header and fit the pool's largest class ({largest})")]
+    ReceiveSize {
+        /// The size asked for.
+        size: u32,
+        /// The pool's largest class.
+        largest: usize,
+    },
+    /// Too few credits for the window (one is kept for frames that grant credits).
+    #[error("{0} is {1}: the credit window needs at least {MIN_DEPTH}")]
+    Credits(&'static str, u32),
+    /// A shared queue's most credits per connection below its share.
+    #[error("receives.shared.max_credits {max} is below the share {share}")]
+    MaxCredits {
+        /// `max_credits`.
+        max: u16,
+        /// `share`.
+        share: u16,
+    },
 }
 
 #[cfg(test)]
@@ -245,22 +448,82 @@ mod tests {
     use super::*;
 
     #[test]
-    fn dead_peer_bound_adds_two_keepalive_periods_to_the_retry_span() {
-        let cfg = NodeConfig::default();
+    fn dead_peer_bound_adds_two_keepalive_periods_to_the_probes_patience() {
+        let cfg = ConnectionConfig::default();
         // 4.096 µs × 2^18 = 1.07 s, tried 7 times.
         assert_eq!(cfg.retry_span(), Duration::from_nanos(4096 << 18) * 7);
-        // Two periods to the probe, 7.5 s of retries (two periods), one more period.
+        // 7.5 s of retries is two periods, plus one: a patience of three checks.
+        assert_eq!(cfg.keepalive_patience(), Some((Duration::from_secs(5), 3)));
+        // Two periods to the probe, then the patience.
         assert_eq!(cfg.dead_peer_bound(), Some(Duration::from_secs(25)));
-        let none = NodeConfig {
+        let none = ConnectionConfig {
             keepalive: None,
-            ..NodeConfig::default()
+            ..ConnectionConfig::default()
         };
         assert_eq!(none.dead_peer_bound(), None);
-        let max = NodeConfig {
+        let max = ConnectionConfig {
             ack_timeout: 200,
             retry_count: 200,
-            ..NodeConfig::default()
+            ..ConnectionConfig::default()
         };
         assert_eq!(max.retry_span(), Duration::from_nanos(4096 << 31) * 7);
+    }
+
+    #[test]
+    fn the_defaults_are_valid() {
+        NodeConfig::default().validate().expect("defaults");
+    }
+
+    #[test]
+    fn off_is_none_and_zero_is_refused_with_the_field_named() {
+        let mut cfg = NodeConfig::default();
+        cfg.connection.keepalive = Some(Duration::ZERO);
+        let e = cfg.validate().unwrap_err();
+        assert_eq!(e, ConfigError::ZeroForOff("connection.keepalive"));
+        assert!(e.to_string().contains("write None"), "{e}");
+        cfg.connection.keepalive = None;
+        cfg.connection.idle_timeout = None;
+        cfg.validate().expect("None is off");
+    }
+
+    #[test]
+    fn inconsistent_parts_are_named() {
+        let bad = |f: fn(&mut NodeConfig)| {
+            let mut cfg = NodeConfig::default();
+            f(&mut cfg);
+            cfg.validate().unwrap_err()
+        };
+        assert_eq!(
+            bad(|c| c.connection.retry_count = 7),
+            ConfigError::RetryCount(7)
+        );
+        assert!(matches!(
+            bad(|c| c.connection.rendezvous_chunk = 1 << 30),
+            ConfigError::RendezvousChunk { .. }
+        ));
+        assert!(matches!(
+            bad(|c| c.receives.size = 8),
+            ConfigError::ReceiveSize { size: 8, .. }
+        ));
+        assert_eq!(
+            bad(|c| c.receives.depth = 1),
+            ConfigError::Credits("receives.depth", 1)
+        );
+        assert_eq!(
+            bad(|c| c.connection.max_message = 0),
+            ConfigError::MaxMessage(0)
+        );
+        assert_eq!(
+            bad(|c| c.transport.pollers = 0),
+            ConfigError::Zero("transport.pollers")
+        );
+        assert!(matches!(
+            bad(|c| {
+                if let Some(s) = c.receives.shared.as_mut() {
+                    s.max_credits = 2;
+                }
+            }),
+            ConfigError::MaxCredits { .. }
+        ));
     }
 }

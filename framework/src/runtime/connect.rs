@@ -258,7 +258,7 @@ impl Dialing {
             version: PROTOCOL_VERSION,
             service,
             recv_depth: ours.initial as u16,
-            recv_size: node.config.recv_size,
+            recv_size: node.config.receives.size,
             max_credits: ours.max as u16,
         };
         let private_data = match hello.encode() {
@@ -270,8 +270,8 @@ impl Dialing {
             private_data,
             responder_resources: 16,
             initiator_depth: 16,
-            rnr_retry_count: node.config.rnr_retry_count,
-            retry_count: node.config.retry_count,
+            rnr_retry_count: node.config.connection.rnr_retry_count,
+            retry_count: node.config.connection.retry_count,
             failed: reports.failed,
         });
         let conn = c.dialer.start(ConnectionParts {

@@ -1,5 +1,5 @@
 //! Passive connections accepted but not yet ESTABLISHED, and which of them have waited
-//! past `NodeConfig::handshake_timeout`: the CM actor closes those, since their peer
+//! past `ConnectionConfig::handshake_timeout`: the CM actor closes those, since their peer
 //! never finished the rdma_cm handshake.
 
 use std::collections::HashMap;

@@ -31,9 +31,11 @@ mod server;
 mod service;
 mod srq;
 
-pub use client::{Client, ClientConnection};
+pub use client::{Client, ClientConnection, ClientError};
 pub use client_session::RequestError;
-pub use config::{NodeConfig, SharedRecvConfig};
+pub use config::{
+    ConfigError, ConnectionConfig, NodeConfig, ReceiveConfig, SharedRecvConfig, TransportConfig,
+};
 pub use connect::ConnectError;
 pub use connection::{
     AskError, Asked, Blocking, BlockingError, BufId, Grant, GrantId, Op, SessionCx, SessionWaker,
@@ -66,7 +68,7 @@ pub enum CloseReason {
     #[error("session error: {0}")]
     Session(String),
     /// The peer stopped acknowledging: a request (or a keepalive probe of a silent
-    /// connection) was retransmitted `NodeConfig::retry_count` times without an ACK. The
+    /// connection) was retransmitted `ConnectionConfig::retry_count` times without an ACK. The
     /// peer's host died, or the network between has been down for longer than the retry
     /// span; either way it may never say goodbye, so this side closes.
     #[error("peer unreachable: {0}")]
@@ -85,7 +87,7 @@ pub enum CloseReason {
     #[error("session panicked: {0}")]
     SessionPanicked(String),
     /// More was queued for sending than the connection may hold
-    /// (`NodeConfig::max_queued_bytes`, `max_queued_sends`): the peer is not taking
+    /// (`ConnectionConfig::max_queued_bytes`, `max_queued_sends`): the peer is not taking
     /// what it asked for (no receives posted, no credits returned).
     #[error("peer not receiving: {bytes} bytes queued in {sends} sends")]
     Backlog {
@@ -95,10 +97,10 @@ pub enum CloseReason {
         sends: usize,
     },
     /// The connection was accepted but never established within
-    /// `NodeConfig::handshake_timeout`: the peer never finished the rdma_cm handshake.
+    /// `ConnectionConfig::handshake_timeout`: the peer never finished the rdma_cm handshake.
     #[error("handshake not finished within {0:?}")]
     HandshakeTimeout(std::time::Duration),
-    /// No message arrived for `NodeConfig::idle_timeout`.
+    /// No message arrived for `ConnectionConfig::idle_timeout`.
     #[error("idle: no message for {0:?}")]
     IdleTimeout(std::time::Duration),
     /// The RDMA device went (removed, `rdma link delete`, or failed): every connection

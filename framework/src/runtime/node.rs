@@ -46,15 +46,21 @@ fn check_memlock(pd: &ProtectionDomain, arena_bytes: usize) -> Result<()> {
 impl Node {
     /// Opens the device and starts the pollers. Must run inside an actix System.
     pub fn start(config: NodeConfig) -> Result<Arc<Node>> {
-        let ctx = Context::open(config.device.as_deref())?;
+        let ctx = Context::open(config.transport.device.as_deref())?;
         let pd = ProtectionDomain::new(&ctx)?;
         check_memlock(&pd, config.pool.arena_bytes)?;
         let pool = MrPool::registered(&pd, config.pool.clone());
-        let pollers = Pollers::start(&ctx, config.pollers, config.poll_mode, config.max_cqs)?;
+        let pollers = Pollers::start(
+            &ctx,
+            config.transport.pollers,
+            config.transport.poll_mode,
+            config.transport.max_cqs,
+        )?;
         let recv_groups = config
-            .shared_recv
+            .receives
+            .shared
             .clone()
-            .map(|cfg| RecvGroups::new(&pd, &pool, cfg, config.recv_size as usize));
+            .map(|cfg| RecvGroups::new(&pd, &pool, cfg, config.receives.size as usize));
         Ok(Arc::new(Node {
             ctx,
             pd,
@@ -69,7 +75,7 @@ impl Node {
     pub fn advert(&self) -> Advert {
         match &self.recv_groups {
             Some(g) => g.advert(),
-            None => Advert::fixed(self.config.recv_depth.into()),
+            None => Advert::fixed(self.config.receives.depth.into()),
         }
     }
 
@@ -94,14 +100,14 @@ impl Node {
         let shared = match (framing, &self.recv_groups) {
             (Framing::Framed, Some(groups)) => Some(groups.join(
                 &self.pollers,
-                cfg.send_depth,
+                cfg.connection.send_depth,
                 id.peer_addr().map(|a| a.ip()),
             )?),
             _ => None,
         };
         let (depth, size) = match framing {
-            Framing::Framed => (cfg.recv_depth as u32, cfg.recv_size as usize),
-            Framing::Raw { recv_size } => (cfg.raw_recv_depth as u32, recv_size as usize),
+            Framing::Framed => (cfg.receives.depth as u32, cfg.receives.size as usize),
+            Framing::Raw { recv_size } => (cfg.receives.raw_depth as u32, recv_size as usize),
         };
         let ours = match &shared {
             Some(_) => self.advert(),
@@ -114,12 +120,12 @@ impl Node {
             None => (
                 None,
                 self.pollers
-                    .reserve(depth + cfg.send_depth)
+                    .reserve(depth + cfg.connection.send_depth)
                     .map_err(|e| e.to_string())?,
             ),
         };
         let caps = QpCaps {
-            max_send_wr: cfg.send_depth,
+            max_send_wr: cfg.connection.send_depth,
             max_recv_wr: depth,
             max_send_sge: 1,
             max_recv_sge: 1,
@@ -135,7 +141,7 @@ impl Node {
             )
             .map_err(|e: VerbsError| e.to_string())?;
         // Before connect/accept: applied when rdma_cm moves the QP to RTS.
-        id.set_ack_timeout(cfg.ack_timeout)
+        id.set_ack_timeout(cfg.connection.ack_timeout)
             .map_err(|e: VerbsError| e.to_string())?;
         let recv = match &shared {
             Some(_) => Vec::new(),
@@ -162,20 +168,9 @@ impl Node {
             recv,
             recv_size: size,
             credits,
-            send_depth: cfg.send_depth,
-            max_queued_bytes: cfg.max_queued_bytes,
-            max_queued_sends: cfg.max_queued_sends,
             pool: self.pool.clone(),
             pd: self.pd.clone(),
-            max_message: cfg.max_message.min(super::MAX_MESSAGE),
-            rendezvous_budget: cfg.rendezvous_budget,
-            rendezvous_deadline: cfg.rendezvous_deadline,
-            pool_wait: cfg.pool_wait,
-            rendezvous_chunk: cfg.rendezvous_chunk,
-            rendezvous_chunks: cfg.rendezvous_chunks,
-            keepalive: cfg.keepalive,
-            retry_span: cfg.retry_span(),
-            idle_timeout: cfg.idle_timeout,
+            config: cfg.connection.clone(),
         });
         core.post_all_receives().map_err(|e| e.to_string())?;
         Ok(core)

@@ -282,7 +282,7 @@ impl Pollers {
                     .is_err()
                 {
                     return Err(crate::verbs::VerbsError::Limit(format!(
-                        "{max} CQs, the most the pollers create (NodeConfig::max_cqs)"
+                        "{max} CQs, the most the pollers create (TransportConfig::max_cqs)"
                     )));
                 }
                 let cq = CompletionQueue::new(

@@ -295,7 +295,11 @@ impl Recovery {
         let waits = match &self.relisten {
             Some(r) => format!(
                 "waiting for {} to return (looking every {:?})",
-                r.config.device.as_deref().unwrap_or("an RDMA device"),
+                r.config
+                    .transport
+                    .device
+                    .as_deref()
+                    .unwrap_or("an RDMA device"),
                 POLL
             ),
             None => "this client's connections are closed; it serves no more".into(),
@@ -359,7 +363,7 @@ impl Recovery {
                 return None;
             }
         };
-        let want = relisten.config.device.as_deref();
+        let want = relisten.config.transport.device.as_deref();
         returned(want, gone, &listed).map(|found| found.name.clone())
     }
 
@@ -380,7 +384,7 @@ impl Recovery {
             _ => return Ok(None),
         };
         let mut config = relisten.config.clone();
-        config.device = Some(device.to_owned());
+        config.transport.device = Some(device.to_owned());
         let node = Node::start(config).map_err(|e| format!("opening the device: {e}"))?;
         let mut listening = Vec::new();
         for (addr, default) in &relisten.listeners {

@@ -34,9 +34,13 @@ pub enum ServerError {
     /// Opening the device, binding or listening failed.
     #[error(transparent)]
     Verbs(#[from] VerbsError),
-    /// The configuration is inconsistent.
+    /// The listeners or services are inconsistent (a default service not registered,
+    /// an out-of-band port that cannot be set up).
     #[error("configuration: {0}")]
     Config(String),
+    /// The node's configuration is inconsistent ([`NodeConfig::validate`]).
+    #[error("configuration: {0}")]
+    Invalid(#[from] super::ConfigError),
 }
 
 impl Default for ServerBuilder {
@@ -109,6 +113,7 @@ impl ServerBuilder {
     /// Opens the device, binds every listener and starts the actors. Must be called
     /// inside an actix `System`.
     pub fn start(self) -> Result<Server, ServerError> {
+        self.config.validate()?;
         for (addr, default) in &self.listeners {
             if let Some(name) = default {
                 if !self.services.contains_key(name) {

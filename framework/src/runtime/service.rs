@@ -69,7 +69,7 @@ pub trait Service: Send + Sync + 'static {
     }
 
     /// The largest message this service takes from a client, if smaller than the node's
-    /// (`NodeConfig::max_message`). A larger one is refused when it is offered, before
+    /// (`ConnectionConfig::max_message`). A larger one is refused when it is offered, before
     /// any of it moves: the client's request fails with the reason
     /// ([`RequestError::Refused`](super::RequestError::Refused)) and the connection goes
     /// on. Services whose messages are only small control messages (bulk data going by
@@ -122,7 +122,7 @@ pub trait Session: Send + Unpin + 'static {
     /// on. Either the peer refused it (a rendezvous message larger than it takes, or than
     /// its budget: [`BudgetError::OverBudget`](crate::proto::budget::BudgetError::OverBudget),
     /// [`TooLarge`](crate::proto::budget::BudgetError::TooLarge)), or it waited for the
-    /// memory pool longer than `NodeConfig::pool_wait`
+    /// memory pool longer than `ConnectionConfig::pool_wait`
     /// ([`NoRoom`](crate::proto::budget::BudgetError::NoRoom)): nothing of it was sent.
     ///
     /// By default a refusal by the peer closes the connection with the refusal as the

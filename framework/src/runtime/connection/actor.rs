@@ -235,6 +235,10 @@ impl<S: Session> Connection<S> {
                 self.at(at, Core::handle_rendezvous_timer);
             }
         }
+        if let Some(at) = self.core.as_mut().and_then(Core::poll_liveness_timer) {
+            // Keepalive probes and the idle limit (see `liveness.rs`).
+            self.at(at, Core::handle_liveness_timer);
+        }
         if let Some(at) = self.core.as_mut().and_then(Core::poll_pool_timer) {
             // Messages still waiting for the pool then fail (see `pool_wait.rs`).
             self.at(at, |core, now| {
@@ -270,61 +274,6 @@ impl<S: Session> Connection<S> {
                 Err(reason) => conn.begin_close(reason),
             }
         });
-    }
-
-    /// Checks the connection's silence once per keepalive period, for as long as it is
-    /// open (see `liveness.rs`), and closes it when no message came for the idle
-    /// timeout.
-    fn arm_keepalive(&mut self) {
-        let Some((keepalive, idle)) = self
-            .core
-            .as_ref()
-            .map(|c| (c.liveness.period(), c.idle_timeout))
-        else {
-            return;
-        };
-        if let Some(period) = keepalive {
-            self.every("connection keepalive timer", period, |core| {
-                Some(core.keepalive_check())
-            });
-        }
-        if let Some(idle) = idle {
-            let period = (idle / 4).max(std::time::Duration::from_millis(100));
-            self.every("connection idle timer", period, |core| {
-                Some(core.idle_check())
-            });
-        }
-    }
-
-    /// Runs `check` every `period` while the connection is open and `check` returns
-    /// `Some`; an error closes the connection.
-    fn every(
-        &mut self,
-        what: &'static str,
-        period: std::time::Duration,
-        check: impl Fn(&mut Core) -> Option<Result<(), CloseReason>> + 'static,
-    ) {
-        let this = self.this.clone();
-        actix::spawn(poller::abort_if_it_panics(what, async move {
-            loop {
-                actix::clock::sleep(period).await;
-                let Some(conn) = this.upgrade() else {
-                    return;
-                };
-                let mut conn = conn.borrow_mut();
-                let Some(core) = conn.core.as_mut() else {
-                    return;
-                };
-                if core.closing.is_some() {
-                    return;
-                }
-                match check(core) {
-                    None => return,
-                    Some(Ok(())) => {}
-                    Some(Err(reason)) => return conn.begin_close(reason),
-                }
-            }
-        }));
     }
 
     pub(crate) fn begin_close(&mut self, reason: CloseReason) {
@@ -526,8 +475,7 @@ impl<S: Session> Connection<S> {
                 let Some(core) = self.core.as_mut() else {
                     return;
                 };
-                core.established = true;
-                core.last_message = std::time::Instant::now();
+                core.establish(std::time::Instant::now());
                 if let Some((_, recv_size)) = peer {
                     core.set_peer_recv_size(recv_size);
                 }
@@ -538,7 +486,6 @@ impl<S: Session> Connection<S> {
                     }
                 }
                 tracing::info!(conn = %self.label, "established");
-                self.arm_keepalive();
                 self.with_session(|s, cx| s.on_established(cx));
             }
             CmNotice::Disconnected => {

@@ -7,7 +7,7 @@
 //! buffers and slot, for as long as the process runs.
 //!
 //! So a connection that has been silent (no completion of any kind) for a whole
-//! `NodeConfig::keepalive` period sends a probe: a zero-length RDMA WRITE. A zero-length
+//! `ConnectionConfig::keepalive` period sends a probe: a zero-length RDMA WRITE. A zero-length
 //! WRITE carries no address to check (IBTA C9-88), touches no memory and consumes no
 //! receive, so any RC peer, an rdmactor one or rping or a plain verbs program, ACKs it in
 //! its transport without its application seeing anything. A dead peer ACKs nothing: the
@@ -22,7 +22,11 @@
 //! outstanding, with nothing heard, once the retry span and one more period have passed
 //! is itself the verdict: the connection closes as unreachable.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use super::{Core, Wr};
+use crate::runtime::CloseReason;
+use crate::verbs::{RemoteRegion, SendOp, SendWr};
 
 /// What the periodic check asks the connection to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,12 +56,12 @@ pub(crate) struct Liveness {
 }
 
 impl Liveness {
-    /// `retry_span`: how long the transport retries one request (`NodeConfig::retry_span`).
-    pub(crate) fn new(period: Option<Duration>, retry_span: Duration) -> Liveness {
-        let patience = period.map_or(0, |p| {
-            let p = p.as_nanos().max(1);
-            (retry_span.as_nanos().div_ceil(p) + 1).min(u32::MAX as u128) as u32
-        });
+    /// `plan`: the check period and how many checks a probe may stay unanswered, from
+    /// [`ConnectionConfig::keepalive_patience`](crate::runtime::ConnectionConfig) (the
+    /// one place the dead-peer bound is derived); `None`: keepalive off.
+    pub(crate) fn new(plan: Option<(Duration, u32)>) -> Liveness {
+        let (period, patience) = plan.unzip();
+        let patience = patience.unwrap_or(0);
         Liveness {
             period,
             patience,
@@ -113,16 +117,113 @@ impl Liveness {
     }
 }
 
+/// The idle limit is checked four times per limit (at least every 100 ms), so a
+/// connection closes within a quarter of the limit after it is reached.
+fn idle_check_period(idle: Duration) -> Duration {
+    (idle / 4).max(Duration::from_millis(100))
+}
+
+/// The connection's side of keepalive and the idle limit: one timer, armed by the actor
+/// from [`Core::poll_liveness_timer`] after each turn, handled by
+/// [`Core::handle_liveness_timer`].
+impl Core {
+    /// The connection is established at `now`: silence and idleness count from here.
+    pub(super) fn establish(&mut self, now: Instant) {
+        self.established = true;
+        self.last_message = now;
+        self.keepalive_at = self.liveness.period().map(|p| now + p);
+        self.idle_at = self.idle_timeout.map(|idle| now + idle_check_period(idle));
+    }
+
+    /// When the actor should next call [`handle_liveness_timer`](Self::handle_liveness_timer),
+    /// if that is not already armed; `None` when it is, or when nothing is due.
+    pub(super) fn poll_liveness_timer(&mut self) -> Option<Instant> {
+        if self.closing.is_some() {
+            return None;
+        }
+        let next = match (self.keepalive_at, self.idle_at) {
+            (Some(k), Some(i)) => k.min(i),
+            (k, i) => k.or(i)?,
+        };
+        if self.liveness_armed == Some(next) {
+            return None;
+        }
+        self.liveness_armed = Some(next);
+        Some(next)
+    }
+
+    /// The liveness timer fired at `now`: the keepalive check (a probe, or the verdict
+    /// that the peer is unreachable) and the idle check, whichever are due.
+    pub(super) fn handle_liveness_timer(&mut self, now: Instant) -> Result<(), CloseReason> {
+        self.liveness_armed = None;
+        if !self.established || self.closing.is_some() {
+            return Ok(());
+        }
+        if let (Some(at), Some(period)) = (self.keepalive_at, self.liveness.period()) {
+            if at <= now {
+                self.keepalive_at = Some(now + period);
+                self.keepalive_check()?;
+            }
+        }
+        if let (Some(at), Some(idle)) = (self.idle_at, self.idle_timeout) {
+            if at <= now {
+                if now.duration_since(self.last_message) >= idle {
+                    return Err(CloseReason::IdleTimeout(idle));
+                }
+                self.idle_at = Some(now + idle_check_period(idle));
+            }
+        }
+        Ok(())
+    }
+
+    /// The keepalive check, once per period: probes the peer if the connection has been
+    /// silent since the last check.
+    fn keepalive_check(&mut self) -> Result<(), CloseReason> {
+        match self.liveness.check() {
+            Verdict::Fine => return Ok(()),
+            Verdict::Probe => {}
+            Verdict::Unreachable => {
+                return Err(CloseReason::PeerUnreachable(format!(
+                    "a keepalive probe went unanswered for {:?} and nothing else was heard",
+                    self.liveness.unanswered_for()
+                )))
+            }
+        }
+        if self.send_outstanding >= self.send_depth {
+            // A full send queue with nothing completing: its own requests will fail if
+            // the peer is gone.
+            return Ok(());
+        }
+        let slot = self.inflight.vacant_entry();
+        let nothing = RemoteRegion {
+            addr: 0,
+            len: 0,
+            rkey: 0,
+        };
+        let wr = SendWr::new(slot.key() as u64, SendOp::Write(nothing), None);
+        self.qp.post_send(&wr).map_err(CloseReason::from_verbs)?;
+        slot.insert(Wr::Probe);
+        self.send_outstanding += 1;
+        self.liveness.probe_posted();
+        tracing::debug!(
+            qp = self.qp.qp_num(),
+            "silent connection: keepalive probe posted"
+        );
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const PERIOD: Duration = Duration::from_secs(5);
-    const SPAN: Duration = Duration::from_millis(7500);
+    /// The defaults: 7.5 s of retries fit in two periods, plus one.
+    const PLAN: Option<(Duration, u32)> = Some((PERIOD, 3));
 
     #[test]
     fn only_a_connection_silent_for_a_whole_period_is_probed() {
-        let mut l = Liveness::new(Some(PERIOD), SPAN);
+        let mut l = Liveness::new(PLAN);
         // Silent since the start: probe at the first check.
         assert_eq!(l.check(), Verdict::Probe);
         l.probe_posted();
@@ -143,7 +244,7 @@ mod tests {
 
     #[test]
     fn a_probe_unanswered_past_the_retry_span_and_a_period_means_unreachable() {
-        let mut l = Liveness::new(Some(PERIOD), SPAN);
+        let mut l = Liveness::new(PLAN);
         assert_eq!(l.check(), Verdict::Probe);
         l.probe_posted();
         // 7.5 s of retries fit in two periods; the third check without an answer gives up.
@@ -152,7 +253,7 @@ mod tests {
         assert_eq!(l.check(), Verdict::Unreachable);
         assert_eq!(l.unanswered_for(), 3 * PERIOD);
         // Anything heard in between starts the count again.
-        let mut l = Liveness::new(Some(PERIOD), SPAN);
+        let mut l = Liveness::new(PLAN);
         assert_eq!(l.check(), Verdict::Probe);
         l.probe_posted();
         assert_eq!(l.check(), Verdict::Fine);
@@ -165,6 +266,6 @@ mod tests {
 
     #[test]
     fn keepalive_off_has_no_period() {
-        assert_eq!(Liveness::new(None, SPAN).period(), None);
+        assert_eq!(Liveness::new(None).period(), None);
     }
 }

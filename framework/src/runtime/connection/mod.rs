@@ -41,7 +41,7 @@ pub use wake::{AskError, Asked, Blocking, BlockingError, SessionWaker};
 
 pub(crate) use self::actor::Pump;
 use self::grants::GrantEntry;
-use self::liveness::{Liveness, Verdict};
+use self::liveness::Liveness;
 use self::pool_wait::PoolWaits;
 use self::rendezvous::{Incoming, PendingOffer, RendezvousOut};
 use self::wake::Wake;
@@ -49,13 +49,13 @@ use super::poller::CqReservation;
 use super::recv_groups::Membership;
 use super::service::{Framing, Message, OpId};
 use super::srq::SharedRecv;
-use super::CloseReason;
+use super::{CloseReason, ConnectionConfig};
 use crate::memory::{Charge, Lease, MrPool, PoolError};
 use crate::proto::budget::{Budget, BudgetError};
 use crate::proto::credits::{CreditError, CreditWindow};
 use crate::proto::frame::{RendezvousOffer, HEADER_LEN};
 use crate::verbs::{
-    CmId, MemoryRegion, MemoryWindow, ProtectionDomain, QueuePair, RemoteRegion, SendOp, SendWr,
+    CmId, MemoryRegion, MemoryWindow, ProtectionDomain, QueuePair, RemoteRegion, SendOp,
     VerbsError, WcStatus, WorkCompletion,
 };
 
@@ -81,7 +81,7 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 const SIGNAL_EVERY: usize = 16;
 
 /// Largest message a framed connection can carry (the frame's length field allows up to
-/// 4 GiB); each connection's limit is [`NodeConfig::max_message`](super::NodeConfig),
+/// 4 GiB); each connection's limit is [`ConnectionConfig::max_message`](super::ConnectionConfig::max_message),
 /// 16 MiB by default.
 pub const MAX_MESSAGE: usize = 1 << 30;
 
@@ -371,6 +371,11 @@ pub(crate) struct Core {
     established: bool,
     /// When to probe a silent peer (see `liveness.rs`).
     liveness: Liveness,
+    /// The next keepalive and idle checks, once established, and the instant the
+    /// actor's timer is armed for (see `Core::poll_liveness_timer`).
+    keepalive_at: Option<Instant>,
+    idle_at: Option<Instant>,
+    liveness_armed: Option<Instant>,
     /// Close when no message arrived for this long.
     idle_timeout: Option<Duration>,
     /// When the last message was delivered (or the connection was established).
@@ -388,7 +393,7 @@ pub(crate) struct Core {
     metrics: Option<crate::metrics::ConnectionMetrics>,
 }
 
-/// What [`Core::new`] needs.
+/// What [`Core::new`] needs: the connection's resources, and its configuration whole.
 pub(crate) struct CoreParts {
     pub qp: QueuePair,
     pub id: Option<CmId>,
@@ -399,24 +404,15 @@ pub(crate) struct CoreParts {
     pub recv: Vec<Lease>,
     pub recv_size: usize,
     pub credits: Option<CreditWindow>,
-    pub send_depth: u32,
-    pub max_queued_bytes: usize,
-    pub max_queued_sends: usize,
     pub pool: MrPool,
     pub pd: ProtectionDomain,
-    pub max_message: usize,
-    pub rendezvous_budget: usize,
-    pub rendezvous_deadline: Duration,
-    pub pool_wait: Duration,
-    pub rendezvous_chunk: usize,
-    pub rendezvous_chunks: u32,
-    pub keepalive: Option<Duration>,
-    pub retry_span: Duration,
-    pub idle_timeout: Option<Duration>,
+    /// Checked by [`NodeConfig::validate`](crate::runtime::NodeConfig::validate).
+    pub config: ConnectionConfig,
 }
 
 impl Core {
     pub(crate) fn new(p: CoreParts) -> Core {
+        let c = p.config;
         Core {
             qp: p.qp,
             id: p.id,
@@ -436,17 +432,17 @@ impl Core {
             spare: Vec::new(),
             batch: Vec::new(),
             send_outstanding: 0,
-            send_depth: p.send_depth,
+            send_depth: c.send_depth,
             pending: VecDeque::new(),
             pending_bytes: 0,
-            max_queued_bytes: p.max_queued_bytes,
-            max_queued_sends: p.max_queued_sends,
+            max_queued_bytes: c.max_queued_bytes,
+            max_queued_sends: c.max_queued_sends,
             deliveries: VecDeque::new(),
             bufs: Slab::new(),
             rendezvous_out: Slab::new(),
             rendezvous_in: VecDeque::new(),
-            rendezvous_chunk: p.rendezvous_chunk.clamp(1, p.pool.largest()),
-            rendezvous_chunks: p.rendezvous_chunks.max(1),
+            rendezvous_chunk: c.rendezvous_chunk,
+            rendezvous_chunks: c.rendezvous_chunks,
             read_chunks_in_flight: 0,
             refusals: VecDeque::new(),
             goodbye: Goodbye::NotSent,
@@ -454,20 +450,23 @@ impl Core {
             next_seq: 0,
             pool: p.pool,
             pd: p.pd,
-            budget_in: Budget::new(p.rendezvous_budget, p.max_message),
+            budget_in: Budget::new(c.rendezvous_budget, c.max_message),
             heap_charge: None,
-            budget_out: Budget::new(p.rendezvous_budget, p.max_message),
-            rendezvous_deadline: p.rendezvous_deadline,
+            budget_out: Budget::new(c.rendezvous_budget, c.max_message),
+            rendezvous_deadline: c.rendezvous_deadline,
             rendezvous_timer: false,
             closing: None,
             established: false,
-            liveness: Liveness::new(p.keepalive, p.retry_span),
-            idle_timeout: p.idle_timeout,
+            liveness: Liveness::new(c.keepalive_patience()),
+            keepalive_at: None,
+            idle_at: None,
+            liveness_armed: None,
+            idle_timeout: c.idle_timeout,
             last_message: Instant::now(),
             grants: Slab::new(),
             waker: None,
             pump_me: None,
-            pool_waits: PoolWaits::new(p.pool_wait),
+            pool_waits: PoolWaits::new(c.pool_wait),
             metrics: None,
         }
     }
@@ -487,45 +486,6 @@ impl Core {
         self.qp.qp_num()
     }
 
-    /// The keepalive check, once per period: probes the peer if the connection has been
-    /// silent since the last check (see `liveness.rs`).
-    pub(crate) fn keepalive_check(&mut self) -> Result<(), CloseReason> {
-        if !self.established || self.closing.is_some() {
-            return Ok(());
-        }
-        match self.liveness.check() {
-            Verdict::Fine => return Ok(()),
-            Verdict::Probe => {}
-            Verdict::Unreachable => {
-                return Err(CloseReason::PeerUnreachable(format!(
-                    "a keepalive probe went unanswered for {:?} and nothing else was heard",
-                    self.liveness.unanswered_for()
-                )))
-            }
-        }
-        if self.send_outstanding >= self.send_depth {
-            // A full send queue with nothing completing: its own requests will fail if
-            // the peer is gone.
-            return Ok(());
-        }
-        let slot = self.inflight.vacant_entry();
-        let nothing = RemoteRegion {
-            addr: 0,
-            len: 0,
-            rkey: 0,
-        };
-        let wr = SendWr::new(slot.key() as u64, SendOp::Write(nothing), None);
-        self.qp.post_send(&wr).map_err(CloseReason::from_verbs)?;
-        slot.insert(Wr::Probe);
-        self.send_outstanding += 1;
-        self.liveness.probe_posted();
-        tracing::debug!(
-            qp = self.qp.qp_num(),
-            "silent connection: keepalive probe posted"
-        );
-        Ok(())
-    }
-
     /// The peer's receive buffers are `size` bytes (from its hello or welcome): frames
     /// to it stay within them.
     /// Holds `slot` of the server's connection budget for as long as this core (and
@@ -536,16 +496,6 @@ impl Core {
 
     pub(crate) fn set_peer_recv_size(&mut self, size: u32) {
         self.peer_recv_size = (size as usize).max(HEADER_LEN + 1);
-    }
-
-    /// Closes the connection when no message arrived for the idle timeout.
-    pub(crate) fn idle_check(&mut self) -> Result<(), CloseReason> {
-        match self.idle_timeout {
-            Some(idle) if self.established && self.last_message.elapsed() >= idle => {
-                Err(CloseReason::IdleTimeout(idle))
-            }
-            _ => Ok(()),
-        }
     }
 
     /// The poller thread that polls this connection's CQ; its actor must run there.

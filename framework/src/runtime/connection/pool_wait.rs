@@ -17,7 +17,7 @@
 //! off at the rendezvous deadline, but the pool can stay full for longer than any one
 //! offer (a queue of them), and a client should hear why its message did not move rather
 //! than wait on it without end. So an offer or a READ not started within
-//! `NodeConfig::pool_wait` fails with [`BudgetError::NoRoom`]: an outgoing message is
+//! `ConnectionConfig::pool_wait` fails with [`BudgetError::NoRoom`]: an outgoing message is
 //! handed back to the session (`Session::on_refused`), an incoming one is refused to the
 //! peer (whose request fails with the reason). The connection goes on. A chunk of a
 //! message already under way is not timed: its message holds its budget, and chunks

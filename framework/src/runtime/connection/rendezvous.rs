@@ -374,7 +374,7 @@ impl Core {
     }
 
     /// Posts READs of the offers being taken, oldest first, one chunk
-    /// (`NodeConfig::rendezvous_chunk`) at a time into a pool buffer, at most
+    /// (`ConnectionConfig::rendezvous_chunk`) at a time into a pool buffer, at most
     /// `rendezvous_chunks` chunks in flight. A large message then never holds the
     /// poller thread for long (each completion copies one chunk into the message), pins
     /// no memory beyond those chunks, and reaches the provider in pieces: Soft-RoCE

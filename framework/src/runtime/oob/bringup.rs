@@ -8,6 +8,7 @@ use crate::runtime::node::Node;
 use crate::runtime::poller::CqReservation;
 use crate::runtime::service::Framing;
 use crate::runtime::srq::SharedRecv;
+use crate::runtime::ConnectionConfig;
 use crate::verbs::{
     Access, AddressHandle, AddressVector, Bringup, ConnectedInit, Context, Gid, GlobalRoute, Init,
     Mtu, PortAttr, Psn, QpCaps, QueuePair, Rc, RcRtr, RcRts, Reset, SharedReceiveQueue, Transport,
@@ -99,7 +100,7 @@ impl Plan<'_> {
     fn caps(&self) -> QpCaps {
         let cfg = &self.node.config;
         QpCaps {
-            max_send_wr: cfg.send_depth,
+            max_send_wr: cfg.connection.send_depth,
             max_recv_wr: self.recv_depth,
             max_send_sge: 1,
             max_recv_sge: 1,
@@ -110,7 +111,7 @@ impl Plan<'_> {
     fn reserve(&self, srq_depth: u32) -> Result<CqReservation, String> {
         let depth = self.recv_depth.max(srq_depth);
         self.node
-            .reserve_cq(depth + self.node.config.send_depth)
+            .reserve_cq(depth + self.node.config.connection.send_depth)
             .map_err(|e| e.to_string())
     }
 
@@ -142,24 +143,18 @@ impl Plan<'_> {
             recv,
             recv_size: self.recv_size,
             credits: None,
-            send_depth: cfg.send_depth,
-            max_queued_bytes: cfg.max_queued_bytes,
-            max_queued_sends: cfg.max_queued_sends,
             pool: self.node.pool.clone(),
             pd: self.node.pd.clone(),
-            max_message: cfg.max_message.min(crate::runtime::MAX_MESSAGE),
-            rendezvous_budget: cfg.rendezvous_budget,
-            rendezvous_deadline: cfg.rendezvous_deadline,
-            pool_wait: cfg.pool_wait,
-            rendezvous_chunk: cfg.rendezvous_chunk,
-            rendezvous_chunks: cfg.rendezvous_chunks,
-            // No zero-length WRITE probes: UD and UC have no ACKs to learn from, and the
-            // stock tools' QPs are brought up by them, with their own timeouts; a silent
-            // out-of-band client is closed by its service's idle limit instead.
-            keepalive: None,
-            // Out of band: the service's idle limit applies.
-            idle_timeout: None,
-            retry_span: cfg.retry_span(),
+            config: ConnectionConfig {
+                // No zero-length WRITE probes: UD and UC have no ACKs to learn from, and
+                // the stock tools' QPs are brought up by them, with their own timeouts; a
+                // silent out-of-band client is closed by its service's idle limit
+                // instead.
+                keepalive: None,
+                // Out of band: the service's idle limit applies.
+                idle_timeout: None,
+                ..cfg.connection.clone()
+            },
         });
         core.post_all_receives().map_err(|e| e.to_string())?;
         Ok(core)
@@ -212,7 +207,7 @@ impl Plan<'_> {
             sq_psn: psn,
             timeout: 14,
             retry_cnt: 7,
-            rnr_retry: self.node.config.rnr_retry_count,
+            rnr_retry: self.node.config.connection.rnr_retry_count,
             max_rd_atomic: 1,
         };
         self.finish(qp, cq, shared, &rtr, &rts)
@@ -293,7 +288,7 @@ pub(super) fn prepare(
         local,
         mtu: opts.mtu.min(port.active_mtu),
         recv_size,
-        recv_depth: node.config.raw_recv_depth as u32,
+        recv_depth: node.config.receives.raw_depth as u32,
     };
     // rxe moves a QP to RTR, and creates an address handle, towards any GID and only
     // fails to route the packets later (an RC server that only answers would never
