@@ -318,17 +318,19 @@ async fn flood_from_two_hosts(cap: Option<u32>) -> (ReserveStats, ReserveStats, 
 /// shared queue and flooded them all borrowed its whole credit reserve, so every other
 /// host's busy connections ran on their four-credit shares. Now one address holds at
 /// most its cap (half the reserve by default; 16 of 32 here), a second host borrows
-/// from the rest, and everything sent arrives. The same flood without a cap empties the
-/// reserve: the cap is what keeps the room.
+/// from the rest, and everything sent arrives. The same flood without a cap takes more
+/// than half of the reserve: the cap is what keeps the room.
 #[test]
 fn one_flooding_host_cannot_borrow_a_whole_credit_reserve() {
     let Some(_ctx) = rdma_context() else { return };
     let base = resource_counts();
     let (uncapped, _, _) = actix_run(flood_from_two_hosts(None));
     println!("no cap: after host a {uncapped:?}");
-    assert_eq!(
-        uncapped.lowest, 0,
-        "six flooding connections take all 32: {uncapped:?}"
+    // Without a cap, host a takes more than half (24 of 32 in the VM on 2026-11-26):
+    // the capped assertions below fail on the old code.
+    assert!(
+        uncapped.most_to_one_peer > 16 && uncapped.lowest < 16,
+        "six flooding connections take more than half: {uncapped:?}"
     );
     let (after_a, after_both, closed) = actix_run(flood_from_two_hosts(Some(16)));
     println!("cap 16: after host a {after_a:?}, after both {after_both:?}");
