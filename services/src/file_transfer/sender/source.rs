@@ -26,7 +26,6 @@ impl<R: Read> Read for Cancellable<'_, R> {
     }
 }
 
-/// Hashes `file` whole (until `cancel` is set), rewinds it, and builds the offer.
 /// Opens the file a `Fetch` asks for, or says why not in the words of a `Reject`.
 pub(crate) fn open_fetched(dir: &Path, name: &str) -> std::result::Result<File, RejectReason> {
     let (file, _) = open_source(dir, name).map_err(|e| match e {
