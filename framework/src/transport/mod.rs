@@ -183,6 +183,12 @@ pub trait Region<T: Transport>: Send + Sync + fmt::Debug + Sized {
     fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), T::Error>;
     /// Copies `data` into the region at `offset`.
     fn write(&mut self, offset: usize, data: &[u8]) -> Result<(), T::Error>;
+    /// The bytes in place, when the transport can lend them (verbs can: the NIC is not
+    /// a thread of this process), so that a hot path such as frame decoding needs no
+    /// copy there; `None` means use [`read`](Self::read).
+    fn bytes(&self) -> Option<&[u8]> {
+        None
+    }
 }
 
 /// A completion channel: one wake-up per armed CQ that got a completion.

@@ -150,6 +150,9 @@ impl super::Region<Verbs> for v::MemoryRegion {
         bytes.copy_from_slice(data);
         Ok(())
     }
+    fn bytes(&self) -> Option<&[u8]> {
+        Some(self.as_slice())
+    }
 }
 
 fn out_of_region(offset: usize, len: usize, region: usize) -> v::VerbsError {

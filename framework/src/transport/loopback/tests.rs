@@ -497,11 +497,11 @@ fn a_window_is_revoked_by_binding_it_again_or_dropping_it() {
 
 #[test]
 fn closing_a_qp_flushes_its_outstanding_work() {
-    let (_f, a, b) = pair();
+    let (_f, a, _b) = pair(); // _b: alive, with no receive posted
     for i in 0..4 {
         recv(&a.qp, 10 + i, Some(a.mr.sge(0..8).unwrap()));
     }
-    b.qp.stall(); // so that a's sends wait
+    // b posts no receive and a retries RNR for ever, so a's sends wait.
     for i in 0..3 {
         post(&a.qp, i, SendOp::Send, Some(a.mr.sge(0..8).unwrap()));
     }
@@ -662,11 +662,13 @@ fn an_armed_cq_wakes_a_poller_blocked_on_its_channel() {
 
 #[test]
 fn a_stalled_qp_holds_its_work_and_its_peer_times_out_if_it_lasts() {
-    let param = ConnParam {
-        retry_count: 7,
-        ..ConnParam::default()
-    };
-    let (_f, a, b) = pair_with(param, all());
+    // ACK timeout 10 ms, 7 retries: a stall shorter than 80 ms is ridden out.
+    let fabric = Fabric::new(Config {
+        ack_timeout: Duration::from_millis(10),
+        ..fabric().config()
+    });
+    let (a, b) = (side(&fabric, "a", all()), side(&fabric, "b", all()));
+    connect_pair(&a.qp, &b.qp, &ConnParam::default()).unwrap();
     recv(&b.qp, 1, Some(b.mr.sge(0..8).unwrap()));
     recv(&a.qp, 2, Some(a.mr.sge(0..8).unwrap()));
     // A stalled sender sends nothing, and resumes where it stopped.
@@ -688,7 +690,7 @@ fn a_stalled_qp_holds_its_work_and_its_peer_times_out_if_it_lasts() {
     std::thread::sleep(Duration::from_millis(5));
     b.qp.resume();
     assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::Success);
-    // ...a long one is not: 2 ms × 8 later the request fails.
+    // ...a long one is not: 10 ms × 8 later the request fails.
     b.qp.stall();
     post(&a.qp, 12, SendOp::Send, Some(a.mr.sge(0..8).unwrap()));
     assert_eq!(wait(&a.cq, 2)[0].status, WcStatus::RetryExceeded);
@@ -703,7 +705,7 @@ fn delayed_completions_arrive_late_in_order_and_still_wake_the_poller() {
     let cq = dev.create_cq(16, Some(&channel)).unwrap();
     let qp = dev.create_qp(&cq, &cq, QpCaps::default(), None).unwrap();
     connect_pair(&qp, &client.qp, &ConnParam::default()).unwrap();
-    cq.delay_completions(Duration::from_millis(30));
+    cq.delay_completions(Duration::from_millis(200));
     let mr = dev.register(64, Access::LOCAL_WRITE).unwrap();
     recv(&qp, 1, Some(mr.sge(0..8).unwrap()));
     recv(&qp, 2, Some(mr.sge(8..16).unwrap()));
@@ -723,7 +725,7 @@ fn delayed_completions_arrive_late_in_order_and_still_wake_the_poller() {
     );
     nothing_more(&cq);
     assert_eq!(channel.wait(Some(Duration::from_secs(5))), Some(cq.key()));
-    assert!(sent.elapsed() >= Duration::from_millis(30));
+    assert!(sent.elapsed() >= Duration::from_millis(200));
     let ids: Vec<u64> = wait(&cq, 2).iter().map(|w| w.wr_id).collect();
     assert_eq!(ids, [1, 2]);
 }
@@ -1045,4 +1047,144 @@ fn loopback_speed() {
 fn ping_pong_runs() {
     assert!(ping_pong(64, 100) < Duration::from_millis(50));
     assert!(ping_pong_one_thread(64, 100) < Duration::from_millis(50));
+}
+
+#[test]
+fn unsignaled_requests_complete_only_when_they_fail() {
+    let (_f, a, b) = pair();
+    recv(&b.qp, 1, Some(b.mr.sge(0..8).unwrap()));
+    let mut wr = SendWr::new(1, SendOp::Send, Some(a.mr.sge(0..8).unwrap()));
+    wr.signaled = false;
+    a.qp.post_send(&wr).unwrap();
+    wait(&b.cq, 1);
+    nothing_more(&a.cq);
+    let bad = RemoteRegion {
+        addr: 8,
+        len: 8,
+        rkey: 1,
+    };
+    let mut wr = SendWr::new(2, SendOp::Write(bad), Some(a.mr.sge(0..8).unwrap()));
+    wr.signaled = false;
+    a.qp.post_send(&wr).unwrap();
+    assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::RemoteAccessError);
+}
+
+#[test]
+fn inline_bytes_are_taken_at_post_time() {
+    let (_f, mut a, b) = pair();
+    a.mr.write(0, b"before").unwrap();
+    let mut wr = SendWr::new(1, SendOp::Send, Some(a.mr.sge(0..6).unwrap()));
+    wr.inline = true;
+    a.qp.post_send(&wr).unwrap(); // waits: no receive yet
+    a.mr.write(0, b"after!").unwrap();
+    recv(&b.qp, 1, Some(b.mr.sge(0..6).unwrap()));
+    wait(&b.cq, 1);
+    assert_eq!(bytes(&b.mr, 0, 6), b"before");
+    let big = a.mr.sge(0..MAX_INLINE + 1).unwrap();
+    let mut wr = SendWr::new(2, SendOp::Send, Some(big));
+    wr.inline = true;
+    assert!(a.qp.post_send(&wr).is_err());
+}
+
+#[test]
+fn full_queues_refuse_and_an_overrun_cq_says_so() {
+    let fabric = fabric();
+    let a = side(&fabric, "a", all());
+    let dev = fabric.device("b");
+    let cq = dev.create_cq(2, None).unwrap();
+    let caps = QpCaps {
+        max_send_wr: 2,
+        max_recv_wr: 3,
+        ..QpCaps::default()
+    };
+    let qp = dev.create_qp(&cq, &cq, caps, None).unwrap();
+    let mr = dev.register(64, all()).unwrap();
+    connect_pair(&a.qp, &qp, &ConnParam::default()).unwrap();
+    let three: Vec<_> = (0..3)
+        .map(|i| RecvWr {
+            wr_id: i,
+            local: Some(mr.sge_all()),
+        })
+        .collect();
+    qp.post_recv(&three).unwrap();
+    assert!(matches!(
+        qp.post_recv(&three[..1]),
+        Err(LoopbackError::QueueFull { .. })
+    ));
+    a.qp.stall(); // its answers stop, so b's requests stay queued
+    let read = SendOp::Read(a.mr.remote().slice(0, 8).unwrap());
+    post(&qp, 1, read, Some(mr.sge(0..8).unwrap()));
+    post(&qp, 2, read, Some(mr.sge(0..8).unwrap()));
+    let refused = qp.post_send(&SendWr::new(3, read, Some(mr.sge(0..8).unwrap())));
+    assert!(matches!(
+        refused,
+        Err(LoopbackError::QueueFull { capacity: 2, .. })
+    ));
+    // Five flushes into a CQ of two.
+    qp.to_error().unwrap();
+    let mut wcs = Vec::new();
+    assert!(matches!(
+        cq.poll(&mut wcs),
+        Err(LoopbackError::CqOverrun(_))
+    ));
+}
+
+/// A sender and a receiver on two threads with two receives in flight: most SENDs meet
+/// RNR and wait for the clock, and every one arrives once, in order.
+#[test]
+fn sends_stay_in_order_through_rnr_waits_across_threads() {
+    let (_f, mut a, b) = pair();
+    const N: u64 = 1000;
+    for i in 0..2 {
+        recv(
+            &b.qp,
+            i,
+            Some(b.mr.sge(i as usize * 8..i as usize * 8 + 8).unwrap()),
+        );
+    }
+    let receiver = std::thread::spawn(move || {
+        let mut wcs = Vec::new();
+        let mut next = 0u64;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while next < N && Instant::now() < deadline {
+            wcs.clear();
+            b.cq.poll(&mut wcs).unwrap();
+            for wc in &wcs {
+                assert_eq!(wc.status, WcStatus::Success);
+                let slot = wc.wr_id as usize % 2;
+                let got = u64::from_le_bytes(bytes(&b.mr, slot * 8, 8).try_into().unwrap());
+                assert_eq!(got, next, "in order, once");
+                next += 1;
+                recv(
+                    &b.qp,
+                    wc.wr_id + 2,
+                    Some(b.mr.sge(slot * 8..slot * 8 + 8).unwrap()),
+                );
+            }
+        }
+        next
+    });
+    let mut sent = 0u64;
+    let mut wcs = Vec::new();
+    let mut inflight = 0;
+    while sent < N {
+        wcs.clear();
+        a.cq.poll(&mut wcs).unwrap();
+        inflight -= wcs.len();
+        if inflight == 64 {
+            continue;
+        }
+        // Each message from its own 8 bytes of the ring of 64, untouched until it completes.
+        let at = (sent % 64) as usize * 8 + 64;
+        a.mr.write(at, &sent.to_le_bytes()).unwrap();
+        post(
+            &a.qp,
+            sent,
+            SendOp::Send,
+            Some(a.mr.sge(at..at + 8).unwrap()),
+        );
+        inflight += 1;
+        sent += 1;
+    }
+    assert_eq!(receiver.join().unwrap(), N);
 }
