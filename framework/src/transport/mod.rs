@@ -191,11 +191,23 @@ pub trait Region<T: Transport>: Send + Sync + fmt::Debug + Sized {
     }
 }
 
-/// A completion channel: one wake-up per armed CQ that got a completion.
+/// A completion channel: one wake-up per armed CQ that got a completion, for a thread
+/// (`wait`) or for a task on the poller's tokio runtime (`waiter`, then `ready`).
 pub trait CompletionChannel<T: Transport>: Clone + Send + Sync {
+    /// What a task holds to await events without blocking its thread (verbs: the
+    /// channel's fd registered with the reactor).
+    type Waiter: Send + Sync;
     /// Waits up to `timeout` (forever with `None`) for a CQ event and consumes it;
     /// `None` on timeout. The CQ must be armed again and drained after.
     fn wait(&self, timeout: Option<Duration>) -> Result<Option<T::CqKey>, T::Error>;
+    /// Prepares to await events; call inside the tokio runtime that will await them.
+    fn waiter(&self) -> Result<Self::Waiter, T::Error>;
+    /// Resolves once at least one event arrived, having consumed every event there is;
+    /// the poller then arms its CQs again and drains them.
+    fn ready<'a>(
+        &'a self,
+        waiter: &'a Self::Waiter,
+    ) -> impl std::future::Future<Output = Result<(), T::Error>> + Send + 'a;
 }
 
 /// A completion queue.

@@ -162,8 +162,28 @@ fn out_of_region(offset: usize, len: usize, region: usize) -> v::VerbsError {
 }
 
 impl super::CompletionChannel<Verbs> for v::CompletionChannel {
+    type Waiter = tokio::io::unix::AsyncFd<v::ChannelFd>;
+
     fn wait(&self, timeout: Option<Duration>) -> v::Result<Option<v::CqKey>> {
         v::CompletionChannel::wait(self, timeout)
+    }
+    fn waiter(&self) -> v::Result<Self::Waiter> {
+        self.register_async().map_err(reactor)
+    }
+    async fn ready(&self, waiter: &Self::Waiter) -> v::Result<()> {
+        // The poller's own sequence: readable, consume the events, clear the readiness.
+        let mut guard = waiter.readable().await.map_err(reactor)?;
+        while v::CompletionChannel::wait(self, Some(Duration::ZERO))?.is_some() {}
+        guard.clear_ready();
+        Ok(())
+    }
+}
+
+/// An error of the reactor waiting on a channel's fd, named as the wait it was.
+fn reactor(source: std::io::Error) -> v::VerbsError {
+    v::VerbsError::Call {
+        verb: v::Verb::Poll,
+        source,
     }
 }
 

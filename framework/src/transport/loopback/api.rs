@@ -97,8 +97,17 @@ impl t::Region<Loopback> for Mr {
 }
 
 impl t::CompletionChannel<Loopback> for Channel {
+    type Waiter = ();
+
     fn wait(&self, timeout: Option<Duration>) -> Result<Option<CqKey>> {
         Ok(Channel::wait(self, timeout))
+    }
+    fn waiter(&self) -> Result<()> {
+        Ok(())
+    }
+    async fn ready(&self, _waiter: &()) -> Result<()> {
+        Channel::wait_ready(self).await;
+        Ok(())
     }
 }
 

@@ -36,6 +36,9 @@ pub struct Channel {
 struct ChannelInner {
     events: Mutex<VecDeque<CqKey>>,
     ready: Condvar,
+    /// Wakes a task awaiting [`Channel::wait_ready`]; keeps a permit when none waits, so
+    /// an event between a task's check and its await is not lost.
+    task: tokio::sync::Notify,
 }
 
 impl Channel {
@@ -65,6 +68,21 @@ impl Channel {
         }
     }
 
+    /// Resolves once at least one event arrived, having consumed every event there is
+    /// (the poller then arms its CQs again and drains them). Needs no reactor.
+    pub async fn wait_ready(&self) {
+        loop {
+            {
+                let mut events = self.inner.events.lock().expect("channel lock");
+                if !events.is_empty() {
+                    events.clear();
+                    return;
+                }
+            }
+            self.inner.task.notified().await;
+        }
+    }
+
     fn notify(&self, key: CqKey) {
         self.inner
             .events
@@ -72,6 +90,7 @@ impl Channel {
             .expect("channel lock")
             .push_back(key);
         self.inner.ready.notify_one();
+        self.inner.task.notify_one();
     }
 }
 

@@ -44,7 +44,7 @@
 //! | disconnect | DREQ/DREP, TIMEWAIT_EXIT later | DISCONNECTED on both sides at once; no TIMEWAIT_EXIT |
 //! | a requester's QP in error | its packets stop; the peer times out | the same: requests to a QP in error go unanswered |
 //! | CQ overrun | async event, QPs in error | the completion is lost and `poll` fails from then on |
-//! | completion channel | a file descriptor (`poll`, epoll, tokio) | a condition variable (`Channel::wait`); no fd to register with a reactor |
+//! | completion channel | a file descriptor (`poll`, epoll, tokio) | a condition variable for threads (`Channel::wait`) and a `tokio::sync::Notify` for tasks (`Channel::wait_ready`); no fd |
 //! | SRQ limit event | `IBV_EVENT_SRQ_LIMIT_REACHED` | not raised |
 //! | private data | padded to the CM message's size | exactly what was sent |
 //! | speed | wire and PCIe latency | a function call and a copy (see `docs/loopback.md`) |

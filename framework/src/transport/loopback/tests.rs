@@ -1188,3 +1188,52 @@ fn sends_stay_in_order_through_rnr_waits_across_threads() {
     }
     assert_eq!(receiver.join().unwrap(), N);
 }
+
+/// The poller's event mode, written against the traits: arm, wait on the channel as a
+/// task, drain.
+async fn next_completion<T: crate::transport::Transport>(
+    channel: &T::Channel,
+    cq: &T::Cq,
+) -> WorkCompletion
+where
+    T::Error: std::fmt::Debug,
+{
+    use crate::transport::{CompletionChannel as _, CompletionQueue as _};
+    let waiter = channel.waiter().unwrap();
+    let mut wcs = Vec::new();
+    loop {
+        cq.req_notify(false).unwrap();
+        if cq.poll(&mut wcs).unwrap() > 0 {
+            return wcs[0];
+        }
+        channel.ready(&waiter).await.unwrap();
+    }
+}
+
+#[test]
+fn a_task_awaiting_the_channel_wakes_on_a_completion() {
+    let fabric = fabric();
+    let a = side(&fabric, "a", all());
+    let dev = fabric.device("b");
+    let channel = dev.create_channel().unwrap();
+    let cq = dev.create_cq(64, Some(&channel)).unwrap();
+    let qp = dev.create_qp(&cq, &cq, QpCaps::default(), None).unwrap();
+    let mr = dev.register(64, Access::LOCAL_WRITE).unwrap();
+    connect_pair(&a.qp, &qp, &ConnParam::default()).unwrap();
+    recv(&qp, 4, Some(mr.sge_all()));
+    let sender = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(20));
+        post(&a.qp, 1, SendOp::Send, Some(a.mr.sge(0..8).unwrap()));
+        a
+    });
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let wc = runtime.block_on(async {
+        let next = next_completion::<Loopback>(&channel, &cq);
+        tokio::time::timeout(Duration::from_secs(5), next).await
+    });
+    assert_eq!(wc.expect("woken").wr_id, 4);
+    drop(sender.join().unwrap());
+}
