@@ -5,7 +5,8 @@
 //! - the verbs wrapper ([`crate::verbs`], rdma_cm and libibverbs), the default and the
 //!   only one the runtime uses today; its implementation (`verbs.rs` here) only
 //!   delegates, so a runtime generic over [`Transport`] and instantiated with [`Verbs`]
-//!   compiles to the calls it makes now;
+//!   makes the calls it makes now (a chain of several work requests is collected into
+//!   the wrapper's own type once more on the way, where the wrapper allocates anyway);
 //! - [`loopback`], an in-memory transport for one process, faithful where rdmactor
 //!   depends on RDMA semantics, with fault hooks for tests.
 //!

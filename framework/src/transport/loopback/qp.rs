@@ -160,7 +160,9 @@ impl Qp {
             },
             send_cq: send_cq.clone(),
             sq: Mutex::new(SendQueue {
-                pending: VecDeque::with_capacity(capacity),
+                // One more than the queue holds: the head, while a thread executes it, is
+                // out of the ring and may come back to its front after more were posted.
+                pending: VecDeque::with_capacity(capacity + 1),
                 capacity,
                 running: false,
                 waiting: false,
@@ -439,7 +441,7 @@ impl QpInner {
                 for p in std::mem::take(&mut sq.pending) {
                     self.complete(&p, WcStatus::WrFlushError, 0);
                 }
-                let capacity = sq.capacity;
+                let capacity = sq.capacity + 1;
                 sq.pending.reserve(capacity);
                 (sq.running, sq.waiting) = (false, false);
                 return;
