@@ -63,6 +63,7 @@ mod mr;
 mod qp;
 mod responder;
 mod srq;
+mod work;
 
 #[cfg(test)]
 mod tests;
@@ -74,5 +75,6 @@ pub use cq::{Channel, Cq, CqKey};
 pub use error::{LoopbackError, Result};
 pub use fabric::{Device, Fabric};
 pub use mr::{Mr, Mw, Sge};
-pub use qp::{connect_pair, Qp, MAX_INLINE};
+pub use qp::{connect_pair, Qp};
 pub use srq::Srq;
+pub use work::MAX_INLINE;

@@ -25,67 +25,16 @@ use super::error::{LoopbackError, Result};
 use super::keys::Binding;
 use super::memory::Slice;
 use super::mr::{Mr, Mw, Sge};
-use super::responder::{Atomic, Nak, Payload, RecvSource, Responder, ERROR, RESET, RTS};
+use super::responder::{Nak, RecvSource, Responder, ERROR, RESET, RTS};
 use super::srq::{RecvQueue, Srq};
+use super::work::{Op, Pending, Work, MAX_INLINE};
 use crate::transport::{RecvWr, SendWr};
 use crate::verbs::{
-    Access, ConnParam, QpCaps, QpState, RemoteRegion, SendOp, WcOpcode, WcStatus, WorkCompletion,
+    Access, ConnParam, QpCaps, QpState, RemoteRegion, WcOpcode, WcStatus, WorkCompletion,
 };
-
-/// The largest inline payload loopback copies at post time (the runtime's QPs ask for
-/// 64 bytes; larger caps are clamped to this).
-pub const MAX_INLINE: usize = 64;
 
 /// RNR retry count that means "retry for ever", as in the verbs API.
 const RNR_FOREVER: u8 = 7;
-
-#[derive(Clone, Copy)]
-enum Op {
-    Send(Option<u32>),
-    Write(RemoteRegion, Option<u32>),
-    Read(RemoteRegion),
-    Atomic(RemoteRegion, Atomic),
-}
-
-enum Work {
-    Op(Op),
-    Bind {
-        key: u32,
-        new_key: u32,
-        region: Slice,
-        access: Access,
-    },
-}
-
-struct Pending {
-    wr_id: u64,
-    work: Work,
-    local: Option<Slice>,
-    inline: Option<(usize, [u8; MAX_INLINE])>,
-    signaled: bool,
-    solicited: bool,
-}
-
-impl Pending {
-    fn opcode(&self) -> WcOpcode {
-        match self.work {
-            Work::Op(Op::Send(_)) => WcOpcode::Send,
-            Work::Op(Op::Write(..)) => WcOpcode::RdmaWrite,
-            Work::Op(Op::Read(_)) => WcOpcode::RdmaRead,
-            Work::Op(Op::Atomic(_, Atomic::CompareSwap { .. })) => WcOpcode::CompareSwap,
-            Work::Op(Op::Atomic(_, Atomic::FetchAdd(_))) => WcOpcode::FetchAdd,
-            Work::Bind { .. } => WcOpcode::BindMw,
-        }
-    }
-
-    fn payload(&self) -> Payload<'_> {
-        match (&self.inline, &self.local) {
-            (Some((len, bytes)), _) => Payload::Inline(&bytes[..*len]),
-            (None, Some(slice)) => Payload::Bytes(slice),
-            (None, None) => Payload::Empty,
-        }
-    }
-}
 
 /// Why a request failed.
 enum Failed {
@@ -233,7 +182,7 @@ impl Qp {
         }
         let first = sq.pending.len();
         for wr in wrs {
-            match self.inner.pending(wr) {
+            match Pending::new(wr, self.inner.max_inline) {
                 Ok(p) => sq.pending.push_back(p),
                 Err(e) => {
                     sq.pending.truncate(first);
@@ -362,52 +311,6 @@ impl QpInner {
             .state
             .compare_exchange(RESET, RTS, Relaxed, Relaxed);
         Ok(())
-    }
-
-    fn pending(&self, wr: &SendWr<Sge<'_>>) -> Result<Pending> {
-        let op = match wr.op {
-            SendOp::Send => Op::Send(None),
-            SendOp::SendWithImm(imm) => Op::Send(Some(imm)),
-            SendOp::Write(r) => Op::Write(r, None),
-            SendOp::WriteWithImm(r, imm) => Op::Write(r, Some(imm)),
-            SendOp::Read(r) => Op::Read(r),
-            SendOp::CompareSwap {
-                remote,
-                compare,
-                swap,
-            } => Op::Atomic(remote, Atomic::CompareSwap { compare, swap }),
-            SendOp::FetchAdd { remote, add } => Op::Atomic(remote, Atomic::FetchAdd(add)),
-        };
-        if matches!(op, Op::Atomic(..)) && wr.local.is_none_or(|l| l.len() != 8) {
-            return Err(LoopbackError::InvalidArgument(
-                "an atomic needs an 8-byte local buffer".into(),
-            ));
-        }
-        let mut inline = None;
-        let mut local = wr.local.map(|l| l.slice());
-        if wr.inline && matches!(op, Op::Send(_) | Op::Write(..)) {
-            let len = wr.local.map_or(0, |l| l.len());
-            if len > self.max_inline {
-                return Err(LoopbackError::InvalidArgument(format!(
-                    "inline payload of {len} bytes over the QP's {} bytes",
-                    self.max_inline
-                )));
-            }
-            let mut bytes = [0u8; MAX_INLINE];
-            if let Some(l) = wr.local {
-                l.read_into(&mut bytes);
-            }
-            inline = Some((len, bytes));
-            local = None;
-        }
-        Ok(Pending {
-            wr_id: wr.wr_id,
-            work: Work::Op(op),
-            local,
-            inline,
-            signaled: wr.signaled,
-            solicited: wr.solicited,
-        })
     }
 
     /// Becomes the queue's executor unless another thread is, or the head waits.
