@@ -82,6 +82,7 @@
 //! | [`verbs`] | safe RAII over libibverbs and librdmacm: contexts, PDs, MRs, windows, CQs, QPs, SRQs, cm_ids, the typed out-of-band bring-up | all of the project's | verbs calls |
 //! | [`proto`] | the wire: frames, connect hello, credit windows, rendezvous budgets, the `ibv_*_pingpong` records | none | none: plain state machines, tested natively |
 //! | [`memory`] | the registered-memory pool: size classes, leases, charges, the waiting line of each limit | none | registration, through `verbs` |
+//! | [`transport`] | what the runtime asks of an RDMA stack, as traits; the verbs implementation, and `loopback`, an in-memory one with fault hooks (not wired to the runtime yet) | none | none (loopback: threads and memory) |
 //! | [`runtime`] | the actors: CM actor, connection actors, pollers, server, client, out-of-band ports, device recovery | none | drives everything |
 //! | [`blocking`] | one connection at a time with blocking calls, for small tools and tests | none | verbs calls |
 //! | [`metrics`] | every metric's name and labels, and a bounded `/metrics` endpoint | none | a TCP listener, if asked |
@@ -124,6 +125,7 @@ pub mod memory;
 pub mod metrics;
 pub mod proto;
 pub mod runtime;
+pub mod transport;
 pub mod verbs;
 
 // The Rust blocks of docs/writing-a-service.md, compiled (and run: they define items

@@ -50,7 +50,8 @@ pub use cm::{
     MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA,
 };
 pub use cq::{
-    CompletionChannel, CompletionQueue, CqKey, WcOpcode, WcStatus, WorkCompletion, POLL_BATCH,
+    ChannelFd, CompletionChannel, CompletionQueue, CqKey, WcOpcode, WcStatus, WorkCompletion,
+    POLL_BATCH,
 };
 pub use device::{release_removed_devices, Context, DeviceAttr, ListedDevice};
 pub use error::{Result, Verb, VerbsError};

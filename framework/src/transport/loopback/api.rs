@@ -1,0 +1,245 @@
+//! The transport traits over the loopback objects, by delegation to their own methods
+//! (which tests and tools may call directly, fault hooks included).
+
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::time::Duration;
+
+use super::cm::{CmEvent, CmId, CmIdKey, EventChannel};
+use super::cq::{Channel, Cq, CqKey};
+use super::error::{LoopbackError, Result};
+use super::fabric::Device;
+use super::mr::{Mr, Mw, Sge};
+use super::qp::Qp;
+use super::srq::Srq;
+use crate::transport::{self as t, RecvWr, SendWr, Transport};
+use crate::verbs::{Access, CmEventKind, ConnParam, QpCaps, RemoteRegion, WorkCompletion};
+
+/// The loopback transport: every object in this process's memory.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Loopback;
+
+impl Transport for Loopback {
+    type Error = LoopbackError;
+    type Domain = Device;
+    type Region = Mr;
+    type Sge<'a> = Sge<'a>;
+    type Window = Mw;
+    type Channel = Channel;
+    type Cq = Cq;
+    type CqKey = CqKey;
+    type Srq = Srq;
+    type Qp = Qp;
+    type EventChannel = EventChannel;
+    type CmEvent = CmEvent;
+    type CmId = CmId;
+    type CmIdKey = CmIdKey;
+}
+
+impl t::Domain<Loopback> for Device {
+    fn register(&self, len: usize, access: Access) -> Result<Mr> {
+        Device::register(self, len, access)
+    }
+    fn alloc_window(&self) -> Result<Mw> {
+        Device::alloc_window(self)
+    }
+    fn create_channel(&self) -> Result<Channel> {
+        Device::create_channel(self)
+    }
+    fn create_cq(&self, capacity: u32, channel: Option<&Channel>) -> Result<Cq> {
+        Device::create_cq(self, capacity, channel)
+    }
+    fn create_srq(&self, max_wr: u32, _max_sge: u32) -> Result<Srq> {
+        Device::create_srq(self, max_wr)
+    }
+    fn create_event_channel(&self) -> Result<EventChannel> {
+        Device::create_event_channel(self)
+    }
+    fn create_id(&self, channel: &EventChannel) -> Result<CmId> {
+        Device::create_id(self, channel)
+    }
+}
+
+impl t::Region<Loopback> for Mr {
+    fn len(&self) -> usize {
+        Mr::len(self)
+    }
+    fn access(&self) -> Access {
+        Mr::access(self)
+    }
+    fn lkey(&self) -> u32 {
+        Mr::lkey(self)
+    }
+    fn rkey(&self) -> u32 {
+        Mr::rkey(self)
+    }
+    fn addr(&self) -> u64 {
+        Mr::addr(self)
+    }
+    fn remote(&self) -> RemoteRegion {
+        Mr::remote(self)
+    }
+    fn sge(&self, range: Range<usize>) -> Result<Sge<'_>> {
+        Mr::sge(self, range)
+    }
+    fn sge_all(&self) -> Sge<'_> {
+        Mr::sge_all(self)
+    }
+    fn split(self, chunk: usize) -> Vec<Self> {
+        Mr::split(self, chunk)
+    }
+    fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        Mr::read(self, offset, out)
+    }
+    fn write(&mut self, offset: usize, data: &[u8]) -> Result<()> {
+        Mr::write(self, offset, data)
+    }
+}
+
+impl t::CompletionChannel<Loopback> for Channel {
+    type Waiter = ();
+
+    fn wait(&self, timeout: Option<Duration>) -> Result<Option<CqKey>> {
+        Ok(Channel::wait(self, timeout))
+    }
+    fn waiter(&self) -> Result<()> {
+        Ok(())
+    }
+    async fn ready(&self, _waiter: &()) -> Result<()> {
+        Channel::wait_ready(self).await;
+        Ok(())
+    }
+}
+
+impl t::CompletionQueue<Loopback> for Cq {
+    fn poll(&self, out: &mut Vec<WorkCompletion>) -> Result<usize> {
+        Cq::poll(self, out)
+    }
+    fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        Cq::req_notify(self, solicited_only);
+        Ok(())
+    }
+    fn key(&self) -> CqKey {
+        Cq::key(self)
+    }
+    fn capacity(&self) -> u32 {
+        Cq::capacity(self)
+    }
+}
+
+impl t::SharedReceiveQueue<Loopback> for Srq {
+    fn post_recv(&self, wrs: &[RecvWr<Sge<'_>>]) -> Result<()> {
+        Srq::post_recv(self, wrs)
+    }
+}
+
+impl t::QueuePair<Loopback> for Qp {
+    fn qp_num(&self) -> u32 {
+        Qp::qp_num(self)
+    }
+    fn post_send(&self, wr: &SendWr<Sge<'_>>) -> Result<()> {
+        Qp::post_send(self, wr)
+    }
+    fn post_send_list(&self, wrs: &[SendWr<Sge<'_>>]) -> Result<()> {
+        Qp::post_send_list(self, wrs)
+    }
+    fn post_recv(&self, wrs: &[RecvWr<Sge<'_>>]) -> Result<()> {
+        Qp::post_recv(self, wrs)
+    }
+    fn to_error(&self) -> Result<()> {
+        Qp::to_error(self)
+    }
+    fn set_min_rnr_timer(&self, timer: u8) -> Result<()> {
+        Qp::set_min_rnr_timer(self, timer)
+    }
+    fn bind_window(
+        &self,
+        wr_id: u64,
+        window: &Mw,
+        region: &Mr,
+        access: Access,
+    ) -> Result<RemoteRegion> {
+        Qp::bind_window(self, wr_id, window, region, access)
+    }
+    fn srq(&self) -> Option<&Srq> {
+        Qp::srq(self)
+    }
+}
+
+impl t::EventChannel<Loopback> for EventChannel {
+    fn next(&self, timeout: Option<Duration>) -> Result<Option<CmEvent>> {
+        Ok(EventChannel::next(self, timeout))
+    }
+    fn try_next(&self) -> Result<Option<CmEvent>> {
+        Ok(EventChannel::try_next(self))
+    }
+}
+
+impl t::CmEvent<Loopback> for CmEvent {
+    fn kind(&self) -> CmEventKind {
+        self.kind
+    }
+    fn status(&self) -> i32 {
+        self.status
+    }
+    fn id(&self) -> CmIdKey {
+        self.id
+    }
+    fn listen_id(&self) -> Option<CmIdKey> {
+        self.listen_id
+    }
+    fn private_data(&self) -> &[u8] {
+        &self.private_data
+    }
+    fn take_request(&mut self) -> Option<CmId> {
+        CmEvent::take_request(self)
+    }
+}
+
+impl t::CmId<Loopback> for CmId {
+    fn key(&self) -> CmIdKey {
+        CmId::key(self)
+    }
+    fn bind(&self, addr: SocketAddr) -> Result<()> {
+        CmId::bind(self, addr)
+    }
+    fn listen(&self, backlog: i32) -> Result<()> {
+        CmId::listen(self, backlog)
+    }
+    fn resolve_addr(
+        &self,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        timeout: Duration,
+    ) -> Result<()> {
+        CmId::resolve_addr(self, src, dst, timeout)
+    }
+    fn resolve_route(&self, timeout: Duration) -> Result<()> {
+        CmId::resolve_route(self, timeout)
+    }
+    fn set_ack_timeout(&self, exponent: u8) -> Result<()> {
+        CmId::set_ack_timeout(self, exponent)
+    }
+    fn create_qp(
+        &self,
+        domain: &Device,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        caps: QpCaps,
+        srq: Option<&Srq>,
+    ) -> Result<Qp> {
+        CmId::create_qp(self, domain, send_cq, recv_cq, caps, srq)
+    }
+    fn connect(&self, param: &ConnParam<'_>) -> Result<()> {
+        CmId::connect(self, param)
+    }
+    fn accept(&self, param: &ConnParam<'_>) -> Result<()> {
+        CmId::accept(self, param)
+    }
+    fn reject(&self, private_data: &[u8]) -> Result<()> {
+        CmId::reject(self, private_data)
+    }
+    fn disconnect(&self) -> Result<()> {
+        CmId::disconnect(self)
+    }
+}
