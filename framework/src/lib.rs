@@ -42,7 +42,7 @@
 //! Soft-RoCE VM).
 //!
 //! ```no_run
-//! use rdmactor::runtime::{Message, PeerInfo, Server, Service, Session, SessionCx, SessionError};
+//! use rdmactor::runtime::{Incoming, PeerInfo, Server, Service, Session, SessionCx, SessionError};
 //!
 //! struct Upper; // the service: one per server, a session per connection
 //! impl Service for Upper {
@@ -50,7 +50,7 @@
 //! }
 //! struct UpperSession; // runs on the thread that polls its connection's completions
 //! impl Session for UpperSession {
-//!     fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
+//!     fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
 //!         if msg.tag == 0 { return Ok(()); } // tag 0: one-way message, no reply wanted
 //!         cx.reply(&msg, msg.data.to_ascii_uppercase()) // same tag: the client's request() returns it
 //!     }
@@ -122,8 +122,10 @@
 pub mod blocking;
 pub mod memory;
 pub mod metrics;
+pub mod prelude;
 pub mod proto;
 pub mod runtime;
+pub mod shared;
 pub mod verbs;
 
 // The Rust blocks of docs/writing-a-service.md, compiled (and run: they define items
