@@ -59,11 +59,12 @@ fn kv_eight_connections_of_400_requests_every_answer_checked() {
     assert_released(&base);
 }
 
-/// A call that sleeps `ms` (the poller thread goes on meanwhile), then fails or panics
-/// if asked to.
+/// A call that sleeps `ms` (on a timer, or on the blocking pool; the poller thread goes on
+/// meanwhile), then fails or panics if asked to.
 #[derive(Serialize, Deserialize)]
 struct Nap {
     ms: u64,
+    blocking: bool,
     fail: bool,
     panic: bool,
 }
@@ -85,9 +86,15 @@ impl RequestHandler for Sleepy {
     type Resp = u64;
     type Error = String;
 
-    async fn call(&self, nap: Nap, _cx: &RequestCx) -> Result<u64, String> {
+    async fn call(&self, nap: Nap, cx: &RequestCx) -> Result<u64, String> {
         let _ends = Ends;
-        actix::clock::sleep(Duration::from_millis(nap.ms)).await;
+        if nap.blocking {
+            let ms = nap.ms;
+            let slept = cx.spawn_blocking(move || std::thread::sleep(Duration::from_millis(ms)));
+            slept.await.map_err(|e| e.to_string())?;
+        } else {
+            actix::clock::sleep(Duration::from_millis(nap.ms)).await;
+        }
         WOKE.fetch_add(1, Ordering::SeqCst);
         assert!(!nap.panic, "asked to panic after {} ms", nap.ms);
         if nap.fail {
@@ -103,7 +110,14 @@ async fn nap(
     fail: bool,
     panic: bool,
 ) -> Result<u64, CallError<String>> {
-    conn.call_typed(&Nap { ms, fail, panic }).await
+    let blocking = false;
+    conn.call_typed(&Nap {
+        ms,
+        blocking,
+        fail,
+        panic,
+    })
+    .await
 }
 
 #[test]
@@ -133,6 +147,14 @@ fn handler_errors_refusals_limits_and_a_close_mid_call() {
                 .expect("answered after a wake-up"),
             20
         );
+        let on_the_pool = Nap {
+            ms: 30,
+            blocking: true,
+            fail: false,
+            panic: false,
+        };
+        let slept: Result<u64, CallError<String>> = conn.call_typed(&on_the_pool).await;
+        assert_eq!(slept.expect("a call awaiting the blocking pool"), 30);
         match nap(&conn, 5, true, false).await {
             Err(CallError::Handler(why)) => assert_eq!(why, "failed after 5 ms"),
             other => panic!("a failing call answered {other:?}"),

@@ -15,9 +15,9 @@ use actix::{Actor, Addr, ArbiterHandle, Context};
 ///
 /// The actor is started when first asked for rather than with the service, because a
 /// service is usually built before the actix system runs ([`ServerBuilder::run`] builds
-/// the system itself). It is started again if the system it ran in stopped (a service
-/// value reused across systems, as tests do), since what it owned went with that
-/// system. Clones share the one address; the lock guards only the address, for a few
+/// the system itself). It is started again, empty, if the thread it ran on stopped (its
+/// actix system, as when a service value is reused across systems in tests, or its
+/// arbiter), since what it owned went with it. Clones share the one address; the lock guards only the address, for a few
 /// instructions per call, never the owned state.
 ///
 /// # Which thread it runs on

@@ -209,13 +209,28 @@ impl<H: RequestHandler> Session for HandlerSession<H> {
     }
 
     fn on_close(&mut self, _reason: &CloseReason) {
-        // Nobody can be answered any more: drop the futures (what they hold is given
-        // back), and the requests that waited for them.
+        self.drop_calls();
+    }
+}
+
+impl<H> HandlerSession<H> {
+    /// Nobody can be answered any more: drops the running futures (what they hold is
+    /// given back at once, not when they would have finished) and the requests that
+    /// waited for them.
+    fn drop_calls(&mut self) {
         for (_, task) in self.running.drain() {
             task.abort();
         }
         self.waiting.clear();
         lock(&self.finished).clear();
+    }
+}
+
+impl<H> Drop for HandlerSession<H> {
+    // A session can go without `on_close` (its actor stopped with the thread): its calls
+    // go with it rather than run on for nobody.
+    fn drop(&mut self) {
+        self.drop_calls();
     }
 }
 
