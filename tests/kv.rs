@@ -1,6 +1,6 @@
 //! Request handlers (`RequestHandler`, issue 32): the key-value example with 8
 //! connections of 400 requests each, every answer checked, its store an owner actor the
-//! handler awaits; and what a handler's client is told when the handler fails, panics,
+//! handler awaits (and the same service as a raw session, answering alike); and what a handler's client is told when the handler fails, panics,
 //! is sent bytes it cannot decode or is busy, and what happens to a call whose
 //! connection closes while it runs.
 
@@ -10,6 +10,7 @@ use std::time::Duration;
 use rdmactor::prelude::*;
 use rdmactor::runtime::Answer;
 use rdmactor_examples::kv::{run_clients, Kv, KvClient, KvError};
+use rdmactor_examples::kv_session::KvSessions;
 use rdmactor_tests::{
     actix_run, assert_released, eventually, rdma_context, resource_counts, test_addr, wait_idle,
 };
@@ -29,11 +30,15 @@ fn kv_eight_connections_of_400_requests_every_answer_checked() {
         let addr = server.local_addrs()[0];
         let client = Client::start(NodeConfig::default()).expect("client");
         let started = std::time::Instant::now();
-        let checked = run_clients(&client, addr, 8, 400)
+        let round_trips = run_clients(&client, addr, 8, 400)
             .await
             .expect("every answer right");
-        assert_eq!(checked, 8 * 400);
-        println!("kv: {checked} answers verified in {:?}", started.elapsed());
+        assert_eq!(round_trips.len(), 8 * 400);
+        println!(
+            "kv: {} answers verified in {:?}",
+            round_trips.len(),
+            started.elapsed()
+        );
 
         // Typed errors reach the client as the handler returned them.
         let kv = KvClient(client.connect(addr, "kv").await.expect("connect"));
@@ -47,6 +52,35 @@ fn kv_eight_connections_of_400_requests_every_answer_checked() {
             Err(CallError::Handler(KvError::KeyTooLong(300)))
         ));
         kv.0.close().await;
+        wait_idle(
+            &server,
+            "every kv connection released",
+            Duration::from_secs(10),
+        )
+        .await;
+        client.shutdown().await;
+        server.shutdown().await;
+    });
+    assert_released(&base);
+}
+
+#[test]
+fn kv_as_a_raw_session_answers_alike() {
+    let Some(_ctx) = rdma_context() else { return };
+    let base = resource_counts();
+    actix_run(async {
+        let server = Server::builder()
+            .listen(test_addr(), None)
+            .service("kv", KvSessions::default())
+            .max_connections_per_peer(0)
+            .start()
+            .expect("server");
+        let addr = server.local_addrs()[0];
+        let client = Client::start(NodeConfig::default()).expect("client");
+        let round_trips = run_clients(&client, addr, 8, 400)
+            .await
+            .expect("every answer right");
+        assert_eq!(round_trips.len(), 8 * 400);
         wait_idle(
             &server,
             "every kv connection released",

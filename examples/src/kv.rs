@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use anyhow::{bail, Context as _};
@@ -169,13 +170,14 @@ fn unexpected(answer: KvResponse) -> CallError<KvError> {
 
 /// `connections` connections to `addr`, each making `requests` requests on keys of its
 /// own (puts, gets of what it put, deletes, gets of what it deleted), checking every
-/// answer. Returns how many answers were checked; the first wrong one is an error.
+/// answer. Returns the round trip of each answer checked; the first wrong one is an
+/// error.
 pub async fn run_clients(
     client: &Client,
     addr: SocketAddr,
     connections: usize,
     requests: usize,
-) -> anyhow::Result<usize> {
+) -> anyhow::Result<Vec<Duration>> {
     let mut conns = Vec::with_capacity(connections);
     for c in 0..connections {
         let conn = client
@@ -188,7 +190,7 @@ pub async fn run_clients(
         .iter()
         .enumerate()
         .map(|(c, kv)| one_connection(kv, c, requests));
-    let checked = futures::future::try_join_all(runs).await?.into_iter().sum();
+    let checked = futures::future::try_join_all(runs).await?.concat();
     for kv in conns {
         kv.0.close().await;
     }
@@ -197,8 +199,10 @@ pub async fn run_clients(
 
 /// Request `i` of connection `c`, in rounds of four on key `c/i/4`: put, get, delete, get
 /// (which must find nothing). The value is the byte pattern of (c, i).
-async fn one_connection(kv: &KvClient, c: usize, requests: usize) -> anyhow::Result<usize> {
+async fn one_connection(kv: &KvClient, c: usize, requests: usize) -> anyhow::Result<Vec<Duration>> {
+    let mut round_trips = Vec::with_capacity(requests);
     for i in 0..requests {
+        let sent = Instant::now();
         let key = format!("{c}/{}", i / 4);
         let value = rdmactor_testkit::pattern(16 + (i / 4) % 200, (c * requests + i / 4) as u64);
         let fail = |what: String| anyhow::anyhow!("connection {c}, request {i} ({key}): {what}");
@@ -220,6 +224,7 @@ async fn one_connection(kv: &KvClient, c: usize, requests: usize) -> anyhow::Res
                 other => bail!(fail(format!("get after delete answered {other:?}"))),
             },
         }
+        round_trips.push(sent.elapsed());
     }
-    Ok(requests)
+    Ok(round_trips)
 }
