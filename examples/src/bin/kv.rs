@@ -12,6 +12,7 @@ use anyhow::{ensure, Result};
 use clap::{Parser, Subcommand};
 use rdmactor::prelude::*;
 use rdmactor_examples::kv::{run_clients, Kv};
+use rdmactor_examples::kv_session::KvSessions;
 use rdmactor_examples::{logs, report};
 
 #[derive(Parser)]
@@ -28,6 +29,9 @@ enum Mode {
         /// Address to listen on.
         #[arg(long, default_value = "192.0.2.1:7471")]
         listen: SocketAddr,
+        /// Serve the same service written as a raw session (`kv_session`), to compare.
+        #[arg(long)]
+        session: bool,
     },
     /// Run CONNECTIONS connections of REQUESTS requests each and check every answer.
     Client {
@@ -46,10 +50,13 @@ enum Mode {
 fn main() -> Result<()> {
     logs::init("info");
     match Args::parse().mode {
-        Mode::Serve { listen } => Ok(Server::builder()
-            .listen(listen, None)
-            .handler("kv", Kv::default())
-            .run()?),
+        Mode::Serve { listen, session } => {
+            let server = Server::builder().listen(listen, None);
+            match session {
+                false => Ok(server.handler("kv", Kv::default()).run()?),
+                true => Ok(server.service("kv", KvSessions::default()).run()?),
+            }
+        }
         Mode::Client {
             server,
             connections,
