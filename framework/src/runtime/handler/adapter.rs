@@ -24,17 +24,19 @@ pub struct HandlerService<H> {
     handler: Arc<H>,
     max_in_flight: usize,
     max_waiting: usize,
+    max_waiting_bytes: usize,
     max_message: Option<usize>,
 }
 
 impl<H: RequestHandler> HandlerService<H> {
-    /// `handler`, with at most 64 calls running and 1024 requests waiting per
-    /// connection.
+    /// `handler`, with at most 64 calls running per connection, and 1024 requests or
+    /// 4 MiB of them waiting.
     pub fn new(handler: H) -> Self {
         HandlerService {
             handler: Arc::new(handler),
             max_in_flight: 64,
             max_waiting: 1024,
+            max_waiting_bytes: 4 << 20,
             max_message: None,
         }
     }
@@ -51,6 +53,15 @@ impl<H: RequestHandler> HandlerService<H> {
     /// whatever finds every slot taken. Each waiting request holds its bytes.
     pub fn max_waiting(mut self, n: usize) -> Self {
         self.max_waiting = n;
+        self
+    }
+
+    /// How many bytes of requests one connection may have waiting. A delivered message
+    /// no longer counts against the server's budget for incoming messages, so the
+    /// waiting line bounds its own; past it a request is refused with [`Refusal::Busy`].
+    /// A request that finds a slot free runs whatever its size.
+    pub fn max_waiting_bytes(mut self, bytes: usize) -> Self {
+        self.max_waiting_bytes = bytes;
         self
     }
 
@@ -73,6 +84,8 @@ impl<H: RequestHandler> Service for HandlerService<H> {
             peer: Arc::new(peer.clone()),
             max_in_flight: self.max_in_flight,
             max_waiting: self.max_waiting,
+            max_waiting_bytes: self.max_waiting_bytes,
+            waiting_bytes: 0,
             running: HashMap::new(),
             waiting: VecDeque::new(),
             finished: Arc::default(),
@@ -98,6 +111,9 @@ struct HandlerSession<H> {
     peer: Arc<PeerInfo>,
     max_in_flight: usize,
     max_waiting: usize,
+    max_waiting_bytes: usize,
+    /// Bytes of the requests in `waiting`.
+    waiting_bytes: usize,
     /// Calls running as local tasks, by call number, to drop them when the connection
     /// closes.
     running: HashMap<u64, AbortHandle>,
@@ -158,7 +174,9 @@ impl<H: RequestHandler> Session for HandlerSession<H> {
         if self.running.len() < self.max_in_flight && self.waiting.is_empty() {
             return self.start(cx, msg);
         }
-        if self.waiting.len() < self.max_waiting {
+        let bytes = self.waiting_bytes.saturating_add(msg.data.len());
+        if self.waiting.len() < self.max_waiting && bytes <= self.max_waiting_bytes {
+            self.waiting_bytes = bytes;
             self.waiting.push_back(msg);
             return Ok(());
         }
@@ -188,6 +206,7 @@ impl<H: RequestHandler> Session for HandlerSession<H> {
             let Some(next) = self.waiting.pop_front() else {
                 break;
             };
+            self.waiting_bytes -= next.data.len();
             self.start(cx, next)?;
         }
         Ok(())
@@ -222,6 +241,7 @@ impl<H> HandlerSession<H> {
             task.abort();
         }
         self.waiting.clear();
+        self.waiting_bytes = 0;
         lock(&self.finished).clear();
     }
 }

@@ -28,8 +28,8 @@ use crate::runtime::service::PeerInfo;
 /// # Limits
 ///
 /// A connection runs at most [`HandlerService::max_in_flight`] calls at once; further
-/// requests wait, in order, up to [`HandlerService::max_waiting`]; past that a request
-/// is refused at once with [`Refusal::Busy`], which the client's `call_typed` returns as
+/// requests wait, in order, up to [`HandlerService::max_waiting`] of them and
+/// [`HandlerService::max_waiting_bytes`]; past that a request is refused at once with [`Refusal::Busy`], which the client's `call_typed` returns as
 /// [`CallError::Refused`]. When the connection closes, its running futures are dropped
 /// at their next `.await` and its waiting requests are discarded.
 ///
@@ -38,6 +38,7 @@ use crate::runtime::service::PeerInfo;
 ///
 /// [`HandlerService::max_in_flight`]: super::HandlerService::max_in_flight
 /// [`HandlerService::max_waiting`]: super::HandlerService::max_waiting
+/// [`HandlerService::max_waiting_bytes`]: super::HandlerService::max_waiting_bytes
 /// [`Refusal::Busy`]: super::Refusal::Busy
 /// [`CallError::Refused`]: super::CallError::Refused
 ///
