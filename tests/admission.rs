@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use rdmactor::proto::hello::RejectCode;
 use rdmactor::runtime::{
-    Client, ClientConnection, ConnectError, ConnectionConfig, Message, NodeConfig, PeerInfo,
+    Client, ClientConnection, ConnectError, ConnectionConfig, Incoming, NodeConfig, PeerInfo,
     ReceiveConfig, ReserveStats, Server, Service, Session, SessionCx, SessionError,
     SharedRecvConfig,
 };
@@ -217,7 +217,7 @@ impl Service for SlowSink {
 }
 
 impl Session for SlowSink {
-    fn on_message(&mut self, _cx: &mut SessionCx<'_>, _msg: Message) -> Result<(), SessionError> {
+    fn on_message(&mut self, _cx: &mut SessionCx<'_>, _msg: Incoming) -> Result<(), SessionError> {
         std::thread::sleep(Duration::from_micros(200));
         self.0.fetch_add(1, Ordering::Relaxed);
         Ok(())

@@ -3,7 +3,7 @@
 //! and the `rdma resource` counts return to baseline.
 
 use rdmactor::runtime::{
-    Client, CloseReason, Message, NodeConfig, RequestError, Server, Session, SessionCx,
+    Client, CloseReason, Incoming, NodeConfig, RequestError, Server, Session, SessionCx,
     SessionError,
 };
 use rdmactor_services::echo::{Discard, Echo, EchoRequest, EchoResponse};
@@ -143,7 +143,7 @@ impl Session for Pinger {
         self.ping(cx)
     }
 
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
+    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
         let resp: EchoResponse =
             postcard::from_bytes(&msg.data).map_err(|e| SessionError::new(e.to_string()))?;
         let size = SIZES[self.round % SIZES.len()];

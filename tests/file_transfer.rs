@@ -1089,7 +1089,7 @@ fn a_client_that_goes_silent_mid_transfer_is_told_why_and_everything_it_held_is_
                     .expect("usage")
             }
         };
-        let expect_stalled = |msg: Option<rdmactor::runtime::Message>, what: &str| {
+        let expect_stalled = |msg: Option<rdmactor::runtime::Incoming>, what: &str| {
             let msg = msg.unwrap_or_else(|| panic!("{what}: the connection closed"));
             match Msg::decode(&msg.data) {
                 Ok(Msg::Abort {

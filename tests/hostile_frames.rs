@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use rdmactor::proto::frame::{FrameKind, Header, RendezvousOffer, HEADER_LEN, OFFER_LEN};
 use rdmactor::runtime::{
-    Client, Message, NodeConfig, PeerInfo, ReceiveConfig, Service, Session, SessionCx, SessionError,
+    Client, Incoming, NodeConfig, PeerInfo, ReceiveConfig, Service, Session, SessionCx,
+    SessionError,
 };
 use rdmactor::verbs::{Access, MemoryRegion, ProtectionDomain};
 use rdmactor_tests::framed::{framed_connect, framed_peer_sends, mirror_server, off_thread};
@@ -212,7 +213,7 @@ impl Service for StallingMirror {
 struct StallingSession;
 
 impl Session for StallingSession {
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
+    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
         if msg.data.first() == Some(&STALL) {
             std::thread::sleep(Duration::from_millis(50));
         }

@@ -25,7 +25,7 @@ use rdmactor::proto::budget::BudgetError;
 use rdmactor::proto::frame::{FrameKind, Header, RendezvousOffer, HEADER_LEN, OFFER_LEN};
 use rdmactor::proto::hello::{Hello, PROTOCOL_VERSION};
 use rdmactor::runtime::{
-    CloseReason, ConnectionConfig, Message, NodeConfig, PeerInfo, Server, Service, Session,
+    CloseReason, ConnectionConfig, Incoming, NodeConfig, PeerInfo, Server, Service, Session,
     SessionCx, SessionError,
 };
 use rdmactor::verbs::{Access, MemoryRegion, ProtectionDomain, RecvWr, SendOp, SendWr};
@@ -54,7 +54,7 @@ struct BigSession {
 }
 
 impl Session for BigSession {
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
+    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
         cx.reply(&msg, vec![7; self.reply_len])
     }
     fn on_close(&mut self, reason: &CloseReason) {
@@ -517,7 +517,7 @@ impl Service for Sized {
 struct SizedSession;
 
 impl Session for SizedSession {
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
+    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
         let len = u32::from_le_bytes(msg.data[..4].try_into().expect("4 bytes")) as usize;
         cx.reply(&msg, vec![7; len])
     }

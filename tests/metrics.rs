@@ -15,7 +15,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use rdmactor::runtime::{
-    Client, Message, NodeConfig, PeerInfo, Server, Service, Session, SessionCx, SessionError,
+    Client, Incoming, NodeConfig, PeerInfo, Server, Service, Session, SessionCx, SessionError,
 };
 use rdmactor::verbs::Access;
 use rdmactor_services::echo::Echo;
@@ -99,7 +99,7 @@ impl Service for SlowSink {
 }
 
 impl Session for SlowSink {
-    fn on_message(&mut self, _cx: &mut SessionCx<'_>, _msg: Message) -> Result<(), SessionError> {
+    fn on_message(&mut self, _cx: &mut SessionCx<'_>, _msg: Incoming) -> Result<(), SessionError> {
         thread::sleep(Duration::from_millis(1));
         self.0.fetch_add(1, Ordering::Relaxed);
         Ok(())

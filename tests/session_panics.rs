@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use rdmactor::runtime::{
-    Client, Message, NodeConfig, OpId, PeerInfo, Server, Service, Session, SessionCx, SessionError,
+    Client, Incoming, NodeConfig, OpId, PeerInfo, Server, Service, Session, SessionCx, SessionError,
 };
 use rdmactor::verbs::RemoteRegion;
 use rdmactor_services::echo::Echo;
@@ -42,7 +42,7 @@ impl Session for FragileSession {
         Ok(())
     }
 
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
+    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
         match &msg.data[..] {
             b"panic" => panic!("boom in on_message"),
             b"wake" => {

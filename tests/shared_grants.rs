@@ -13,7 +13,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use rdmactor::runtime::{
-    Client, ClientConnection, GrantId, Message, NodeConfig, PeerInfo, Server, Service, Session,
+    Client, ClientConnection, GrantId, Incoming, NodeConfig, PeerInfo, Server, Service, Session,
     SessionCx, SessionError,
 };
 use rdmactor::verbs::{Access, RemoteRegion, SharedRegion};
@@ -62,7 +62,7 @@ fn decode(b: &[u8]) -> RemoteRegion {
 }
 
 impl Session for GrantSession {
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
+    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
         let (memory, file) = self
             .regions
             .get()

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use rdmactor::proto::budget::BudgetError;
 use rdmactor::runtime::{
-    Client, CloseReason, ConnectionConfig, Message, NodeConfig, PeerInfo, RequestError, Server,
+    Client, CloseReason, ConnectionConfig, Incoming, NodeConfig, PeerInfo, RequestError, Server,
     Service, Session, SessionCx, SessionError,
 };
 use rdmactor_services::echo::Echo;
@@ -31,7 +31,7 @@ impl Service for Small {
 struct SmallSession;
 
 impl Session for SmallSession {
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
+    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
         let data = msg.data.clone();
         cx.reply(&msg, data)
     }

@@ -8,6 +8,8 @@
 //! - [`logs`]: logs to stderr with a default filter, so stdout carries only the lines
 //!   scripts and tests parse.
 //! - [`lambdas`]: the example lambda modules the binaries upload.
+//! - [`kv`]: the key-value service written as a request handler, and its client;
+//!   [`kv_session`]: the same service as a raw session, for comparison.
 //!
 //! The binaries are in `src/bin/` (their names are what `scripts/` and `tests/` run:
 //! `target/release/server`, `client`, `demo`, ...); the demo, the largest, is split into
@@ -16,6 +18,8 @@
 
 #![deny(missing_docs)]
 
+pub mod kv;
+pub mod kv_session;
 pub mod lambdas;
 pub mod logs;
 pub mod report;

@@ -16,7 +16,13 @@
 //!   services by name, listens, and [`shutdown`](runtime::Server::shutdown) releases
 //!   everything. [`runtime::NodeConfig`] sizes everything (pool, queues, timeouts,
 //!   limits).
-//! - [`runtime::Service`] and [`runtime::Session`]: what you implement.
+//! - [`prelude`]: the names a service and its client use, in one import.
+//! - [`runtime::RequestHandler`]: a service as one async function from a typed request
+//!   to a typed result; [`runtime::HandlerService`] runs it and bounds its calls.
+//! - [`shared::Owner`]: the actor that owns what a service's connections share, started
+//!   with the first one.
+//! - [`runtime::Service`] and [`runtime::Session`]: what you implement for everything
+//!   else (one-sided operations, windows, streams, plain verbs clients).
 //!   [`runtime::SessionCx`] is what a session may do (send, reply, register memory,
 //!   post one-sided operations, grant windows, work off the poller thread, close).
 //! - [`runtime::Client`] and [`runtime::ClientConnection`]: the client side, on the same
@@ -33,45 +39,45 @@
 //!
 //! # A complete server
 //!
-//! The service below answers each request with its bytes in upper case. A message with
-//! tag 0 is one-way (the client's `send`): nobody waits for an answer, so the session
-//! gives none; any other tag is a request, and `reply` answers it under the same tag.
-//! Servers and clients start inside an actix `System`, and the framework logs through
-//! `tracing`, so nothing is printed until the application installs a subscriber. It
-//! needs an RDMA device (the repository's `scripts/softroce` runs a program inside a
-//! Soft-RoCE VM).
+//! The service below answers each request with its text in upper case. It is a
+//! [`RequestHandler`](runtime::RequestHandler): one async function from a typed request
+//! to a typed result, run on the connection's poller thread, its answer sent back under
+//! the request's tag and its error given to the client typed
+//! ([`ClientConnection::call_typed`](runtime::ClientConnection::call_typed)).
+//! [`ServerBuilder::run`](runtime::ServerBuilder::run) builds an actix `System`, serves
+//! until SIGINT or SIGTERM and shuts down cleanly; inside a `System` of your own,
+//! [`start`](runtime::ServerBuilder::start) and [`Server::shutdown`](runtime::Server::shutdown)
+//! do the same in steps. The framework logs through `tracing`, so nothing is printed
+//! until the application installs a subscriber. It needs an RDMA device (the
+//! repository's `scripts/softroce` runs a program inside a Soft-RoCE VM).
 //!
 //! ```no_run
-//! use rdmactor::runtime::{Message, PeerInfo, Server, Service, Session, SessionCx, SessionError};
+//! use rdmactor::prelude::*;
 //!
-//! struct Upper; // the service: one per server, a session per connection
-//! impl Service for Upper {
-//!     fn session(&self, _peer: &PeerInfo) -> Box<dyn Session> { Box::new(UpperSession) }
-//! }
-//! struct UpperSession; // runs on the thread that polls its connection's completions
-//! impl Session for UpperSession {
-//!     fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
-//!         if msg.tag == 0 { return Ok(()); } // tag 0: one-way message, no reply wanted
-//!         cx.reply(&msg, msg.data.to_ascii_uppercase()) // same tag: the client's request() returns it
+//! struct Upper; // the service: one per server, shared by every connection
+//! impl RequestHandler for Upper {
+//!     type Req = String; // typed with serde, postcard on the wire
+//!     type Resp = String;
+//!     type Error = String; // reaches the client typed, as CallError::Handler
+//!     async fn call(&self, text: String, _cx: &RequestCx) -> Result<String, String> {
+//!         Ok(text.to_uppercase()) // runs on the connection's poller thread: await, never block
 //!     }
 //! }
 //!
-//! fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! fn main() -> Result<(), ServerError> {
 //!     // Logs: install a `tracing` subscriber first, e.g. `tracing_subscriber::fmt::init();`
-//!     actix::System::new().block_on(async {
-//!         let server = Server::builder() // must start inside an actix System
-//!             .listen("192.0.2.1:7471".parse()?, None)
-//!             .service("upper", Upper)
-//!             .start()?;
-//!         tokio::signal::ctrl_c().await?; // serve until SIGINT
-//!         server.shutdown().await; // disconnect every client, release everything
-//!         Ok(())
-//!     })
+//!     Server::builder()
+//!         .listen("192.0.2.1:7471".parse().expect("an IP address and port"), None)
+//!         .handler("upper", Upper)
+//!         .run() // its own actix System: serves until SIGINT or SIGTERM, then shuts down
 //! }
 //! ```
 //!
-//! A client asks it with `Client::start(NodeConfig::default())?.connect(addr,
-//! "upper").await?.request(b"hi".to_vec()).await?` (inside a `System` too).
+//! A client calls it with `Client::start(NodeConfig::default())?.connect(addr,
+//! "upper").await?.call_typed::<_, String, String>(&"hi").await?` (inside a `System`).
+//! Below handlers, a [`Session`](runtime::Session) is the connection's protocol as
+//! callbacks: whole messages ([`Incoming`](runtime::Incoming); tag 0 is a one-way
+//! message that wants no reply), one-sided operations, windows granted to the peer.
 //!
 //! # The layers
 //!
@@ -84,6 +90,7 @@
 //! | [`memory`] | the registered-memory pool: size classes, leases, charges, the waiting line of each limit | none | registration, through `verbs` |
 //! | [`transport`] | what the runtime asks of an RDMA stack, as traits; the verbs implementation, and `loopback`, an in-memory one with fault hooks (not wired to the runtime yet) | none | none (loopback: threads and memory) |
 //! | [`runtime`] | the actors: CM actor, connection actors, pollers, server, client, out-of-band ports, device recovery | none | drives everything |
+//! | [`shared`] | [`Owner`](shared::Owner): the actor that owns what a service's connections share | none | none |
 //! | [`blocking`] | one connection at a time with blocking calls, for small tools and tests | none | verbs calls |
 //! | [`metrics`] | every metric's name and labels, and a bounded `/metrics` endpoint | none | a TCP listener, if asked |
 //!
@@ -123,8 +130,10 @@
 pub mod blocking;
 pub mod memory;
 pub mod metrics;
+pub mod prelude;
 pub mod proto;
 pub mod runtime;
+pub mod shared;
 pub mod transport;
 pub mod verbs;
 

@@ -48,7 +48,6 @@ pub mod file_transfer;
 pub mod fuzz;
 pub mod ingest;
 pub mod lambda;
-mod owner_slot;
 pub mod pingpong;
 pub mod read;
 pub mod rping;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use rdmactor::memory::PoolConfig;
 use rdmactor::runtime::{
-    Client, ClientConnection, CloseReason, Framing, Message, NodeConfig, OpId, PeerInfo, Server,
+    Client, ClientConnection, CloseReason, Framing, Incoming, NodeConfig, OpId, PeerInfo, Server,
     Service, Session, SessionCx, SessionError,
 };
 
@@ -141,7 +141,7 @@ impl Session for RecordingSession {
     fn on_established(&mut self, cx: &mut SessionCx<'_>) -> Result<(), SessionError> {
         self.inner.on_established(cx)
     }
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
+    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
         self.inner.on_message(cx, msg)
     }
     fn on_op(
@@ -190,7 +190,7 @@ impl Service for Slow {
 struct SlowSession;
 
 impl Session for SlowSession {
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
+    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
         std::thread::sleep(Duration::from_millis(1));
         let data = msg.data.clone();
         cx.reply(&msg, data)

@@ -7,7 +7,7 @@ use std::time::Duration;
 use rdmactor::blocking::{self, Endpoint, EndpointOptions};
 use rdmactor::proto::frame::{FrameKind, Header, HEADER_LEN};
 use rdmactor::proto::hello::{Hello, Welcome, PROTOCOL_VERSION};
-use rdmactor::runtime::{Message, PeerInfo, Server, Service, Session, SessionCx, SessionError};
+use rdmactor::runtime::{Incoming, PeerInfo, Server, Service, Session, SessionCx, SessionError};
 use rdmactor::verbs::{Access, MemoryRegion, ProtectionDomain, RecvWr};
 
 use crate::{flood_sends, test_addr, Recorded};
@@ -26,7 +26,7 @@ impl Service for Mirror {
 struct MirrorSession;
 
 impl Session for MirrorSession {
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
+    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
         let data = msg.data.clone();
         cx.reply(&msg, data)
     }

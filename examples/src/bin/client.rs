@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand};
 use rdmactor::runtime::{
-    Client, ClientConnection, CloseReason, ConnectError, Message, NodeConfig, PollMode, Session,
+    Client, ClientConnection, CloseReason, ConnectError, Incoming, NodeConfig, PollMode, Session,
     SessionCx, SessionError, TransportConfig,
 };
 use rdmactor_examples::{lambdas, logs, report, transport};
@@ -215,7 +215,7 @@ impl Session for Pinger {
         self.ping(cx)
     }
 
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
+    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
         let rtt = self.sent_at.elapsed();
         let resp: EchoResponse = postcard::from_bytes(&msg.data)
             .map_err(|e| SessionError::new(format!("bad echo reply: {e}")))?;

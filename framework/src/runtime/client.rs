@@ -16,8 +16,9 @@ use super::cm::CmActor;
 use super::config::NodeConfig;
 use super::connect::{with_session, Connect, ConnectError, Dialer};
 use super::connection::{CmNotice, ConnectionActor, ConnectionParts};
+use super::handler::{Answer, CallError};
 use super::node::Node;
-use super::service::{Message, Session};
+use super::service::{Incoming, Session};
 use super::CloseReason;
 use crate::verbs::{
     Access, EventChannel, MemoryRegion, ProtectionDomain, RemoteRegion, VerbsError,
@@ -190,7 +191,7 @@ impl Dialer for ClientDialer {
 #[derive(Clone)]
 pub struct ClientConnection {
     conn: ClientAddr,
-    inbox: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Message>>>,
+    inbox: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Incoming>>>,
     /// Why the connection closed, once it has: what a call made afterwards fails with.
     closed: ClosedReason,
     /// The client's PD, for [`ClientConnection::register`].
@@ -235,7 +236,7 @@ impl ClientConnection {
     /// The next message the server sent on its own (tag 0) or delivered with an
     /// immediate (WRITE_WITH_IMM into a region this client granted). `None` once the
     /// connection is closed.
-    pub async fn recv(&self) -> Option<Message> {
+    pub async fn recv(&self) -> Option<Incoming> {
         self.inbox.lock().await.recv().await
     }
 
@@ -253,6 +254,29 @@ impl ClientConnection {
         let bytes = postcard::to_allocvec(req).map_err(|e| RequestError::Invalid(e.to_string()))?;
         let resp = self.request(bytes).await?;
         postcard::from_bytes(&resp).map_err(|e| RequestError::Invalid(format!("bad reply: {e}")))
+    }
+
+    /// Calls the [`RequestHandler`](super::RequestHandler) the connection's service runs
+    /// (a [`HandlerService`](super::HandlerService)): sends `req` and returns the
+    /// handler's answer, or its error typed as it returned it
+    /// ([`CallError::Handler`]). The types must be the handler's `Req`, `Resp` and
+    /// `Error`; name them in the result's type, or in a typed helper of your service's
+    /// client, as postcard cannot tell one type from another on the wire.
+    pub async fn call_typed<Req, Resp, E>(&self, req: &Req) -> Result<Resp, CallError<E>>
+    where
+        Req: serde::Serialize,
+        Resp: serde::de::DeserializeOwned,
+        E: serde::de::DeserializeOwned,
+    {
+        let bytes = postcard::to_allocvec(req)
+            .map_err(|e| RequestError::Invalid(format!("request not encoded: {e}")))?;
+        let answer = self.request(bytes).await?;
+        match postcard::from_bytes(&answer) {
+            Ok(Answer::Ok(resp)) => Ok(resp),
+            Ok(Answer::Err(e)) => Err(CallError::Handler(e)),
+            Ok(Answer::Refused(why)) => Err(CallError::Refused(why)),
+            Err(e) => Err(CallError::BadAnswer(e.to_string())),
+        }
     }
 
     /// RDMA READs `len` bytes of `remote`.

@@ -11,7 +11,7 @@ use actix::prelude::*;
 use tokio::sync::{mpsc, oneshot};
 
 use super::connection::{BufId, ConnectionActor, Op};
-use super::service::{Message, OpId, Session, SessionError};
+use super::service::{Incoming, OpId, Session, SessionError};
 use super::{CloseReason, SessionCx};
 use crate::verbs::{MemoryRegion, RemoteRegion, VerbsError};
 
@@ -98,7 +98,7 @@ pub(super) type ClosedReason = Arc<std::sync::Mutex<Option<CloseReason>>>;
 /// What a [`ClientConnection`](super::ClientConnection) reads from its session:
 /// unsolicited messages, and the close reason.
 pub(super) struct ClientEnds {
-    pub inbox: mpsc::UnboundedReceiver<Message>,
+    pub inbox: mpsc::UnboundedReceiver<Incoming>,
     pub closed: ClosedReason,
 }
 
@@ -108,7 +108,7 @@ pub(super) struct ClientSession {
     next_tag: u32,
     requests: HashMap<u32, Reply<Vec<u8>>>,
     ops: HashMap<OpId, PendingOp>,
-    inbox: mpsc::UnboundedSender<Message>,
+    inbox: mpsc::UnboundedSender<Incoming>,
     closed: ClosedReason,
     /// The application's session (see
     /// [`Client::connect_session`](super::Client::connect_session)), which then gets every
@@ -142,7 +142,7 @@ impl Session for ClientSession {
         }
     }
 
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
+    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
         if let Some(user) = &mut self.user {
             return user.on_message(cx, msg);
         }

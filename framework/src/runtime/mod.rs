@@ -20,6 +20,7 @@ mod conn_set;
 mod connect;
 mod connection;
 mod device_watch;
+mod handler;
 mod handshakes;
 mod node;
 mod oob;
@@ -41,11 +42,12 @@ pub use connection::{
     AskError, Asked, Blocking, BlockingError, BufId, Grant, GrantId, Op, SessionCx, SessionWaker,
     MAX_MESSAGE,
 };
+pub use handler::{Answer, CallError, HandlerService, Refusal, RequestCx, RequestHandler};
 pub use oob::{OobOptions, OobPort, OobStats, OobTransport};
 pub use poller::PollMode;
 pub use recv_groups::ReserveStats;
-pub use server::{Server, ServerBuilder, ServerStats};
-pub use service::{Framing, Message, OpId, PeerInfo, Service, Session, SessionError};
+pub use server::{Server, ServerBuilder, ServerError, ServerStats};
+pub use service::{DecodeError, Framing, Incoming, OpId, PeerInfo, Service, Session, SessionError};
 
 /// Why a connection ended.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

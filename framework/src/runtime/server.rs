@@ -10,6 +10,7 @@ use actix::prelude::*;
 use super::budget::QpBudget;
 use super::cm::{CmActor, GetCounters, GetPd};
 use super::config::NodeConfig;
+use super::handler::{HandlerService, RequestHandler};
 use super::node::Node;
 use super::oob::{GetOobStats, OobListener, OobPort, OobStats};
 use super::recovery::{OobLink, Relisten};
@@ -41,6 +42,9 @@ pub enum ServerError {
     /// The node's configuration is inconsistent ([`NodeConfig::validate`]).
     #[error("configuration: {0}")]
     Invalid(#[from] super::ConfigError),
+    /// [`ServerBuilder::run`] could not listen for SIGINT and SIGTERM.
+    #[error("cannot listen for SIGINT and SIGTERM: {0}")]
+    Signals(std::io::Error),
 }
 
 impl Default for ServerBuilder {
@@ -57,6 +61,29 @@ impl Default for ServerBuilder {
 }
 
 impl ServerBuilder {
+    /// Registers a [`RequestHandler`] under `name`, with the default limits of
+    /// [`HandlerService::new`] (to set them, register a `HandlerService` with
+    /// [`service`](Self::service)).
+    pub fn handler(self, name: &str, handler: impl RequestHandler) -> Self {
+        self.service(name, HandlerService::new(handler))
+    }
+
+    /// Serves until the process gets SIGINT or SIGTERM, then shuts down cleanly (every
+    /// client disconnected, everything released), for a program that does not otherwise
+    /// use actix: builds an actix `System` on the calling thread, starts the server in it
+    /// and blocks. The CM actor, and owner actors started from `Service::session`, run
+    /// on this thread. Inside a `System` of your own, use [`start`](Self::start) and
+    /// [`Server::shutdown`] instead.
+    pub fn run(self) -> Result<(), ServerError> {
+        actix::System::new().block_on(async move {
+            let server = self.start()?;
+            let signal = wait_for_signal().await;
+            tracing::info!("{}: shutting down", signal.as_deref().unwrap_or("signal"));
+            server.shutdown().await;
+            signal.map(drop)
+        })
+    }
+
     /// Device, pollers, pool and queue sizes.
     pub fn config(mut self, config: NodeConfig) -> Self {
         self.config = config;
@@ -331,4 +358,15 @@ impl Server {
         }
         super::cm::shut_down(&self.cm).await;
     }
+}
+
+/// Waits for SIGINT or SIGTERM and names the one that came.
+async fn wait_for_signal() -> Result<&'static str, ServerError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut int = signal(SignalKind::interrupt()).map_err(ServerError::Signals)?;
+    let mut term = signal(SignalKind::terminate()).map_err(ServerError::Signals)?;
+    Ok(tokio::select! {
+        _ = int.recv() => "SIGINT",
+        _ = term.recv() => "SIGTERM",
+    })
 }

@@ -33,15 +33,51 @@ pub struct PeerInfo {
     pub service: String,
 }
 
-/// A message from the peer.
+/// A message from the peer, as a [`Session`] receives it. (Named apart from
+/// `actix::Message`, which a service with an owner actor imports too.)
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Message {
-    /// Correlates a request with its response (0 for raw messages).
+pub struct Incoming {
+    /// What the message is: 0 for a one-way message (the client's `send`, `send_all`;
+    /// nobody waits, so answer nothing) and for every message of a raw connection; any
+    /// other value is a request, which the client's `request` waits on until an answer
+    /// comes under the same tag ([`SessionCx::reply`]).
     pub tag: u32,
     /// Immediate data, for SEND_WITH_IMM and WRITE_WITH_IMM.
     pub imm: Option<u32>,
     /// The payload (empty for a WRITE_WITH_IMM, whose bytes went to the written region).
     pub data: Vec<u8>,
+}
+
+impl Incoming {
+    /// The payload as a `T`, decoded with postcard: the encoding of the client's
+    /// `request_typed` and `call_typed`, so a session answers typed requests without
+    /// naming the codec. Fails on bytes that are not a `T` (the peer's mistake, or
+    /// another version of the protocol).
+    pub fn decode<T: serde::de::DeserializeOwned>(&self) -> Result<T, DecodeError> {
+        postcard::from_bytes(&self.data).map_err(|e| DecodeError {
+            tag: self.tag,
+            len: self.data.len(),
+            why: e.to_string(),
+        })
+    }
+}
+
+/// Why [`Incoming::decode`] failed: which message, and postcard's reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("message {tag} ({len} bytes) is not the expected type: {why}")]
+pub struct DecodeError {
+    /// The message's tag.
+    pub tag: u32,
+    /// Its length.
+    pub len: usize,
+    /// postcard's reason.
+    pub why: String,
+}
+
+impl From<DecodeError> for SessionError {
+    fn from(e: DecodeError) -> SessionError {
+        SessionError::new(e.to_string())
+    }
 }
 
 /// Why a session gave up on its connection; the connection closes with this reason.
@@ -105,7 +141,7 @@ pub trait Session: Send + Unpin + 'static {
     }
 
     /// A message arrived.
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError>;
+    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError>;
 
     /// A one-sided operation this session posted completed (`Err` carries the failing
     /// status; the connection closes after this call, as the QP is in error).
@@ -161,7 +197,7 @@ impl Session for Box<dyn Session> {
     fn on_established(&mut self, cx: &mut SessionCx<'_>) -> Result<(), SessionError> {
         (**self).on_established(cx)
     }
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
+    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
         (**self).on_message(cx, msg)
     }
     fn on_op(

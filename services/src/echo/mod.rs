@@ -3,7 +3,7 @@
 //! sends every received SEND back byte for byte, so a plain verbs client that posts a
 //! receive and sends N bytes gets the same N bytes back.
 
-use rdmactor::runtime::{Framing, Message, PeerInfo, Service, Session, SessionCx, SessionError};
+use rdmactor::runtime::{Framing, Incoming, PeerInfo, Service, Session, SessionCx, SessionError};
 use serde::{Deserialize, Serialize};
 
 /// The `echo` request.
@@ -42,7 +42,7 @@ impl Service for Echo {
 struct EchoSession;
 
 impl Session for EchoSession {
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
+    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
         // A response has the same fields as its request, so its encoding is the request's
         // bytes: check that they decode (borrowing, no copy), then send them back as
         // they are. This service is the load of the framework's benchmarks, and an
@@ -87,7 +87,7 @@ impl Service for RawEcho {
 struct RawEchoSession;
 
 impl Session for RawEchoSession {
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
+    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
         cx.send_raw(&msg.data, msg.imm)
     }
 }
@@ -111,7 +111,7 @@ struct DiscardSession {
 }
 
 impl Session for DiscardSession {
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
+    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
         if msg.tag == 0 {
             self.received += 1;
             return Ok(());

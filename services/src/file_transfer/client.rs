@@ -20,7 +20,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Poll, Waker};
 
-use rdmactor::runtime::{Client, ClientConnection, Message, RequestError};
+use rdmactor::runtime::{Client, ClientConnection, Incoming, RequestError};
 use rdmactor::verbs::{Access, MemoryRegion, RemoteRegion, VerbsError};
 
 use super::config::Config;
@@ -232,7 +232,7 @@ enum Event {
         len: u32,
         result: Result<MemoryRegion, RequestError>,
     },
-    Received(Option<Message>),
+    Received(Option<Incoming>),
     /// The chunks handed to a consume job were hashed and stored (`Err`: it panicked).
     Consumed(std::thread::Result<Consumed>),
 }
@@ -248,7 +248,7 @@ struct Drive<'c, P> {
     /// WRITEs that completed on their first poll.
     ready: VecDeque<Event>,
     /// Kept across waits, so no message is ever lost between two of them.
-    recv: Option<Pending<'c, Option<Message>>>,
+    recv: Option<Pending<'c, Option<Incoming>>>,
     window: Option<MemoryRegion>,
     /// An upload's staging buffers, by slot, while no WRITE uses them: each chunk is
     /// read from the file straight into its slot's buffer and written from there.

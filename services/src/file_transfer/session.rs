@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use actix::{Addr, Recipient};
 use rdmactor::runtime::{
-    Asked, Blocking, BufId, CloseReason, Message, Op, OpId, PeerInfo, Service, Session, SessionCx,
+    Asked, Blocking, BufId, CloseReason, Incoming, Op, OpId, PeerInfo, Service, Session, SessionCx,
     SessionError,
 };
 use rdmactor::verbs::{Access, RemoteRegion};
@@ -38,7 +38,7 @@ use super::sender::ChunkRead;
 use super::server::Server;
 use super::store::{Reaper, StoreError};
 use super::wire::{Msg, RejectReason, RemoteWindow};
-use crate::owner_slot::OwnerSlot;
+use rdmactor::shared::Owner;
 
 /// The file-transfer service (register it as `files`): uploads into
 /// [`Config::dir`], downloads from it, and `Identify` answered from
@@ -70,7 +70,7 @@ pub struct FileTransfer {
     reaper: Reaper,
     /// Owns every client's share of uploads and reserved bytes, and the bytes promised
     /// to admitted uploads: sessions ask it once per offer.
-    owner: OwnerSlot<QuotaOwner>,
+    owner: Owner<QuotaOwner>,
     /// Uploads admitted now, as the owner last published them.
     uploads: Arc<AtomicU64>,
     /// Set by [`FileTransfer::refuse_new_transfers`]: offers and fetches are answered
@@ -113,7 +113,7 @@ impl FileTransfer {
             source,
         })?;
         Ok(FileTransfer {
-            owner: OwnerSlot::new(),
+            owner: Owner::new(),
             uploads: Arc::new(AtomicU64::new(0)),
             draining: Arc::new(AtomicBool::new(false)),
             digests: Arc::new(DigestCache::new(config.digest_cache)),
@@ -503,7 +503,7 @@ impl Session for FileSession {
     fn on_message(
         &mut self,
         cx: &mut SessionCx<'_>,
-        msg: Message,
+        msg: Incoming,
     ) -> std::result::Result<(), SessionError> {
         self.heard = Instant::now();
         match msg.imm {

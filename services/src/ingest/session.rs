@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use rdmactor::runtime::{BufId, Message, PeerInfo, Service, Session, SessionCx, SessionError};
+use rdmactor::runtime::{BufId, Incoming, PeerInfo, Service, Session, SessionCx, SessionError};
 use rdmactor::verbs::Access;
 
 use super::ring::ServerRing;
@@ -160,7 +160,7 @@ impl IngestSession {
 }
 
 impl Session for IngestSession {
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
+    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
         if let Some(imm) = msg.imm {
             return self.handle_record(cx, imm);
         }

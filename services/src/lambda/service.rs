@@ -13,7 +13,7 @@ use super::native::NativeLambdas;
 use super::owner::{ClientHold, Contains, LambdaOwner, LambdaStats, Stats};
 use super::sandbox::{ClientId, ModuleHash, Sandbox};
 use super::session::LambdaSession;
-use crate::owner_slot::OwnerSlot;
+use rdmactor::shared::Owner;
 
 /// The `lambda` service: clients upload WebAssembly modules and invoke them, or native
 /// lambdas the application registered, on bytes they expose by RDMA.
@@ -68,7 +68,7 @@ pub struct LambdaService {
     natives: Arc<NativeLambdas>,
     config: LambdaConfig,
     /// Owns the service's module cache and job slots.
-    owner: OwnerSlot<LambdaOwner>,
+    owner: Owner<LambdaOwner>,
     /// The next connection's client id in the cache (0 is the application's).
     next_client: AtomicU64,
 }
@@ -93,7 +93,7 @@ impl LambdaService {
             sandbox,
             natives,
             config,
-            owner: OwnerSlot::new(),
+            owner: Owner::new(),
             next_client: AtomicU64::new(1),
         }
     }
@@ -131,7 +131,7 @@ impl Service for LambdaService {
 /// What a lambda service's cache and job slots hold now, asked of its actor (see
 /// [`LambdaService::cache`]).
 #[derive(Debug, Clone)]
-pub struct LambdaCache(OwnerSlot<LambdaOwner>);
+pub struct LambdaCache(Owner<LambdaOwner>);
 
 impl LambdaCache {
     /// The cache's module count and the running jobs; `None` before the first

@@ -7,7 +7,7 @@ use std::sync::{mpsc, Arc};
 
 use actix::{Addr, Recipient};
 use rdmactor::runtime::{
-    AskError, Asked, Blocking, BufId, Message, Op, OpId, Session, SessionCx, SessionError,
+    AskError, Asked, Blocking, BufId, Incoming, Op, OpId, Session, SessionCx, SessionError,
     SessionWaker,
 };
 use rdmactor::verbs::Access;
@@ -372,7 +372,7 @@ impl LambdaSession {
 }
 
 impl Session for LambdaSession {
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
+    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
         let req: LambdaRequest = postcard::from_bytes(&msg.data)
             .map_err(|e| SessionError::new(format!("malformed lambda request: {e}")))?;
         if msg.tag == 0 {

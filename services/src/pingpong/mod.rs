@@ -10,7 +10,7 @@ pub mod stock;
 
 pub use stock::{StockConfig, StockPingPongService};
 
-use rdmactor::runtime::{Message, PeerInfo, Service, Session, SessionCx, SessionError};
+use rdmactor::runtime::{Incoming, PeerInfo, Service, Session, SessionCx, SessionError};
 use serde::{Deserialize, Serialize};
 
 /// A ping or a pong.
@@ -75,7 +75,7 @@ struct PingPongSession {
 }
 
 impl Session for PingPongSession {
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
+    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
         let ping: PingPong = postcard::from_bytes(&msg.data)
             .map_err(|e| SessionError::new(format!("malformed ping: {e}")))?;
         let pong = self.state.handle_ping(ping).map_err(SessionError::new)?;

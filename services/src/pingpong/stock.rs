@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rdmactor::runtime::{Framing, Message, PeerInfo, Service, Session, SessionCx, SessionError};
+use rdmactor::runtime::{Framing, Incoming, PeerInfo, Service, Session, SessionCx, SessionError};
 use rdmactor::verbs::{Grh, GRH_LEN};
 
 /// How the stock-tool ping-pong server behaves.
@@ -226,7 +226,7 @@ impl Session for StockSession {
         Ok(())
     }
 
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
+    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
         let reply = self
             .machine
             .handle_message(Instant::now(), &msg.data)

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use rdmactor::runtime::{Message, PeerInfo, Service, Session, SessionCx, SessionError};
+use rdmactor::runtime::{Incoming, PeerInfo, Service, Session, SessionCx, SessionError};
 use rdmactor::verbs::{Access, ProtectionDomain, RemoteRegion};
 
 use super::regions::ReadRegions;
@@ -161,7 +161,7 @@ impl ReadSession {
 }
 
 impl Session for ReadSession {
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
+    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
         let req: ReadRequest = postcard::from_bytes(&msg.data)
             .map_err(|e| SessionError::new(format!("malformed read request: {e}")))?;
         let resp = match req {

@@ -1,7 +1,7 @@
 //! The rping-compatible service: drives [`RpingSession`] over a raw connection.
 
 use rdmactor::runtime::{
-    BufId, Framing, Message, Op, OpId, PeerInfo, Service, Session, SessionCx, SessionError,
+    BufId, Framing, Incoming, Op, OpId, PeerInfo, Service, Session, SessionCx, SessionError,
 };
 use rdmactor::verbs::{Access, RemoteRegion};
 
@@ -87,7 +87,7 @@ impl RpingDriver {
 }
 
 impl Session for RpingDriver {
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Message) -> Result<(), SessionError> {
+    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
         self.machine.handle_recv(&msg.data).map_err(err)?;
         self.drive(cx)
     }

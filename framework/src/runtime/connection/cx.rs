@@ -3,7 +3,7 @@
 
 use super::{Buf, BufEntry, BufId, Core, Op, Outgoing, Wr};
 use crate::memory::Charge;
-use crate::runtime::service::{Message, OpId, SessionError};
+use crate::runtime::service::{Incoming, OpId, SessionError};
 use crate::verbs::{Access, MemoryRegion, MemoryWindow, RemoteRegion, VerbsError};
 
 /// What a session can do with its connection, handed to every [`Session`] callback.
@@ -39,9 +39,24 @@ impl<'a> SessionCx<'a> {
         Ok(())
     }
 
-    /// Answers `msg` (same tag).
-    pub fn reply(&mut self, msg: &Message, data: Vec<u8>) -> Result<(), SessionError> {
+    /// Answers `msg` (same tag): the client's `request` returns `data`. A message with
+    /// tag 0 is one-way and nobody waits for an answer to it: replying to one sends a
+    /// one-way message back, which the client sees in `recv`, not as an answer.
+    pub fn reply(&mut self, msg: &Incoming, data: Vec<u8>) -> Result<(), SessionError> {
         self.send(msg.tag, data)
+    }
+
+    /// Answers `msg` with `value` encoded with postcard, what the client's
+    /// `request_typed` decodes. Fails (and closes the connection, if the session returns
+    /// the error) only when `value` cannot be encoded by serde.
+    pub fn reply_typed<T: serde::Serialize + ?Sized>(
+        &mut self,
+        msg: &Incoming,
+        value: &T,
+    ) -> Result<(), SessionError> {
+        let bytes = postcard::to_allocvec(value)
+            .map_err(|e| SessionError::new(format!("answer to {} not encoded: {e}", msg.tag)))?;
+        self.send(msg.tag, bytes)
     }
 
     /// Sends bytes as one plain SEND (raw connections), optionally with an immediate.

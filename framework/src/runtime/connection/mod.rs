@@ -43,11 +43,11 @@ pub(crate) use self::actor::Pump;
 use self::grants::GrantEntry;
 use self::liveness::Liveness;
 use self::pool_wait::PoolWaits;
-use self::rendezvous::{Incoming, PendingOffer, RendezvousOut};
+use self::rendezvous::{IncomingOffer, PendingOffer, RendezvousOut};
 use self::wake::Wake;
 use super::poller::CqReservation;
 use super::recv_groups::Membership;
-use super::service::{Framing, Message, OpId};
+use super::service::{Framing, Incoming, OpId};
 use super::srq::SharedRecv;
 use super::{CloseReason, ConnectionConfig};
 use crate::memory::{Charge, Lease, MrPool, PoolError};
@@ -287,7 +287,7 @@ enum Goodbye {
 }
 
 enum Delivery {
-    Ready(Message),
+    Ready(Incoming),
     Waiting(u64),
 }
 
@@ -343,7 +343,7 @@ pub(crate) struct Core {
     deliveries: VecDeque<Delivery>,
     rendezvous_out: Slab<RendezvousOut>,
     /// The peer's offers being READ, oldest first.
-    rendezvous_in: VecDeque<Incoming>,
+    rendezvous_in: VecDeque<IncomingOffer>,
     /// Bytes READ per work request, and most such READs in flight at once.
     rendezvous_chunk: usize,
     rendezvous_chunks: u32,

@@ -8,7 +8,7 @@ use std::time::Instant;
 use super::{Core, Delivery, Outgoing, Wr};
 use crate::proto::budget::BudgetError;
 use crate::proto::frame::{FrameKind, Header, RendezvousOffer};
-use crate::runtime::service::{Framing, Message};
+use crate::runtime::service::{Framing, Incoming};
 use crate::runtime::CloseReason;
 use crate::verbs::{RecvWr, VerbsError, WcOpcode, WorkCompletion};
 
@@ -69,7 +69,7 @@ impl Core {
                 // At once: a plain peer has no credits to tell it when a receive is
                 // back, and may send its next message as soon as it has our answer.
                 self.post_recv(slot).map_err(CloseReason::from_verbs)?;
-                self.deliveries.push_back(Delivery::Ready(Message {
+                self.deliveries.push_back(Delivery::Ready(Incoming {
                     tag: 0,
                     imm: wc.imm_data,
                     data,
@@ -97,7 +97,7 @@ impl Core {
                 .expect("framed")
                 .handle_received(0)
                 .map_err(CloseReason::from_credits)?;
-            self.deliveries.push_back(Delivery::Ready(Message {
+            self.deliveries.push_back(Delivery::Ready(Incoming {
                 tag: 0,
                 imm: wc.imm_data,
                 data: Vec::new(),
@@ -109,7 +109,7 @@ impl Core {
             .handle_received(header.credits)
             .map_err(CloseReason::from_credits)?;
         match header.kind {
-            FrameKind::Data => self.deliveries.push_back(Delivery::Ready(Message {
+            FrameKind::Data => self.deliveries.push_back(Delivery::Ready(Incoming {
                 tag: header.tag,
                 imm: wc.imm_data,
                 data: body,
@@ -202,7 +202,7 @@ impl Core {
         if self.closing.is_some() {
             return Ok(());
         }
-        self.deliveries.push_back(Delivery::Ready(Message {
+        self.deliveries.push_back(Delivery::Ready(Incoming {
             tag: 0,
             imm: wc.imm_data,
             data: data.ok_or_else(failed)?,
@@ -210,7 +210,7 @@ impl Core {
         Ok(())
     }
 
-    pub(super) fn next_delivery(&mut self) -> Option<Message> {
+    pub(super) fn next_delivery(&mut self) -> Option<Incoming> {
         match self.deliveries.front() {
             Some(Delivery::Ready(_)) => match self.deliveries.pop_front() {
                 Some(Delivery::Ready(m)) => {

@@ -15,7 +15,7 @@ use super::{Buf, CloseReason, Core, Delivery, Outgoing, Pump, Wr};
 use crate::memory::{Ask, Charge, HeapCharge, MrPool, PlaceInLine, PoolError};
 use crate::proto::budget::BudgetError;
 use crate::proto::frame::{FrameKind, RendezvousOffer, OFFER_LEN};
-use crate::runtime::service::Message;
+use crate::runtime::service::Incoming;
 use crate::verbs::{Access, MemoryRegion, MemoryWindow, RemoteRegion, SendOp, SendWr, VerbsError};
 
 /// A large message exposed to the peer for its RDMA READ: a window bound to this
@@ -81,7 +81,7 @@ fn release_away(out: RendezvousOut) {
 }
 
 /// An offer of the peer's being READ, chunk by chunk, into `data`.
-pub(super) struct Incoming {
+pub(super) struct IncomingOffer {
     seq: u64,
     tag: u32,
     offer: RendezvousOffer,
@@ -362,7 +362,7 @@ impl Core {
     ) {
         self.budget_in.take(len);
         let heap = self.heap_charge.take();
-        self.rendezvous_in.push_back(Incoming {
+        self.rendezvous_in.push_back(IncomingOffer {
             seq,
             tag,
             offer,
@@ -450,7 +450,7 @@ impl Core {
             .iter_mut()
             .find(|d| matches!(d, Delivery::Waiting(s) if *s == seq))
         {
-            *d = Delivery::Ready(Message {
+            *d = Delivery::Ready(Incoming {
                 tag: m.tag,
                 imm: None,
                 data: m.data,

@@ -106,8 +106,10 @@ pub struct Asked<T> {
 }
 
 impl<T> Asked<T> {
-    /// The actor's answer once it came; `None` while it is on its way. Taken once:
-    /// later calls answer `Some(Err(Lost))`.
+    /// The actor's answer once it came; `None` while it is on its way. The answer is in
+    /// before the wake-up of its token is sent, so on that wake-up this is `Some`; it is
+    /// `None` there only when several requests share one token and another's came
+    /// first. Taken once: later calls answer `Some(Err(Lost))`.
     pub fn try_take(&self) -> Option<Result<T, AskError>> {
         match self.rx.try_recv() {
             Ok(answer) => Some(answer),

@@ -1,0 +1,230 @@
+//! A key-value service written as a [`RequestHandler`]: Put, Get and Delete over typed
+//! messages, one map shared by every connection and kept by an owner actor, and a client
+//! that drives many connections and checks every answer. The `kv` binary serves it and
+//! runs the client; `tests/kv.rs` runs both in the VM.
+//!
+//! The file is in three parts, the protocol, the server and the client, so that each
+//! can be counted (docs/writing-a-service.md compares them with a hand-written session).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use anyhow::{bail, Context as _};
+use rdmactor::prelude::*;
+use serde::{Deserialize, Serialize};
+
+// ---- the protocol --------------------------------------------------------------------
+
+/// A request to the `kv` service.
+#[derive(Debug, Clone, Serialize, Deserialize, actix::Message)]
+#[rtype(result = "Result<KvResponse, KvError>")]
+pub enum KvRequest {
+    /// Store `value` under `key`.
+    Put {
+        /// The key.
+        key: String,
+        /// The value, as one length and a copy on the wire.
+        #[serde(with = "serde_bytes")]
+        value: Vec<u8>,
+    },
+    /// The value under `key`.
+    Get {
+        /// The key.
+        key: String,
+    },
+    /// Remove `key`.
+    Delete {
+        /// The key.
+        key: String,
+    },
+}
+
+/// The answer to a [`KvRequest`] that succeeded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum KvResponse {
+    /// Put: stored; `replaced` says whether the key had a value.
+    Stored {
+        /// The key had a value before.
+        replaced: bool,
+    },
+    /// Get: the value.
+    Value(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// Delete: removed.
+    Deleted,
+}
+
+/// Why a [`KvRequest`] failed; the client gets it typed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum KvError {
+    /// Get or Delete of a key that has no value.
+    #[error("no such key")]
+    NotFound,
+    /// A key longer than [`MAX_KEY`].
+    #[error("key of {0} bytes is longer than {MAX_KEY}")]
+    KeyTooLong(usize),
+    /// The store's actor stopped (the server is shutting down).
+    #[error("the store is gone")]
+    StoreGone,
+}
+
+/// The longest key the service takes.
+pub const MAX_KEY: usize = 256;
+
+// ---- the server ----------------------------------------------------------------------
+
+/// The map every connection shares, owned by one actor: its messages are handled one
+/// at a time, so no lock is taken and no request sees another half done.
+#[derive(Default)]
+pub struct KvStore(HashMap<String, Vec<u8>>);
+
+impl Actor for KvStore {
+    type Context = Context<Self>;
+}
+
+impl Handler<KvRequest> for KvStore {
+    type Result = Result<KvResponse, KvError>;
+
+    fn handle(&mut self, req: KvRequest, _: &mut Context<Self>) -> Self::Result {
+        match req {
+            KvRequest::Put { key, value } => Some(KvResponse::Stored {
+                replaced: self.0.insert(key, value).is_some(),
+            }),
+            KvRequest::Get { key } => self.0.get(&key).cloned().map(KvResponse::Value),
+            KvRequest::Delete { key } => self.0.remove(&key).map(|_| KvResponse::Deleted),
+        }
+        .ok_or(KvError::NotFound)
+    }
+}
+
+/// The `kv` service: checks each request and hands it to the store.
+#[derive(Default)]
+pub struct Kv {
+    store: Owner<KvStore>,
+}
+
+impl RequestHandler for Kv {
+    type Req = KvRequest;
+    type Resp = KvResponse;
+    type Error = KvError;
+
+    async fn call(&self, req: KvRequest, _cx: &RequestCx) -> Result<KvResponse, KvError> {
+        let (KvRequest::Put { key, .. } | KvRequest::Get { key } | KvRequest::Delete { key }) =
+            &req;
+        if key.len() > MAX_KEY {
+            return Err(KvError::KeyTooLong(key.len()));
+        }
+        let store = self.store.get_or_start(KvStore::default);
+        store.send(req).await.map_err(|_| KvError::StoreGone)?
+    }
+}
+
+// ---- the client ----------------------------------------------------------------------
+
+/// A connection to the `kv` service, with one typed method per request.
+pub struct KvClient(pub ClientConnection);
+
+impl KvClient {
+    /// Stores `value` under `key`; true if it replaced a value.
+    pub async fn put(&self, key: &str, value: Vec<u8>) -> Result<bool, CallError<KvError>> {
+        let key = key.to_owned();
+        match self.0.call_typed(&KvRequest::Put { key, value }).await? {
+            KvResponse::Stored { replaced } => Ok(replaced),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The value under `key`.
+    pub async fn get(&self, key: &str) -> Result<Vec<u8>, CallError<KvError>> {
+        match self
+            .0
+            .call_typed(&KvRequest::Get {
+                key: key.to_owned(),
+            })
+            .await?
+        {
+            KvResponse::Value(value) => Ok(value),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Removes `key`.
+    pub async fn delete(&self, key: &str) -> Result<(), CallError<KvError>> {
+        match self
+            .0
+            .call_typed(&KvRequest::Delete {
+                key: key.to_owned(),
+            })
+            .await?
+        {
+            KvResponse::Deleted => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+}
+
+fn unexpected(answer: KvResponse) -> CallError<KvError> {
+    CallError::BadAnswer(format!("the answer to another request: {answer:?}"))
+}
+
+/// `connections` connections to `addr`, each making `requests` requests on keys of its
+/// own (puts, gets of what it put, deletes, gets of what it deleted), checking every
+/// answer. Returns the round trip of each answer checked; the first wrong one is an
+/// error.
+pub async fn run_clients(
+    client: &Client,
+    addr: SocketAddr,
+    connections: usize,
+    requests: usize,
+) -> anyhow::Result<Vec<Duration>> {
+    let mut conns = Vec::with_capacity(connections);
+    for c in 0..connections {
+        let conn = client
+            .connect(addr, "kv")
+            .await
+            .with_context(|| format!("connect {c}"))?;
+        conns.push(KvClient(conn));
+    }
+    let runs = conns
+        .iter()
+        .enumerate()
+        .map(|(c, kv)| one_connection(kv, c, requests));
+    let checked = futures::future::try_join_all(runs).await?.concat();
+    for kv in conns {
+        kv.0.close().await;
+    }
+    Ok(checked)
+}
+
+/// Request `i` of connection `c`, in rounds of four on key `c/i/4`: put, get, delete, get
+/// (which must find nothing). The value is the byte pattern of (c, i).
+async fn one_connection(kv: &KvClient, c: usize, requests: usize) -> anyhow::Result<Vec<Duration>> {
+    let mut round_trips = Vec::with_capacity(requests);
+    for i in 0..requests {
+        let sent = Instant::now();
+        let key = format!("{c}/{}", i / 4);
+        let value = rdmactor_testkit::pattern(16 + (i / 4) % 200, (c * requests + i / 4) as u64);
+        let fail = |what: String| anyhow::anyhow!("connection {c}, request {i} ({key}): {what}");
+        match i % 4 {
+            0 => match kv.put(&key, value).await {
+                Ok(false) => {}
+                other => bail!(fail(format!("put answered {other:?}"))),
+            },
+            1 => match kv.get(&key).await {
+                Ok(got) if got == value => {}
+                other => bail!(fail(format!("get answered {other:?}, not the value put"))),
+            },
+            2 => kv
+                .delete(&key)
+                .await
+                .map_err(|e| fail(format!("delete: {e}")))?,
+            _ => match kv.get(&key).await {
+                Err(CallError::Handler(KvError::NotFound)) => {}
+                other => bail!(fail(format!("get after delete answered {other:?}"))),
+            },
+        }
+        round_trips.push(sent.elapsed());
+    }
+    Ok(round_trips)
+}

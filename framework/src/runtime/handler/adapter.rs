@@ -1,0 +1,298 @@
+//! [`HandlerService`]: a [`RequestHandler`] as a [`Service`] whose sessions run each
+//! request's call as a local future on the connection's poller thread.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll, Waker};
+
+use tokio::task::AbortHandle;
+
+use super::api::{RequestCx, RequestHandler};
+use super::wire::{encode_refusal, Answer, Refusal};
+use crate::proto::budget::BudgetError;
+use crate::runtime::connection::{panic_message, SessionCx, SessionWaker};
+use crate::runtime::service::{Incoming, PeerInfo, Service, Session, SessionError};
+use crate::runtime::CloseReason;
+
+/// A [`RequestHandler`] served as a [`Service`]: register it with
+/// [`ServerBuilder::handler`](crate::runtime::ServerBuilder::handler), or with
+/// `ServerBuilder::service` after setting its limits here.
+pub struct HandlerService<H> {
+    handler: Arc<H>,
+    max_in_flight: usize,
+    max_waiting: usize,
+    max_waiting_bytes: usize,
+    max_message: Option<usize>,
+}
+
+impl<H: RequestHandler> HandlerService<H> {
+    /// `handler`, with at most 64 calls running per connection, and 1024 requests or
+    /// 4 MiB of them waiting.
+    pub fn new(handler: H) -> Self {
+        HandlerService {
+            handler: Arc::new(handler),
+            max_in_flight: 64,
+            max_waiting: 1024,
+            max_waiting_bytes: 4 << 20,
+            max_message: None,
+        }
+    }
+
+    /// How many calls one connection may have running at once (at least 1). Bounds what
+    /// one client can make the server hold in futures and owner mailboxes.
+    pub fn max_in_flight(mut self, n: usize) -> Self {
+        self.max_in_flight = n.max(1);
+        self
+    }
+
+    /// How many further requests of one connection wait, in order, for a running call to
+    /// finish; past that a request is refused at once with [`Refusal::Busy`]. 0 refuses
+    /// whatever finds every slot taken. Each waiting request holds its bytes.
+    pub fn max_waiting(mut self, n: usize) -> Self {
+        self.max_waiting = n;
+        self
+    }
+
+    /// How many bytes of requests one connection may have waiting. A delivered message
+    /// no longer counts against the server's budget for incoming messages, so the
+    /// waiting line bounds its own; past it a request is refused with [`Refusal::Busy`].
+    /// A request that finds a slot free runs whatever its size.
+    pub fn max_waiting_bytes(mut self, bytes: usize) -> Self {
+        self.max_waiting_bytes = bytes;
+        self
+    }
+
+    /// The largest request a client may send ([`Service::max_message`]); larger ones are
+    /// refused when offered, before any of their bytes move.
+    pub fn max_message(mut self, bytes: usize) -> Self {
+        self.max_message = Some(bytes);
+        self
+    }
+}
+
+impl<H: RequestHandler> Service for HandlerService<H> {
+    fn max_message(&self) -> Option<usize> {
+        self.max_message
+    }
+
+    fn session(&self, peer: &PeerInfo) -> Box<dyn Session> {
+        Box::new(HandlerSession {
+            handler: Arc::clone(&self.handler),
+            peer: Arc::new(peer.clone()),
+            max_in_flight: self.max_in_flight,
+            max_waiting: self.max_waiting,
+            max_waiting_bytes: self.max_waiting_bytes,
+            waiting_bytes: 0,
+            running: HashMap::new(),
+            waiting: VecDeque::new(),
+            finished: Arc::default(),
+            next_call: 0,
+            waker: None,
+        })
+    }
+}
+
+/// The wake-up token of a finished call: the session drains every finished call on it.
+const FINISHED: u64 = 1;
+
+/// A call's answer, encoded, waiting for the session to send it.
+struct Finished {
+    call: u64,
+    tag: u32,
+    answer: Vec<u8>,
+}
+
+/// The calls of one connection: what runs, what waits, and what finished.
+struct HandlerSession<H> {
+    handler: Arc<H>,
+    peer: Arc<PeerInfo>,
+    max_in_flight: usize,
+    max_waiting: usize,
+    max_waiting_bytes: usize,
+    /// Bytes of the requests in `waiting`.
+    waiting_bytes: usize,
+    /// Calls running as local tasks, by call number, to drop them when the connection
+    /// closes.
+    running: HashMap<u64, AbortHandle>,
+    /// Requests that found every running slot taken, in arrival order.
+    waiting: VecDeque<Incoming>,
+    /// Answers of calls that finished on their task, for the next `on_wake`.
+    finished: Arc<Mutex<Vec<Finished>>>,
+    next_call: u64,
+    waker: Option<SessionWaker>,
+}
+
+impl<H: RequestHandler> HandlerSession<H> {
+    /// Starts the call for `msg`: polls it once here, and if it is not done, spawns it
+    /// on this thread to be finished by an `on_wake`.
+    fn start(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
+        let tag = msg.tag;
+        let req = match msg.decode::<H::Req>() {
+            Ok(req) => req,
+            Err(e) => return answer(cx, tag, encode_refusal(Refusal::BadRequest(e.why))),
+        };
+        let handler = Arc::clone(&self.handler);
+        let rcx = RequestCx {
+            peer: Arc::clone(&self.peer),
+            tag,
+        };
+        let mut call = CatchPanic(Box::pin(async move {
+            let result = handler.call(req, &rcx).await;
+            encode_answer(result)
+        }));
+        // Most calls that wait for nothing are done on the first poll: answer in this
+        // turn, without a task or a wake-up. A future polled here with a no-op waker
+        // registers the task's own waker when the task polls it again.
+        if let Poll::Ready(done) = Pin::new(&mut call).poll(&mut Context::from_waker(Waker::noop()))
+        {
+            return answer(cx, tag, done);
+        }
+        let id = self.next_call;
+        self.next_call += 1;
+        let finished = Arc::clone(&self.finished);
+        let waker = self.waker.get_or_insert_with(|| cx.waker()).clone();
+        let task = actix::spawn(async move {
+            let answer = call.await;
+            lock(&finished).push(Finished {
+                call: id,
+                tag,
+                answer,
+            });
+            // The connection may be gone: the answer is then dropped with `finished`.
+            waker.wake(FINISHED);
+        });
+        self.running.insert(id, task.abort_handle());
+        Ok(())
+    }
+}
+
+impl<H: RequestHandler> Session for HandlerSession<H> {
+    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
+        if self.running.len() < self.max_in_flight && self.waiting.is_empty() {
+            return self.start(cx, msg);
+        }
+        let bytes = self.waiting_bytes.saturating_add(msg.data.len());
+        if self.waiting.len() < self.max_waiting && bytes <= self.max_waiting_bytes {
+            self.waiting_bytes = bytes;
+            self.waiting.push_back(msg);
+            return Ok(());
+        }
+        let busy = Refusal::Busy {
+            running: u32::try_from(self.running.len()).unwrap_or(u32::MAX),
+            waiting: u32::try_from(self.waiting.len()).unwrap_or(u32::MAX),
+        };
+        answer(cx, msg.tag, encode_refusal(busy))
+    }
+
+    fn on_wake(&mut self, cx: &mut SessionCx<'_>, token: u64) -> Result<(), SessionError> {
+        if token != FINISHED {
+            return Ok(());
+        }
+        let done = std::mem::take(&mut *lock(&self.finished));
+        for Finished {
+            call,
+            tag,
+            answer: bytes,
+        } in done
+        {
+            if self.running.remove(&call).is_some() {
+                answer(cx, tag, bytes)?;
+            }
+        }
+        while self.running.len() < self.max_in_flight {
+            let Some(next) = self.waiting.pop_front() else {
+                break;
+            };
+            self.waiting_bytes -= next.data.len();
+            self.start(cx, next)?;
+        }
+        Ok(())
+    }
+
+    fn on_refused(
+        &mut self,
+        cx: &mut SessionCx<'_>,
+        tag: u32,
+        why: BudgetError,
+    ) -> Result<(), SessionError> {
+        // The client would otherwise wait for an answer that never comes: tell it, in a
+        // few bytes it takes.
+        answer(
+            cx,
+            tag,
+            encode_refusal(Refusal::Undeliverable(why.to_string())),
+        )
+    }
+
+    fn on_close(&mut self, _reason: &CloseReason) {
+        self.drop_calls();
+    }
+}
+
+impl<H> HandlerSession<H> {
+    /// Nobody can be answered any more: drops the running futures (what they hold is
+    /// given back at once, not when they would have finished) and the requests that
+    /// waited for them.
+    fn drop_calls(&mut self) {
+        for (_, task) in self.running.drain() {
+            task.abort();
+        }
+        self.waiting.clear();
+        self.waiting_bytes = 0;
+        lock(&self.finished).clear();
+    }
+}
+
+impl<H> Drop for HandlerSession<H> {
+    // A session can go without `on_close` (its actor stopped with the thread): its calls
+    // go with it rather than run on for nobody.
+    fn drop(&mut self) {
+        self.drop_calls();
+    }
+}
+
+/// Sends `bytes` under `tag`, unless nobody asked (tag 0). An answer the connection
+/// cannot take is replaced by a refusal that says why, so the client is not left
+/// waiting.
+fn answer(cx: &mut SessionCx<'_>, tag: u32, bytes: Vec<u8>) -> Result<(), SessionError> {
+    if tag == 0 {
+        return Ok(());
+    }
+    match cx.send(tag, bytes) {
+        Ok(()) => Ok(()),
+        Err(e) => cx.send(tag, encode_refusal(Refusal::Undeliverable(e.0))),
+    }
+}
+
+fn encode_answer<R: serde::Serialize, E: serde::Serialize>(result: Result<R, E>) -> Vec<u8> {
+    let reply = match result {
+        Ok(r) => Answer::Ok(r),
+        Err(e) => Answer::Err(e),
+    };
+    postcard::to_allocvec(&reply)
+        .unwrap_or_else(|e| encode_refusal(Refusal::Undeliverable(format!("not encoded: {e}"))))
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A call whose panic becomes a [`Refusal::Panicked`] answer: the client learns why, and
+/// neither the connection nor the poller thread goes down with it.
+struct CatchPanic(Pin<Box<dyn Future<Output = Vec<u8>>>>);
+
+impl Future for CatchPanic {
+    type Output = Vec<u8>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Vec<u8>> {
+        match catch_unwind(AssertUnwindSafe(|| self.0.as_mut().poll(cx))) {
+            Ok(poll) => poll,
+            Err(payload) => {
+                Poll::Ready(encode_refusal(Refusal::Panicked(panic_message(&*payload))))
+            }
+        }
+    }
+}
