@@ -1,15 +1,13 @@
 //! Admission: unknown services and connections beyond the limit are rejected with a
 //! reason the client sees, while admitted clients keep being served.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use rdmactor::proto::hello::RejectCode;
 use rdmactor::runtime::{
-    Client, ClientConnection, ConnectError, ConnectionConfig, Incoming, NodeConfig, PeerInfo,
-    ReceiveConfig, ReserveStats, Server, Service, Session, SessionCx, SessionError,
-    SharedRecvConfig,
+    Client, ClientConnection, ConnectError, ConnectionConfig, NodeConfig, ReceiveConfig,
+    ReserveStats, Server, SharedRecvConfig,
 };
 use rdmactor_services::echo::Echo;
 use rdmactor_tests::{
@@ -206,24 +204,6 @@ fn one_silent_host_cannot_take_every_slot() {
     assert_released(&base);
 }
 
-/// Takes one-way messages a little slower than a client sends them, so that every
-/// sender runs low on credits and borrows from its queue's reserve; counts them.
-struct SlowSink(Arc<AtomicUsize>);
-
-impl Service for SlowSink {
-    fn session(&self, _peer: &PeerInfo) -> Box<dyn Session> {
-        Box::new(SlowSink(self.0.clone()))
-    }
-}
-
-impl Session for SlowSink {
-    fn on_message(&mut self, _cx: &mut SessionCx<'_>, _msg: Incoming) -> Result<(), SessionError> {
-        std::thread::sleep(Duration::from_micros(200));
-        self.0.fetch_add(1, Ordering::Relaxed);
-        Ok(())
-    }
-}
-
 /// Floods each connection with `n` one-way messages at once; all of them must go.
 async fn flood(conns: &[ClientConnection], n: usize) {
     let sends = conns
@@ -248,7 +228,9 @@ async fn flood_from_two_hosts(cap: Option<u32>) -> (ReserveStats, ReserveStats, 
         reserve_per_peer: cap,
         ..SharedRecvConfig::default()
     };
-    let got = Arc::new(AtomicUsize::new(0));
+    // A little slower than a client sends, so every sender runs low on credits and
+    // borrows from its queue's reserve.
+    let (sink, got) = rdmactor_tests::SlowSink::new(Duration::from_micros(200));
     let server = Server::builder()
         .config(NodeConfig {
             receives: ReceiveConfig {
@@ -258,7 +240,7 @@ async fn flood_from_two_hosts(cap: Option<u32>) -> (ReserveStats, ReserveStats, 
             ..NodeConfig::default()
         })
         .listen(test_addr(), None)
-        .service("sink", SlowSink(got.clone()))
+        .service("sink", sink)
         .max_connections_per_peer(0)
         .start()
         .expect("server");

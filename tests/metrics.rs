@@ -14,9 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rdmactor::runtime::{
-    Client, Incoming, NodeConfig, PeerInfo, Server, Service, Session, SessionCx, SessionError,
-};
+use rdmactor::runtime::{Client, NodeConfig, Server};
 use rdmactor::verbs::Access;
 use rdmactor_services::echo::Echo;
 use rdmactor_services::lambda::{
@@ -88,24 +86,6 @@ fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
 /// so only credits hold the sender back.
 const BURST: usize = 48;
 
-/// A service that takes a millisecond over each one-way message and answers nothing: a
-/// sender's burst outruns it, so the sender runs out of credits and waits.
-struct SlowSink(Arc<AtomicUsize>);
-
-impl Service for SlowSink {
-    fn session(&self, _peer: &PeerInfo) -> Box<dyn Session> {
-        Box::new(SlowSink(self.0.clone()))
-    }
-}
-
-impl Session for SlowSink {
-    fn on_message(&mut self, _cx: &mut SessionCx<'_>, _msg: Incoming) -> Result<(), SessionError> {
-        thread::sleep(Duration::from_millis(1));
-        self.0.fetch_add(1, Ordering::Relaxed);
-        Ok(())
-    }
-}
-
 fn server_echo(text: &str, name: &str) -> f64 {
     value(text, name, &[("side", "server"), ("service", "echo")]).unwrap_or(0.0)
 }
@@ -134,11 +114,11 @@ fn counters_match_what_the_test_did() {
             },
             ..LambdaConfig::default()
         };
-        let sunk = Arc::new(AtomicUsize::new(0));
+        let (sink, sunk) = rdmactor_tests::SlowSink::new(Duration::from_millis(1));
         let server = Server::builder()
             .listen(test_addr(), None)
             .service("echo", Echo)
-            .service("slow", SlowSink(sunk.clone()))
+            .service("slow", sink)
             .service("lambda", LambdaService::new(sandbox, natives, config))
             .start()
             .expect("server");

@@ -32,5 +32,5 @@ pub use pair::{connect_pair, Pair};
 pub use pattern::pattern;
 pub use server::{
     assert_leases_returned, capped_pool, close_all, first_close_reason, serve, serve_with,
-    wait_idle, Reasons, Recorded, Slow,
+    wait_idle, Reasons, Recorded, Slow, SlowSink,
 };

@@ -1,8 +1,9 @@
 //! Servers for tests: one on the test address with a client beside it, a capped pool,
 //! waiting for its connections to close and checking every lease came back, a service
-//! wrapper that records why connections closed, and a deliberately slow service.
+//! wrapper that records why connections closed, and deliberately slow services.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -194,5 +195,40 @@ impl Session for SlowSession {
         std::thread::sleep(Duration::from_millis(1));
         let data = msg.data.clone();
         cx.reply(&msg, data)
+    }
+}
+
+/// A service that takes `delay` of the poller thread over each one-way message and
+/// answers nothing, counting what it took: a sender's burst outruns it, so the sender
+/// runs low on credits (and borrows from a shared queue's reserve, or waits).
+#[derive(Clone)]
+pub struct SlowSink {
+    delay: Duration,
+    taken: Arc<AtomicUsize>,
+}
+
+impl SlowSink {
+    /// The service, and the count of messages its sessions took.
+    pub fn new(delay: Duration) -> (SlowSink, Arc<AtomicUsize>) {
+        let taken = Arc::new(AtomicUsize::new(0));
+        let sink = SlowSink {
+            delay,
+            taken: taken.clone(),
+        };
+        (sink, taken)
+    }
+}
+
+impl Service for SlowSink {
+    fn session(&self, _peer: &PeerInfo) -> Box<dyn Session> {
+        Box::new(self.clone())
+    }
+}
+
+impl Session for SlowSink {
+    fn on_message(&mut self, _cx: &mut SessionCx<'_>, _msg: Incoming) -> Result<(), SessionError> {
+        std::thread::sleep(self.delay);
+        self.taken.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 }
