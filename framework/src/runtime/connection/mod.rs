@@ -6,8 +6,10 @@
 //! - `rendezvous.rs`: large messages through RDMA READ, with their deadlines;
 //! - `grants.rs`, `cx.rs`: what a session can do ([`SessionCx`]);
 //! - `liveness.rs`: keepalive probes of silent peers;
-//! - `actor.rs`: the lifecycle around the core (completions in from the poller, session
-//!   callbacks, timers, teardown on every path) and the actor carrying its mailbox.
+//! - `lifecycle.rs`: the lifecycle around the core (completions in from the poller,
+//!   session callbacks, timers, teardown on every path);
+//! - `handshake.rs`: the accept or connect call that lets the QP start;
+//! - `actor.rs`: the actor carrying the connection's mailbox.
 //!
 //! Teardown order: `rdma_disconnect`, QP to the error state, wait until every posted
 //! work request has come back (successful or flushed), then drop the QP, the cm_id and
@@ -23,6 +25,8 @@ use slab::Slab;
 mod actor;
 mod cx;
 mod grants;
+mod handshake;
+mod lifecycle;
 mod liveness;
 mod pool_wait;
 mod recv;
@@ -30,10 +34,9 @@ mod rendezvous;
 mod send;
 mod wake;
 
-pub(crate) use actor::{
-    panic_message, CmCall, CmNotice, ConnClosed, ConnectionActor, ConnectionParts, Handshake,
-    HandshakeFailed,
-};
+pub(crate) use actor::{CmNotice, ConnClosed, ConnectionActor, ConnectionParts};
+pub(crate) use handshake::{CmCall, Handshake, HandshakeFailed};
+pub(crate) use lifecycle::panic_message;
 
 pub use cx::SessionCx;
 pub use grants::{Grant, GrantId};

@@ -180,7 +180,7 @@ impl SessionCx<'_> {
         let waker = self.waker();
         tokio::task::spawn_blocking(move || {
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
-                .map_err(|p| BlockingError::Panicked(super::actor::panic_message(&*p)));
+                .map_err(|p| BlockingError::Panicked(super::lifecycle::panic_message(&*p)));
             let _ = tx.send(result);
             waker.wake(token);
         });

@@ -1,0 +1,402 @@
+//! The connection's lifecycle: completions in, session callbacks, timers and teardown on
+//! every path. Kept apart from the actor (`actor.rs`) because most of a connection's turns
+//! never pass through the actor's mailbox.
+//!
+//! Measured change from the first design: completions no longer travel through the
+//! actor's mailbox. The connection's state sits in an `Rc<RefCell<..>>` shared by its
+//! actor and by the poller thread that runs that actor, and the poller hands each batch
+//! of completions straight to [`Connection::on_completions`] on its own stack (see
+//! `poller::Inbox`). A mailbox hop cost an allocation, a queue push, a task wake-up and a
+//! scheduler turn per batch, on both sides of every round trip. Everything else (CM
+//! notices, client calls, wake-ups from other threads) still arrives as actor messages.
+//!
+//! The `RefCell` is never borrowed twice: the poller's pass and the actor's message
+//! handlers are separate turns of the same single-threaded arbiter, and nothing under a
+//! borrow calls back into the poller or the actor synchronously (messages to the actor
+//! are queued, the drain timer is a spawned task).
+
+use std::cell::RefCell;
+use std::rc::Weak;
+
+use actix::prelude::*;
+use actix::WeakAddr;
+
+use super::actor::{CmNotice, ConnClosed, ConnectionActor, Released};
+use super::{Core, SessionCx, DRAIN_TIMEOUT, GOODBYE_TIMEOUT};
+use crate::runtime::poller::{self, Inbox};
+use crate::runtime::service::{Session, SessionError};
+use crate::runtime::CloseReason;
+use crate::verbs::{CmIdKey, WorkCompletion};
+
+/// One connection: its resources, its session and how it ends.
+pub(crate) struct Connection<S: Session> {
+    pub(super) core: Option<Core>,
+    pub(super) session: S,
+    pub(super) cm: Recipient<ConnClosed>,
+    pub(super) key: CmIdKey,
+    pub(super) label: String,
+    pub(super) reason: Option<CloseReason>,
+    /// Disconnected and draining (after the goodbye, if one was sent).
+    pub(super) torn_down: bool,
+    pub(super) released: Vec<tokio::sync::oneshot::Sender<()>>,
+    /// Itself, for the drain timer.
+    pub(super) this: Weak<RefCell<Connection<S>>>,
+    /// Its actor, stopped once everything is released.
+    pub(super) actor: WeakAddr<ConnectionActor<S>>,
+}
+
+impl<S: Session> Connection<S> {
+    /// Why the connection is closing or closed (`None` while open).
+    pub(crate) fn close_reason(&self) -> Option<&CloseReason> {
+        self.reason.as_ref()
+    }
+
+    /// Answers `done` once the connection has released its resources.
+    pub(crate) fn when_released(&mut self, done: tokio::sync::oneshot::Sender<()>) {
+        if self.core.is_none() {
+            let _ = done.send(());
+        } else {
+            self.released.push(done);
+        }
+    }
+
+    /// Runs `f` with the session and a context, then posts what it queued; an error or a
+    /// close request ends the connection, and so does a panic.
+    ///
+    /// Every call into a session goes through here (or [`catch_session_panic`] directly):
+    /// the session runs on the poller thread's stack, and a panic unwinding out of it
+    /// would end the poller's task, and with it every connection on that thread, while
+    /// the process kept accepting connections nobody polls. Caught here, it ends only
+    /// this connection, with the panic's message as the reason.
+    pub(crate) fn with_session(
+        &mut self,
+        f: impl FnOnce(&mut S, &mut SessionCx<'_>) -> Result<(), SessionError>,
+    ) {
+        let Some(core) = self.core.as_mut() else {
+            return;
+        };
+        if core.closing.is_some() {
+            return;
+        }
+        let mut cx = SessionCx::new(core);
+        let res = catch_session_panic(|| f(&mut self.session, &mut cx));
+        let close = cx.close.take();
+        match res {
+            Err(reason) => self.begin_close(reason),
+            Ok(()) => match close {
+                Some(why) => self.begin_close(CloseReason::Local(why)),
+                None => self.pump(),
+            },
+        }
+    }
+
+    pub(super) fn pump(&mut self) {
+        if let Some(core) = self.core.as_mut() {
+            if let Err(reason) = core.pump() {
+                self.begin_close(reason);
+                return;
+            }
+            if let Some(at) = core.poll_rendezvous_timer() {
+                // Offers the peer has not released by then are revoked and the
+                // connection closes (see `rendezvous.rs`).
+                self.at(at, Core::handle_rendezvous_timer);
+            }
+        }
+        if let Some(at) = self.core.as_mut().and_then(Core::poll_liveness_timer) {
+            // Keepalive probes and the idle limit (see `liveness.rs`).
+            self.at(at, Core::handle_liveness_timer);
+        }
+        if let Some(at) = self.core.as_mut().and_then(Core::poll_pool_timer) {
+            // Messages still waiting for the pool then fail (see `pool_wait.rs`).
+            self.at(at, |core, now| {
+                core.handle_pool_timer(now);
+                Ok(())
+            });
+        }
+    }
+
+    /// At `at`, runs `check` on the core unless the connection is gone, then pumps (the
+    /// check may have changed the queue), or closes on an error. Each deadline's next
+    /// timer is armed by the pump after it.
+    fn at(
+        &mut self,
+        at: std::time::Instant,
+        check: impl FnOnce(&mut Core, std::time::Instant) -> Result<(), CloseReason> + 'static,
+    ) {
+        let this = self.this.clone();
+        actix::spawn(async move {
+            actix::clock::sleep_until(actix::clock::Instant::from_std(at)).await;
+            let Some(conn) = this.upgrade() else {
+                return;
+            };
+            let mut conn = conn.borrow_mut();
+            let Some(core) = conn.core.as_mut() else {
+                return;
+            };
+            match check(core, std::time::Instant::now()) {
+                Ok(()) => {
+                    conn.deliver();
+                    conn.pump();
+                }
+                Err(reason) => conn.begin_close(reason),
+            }
+        });
+    }
+
+    pub(crate) fn begin_close(&mut self, reason: CloseReason) {
+        let Some(core) = self.core.as_mut() else {
+            return;
+        };
+        if core.closing.is_some() {
+            return;
+        }
+        match &reason {
+            // A peer's goodbye (whatever its own reason) is routine: a storm of
+            // clients closing must not flood the log at warning level.
+            CloseReason::PeerDisconnected
+            | CloseReason::PeerClosed(_)
+            | CloseReason::Local(_)
+            | CloseReason::Shutdown => {
+                tracing::info!(conn = %self.label, %reason, "closing")
+            }
+            _ => tracing::warn!(conn = %self.label, %reason, "closing"),
+        }
+        core.closing = Some(reason.clone());
+        core.clear_queue();
+        let session = &mut self.session;
+        if let Err(panicked) = catch_session_panic(|| {
+            session.on_close(&reason);
+            Ok(())
+        }) {
+            tracing::warn!(conn = %self.label, reason = %panicked, "on_close panicked");
+        }
+        self.reason = Some(reason.clone());
+        if core.post_goodbye(&reason) || core.await_sends(&reason) {
+            // The QP stays up until the peer has read the frame (it disconnects then),
+            // or a raw connection's last SENDs have left, for a moment at most.
+            let this = self.this.clone();
+            actix::spawn(poller::abort_if_it_panics(
+                "connection goodbye timer",
+                async move {
+                    actix::clock::sleep(GOODBYE_TIMEOUT).await;
+                    if let Some(conn) = this.upgrade() {
+                        conn.borrow_mut().tear_down();
+                    }
+                },
+            ));
+            return;
+        }
+        self.tear_down();
+    }
+
+    /// Disconnects, moves the QP to the error state and waits (bounded) for every posted
+    /// work request to come back before releasing everything. Once per connection.
+    fn tear_down(&mut self) {
+        let Some(core) = self.core.as_mut() else {
+            return;
+        };
+        if self.torn_down {
+            return;
+        }
+        self.torn_down = true;
+        // Both sides may disconnect at once; a second call fails harmlessly.
+        if let Some(id) = &core.id {
+            let _ = id.disconnect();
+        }
+        match core.qp.to_error() {
+            Ok(()) => core.flush_unsignaled(),
+            Err(e) => {
+                tracing::warn!(conn = %self.label, error = %e, "moving the QP to error failed")
+            }
+        }
+        if core.inflight.is_empty() {
+            self.finish();
+            return;
+        }
+        let this = self.this.clone();
+        actix::spawn(poller::abort_if_it_panics(
+            "connection drain timer",
+            async move {
+                actix::clock::sleep(DRAIN_TIMEOUT).await;
+                let Some(conn) = this.upgrade() else {
+                    return;
+                };
+                let mut conn = conn.borrow_mut();
+                if let Some(core) = &conn.core {
+                    tracing::warn!(
+                        conn = %conn.label,
+                        outstanding = core.inflight.len(),
+                        "flushed completions did not all arrive; releasing anyway"
+                    );
+                }
+                conn.finish();
+            },
+        ));
+    }
+
+    fn finish(&mut self) {
+        let Some(core) = self.core.take() else {
+            return;
+        };
+        poller::unregister(core.qp_num());
+        if let Some(shared) = &core.shared_recv {
+            // Receives this QP consumed may still complete after it is gone.
+            poller::adopt_orphan(core.qp_num(), shared.orphan());
+        }
+        // Release the QP, cm_id, CQ reservation and buffers before telling the CM actor,
+        // so a freed connection slot never exists alongside the resources it held.
+        drop(core);
+        let reason = self.reason.clone().unwrap_or(CloseReason::Shutdown);
+        tracing::debug!(conn = %self.label, "released");
+        for done in self.released.drain(..) {
+            let _ = done.send(());
+        }
+        self.cm.do_send(ConnClosed {
+            key: self.key,
+            reason,
+        });
+        if let Some(actor) = self.actor.upgrade() {
+            actor.do_send(Released);
+        }
+    }
+
+    /// Hands the session the messages ready in order, then our messages that were
+    /// refused (by the peer, or by the pool's deadline), while the connection is open.
+    fn deliver(&mut self) {
+        while let Some(msg) = self.core.as_mut().and_then(|c| {
+            if c.closing.is_none() {
+                c.next_delivery()
+            } else {
+                None
+            }
+        }) {
+            self.with_session(|s, cx| s.on_message(cx, msg));
+        }
+        while let Some((tag, why)) = self.core.as_mut().and_then(|c| {
+            if c.closing.is_none() {
+                c.refusals.pop_front()
+            } else {
+                None
+            }
+        }) {
+            self.with_session(|s, cx| s.on_refused(cx, tag, why));
+        }
+    }
+
+    /// Handles a batch of this connection's completions, in CQ order: operation results
+    /// and received messages go to the session, then whatever it queued is posted.
+    fn on_completions(&mut self, wcs: &[WorkCompletion]) {
+        if let Some(core) = self.core.as_mut() {
+            core.liveness.heard();
+        }
+        for (i, wc) in wcs.iter().enumerate() {
+            let Some(core) = self.core.as_mut() else {
+                // Released in the middle of the batch: the rest still holds shared
+                // receives the other members of its queue need back.
+                poller::return_orphans(&wcs[i..]);
+                return;
+            };
+            match core.handle_completion(wc) {
+                Ok(Some((op, result))) if core.closing.is_some() => {
+                    // Draining: tell the session how the operation ended; nothing it
+                    // queues now is sent.
+                    let mut cx = SessionCx::new(core);
+                    let session = &mut self.session;
+                    if let Err(reason) = catch_session_panic(|| session.on_op(&mut cx, op, result))
+                    {
+                        tracing::debug!(conn = %self.label, %reason, "on_op while draining");
+                    }
+                }
+                Ok(Some((op, result))) => {
+                    let failed = result
+                        .as_ref()
+                        .err()
+                        .map(|e| CloseReason::from_failed_op(op, e));
+                    self.with_session(|s, cx| s.on_op(cx, op, result));
+                    if let Some(reason) = failed {
+                        self.begin_close(reason);
+                    }
+                }
+                Ok(None) => {}
+                Err(reason) => self.begin_close(reason),
+            }
+            self.deliver();
+        }
+        self.pump();
+        if let Some(core) = &self.core {
+            if core.closing.is_some() {
+                if !self.torn_down {
+                    if !core.saying_goodbye() {
+                        self.tear_down();
+                    }
+                } else if core.inflight.is_empty() {
+                    self.finish();
+                }
+            }
+        }
+    }
+
+    pub(super) fn on_notice(&mut self, notice: CmNotice) {
+        match notice {
+            CmNotice::Established { peer } => {
+                let Some(core) = self.core.as_mut() else {
+                    return;
+                };
+                core.establish(std::time::Instant::now());
+                if let Some((_, recv_size)) = peer {
+                    core.set_peer_recv_size(recv_size);
+                }
+                if let (Some((peer, _)), Some(credits)) = (peer, core.credits.as_mut()) {
+                    if let Err(e) = credits.handle_peer_depth(peer) {
+                        self.begin_close(CloseReason::from_credits(e));
+                        return;
+                    }
+                }
+                tracing::info!(conn = %self.label, "established");
+                self.with_session(|s, cx| s.on_established(cx));
+            }
+            CmNotice::Disconnected => {
+                // After our goodbye, the peer's disconnect is the sign it has read it.
+                let closing = self.core.as_ref().is_some_and(|c| c.closing.is_some());
+                if closing {
+                    self.tear_down();
+                } else {
+                    self.begin_close(CloseReason::PeerDisconnected);
+                }
+            }
+            CmNotice::Close(reason) => self.begin_close(reason),
+        }
+    }
+}
+
+/// Calls into a session, turning an error into [`CloseReason::Session`] and a panic
+/// into [`CloseReason::SessionPanicked`] (the session is not touched again but for
+/// `on_close`, itself guarded).
+///
+/// `AssertUnwindSafe`: after a panic the connection only tears down. The session may be
+/// left half-updated, which is why nothing but `on_close` sees it again; the `Core` the
+/// context borrows is changed by `SessionCx` methods in steps that each leave it usable
+/// for teardown (queues, slabs of buffers and work requests).
+pub(crate) fn catch_session_panic(
+    f: impl FnOnce() -> Result<(), SessionError>,
+) -> Result<(), CloseReason> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(res) => res.map_err(|e| CloseReason::Session(e.0)),
+        Err(payload) => Err(CloseReason::SessionPanicked(panic_message(&*payload))),
+    }
+}
+
+/// The message of a panic payload (`panic!` with a literal or with format arguments).
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic with a non-string payload".to_owned())
+}
+
+impl<S: Session> Inbox for RefCell<Connection<S>> {
+    fn completions(&self, wcs: &[WorkCompletion]) {
+        self.borrow_mut().on_completions(wcs);
+    }
+}
