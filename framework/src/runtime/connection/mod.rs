@@ -1,6 +1,8 @@
 //! One connection per cm_id. Its [`Core`] (this file) owns the QP, the receive buffers
 //! (its own, or a share of a shared queue), the work requests in flight (a slab whose
 //! index is the wr_id) and the credit window. The rest, one idea per file:
+//! - `wr.rs`: what a work request in flight was, what waits to be posted, and the
+//!   buffers of a session's one-sided operations ([`Op`], [`BufId`]);
 //! - `send.rs`: queued work posted as credits and the send queue allow, batched SENDs;
 //! - `recv.rs`: receives (own or shared), frames turned into deliveries;
 //! - `rendezvous.rs`: large messages through RDMA READ, with their deadlines;
@@ -17,7 +19,6 @@
 //! a timer forces the end if a provider loses some.
 
 use std::collections::VecDeque;
-use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use slab::Slab;
@@ -33,6 +34,7 @@ mod recv;
 mod rendezvous;
 mod send;
 mod wake;
+mod wr;
 
 pub(crate) use actor::{CmNotice, ConnClosed, ConnectionActor, ConnectionParts};
 pub(crate) use handshake::{CmCall, Handshake, HandshakeFailed};
@@ -41,26 +43,25 @@ pub(crate) use lifecycle::panic_message;
 pub use cx::SessionCx;
 pub use grants::{Grant, GrantId};
 pub use wake::{AskError, Asked, Blocking, BlockingError, SessionWaker};
+pub use wr::{BufId, Op};
 
 pub(crate) use self::actor::Pump;
 use self::grants::GrantEntry;
 use self::liveness::Liveness;
 use self::pool_wait::PoolWaits;
-use self::rendezvous::{IncomingOffer, PendingOffer, RendezvousOut};
+use self::rendezvous::{IncomingOffer, RendezvousOut};
 use self::wake::Wake;
+use self::wr::{Buf, BufEntry, Outgoing, QueuedSend, Wr};
 use super::poller::CqReservation;
 use super::recv_groups::Membership;
 use super::service::{Framing, Incoming, OpId};
 use super::srq::SharedRecv;
 use super::{CloseReason, ConnectionConfig};
-use crate::memory::{Charge, Lease, MrPool, PoolError};
+use crate::memory::{Lease, MrPool, PoolError};
 use crate::proto::budget::{Budget, BudgetError};
 use crate::proto::credits::{CreditError, CreditWindow};
-use crate::proto::frame::{RendezvousOffer, HEADER_LEN};
-use crate::verbs::{
-    CmId, MemoryRegion, MemoryWindow, ProtectionDomain, QueuePair, RemoteRegion, SendOp,
-    VerbsError, WcStatus, WorkCompletion,
-};
+use crate::proto::frame::HEADER_LEN;
+use crate::verbs::{CmId, ProtectionDomain, QueuePair, VerbsError, WcStatus, WorkCompletion};
 
 /// SENDs up to this size are copied into the work request (the QP's max_inline_data).
 pub(crate) const INLINE_MAX: usize = 48;
@@ -87,187 +88,6 @@ const SIGNAL_EVERY: usize = 16;
 /// 4 GiB); each connection's limit is [`ConnectionConfig::max_message`](super::ConnectionConfig::max_message),
 /// 16 MiB by default.
 pub const MAX_MESSAGE: usize = 1 << 30;
-
-/// A buffer a session allocated for one-sided operations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct BufId(usize);
-
-enum Buf {
-    Pooled(Lease),
-    Registered(MemoryRegion),
-}
-
-impl Buf {
-    fn region(&self) -> &MemoryRegion {
-        match self {
-            Buf::Pooled(l) => l,
-            Buf::Registered(m) => m,
-        }
-    }
-    fn region_mut(&mut self) -> &mut MemoryRegion {
-        match self {
-            Buf::Pooled(l) => l,
-            Buf::Registered(m) => m,
-        }
-    }
-}
-
-struct BufEntry {
-    // Field order is drop order: the window (the peer's access) goes before the memory,
-    // and the memory is deregistered before its charge against the pool's cap is given
-    // back (a waiter woken by that charge finds the room really free).
-    grant: Option<(MemoryWindow, RemoteRegion)>,
-    buf: Buf,
-    /// For a buffer [`SessionCx::register`] made: its bytes, counted against the pool's
-    /// cap.
-    _charge: Option<Charge>,
-    inflight: u32,
-    freed: bool,
-}
-
-/// A one-sided operation for [`SessionCx::post`].
-#[derive(Debug, Clone)]
-pub enum Op {
-    /// RDMA WRITE `src` bytes of a buffer to `dst`; with `imm`, also consume a receive at
-    /// the peer and deliver the immediate value there.
-    Write {
-        /// Local buffer.
-        buf: BufId,
-        /// Bytes of it to write.
-        range: Range<usize>,
-        /// Where.
-        dst: RemoteRegion,
-        /// Optional immediate value.
-        imm: Option<u32>,
-    },
-    /// RDMA READ `src` into a buffer range.
-    Read {
-        /// Local buffer.
-        buf: BufId,
-        /// Where in it the bytes land (the length read).
-        range: Range<usize>,
-        /// What to read.
-        src: RemoteRegion,
-    },
-    /// Compare-and-swap on a remote 8-byte word; the old value lands in `buf[offset..+8]`.
-    CompareSwap {
-        /// Local buffer for the old value.
-        buf: BufId,
-        /// Offset of the 8 bytes in it.
-        offset: usize,
-        /// Target word.
-        remote: RemoteRegion,
-        /// Expected value.
-        compare: u64,
-        /// New value.
-        swap: u64,
-    },
-    /// Fetch-and-add on a remote 8-byte word; the old value lands in `buf[offset..+8]`.
-    FetchAdd {
-        /// Local buffer for the old value.
-        buf: BufId,
-        /// Offset of the 8 bytes in it.
-        offset: usize,
-        /// Target word.
-        remote: RemoteRegion,
-        /// Amount added.
-        add: u64,
-    },
-}
-
-impl Op {
-    fn buf(&self) -> BufId {
-        match self {
-            Op::Write { buf, .. }
-            | Op::Read { buf, .. }
-            | Op::CompareSwap { buf, .. }
-            | Op::FetchAdd { buf, .. } => *buf,
-        }
-    }
-}
-
-/// What a posted work request was, keyed by its wr_id.
-enum Wr {
-    Recv(usize),
-    /// A memory-window bind (see `SessionCx::register`).
-    Bind,
-    /// A keepalive probe: a zero-length RDMA WRITE (see `liveness.rs`).
-    Probe,
-    /// The `Close` frame telling the peer why the connection ends (see
-    /// `Core::post_goodbye`).
-    Goodbye {
-        #[allow(dead_code)]
-        lease: Lease,
-    },
-    /// A SEND; `seq` orders it among this connection's SENDs (see `Core::unsignaled`).
-    Send {
-        #[allow(dead_code)]
-        lease: Option<Lease>,
-        seq: u64,
-        signaled: bool,
-    },
-    /// A chunk of a peer's rendezvous offer READ into `lease[..len]` (see
-    /// `Core::post_read_chunks`).
-    RendezvousChunk {
-        lease: Lease,
-        seq: u64,
-        len: usize,
-    },
-    Op {
-        op: OpId,
-        buf: BufId,
-    },
-}
-
-struct QueuedSend {
-    wr_id: usize,
-    len: usize,
-    op: SendOp,
-}
-
-enum Outgoing {
-    Data {
-        tag: u32,
-        bytes: Vec<u8>,
-    },
-    Credit,
-    Done {
-        tag: u32,
-    },
-    Raw {
-        bytes: Vec<u8>,
-        imm: Option<u32>,
-    },
-    Op {
-        op: OpId,
-        op_spec: Op,
-    },
-    Read {
-        seq: u64,
-        tag: u32,
-        offer: RendezvousOffer,
-        len: usize,
-    },
-    /// We will not take the peer's offer `key`.
-    Refuse {
-        key: u32,
-        why: BudgetError,
-    },
-    /// A large message being registered for its rendezvous offer (see
-    /// `Core::begin_offer`): the queue waits behind it, so messages keep their order.
-    Offer(Box<PendingOffer>),
-}
-
-impl Outgoing {
-    /// Bytes this item holds in memory while queued.
-    fn bytes(&self) -> usize {
-        match self {
-            Outgoing::Data { bytes, .. } | Outgoing::Raw { bytes, .. } => bytes.len(),
-            Outgoing::Offer(offer) => offer.len(),
-            _ => 0,
-        }
-    }
-}
 
 /// The `Close` frame of a closing connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
