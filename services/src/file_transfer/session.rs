@@ -22,14 +22,13 @@ use std::time::{Duration, Instant};
 
 use actix::{Addr, Recipient};
 use rdmactor::runtime::{
-    Asked, Blocking, BufId, CloseReason, Incoming, Op, OpId, PeerInfo, Service, Session, SessionCx,
+    Asked, Blocking, BufId, CloseReason, Incoming, OpId, PeerInfo, Service, Session, SessionCx,
     SessionError,
 };
-use rdmactor::verbs::{Access, RemoteRegion};
 
 use super::config::Config;
 use super::digests::{DigestCache, DigestStats, FileKey};
-use super::endpoint::{ChunkWrite, Endpoint, Outcome, Output};
+use super::endpoint::{ChunkWrite, Endpoint};
 use super::error::{Result, TransferError};
 use super::owner::{Admission, Admit, QuotaOwner};
 use super::quota::PreparationLimit;
@@ -37,8 +36,11 @@ use super::receiver::Consumed;
 use super::sender::ChunkRead;
 use super::server::Server;
 use super::store::{Reaper, StoreError};
-use super::wire::{Msg, RejectReason, RemoteWindow};
+use super::wire::{Msg, RejectReason};
 use rdmactor::shared::Owner;
+
+mod drive;
+mod stall;
 
 /// The file-transfer service (register it as `files`): uploads into
 /// [`Config::dir`], downloads from it, and `Identify` answered from
@@ -280,223 +282,6 @@ fn fail(e: TransferError) -> SessionError {
 /// Callbacks after `on_close` (the framework makes none, but a session must not panic).
 fn closed() -> SessionError {
     SessionError::new("file transfer: connection closed")
-}
-
-fn remote_window(r: RemoteRegion) -> RemoteWindow {
-    RemoteWindow {
-        addr: r.addr,
-        len: r.len,
-        rkey: r.rkey,
-    }
-}
-
-impl FileSession {
-    fn server(&mut self) -> std::result::Result<&mut Server, SessionError> {
-        self.server.as_mut().ok_or_else(closed)
-    }
-
-    /// Carries out every pending output, in order (see [`Endpoint`]), until one waits
-    /// for a chunk read.
-    fn drive(&mut self, cx: &mut SessionCx<'_>) -> std::result::Result<(), SessionError> {
-        if self.reading.is_some() {
-            return Ok(());
-        }
-        while let Some(out) = self.server()?.poll_output() {
-            match out {
-                Output::Send(msg) => cx.send(0, msg.encode())?,
-                Output::GrantWindow { len } => {
-                    let len = usize::try_from(len)
-                        .map_err(|_| SessionError::new(format!("window of {len} bytes")))?;
-                    // Out of registrable memory is the server's condition: the
-                    // client is told why its offer is refused, the connection stays.
-                    let buf = match cx.register(len, Access::REMOTE_WRITE) {
-                        Ok(buf) => buf,
-                        Err(e) => {
-                            tracing::warn!(error = %e, len, "cannot register an upload window");
-                            self.server()?.window_refused(e.to_string()).map_err(fail)?;
-                            continue;
-                        }
-                    };
-                    self.window = Some(buf);
-                    let region = remote_window(cx.remote(buf)?);
-                    self.server()?.handle_window(region).map_err(fail)?;
-                }
-                Output::Revoke => {
-                    if let Some(buf) = self.window.take() {
-                        cx.free(buf);
-                    }
-                }
-                Output::Stage { len } => {
-                    let len = usize::try_from(len)
-                        .map_err(|_| SessionError::new(format!("staging of {len} bytes")))?;
-                    if let Some(old) = self.staging.take() {
-                        cx.free(old);
-                    }
-                    self.staging = Some(cx.register(len, Access::NONE)?);
-                }
-                Output::WriteChunk(chunk) => {
-                    if self.staging.is_none() {
-                        return Err(SessionError::new("file transfer: chunk before Stage"));
-                    }
-                    // Read on the blocking pool; the outputs after this one (more
-                    // chunks, `Done`) wait for it, so they keep their order.
-                    let job = self.server()?.take_read(&chunk).map_err(fail)?;
-                    self.reading = Some((chunk, cx.spawn_blocking(CHUNK_READ, move || job.run())));
-                    return Ok(());
-                }
-                Output::Consume => {
-                    if let Some(job) = self.server()?.take_consume() {
-                        self.consume = Some(cx.spawn_blocking(CONSUMED, move || job.run()));
-                    }
-                }
-                Output::Admit { client, len, free } => {
-                    let admit = Admit { client, len, free };
-                    self.admitting = Some(cx.ask(ADMITTED, &self.quota, admit));
-                }
-                Output::Prepare => {
-                    let job = self.server()?.take_prepare().ok_or_else(|| {
-                        SessionError::new("file transfer: a fetch to prepare without a job")
-                    })?;
-                    let closed = Arc::clone(&self.closed);
-                    self.prepare =
-                        Some(cx.spawn_blocking(PREPARED, move || job.run_cancellable(&closed)));
-                }
-                Output::Commit => {
-                    let temp = self.server()?.take_commit().ok_or_else(|| {
-                        SessionError::new("file transfer: a commit asked for without a file")
-                    })?;
-                    self.commit =
-                        Some(cx.spawn_blocking(COMMIT_DONE, move || temp.commit_identified()));
-                }
-                Output::Finished(outcome) => {
-                    self.log(&outcome);
-                    // The digest the upload was verified against is the stored file's:
-                    // a fetch of it need not read it again.
-                    if let (Outcome::Stored { len, digest, .. }, Some(key)) =
-                        (&outcome, self.stored_key.take())
-                    {
-                        if key.len == *len {
-                            self.digests.insert(key, *digest);
-                        }
-                    }
-                    // Freed after the WRITEs still reading it complete.
-                    if let Some(buf) = self.staging.take() {
-                        cx.free(buf);
-                    }
-                    if let Some(buf) = self.window.take() {
-                        cx.free(buf);
-                    }
-                    self.transfer += 1;
-                }
-            }
-        }
-        if let (false, Some(limit)) = (self.busy(), self.stall) {
-            self.arm_stall(cx, limit);
-        }
-        Ok(())
-    }
-
-    /// True while one of this session's own jobs runs (a fetch being hashed, chunks
-    /// being appended, a chunk being read, a commit, the quota owner's answer): the
-    /// transfer waits on the server then, not on the peer.
-    fn busy(&self) -> bool {
-        self.reading.is_some()
-            || self.consume.is_some()
-            || self.commit.is_some()
-            || self.prepare.is_some()
-            || self.admitting.is_some()
-    }
-
-    /// Arms the stall deadline for `after` when a transfer waits on the peer and none
-    /// is armed. Called after every event, so the one timer follows the transfer.
-    fn arm_stall(&mut self, cx: &mut SessionCx<'_>, after: Duration) {
-        if self.stall_armed || self.stall.is_none() {
-            return;
-        }
-        if self.server.as_ref().is_some_and(|s| s.waits_on_peer()) {
-            self.stall_armed = true;
-            cx.wake_after(STALL_CHECK, after);
-        }
-    }
-
-    /// The stall deadline came: ends the transfer if it has waited on a silent peer
-    /// for the whole limit, or arms the deadline again for what is left of it.
-    fn check_stall(&mut self, cx: &mut SessionCx<'_>) -> std::result::Result<(), SessionError> {
-        self.stall_armed = false;
-        let Some(limit) = self.stall else {
-            return Ok(());
-        };
-        let waiting = self.server.as_ref().is_some_and(|s| s.waits_on_peer());
-        if !waiting {
-            return Ok(());
-        }
-        // While the server's own job runs the peer owes nothing: a whole limit again.
-        let busy = self.busy();
-        let silent = self.heard.elapsed();
-        if busy || silent < limit {
-            self.arm_stall(cx, if busy { limit } else { limit - silent });
-            return Ok(());
-        }
-        let reason = RejectReason::Stalled {
-            secs: limit.as_secs(),
-        };
-        let state = self.server()?.state_name();
-        tracing::warn!(peer = %self.peer, state, %reason,
-            "ending a transfer whose peer went silent; its window, staging and share are freed");
-        self.server()?.give_up(reason);
-        self.drive(cx)
-    }
-
-    /// Copies a chunk read off the poller into its range of the staging buffer (a
-    /// memcpy) and posts its WRITE_WITH_IMM.
-    fn post_chunk(
-        &mut self,
-        cx: &mut SessionCx<'_>,
-        chunk: &ChunkWrite,
-        bytes: &[u8],
-    ) -> std::result::Result<(), SessionError> {
-        let buf = self
-            .staging
-            .ok_or_else(|| SessionError::new("file transfer: chunk before Stage"))?;
-        let range = chunk.range();
-        cx.bytes_mut(buf)?
-            .get_mut(range.clone())
-            .filter(|dst| dst.len() == bytes.len())
-            .ok_or_else(|| SessionError::new("file transfer: chunk outside stage"))?
-            .copy_from_slice(bytes);
-        let op = cx.post(Op::Write {
-            buf,
-            range,
-            dst: RemoteRegion {
-                addr: chunk.remote.addr,
-                len: chunk.remote.len,
-                rkey: chunk.remote.rkey,
-            },
-            imm: Some(chunk.imm()),
-        })?;
-        self.writes.insert(op, (self.transfer, chunk.index));
-        Ok(())
-    }
-
-    fn log(&self, outcome: &Outcome) {
-        let peer = &self.peer;
-        match outcome {
-            Outcome::Stored { path, len, digest } => {
-                rdmactor::metrics::file_transfer(true, *len);
-                tracing::info!(%peer, path = %path.display(), len, %digest, "stored");
-            }
-            Outcome::Delivered { .. } => tracing::info!(%peer, "delivered"),
-            Outcome::Bad(reason) => {
-                rdmactor::metrics::file_transfer(false, 0);
-                tracing::warn!(%peer, %reason, "BAD")
-            }
-            Outcome::Rejected(reason) => tracing::info!(%peer, %reason, "rejected"),
-            Outcome::Aborted(reason) => {
-                rdmactor::metrics::file_transfer(false, 0);
-                tracing::warn!(%peer, %reason, "aborted")
-            }
-        }
-    }
 }
 
 impl Session for FileSession {

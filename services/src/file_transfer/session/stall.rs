@@ -1,0 +1,67 @@
+//! The stall deadline of a transfer waiting on a silent peer: apart from the output
+//! driver because it is one timer with its own rule (the server's own jobs do not count
+//! against the peer), armed after every event.
+
+use std::time::Duration;
+
+use rdmactor::runtime::{SessionCx, SessionError};
+
+use super::{FileSession, STALL_CHECK};
+use crate::file_transfer::endpoint::Endpoint;
+use crate::file_transfer::wire::RejectReason;
+
+impl FileSession {
+    /// True while one of this session's own jobs runs (a fetch being hashed, chunks
+    /// being appended, a chunk being read, a commit, the quota owner's answer): the
+    /// transfer waits on the server then, not on the peer.
+    pub(super) fn busy(&self) -> bool {
+        self.reading.is_some()
+            || self.consume.is_some()
+            || self.commit.is_some()
+            || self.prepare.is_some()
+            || self.admitting.is_some()
+    }
+
+    /// Arms the stall deadline for `after` when a transfer waits on the peer and none
+    /// is armed. Called after every event, so the one timer follows the transfer.
+    pub(super) fn arm_stall(&mut self, cx: &mut SessionCx<'_>, after: Duration) {
+        if self.stall_armed || self.stall.is_none() {
+            return;
+        }
+        if self.server.as_ref().is_some_and(|s| s.waits_on_peer()) {
+            self.stall_armed = true;
+            cx.wake_after(STALL_CHECK, after);
+        }
+    }
+
+    /// The stall deadline came: ends the transfer if it has waited on a silent peer
+    /// for the whole limit, or arms the deadline again for what is left of it.
+    pub(super) fn check_stall(
+        &mut self,
+        cx: &mut SessionCx<'_>,
+    ) -> std::result::Result<(), SessionError> {
+        self.stall_armed = false;
+        let Some(limit) = self.stall else {
+            return Ok(());
+        };
+        let waiting = self.server.as_ref().is_some_and(|s| s.waits_on_peer());
+        if !waiting {
+            return Ok(());
+        }
+        // While the server's own job runs the peer owes nothing: a whole limit again.
+        let busy = self.busy();
+        let silent = self.heard.elapsed();
+        if busy || silent < limit {
+            self.arm_stall(cx, if busy { limit } else { limit - silent });
+            return Ok(());
+        }
+        let reason = RejectReason::Stalled {
+            secs: limit.as_secs(),
+        };
+        let state = self.server()?.state_name();
+        tracing::warn!(peer = %self.peer, state, %reason,
+            "ending a transfer whose peer went silent; its window, staging and share are freed");
+        self.server()?.give_up(reason);
+        self.drive(cx)
+    }
+}
