@@ -38,6 +38,7 @@ mod rlimit;
 mod shared;
 mod srq;
 mod sys;
+mod wr;
 
 pub use ah::{AddressHandle, AddressVector, GlobalRoute};
 pub use async_event::{AsyncElement, AsyncEvent, AsyncEventKind};
@@ -59,7 +60,8 @@ pub use mr::{Access, MemoryRegion, RemoteRegion, Sge};
 pub use mw::MemoryWindow;
 pub use pd::ProtectionDomain;
 pub use port::{Gid, Grh, LinkLayer, Mtu, PortAttr, GRH_LEN};
-pub use qp::{QpCaps, QpState, QueuePair, RecvWr, SendOp, SendWr, UdPeer};
+pub use qp::{QpCaps, QpState, QueuePair, UdPeer};
 pub use rlimit::memlock_limit;
 pub use shared::{accepts, copy_of, SharedRegion, VERSION_LEN};
 pub use srq::{SharedReceiveQueue, SrqAttr};
+pub use wr::{RecvWr, SendOp, SendWr};

@@ -13,7 +13,7 @@ use super::sys::*;
 
 use super::error::{check, check_ptr, Result, Verb, VerbsError};
 use super::pd::ProtectionDomain;
-use super::qp::{with_recv_chain, RecvWr};
+use super::wr::{with_recv_chain, RecvWr};
 
 /// What an SRQ holds and when it warns (`struct ibv_srq_attr`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
