@@ -3,8 +3,8 @@
 use std::fmt;
 use std::io;
 
-use super::cm::CmEventKind;
 use super::cq::{WcOpcode, WcStatus};
+use super::event_channel::CmEventKind;
 
 /// A libibverbs / librdmacm entry point, named so errors say exactly which call failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -29,6 +29,7 @@ mod cm;
 mod cq;
 mod device;
 mod error;
+mod event_channel;
 mod mr;
 mod mw;
 mod pd;
@@ -47,8 +48,8 @@ pub use bringup::{
     UdInit,
 };
 pub use cm::{
-    transport_reject, CmEvent, CmEventKind, CmId, CmIdKey, ConnParam, EventChannel,
-    MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA,
+    transport_reject, CmId, ConnParam, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA,
+    MAX_REJECT_PRIVATE_DATA,
 };
 pub use cq::{
     ChannelFd, CompletionChannel, CompletionQueue, CqKey, WcOpcode, WcStatus, WorkCompletion,
@@ -56,6 +57,7 @@ pub use cq::{
 };
 pub use device::{release_removed_devices, Context, DeviceAttr, ListedDevice};
 pub use error::{Result, Verb, VerbsError};
+pub use event_channel::{CmEvent, CmEventKind, CmIdKey, EventChannel};
 pub use mr::{Access, MemoryRegion, RemoteRegion, Sge};
 pub use mw::MemoryWindow;
 pub use pd::ProtectionDomain;
