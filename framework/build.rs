@@ -16,8 +16,9 @@ const MIN_RDMA_CORE: &str = "1.14.44";
 
 /// Bindings generated from the oldest supported headers, for docs.rs only: its builders
 /// may lack rdma-core's headers, and rustdoc links nothing (`scripts/docs-rs-bindings`
-/// regenerates the file).
-const DOCS_RS_BINDINGS: &str = "docs-rs/rdma.rs";
+/// regenerates the file). Kept in the verbs wrapper's `sys/`, where every binding lives,
+/// since they declare `unsafe` items.
+const DOCS_RS_BINDINGS: &str = "src/verbs/sys/docs-rs-rdma.rs";
 
 fn main() {
     let header = "src/verbs/sys/rdma.h";
