@@ -57,8 +57,9 @@ impl CreditReserve {
         }
     }
 
-    /// Takes up to `want` credits; returns how many it got.
-    pub fn take(&self, want: u32) -> u32 {
+    /// Takes up to `want` credits; returns how many it got. Private: every loan goes
+    /// through a peer's account (`lend`), so the per-peer cap cannot be bypassed.
+    fn take(&self, want: u32) -> u32 {
         let mut got = 0;
         let mut left = 0;
         let _ = self
@@ -75,7 +76,7 @@ impl CreditReserve {
     }
 
     /// Gives `n` credits back.
-    pub fn give(&self, n: u32) {
+    fn give(&self, n: u32) {
         if n > 0 {
             self.free.fetch_add(n, Ordering::AcqRel);
         }
