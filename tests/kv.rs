@@ -64,6 +64,96 @@ fn kv_eight_connections_of_400_requests_every_answer_checked() {
     assert_released(&base);
 }
 
+/// Issue 32: a handler awaits RDMA READs and WRITEs of the client's memory. A 3 MiB
+/// value (four chunks) goes in by the server's READ and out by its WRITE, byte for byte;
+/// a short region and an oversized claim fail the call and not the connection; a forged
+/// rkey fails the READ with a remote access error, which ends that connection only.
+#[test]
+fn kv_values_moved_by_the_servers_reads_and_writes_of_client_memory() {
+    let Some(_ctx) = rdma_context() else { return };
+    let base = resource_counts();
+    actix_run(async {
+        let server = Server::builder()
+            .listen(test_addr(), None)
+            .handler("kv", Kv::default())
+            .start()
+            .expect("server");
+        let addr = server.local_addrs()[0];
+        let client = Client::start(NodeConfig::default()).expect("client");
+        let kv = KvClient(client.connect(addr, "kv").await.expect("connect"));
+        let len = (3 << 20) + 123;
+        let value = rdmactor_testkit::pattern(len, 32);
+        let mut src = client.register(len, Access::REMOTE_READ).expect("register");
+        src.as_mut_slice().copy_from_slice(&value);
+        assert!(!kv.put_from("big", src.remote()).await.expect("put_from"));
+        let dst = client
+            .register(4 << 20, Access::REMOTE_WRITE)
+            .expect("register");
+        assert_eq!(
+            kv.get_into("big", dst.remote()).await.expect("get_into"),
+            len as u64
+        );
+        assert!(
+            dst.as_slice()[..len] == value[..],
+            "the WRITE landed intact"
+        );
+        assert_eq!(
+            kv.get("big").await.expect("get"),
+            value,
+            "the READ stored it intact"
+        );
+
+        // The call fails and the connection goes on.
+        let short = dst.remote().slice(0, 1000).expect("slice");
+        match kv.get_into("big", short).await {
+            Err(CallError::Handler(KvError::Transfer(why))) => {
+                assert!(why.contains("do not fit"), "{why}")
+            }
+            other => panic!("a WRITE into a short region answered {other:?}"),
+        }
+        let claim = RemoteRegion {
+            len: 1 << 30,
+            ..src.remote()
+        };
+        match kv.put_from("huge", claim).await {
+            Err(CallError::Handler(KvError::Transfer(why))) => {
+                assert!(why.contains("larger than"), "{why}")
+            }
+            other => panic!("a READ of 1 GiB answered {other:?}"),
+        }
+        assert_eq!(kv.get("big").await.expect("still served").len(), len);
+
+        // A forged rkey: this connection ends with the reason, another is served.
+        let other = KvClient(client.connect(addr, "kv").await.expect("connect"));
+        let forged = RemoteRegion {
+            rkey: src.rkey() ^ 0x5a5a_0000,
+            ..src.remote()
+        };
+        match kv.put_from("forged", forged).await {
+            Err(CallError::Request(RequestError::Closed(reason))) => {
+                println!("forged rkey: the connection closed: {reason}")
+            }
+            other => panic!("a READ through a forged rkey answered {other:?}"),
+        }
+        assert!(matches!(
+            other.get("forged").await,
+            Err(CallError::Handler(KvError::NotFound))
+        ));
+        assert_eq!(other.get("big").await.expect("other served").len(), len);
+        other.0.close().await;
+        drop((src, dst));
+        wait_idle(
+            &server,
+            "every kv connection released",
+            Duration::from_secs(10),
+        )
+        .await;
+        client.shutdown().await;
+        server.shutdown().await;
+    });
+    assert_released(&base);
+}
+
 #[test]
 fn kv_as_a_raw_session_answers_alike() {
     let Some(_ctx) = rdma_context() else { return };

@@ -18,8 +18,7 @@ use serde::{Deserialize, Serialize};
 // ---- the protocol --------------------------------------------------------------------
 
 /// A request to the `kv` service.
-#[derive(Debug, Clone, Serialize, Deserialize, actix::Message)]
-#[rtype(result = "Result<KvResponse, KvError>")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum KvRequest {
     /// Store `value` under `key`.
     Put {
@@ -39,6 +38,21 @@ pub enum KvRequest {
         /// The key.
         key: String,
     },
+    /// Store under `key` the bytes of the client's region `from`, which the server
+    /// RDMA READs: a large value never travels in a message.
+    PutFrom {
+        /// The key.
+        key: String,
+        /// Where the value is (registered by the client with remote read access).
+        from: RemoteRegion,
+    },
+    /// RDMA WRITE the value under `key` into the client's region `into`.
+    GetInto {
+        /// The key.
+        key: String,
+        /// Where the value goes (registered by the client with remote write access).
+        into: RemoteRegion,
+    },
 }
 
 /// The answer to a [`KvRequest`] that succeeded.
@@ -53,6 +67,8 @@ pub enum KvResponse {
     Value(#[serde(with = "serde_bytes")] Vec<u8>),
     /// Delete: removed.
     Deleted,
+    /// GetInto: this many bytes are in the client's region.
+    Written(u64),
 }
 
 /// Why a [`KvRequest`] failed; the client gets it typed.
@@ -67,6 +83,9 @@ pub enum KvError {
     /// The store's actor stopped (the server is shutting down).
     #[error("the store is gone")]
     StoreGone,
+    /// PutFrom or GetInto could not move the value: the READ or WRITE's reason.
+    #[error("moving the value failed: {0}")]
+    Transfer(String),
 }
 
 /// The longest key the service takes.
@@ -83,16 +102,28 @@ impl Actor for KvStore {
     type Context = Context<Self>;
 }
 
-impl Handler<KvRequest> for KvStore {
+/// What the store is asked: the requests, once their bytes are here.
+#[derive(actix::Message)]
+#[rtype(result = "Result<KvResponse, KvError>")]
+pub enum StoreOp {
+    /// Insert.
+    Put(String, Vec<u8>),
+    /// Look up.
+    Get(String),
+    /// Remove.
+    Delete(String),
+}
+
+impl Handler<StoreOp> for KvStore {
     type Result = Result<KvResponse, KvError>;
 
-    fn handle(&mut self, req: KvRequest, _: &mut Context<Self>) -> Self::Result {
-        match req {
-            KvRequest::Put { key, value } => Some(KvResponse::Stored {
+    fn handle(&mut self, op: StoreOp, _: &mut Context<Self>) -> Self::Result {
+        match op {
+            StoreOp::Put(key, value) => Some(KvResponse::Stored {
                 replaced: self.0.insert(key, value).is_some(),
             }),
-            KvRequest::Get { key } => self.0.get(&key).cloned().map(KvResponse::Value),
-            KvRequest::Delete { key } => self.0.remove(&key).map(|_| KvResponse::Deleted),
+            StoreOp::Get(key) => self.0.get(&key).cloned().map(KvResponse::Value),
+            StoreOp::Delete(key) => self.0.remove(&key).map(|_| KvResponse::Deleted),
         }
         .ok_or(KvError::NotFound)
     }
@@ -109,15 +140,40 @@ impl RequestHandler for Kv {
     type Resp = KvResponse;
     type Error = KvError;
 
-    async fn call(&self, req: KvRequest, _cx: &RequestCx) -> Result<KvResponse, KvError> {
-        let (KvRequest::Put { key, .. } | KvRequest::Get { key } | KvRequest::Delete { key }) =
-            &req;
+    async fn call(&self, req: KvRequest, cx: &RequestCx) -> Result<KvResponse, KvError> {
+        let (KvRequest::Put { key, .. }
+        | KvRequest::Get { key }
+        | KvRequest::Delete { key }
+        | KvRequest::PutFrom { key, .. }
+        | KvRequest::GetInto { key, .. }) = &req;
         if key.len() > MAX_KEY {
             return Err(KvError::KeyTooLong(key.len()));
         }
-        let store = self.store.get_or_start(KvStore::default);
-        store.send(req).await.map_err(|_| KvError::StoreGone)?
+        let store = &self.store.get_or_start(KvStore::default);
+        let moved = |e: OneSidedError| KvError::Transfer(e.to_string());
+        match req {
+            KvRequest::Put { key, value } => ask(store, StoreOp::Put(key, value)).await,
+            KvRequest::Get { key } => ask(store, StoreOp::Get(key)).await,
+            KvRequest::Delete { key } => ask(store, StoreOp::Delete(key)).await,
+            KvRequest::PutFrom { key, from } => {
+                let value = cx.read(from).await.map_err(moved)?;
+                ask(store, StoreOp::Put(key, value)).await
+            }
+            KvRequest::GetInto { key, into } => {
+                let KvResponse::Value(value) = ask(store, StoreOp::Get(key)).await? else {
+                    unreachable!("the store answers a Get with a value or NotFound");
+                };
+                let len = value.len() as u64;
+                cx.write(into, value).await.map_err(moved)?;
+                Ok(KvResponse::Written(len))
+            }
+        }
     }
+}
+
+/// Asks the store; the thread goes on serving while it answers.
+async fn ask(store: &Addr<KvStore>, op: StoreOp) -> Result<KvResponse, KvError> {
+    store.send(op).await.map_err(|_| KvError::StoreGone)?
 }
 
 // ---- the client ----------------------------------------------------------------------
@@ -145,6 +201,30 @@ impl KvClient {
             .await?
         {
             KvResponse::Value(value) => Ok(value),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Stores under `key` the bytes of `from`, a region of this client's registered with
+    /// remote read access, which the server READs; true if it replaced a value.
+    pub async fn put_from(
+        &self,
+        key: &str,
+        from: RemoteRegion,
+    ) -> Result<bool, CallError<KvError>> {
+        let key = key.to_owned();
+        match self.0.call_typed(&KvRequest::PutFrom { key, from }).await? {
+            KvResponse::Stored { replaced } => Ok(replaced),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Has the server WRITE the value under `key` into `into`, a region of this
+    /// client's registered with remote write access; returns the value's length.
+    pub async fn get_into(&self, key: &str, into: RemoteRegion) -> Result<u64, CallError<KvError>> {
+        let key = key.to_owned();
+        match self.0.call_typed(&KvRequest::GetInto { key, into }).await? {
+            KvResponse::Written(len) => Ok(len),
             other => Err(unexpected(other)),
         }
     }

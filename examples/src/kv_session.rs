@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use rdmactor::prelude::*;
 use rdmactor::runtime::{Answer, Asked};
 
-use crate::kv::{KvError, KvRequest, KvResponse, KvStore, MAX_KEY};
+use crate::kv::{KvError, KvRequest, KvResponse, KvStore, StoreOp, MAX_KEY};
 
 /// The service: makes a session per connection, holding the store's address.
 #[derive(Default)]
@@ -32,23 +32,32 @@ type StoreAnswer = Result<KvResponse, KvError>;
 
 /// One connection: the requests asked of the store, by wake-up token, with their tags.
 struct KvSession {
-    store: actix::Recipient<KvRequest>,
+    store: actix::Recipient<StoreOp>,
     asked: HashMap<u64, (u32, Asked<StoreAnswer>)>,
     next_token: u64,
 }
 
 impl Session for KvSession {
     fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
-        let req: KvRequest = msg.decode()?;
-        let (KvRequest::Put { key, .. } | KvRequest::Get { key } | KvRequest::Delete { key }) =
-            &req;
+        let op = match msg.decode()? {
+            KvRequest::Put { key, value } => StoreOp::Put(key, value),
+            KvRequest::Get { key } => StoreOp::Get(key),
+            KvRequest::Delete { key } => StoreOp::Delete(key),
+            // A READ or WRITE here would be posted with `cx.post` and finished in
+            // `on_op`: more plumbing still, which the handler does for you.
+            KvRequest::PutFrom { .. } | KvRequest::GetInto { .. } => {
+                let why = KvError::Transfer("not served by the session version".into());
+                return cx.reply_typed(&msg, &Answer::<KvResponse, _>::Err(why));
+            }
+        };
+        let (StoreOp::Put(key, _) | StoreOp::Get(key) | StoreOp::Delete(key)) = &op;
         if key.len() > MAX_KEY {
             let answer = Answer::<KvResponse, _>::Err(KvError::KeyTooLong(key.len()));
             return cx.reply_typed(&msg, &answer);
         }
         let token = self.next_token;
         self.next_token += 1;
-        let asked = cx.ask(token, &self.store, req);
+        let asked = cx.ask(token, &self.store, op);
         self.asked.insert(token, (msg.tag, asked));
         Ok(())
     }

@@ -6,7 +6,8 @@
 
 pub use crate::runtime::{
     CallError, Client, ClientConnection, CloseReason, HandlerService, Incoming, NodeConfig,
-    PeerInfo, Refusal, RequestCx, RequestError, RequestHandler, Server, ServerBuilder, ServerError,
-    Service, Session, SessionCx, SessionError,
+    OneSidedError, PeerInfo, Refusal, RequestCx, RequestError, RequestHandler, Server,
+    ServerBuilder, ServerError, Service, Session, SessionCx, SessionError,
 };
 pub use crate::shared::Owner;
+pub use crate::verbs::{Access, RemoteRegion};

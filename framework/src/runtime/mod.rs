@@ -42,7 +42,9 @@ pub use connection::{
     AskError, Asked, Blocking, BlockingError, BufId, Grant, GrantId, Op, SessionCx, SessionWaker,
     MAX_MESSAGE,
 };
-pub use handler::{Answer, CallError, HandlerService, Refusal, RequestCx, RequestHandler};
+pub use handler::{
+    Answer, CallError, HandlerService, OneSidedError, Refusal, RequestCx, RequestHandler,
+};
 pub use oob::{OobOptions, OobPort, OobStats, OobTransport};
 pub use poller::PollMode;
 pub use recv_groups::ReserveStats;

@@ -83,6 +83,12 @@ impl<'a> SessionCx<'a> {
         Ok(())
     }
 
+    /// The largest buffer [`alloc`](Self::alloc) leases (the pool's largest size class):
+    /// larger transfers go in chunks of this, or through [`register`](Self::register).
+    pub fn largest_buffer(&self) -> usize {
+        self.core.pool.largest()
+    }
+
     /// Leases a local buffer from the shared pool, for one-sided operations.
     pub fn alloc(&mut self, len: usize) -> Result<BufId, SessionError> {
         let lease = self

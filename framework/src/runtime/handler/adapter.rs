@@ -11,10 +11,11 @@ use std::task::{Context, Poll, Waker};
 use tokio::task::AbortHandle;
 
 use super::api::{RequestCx, RequestHandler};
+use super::one_sided::{Link, Transfers, TRANSFERS};
 use super::wire::{encode_refusal, Answer, Refusal};
 use crate::proto::budget::BudgetError;
 use crate::runtime::connection::{panic_message, SessionCx, SessionWaker};
-use crate::runtime::service::{Incoming, PeerInfo, Service, Session, SessionError};
+use crate::runtime::service::{Incoming, OpId, PeerInfo, Service, Session, SessionError};
 use crate::runtime::CloseReason;
 
 /// A [`RequestHandler`] served as a [`Service`]: register it with
@@ -26,11 +27,12 @@ pub struct HandlerService<H> {
     max_waiting: usize,
     max_waiting_bytes: usize,
     max_message: Option<usize>,
+    max_transfer: u64,
 }
 
 impl<H: RequestHandler> HandlerService<H> {
-    /// `handler`, with at most 64 calls running per connection, and 1024 requests or
-    /// 4 MiB of them waiting.
+    /// `handler`, with at most 64 calls running per connection, 1024 requests or 4 MiB
+    /// of them waiting, and transfers of the client's memory of at most 16 MiB.
     pub fn new(handler: H) -> Self {
         HandlerService {
             handler: Arc::new(handler),
@@ -38,7 +40,18 @@ impl<H: RequestHandler> HandlerService<H> {
             max_waiting: 1024,
             max_waiting_bytes: 4 << 20,
             max_message: None,
+            max_transfer: 16 << 20,
         }
+    }
+
+    /// The most bytes one [`RequestCx::read`] or [`RequestCx::write`] of the client's
+    /// memory may move; a larger one fails with
+    /// [`OneSidedError::TooLarge`](super::OneSidedError::TooLarge) before anything is
+    /// posted. The READ's bytes are held in the call until it returns them, so this
+    /// bounds what one call can make the server hold.
+    pub fn max_transfer(mut self, bytes: u64) -> Self {
+        self.max_transfer = bytes;
+        self
     }
 
     /// How many calls one connection may have running at once (at least 1). Bounds what
@@ -91,6 +104,9 @@ impl<H: RequestHandler> Service for HandlerService<H> {
             finished: Arc::default(),
             next_call: 0,
             waker: None,
+            link: None,
+            transfers: Transfers::default(),
+            max_transfer: self.max_transfer,
         })
     }
 }
@@ -123,6 +139,11 @@ struct HandlerSession<H> {
     finished: Arc<Mutex<Vec<Finished>>>,
     next_call: u64,
     waker: Option<SessionWaker>,
+    /// Where the calls' futures queue their READs and WRITEs of the client's memory.
+    link: Option<Arc<Link>>,
+    /// Those transfers, being posted and completed.
+    transfers: Transfers,
+    max_transfer: u64,
 }
 
 impl<H: RequestHandler> HandlerSession<H> {
@@ -135,9 +156,15 @@ impl<H: RequestHandler> HandlerSession<H> {
             Err(e) => return answer(cx, tag, encode_refusal(Refusal::BadRequest(e.why))),
         };
         let handler = Arc::clone(&self.handler);
+        let waker = self.waker.get_or_insert_with(|| cx.waker()).clone();
+        let max_transfer = self.max_transfer;
+        let link = self
+            .link
+            .get_or_insert_with(|| Arc::new(Link::new(waker.clone(), max_transfer)));
         let rcx = RequestCx {
             peer: Arc::clone(&self.peer),
             tag,
+            link: Arc::clone(link),
         };
         let mut call = CatchPanic(Box::pin(async move {
             let result = handler.call(req, &rcx).await;
@@ -150,10 +177,11 @@ impl<H: RequestHandler> HandlerSession<H> {
         {
             return answer(cx, tag, done);
         }
+        // A transfer the first poll asked for is posted now, not a wake-up later.
+        self.post_transfers(cx);
         let id = self.next_call;
         self.next_call += 1;
         let finished = Arc::clone(&self.finished);
-        let waker = self.waker.get_or_insert_with(|| cx.waker()).clone();
         let task = actix::spawn(async move {
             let answer = call.await;
             lock(&finished).push(Finished {
@@ -166,6 +194,13 @@ impl<H: RequestHandler> HandlerSession<H> {
         });
         self.running.insert(id, task.abort_handle());
         Ok(())
+    }
+
+    /// Posts the READs and WRITEs the calls' futures queued.
+    fn post_transfers(&mut self, cx: &mut SessionCx<'_>) {
+        if let Some(link) = &self.link {
+            self.transfers.take_from(link, cx);
+        }
     }
 }
 
@@ -188,6 +223,10 @@ impl<H: RequestHandler> Session for HandlerSession<H> {
     }
 
     fn on_wake(&mut self, cx: &mut SessionCx<'_>, token: u64) -> Result<(), SessionError> {
+        if token == TRANSFERS {
+            self.post_transfers(cx);
+            return Ok(());
+        }
         if token != FINISHED {
             return Ok(());
         }
@@ -210,6 +249,22 @@ impl<H: RequestHandler> Session for HandlerSession<H> {
             self.start(cx, next)?;
         }
         Ok(())
+    }
+
+    fn on_op(
+        &mut self,
+        cx: &mut SessionCx<'_>,
+        op: OpId,
+        result: crate::verbs::Result<()>,
+    ) -> Result<(), SessionError> {
+        // A failed chunk has told its call; the connection closes on its own (the QP is
+        // in error), naming the operation.
+        if self.transfers.complete(cx, op, &result) {
+            return Ok(());
+        }
+        Err(SessionError::new(format!(
+            "a completion of {op:?}, which no call posted"
+        )))
     }
 
     fn on_refused(
@@ -242,6 +297,7 @@ impl<H> HandlerSession<H> {
         }
         self.waiting.clear();
         self.waiting_bytes = 0;
+        self.transfers.close();
         lock(&self.finished).clear();
     }
 }

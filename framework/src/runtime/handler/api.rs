@@ -6,8 +6,10 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::one_sided::{Link, OneSidedError};
 use crate::runtime::connection::{panic_message, BlockingError};
 use crate::runtime::service::PeerInfo;
+use crate::verbs::RemoteRegion;
 
 /// A service written as one async function from a typed request to a typed result, the
 /// shape of a tonic method or an actix-web handler. The framework decodes each request
@@ -128,6 +130,7 @@ pub trait RequestHandler: Send + Sync + 'static {
 pub struct RequestCx {
     pub(super) peer: Arc<PeerInfo>,
     pub(super) tag: u32,
+    pub(super) link: Arc<Link>,
 }
 
 impl RequestCx {
@@ -155,5 +158,28 @@ impl RequestCx {
             Err(e) if e.is_panic() => Err(BlockingError::Panicked(panic_message(&*e.into_panic()))),
             Err(_) => Err(BlockingError::Lost),
         }
+    }
+
+    /// RDMA READs all `src.len` bytes of the client's memory at `src` (an address and
+    /// rkey the client sent in its request, from a region it registered with
+    /// `Access::REMOTE_READ`; narrow it with [`RemoteRegion::slice`]) and returns them.
+    ///
+    /// The bytes move in chunks of the pool's largest buffer (1 MiB by default), at most
+    /// eight chunks of this connection in flight; the thread never waits. An rkey or a
+    /// range the client's NIC refuses completes with a remote access error: the call
+    /// gets [`OneSidedError::Failed`] and the connection closes with that reason, since
+    /// RDMA leaves its QP in the error state. Other connections are not affected.
+    pub async fn read(&self, src: RemoteRegion) -> Result<Vec<u8>, OneSidedError> {
+        self.link.transfer(src, None).await
+    }
+
+    /// RDMA WRITEs `data` to the client's memory at `dst` (from a region the client
+    /// registered with `Access::REMOTE_WRITE`), and returns once the client's NIC has
+    /// acknowledged it: the bytes are in the client's memory, ahead of any answer the
+    /// call then sends (RC delivers a WRITE before a later SEND). More bytes than
+    /// `dst.len` fail with [`OneSidedError::OutsideRegion`] and nothing is posted; the
+    /// rest is as for [`read`](Self::read).
+    pub async fn write(&self, dst: RemoteRegion, data: Vec<u8>) -> Result<(), OneSidedError> {
+        self.link.transfer(dst, Some(data)).await.map(drop)
     }
 }

@@ -4,13 +4,16 @@
 //! with [`ClientConnection::call_typed`](super::ClientConnection::call_typed).
 //!
 //! `api.rs` is what the application implements and is handed, `adapter.rs` the
-//! [`Session`](super::Session) that runs the futures, `wire.rs` the answer's envelope
-//! and the client's error.
+//! [`Session`](super::Session) that runs the futures, `one_sided.rs` the futures' READs
+//! and WRITEs of the client's memory, `wire.rs` the answer's envelope and the client's
+//! error.
 
 mod adapter;
 mod api;
+mod one_sided;
 mod wire;
 
 pub use adapter::HandlerService;
 pub use api::{RequestCx, RequestHandler};
+pub use one_sided::OneSidedError;
 pub use wire::{Answer, CallError, Refusal};

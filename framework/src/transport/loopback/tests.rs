@@ -1043,10 +1043,13 @@ fn loopback_speed() {
     }
 }
 
+/// The measurement's exchanges complete (each side checks what it receives); how long
+/// they take is `loopback_speed`'s business, never a test's: a loaded machine would fail
+/// a time limit here.
 #[test]
 fn ping_pong_runs() {
-    assert!(ping_pong(64, 100) < Duration::from_millis(50));
-    assert!(ping_pong_one_thread(64, 100) < Duration::from_millis(50));
+    ping_pong(64, 100);
+    ping_pong_one_thread(64, 100);
 }
 
 #[test]

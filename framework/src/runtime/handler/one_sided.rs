@@ -1,0 +1,327 @@
+//! A handler's RDMA READs and WRITEs of the client's memory: [`RequestCx::read`] and
+//! [`RequestCx::write`](super::RequestCx::write) queue a transfer on the call's
+//! [`Link`] and wake the session, which posts it in chunks of pool buffers on the
+//! connection's QP and answers the future when the last chunk completed.
+//!
+//! The future cannot post itself: posting needs the session's [`SessionCx`], which only
+//! a session callback holds. So the transfer crosses once to the session (a queue and a
+//! wake-up, both on the same thread) and its answer comes back through a oneshot.
+//!
+//! [`RequestCx::read`]: super::RequestCx::read
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Mutex, PoisonError};
+
+use slab::Slab;
+use tokio::sync::oneshot;
+
+use crate::runtime::connection::{BufId, Op, SessionCx, SessionWaker};
+use crate::runtime::service::{OpId, SessionError};
+use crate::verbs::RemoteRegion;
+
+/// The wake-up token of a queued transfer (the finished-call token is 1).
+pub(super) const TRANSFERS: u64 = 2;
+
+/// Most chunks of one connection's transfers in flight at once: with the pool's largest
+/// class of 1 MiB, a connection pins at most this many MiB of pool memory for them,
+/// whatever its handlers ask for at once.
+const MAX_CHUNKS: usize = 8;
+
+/// Why a handler's [`read`](super::RequestCx::read) or
+/// [`write`](super::RequestCx::write) of the client's memory failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum OneSidedError {
+    /// More bytes than one transfer may move
+    /// ([`HandlerService::max_transfer`](super::HandlerService::max_transfer)).
+    #[error("a transfer of {len} bytes is larger than the {max} bytes one may move")]
+    TooLarge {
+        /// Bytes asked for.
+        len: u64,
+        /// The service's limit.
+        max: u64,
+    },
+    /// A WRITE of more bytes than the client's region says it holds. Checked here, so a
+    /// client's short region costs the call an error and not the connection.
+    #[error("{len} bytes do not fit the client's region of {granted}")]
+    OutsideRegion {
+        /// Bytes to write.
+        len: u64,
+        /// The region's length.
+        granted: u64,
+    },
+    /// No pool buffer for a chunk: the server's registered memory is used up for now.
+    #[error("no buffer for the transfer: {0}")]
+    NoBuffer(String),
+    /// The READ or WRITE completed with an error (a remote access error for an rkey
+    /// that is not the client's to give, say). The QP is in the error state then, and
+    /// the connection closes with this reason.
+    #[error("the transfer failed: {0}")]
+    Failed(String),
+    /// The connection closed before the transfer finished.
+    #[error("the connection closed before the transfer finished")]
+    Closed,
+}
+
+type Reply = oneshot::Sender<Result<Vec<u8>, OneSidedError>>;
+
+/// What a call's futures and its session share: transfers asked for and not yet seen by
+/// the session, and the way to wake it.
+#[derive(Debug)]
+pub(super) struct Link {
+    queue: Mutex<VecDeque<Asked>>,
+    waker: SessionWaker,
+    max_transfer: u64,
+}
+
+/// A transfer a future asked for.
+#[derive(Debug)]
+struct Asked {
+    remote: RemoteRegion,
+    /// The bytes to WRITE, or `None` for a READ of all of `remote`.
+    write: Option<Vec<u8>>,
+    reply: Reply,
+}
+
+impl Link {
+    pub(super) fn new(waker: SessionWaker, max_transfer: u64) -> Link {
+        Link {
+            queue: Mutex::default(),
+            waker,
+            max_transfer,
+        }
+    }
+
+    /// Queues a transfer and waits for its result. Errors the session would only find
+    /// later (too large, outside the region) are returned at once.
+    pub(super) async fn transfer(
+        &self,
+        remote: RemoteRegion,
+        write: Option<Vec<u8>>,
+    ) -> Result<Vec<u8>, OneSidedError> {
+        let len = write.as_ref().map_or(remote.len, |w| w.len() as u64);
+        if len > self.max_transfer {
+            return Err(OneSidedError::TooLarge {
+                len,
+                max: self.max_transfer,
+            });
+        }
+        if len > remote.len {
+            return Err(OneSidedError::OutsideRegion {
+                len,
+                granted: remote.len,
+            });
+        }
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let (reply, answer) = oneshot::channel();
+        let first = {
+            let mut queue = lock(&self.queue);
+            queue.push_back(Asked {
+                remote,
+                write,
+                reply,
+            });
+            queue.len() == 1
+        };
+        // One wake-up per batch: the session takes the whole queue on it.
+        if first && !self.waker.wake(TRANSFERS) {
+            return Err(OneSidedError::Closed);
+        }
+        answer.await.unwrap_or(Err(OneSidedError::Closed))
+    }
+
+    fn take(&self) -> VecDeque<Asked> {
+        std::mem::take(&mut *lock(&self.queue))
+    }
+}
+
+/// One transfer being posted and completed chunk by chunk.
+struct Transfer {
+    remote: RemoteRegion,
+    /// WRITE: the bytes to send; READ: where the chunks land.
+    data: Vec<u8>,
+    /// Bytes to move (`data` goes with the answer, so its length cannot say).
+    len: usize,
+    is_write: bool,
+    /// Bytes not yet posted start here.
+    next: usize,
+    /// Chunks posted and not yet completed.
+    outstanding: usize,
+    reply: Option<Reply>,
+}
+
+impl Transfer {
+    fn finish(&mut self, result: Result<(), OneSidedError>) {
+        if let Some(reply) = self.reply.take() {
+            let data = std::mem::take(&mut self.data);
+            let _ = reply.send(result.map(|()| if self.is_write { Vec::new() } else { data }));
+        }
+    }
+}
+
+/// A chunk in flight: which transfer, which pool buffer, and where in the transfer.
+struct Chunk {
+    transfer: usize,
+    buf: BufId,
+    at: usize,
+    len: usize,
+}
+
+/// One connection's transfers, kept by its session.
+#[derive(Default)]
+pub(super) struct Transfers {
+    transfers: Slab<Transfer>,
+    /// Transfers with bytes left to post, oldest first.
+    unposted: VecDeque<usize>,
+    chunks: HashMap<OpId, Chunk>,
+}
+
+impl Transfers {
+    /// Takes what the futures queued on `link` and posts as many chunks as the bound
+    /// allows.
+    pub(super) fn take_from(&mut self, link: &Link, cx: &mut SessionCx<'_>) {
+        for asked in link.take() {
+            let is_write = asked.write.is_some();
+            let data = asked
+                .write
+                .unwrap_or_else(|| vec![0; asked.remote.len as usize]);
+            let id = self.transfers.insert(Transfer {
+                remote: asked.remote,
+                len: data.len(),
+                data,
+                is_write,
+                next: 0,
+                outstanding: 0,
+                reply: Some(asked.reply),
+            });
+            self.unposted.push_back(id);
+        }
+        self.post(cx);
+    }
+
+    /// Posts chunks, oldest transfer first, while fewer than [`MAX_CHUNKS`] are in
+    /// flight. A transfer whose chunk finds no buffer fails; the others go on.
+    fn post(&mut self, cx: &mut SessionCx<'_>) {
+        while self.chunks.len() < MAX_CHUNKS {
+            let Some(&id) = self.unposted.front() else {
+                return;
+            };
+            let t = &mut self.transfers[id];
+            let len = (t.len - t.next).min(cx.largest_buffer());
+            match post_chunk(cx, t, len) {
+                Ok((op, buf)) => {
+                    self.chunks.insert(
+                        op,
+                        Chunk {
+                            transfer: id,
+                            buf,
+                            at: t.next,
+                            len,
+                        },
+                    );
+                    t.next += len;
+                    t.outstanding += 1;
+                    if t.next == t.len {
+                        self.unposted.pop_front();
+                    }
+                }
+                Err(why) => {
+                    self.unposted.pop_front();
+                    t.finish(Err(why));
+                    t.next = t.len;
+                    if t.outstanding == 0 {
+                        self.transfers.remove(id);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A completion of op `op`: false when it is not a chunk of a transfer, else the
+    /// chunk is accounted for, and the transfer answered once its last chunk is in.
+    pub(super) fn complete(
+        &mut self,
+        cx: &mut SessionCx<'_>,
+        op: OpId,
+        result: &crate::verbs::Result<()>,
+    ) -> bool {
+        let Some(chunk) = self.chunks.remove(&op) else {
+            return false;
+        };
+        let t = &mut self.transfers[chunk.transfer];
+        t.outstanding -= 1;
+        match result {
+            // A READ chunk lands in the transfer, unless it failed already (its bytes
+            // went with the answer).
+            Ok(()) if !t.is_write && t.reply.is_some() => match cx.bytes(chunk.buf) {
+                Ok(bytes) => {
+                    t.data[chunk.at..chunk.at + chunk.len].copy_from_slice(&bytes[..chunk.len])
+                }
+                Err(e) => t.finish(Err(OneSidedError::Failed(e.to_string()))),
+            },
+            Ok(()) => {}
+            Err(e) => t.finish(Err(OneSidedError::Failed(e.to_string()))),
+        }
+        cx.free(chunk.buf);
+        if t.outstanding == 0 && t.next == t.len {
+            t.finish(Ok(()));
+            self.transfers.remove(chunk.transfer);
+        }
+        self.post(cx);
+        true
+    }
+
+    /// The connection is closing: every transfer's future learns it (their tasks are
+    /// being dropped too, but a future polled from elsewhere is told, not left waiting).
+    pub(super) fn close(&mut self) {
+        for mut t in self.transfers.drain() {
+            t.finish(Err(OneSidedError::Closed));
+        }
+        self.unposted.clear();
+        self.chunks.clear();
+    }
+}
+
+/// Leases a buffer for `len` bytes at `t.next`, fills it for a WRITE, and posts it.
+fn post_chunk(
+    cx: &mut SessionCx<'_>,
+    t: &Transfer,
+    len: usize,
+) -> Result<(OpId, BufId), OneSidedError> {
+    let no_buffer = |e: SessionError| OneSidedError::NoBuffer(e.to_string());
+    let buf = cx.alloc(len).map_err(no_buffer)?;
+    let remote = t.remote.at(t.next as u64);
+    let remote = RemoteRegion {
+        len: len as u64,
+        ..remote
+    };
+    let op = if t.is_write {
+        let bytes = cx.bytes_mut(buf).map_err(no_buffer)?;
+        bytes[..len].copy_from_slice(&t.data[t.next..t.next + len]);
+        Op::Write {
+            buf,
+            range: 0..len,
+            dst: remote,
+            imm: None,
+        }
+    } else {
+        Op::Read {
+            buf,
+            range: 0..len,
+            src: remote,
+        }
+    };
+    match cx.post(op) {
+        Ok(op) => Ok((op, buf)),
+        Err(e) => {
+            cx.free(buf);
+            Err(OneSidedError::Failed(e.to_string()))
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
