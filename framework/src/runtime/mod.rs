@@ -22,6 +22,7 @@ mod connection;
 mod device_watch;
 mod handler;
 mod handshakes;
+mod machine;
 mod node;
 mod oob;
 mod poller;
@@ -43,6 +44,7 @@ pub use connection::{
     MAX_MESSAGE,
 };
 pub use handler::{Answer, CallError, HandlerService, Refusal, RequestCx, RequestHandler};
+pub use machine::{Driver, Flow, MachineCx, MachineSession, StateMachine};
 pub use oob::{OobOptions, OobPort, OobStats, OobTransport};
 pub use poller::PollMode;
 pub use recv_groups::ReserveStats;
