@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use actix::{Addr, Recipient};
 use rdmactor::runtime::{
     Asked, Blocking, BufId, CloseReason, Driver, Flow, Incoming, MachineCx, MachineSession,
-    PeerInfo, Service, Session, SessionCx, SessionError, StateMachine,
+    PeerInfo, Service, Session, SessionError, StateMachine,
 };
 
 use super::config::Config;
@@ -216,14 +216,8 @@ impl StateMachine for Server {
     }
 }
 
-/// The state machine as the driver's callbacks see it.
-type Files<'s> = MachineCx<'s, Server, Posted>;
-
 /// A chunk WRITE posted: the transfer it belongs to, and the chunk index.
-struct Posted {
-    transfer: u64,
-    index: u32,
-}
+type Posted = (u64, u32);
 
 /// One connection's driver.
 struct FileSession {
@@ -296,12 +290,11 @@ impl Driver for FileSession {
 
     fn on_message(
         &mut self,
-        m: &mut Files<'_>,
-        cx: &mut SessionCx<'_>,
+        cx: &mut MachineCx<'_, '_, Self>,
         msg: Incoming,
     ) -> std::result::Result<(), SessionError> {
         self.heard = Instant::now();
-        let server = &mut *m.machine;
+        let server = &mut *cx.machine;
         match msg.imm {
             // A chunk landed in the window (WRITE_WITH_IMM: no bytes in the message).
             Some(index) => {
@@ -315,7 +308,7 @@ impl Driver for FileSession {
                     SessionError::new(format!("file transfer: chunk {index} without a window"))
                 })?;
                 let range = server.chunk_range(index).map_err(fail)?;
-                let bytes = cx.bytes(window)?.get(range).ok_or_else(|| {
+                let bytes = cx.conn.bytes(window)?.get(range).ok_or_else(|| {
                     SessionError::new(format!("file transfer: chunk {index} outside the window"))
                 })?;
                 server.handle_chunk(index, bytes).map_err(fail)
@@ -329,9 +322,8 @@ impl Driver for FileSession {
 
     fn on_op(
         &mut self,
-        m: &mut Files<'_>,
-        _cx: &mut SessionCx<'_>,
-        Posted { transfer, index }: Posted,
+        cx: &mut MachineCx<'_, '_, Self>,
+        (transfer, index): Posted,
         result: rdmactor::verbs::Result<()>,
     ) -> std::result::Result<(), SessionError> {
         self.heard = Instant::now();
@@ -343,21 +335,20 @@ impl Driver for FileSession {
             // it for a protocol error.
             return Ok(());
         }
-        m.machine.handle_write_done(index).map_err(fail)
+        cx.machine.handle_write_done(index).map_err(fail)
     }
 
     fn on_wake(
         &mut self,
-        m: &mut Files<'_>,
-        cx: &mut SessionCx<'_>,
+        cx: &mut MachineCx<'_, '_, Self>,
         token: u64,
     ) -> std::result::Result<(), SessionError> {
         if token == STALL_CHECK {
-            return self.check_stall(m.machine, cx);
+            return self.check_stall(cx.machine, cx.conn);
         }
         // One of this session's own jobs finished: the transfer moved.
         self.heard = Instant::now();
-        let server = &mut *m.machine;
+        let server = &mut *cx.machine;
         match token {
             CHUNK_READ => {
                 let Some(result) = self
@@ -368,20 +359,20 @@ impl Driver for FileSession {
                     return Ok(());
                 };
                 let (chunk, _) = self.reading.take().expect("checked above");
-                m.resume();
-                if m.machine.is_finished() {
+                cx.resume();
+                if cx.machine.is_finished() {
                     // The transfer was aborted while this chunk was read: it is not sent.
                     return Ok(());
                 }
                 let read = result.map_err(|e| {
                     SessionError::new(format!("file transfer: reading chunk {}: {e}", chunk.index))
                 })?;
-                let bytes = m.machine.handle_read(read).map_err(fail)?;
-                if m.machine.stopped_sending() {
+                let bytes = cx.machine.handle_read(read).map_err(fail)?;
+                if cx.machine.stopped_sending() {
                     // The read failed and the transfer was aborted: nothing to post.
                     return Ok(());
                 }
-                self.post_chunk(m, cx, &chunk, &bytes)
+                self.post_chunk(cx, &chunk, &bytes)
             }
             CONSUMED => {
                 let Some(result) = self.consume.as_ref().and_then(Blocking::try_take) else {
@@ -442,20 +433,18 @@ impl Driver for FileSession {
 
     fn carry(
         &mut self,
-        m: &mut Files<'_>,
-        cx: &mut SessionCx<'_>,
+        cx: &mut MachineCx<'_, '_, Self>,
         out: Output,
     ) -> std::result::Result<Flow, SessionError> {
-        self.carry_out(m, cx, out)
+        self.carry_out(cx, out)
     }
 
     fn drained(
         &mut self,
-        m: &mut Files<'_>,
-        cx: &mut SessionCx<'_>,
+        cx: &mut MachineCx<'_, '_, Self>,
     ) -> std::result::Result<(), SessionError> {
         if let (false, Some(limit)) = (self.busy(), self.stall) {
-            self.arm_stall(m.machine, cx, limit);
+            self.arm_stall(cx.machine, cx.conn, limit);
         }
         Ok(())
     }

@@ -32,9 +32,6 @@ pub(super) enum PendingOp {
     },
 }
 
-/// The machine as the driver's callbacks see it.
-type Jobs<'s> = MachineCx<'s, Invocations, PendingOp>;
-
 impl StateMachine for Invocations {
     type Output = Action;
     fn poll_output(&mut self) -> Option<Action> {
@@ -136,23 +133,22 @@ impl LambdaSession {
 
     /// Feeds the machine the jobs that finished and the owner's answers that came, at
     /// every callback (not only at their wake-ups), so that the next request sees them.
-    fn collect(&mut self, m: &mut Invocations, cx: &mut SessionCx<'_>) -> Result<(), SessionError> {
-        let waker = cx.waker();
+    fn collect(&mut self, cx: &mut MachineCx<'_, '_, Self>) -> Result<(), SessionError> {
         while let Ok((job, finished)) = self.done_rx.try_recv() {
             match finished {
-                Finished::Outcome(outcome) => m.handle_outcome(job, outcome),
+                Finished::Outcome(outcome) => cx.machine.handle_outcome(job, outcome),
                 Finished::Compiled(Ok((hash, compiled))) => {
                     let insert = Insert {
                         client: self.client.id,
                         hash,
                         compiled,
                     };
-                    let answer = cx.ask(job as u64, &self.insert, insert);
+                    let answer = cx.conn.ask(job as u64, &self.insert, insert);
                     self.asks.push(Ask::Insert { job, hash, answer });
                 }
                 Finished::Compiled(Err(e)) => {
                     rdmactor::metrics::lambda_module_load("refused");
-                    m.handle_outcome(job, Outcome::Loaded(Err(e)));
+                    cx.machine.handle_outcome(job, Outcome::Loaded(Err(e)));
                 }
             }
         }
@@ -160,11 +156,11 @@ impl LambdaSession {
             match hashing.try_take() {
                 None => self.hashing.push((job, hashing)),
                 Some(Ok((hash, module))) => {
-                    self.ask_start(cx, job, Work::Load(module), Vec::new(), Some(hash));
+                    self.ask_start(cx.conn, job, Work::Load(module), Vec::new(), Some(hash));
                 }
                 Some(Err(e)) => {
                     let e = LambdaError::Trap(format!("hashing the module: {e}"));
-                    m.handle_outcome(job, Outcome::Loaded(Err(e)));
+                    cx.machine.handle_outcome(job, Outcome::Loaded(Err(e)));
                 }
             }
         }
@@ -185,21 +181,15 @@ impl LambdaSession {
                         answer,
                     }),
                     Some(answer) => match answer.map_err(owner_gone)? {
-                        Err(e) => m.handle_outcome(job, refused(&work, e)),
-                        Ok(go) => {
-                            if let Some(outcome) =
-                                self.go(job, work, input, hash, go, waker.clone())
-                            {
-                                m.handle_outcome(job, outcome);
-                            }
-                        }
+                        Err(e) => cx.machine.handle_outcome(job, refused(&work, e)),
+                        Ok(go) => self.go(cx, job, work, input, hash, go),
                     },
                 },
                 Ask::Insert { job, hash, answer } => match answer.try_take() {
                     None => self.asks.push(Ask::Insert { job, hash, answer }),
                     Some(answer) => {
                         let loaded = answer.map_err(owner_gone)?.map(|()| hash);
-                        m.handle_outcome(job, Outcome::Loaded(loaded));
+                        cx.machine.handle_outcome(job, Outcome::Loaded(loaded));
                     }
                 },
             }
@@ -262,17 +252,16 @@ impl LambdaSession {
         spawned.is_ok()
     }
 
-    /// Carries out the owner's answer to a job's start: the job's outcome if it ends
-    /// here, `None` once it runs on a thread.
+    /// Carries out the owner's answer to a job's start.
     fn go(
         &mut self,
+        cx: &mut MachineCx<'_, '_, Self>,
         job: usize,
         work: Work,
         input: Vec<u8>,
         hash: Option<ModuleHash>,
         go: Go<JobSlot>,
-        waker: SessionWaker,
-    ) -> Option<Outcome> {
+    ) {
         let sandbox = self.sandbox.clone();
         let natives = self.natives.clone();
         let busy = refused(
@@ -284,7 +273,7 @@ impl LambdaSession {
         let run: Box<dyn FnOnce() -> Finished + Send> = match (go, work) {
             (Go::Held, Work::Load(module)) => {
                 let hash = hash.unwrap_or_else(|| ModuleHash::of(&module));
-                return Some(Outcome::Loaded(Ok(hash)));
+                return cx.machine.handle_outcome(job, Outcome::Loaded(Ok(hash)));
             }
             (Go::Compile(slot), Work::Load(module)) => Box::new(move || {
                 let compiled = sandbox.compile(&module);
@@ -304,11 +293,13 @@ impl LambdaSession {
             (_, work) => {
                 // The owner answers what was asked; anything else is a bug here.
                 let e = LambdaError::Trap("the service answered another request".into());
-                return Some(refused(&work, e));
+                return cx.machine.handle_outcome(job, refused(&work, e));
             }
         };
-        // If no thread started, the closure (and its slot) dropped with the error.
-        (!self.spawn_job(job, run, waker)).then_some(busy)
+        if !self.spawn_job(job, run, cx.conn.waker()) {
+            // The closure (and its slot) dropped with the error.
+            cx.machine.handle_outcome(job, busy);
+        }
     }
 }
 
@@ -318,8 +309,7 @@ impl Driver for LambdaSession {
 
     fn on_message(
         &mut self,
-        m: &mut Jobs<'_>,
-        cx: &mut SessionCx<'_>,
+        cx: &mut MachineCx<'_, '_, Self>,
         msg: Incoming,
     ) -> Result<(), SessionError> {
         let req: LambdaRequest = postcard::from_bytes(&msg.data)
@@ -327,24 +317,18 @@ impl Driver for LambdaSession {
         if msg.tag == 0 {
             return Err(SessionError::new("lambda requests need a reply tag"));
         }
-        m.machine.handle_request(msg.tag, req);
-        self.collect(m.machine, cx)
+        cx.machine.handle_request(msg.tag, req);
+        self.collect(cx)
     }
 
     /// A job thread finished (the token is its job; `collect` takes every finished one).
-    fn on_wake(
-        &mut self,
-        m: &mut Jobs<'_>,
-        cx: &mut SessionCx<'_>,
-        _job: u64,
-    ) -> Result<(), SessionError> {
-        self.collect(m.machine, cx)
+    fn on_wake(&mut self, cx: &mut MachineCx<'_, '_, Self>, _job: u64) -> Result<(), SessionError> {
+        self.collect(cx)
     }
 
     fn on_op(
         &mut self,
-        m: &mut Jobs<'_>,
-        cx: &mut SessionCx<'_>,
+        cx: &mut MachineCx<'_, '_, Self>,
         pending: PendingOp,
         result: rdmactor::verbs::Result<()>,
     ) -> Result<(), SessionError> {
@@ -353,31 +337,31 @@ impl Driver for LambdaSession {
             PendingOp::Write { job, buf } => (job, buf, "writing the output"),
         };
         if let Err(e) = result {
-            cx.free(buf);
+            cx.conn.free(buf);
             // The QP is in error; the connection closes after this call.
             return Err(SessionError::new(format!("{what} of job {job}: {e}")));
         }
         match pending {
             PendingOp::Read { offset, len, .. } => {
-                m.machine.handle_input(job, offset, &cx.bytes(buf)?[..len]);
+                cx.machine
+                    .handle_input(job, offset, &cx.conn.bytes(buf)?[..len]);
             }
-            PendingOp::Write { .. } => m.machine.handle_written(job),
+            PendingOp::Write { .. } => cx.machine.handle_written(job),
         }
-        cx.free(buf);
-        self.collect(m.machine, cx)
+        cx.conn.free(buf);
+        self.collect(cx)
     }
 
     fn carry(
         &mut self,
-        m: &mut Jobs<'_>,
-        cx: &mut SessionCx<'_>,
+        cx: &mut MachineCx<'_, '_, Self>,
         action: Action,
     ) -> Result<Flow, SessionError> {
         match action {
             Action::Reply { tag, response } => {
                 let bytes = postcard::to_allocvec(&response)
                     .map_err(|e| SessionError::new(e.to_string()))?;
-                cx.send(tag, bytes)?;
+                cx.conn.send(tag, bytes)?;
             }
             Action::ReadInput {
                 job,
@@ -386,11 +370,11 @@ impl Driver for LambdaSession {
                 len,
             } => {
                 // At the pool's cap this one request fails, not the connection.
-                let buf = match Self::buffer(cx, len) {
+                let buf = match Self::buffer(cx.conn, len) {
                     Ok(buf) => buf,
                     Err(e) => {
                         tracing::warn!(error = %e, len, "no buffer for a lambda's input chunk");
-                        m.machine.input_refused(job, &e.to_string());
+                        cx.machine.input_refused(job, &e.to_string());
                         return Ok(Flow::Continue);
                     }
                 };
@@ -405,26 +389,26 @@ impl Driver for LambdaSession {
                     offset,
                     len,
                 };
-                m.post(cx, read, pending)?;
+                cx.post(read, pending)?;
             }
             Action::WriteOutput { job, dst, data } => {
                 // At the pool's cap this one request fails, not the connection.
-                let buf = match Self::buffer(cx, data.len()) {
+                let buf = match Self::buffer(cx.conn, data.len()) {
                     Ok(buf) => buf,
                     Err(e) => {
                         tracing::warn!(error = %e, len = data.len(), "no buffer for a lambda's output");
-                        m.machine.output_refused(job, &e.to_string());
+                        cx.machine.output_refused(job, &e.to_string());
                         return Ok(Flow::Continue);
                     }
                 };
-                cx.bytes_mut(buf)?[..data.len()].copy_from_slice(&data);
+                cx.conn.bytes_mut(buf)?[..data.len()].copy_from_slice(&data);
                 let write = Op::Write {
                     buf,
                     range: 0..data.len(),
                     dst,
                     imm: None,
                 };
-                m.post(cx, write, PendingOp::Write { job, buf })?;
+                cx.post(write, PendingOp::Write { job, buf })?;
             }
             Action::Run {
                 job,
@@ -434,11 +418,12 @@ impl Driver for LambdaSession {
                 // A module is as large as the service allows (MiBs): hashed on the
                 // runtime's blocking pool, not on the poller thread that serves every
                 // connection on it; the owner is asked once the hash is in.
-                let hashing =
-                    cx.spawn_blocking(job as u64, move || (ModuleHash::of(&module), module));
+                let hashing = cx
+                    .conn
+                    .spawn_blocking(job as u64, move || (ModuleHash::of(&module), module));
                 self.hashing.push((job, hashing));
             }
-            Action::Run { job, work, input } => self.ask_start(cx, job, work, input, None),
+            Action::Run { job, work, input } => self.ask_start(cx.conn, job, work, input, None),
         }
         Ok(Flow::Continue)
     }

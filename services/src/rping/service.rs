@@ -2,11 +2,11 @@
 
 use rdmactor::runtime::{
     BufId, Driver, Flow, Framing, Incoming, MachineCx, MachineSession, Op, PeerInfo, Service,
-    Session, SessionCx, SessionError, StateMachine,
+    Session, SessionError, StateMachine,
 };
 use rdmactor::verbs::{Access, RemoteRegion};
 
-use super::machine::{RemoteBuf, RpingAction, RpingConfig, RpingSession};
+use super::machine::{RemoteBuf, RpingAction, RpingConfig, RpingError, RpingSession};
 
 /// Serves the unmodified rdma-core `rping -c` client.
 #[derive(Debug, Clone, Copy, Default)]
@@ -41,11 +41,8 @@ struct RpingDriver {
     buf: Option<BufId>,
 }
 
-/// Which of the machine's operations completed.
-enum Posted {
-    Read,
-    Write,
-}
+/// The machine's input for a posted operation's completion.
+type Completed = fn(&mut RpingSession) -> Result<(), RpingError>;
 
 fn err(e: impl std::fmt::Display) -> SessionError {
     SessionError::new(format!("rping: {e}"))
@@ -61,65 +58,55 @@ fn region(remote: RemoteBuf) -> RemoteRegion {
 
 impl Driver for RpingDriver {
     type Machine = RpingSession;
-    type Posted = Posted;
+    type Posted = Completed;
 
     fn on_message(
         &mut self,
-        m: &mut MachineCx<'_, RpingSession, Posted>,
-        _cx: &mut SessionCx<'_>,
+        cx: &mut MachineCx<'_, '_, Self>,
         msg: Incoming,
     ) -> Result<(), SessionError> {
-        m.machine.handle_recv(&msg.data).map_err(err)
+        cx.machine.handle_recv(&msg.data).map_err(err)
     }
 
     fn on_op(
         &mut self,
-        m: &mut MachineCx<'_, RpingSession, Posted>,
-        _cx: &mut SessionCx<'_>,
-        posted: Posted,
+        cx: &mut MachineCx<'_, '_, Self>,
+        completed: Completed,
         result: rdmactor::verbs::Result<()>,
     ) -> Result<(), SessionError> {
         result.map_err(err)?;
-        match posted {
-            Posted::Read => m.machine.handle_read_done(),
-            Posted::Write => m.machine.handle_write_done(),
-        }
-        .map_err(err)
+        completed(cx.machine).map_err(err)
     }
 
     fn carry(
         &mut self,
-        m: &mut MachineCx<'_, RpingSession, Posted>,
-        cx: &mut SessionCx<'_>,
+        cx: &mut MachineCx<'_, '_, Self>,
         action: RpingAction,
     ) -> Result<Flow, SessionError> {
+        // Only the local NIC touches this buffer (READ target, WRITE source), so it
+        // needs no remote access at all.
+        let len = cx.machine.buffer_len() as usize;
         let buf = match self.buf {
-            Some(b) => b,
-            None => {
-                // Only the local NIC touches this buffer (READ target, WRITE source),
-                // so it needs no remote access at all.
-                let b = cx.register(m.machine.buffer_len() as usize, Access::LOCAL_WRITE)?;
-                self.buf = Some(b);
-                b
-            }
+            Some(buf) => buf,
+            None => *self.buf.insert(cx.conn.register(len, Access::LOCAL_WRITE)?),
         };
         match action {
             RpingAction::Read { remote } => {
                 let range = 0..remote.len as usize;
                 let src = region(remote);
-                m.post(cx, Op::Read { buf, range, src }, Posted::Read)?;
+                cx.post(Op::Read { buf, range, src }, RpingSession::handle_read_done)?;
             }
             RpingAction::Write { remote, len } => {
-                let (range, dst) = (0..len as usize, region(remote));
+                let (range, dst, imm) = (0..len as usize, region(remote), None);
                 let write = Op::Write {
                     buf,
                     range,
                     dst,
-                    imm: None,
+                    imm,
                 };
-                m.post(cx, write, Posted::Write)?;
+                cx.post(write, RpingSession::handle_write_done)?;
             }
-            RpingAction::Send { bytes } => cx.send_raw(&bytes, None)?,
+            RpingAction::Send { bytes } => cx.conn.send_raw(&bytes, None)?,
         }
         Ok(Flow::Continue)
     }

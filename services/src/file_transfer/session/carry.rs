@@ -4,12 +4,10 @@
 
 use std::sync::Arc;
 
-use rdmactor::runtime::{Flow, Op, SessionCx, SessionError};
+use rdmactor::runtime::{Flow, MachineCx, Op, SessionError};
 use rdmactor::verbs::{Access, RemoteRegion};
 
-use super::{
-    fail, FileSession, Files, Posted, ADMITTED, CHUNK_READ, COMMIT_DONE, CONSUMED, PREPARED,
-};
+use super::{fail, FileSession, ADMITTED, CHUNK_READ, COMMIT_DONE, CONSUMED, PREPARED};
 use crate::file_transfer::endpoint::{ChunkWrite, Endpoint, Outcome, Output};
 use crate::file_transfer::owner::Admit;
 use crate::file_transfer::wire::RemoteWindow;
@@ -27,19 +25,18 @@ impl FileSession {
     /// a chunk to read off the poller, so that the outputs after it keep their order.
     pub(super) fn carry_out(
         &mut self,
-        m: &mut Files<'_>,
-        cx: &mut SessionCx<'_>,
+        cx: &mut MachineCx<'_, '_, Self>,
         out: Output,
     ) -> std::result::Result<Flow, SessionError> {
-        let server = &mut *m.machine;
+        let (server, conn) = (&mut *cx.machine, &mut *cx.conn);
         match out {
-            Output::Send(msg) => cx.send(0, msg.encode())?,
+            Output::Send(msg) => conn.send(0, msg.encode())?,
             Output::GrantWindow { len } => {
                 let len = usize::try_from(len)
                     .map_err(|_| SessionError::new(format!("window of {len} bytes")))?;
                 // Out of registrable memory is the server's condition: the
                 // client is told why its offer is refused, the connection stays.
-                let buf = match cx.register(len, Access::REMOTE_WRITE) {
+                let buf = match conn.register(len, Access::REMOTE_WRITE) {
                     Ok(buf) => buf,
                     Err(e) => {
                         tracing::warn!(error = %e, len, "cannot register an upload window");
@@ -48,21 +45,21 @@ impl FileSession {
                     }
                 };
                 self.window = Some(buf);
-                let region = remote_window(cx.remote(buf)?);
+                let region = remote_window(conn.remote(buf)?);
                 server.handle_window(region).map_err(fail)?;
             }
             Output::Revoke => {
                 if let Some(buf) = self.window.take() {
-                    cx.free(buf);
+                    conn.free(buf);
                 }
             }
             Output::Stage { len } => {
                 let len = usize::try_from(len)
                     .map_err(|_| SessionError::new(format!("staging of {len} bytes")))?;
                 if let Some(old) = self.staging.take() {
-                    cx.free(old);
+                    conn.free(old);
                 }
-                self.staging = Some(cx.register(len, Access::NONE)?);
+                self.staging = Some(conn.register(len, Access::NONE)?);
             }
             Output::WriteChunk(chunk) => {
                 if self.staging.is_none() {
@@ -71,17 +68,17 @@ impl FileSession {
                 // Read on the blocking pool; the outputs after this one (more
                 // chunks, `Done`) wait for it, so they keep their order.
                 let job = server.take_read(&chunk).map_err(fail)?;
-                self.reading = Some((chunk, cx.spawn_blocking(CHUNK_READ, move || job.run())));
+                self.reading = Some((chunk, conn.spawn_blocking(CHUNK_READ, move || job.run())));
                 return Ok(Flow::Pause);
             }
             Output::Consume => {
                 if let Some(job) = server.take_consume() {
-                    self.consume = Some(cx.spawn_blocking(CONSUMED, move || job.run()));
+                    self.consume = Some(conn.spawn_blocking(CONSUMED, move || job.run()));
                 }
             }
             Output::Admit { client, len, free } => {
                 let admit = Admit { client, len, free };
-                self.admitting = Some(cx.ask(ADMITTED, &self.quota, admit));
+                self.admitting = Some(conn.ask(ADMITTED, &self.quota, admit));
             }
             Output::Prepare => {
                 let job = server.take_prepare().ok_or_else(|| {
@@ -89,14 +86,14 @@ impl FileSession {
                 })?;
                 let closed = Arc::clone(&self.closed);
                 self.prepare =
-                    Some(cx.spawn_blocking(PREPARED, move || job.run_cancellable(&closed)));
+                    Some(conn.spawn_blocking(PREPARED, move || job.run_cancellable(&closed)));
             }
             Output::Commit => {
                 let temp = server.take_commit().ok_or_else(|| {
                     SessionError::new("file transfer: a commit asked for without a file")
                 })?;
                 self.commit =
-                    Some(cx.spawn_blocking(COMMIT_DONE, move || temp.commit_identified()));
+                    Some(conn.spawn_blocking(COMMIT_DONE, move || temp.commit_identified()));
             }
             Output::Finished(outcome) => {
                 self.log(&outcome);
@@ -111,10 +108,10 @@ impl FileSession {
                 }
                 // Freed after the WRITEs still reading it complete.
                 if let Some(buf) = self.staging.take() {
-                    cx.free(buf);
+                    conn.free(buf);
                 }
                 if let Some(buf) = self.window.take() {
-                    cx.free(buf);
+                    conn.free(buf);
                 }
                 self.transfer += 1;
             }
@@ -126,8 +123,7 @@ impl FileSession {
     /// memcpy) and posts its WRITE_WITH_IMM.
     pub(super) fn post_chunk(
         &mut self,
-        m: &mut Files<'_>,
-        cx: &mut SessionCx<'_>,
+        cx: &mut MachineCx<'_, '_, Self>,
         chunk: &ChunkWrite,
         bytes: &[u8],
     ) -> std::result::Result<(), SessionError> {
@@ -135,7 +131,8 @@ impl FileSession {
             .staging
             .ok_or_else(|| SessionError::new("file transfer: chunk before Stage"))?;
         let range = chunk.range();
-        cx.bytes_mut(buf)?
+        cx.conn
+            .bytes_mut(buf)?
             .get_mut(range.clone())
             .filter(|dst| dst.len() == bytes.len())
             .ok_or_else(|| SessionError::new("file transfer: chunk outside stage"))?
@@ -150,11 +147,7 @@ impl FileSession {
             },
             imm: Some(chunk.imm()),
         };
-        let posted = Posted {
-            transfer: self.transfer,
-            index: chunk.index,
-        };
-        m.post(cx, write, posted)?;
+        cx.post(write, (self.transfer, chunk.index))?;
         Ok(())
     }
 
