@@ -22,8 +22,9 @@
 //!   ([`echo::Echo`]), a one-way counter ([`echo::Discard`]) and a raw one for plain verbs
 //!   clients ([`echo::RawEcho`]).
 //! - [`rping`]: a protocol of someone else's as a pure state machine
-//!   ([`rping::RpingSession`]: `handle_*` in, `poll_action` out) and the thin session that
-//!   drives it over one-sided READ and WRITE.
+//!   ([`rping::RpingSession`]: `handle_*` in, `poll_action` out) and the thin driver that
+//!   carries its actions out over one-sided READ and WRITE (through
+//!   [`MachineSession`](rdmactor::runtime::MachineSession)).
 //! - [`file_transfer`]: everything at full size: state machines for both sides with a
 //!   deterministic in-memory harness and randomized message sequences, a session that only
 //!   turns their outputs into verbs work, work on the blocking pool, a per-service owner

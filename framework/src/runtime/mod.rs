@@ -22,6 +22,7 @@ mod connection;
 mod device_watch;
 mod handler;
 mod handshakes;
+mod machine;
 mod node;
 mod oob;
 mod poller;
@@ -45,6 +46,7 @@ pub use connection::{
 pub use handler::{
     Answer, CallError, HandlerService, OneSidedError, Refusal, RequestCx, RequestHandler,
 };
+pub use machine::{Driver, Flow, MachineCx, MachineSession, StateMachine};
 pub use oob::{OobOptions, OobPort, OobStats, OobTransport};
 pub use poller::PollMode;
 pub use recv_groups::ReserveStats;

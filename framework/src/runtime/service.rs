@@ -173,13 +173,7 @@ pub trait Session: Send + Unpin + 'static {
         tag: u32,
         why: crate::proto::budget::BudgetError,
     ) -> Result<(), SessionError> {
-        if let crate::proto::budget::BudgetError::NoRoom { .. } = why {
-            tracing::warn!(tag, %why, "a message was dropped");
-            return Ok(());
-        }
-        Err(SessionError::new(format!(
-            "the peer refused message {tag}: {why}"
-        )))
+        refused_by_default(tag, why)
     }
 
     /// A [`SessionWaker`](super::SessionWaker) of this connection was woken with `token`
@@ -191,6 +185,20 @@ pub trait Session: Send + Unpin + 'static {
 
     /// The connection is closing for `reason`; nothing can be sent any more.
     fn on_close(&mut self, _reason: &super::CloseReason) {}
+}
+
+/// [`Session::on_refused`]'s default, shared with the state-machine adapter's.
+pub(crate) fn refused_by_default(
+    tag: u32,
+    why: crate::proto::budget::BudgetError,
+) -> Result<(), SessionError> {
+    if let crate::proto::budget::BudgetError::NoRoom { .. } = why {
+        tracing::warn!(tag, %why, "a message was dropped");
+        return Ok(());
+    }
+    Err(SessionError::new(format!(
+        "the peer refused message {tag}: {why}"
+    )))
 }
 
 impl Session for Box<dyn Session> {

@@ -1,6 +1,7 @@
 //! The `files` service: drives one [`Server`] state machine per connection over
-//! rdmactor. The state machine decides; this driver only turns its [`Output`]s into
-//! verbs work (register, send, post WRITE_WITH_IMM, deregister) and feeds events back.
+//! rdmactor, in a [`MachineSession`]. The state machine decides; this driver only turns
+//! its [`Output`](super::endpoint::Output)s into verbs work (register, send, post
+//! WRITE_WITH_IMM, deregister) and feeds events back.
 //!
 //! Buffers, per connection and per transfer:
 //!
@@ -15,20 +16,19 @@
 //! `slots × slot_len` is larger than the pool's largest class by default, and a
 //! registration per transfer costs little next to a file.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::{Addr, Recipient};
 use rdmactor::runtime::{
-    Asked, Blocking, BufId, CloseReason, Incoming, OpId, PeerInfo, Service, Session, SessionCx,
-    SessionError,
+    Asked, Blocking, BufId, CloseReason, Driver, Flow, Incoming, MachineCx, MachineSession,
+    PeerInfo, Service, Session, SessionError, StateMachine,
 };
 
 use super::config::Config;
 use super::digests::{DigestCache, DigestStats, FileKey};
-use super::endpoint::{ChunkWrite, Endpoint};
+use super::endpoint::{ChunkWrite, Endpoint, Output};
 use super::error::{Result, TransferError};
 use super::owner::{Admission, Admit, QuotaOwner};
 use super::quota::PreparationLimit;
@@ -39,7 +39,7 @@ use super::store::{Reaper, StoreError};
 use super::wire::{Msg, RejectReason};
 use rdmactor::shared::Owner;
 
-mod drive;
+mod carry;
 mod stall;
 
 /// The file-transfer service (register it as `files`): uploads into
@@ -176,17 +176,15 @@ impl Service for FileTransfer {
         let owner = self
             .owner
             .get_or_start(|| QuotaOwner::new(self.config.client_quota, Arc::clone(&self.uploads)));
-        Box::new(FileSession {
+        let server = Server::new(Arc::clone(&self.config))
+            .with_reaper(self.reaper.clone())
+            .with_quota(client)
+            .with_drain_flag(Arc::clone(&self.draining))
+            .with_digests(Arc::clone(&self.digests))
+            .with_preparation_limit(Arc::clone(&self.preparations));
+        let driver = FileSession {
             quota: owner.recipient(),
             admitting: None,
-            server: Some(
-                Server::new(Arc::clone(&self.config))
-                    .with_reaper(self.reaper.clone())
-                    .with_quota(client)
-                    .with_drain_flag(Arc::clone(&self.draining))
-                    .with_digests(Arc::clone(&self.digests))
-                    .with_preparation_limit(Arc::clone(&self.preparations)),
-            ),
             digests: Arc::clone(&self.digests),
             stored_key: None,
             peer: peer
@@ -194,7 +192,6 @@ impl Service for FileTransfer {
                 .map_or_else(|| format!("qp {}", peer.qp_num), |a| a.to_string()),
             window: None,
             staging: None,
-            writes: HashMap::new(),
             transfer: 0,
             commit: None,
             consume: None,
@@ -204,16 +201,26 @@ impl Service for FileTransfer {
             stall: self.config.stall,
             heard: Instant::now(),
             stall_armed: false,
-        })
+        };
+        // The adapter drops the state machine when the connection closes, which hands
+        // the temporary file of an unfinished upload to the reaper right away, not when
+        // the actor goes.
+        Box::new(MachineSession::new(server, driver))
     }
 }
 
+impl StateMachine for Server {
+    type Output = Output;
+    fn poll_output(&mut self) -> Option<Output> {
+        Endpoint::poll_output(self)
+    }
+}
+
+/// A chunk WRITE posted: the transfer it belongs to, and the chunk index.
+type Posted = (u64, u32);
+
 /// One connection's driver.
 struct FileSession {
-    /// `None` once the connection closed: dropping the state machine hands the
-    /// temporary file of an unfinished upload to the reaper right away, not when the
-    /// actor goes.
-    server: Option<Server>,
     /// For logs.
     peer: String,
     /// The service's quota owner, asked to admit each offer.
@@ -224,9 +231,6 @@ struct FileSession {
     window: Option<BufId>,
     /// The staging buffer of the download in progress.
     staging: Option<BufId>,
-    /// Chunk WRITEs posted and not yet completed: the transfer they belong to, and the
-    /// chunk index.
-    writes: HashMap<OpId, (u64, u32)>,
     /// Counts finished transfers. A completion from an earlier transfer is dropped:
     /// after its verdict the state machine may already be in a new role that would
     /// take it for a protocol error.
@@ -248,7 +252,8 @@ struct FileSession {
     /// Set when the connection closes, so that a fetch being hashed stops reading.
     closed: Arc<AtomicBool>,
     /// The chunk of a download being read on the blocking pool; its WRITE is posted,
-    /// and the state machine's later outputs carried out, when the read is done.
+    /// and the state machine's later outputs carried out (the drain is paused till
+    /// then), when the read is done.
     reading: Option<(ChunkWrite, Blocking<ChunkRead>)>,
     /// [`Config::stall`]: how long a transfer may wait on the peer.
     stall: Option<Duration>,
@@ -279,18 +284,17 @@ fn fail(e: TransferError) -> SessionError {
     SessionError::new(format!("file transfer: {e}"))
 }
 
-/// Callbacks after `on_close` (the framework makes none, but a session must not panic).
-fn closed() -> SessionError {
-    SessionError::new("file transfer: connection closed")
-}
+impl Driver for FileSession {
+    type Machine = Server;
+    type Posted = Posted;
 
-impl Session for FileSession {
     fn on_message(
         &mut self,
-        cx: &mut SessionCx<'_>,
+        cx: &mut MachineCx<'_, '_, Self>,
         msg: Incoming,
     ) -> std::result::Result<(), SessionError> {
         self.heard = Instant::now();
+        let server = &mut *cx.machine;
         match msg.imm {
             // A chunk landed in the window (WRITE_WITH_IMM: no bytes in the message).
             Some(index) => {
@@ -303,152 +307,166 @@ impl Session for FileSession {
                 let window = self.window.ok_or_else(|| {
                     SessionError::new(format!("file transfer: chunk {index} without a window"))
                 })?;
-                let server = self.server.as_mut().ok_or_else(closed)?;
                 let range = server.chunk_range(index).map_err(fail)?;
-                let bytes = cx.bytes(window)?.get(range).ok_or_else(|| {
+                let bytes = cx.conn.bytes(window)?.get(range).ok_or_else(|| {
                     SessionError::new(format!("file transfer: chunk {index} outside the window"))
                 })?;
-                server.handle_chunk(index, bytes).map_err(fail)?;
+                server.handle_chunk(index, bytes).map_err(fail)
             }
             None => {
-                let m = Msg::decode(&msg.data).map_err(fail)?;
-                self.server()?.handle_msg(m).map_err(fail)?;
+                let msg = Msg::decode(&msg.data).map_err(fail)?;
+                server.handle_msg(msg).map_err(fail)
             }
         }
-        self.drive(cx)
     }
 
     fn on_op(
         &mut self,
-        cx: &mut SessionCx<'_>,
-        op: OpId,
+        cx: &mut MachineCx<'_, '_, Self>,
+        (transfer, index): Posted,
         result: rdmactor::verbs::Result<()>,
     ) -> std::result::Result<(), SessionError> {
         self.heard = Instant::now();
-        let Some((transfer, index)) = self.writes.remove(&op) else {
-            return Err(SessionError::new(format!(
-                "file transfer: completion of unknown {op:?}"
-            )));
-        };
         result.map_err(|e| {
             SessionError::new(format!("file transfer: WRITE of chunk {index} failed: {e}"))
         })?;
         if transfer != self.transfer {
+            // From an earlier transfer: the state machine, in a new role now, would take
+            // it for a protocol error.
             return Ok(());
         }
-        self.server()?.handle_write_done(index).map_err(fail)?;
-        self.drive(cx)
+        cx.machine.handle_write_done(index).map_err(fail)
     }
 
     fn on_wake(
         &mut self,
-        cx: &mut SessionCx<'_>,
+        cx: &mut MachineCx<'_, '_, Self>,
         token: u64,
     ) -> std::result::Result<(), SessionError> {
         if token == STALL_CHECK {
-            return self.check_stall(cx);
+            return self.check_stall(cx.machine, cx.conn);
         }
         // One of this session's own jobs finished: the transfer moved.
         self.heard = Instant::now();
-        if token == CHUNK_READ {
-            let Some(result) = self
-                .reading
-                .as_ref()
-                .and_then(|(_, blocking)| blocking.try_take())
-            else {
-                return Ok(());
-            };
-            let (chunk, _) = self.reading.take().expect("checked above");
-            if self.server()?.is_finished() {
-                // The transfer was aborted while this chunk was read: it is not sent.
-                return self.drive(cx);
+        let server = &mut *cx.machine;
+        match token {
+            CHUNK_READ => {
+                let Some(result) = self
+                    .reading
+                    .as_ref()
+                    .and_then(|(_, blocking)| blocking.try_take())
+                else {
+                    return Ok(());
+                };
+                let (chunk, _) = self.reading.take().expect("checked above");
+                cx.resume();
+                if cx.machine.is_finished() {
+                    // The transfer was aborted while this chunk was read: it is not sent.
+                    return Ok(());
+                }
+                let read = result.map_err(|e| {
+                    SessionError::new(format!("file transfer: reading chunk {}: {e}", chunk.index))
+                })?;
+                let bytes = cx.machine.handle_read(read).map_err(fail)?;
+                if cx.machine.stopped_sending() {
+                    // The read failed and the transfer was aborted: nothing to post.
+                    return Ok(());
+                }
+                self.post_chunk(cx, &chunk, &bytes)
             }
-            let read = result.map_err(|e| {
-                SessionError::new(format!("file transfer: reading chunk {}: {e}", chunk.index))
-            })?;
-            let bytes = self.server()?.handle_read(read).map_err(fail)?;
-            if self.server()?.stopped_sending() {
-                // The read failed and the transfer was aborted: nothing to post.
-                return self.drive(cx);
+            CONSUMED => {
+                let Some(result) = self.consume.as_ref().and_then(Blocking::try_take) else {
+                    return Ok(());
+                };
+                self.consume = None;
+                let consumed = result.map_err(|e| {
+                    SessionError::new(format!("file transfer: consuming chunks: {e}"))
+                })?;
+                server.handle_consumed(consumed).map_err(fail)
             }
-            self.post_chunk(cx, &chunk, &bytes)?;
-            return self.drive(cx);
+            ADMITTED => {
+                let Some(answer) = self.admitting.as_ref().and_then(Asked::try_take) else {
+                    return Ok(());
+                };
+                self.admitting = None;
+                let answer = answer.unwrap_or_else(|e| {
+                    Err(RejectReason::Unavailable {
+                        reason: format!("the quota keeper: {e}"),
+                    })
+                });
+                server.handle_admitted(answer).map_err(fail)
+            }
+            PREPARED => {
+                let Some(result) = self.prepare.as_ref().and_then(Blocking::try_take) else {
+                    return Ok(());
+                };
+                self.prepare = None;
+                let result = result.unwrap_or_else(|e| {
+                    Err(RejectReason::Unavailable {
+                        reason: e.to_string(),
+                    })
+                });
+                server.handle_prepared(result).map_err(fail)
+            }
+            COMMIT_DONE => {
+                let Some(result) = self.commit.as_ref().and_then(Blocking::try_take) else {
+                    return Ok(());
+                };
+                self.commit = None;
+                let result = result
+                    .unwrap_or_else(|e| {
+                        Err(StoreError::Io {
+                            op: "commit",
+                            path: std::path::PathBuf::new(),
+                            source: std::io::Error::other(e.to_string()),
+                        })
+                    })
+                    .map(|(path, key)| {
+                        self.stored_key = key;
+                        path
+                    });
+                server.handle_committed(result).map_err(fail)
+            }
+            _ => Ok(()),
         }
-        if token == CONSUMED {
-            let Some(result) = self.consume.as_ref().and_then(Blocking::try_take) else {
-                return Ok(());
-            };
-            self.consume = None;
-            let consumed = result
-                .map_err(|e| SessionError::new(format!("file transfer: consuming chunks: {e}")))?;
-            self.server()?.handle_consumed(consumed).map_err(fail)?;
-            return self.drive(cx);
-        }
-        if token == ADMITTED {
-            let Some(answer) = self.admitting.as_ref().and_then(Asked::try_take) else {
-                return Ok(());
-            };
-            self.admitting = None;
-            let answer = answer.unwrap_or_else(|e| {
-                Err(RejectReason::Unavailable {
-                    reason: format!("the quota keeper: {e}"),
-                })
-            });
-            self.server()?.handle_admitted(answer).map_err(fail)?;
-            return self.drive(cx);
-        }
-        if token == PREPARED {
-            let Some(result) = self.prepare.as_ref().and_then(Blocking::try_take) else {
-                return Ok(());
-            };
-            self.prepare = None;
-            let result = result.unwrap_or_else(|e| {
-                Err(RejectReason::Unavailable {
-                    reason: e.to_string(),
-                })
-            });
-            self.server()?.handle_prepared(result).map_err(fail)?;
-            return self.drive(cx);
-        }
-        if token != COMMIT_DONE {
-            return Ok(());
-        }
-        let Some(result) = self.commit.as_ref().and_then(Blocking::try_take) else {
-            return Ok(());
-        };
-        self.commit = None;
-        let result = result
-            .unwrap_or_else(|e| {
-                Err(StoreError::Io {
-                    op: "commit",
-                    path: std::path::PathBuf::new(),
-                    source: std::io::Error::other(e.to_string()),
-                })
-            })
-            .map(|(path, key)| {
-                self.stored_key = key;
-                path
-            });
-        self.server()?.handle_committed(result).map_err(fail)?;
-        self.drive(cx)
     }
 
-    fn on_close(&mut self, reason: &CloseReason) {
+    fn carry(
+        &mut self,
+        cx: &mut MachineCx<'_, '_, Self>,
+        out: Output,
+    ) -> std::result::Result<Flow, SessionError> {
+        self.carry_out(cx, out)
+    }
+
+    fn drained(
+        &mut self,
+        cx: &mut MachineCx<'_, '_, Self>,
+    ) -> std::result::Result<(), SessionError> {
+        if let (false, Some(limit)) = (self.busy(), self.stall) {
+            self.arm_stall(cx.machine, cx.conn, limit);
+        }
+        Ok(())
+    }
+
+    fn on_close(&mut self, server: Server, reason: &CloseReason) {
         self.closed.store(true, Ordering::Relaxed);
         let committing = self.commit.take().is_some();
         if committing {
             tracing::info!(peer = %self.peer, %reason,
                 "connection closed while its verified file was being stored; the file is kept, the verdict is lost");
         }
-        if let Some(server) = self.server.take() {
-            if !committing && !server.is_finished() {
-                tracing::info!(peer = %self.peer, %reason, state = server.state_name(),
-                    "connection closed mid-transfer; discarding it");
-            }
+        if !committing && !server.is_finished() {
+            tracing::info!(peer = %self.peer, %reason, state = server.state_name(),
+                "connection closed mid-transfer; discarding it");
         }
-        self.writes.clear();
+        drop(server);
         self.reading = None;
         // An answer still on its way is dropped with it, which gives its share back.
         self.admitting = None;
+    }
+
+    fn error(what: String) -> SessionError {
+        SessionError::new(format!("file transfer: {what}"))
     }
 }

@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use rdmactor::runtime::{PeerInfo, Service, Session};
+use rdmactor::runtime::{MachineSession, PeerInfo, Service, Session};
 
 use super::config::LambdaConfig;
 use super::job::Invocations;
@@ -117,14 +117,14 @@ impl Service for LambdaService {
             .owner
             .get_or_start(|| LambdaOwner::new(self.sandbox.clone(), self.config.max_jobs));
         let client = ClientId(self.next_client.fetch_add(1, Ordering::Relaxed));
-        Box::new(LambdaSession::new(
-            Invocations::new(self.config),
+        let driver = LambdaSession::new(
             self.sandbox.clone(),
             self.natives.clone(),
             ClientHold::new(client, owner.clone()),
             owner,
             self.config.max_jobs,
-        ))
+        );
+        Box::new(MachineSession::new(Invocations::new(self.config), driver))
     }
 }
 

@@ -1,14 +1,14 @@
-//! The session: one connection's driver. It feeds the job state machine with requests,
-//! completions and finished jobs, and carries out its actions (READ, run off the actor,
-//! WRITE, reply).
+//! The session: one connection's driver of the job state machine ([`Invocations`], in a
+//! [`MachineSession`](rdmactor::runtime::MachineSession)). It feeds the machine with
+//! requests, completions and finished jobs, and carries out its actions (READ, run off
+//! the actor, WRITE, reply).
 
-use std::collections::HashMap;
 use std::sync::{mpsc, Arc};
 
 use actix::{Addr, Recipient};
 use rdmactor::runtime::{
-    AskError, Asked, Blocking, BufId, Incoming, Op, OpId, Session, SessionCx, SessionError,
-    SessionWaker,
+    AskError, Asked, Blocking, BufId, Driver, Flow, Incoming, MachineCx, Op, SessionCx,
+    SessionError, SessionWaker, StateMachine,
 };
 use rdmactor::verbs::Access;
 
@@ -18,7 +18,8 @@ use super::owner::{ClientHold, Go, Insert, JobSlot, LambdaOwner, Start, Want};
 use super::sandbox::{Compiled, LambdaError, ModuleHash, Sandbox};
 use super::wire::LambdaRequest;
 
-enum PendingOp {
+/// What a posted READ or WRITE was for.
+pub(super) enum PendingOp {
     Read {
         job: usize,
         buf: BufId,
@@ -31,8 +32,14 @@ enum PendingOp {
     },
 }
 
+impl StateMachine for Invocations {
+    type Output = Action;
+    fn poll_output(&mut self) -> Option<Action> {
+        self.poll_action()
+    }
+}
+
 pub(super) struct LambdaSession {
-    core: Invocations,
     /// Compiles uploads and runs modules, on job threads.
     sandbox: Arc<Sandbox>,
     natives: Arc<NativeLambdas>,
@@ -48,7 +55,6 @@ pub(super) struct LambdaSession {
     hashing: Vec<(usize, Hashing)>,
     /// The service's job slots, for the refusal when no thread can start.
     max_jobs: usize,
-    ops: HashMap<OpId, PendingOp>,
     done_tx: mpsc::Sender<(usize, Finished)>,
     done_rx: mpsc::Receiver<(usize, Finished)>,
 }
@@ -97,7 +103,6 @@ fn owner_gone(e: AskError) -> SessionError {
 
 impl LambdaSession {
     pub(super) fn new(
-        core: Invocations,
         sandbox: Arc<Sandbox>,
         natives: Arc<NativeLambdas>,
         client: ClientHold,
@@ -106,7 +111,6 @@ impl LambdaSession {
     ) -> Self {
         let (done_tx, done_rx) = mpsc::channel();
         LambdaSession {
-            core,
             sandbox,
             natives,
             client,
@@ -115,7 +119,6 @@ impl LambdaSession {
             asks: Vec::new(),
             hashing: Vec::new(),
             max_jobs,
-            ops: HashMap::new(),
             done_tx,
             done_rx,
         }
@@ -128,24 +131,24 @@ impl LambdaSession {
             .or_else(|_| cx.register(len, Access::LOCAL_WRITE))
     }
 
-    /// Collects finished jobs and the owner's answers, then carries out every action.
-    fn drive(&mut self, cx: &mut SessionCx<'_>) -> Result<(), SessionError> {
-        let waker = cx.waker();
+    /// Feeds the machine the jobs that finished and the owner's answers that came, at
+    /// every callback (not only at their wake-ups), so that the next request sees them.
+    fn collect(&mut self, cx: &mut MachineCx<'_, '_, Self>) -> Result<(), SessionError> {
         while let Ok((job, finished)) = self.done_rx.try_recv() {
             match finished {
-                Finished::Outcome(outcome) => self.core.handle_outcome(job, outcome),
+                Finished::Outcome(outcome) => cx.machine.handle_outcome(job, outcome),
                 Finished::Compiled(Ok((hash, compiled))) => {
                     let insert = Insert {
                         client: self.client.id,
                         hash,
                         compiled,
                     };
-                    let answer = cx.ask(job as u64, &self.insert, insert);
+                    let answer = cx.conn.ask(job as u64, &self.insert, insert);
                     self.asks.push(Ask::Insert { job, hash, answer });
                 }
                 Finished::Compiled(Err(e)) => {
                     rdmactor::metrics::lambda_module_load("refused");
-                    self.core.handle_outcome(job, Outcome::Loaded(Err(e)));
+                    cx.machine.handle_outcome(job, Outcome::Loaded(Err(e)));
                 }
             }
         }
@@ -153,11 +156,11 @@ impl LambdaSession {
             match hashing.try_take() {
                 None => self.hashing.push((job, hashing)),
                 Some(Ok((hash, module))) => {
-                    self.ask_start(cx, job, Work::Load(module), Vec::new(), Some(hash));
+                    self.ask_start(cx.conn, job, Work::Load(module), Vec::new(), Some(hash));
                 }
                 Some(Err(e)) => {
                     let e = LambdaError::Trap(format!("hashing the module: {e}"));
-                    self.core.handle_outcome(job, Outcome::Loaded(Err(e)));
+                    cx.machine.handle_outcome(job, Outcome::Loaded(Err(e)));
                 }
             }
         }
@@ -178,88 +181,17 @@ impl LambdaSession {
                         answer,
                     }),
                     Some(answer) => match answer.map_err(owner_gone)? {
-                        Err(e) => self.core.handle_outcome(job, refused(&work, e)),
-                        Ok(go) => self.go(job, work, input, hash, go, waker.clone()),
+                        Err(e) => cx.machine.handle_outcome(job, refused(&work, e)),
+                        Ok(go) => self.go(cx, job, work, input, hash, go),
                     },
                 },
                 Ask::Insert { job, hash, answer } => match answer.try_take() {
                     None => self.asks.push(Ask::Insert { job, hash, answer }),
                     Some(answer) => {
                         let loaded = answer.map_err(owner_gone)?.map(|()| hash);
-                        self.core.handle_outcome(job, Outcome::Loaded(loaded));
+                        cx.machine.handle_outcome(job, Outcome::Loaded(loaded));
                     }
                 },
-            }
-        }
-        while let Some(action) = self.core.poll_action() {
-            match action {
-                Action::Reply { tag, response } => {
-                    let bytes = postcard::to_allocvec(&response)
-                        .map_err(|e| SessionError::new(e.to_string()))?;
-                    cx.send(tag, bytes)?;
-                }
-                Action::ReadInput {
-                    job,
-                    offset,
-                    src,
-                    len,
-                } => {
-                    // At the pool's cap this one request fails, not the connection.
-                    let buf = match Self::buffer(cx, len) {
-                        Ok(buf) => buf,
-                        Err(e) => {
-                            tracing::warn!(error = %e, len, "no buffer for a lambda's input chunk");
-                            self.core.input_refused(job, &e.to_string());
-                            continue;
-                        }
-                    };
-                    let op = cx.post(Op::Read {
-                        buf,
-                        range: 0..len,
-                        src,
-                    })?;
-                    self.ops.insert(
-                        op,
-                        PendingOp::Read {
-                            job,
-                            buf,
-                            offset,
-                            len,
-                        },
-                    );
-                }
-                Action::WriteOutput { job, dst, data } => {
-                    // At the pool's cap this one request fails, not the connection.
-                    let buf = match Self::buffer(cx, data.len()) {
-                        Ok(buf) => buf,
-                        Err(e) => {
-                            tracing::warn!(error = %e, len = data.len(), "no buffer for a lambda's output");
-                            self.core.output_refused(job, &e.to_string());
-                            continue;
-                        }
-                    };
-                    cx.bytes_mut(buf)?[..data.len()].copy_from_slice(&data);
-                    let op = cx.post(Op::Write {
-                        buf,
-                        range: 0..data.len(),
-                        dst,
-                        imm: None,
-                    })?;
-                    self.ops.insert(op, PendingOp::Write { job, buf });
-                }
-                Action::Run {
-                    job,
-                    work: Work::Load(module),
-                    ..
-                } => {
-                    // A module is as large as the service allows (MiBs): hashed on the
-                    // runtime's blocking pool, not on the poller thread that serves every
-                    // connection on it; the owner is asked once the hash is in.
-                    let hashing =
-                        cx.spawn_blocking(job as u64, move || (ModuleHash::of(&module), module));
-                    self.hashing.push((job, hashing));
-                }
-                Action::Run { job, work, input } => self.ask_start(cx, job, work, input, None),
             }
         }
         Ok(())
@@ -323,12 +255,12 @@ impl LambdaSession {
     /// Carries out the owner's answer to a job's start.
     fn go(
         &mut self,
+        cx: &mut MachineCx<'_, '_, Self>,
         job: usize,
         work: Work,
         input: Vec<u8>,
         hash: Option<ModuleHash>,
         go: Go<JobSlot>,
-        waker: SessionWaker,
     ) {
         let sandbox = self.sandbox.clone();
         let natives = self.natives.clone();
@@ -341,7 +273,7 @@ impl LambdaSession {
         let run: Box<dyn FnOnce() -> Finished + Send> = match (go, work) {
             (Go::Held, Work::Load(module)) => {
                 let hash = hash.unwrap_or_else(|| ModuleHash::of(&module));
-                return self.core.handle_outcome(job, Outcome::Loaded(Ok(hash)));
+                return cx.machine.handle_outcome(job, Outcome::Loaded(Ok(hash)));
             }
             (Go::Compile(slot), Work::Load(module)) => Box::new(move || {
                 let compiled = sandbox.compile(&module);
@@ -361,59 +293,139 @@ impl LambdaSession {
             (_, work) => {
                 // The owner answers what was asked; anything else is a bug here.
                 let e = LambdaError::Trap("the service answered another request".into());
-                return self.core.handle_outcome(job, refused(&work, e));
+                return cx.machine.handle_outcome(job, refused(&work, e));
             }
         };
-        if !self.spawn_job(job, run, waker) {
+        if !self.spawn_job(job, run, cx.conn.waker()) {
             // The closure (and its slot) dropped with the error.
-            self.core.handle_outcome(job, busy);
+            cx.machine.handle_outcome(job, busy);
         }
     }
 }
 
-impl Session for LambdaSession {
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
+impl Driver for LambdaSession {
+    type Machine = Invocations;
+    type Posted = PendingOp;
+
+    fn on_message(
+        &mut self,
+        cx: &mut MachineCx<'_, '_, Self>,
+        msg: Incoming,
+    ) -> Result<(), SessionError> {
         let req: LambdaRequest = postcard::from_bytes(&msg.data)
             .map_err(|e| SessionError::new(format!("malformed lambda request: {e}")))?;
         if msg.tag == 0 {
             return Err(SessionError::new("lambda requests need a reply tag"));
         }
-        self.core.handle_request(msg.tag, req);
-        self.drive(cx)
+        cx.machine.handle_request(msg.tag, req);
+        self.collect(cx)
     }
 
-    /// A job thread finished (the token is its job; `drive` collects every finished one).
-    fn on_wake(&mut self, cx: &mut SessionCx<'_>, _job: u64) -> Result<(), SessionError> {
-        self.drive(cx)
+    /// A job thread finished (the token is its job; `collect` takes every finished one).
+    fn on_wake(&mut self, cx: &mut MachineCx<'_, '_, Self>, _job: u64) -> Result<(), SessionError> {
+        self.collect(cx)
     }
 
     fn on_op(
         &mut self,
-        cx: &mut SessionCx<'_>,
-        op: OpId,
+        cx: &mut MachineCx<'_, '_, Self>,
+        pending: PendingOp,
         result: rdmactor::verbs::Result<()>,
     ) -> Result<(), SessionError> {
-        let pending = self
-            .ops
-            .remove(&op)
-            .ok_or_else(|| SessionError::new(format!("completion of unknown {op:?}")))?;
         let (job, buf, what) = match pending {
             PendingOp::Read { job, buf, .. } => (job, buf, "reading the input"),
             PendingOp::Write { job, buf } => (job, buf, "writing the output"),
         };
         if let Err(e) = result {
-            cx.free(buf);
+            cx.conn.free(buf);
             // The QP is in error; the connection closes after this call.
             return Err(SessionError::new(format!("{what} of job {job}: {e}")));
         }
         match pending {
             PendingOp::Read { offset, len, .. } => {
-                self.core.handle_input(job, offset, &cx.bytes(buf)?[..len]);
+                cx.machine
+                    .handle_input(job, offset, &cx.conn.bytes(buf)?[..len]);
             }
-            PendingOp::Write { .. } => self.core.handle_written(job),
+            PendingOp::Write { .. } => cx.machine.handle_written(job),
         }
-        cx.free(buf);
-        self.drive(cx)
+        cx.conn.free(buf);
+        self.collect(cx)
+    }
+
+    fn carry(
+        &mut self,
+        cx: &mut MachineCx<'_, '_, Self>,
+        action: Action,
+    ) -> Result<Flow, SessionError> {
+        match action {
+            Action::Reply { tag, response } => {
+                let bytes = postcard::to_allocvec(&response)
+                    .map_err(|e| SessionError::new(e.to_string()))?;
+                cx.conn.send(tag, bytes)?;
+            }
+            Action::ReadInput {
+                job,
+                offset,
+                src,
+                len,
+            } => {
+                // At the pool's cap this one request fails, not the connection.
+                let buf = match Self::buffer(cx.conn, len) {
+                    Ok(buf) => buf,
+                    Err(e) => {
+                        tracing::warn!(error = %e, len, "no buffer for a lambda's input chunk");
+                        cx.machine.input_refused(job, &e.to_string());
+                        return Ok(Flow::Continue);
+                    }
+                };
+                let read = Op::Read {
+                    buf,
+                    range: 0..len,
+                    src,
+                };
+                let pending = PendingOp::Read {
+                    job,
+                    buf,
+                    offset,
+                    len,
+                };
+                cx.post(read, pending)?;
+            }
+            Action::WriteOutput { job, dst, data } => {
+                // At the pool's cap this one request fails, not the connection.
+                let buf = match Self::buffer(cx.conn, data.len()) {
+                    Ok(buf) => buf,
+                    Err(e) => {
+                        tracing::warn!(error = %e, len = data.len(), "no buffer for a lambda's output");
+                        cx.machine.output_refused(job, &e.to_string());
+                        return Ok(Flow::Continue);
+                    }
+                };
+                cx.conn.bytes_mut(buf)?[..data.len()].copy_from_slice(&data);
+                let write = Op::Write {
+                    buf,
+                    range: 0..data.len(),
+                    dst,
+                    imm: None,
+                };
+                cx.post(write, PendingOp::Write { job, buf })?;
+            }
+            Action::Run {
+                job,
+                work: Work::Load(module),
+                ..
+            } => {
+                // A module is as large as the service allows (MiBs): hashed on the
+                // runtime's blocking pool, not on the poller thread that serves every
+                // connection on it; the owner is asked once the hash is in.
+                let hashing = cx
+                    .conn
+                    .spawn_blocking(job as u64, move || (ModuleHash::of(&module), module));
+                self.hashing.push((job, hashing));
+            }
+            Action::Run { job, work, input } => self.ask_start(cx.conn, job, work, input, None),
+        }
+        Ok(Flow::Continue)
     }
 }
 

@@ -1,11 +1,12 @@
 //! The rping-compatible service: drives [`RpingSession`] over a raw connection.
 
 use rdmactor::runtime::{
-    BufId, Framing, Incoming, Op, OpId, PeerInfo, Service, Session, SessionCx, SessionError,
+    BufId, Driver, Flow, Framing, Incoming, MachineCx, MachineSession, Op, PeerInfo, Service,
+    Session, SessionError, StateMachine,
 };
 use rdmactor::verbs::{Access, RemoteRegion};
 
-use super::machine::{RpingAction, RpingConfig, RpingSession};
+use super::machine::{RemoteBuf, RpingAction, RpingConfig, RpingError, RpingSession};
 
 /// Serves the unmodified rdma-core `rping -c` client.
 #[derive(Debug, Clone, Copy, Default)]
@@ -21,93 +22,96 @@ impl Service for Rping {
     }
 
     fn session(&self, _peer: &PeerInfo) -> Box<dyn Session> {
-        Box::new(RpingDriver {
-            machine: RpingSession::new(self.config),
-            buf: None,
-            read: None,
-            write: None,
-        })
+        Box::new(MachineSession::new(
+            RpingSession::new(self.config),
+            RpingDriver { buf: None },
+        ))
     }
 }
 
-struct RpingDriver {
-    machine: RpingSession,
-    buf: Option<BufId>,
-    read: Option<OpId>,
-    write: Option<OpId>,
+impl StateMachine for RpingSession {
+    type Output = RpingAction;
+    fn poll_output(&mut self) -> Option<RpingAction> {
+        self.poll_action()
+    }
 }
+
+/// Carries out the machine's actions: the one registered buffer, READs, WRITEs, SENDs.
+struct RpingDriver {
+    buf: Option<BufId>,
+}
+
+/// The machine's input for a posted operation's completion.
+type Completed = fn(&mut RpingSession) -> Result<(), RpingError>;
 
 fn err(e: impl std::fmt::Display) -> SessionError {
     SessionError::new(format!("rping: {e}"))
 }
 
-impl RpingDriver {
-    /// Turns the machine's pending actions into posts.
-    fn drive(&mut self, cx: &mut SessionCx<'_>) -> Result<(), SessionError> {
-        while let Some(action) = self.machine.poll_action() {
-            let buf = match self.buf {
-                Some(b) => b,
-                None => {
-                    // Only the local NIC touches this buffer (READ target, WRITE source),
-                    // so it needs no remote access at all.
-                    let b = cx.register(self.machine.buffer_len() as usize, Access::LOCAL_WRITE)?;
-                    self.buf = Some(b);
-                    b
-                }
-            };
-            match action {
-                RpingAction::Read { remote } => {
-                    let src = RemoteRegion {
-                        addr: remote.addr,
-                        len: remote.len as u64,
-                        rkey: remote.rkey,
-                    };
-                    let range = 0..remote.len as usize;
-                    self.read = Some(cx.post(Op::Read { buf, range, src })?);
-                }
-                RpingAction::Write { remote, len } => {
-                    let dst = RemoteRegion {
-                        addr: remote.addr,
-                        len: remote.len as u64,
-                        rkey: remote.rkey,
-                    };
-                    let range = 0..len as usize;
-                    self.write = Some(cx.post(Op::Write {
-                        buf,
-                        range,
-                        dst,
-                        imm: None,
-                    })?);
-                }
-                RpingAction::Send { bytes } => cx.send_raw(&bytes, None)?,
-            }
-        }
-        Ok(())
+fn region(remote: RemoteBuf) -> RemoteRegion {
+    RemoteRegion {
+        addr: remote.addr,
+        len: remote.len as u64,
+        rkey: remote.rkey,
     }
 }
 
-impl Session for RpingDriver {
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
-        self.machine.handle_recv(&msg.data).map_err(err)?;
-        self.drive(cx)
+impl Driver for RpingDriver {
+    type Machine = RpingSession;
+    type Posted = Completed;
+
+    fn on_message(
+        &mut self,
+        cx: &mut MachineCx<'_, '_, Self>,
+        msg: Incoming,
+    ) -> Result<(), SessionError> {
+        cx.machine.handle_recv(&msg.data).map_err(err)
     }
 
     fn on_op(
         &mut self,
-        cx: &mut SessionCx<'_>,
-        op: OpId,
+        cx: &mut MachineCx<'_, '_, Self>,
+        completed: Completed,
         result: rdmactor::verbs::Result<()>,
     ) -> Result<(), SessionError> {
         result.map_err(err)?;
-        if self.read == Some(op) {
-            self.read = None;
-            self.machine.handle_read_done().map_err(err)?;
-        } else if self.write == Some(op) {
-            self.write = None;
-            self.machine.handle_write_done().map_err(err)?;
-        } else {
-            return Err(err(format!("completion of unknown {op:?}")));
+        completed(cx.machine).map_err(err)
+    }
+
+    fn carry(
+        &mut self,
+        cx: &mut MachineCx<'_, '_, Self>,
+        action: RpingAction,
+    ) -> Result<Flow, SessionError> {
+        // Only the local NIC touches this buffer (READ target, WRITE source), so it
+        // needs no remote access at all.
+        let len = cx.machine.buffer_len() as usize;
+        let buf = match self.buf {
+            Some(buf) => buf,
+            None => *self.buf.insert(cx.conn.register(len, Access::LOCAL_WRITE)?),
+        };
+        match action {
+            RpingAction::Read { remote } => {
+                let range = 0..remote.len as usize;
+                let src = region(remote);
+                cx.post(Op::Read { buf, range, src }, RpingSession::handle_read_done)?;
+            }
+            RpingAction::Write { remote, len } => {
+                let (range, dst, imm) = (0..len as usize, region(remote), None);
+                let write = Op::Write {
+                    buf,
+                    range,
+                    dst,
+                    imm,
+                };
+                cx.post(write, RpingSession::handle_write_done)?;
+            }
+            RpingAction::Send { bytes } => cx.conn.send_raw(&bytes, None)?,
         }
-        self.drive(cx)
+        Ok(Flow::Continue)
+    }
+
+    fn error(what: String) -> SessionError {
+        err(what)
     }
 }

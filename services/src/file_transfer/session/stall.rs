@@ -1,6 +1,6 @@
-//! The stall deadline of a transfer waiting on a silent peer: apart from the output
-//! driver because it is one timer with its own rule (the server's own jobs do not count
-//! against the peer), armed after every event.
+//! The stall deadline of a transfer waiting on a silent peer: apart from carrying out
+//! outputs because it is one timer with its own rule (the server's own jobs do not count
+//! against the peer), armed after every drain.
 
 use std::time::Duration;
 
@@ -8,6 +8,7 @@ use rdmactor::runtime::{SessionCx, SessionError};
 
 use super::{FileSession, STALL_CHECK};
 use crate::file_transfer::endpoint::Endpoint;
+use crate::file_transfer::server::Server;
 use crate::file_transfer::wire::RejectReason;
 
 impl FileSession {
@@ -23,12 +24,12 @@ impl FileSession {
     }
 
     /// Arms the stall deadline for `after` when a transfer waits on the peer and none
-    /// is armed. Called after every event, so the one timer follows the transfer.
-    pub(super) fn arm_stall(&mut self, cx: &mut SessionCx<'_>, after: Duration) {
+    /// is armed. Called after every drain, so the one timer follows the transfer.
+    pub(super) fn arm_stall(&mut self, server: &Server, cx: &mut SessionCx<'_>, after: Duration) {
         if self.stall_armed || self.stall.is_none() {
             return;
         }
-        if self.server.as_ref().is_some_and(|s| s.waits_on_peer()) {
+        if server.waits_on_peer() {
             self.stall_armed = true;
             cx.wake_after(STALL_CHECK, after);
         }
@@ -38,30 +39,30 @@ impl FileSession {
     /// for the whole limit, or arms the deadline again for what is left of it.
     pub(super) fn check_stall(
         &mut self,
+        server: &mut Server,
         cx: &mut SessionCx<'_>,
     ) -> std::result::Result<(), SessionError> {
         self.stall_armed = false;
         let Some(limit) = self.stall else {
             return Ok(());
         };
-        let waiting = self.server.as_ref().is_some_and(|s| s.waits_on_peer());
-        if !waiting {
+        if !server.waits_on_peer() {
             return Ok(());
         }
         // While the server's own job runs the peer owes nothing: a whole limit again.
         let busy = self.busy();
         let silent = self.heard.elapsed();
         if busy || silent < limit {
-            self.arm_stall(cx, if busy { limit } else { limit - silent });
+            self.arm_stall(server, cx, if busy { limit } else { limit - silent });
             return Ok(());
         }
         let reason = RejectReason::Stalled {
             secs: limit.as_secs(),
         };
-        let state = self.server()?.state_name();
+        let state = server.state_name();
         tracing::warn!(peer = %self.peer, state, %reason,
             "ending a transfer whose peer went silent; its window, staging and share are freed");
-        self.server()?.give_up(reason);
-        self.drive(cx)
+        server.give_up(reason);
+        Ok(())
     }
 }

@@ -1,0 +1,173 @@
+//! Carrying out the state machine's outputs for one connection (registering, sending,
+//! posting WRITEs, freeing): apart from the session's callbacks (`session.rs`) because
+//! every callback's outputs end here, and this is where the driver touches verbs.
+
+use std::sync::Arc;
+
+use rdmactor::runtime::{Flow, MachineCx, Op, SessionError};
+use rdmactor::verbs::{Access, RemoteRegion};
+
+use super::{fail, FileSession, ADMITTED, CHUNK_READ, COMMIT_DONE, CONSUMED, PREPARED};
+use crate::file_transfer::endpoint::{ChunkWrite, Endpoint, Outcome, Output};
+use crate::file_transfer::owner::Admit;
+use crate::file_transfer::wire::RemoteWindow;
+
+fn remote_window(r: RemoteRegion) -> RemoteWindow {
+    RemoteWindow {
+        addr: r.addr,
+        len: r.len,
+        rkey: r.rkey,
+    }
+}
+
+impl FileSession {
+    /// Carries out one output (see [`Endpoint`] for the order they come in); pauses at
+    /// a chunk to read off the poller, so that the outputs after it keep their order.
+    pub(super) fn carry_out(
+        &mut self,
+        cx: &mut MachineCx<'_, '_, Self>,
+        out: Output,
+    ) -> std::result::Result<Flow, SessionError> {
+        let (server, conn) = (&mut *cx.machine, &mut *cx.conn);
+        match out {
+            Output::Send(msg) => conn.send(0, msg.encode())?,
+            Output::GrantWindow { len } => {
+                let len = usize::try_from(len)
+                    .map_err(|_| SessionError::new(format!("window of {len} bytes")))?;
+                // Out of registrable memory is the server's condition: the
+                // client is told why its offer is refused, the connection stays.
+                let buf = match conn.register(len, Access::REMOTE_WRITE) {
+                    Ok(buf) => buf,
+                    Err(e) => {
+                        tracing::warn!(error = %e, len, "cannot register an upload window");
+                        server.window_refused(e.to_string()).map_err(fail)?;
+                        return Ok(Flow::Continue);
+                    }
+                };
+                self.window = Some(buf);
+                let region = remote_window(conn.remote(buf)?);
+                server.handle_window(region).map_err(fail)?;
+            }
+            Output::Revoke => {
+                if let Some(buf) = self.window.take() {
+                    conn.free(buf);
+                }
+            }
+            Output::Stage { len } => {
+                let len = usize::try_from(len)
+                    .map_err(|_| SessionError::new(format!("staging of {len} bytes")))?;
+                if let Some(old) = self.staging.take() {
+                    conn.free(old);
+                }
+                self.staging = Some(conn.register(len, Access::NONE)?);
+            }
+            Output::WriteChunk(chunk) => {
+                if self.staging.is_none() {
+                    return Err(SessionError::new("file transfer: chunk before Stage"));
+                }
+                // Read on the blocking pool; the outputs after this one (more
+                // chunks, `Done`) wait for it, so they keep their order.
+                let job = server.take_read(&chunk).map_err(fail)?;
+                self.reading = Some((chunk, conn.spawn_blocking(CHUNK_READ, move || job.run())));
+                return Ok(Flow::Pause);
+            }
+            Output::Consume => {
+                if let Some(job) = server.take_consume() {
+                    self.consume = Some(conn.spawn_blocking(CONSUMED, move || job.run()));
+                }
+            }
+            Output::Admit { client, len, free } => {
+                let admit = Admit { client, len, free };
+                self.admitting = Some(conn.ask(ADMITTED, &self.quota, admit));
+            }
+            Output::Prepare => {
+                let job = server.take_prepare().ok_or_else(|| {
+                    SessionError::new("file transfer: a fetch to prepare without a job")
+                })?;
+                let closed = Arc::clone(&self.closed);
+                self.prepare =
+                    Some(conn.spawn_blocking(PREPARED, move || job.run_cancellable(&closed)));
+            }
+            Output::Commit => {
+                let temp = server.take_commit().ok_or_else(|| {
+                    SessionError::new("file transfer: a commit asked for without a file")
+                })?;
+                self.commit =
+                    Some(conn.spawn_blocking(COMMIT_DONE, move || temp.commit_identified()));
+            }
+            Output::Finished(outcome) => {
+                self.log(&outcome);
+                // The digest the upload was verified against is the stored file's:
+                // a fetch of it need not read it again.
+                if let (Outcome::Stored { len, digest, .. }, Some(key)) =
+                    (&outcome, self.stored_key.take())
+                {
+                    if key.len == *len {
+                        self.digests.insert(key, *digest);
+                    }
+                }
+                // Freed after the WRITEs still reading it complete.
+                if let Some(buf) = self.staging.take() {
+                    conn.free(buf);
+                }
+                if let Some(buf) = self.window.take() {
+                    conn.free(buf);
+                }
+                self.transfer += 1;
+            }
+        }
+        Ok(Flow::Continue)
+    }
+
+    /// Copies a chunk read off the poller into its range of the staging buffer (a
+    /// memcpy) and posts its WRITE_WITH_IMM.
+    pub(super) fn post_chunk(
+        &mut self,
+        cx: &mut MachineCx<'_, '_, Self>,
+        chunk: &ChunkWrite,
+        bytes: &[u8],
+    ) -> std::result::Result<(), SessionError> {
+        let buf = self
+            .staging
+            .ok_or_else(|| SessionError::new("file transfer: chunk before Stage"))?;
+        let range = chunk.range();
+        cx.conn
+            .bytes_mut(buf)?
+            .get_mut(range.clone())
+            .filter(|dst| dst.len() == bytes.len())
+            .ok_or_else(|| SessionError::new("file transfer: chunk outside stage"))?
+            .copy_from_slice(bytes);
+        let write = Op::Write {
+            buf,
+            range,
+            dst: RemoteRegion {
+                addr: chunk.remote.addr,
+                len: chunk.remote.len,
+                rkey: chunk.remote.rkey,
+            },
+            imm: Some(chunk.imm()),
+        };
+        cx.post(write, (self.transfer, chunk.index))?;
+        Ok(())
+    }
+
+    pub(super) fn log(&self, outcome: &Outcome) {
+        let peer = &self.peer;
+        match outcome {
+            Outcome::Stored { path, len, digest } => {
+                rdmactor::metrics::file_transfer(true, *len);
+                tracing::info!(%peer, path = %path.display(), len, %digest, "stored");
+            }
+            Outcome::Delivered { .. } => tracing::info!(%peer, "delivered"),
+            Outcome::Bad(reason) => {
+                rdmactor::metrics::file_transfer(false, 0);
+                tracing::warn!(%peer, %reason, "BAD")
+            }
+            Outcome::Rejected(reason) => tracing::info!(%peer, %reason, "rejected"),
+            Outcome::Aborted(reason) => {
+                rdmactor::metrics::file_transfer(false, 0);
+                tracing::warn!(%peer, %reason, "aborted")
+            }
+        }
+    }
+}
