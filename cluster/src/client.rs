@@ -28,6 +28,19 @@ pub trait Connector {
     ) -> impl Future<Output = Result<Self::Connection, Self::Error>>;
 }
 
+/// A borrowed connector: a `ClusterClient<&Client>` leaves the client with its owner.
+impl<C: Connector> Connector for &C {
+    type Connection = C::Connection;
+    type Error = C::Error;
+    fn connect(
+        &self,
+        addr: SocketAddr,
+        service: &str,
+    ) -> impl Future<Output = Result<Self::Connection, Self::Error>> {
+        (**self).connect(addr, service)
+    }
+}
+
 #[cfg(feature = "rdmactor")]
 impl Connector for rdmactor::runtime::Client {
     type Connection = rdmactor::runtime::ClientConnection;
