@@ -8,6 +8,8 @@
 //! - [`logs`]: logs to stderr with a default filter, so stdout carries only the lines
 //!   scripts and tests parse.
 //! - [`lambdas`]: the example lambda modules the binaries upload.
+//! - [`cluster`]: `--cluster` and `--etcd`, the way into a cluster of servers
+//!   registered in etcd.
 //! - [`kv`]: the key-value service written as a request handler, and its client;
 //!   [`kv_session`]: the same service as a raw session, for comparison.
 //!
@@ -18,6 +20,7 @@
 
 #![deny(missing_docs)]
 
+pub mod cluster;
 pub mod kv;
 pub mod kv_session;
 pub mod lambdas;

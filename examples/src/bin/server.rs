@@ -4,7 +4,11 @@
 //! server --listen 192.0.2.1:7471 --listen 192.0.2.1:7174=rping --max-connections 1000
 //! server --listen 192.0.2.1:7471 --files-dir /srv/files --secret-file /etc/rdmactor/secrets
 //! server --listen 192.0.2.1:7471 --metrics 127.0.0.1:9464   # Prometheus at /metrics
+//! server --listen 192.0.2.1:7471 --cluster lab --etcd http://192.0.2.9:2379
 //! ```
+//! With `--cluster`, the server registers its services in etcd once it listens
+//! (`rdmactor-cluster`: a lease kept alive, the load reported), and at shutdown marks
+//! itself draining and withdraws before it drains. Without it, no etcd is touched.
 //! rdmactor clients pick a service by name in their connect request; plain rdma_cm
 //! clients (rping, lab programs) reach the default service of the port they connect to.
 //! `--oob-rc 18515 --oob-uc 18516 --oob-ud 18517 --oob-srq 18518` also serves unmodified
@@ -23,7 +27,8 @@ use rdmactor::runtime::{
     SharedRecvConfig, TransportConfig,
 };
 use rdmactor::verbs::Mtu;
-use rdmactor_examples::{logs, transport};
+use rdmactor_cluster::{Load, Registrar, RegistrationConfig};
+use rdmactor_examples::{cluster::ClusterArgs, logs, transport};
 use rdmactor_services::echo::{Discard, Echo, RawEcho};
 use rdmactor_services::file_transfer::{ClientQuota, Config as FilesConfig, FileTransfer};
 use rdmactor_services::ingest::{IngestConfig, IngestService, Record};
@@ -177,6 +182,59 @@ struct Args {
     metrics: Option<SocketAddr>,
     #[command(flatten)]
     transport: transport::Transport,
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    /// With --cluster: the address clients are told to connect to (default: the first
+    /// --listen address, unless it is a wildcard).
+    #[arg(long, requires = "cluster", value_name = "ADDR:PORT")]
+    advertise: Option<SocketAddr>,
+    /// With --cluster: this server's id in the cluster, unique and the same across
+    /// restarts (default: the advertised address).
+    #[arg(long, requires = "cluster", value_name = "ID")]
+    node_id: Option<String>,
+    /// With --cluster: the lease's time to live, in seconds: how long a server that died
+    /// without withdrawing stays listed at most.
+    #[arg(long, requires = "cluster", default_value_t = 5)]
+    lease_ttl_secs: u64,
+}
+
+/// The services registered with --cluster: those reached through rdma_cm by name (the
+/// stock-* services serve the out-of-band ports only).
+const CLUSTER_SERVICES: [&str; 8] = [
+    "echo", "discard", "raw-echo", "pingpong", "rping", "lambda", "read", "ingest",
+];
+
+/// With --cluster: starts registering the server's services (in the background: etcd
+/// being down is logged and retried, never fatal).
+fn start_registrar(
+    args: &Args,
+    listening: &[SocketAddr],
+    files: bool,
+) -> Result<Option<Registrar>> {
+    let Some((cluster, etcd)) = args.cluster.etcd()? else {
+        return Ok(None);
+    };
+    let addr = match args.advertise {
+        Some(addr) => addr,
+        None => *listening
+            .iter()
+            .find(|a| !a.ip().is_unspecified())
+            .context("--cluster needs --advertise: no --listen address is one clients can reach")?,
+    };
+    let node = args.node_id.clone().unwrap_or_else(|| addr.to_string());
+    let mut services: Vec<&str> = CLUSTER_SERVICES.to_vec();
+    if files {
+        services.push("files");
+    }
+    let mut config = RegistrationConfig::new(&cluster, &node, addr, services);
+    config.ttl = std::time::Duration::from_secs(args.lease_ttl_secs.max(1));
+    println!(
+        "cluster: registering node {node} ({addr}) in {cluster} via {}",
+        etcd.endpoints.join(",")
+    );
+    Registrar::start(etcd, config)
+        .map(Some)
+        .context("--cluster")
 }
 
 /// The out-of-band ports the `--oob-*` flags ask for.
@@ -463,6 +521,9 @@ fn main() -> Result<()> {
             let transport = stats.transport.map_or("?".into(), |t| t.to_string());
             println!("listening out of band on {addr} ({transport})");
         }
+        // Registered only once it listens: a client never finds a server not yet ready.
+        let registrar = start_registrar(&args, server.local_addrs(), files_drain.is_some())?;
+        let pool_max_bytes = (args.pool_mib as u64) << 20;
         // Once a second, from `Server::stats`: the pool's gauges (with --metrics), and a
         // line whenever the RDMA device goes or comes back, and while it is gone whenever
         // the count of connections still letting go of it changes (the first sample
@@ -471,6 +532,14 @@ fn main() -> Result<()> {
             let mut shown = (true, None);
             loop {
                 let stats = server.stats().await;
+                if let Some(registrar) = &registrar {
+                    // Written to etcd only when it changed, at most every 2 s.
+                    registrar.set_load(Load {
+                        connections: stats.connections as u64,
+                        pool_bytes: (stats.pool.registered_bytes + stats.pool.charged_bytes) as u64,
+                        pool_max_bytes,
+                    });
+                }
                 if metrics.is_some() {
                     rdmactor::metrics::record_pool(&stats.pool);
                     rdmactor::metrics::record_shared_receives(&stats.shared_receives_posted);
@@ -497,6 +566,16 @@ fn main() -> Result<()> {
             () = sample => {}
         }
         tracing::info!("signal received; shutting down");
+        // First out of the registry (draining, then the lease revoked), so that clients
+        // stop picking this server; then the drain.
+        if let Some(registrar) = registrar {
+            match registrar.withdraw().await {
+                Ok(()) => println!("cluster: withdrawn"),
+                Err(err) => {
+                    eprintln!("cluster: withdraw: {err} (the lease expires within its TTL)")
+                }
+            }
+        }
         if let Some(files) = &files_drain {
             // New transfers are refused with "the server is shutting down"; uploads
             // under way get up to --files-drain-secs to finish.
