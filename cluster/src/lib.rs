@@ -72,3 +72,8 @@ pub use membership::Membership;
 pub use record::{Load, NodeRecord};
 pub use registrar::{Registrar, RegistrationConfig, RegistrationState};
 pub use table::NodeInfo;
+
+/// The gauge: 1 while the node is registered, 0 otherwise. Labels `cluster`, `node`.
+pub const METRIC_REGISTERED: &str = "rdmactor_cluster_registered";
+/// The counter of failed registration attempts and lost leases. Labels `cluster`, `node`.
+pub const METRIC_FAILURES: &str = "rdmactor_cluster_registration_failures_total";

@@ -41,12 +41,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::etcd::EtcdConfig;
 use crate::record::{check_name, node_key, Load, NodeRecord};
-use crate::{Error, Result};
-
-/// The gauge: 1 while the node is registered, 0 otherwise. Labels `cluster`, `node`.
-pub const METRIC_REGISTERED: &str = "rdmactor_cluster_registered";
-/// The counter of failed registration attempts and lost leases. Labels `cluster`, `node`.
-pub const METRIC_FAILURES: &str = "rdmactor_cluster_registration_failures_total";
+use crate::{Error, Result, METRIC_FAILURES, METRIC_REGISTERED};
 
 /// What a node registers, and how.
 #[derive(Debug, Clone)]
