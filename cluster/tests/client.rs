@@ -13,7 +13,7 @@ use rdmactor_cluster::{
     pick, ClusterClient, ClusterError, Connector, Load, NodeRecord, Placement, Registrar,
     RegistrationConfig, RegistrationState,
 };
-use util::Etcd;
+use util::{Etcd, EtcdExt};
 
 /// Connects to any address but those refused; remembers where it connected.
 #[derive(Default)]

@@ -11,7 +11,7 @@ use etcd_client::GetOptions;
 use rdmactor_cluster::{
     record, Load, Membership, Registrar, RegistrationConfig, RegistrationState,
 };
-use util::{eventually, Etcd};
+use util::{eventually, Etcd, EtcdExt};
 
 const TTL: Duration = Duration::from_secs(2);
 

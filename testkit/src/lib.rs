@@ -11,6 +11,7 @@
 //! - [`client`]: an actix System to run in, opening connections, polling until a
 //!   condition holds, a blocking client on its own thread.
 //! - [`pair`]: a client/server pair of blocking endpoints over rdma_cm.
+//! - [`etcd`]: a real etcd on free loopback ports, for the cluster's tests.
 //!
 //! Only [`pattern`] is useful without an RDMA device; the rest needs one (the Soft-RoCE
 //! VM of `scripts/test`).
@@ -22,6 +23,7 @@
 
 pub mod client;
 pub mod device;
+pub mod etcd;
 pub mod pair;
 mod pattern;
 pub mod server;

@@ -1,0 +1,162 @@
+//! A real etcd for tests: `/usr/bin/etcd` (Debian's etcd-server, which scripts/setup
+//! installs) on free loopback ports in a temporary directory, killed on drop. No mock:
+//! the cluster's rules are etcd's (leases, watches, transactions). Shared by the cluster
+//! crate's native tests and the VM test of `server --cluster`.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// One etcd member, a cluster of its own.
+pub struct Etcd {
+    dir: tempfile::TempDir,
+    binary: PathBuf,
+    client_port: u16,
+    peer_port: u16,
+    child: Option<Child>,
+}
+
+/// Where etcd is: `$RDMACTOR_ETCD`, else `/usr/bin/etcd`.
+fn binary() -> PathBuf {
+    std::env::var_os("RDMACTOR_ETCD")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/bin/etcd"))
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port()
+}
+
+impl Etcd {
+    /// Starts etcd and waits until it is healthy. Without an etcd binary this fails
+    /// the test, saying to run scripts/setup, unless `RDMACTOR_SKIP_ETCD=1` asks to
+    /// skip (then it returns `None` and says so on stderr).
+    pub fn start() -> Option<Etcd> {
+        let binary = binary();
+        if !binary.exists() {
+            if std::env::var("RDMACTOR_SKIP_ETCD").as_deref() == Ok("1") {
+                eprintln!(
+                    "SKIPPED: no etcd at {} and RDMACTOR_SKIP_ETCD=1",
+                    binary.display()
+                );
+                return None;
+            }
+            panic!(
+                "no etcd at {}: run scripts/setup (it installs Debian's etcd-server), \
+                 point RDMACTOR_ETCD at an etcd binary, or set RDMACTOR_SKIP_ETCD=1 to skip \
+                 the etcd tests",
+                binary.display()
+            );
+        }
+        let mut etcd = Etcd {
+            dir: tempfile::tempdir().expect("a temporary directory"),
+            binary,
+            client_port: free_port(),
+            peer_port: free_port(),
+            child: None,
+        };
+        etcd.spawn();
+        Some(etcd)
+    }
+
+    /// The client URL.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+
+    /// SIGKILL, and wait for the process to end.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same data directory and ports.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    fn spawn(&mut self) {
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("etcd.log"))
+            .expect("etcd's log file");
+        let child = Command::new(&self.binary)
+            .arg("--name=test")
+            .arg(format!(
+                "--data-dir={}",
+                self.dir.path().join("data").display()
+            ))
+            .arg(format!("--listen-client-urls={}", self.url()))
+            .arg(format!("--advertise-client-urls={}", self.url()))
+            .arg(format!("--listen-peer-urls={peer}"))
+            .arg(format!("--initial-advertise-peer-urls={peer}"))
+            .arg(format!("--initial-cluster=test={peer}"))
+            .arg("--log-level=warn")
+            .env_remove("ETCD_NAME")
+            .env_remove("ETCD_DATA_DIR")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", self.binary.display()));
+        self.child = Some(child);
+        self.wait_healthy();
+    }
+
+    fn wait_healthy(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if self.healthy() {
+                return;
+            }
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!("etcd exited with {status}:\n{}", self.log_tail());
+            }
+            if Instant::now() > deadline {
+                panic!("etcd not healthy after 20 s:\n{}", self.log_tail());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `GET /health` answers `"health":"true"` once it has a leader.
+    fn healthy(&self) -> bool {
+        let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.client_port)) else {
+            return false;
+        };
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+        let request = "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+        if stream.write_all(request.as_bytes()).is_err() {
+            return false;
+        }
+        let mut answer = String::new();
+        let _ = stream.read_to_string(&mut answer);
+        answer.contains("\"health\":\"true\"")
+    }
+
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
