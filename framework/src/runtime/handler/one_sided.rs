@@ -209,7 +209,8 @@ impl Transfers {
                 return;
             };
             let t = &mut self.transfers[id];
-            let len = (t.len - t.next).min(cx.largest_buffer());
+            // At least a byte a chunk: a pool without classes fails the lease, not the loop.
+            let len = (t.len - t.next).min(cx.largest_buffer().max(1));
             match post_chunk(cx, t, len) {
                 Ok((op, buf)) => {
                     self.chunks.insert(
