@@ -41,6 +41,18 @@ async fn registered(registrar: &Registrar) -> i64 {
     }
 }
 
+/// Node "a" registered for `echo` (its lease returned) and listed by a watcher of it.
+async fn node_a_listed(etcd: &Etcd) -> (Registrar, i64, Membership) {
+    let registrar =
+        Registrar::start(etcd.config(), config("a", "192.0.2.1:7471", &["echo"])).unwrap();
+    let lease = registered(&registrar).await;
+    let echo = Membership::watch(etcd.config(), "test", "echo").unwrap();
+    echo.wait_for(Duration::from_secs(5), |n| n.len() == 1)
+        .await
+        .unwrap();
+    (registrar, lease, echo)
+}
+
 #[tokio::test]
 async fn register_list_report_load_withdraw() {
     let Some(etcd) = Etcd::start() else { return };
@@ -125,13 +137,7 @@ async fn register_list_report_load_withdraw() {
 #[tokio::test]
 async fn draining_is_visible_to_watchers_before_the_node_goes() {
     let Some(etcd) = Etcd::start() else { return };
-    let registrar =
-        Registrar::start(etcd.config(), config("a", "192.0.2.1:7471", &["echo"])).unwrap();
-    registered(&registrar).await;
-    let echo = Membership::watch(etcd.config(), "test", "echo").unwrap();
-    echo.wait_for(Duration::from_secs(5), |n| n.len() == 1)
-        .await
-        .unwrap();
+    let (registrar, _, echo) = node_a_listed(&etcd).await;
     // Record every list the watcher goes through.
     let seen = Arc::new(Mutex::new(Vec::new()));
     let recorder = {
@@ -162,13 +168,7 @@ async fn draining_is_visible_to_watchers_before_the_node_goes() {
 #[tokio::test]
 async fn a_node_that_stops_without_withdrawing_expires_with_its_lease() {
     let Some(etcd) = Etcd::start() else { return };
-    let registrar =
-        Registrar::start(etcd.config(), config("a", "192.0.2.1:7471", &["echo"])).unwrap();
-    registered(&registrar).await;
-    let echo = Membership::watch(etcd.config(), "test", "echo").unwrap();
-    echo.wait_for(Duration::from_secs(5), |n| n.len() == 1)
-        .await
-        .unwrap();
+    let (registrar, _, echo) = node_a_listed(&etcd).await;
     // What SIGKILL does to a server: its keepalive stops, nothing is withdrawn.
     drop(registrar);
     let start = std::time::Instant::now();
@@ -219,13 +219,7 @@ async fn after_etcd_restarts_the_node_is_registered_and_watchers_see_it() {
     let Some(mut etcd) = Etcd::start() else {
         return;
     };
-    let registrar =
-        Registrar::start(etcd.config(), config("a", "192.0.2.1:7471", &["echo"])).unwrap();
-    let before = registered(&registrar).await;
-    let echo = Membership::watch(etcd.config(), "test", "echo").unwrap();
-    echo.wait_for(Duration::from_secs(5), |n| n.len() == 1)
-        .await
-        .unwrap();
+    let (registrar, before, echo) = node_a_listed(&etcd).await;
 
     etcd.kill();
     let mut states = registrar.states();
@@ -263,13 +257,7 @@ async fn after_etcd_restarts_the_node_is_registered_and_watchers_see_it() {
 #[tokio::test]
 async fn a_lost_lease_is_never_reused_the_node_registers_under_a_fresh_one() {
     let Some(etcd) = Etcd::start() else { return };
-    let registrar =
-        Registrar::start(etcd.config(), config("a", "192.0.2.1:7471", &["echo"])).unwrap();
-    let old = registered(&registrar).await;
-    let echo = Membership::watch(etcd.config(), "test", "echo").unwrap();
-    echo.wait_for(Duration::from_secs(5), |n| n.len() == 1)
-        .await
-        .unwrap();
+    let (registrar, old, echo) = node_a_listed(&etcd).await;
     // As if it expired during a partition: revoked behind the registrar's back.
     etcd.client().await.lease_revoke(old).await.unwrap();
     let nodes = echo
