@@ -97,23 +97,12 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
-    use crate::{Load, NodeRecord};
+    use crate::record::test_record;
 
     fn node(id: &str, connections: u64, draining: bool) -> NodeInfo {
         NodeInfo {
             node: id.into(),
-            record: NodeRecord {
-                node: id.into(),
-                service: "echo".into(),
-                addr: "192.0.2.1:7471".parse().unwrap(),
-                version: "0".into(),
-                draining,
-                load: Load {
-                    connections,
-                    pool_bytes: 0,
-                    pool_max_bytes: 0,
-                },
-            },
+            record: test_record(id, draining, connections),
             lease: 1,
             mod_revision: 1,
         }

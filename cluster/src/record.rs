@@ -114,6 +114,23 @@ impl NodeRecord {
     }
 }
 
+/// The record the unit tests of the crate's modules list: node `node` of `echo` at
+/// 192.0.2.1:7471, with `connections` reported.
+#[cfg(test)]
+pub(crate) fn test_record(node: &str, draining: bool, connections: u64) -> NodeRecord {
+    NodeRecord {
+        node: node.into(),
+        service: "echo".into(),
+        addr: "192.0.2.1:7471".parse().unwrap(),
+        version: "0".into(),
+        draining,
+        load: Load {
+            connections,
+            ..Load::default()
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

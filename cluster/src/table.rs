@@ -134,23 +134,12 @@ impl MemberTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Load;
+    use crate::record::test_record;
 
     const PREFIX: &str = "/rdmactor/c/services/echo/";
 
     fn value(node: &str, draining: bool, connections: u64) -> Vec<u8> {
-        NodeRecord {
-            node: node.into(),
-            service: "echo".into(),
-            addr: "192.0.2.1:7471".parse().unwrap(),
-            version: "0".into(),
-            draining,
-            load: Load {
-                connections,
-                ..Load::default()
-            },
-        }
-        .to_json()
+        test_record(node, draining, connections).to_json()
     }
 
     fn entry<'a>(key: &'a str, value: &'a [u8], lease: i64, rev: i64) -> Entry<'a> {
