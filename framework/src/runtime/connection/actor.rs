@@ -9,7 +9,7 @@ use actix::prelude::*;
 
 use super::handshake::Handshake;
 use super::lifecycle::Connection;
-use super::wake::Wake;
+use super::wake::Mailbox;
 use super::Core;
 use crate::proto::credits::Advert;
 use crate::runtime::poller::{self, AbortOnUnwind, Inbox};
@@ -85,8 +85,7 @@ impl<S: Session> ConnectionActor<S> {
             // before the actor's first turn, and a session that starts background work
             // then must already have a waker that reaches it. Weak: a waker held by a job
             // thread must not keep a closed connection alive.
-            core.waker = Some(ctx.address().recipient::<Wake>().downgrade());
-            core.pump_me = Some(ctx.address().recipient::<Pump>().downgrade());
+            core.mailbox = Some(Mailbox::of(&ctx.address()));
             let qp_num = core.qp_num();
             let conn = Rc::new_cyclic(|this| {
                 RefCell::new(Connection {
@@ -100,6 +99,7 @@ impl<S: Session> ConnectionActor<S> {
                     released: Vec::new(),
                     this: this.clone(),
                     actor: ctx.address().downgrade(),
+                    timer: None,
                 })
             });
             let inbox: Weak<dyn Inbox> = Rc::downgrade(&conn) as Weak<RefCell<Connection<S>>>;

@@ -13,16 +13,17 @@
 //! The `RefCell` is never borrowed twice: the poller's pass and the actor's message
 //! handlers are separate turns of the same single-threaded arbiter, and nothing under a
 //! borrow calls back into the poller or the actor synchronously (messages to the actor
-//! are queued, the drain timer is a spawned task).
+//! are queued, the connection's one timer is a spawned task).
 
 use std::cell::RefCell;
 use std::rc::Weak;
+use std::time::Instant;
 
 use actix::prelude::*;
 use actix::WeakAddr;
 
 use super::actor::{CmNotice, ConnClosed, ConnectionActor, Released};
-use super::{Core, SessionCx, DRAIN_TIMEOUT, GOODBYE_TIMEOUT};
+use super::{Core, SessionCx, Timeout};
 use crate::runtime::poller::{self, Inbox};
 use crate::runtime::service::{Session, SessionError};
 use crate::runtime::CloseReason;
@@ -39,10 +40,12 @@ pub(crate) struct Connection<S: Session> {
     /// Disconnected and draining (after the goodbye, if one was sent).
     pub(super) torn_down: bool,
     pub(super) released: Vec<tokio::sync::oneshot::Sender<()>>,
-    /// Itself, for the drain timer.
+    /// Itself, for its timer.
     pub(super) this: Weak<RefCell<Connection<S>>>,
     /// Its actor, stopped once everything is released.
     pub(super) actor: WeakAddr<ConnectionActor<S>>,
+    /// The instant the one timer is armed for (see [`Connection::arm_timer`]).
+    pub(super) timer: Option<Instant>,
 }
 
 impl<S: Session> Connection<S> {
@@ -78,6 +81,7 @@ impl<S: Session> Connection<S> {
         if core.closing.is_some() {
             return;
         }
+        core.set_now(Instant::now());
         let mut cx = SessionCx::new(core);
         let res = catch_session_panic(|| f(&mut self.session, &mut cx));
         let close = cx.close.take();
@@ -92,55 +96,61 @@ impl<S: Session> Connection<S> {
 
     pub(super) fn pump(&mut self) {
         if let Some(core) = self.core.as_mut() {
+            core.set_now(Instant::now());
             if let Err(reason) = core.pump() {
                 self.begin_close(reason);
                 return;
             }
-            if let Some(at) = core.poll_rendezvous_timer() {
-                // Offers the peer has not released by then are revoked and the
-                // connection closes (see `rendezvous.rs`).
-                self.at(at, Core::handle_rendezvous_timer);
-            }
         }
-        if let Some(at) = self.core.as_mut().and_then(Core::poll_liveness_timer) {
-            // Keepalive probes and the idle limit (see `liveness.rs`).
-            self.at(at, Core::handle_liveness_timer);
-        }
-        if let Some(at) = self.core.as_mut().and_then(Core::poll_pool_timer) {
-            // Messages still waiting for the pool then fail (see `pool_wait.rs`).
-            self.at(at, |core, now| {
-                core.handle_pool_timer(now);
-                Ok(())
-            });
-        }
+        self.arm_timer();
     }
 
-    /// At `at`, runs `check` on the core unless the connection is gone, then pumps (the
-    /// check may have changed the queue), or closes on an error. Each deadline's next
-    /// timer is armed by the pump after it.
-    fn at(
-        &mut self,
-        at: std::time::Instant,
-        check: impl FnOnce(&mut Core, std::time::Instant) -> Result<(), CloseReason> + 'static,
-    ) {
+    /// Keeps one timer armed for the core's earliest deadline (see `timeout.rs`): a new
+    /// one only when the deadline is earlier than the one armed. A timer that finds a
+    /// different instant armed when it fires was replaced and does nothing.
+    fn arm_timer(&mut self) {
+        let Some(at) = self.core.as_ref().and_then(Core::poll_timeout) else {
+            return;
+        };
+        if self.timer.is_some_and(|armed| armed <= at) {
+            return;
+        }
+        self.timer = Some(at);
         let this = self.this.clone();
-        actix::spawn(async move {
+        actix::spawn(poller::abort_if_it_panics("connection timer", async move {
             actix::clock::sleep_until(actix::clock::Instant::from_std(at)).await;
-            let Some(conn) = this.upgrade() else {
-                return;
-            };
-            let mut conn = conn.borrow_mut();
-            let Some(core) = conn.core.as_mut() else {
-                return;
-            };
-            match check(core, std::time::Instant::now()) {
-                Ok(()) => {
-                    conn.deliver();
-                    conn.pump();
-                }
-                Err(reason) => conn.begin_close(reason),
+            if let Some(conn) = this.upgrade() {
+                conn.borrow_mut().on_timer(at);
             }
-        });
+        }));
+    }
+
+    fn on_timer(&mut self, at: Instant) {
+        if self.timer != Some(at) {
+            return;
+        }
+        self.timer = None;
+        let Some(core) = self.core.as_mut() else {
+            return;
+        };
+        match core.handle_timeout(Instant::now()) {
+            Ok(Timeout::Checked) => {
+                // A check may have changed the queue (a refusal, a probe).
+                self.deliver();
+                self.pump();
+            }
+            Ok(Timeout::CloseOverdue) if self.torn_down => {
+                tracing::warn!(
+                    conn = %self.label,
+                    outstanding = core.inflight.len(),
+                    "flushed completions did not all arrive; releasing anyway"
+                );
+                self.finish();
+            }
+            Ok(Timeout::CloseOverdue) => self.tear_down(),
+            Err(reason) => self.begin_close(reason),
+        }
+        self.arm_timer();
     }
 
     pub(crate) fn begin_close(&mut self, reason: CloseReason) {
@@ -174,16 +184,8 @@ impl<S: Session> Connection<S> {
         if core.post_goodbye(&reason) || core.await_sends(&reason) {
             // The QP stays up until the peer has read the frame (it disconnects then),
             // or a raw connection's last SENDs have left, for a moment at most.
-            let this = self.this.clone();
-            actix::spawn(poller::abort_if_it_panics(
-                "connection goodbye timer",
-                async move {
-                    actix::clock::sleep(GOODBYE_TIMEOUT).await;
-                    if let Some(conn) = this.upgrade() {
-                        conn.borrow_mut().tear_down();
-                    }
-                },
-            ));
+            core.wait_for_goodbye();
+            self.arm_timer();
             return;
         }
         self.tear_down();
@@ -213,25 +215,8 @@ impl<S: Session> Connection<S> {
             self.finish();
             return;
         }
-        let this = self.this.clone();
-        actix::spawn(poller::abort_if_it_panics(
-            "connection drain timer",
-            async move {
-                actix::clock::sleep(DRAIN_TIMEOUT).await;
-                let Some(conn) = this.upgrade() else {
-                    return;
-                };
-                let mut conn = conn.borrow_mut();
-                if let Some(core) = &conn.core {
-                    tracing::warn!(
-                        conn = %conn.label,
-                        outstanding = core.inflight.len(),
-                        "flushed completions did not all arrive; releasing anyway"
-                    );
-                }
-                conn.finish();
-            },
-        ));
+        core.wait_for_drain();
+        self.arm_timer();
     }
 
     fn finish(&mut self) {
@@ -287,6 +272,7 @@ impl<S: Session> Connection<S> {
     /// and received messages go to the session, then whatever it queued is posted.
     fn on_completions(&mut self, wcs: &[WorkCompletion]) {
         if let Some(core) = self.core.as_mut() {
+            core.set_now(Instant::now());
             core.liveness.heard();
         }
         for (i, wc) in wcs.iter().enumerate() {
@@ -342,7 +328,9 @@ impl<S: Session> Connection<S> {
                 let Some(core) = self.core.as_mut() else {
                     return;
                 };
-                core.establish(std::time::Instant::now());
+                let now = Instant::now();
+                core.set_now(now);
+                core.establish(now);
                 if let Some((_, recv_size)) = peer {
                     core.set_peer_recv_size(recv_size);
                 }

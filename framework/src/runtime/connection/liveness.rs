@@ -123,9 +123,8 @@ fn idle_check_period(idle: Duration) -> Duration {
     (idle / 4).max(Duration::from_millis(100))
 }
 
-/// The connection's side of keepalive and the idle limit: one timer, armed by the actor
-/// from [`Core::poll_liveness_timer`] after each turn, handled by
-/// [`Core::handle_liveness_timer`].
+/// The connection's side of keepalive and the idle limit: deadlines folded into
+/// [`Core::poll_timeout`], checked by [`Core::handle_timeout`].
 impl Core {
     /// The connection is established at `now`: silence and idleness count from here.
     pub(super) fn establish(&mut self, now: Instant) {
@@ -135,27 +134,17 @@ impl Core {
         self.idle_at = self.idle_timeout.map(|idle| now + idle_check_period(idle));
     }
 
-    /// When the actor should next call [`handle_liveness_timer`](Self::handle_liveness_timer),
-    /// if that is not already armed; `None` when it is, or when nothing is due.
-    pub(super) fn poll_liveness_timer(&mut self) -> Option<Instant> {
-        if self.closing.is_some() {
-            return None;
+    /// When keepalive or the idle limit next needs a look (see [`Core::poll_timeout`]).
+    pub(super) fn liveness_deadline(&self) -> Option<Instant> {
+        match (self.keepalive_at, self.idle_at) {
+            (Some(k), Some(i)) => Some(k.min(i)),
+            (k, i) => k.or(i),
         }
-        let next = match (self.keepalive_at, self.idle_at) {
-            (Some(k), Some(i)) => k.min(i),
-            (k, i) => k.or(i)?,
-        };
-        if self.liveness_armed == Some(next) {
-            return None;
-        }
-        self.liveness_armed = Some(next);
-        Some(next)
     }
 
-    /// The liveness timer fired at `now`: the keepalive check (a probe, or the verdict
-    /// that the peer is unreachable) and the idle check, whichever are due.
-    pub(super) fn handle_liveness_timer(&mut self, now: Instant) -> Result<(), CloseReason> {
-        self.liveness_armed = None;
+    /// The keepalive check (a probe, or the verdict that the peer is unreachable) and the
+    /// idle check, whichever are due at `now`.
+    pub(super) fn check_liveness(&mut self, now: Instant) -> Result<(), CloseReason> {
         if !self.established || self.closing.is_some() {
             return Ok(());
         }

@@ -33,6 +33,7 @@ mod pool_wait;
 mod recv;
 mod rendezvous;
 mod send;
+mod timeout;
 mod wake;
 mod wr;
 
@@ -50,7 +51,8 @@ use self::grants::GrantEntry;
 use self::liveness::Liveness;
 use self::pool_wait::PoolWaits;
 use self::rendezvous::{IncomingOffer, RendezvousOut};
-use self::wake::Wake;
+pub(super) use self::timeout::Timeout;
+use self::wake::Mailbox;
 use self::wr::{Buf, BufEntry, Outgoing, QueuedSend, Wr};
 use super::poller::CqReservation;
 use super::recv_groups::Membership;
@@ -188,27 +190,27 @@ pub(crate) struct Core {
     budget_out: Budget,
     /// How long an offer may wait for the peer's Done (see `rendezvous.rs`).
     rendezvous_deadline: Duration,
-    /// A timer for the oldest offer's deadline is armed.
-    rendezvous_timer: bool,
     closing: Option<CloseReason>,
+    /// While closing: when to stop waiting for the goodbye, or for the flushes of the
+    /// drain (see `timeout.rs`).
+    close_deadline: Option<Instant>,
     established: bool,
+    /// The time of the turn being handled, set by the driver (see `timeout.rs`): the core
+    /// reads no clock of its own.
+    now: Instant,
     /// When to probe a silent peer (see `liveness.rs`).
     liveness: Liveness,
-    /// The next keepalive and idle checks, once established, and the instant the
-    /// actor's timer is armed for (see `Core::poll_liveness_timer`).
+    /// The next keepalive and idle checks, once established.
     keepalive_at: Option<Instant>,
     idle_at: Option<Instant>,
-    liveness_armed: Option<Instant>,
     /// Close when no message arrived for this long.
     idle_timeout: Option<Duration>,
     /// When the last message was delivered (or the connection was established).
     last_message: Instant,
-    /// This connection's actor, for `SessionCx::waker` (set when the actor is created,
-    /// before the poller can deliver anything).
-    waker: Option<actix::WeakRecipient<Wake>>,
-    /// This connection's actor again, to pump once what the queue waits for away from
-    /// this thread is ready (see [`Pump`]).
-    pump_me: Option<actix::WeakRecipient<Pump>>,
+    /// The way back to this connection from other threads, for `SessionCx::waker` and
+    /// for what its queue waits for away from this thread (set when the actor is
+    /// created, before the poller can deliver anything; `None` before).
+    mailbox: Option<Mailbox>,
     /// Our places in the pool's lines, while something waits for memory (see
     /// `pool_wait.rs`).
     pool_waits: PoolWaits,
@@ -236,6 +238,7 @@ pub(crate) struct CoreParts {
 impl Core {
     pub(crate) fn new(p: CoreParts) -> Core {
         let c = p.config;
+        let now = Instant::now();
         Core {
             qp: p.qp,
             id: p.id,
@@ -277,18 +280,17 @@ impl Core {
             heap_charge: None,
             budget_out: Budget::new(c.rendezvous_budget, c.max_message),
             rendezvous_deadline: c.rendezvous_deadline,
-            rendezvous_timer: false,
             closing: None,
+            close_deadline: None,
             established: false,
+            now,
             liveness: Liveness::new(c.keepalive_patience()),
             keepalive_at: None,
             idle_at: None,
-            liveness_armed: None,
             idle_timeout: c.idle_timeout,
-            last_message: Instant::now(),
+            last_message: now,
             grants: Slab::new(),
-            waker: None,
-            pump_me: None,
+            mailbox: None,
             pool_waits: PoolWaits::new(c.pool_wait),
             metrics: None,
         }

@@ -49,8 +49,6 @@ pub(super) struct PoolWaits {
     places: [Option<Place>; 3],
     /// How long an offer or READ may wait before it fails.
     limit: Duration,
-    /// A timer for the earliest deadline is armed.
-    timer: bool,
 }
 
 impl PoolWaits {
@@ -58,7 +56,6 @@ impl PoolWaits {
         PoolWaits {
             places: [None, None, None],
             limit,
-            timer: false,
         }
     }
 
@@ -67,12 +64,9 @@ impl PoolWaits {
         self.places[what as usize].as_ref().map(|p| &p.place)
     }
 
-    /// `what` waits in `place` from now on.
-    pub fn wait(&mut self, what: Waiting, place: PlaceInLine) {
-        self.places[what as usize] = Some(Place {
-            place,
-            since: Instant::now(),
-        });
+    /// `what` waits in `place` from `now` on.
+    pub fn wait(&mut self, what: Waiting, place: PlaceInLine, now: Instant) {
+        self.places[what as usize] = Some(Place { place, since: now });
     }
 
     /// `what` was served (or is gone): its place goes, which wakes the next in line.
@@ -85,25 +79,18 @@ impl PoolWaits {
         self.places = [None, None, None];
     }
 
-    /// When the connection should look at its waits' deadlines: the earliest, once per
-    /// armed timer (`None` while one is armed or nothing timed waits).
-    pub fn poll_timer(&mut self) -> Option<Instant> {
-        if self.timer {
-            return None;
-        }
-        let at = [Waiting::Offer, Waiting::Read]
+    /// The earliest deadline of the timed waits (`None`: nothing timed waits).
+    pub fn deadline(&self) -> Option<Instant> {
+        [Waiting::Offer, Waiting::Read]
             .iter()
             .filter_map(|&w| self.places[w as usize].as_ref())
             .map(|p| p.since + self.limit)
-            .min()?;
-        self.timer = true;
-        Some(at)
+            .min()
     }
 
-    /// The timer fired: the timed waits past their deadline leave their lines, each
-    /// with the refusal its message (the front one, of `len` bytes) fails with.
+    /// The timed waits past their deadline at `now` leave their lines, each with the
+    /// refusal its message (the front one, of `len` bytes) fails with. Harmless early.
     pub fn expire(&mut self, now: Instant, len: usize) -> Vec<(Waiting, BudgetError)> {
-        self.timer = false;
         let mut out = Vec::new();
         for w in [Waiting::Offer, Waiting::Read] {
             let Some(p) = &self.places[w as usize] else {

@@ -3,8 +3,6 @@
 //! queue shared with other connections (reposted at once, credits settled with the
 //! queue's reserve), and the frames they carry turned into deliveries.
 
-use std::time::Instant;
-
 use super::{Core, Delivery, Outgoing, Wr};
 use crate::proto::budget::BudgetError;
 use crate::proto::frame::{FrameKind, Header, RendezvousOffer};
@@ -214,7 +212,7 @@ impl Core {
         match self.deliveries.front() {
             Some(Delivery::Ready(_)) => match self.deliveries.pop_front() {
                 Some(Delivery::Ready(m)) => {
-                    self.last_message = Instant::now();
+                    self.last_message = self.now;
                     self.metrics.iter().for_each(|c| c.message_in(m.data.len()));
                     Some(m)
                 }

@@ -139,7 +139,7 @@ impl Core {
     /// Registers `bytes` on the registration threads, which pump this connection when
     /// done; here and now when there is no actor to pump (nothing has started it yet).
     fn register_away(&self, bytes: Vec<u8>) -> Result<Registration, CloseReason> {
-        let Some(pump) = self.pump_me.clone() else {
+        let Some(mailbox) = self.mailbox.clone() else {
             return MemoryRegion::register_vec(&self.pd, bytes, Access::MW_BIND)
                 .map(Registration::Done)
                 .map_err(CloseReason::from_verbs);
@@ -149,9 +149,7 @@ impl Core {
         crate::runtime::registrar::run(move || {
             // A closed connection drops the receiver, and the registration with it.
             let _ = tx.send(MemoryRegion::register_vec(&pd, bytes, Access::MW_BIND));
-            if let Some(conn) = pump.upgrade() {
-                conn.do_send(Pump::Registered);
-            }
+            mailbox.pump(Pump::Registered);
         });
         Ok(Registration::Running(rx))
     }
@@ -200,7 +198,7 @@ impl Core {
             _charge: charge,
             len,
             tag,
-            offered: Instant::now(),
+            offered: self.now,
         }) as u32;
         let offer = RendezvousOffer {
             addr: remote.addr,
@@ -236,47 +234,41 @@ impl Core {
                 self.pool_waits.served(what);
                 return Ok(Some(t));
             }
-            Err(e) if !can_wait(&e, &self.pool) || self.pump_me.is_none() => {
+            Err(e) if !can_wait(&e, &self.pool) || self.mailbox.is_none() => {
                 return Err(CloseReason::from_pool(e))
             }
             Err(_) if self.pool_waits.place(what).is_some() => return Ok(None),
             Err(_) => {}
         }
-        let room = self.pump_me.clone().expect("checked above");
+        let room = self.mailbox.clone().expect("checked above");
         crate::metrics::pool_wait();
         let place = self.pool.join_line(
             ask,
             Arc::new(move || {
-                if let Some(conn) = room.upgrade() {
-                    conn.do_send(Pump::PoolRoom);
-                }
+                room.pump(Pump::PoolRoom);
             }),
         );
         // Memory that came back before the place was taken woke nobody.
         match take(&self.pool, Some(&place)) {
             Ok(t) => Ok(Some(t)),
             Err(e) if can_wait(&e, &self.pool) => {
-                self.pool_waits.wait(what, place);
+                self.pool_waits.wait(what, place, self.now);
                 Ok(None)
             }
             Err(e) => Err(CloseReason::from_pool(e)),
         }
     }
 
-    /// When the connection should next look at its pool waits' deadlines (see
-    /// `pool_wait.rs`).
-    pub(super) fn poll_pool_timer(&mut self) -> Option<Instant> {
-        if self.closing.is_some() {
-            return None;
-        }
-        self.pool_waits.poll_timer()
+    /// The deadline of this connection's waits for the pool (see `pool_wait.rs`).
+    pub(super) fn pool_deadline(&self) -> Option<Instant> {
+        self.pool_waits.deadline()
     }
 
-    /// The timer from [`Core::poll_pool_timer`] fired. An outgoing message whose offer
+    /// The pool waits' deadlines at `now`: an outgoing message whose offer
     /// waited past the limit is handed back to the session as refused; an incoming offer
     /// whose READ did not start is refused to the peer. Both leave the queue; the
     /// connection goes on.
-    pub(super) fn handle_pool_timer(&mut self, now: Instant) {
+    pub(super) fn expire_pool_waits(&mut self, now: Instant) {
         // Offers and READs wait only at the front of the queue, so at most one of them
         // waits at a time, for the front item.
         let front_len = match self.pending.front() {
@@ -460,22 +452,15 @@ impl Core {
         Ok(())
     }
 
-    /// When the connection should next look at its offers' deadlines: the oldest offer's,
-    /// once per armed timer (`None` while a timer is armed or nothing is offered).
-    pub(super) fn poll_rendezvous_timer(&mut self) -> Option<Instant> {
-        if self.rendezvous_timer || self.closing.is_some() {
-            return None;
-        }
+    /// When the oldest offer runs out of time (see [`Core::poll_timeout`]).
+    pub(super) fn offers_deadline(&self) -> Option<Instant> {
         let oldest = self.rendezvous_out.iter().map(|(_, o)| o.offered).min()?;
-        self.rendezvous_timer = true;
         Some(oldest + self.rendezvous_deadline)
     }
 
-    /// The timer from [`Core::poll_rendezvous_timer`] fired. Offers older than the
-    /// deadline are revoked (window deallocated) and freed at once, and the connection
-    /// must close: its peer did not say Done in time.
-    pub(super) fn handle_rendezvous_timer(&mut self, now: Instant) -> Result<(), CloseReason> {
-        self.rendezvous_timer = false;
+    /// Offers older than the deadline at `now` are revoked (window deallocated) and
+    /// freed at once, and the connection must close: its peer did not say Done in time.
+    pub(super) fn expire_offers(&mut self, now: Instant) -> Result<(), CloseReason> {
         let deadline = self.rendezvous_deadline;
         let expired: Vec<usize> = self
             .rendezvous_out

@@ -1,0 +1,88 @@
+//! Time in the core: one deadline out, one call in, as in quinn-proto.
+//!
+//! The core reads no clock and arms no timer. Each turn the driver tells it the time
+//! ([`Core::set_now`]), asks for the earliest instant anything is due
+//! ([`Core::poll_timeout`]) and keeps one timer armed for it; when that fires it calls
+//! [`Core::handle_timeout`], which runs whichever checks are due. A check called early
+//! does nothing, so a timer that fires late, early or twice is harmless.
+//!
+//! What is timed, while the connection is open:
+//! - keepalive probes and the idle limit (`liveness.rs`);
+//! - rendezvous offers the peer has not released (`rendezvous.rs`);
+//! - messages waiting for the pool (`pool_wait.rs`).
+//!
+//! While it closes, only the close's own wait: for the `Close` frame to reach the peer
+//! ([`GOODBYE_TIMEOUT`]), then for the flushed completions to come back
+//! ([`DRAIN_TIMEOUT`]).
+
+use std::time::Instant;
+
+use super::{Core, DRAIN_TIMEOUT, GOODBYE_TIMEOUT};
+use crate::runtime::CloseReason;
+
+/// What a timeout asks of the driver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::runtime) enum Timeout {
+    /// Checks ran (or nothing was due): deliver what is ready and pump.
+    Checked,
+    /// The close's wait ran out: tear down now (after the goodbye) or release now
+    /// (after the drain), whatever did not arrive.
+    CloseOverdue,
+}
+
+impl Core {
+    /// The time of the turn about to be handled.
+    pub(in crate::runtime) fn set_now(&mut self, now: Instant) {
+        self.now = now;
+    }
+
+    /// The earliest instant [`handle_timeout`](Self::handle_timeout) has something to
+    /// do; `None` when nothing is timed.
+    pub(in crate::runtime) fn poll_timeout(&self) -> Option<Instant> {
+        if self.closing.is_some() {
+            return self.close_deadline;
+        }
+        let liveness = if self.established {
+            self.liveness_deadline()
+        } else {
+            None
+        };
+        [liveness, self.offers_deadline(), self.pool_deadline()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Runs the checks due at `now`. An error is the reason the connection must close.
+    pub(in crate::runtime) fn handle_timeout(
+        &mut self,
+        now: Instant,
+    ) -> Result<Timeout, CloseReason> {
+        self.now = now;
+        if self.closing.is_some() {
+            return Ok(match self.close_deadline {
+                Some(at) if at <= now => {
+                    self.close_deadline = None;
+                    Timeout::CloseOverdue
+                }
+                _ => Timeout::Checked,
+            });
+        }
+        self.check_liveness(now)?;
+        self.expire_offers(now)?;
+        self.expire_pool_waits(now);
+        Ok(Timeout::Checked)
+    }
+
+    /// The closing connection waits for its `Close` frame (or a raw connection's last
+    /// SENDs) to reach the peer, but not past [`GOODBYE_TIMEOUT`] from now.
+    pub(in crate::runtime) fn wait_for_goodbye(&mut self) {
+        self.close_deadline = Some(self.now + GOODBYE_TIMEOUT);
+    }
+
+    /// The torn-down connection waits for its flushed completions, but not past
+    /// [`DRAIN_TIMEOUT`] from now.
+    pub(in crate::runtime) fn wait_for_drain(&mut self) {
+        self.close_deadline = Some(self.now + DRAIN_TIMEOUT);
+    }
+}
