@@ -205,6 +205,7 @@ impl<S: Session> Connection<S> {
         if let Some(id) = &core.id {
             let _ = id.disconnect();
         }
+        core.forget_queued();
         match core.qp.to_error() {
             Ok(()) => core.flush_unsignaled(),
             Err(e) => {

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use super::{Core, Wr};
 use crate::runtime::CloseReason;
-use crate::verbs::{RemoteRegion, SendOp, SendWr};
+use crate::verbs::{RemoteRegion, SendOp};
 
 /// What the periodic check asks the connection to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,20 +183,17 @@ impl Core {
             // the peer is gone.
             return Ok(());
         }
-        let slot = self.inflight.vacant_entry();
         let nothing = RemoteRegion {
             addr: 0,
             len: 0,
             rkey: 0,
         };
-        let wr = SendWr::new(slot.key() as u64, SendOp::Write(nothing), None);
-        self.qp.post_send(&wr).map_err(CloseReason::from_verbs)?;
-        slot.insert(Wr::Probe);
-        self.send_outstanding += 1;
+        let wr_id = self.inflight.insert(Wr::Probe);
         self.liveness.probe_posted();
+        self.queue_send(wr_id, SendOp::Write(nothing), None)?;
         tracing::debug!(
             qp = self.qp.qp_num(),
-            "silent connection: keepalive probe posted"
+            "silent connection: keepalive probe queued"
         );
         Ok(())
     }

@@ -30,6 +30,7 @@ mod handshake;
 mod lifecycle;
 mod liveness;
 mod pool_wait;
+mod post;
 mod recv;
 mod rendezvous;
 mod send;
@@ -50,10 +51,11 @@ pub(crate) use self::actor::Pump;
 use self::grants::GrantEntry;
 use self::liveness::Liveness;
 use self::pool_wait::PoolWaits;
+use self::post::QueuedSend;
 use self::rendezvous::{IncomingOffer, RendezvousOut};
 pub(super) use self::timeout::Timeout;
 use self::wake::Mailbox;
-use self::wr::{Buf, BufEntry, Outgoing, QueuedSend, Wr};
+use self::wr::{Buf, BufEntry, Outgoing, Wr};
 use super::poller::CqReservation;
 use super::recv_groups::Membership;
 use super::service::{Framing, Incoming, OpId};
@@ -155,8 +157,10 @@ pub(crate) struct Core {
     send_seq: u64,
     /// Buffers of completed small SENDs, reused by the next ones.
     spare: Vec<Lease>,
-    /// SENDs decided this turn, posted together by `flush_sends`.
-    batch: Vec<QueuedSend>,
+    /// Send-queue requests decided this turn, and receives to post, posted together by
+    /// `Core::transmit` (see `post.rs`).
+    sends: Vec<QueuedSend>,
+    recvs: Vec<usize>,
     send_outstanding: u32,
     send_depth: u32,
     /// Work decided but not posted yet (no credit, or the send queue is full).
@@ -256,7 +260,8 @@ impl Core {
             unsignaled: VecDeque::new(),
             send_seq: 0,
             spare: Vec::new(),
-            batch: Vec::new(),
+            sends: Vec::new(),
+            recvs: Vec::new(),
             send_outstanding: 0,
             send_depth: c.send_depth,
             pending: VecDeque::new(),

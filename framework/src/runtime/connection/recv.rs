@@ -3,48 +3,35 @@
 //! queue shared with other connections (reposted at once, credits settled with the
 //! queue's reserve), and the frames they carry turned into deliveries.
 
-use super::{Core, Delivery, Outgoing, Wr};
+use super::{Core, Delivery, Outgoing};
 use crate::proto::budget::BudgetError;
 use crate::proto::frame::{FrameKind, Header, RendezvousOffer};
 use crate::runtime::service::{Framing, Incoming};
 use crate::runtime::CloseReason;
-use crate::verbs::{RecvWr, VerbsError, WcOpcode, WorkCompletion};
+use crate::verbs::{WcOpcode, WorkCompletion};
 
 impl Core {
     /// Posts every receive buffer; called before the QP reaches RTR so the peer's first
     /// SEND always finds one.
-    pub(crate) fn post_all_receives(&mut self) -> Result<(), VerbsError> {
+    pub(crate) fn post_all_receives(&mut self) -> Result<(), CloseReason> {
         for slot in 0..self.recv.len() {
-            self.post_recv(slot)?;
+            self.queue_recv(slot);
         }
-        Ok(())
+        self.transmit()
     }
 
-    pub(super) fn post_recv(&mut self, slot: usize) -> Result<(), VerbsError> {
-        let wr_id = self.inflight.insert(Wr::Recv(slot)) as u64;
-        let sge = self.recv[slot].sge(0..self.recv_size)?;
-        let res = self.qp.post_recv(&[RecvWr {
-            wr_id,
-            local: Some(sge),
-        }]);
-        if res.is_err() {
-            self.inflight.remove(wr_id as usize);
-        }
-        res
-    }
-
-    /// Reposts the receives consumed this turn; true when there were any.
+    /// Queues the receives consumed this turn again; true when there were any.
     pub(super) fn repost_receives(&mut self) -> Result<bool, CloseReason> {
         if self.reposts.is_empty() || self.closing.is_some() {
             return Ok(false);
         }
         let n = self.reposts.len();
         for i in 0..n {
-            self.post_recv(self.reposts[i])
-                .map_err(CloseReason::from_verbs)?;
+            self.queue_recv(self.reposts[i]);
         }
         self.reposts.clear();
         if let Some(credits) = self.credits.as_mut() {
+            // Queued receives are posted before any SEND that could grant them.
             credits.handle_reposted(n as u32);
         }
         Ok(true)
@@ -64,9 +51,10 @@ impl Core {
                 } else {
                     self.recv[slot].as_slice()[..len].to_vec()
                 };
-                // At once: a plain peer has no credits to tell it when a receive is
-                // back, and may send its next message as soon as it has our answer.
-                self.post_recv(slot).map_err(CloseReason::from_verbs)?;
+                // In this turn, before the answer: a plain peer has no credits to tell
+                // it when a receive is back, and may send its next message as soon as
+                // it has our answer (receives are posted before SENDs, see `post.rs`).
+                self.queue_recv(slot);
                 self.deliveries.push_back(Delivery::Ready(Incoming {
                     tag: 0,
                     imm: wc.imm_data,

@@ -16,7 +16,7 @@ use crate::memory::{Ask, Charge, HeapCharge, MrPool, PlaceInLine, PoolError};
 use crate::proto::budget::BudgetError;
 use crate::proto::frame::{FrameKind, RendezvousOffer, OFFER_LEN};
 use crate::runtime::service::Incoming;
-use crate::verbs::{Access, MemoryRegion, MemoryWindow, RemoteRegion, SendOp, SendWr, VerbsError};
+use crate::verbs::{Access, MemoryRegion, MemoryWindow, RemoteRegion, SendOp, VerbsError};
 
 /// A large message exposed to the peer for its RDMA READ: a window bound to this
 /// connection's QP with REMOTE_READ over exactly the message's bytes. Field order is drop
@@ -167,8 +167,8 @@ impl Core {
     /// the peer read every chunk of that arena. An MR of exactly the message bounds it on
     /// any provider.
     pub(super) fn post_rendezvous_offer(&mut self, offer: PendingOffer) -> Result<(), CloseReason> {
-        // The bind goes on the send queue now; SENDs queued before it go first.
-        self.flush_sends()?;
+        // The bind goes on the send queue now; what was queued before it goes first.
+        self.transmit()?;
         let PendingOffer {
             tag,
             len,
@@ -385,7 +385,6 @@ impl Core {
                 {
                     return Ok(());
                 }
-                self.flush_sends()?;
                 let m = &self.rendezvous_in[i];
                 let (offset, len) = (m.posted, self.rendezvous_chunk.min(m.len - m.posted));
                 let remote = RemoteRegion {
@@ -401,14 +400,12 @@ impl Core {
                 else {
                     return Ok(());
                 };
-                let entry = self.inflight.vacant_entry();
-                let sge = lease.sge(0..len).map_err(CloseReason::from_verbs)?;
-                let wr = SendWr::new(entry.key() as u64, SendOp::Read(remote), Some(sge));
-                self.qp.post_send(&wr).map_err(CloseReason::from_verbs)?;
-                entry.insert(Wr::RendezvousChunk { lease, seq, len });
-                self.send_outstanding += 1;
+                let wr_id = self
+                    .inflight
+                    .insert(Wr::RendezvousChunk { lease, seq, len });
                 self.read_chunks_in_flight += 1;
                 self.rendezvous_in[i].posted += len;
+                self.queue_send(wr_id, SendOp::Read(remote), Some(0..len))?;
             }
         }
         Ok(())

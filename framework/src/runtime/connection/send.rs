@@ -3,15 +3,12 @@
 //! operations), SENDs batched under one doorbell per turn and signalled selectively.
 
 use super::pool_wait::Waiting;
-use super::{
-    Core, Goodbye, Op, Outgoing, QueuedSend, Wr, INLINE_MAX, MAX_BATCH, SIGNAL_EVERY, SPARE_BUFFERS,
-};
+use super::{Core, Goodbye, Op, Outgoing, Wr, SIGNAL_EVERY, SPARE_BUFFERS};
 use crate::memory::{Ask, Lease};
 use crate::proto::frame::{close_reason_body, FrameKind, Header, HEADER_LEN};
 use crate::runtime::service::OpId;
 use crate::runtime::CloseReason;
-use crate::verbs::{SendOp, SendWr};
-use slab::Slab;
+use crate::verbs::SendOp;
 
 impl Core {
     /// Largest message sent inline in a frame: it must fit the peer's receive buffers
@@ -20,14 +17,16 @@ impl Core {
         self.recv_size.min(self.peer_recv_size) - HEADER_LEN
     }
 
-    /// Posts as much queued work as credits and the send queue allow, then reposts the
-    /// receives consumed this turn (and sends the credit frame that may call for). What
+    /// Decides as much queued work as credits and the send queue allow, then the
+    /// receives consumed this turn (and the credit frame that may call for), and posts
+    /// it all (see `post.rs`). What
     /// stays queued must fit the connection's bound (see [`Core::check_backlog`]).
     pub(super) fn pump(&mut self) -> Result<(), CloseReason> {
         self.pump_sends()?;
         if self.repost_receives()? {
             self.pump_sends()?;
         }
+        self.transmit()?;
         self.check_backlog()
     }
 
@@ -71,9 +70,9 @@ impl Core {
 
     pub(super) fn pump_sends(&mut self) -> Result<(), CloseReason> {
         match self.pump_queued().and_then(|()| self.post_read_chunks()) {
-            Ok(()) => self.flush_sends(),
+            Ok(()) => Ok(()),
             Err(reason) => {
-                self.forget_batch();
+                self.forget_sends();
                 Err(reason)
             }
         }
@@ -186,8 +185,8 @@ impl Core {
         Ok((lease, total))
     }
 
-    /// Queues a SEND of `lease[..len]`; [`Core::flush_sends`] posts the queued ones with
-    /// one doorbell (one system call on software providers) per actor turn.
+    /// Queues a SEND of `lease[..len]`, posted with the turn's other requests under one
+    /// doorbell (see `post.rs`).
     pub(super) fn post_send_lease(
         &mut self,
         lease: Lease,
@@ -208,77 +207,7 @@ impl Core {
         if !signaled {
             self.unsignaled.push_back((seq, wr_id));
         }
-        self.batch.push(QueuedSend { wr_id, len, op });
-        self.send_outstanding += 1;
-        if self.batch.len() >= MAX_BATCH {
-            self.flush_sends()?;
-        }
-        Ok(())
-    }
-
-    /// Posts the SENDs queued by [`Core::post_send_lease`] as one chain. Called at the end
-    /// of every pump and before any other send-queue post, so the queue's order is the
-    /// order in which work was decided.
-    pub(super) fn flush_sends(&mut self) -> Result<(), CloseReason> {
-        if self.batch.is_empty() {
-            return Ok(());
-        }
-        if self.credits.is_none() {
-            self.signal_last_of_batch();
-        }
-        let posted = match self.batch.as_slice() {
-            // The common case (one answer per turn) needs no chain.
-            [q] => queued_wr(&self.inflight, q)
-                .and_then(|wr| self.qp.post_send(&wr).map_err(CloseReason::from_verbs)),
-            batch => batch
-                .iter()
-                .map(|q| queued_wr(&self.inflight, q))
-                .collect::<Result<Vec<_>, _>>()
-                .and_then(|wrs| {
-                    self.qp
-                        .post_send_list(&wrs)
-                        .map_err(CloseReason::from_verbs)
-                }),
-        };
-        if let Err(reason) = posted {
-            self.forget_batch();
-            return Err(reason);
-        }
-        self.batch.clear();
-        Ok(())
-    }
-
-    /// A raw connection signals the last SEND of every chain it posts, so the newest
-    /// SEND on its queue is always signalled: a closing connection learns from its
-    /// completion that everything it posted has left (see [`Core::await_sends`]). A
-    /// framed connection learns that from its `Close` frame instead.
-    fn signal_last_of_batch(&mut self) {
-        let Some(last) = self.batch.last() else {
-            return;
-        };
-        if let Some(Wr::Send { seq, signaled, .. }) = self.inflight.get_mut(last.wr_id) {
-            if !*signaled {
-                *signaled = true;
-                let seq = *seq;
-                // The newest SEND is the newest unsignalled one.
-                if self.unsignaled.back().is_some_and(|&(s, _)| s == seq) {
-                    self.unsignaled.pop_back();
-                }
-            }
-        }
-    }
-
-    /// The connection is ending with SENDs queued but not posted (or with a chain the
-    /// provider refused): they must not hold up the drain. A failed post means the QP is
-    /// broken; any request of a refused chain that did reach the queue comes back
-    /// flushed and is logged as unknown.
-    pub(super) fn forget_batch(&mut self) {
-        for q in std::mem::take(&mut self.batch) {
-            if let Some(Wr::Send { seq, .. }) = self.inflight.try_remove(q.wr_id) {
-                self.unsignaled.retain(|&(s, _)| s != seq);
-            }
-            self.send_outstanding -= 1;
-        }
+        self.queue_send(wr_id, op, Some(0..len))
     }
 
     /// A buffer for an outgoing SEND of `len` bytes: a spare one of this connection's when
@@ -332,20 +261,18 @@ impl Core {
         if self.unsignaled.is_empty() {
             return;
         }
-        let entry = self.inflight.vacant_entry();
-        let wr = SendWr::new(entry.key() as u64, SendOp::Send, None);
-        match self.qp.post_send(&wr) {
-            Ok(()) => {
-                let seq = self.send_seq;
-                self.send_seq += 1;
-                entry.insert(Wr::Send {
-                    lease: None,
-                    seq,
-                    signaled: true,
-                });
-                self.send_outstanding += 1;
-            }
-            Err(e) => tracing::warn!(error = %e, "posting the flush marker failed"),
+        let seq = self.send_seq;
+        self.send_seq += 1;
+        let wr_id = self.inflight.insert(Wr::Send {
+            lease: None,
+            seq,
+            signaled: true,
+        });
+        if let Err(e) = self
+            .queue_send(wr_id, SendOp::Send, None)
+            .and_then(|()| self.transmit())
+        {
+            tracing::warn!(error = %e, "posting the flush marker failed");
         }
     }
 
@@ -366,10 +293,7 @@ impl Core {
                 };
                 self.post_send_lease(lease, bytes.len(), op)
             }
-            Outgoing::Op { op, op_spec } => {
-                self.flush_sends()?;
-                self.post_op(op, op_spec)
-            }
+            Outgoing::Op { op, op_spec } => self.post_op(op, op_spec),
             Outgoing::Read {
                 seq,
                 tag,
@@ -392,7 +316,7 @@ impl Core {
             .get(buf_id.0)
             .ok_or_else(|| CloseReason::Session(format!("{buf_id:?} does not exist")))?;
         let region = entry.buf.region();
-        let (send_op, sge) = match &spec {
+        let (send_op, bytes) = match &spec {
             Op::Write {
                 range, dst, imm, ..
             } => {
@@ -400,9 +324,9 @@ impl Core {
                     Some(v) => SendOp::WriteWithImm(*dst, *v),
                     None => SendOp::Write(*dst),
                 };
-                (op, region.sge(range.clone()))
+                (op, range.clone())
             }
-            Op::Read { range, src, .. } => (SendOp::Read(*src), region.sge(range.clone())),
+            Op::Read { range, src, .. } => (SendOp::Read(*src), range.clone()),
             Op::CompareSwap {
                 offset,
                 remote,
@@ -415,7 +339,7 @@ impl Core {
                     compare: *compare,
                     swap: *swap,
                 },
-                region.sge(*offset..offset + 8),
+                *offset..offset + 8,
             ),
             Op::FetchAdd {
                 offset,
@@ -427,22 +351,21 @@ impl Core {
                     remote: *remote,
                     add: *add,
                 },
-                region.sge(*offset..offset + 8),
+                *offset..offset + 8,
             ),
         };
-        let sge = sge.map_err(|e| CloseReason::Session(e.to_string()))?;
-        let slot = self.inflight.vacant_entry();
-        let wr = SendWr::new(slot.key() as u64, send_op, Some(sge));
-        self.qp.post_send(&wr).map_err(CloseReason::from_verbs)?;
-        slot.insert(Wr::Op { op, buf: buf_id });
+        // The range is checked now, as the session's mistake, rather than when posted.
+        region
+            .sge(bytes.clone())
+            .map_err(|e| CloseReason::Session(e.to_string()))?;
+        let wr_id = self.inflight.insert(Wr::Op { op, buf: buf_id });
         if matches!(spec, Op::Write { imm: Some(_), .. }) {
             if let Some(c) = self.credits.as_mut() {
                 c.take_for_imm();
             }
         }
         self.bufs[buf_id.0].inflight += 1;
-        self.send_outstanding += 1;
-        Ok(())
+        self.queue_send(wr_id, send_op, Some(bytes))
     }
 }
 
@@ -460,7 +383,7 @@ impl Core {
         // does. A QP that cannot send yet refuses the post, and nothing is waited for.
         let room = self.send_outstanding < self.send_depth
             && self.credits.as_ref().is_some_and(|c| c.send_credits() >= 1);
-        if !tells || !room || self.flush_sends().is_err() {
+        if !tells || !room || self.transmit().is_err() {
             return false;
         }
         let text = reason.to_string();
@@ -469,17 +392,12 @@ impl Core {
         else {
             return false;
         };
-        let entry = self.inflight.vacant_entry();
-        let wr_id = entry.key() as u64;
-        let posted = lease.sge(0..total).and_then(|sge| {
-            let mut wr = SendWr::new(wr_id, SendOp::Send, Some(sge));
-            wr.inline = total <= INLINE_MAX;
-            self.qp.post_send(&wr)
-        });
+        let wr_id = self.inflight.insert(Wr::Goodbye { lease });
+        let posted = self
+            .queue_send(wr_id, SendOp::Send, Some(0..total))
+            .and_then(|()| self.transmit());
         match posted {
             Ok(()) => {
-                entry.insert(Wr::Goodbye { lease });
-                self.send_outstanding += 1;
                 self.goodbye = Goodbye::Posted;
                 true
             }
@@ -526,21 +444,4 @@ fn qp_still_works(reason: &CloseReason) -> bool {
             | CloseReason::HandshakeTimeout(_)
             | CloseReason::DeviceLost(_)
     )
-}
-
-/// The work request for a SEND queued by [`Core::post_send_lease`].
-fn queued_wr<'a>(inflight: &'a Slab<Wr>, q: &QueuedSend) -> Result<SendWr<'a>, CloseReason> {
-    let Some(Wr::Send {
-        lease: Some(lease),
-        signaled,
-        ..
-    }) = inflight.get(q.wr_id)
-    else {
-        unreachable!("a queued SEND owns its lease");
-    };
-    let sge = lease.sge(0..q.len).map_err(CloseReason::from_verbs)?;
-    let mut wr = SendWr::new(q.wr_id as u64, q.op, Some(sge));
-    wr.inline = q.len <= INLINE_MAX;
-    wr.signaled = *signaled;
-    Ok(wr)
 }

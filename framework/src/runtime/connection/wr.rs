@@ -10,7 +10,7 @@ use crate::memory::{Charge, Lease};
 use crate::proto::budget::BudgetError;
 use crate::proto::frame::RendezvousOffer;
 use crate::runtime::service::OpId;
-use crate::verbs::{MemoryRegion, MemoryWindow, RemoteRegion, SendOp};
+use crate::verbs::{MemoryRegion, MemoryWindow, RemoteRegion};
 
 /// A buffer a session allocated for one-sided operations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -141,12 +141,6 @@ pub(super) enum Wr {
         op: OpId,
         buf: BufId,
     },
-}
-
-pub(super) struct QueuedSend {
-    pub(super) wr_id: usize,
-    pub(super) len: usize,
-    pub(super) op: SendOp,
 }
 
 pub(super) enum Outgoing {
