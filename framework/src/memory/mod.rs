@@ -8,5 +8,5 @@ pub use line::{Ask, Line, RoomWaker};
 
 pub use pool::{
     Charge, ChunkSource, HeapCharge, Lease, MrPool, PlaceInLine, Pool, PoolConfig, PoolError,
-    PoolStats, RegisteredChunks,
+    PoolStats, RegisterError, RegisteredChunks,
 };

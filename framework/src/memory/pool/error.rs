@@ -3,6 +3,9 @@
 
 use crate::verbs::VerbsError;
 
+/// Whatever error a transport's registration reported.
+pub type RegisterError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Why a lease could not be had.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -34,9 +37,9 @@ pub enum PoolError {
         /// The cap for them (the configured cap less the receive reservation).
         limit: usize,
     },
-    /// Registering an arena failed.
+    /// Registering an arena failed (the transport's error: a [`VerbsError`] on verbs).
     #[error("registering a pool arena failed: {0}")]
-    Register(#[from] VerbsError),
+    Register(#[source] RegisterError),
     /// Incoming messages already hold the server's heap budget ([`PoolConfig::heap_bytes`](super::PoolConfig::heap_bytes)).
     #[error("a message of {len} B would pass the server's budget for incoming messages: {in_use} B of {limit} B held")]
     HeapFull {
@@ -47,4 +50,10 @@ pub enum PoolError {
         /// The budget.
         limit: usize,
     },
+}
+
+impl From<VerbsError> for PoolError {
+    fn from(e: VerbsError) -> Self {
+        PoolError::Register(Box::new(e))
+    }
 }

@@ -36,21 +36,21 @@ use std::sync::{Arc, Mutex};
 use slab::Slab;
 
 use super::line::Lines;
-use crate::verbs::ProtectionDomain;
+use crate::transport::{Transport, Verbs};
 use class::Class;
 use config::bulk_limit;
 use state::{Shared, State};
 
 pub use charge::{Charge, HeapCharge};
 pub use config::PoolConfig;
-pub use error::PoolError;
+pub use error::{PoolError, RegisterError};
 pub use lease::Lease;
 pub use source::{ChunkSource, RegisteredChunks};
 pub use stats::PoolStats;
 pub use waiting::PlaceInLine;
 
-/// The pool of registered memory.
-pub type MrPool = Pool<RegisteredChunks>;
+/// The pool of registered memory, on verbs unless said otherwise.
+pub type MrPool<T = Verbs> = Pool<RegisteredChunks<T>>;
 
 /// A size-class pool; cheap to clone, shareable across threads.
 pub struct Pool<S: ChunkSource> {
@@ -65,10 +65,16 @@ impl<S: ChunkSource> Clone for Pool<S> {
     }
 }
 
-impl MrPool {
-    /// A pool registering on `pd`.
-    pub fn registered(pd: &ProtectionDomain, config: PoolConfig) -> MrPool {
-        Pool::new(RegisteredChunks { pd: pd.clone() }, config)
+impl<T: Transport> MrPool<T> {
+    /// A pool registering on `domain` (a verbs `ProtectionDomain`, or another
+    /// transport's).
+    pub fn registered(domain: &T::Domain, config: PoolConfig) -> MrPool<T> {
+        Pool::new(
+            RegisteredChunks {
+                domain: domain.clone(),
+            },
+            config,
+        )
     }
 }
 

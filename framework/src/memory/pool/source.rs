@@ -1,8 +1,10 @@
 //! Where chunks come from, behind a trait: the pool's bookkeeping is the same over
-//! registered memory and over plain heap chunks, which is how it is tested without RDMA.
+//! registered memory of any transport and over plain heap chunks, which is how it is
+//! tested without RDMA.
 
 use super::PoolError;
-use crate::verbs::{Access, MemoryRegion, ProtectionDomain};
+use crate::transport::{Domain, Region, Transport, Verbs};
+use crate::verbs::Access;
 
 /// Where a pool's chunks come from.
 pub trait ChunkSource: Send + Sync + 'static {
@@ -13,17 +15,20 @@ pub trait ChunkSource: Send + Sync + 'static {
     fn grow(&self, size: usize, count: usize) -> Result<Vec<Self::Chunk>, PoolError>;
 }
 
-/// Registers arenas on a PD with local access only: remote access is granted per
-/// operation, never to pooled memory.
+/// Registers arenas on a transport's protection domain (verbs by default) with local
+/// access only: remote access is granted per operation, never to pooled memory.
 #[derive(Debug, Clone)]
-pub struct RegisteredChunks {
-    pub(super) pd: ProtectionDomain,
+pub struct RegisteredChunks<T: Transport = Verbs> {
+    pub(super) domain: T::Domain,
 }
 
-impl ChunkSource for RegisteredChunks {
-    type Chunk = MemoryRegion;
-    fn grow(&self, size: usize, count: usize) -> Result<Vec<MemoryRegion>, PoolError> {
-        let arena = MemoryRegion::register(&self.pd, size * count, Access::LOCAL_WRITE)?;
+impl<T: Transport> ChunkSource for RegisteredChunks<T> {
+    type Chunk = T::Region;
+    fn grow(&self, size: usize, count: usize) -> Result<Vec<T::Region>, PoolError> {
+        let arena = self
+            .domain
+            .register(size * count, Access::LOCAL_WRITE)
+            .map_err(|e| PoolError::Register(Box::new(e)))?;
         Ok(arena.split(size))
     }
 }

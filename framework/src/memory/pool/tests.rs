@@ -404,3 +404,62 @@ fn heap_charges_are_bounded_and_wake_waiters_when_they_go() {
     drop(b);
     assert!(p.charge_heap(p.heap_limit() + 1).is_err());
 }
+
+/// The pool over another transport's registrations: loopback's, whose bytes are reached
+/// by copies. Leases are registered memory of that device (local access only, disjoint
+/// ranges of one arena), an idle arena is deregistered, and a registration the device
+/// refuses is the pool's `Register` error.
+#[test]
+fn a_pool_over_loopback_leases_that_devices_registered_memory() {
+    use crate::transport::loopback::{Config, Fabric, Loopback};
+    use crate::verbs::Access;
+
+    let device = Fabric::new(Config::default()).device("lo0");
+    let pool: MrPool<Loopback> = MrPool::registered(
+        &device,
+        PoolConfig {
+            classes: vec![64, 256],
+            arena_bytes: 1024,
+            max_bytes: 4 << 10,
+            reserved_smallest: 0,
+            keep_bytes: 0,
+            heap_bytes: 4 << 10,
+        },
+    );
+    let mut a = pool.lease(10).unwrap();
+    let mut b = pool.lease(64).unwrap();
+    assert_eq!((a.len(), b.len()), (64, 64));
+    assert_eq!(
+        a.access(),
+        Access::LOCAL_WRITE,
+        "no remote access to pooled memory"
+    );
+    assert_eq!(
+        a.lkey(),
+        b.lkey(),
+        "chunks of one arena share its registration"
+    );
+    assert!(a.addr() + 64 <= b.addr() || b.addr() + 64 <= a.addr());
+    a.write(3, b"lease a").unwrap();
+    b.write(0, &[0xee; 64]).unwrap();
+    let mut out = [0u8; 7];
+    a.read(3, &mut out).unwrap();
+    assert_eq!(&out, b"lease a", "a's bytes are its own");
+    assert!(
+        a.write(60, b"too long").is_err(),
+        "a chunk ends where it ends"
+    );
+    assert_eq!(pool.stats().registered_bytes, 1024);
+    drop((a, b));
+    assert_eq!(
+        pool.stats().registered_bytes,
+        0,
+        "an idle arena goes back (keep_bytes 0)"
+    );
+
+    device.refuse_registrations(true);
+    let refused = pool.lease(64).unwrap_err();
+    assert!(matches!(refused, PoolError::Register(_)), "{refused:?}");
+    device.refuse_registrations(false);
+    assert_eq!(pool.lease(200).unwrap().len(), 256);
+}
