@@ -163,7 +163,7 @@ impl Node {
             id: Some(id.clone()),
             shared_recv,
             membership,
-            cq,
+            cq: Some(cq),
             framing,
             recv,
             recv_size: size,

@@ -133,6 +133,14 @@ pub trait Domain<T: Transport>: Clone + Send + Sync + fmt::Debug {
     /// Registers `len` zeroed bytes with `access` (remote write or atomics imply local
     /// write, as the verbs wrapper does).
     fn register(&self, len: usize, access: Access) -> Result<T::Region, T::Error>;
+    /// Registers the bytes of `bytes` with `access`: a message about to be offered for
+    /// the peer's READ. The default registers and copies; verbs registers the vector
+    /// where it lies, without a copy.
+    fn register_vec(&self, bytes: Vec<u8>, access: Access) -> Result<T::Region, T::Error> {
+        let mut region = self.register(bytes.len(), access)?;
+        region.write(0, &bytes)?;
+        Ok(region)
+    }
     /// Allocates a memory window, unbound.
     fn alloc_window(&self) -> Result<T::Window, T::Error>;
     /// Creates a completion channel.

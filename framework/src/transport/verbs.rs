@@ -81,6 +81,9 @@ impl super::Domain<Verbs> for v::ProtectionDomain {
     fn register(&self, len: usize, access: Access) -> v::Result<v::MemoryRegion> {
         v::MemoryRegion::register(self, len, access)
     }
+    fn register_vec(&self, bytes: Vec<u8>, access: Access) -> v::Result<v::MemoryRegion> {
+        v::MemoryRegion::register_vec(self, bytes, access)
+    }
     fn alloc_window(&self) -> v::Result<v::MemoryWindow> {
         v::MemoryWindow::alloc(self)
     }

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use super::{Core, Wr};
 use crate::runtime::CloseReason;
+use crate::transport::{QueuePair as _, Transport};
 use crate::verbs::{RemoteRegion, SendOp};
 
 /// What the periodic check asks the connection to do.
@@ -115,6 +116,12 @@ impl Liveness {
     pub(crate) fn probe_completed(&mut self) {
         self.probing = false;
     }
+
+    /// A probe is in flight.
+    #[cfg(test)]
+    pub(crate) fn probing(&self) -> bool {
+        self.probing
+    }
 }
 
 /// The idle limit is checked four times per limit (at least every 100 ms), so a
@@ -125,7 +132,7 @@ fn idle_check_period(idle: Duration) -> Duration {
 
 /// The connection's side of keepalive and the idle limit: deadlines folded into
 /// [`Core::poll_timeout`], checked by [`Core::handle_timeout`].
-impl Core {
+impl<T: Transport> Core<T> {
     /// The connection is established at `now`: silence and idleness count from here.
     pub(super) fn establish(&mut self, now: Instant) {
         self.established = true;

@@ -38,6 +38,9 @@ mod timeout;
 mod wake;
 mod wr;
 
+#[cfg(test)]
+mod tests;
+
 pub(crate) use actor::{CmNotice, ConnClosed, ConnectionActor, ConnectionParts};
 pub(crate) use handshake::{CmCall, Handshake, HandshakeFailed};
 pub(crate) use lifecycle::panic_message;
@@ -55,17 +58,18 @@ use self::post::QueuedSend;
 use self::rendezvous::{IncomingOffer, RendezvousOut};
 pub(super) use self::timeout::Timeout;
 use self::wake::Mailbox;
-use self::wr::{Buf, BufEntry, Outgoing, Wr};
+use self::wr::{Buf, BufEntry, Chunk, Outgoing, Wr};
 use super::poller::CqReservation;
 use super::recv_groups::Membership;
 use super::service::{Framing, Incoming, OpId};
 use super::srq::SharedRecv;
 use super::{CloseReason, ConnectionConfig};
-use crate::memory::{Lease, MrPool, PoolError};
+use crate::memory::{MrPool, PoolError, RegisteredChunks};
 use crate::proto::budget::{Budget, BudgetError};
 use crate::proto::credits::{CreditError, CreditWindow};
 use crate::proto::frame::HEADER_LEN;
-use crate::verbs::{CmId, ProtectionDomain, QueuePair, VerbsError, WcStatus, WorkCompletion};
+use crate::transport::{QueuePair as _, Transport, Verbs};
+use crate::verbs::{VerbsError, WcStatus, WorkCompletion};
 
 /// SENDs up to this size are copied into the work request (the QP's max_inline_data).
 pub(crate) const INLINE_MAX: usize = 48;
@@ -121,26 +125,28 @@ enum Delivery {
 /// Everything a connection owns besides its session. Field order is drop order: windows
 /// first, then the QP before the cm_id it was created on and before the memory it could
 /// touch.
-pub(crate) struct Core {
+pub(crate) struct Core<T: Transport = Verbs> {
     // Memory windows hold a reference on the QP they are bound to (rxe waits for it when
     // the QP is destroyed), so the session's buffers and their windows go first.
-    bufs: Slab<BufEntry>,
+    bufs: Slab<BufEntry<T>>,
     // Windows over shared regions, for the same reason (see `SessionCx::grant`).
     grants: Slab<GrantEntry>,
-    qp: QueuePair,
+    qp: T::Qp,
     /// None for a QP brought up out of band (no rdma_cm).
-    id: Option<CmId>,
+    id: Option<T::CmId>,
     /// This connection's place in a shared queue of framed connections, with the
     /// reserve its credits borrow from (after `qp`; see `recv_groups.rs`).
     membership: Option<Membership>,
     /// Receives from a queue shared with other connections (after `qp`: the QP goes first).
     shared_recv: Option<SharedRecv>,
-    _cq: CqReservation,
+    /// The poller's CQ this connection's completions arrive on (`None`: driven by a
+    /// test, which polls itself).
+    _cq: Option<CqReservation>,
     /// This connection's place under the server's connection limit, given back once
     /// the QP above is destroyed (`None` on a client).
     _slot: Option<crate::runtime::budget::QpSlots>,
     framing: Framing,
-    recv: Vec<Lease>,
+    recv: Vec<Chunk<T>>,
     recv_size: usize,
     /// The peer's receive buffer size (framed connections; ours until it is known).
     peer_recv_size: usize,
@@ -150,13 +156,13 @@ pub(crate) struct Core {
     /// connections repost at once.
     reposts: Vec<usize>,
     credits: Option<CreditWindow>,
-    inflight: Slab<Wr>,
+    inflight: Slab<Wr<T>>,
     /// Unsignalled SENDs still holding a send-queue slot and their buffer, oldest first,
     /// as (seq, wr_id): released when a later signalled SEND completes.
     unsignaled: VecDeque<(u64, usize)>,
     send_seq: u64,
     /// Buffers of completed small SENDs, reused by the next ones.
-    spare: Vec<Lease>,
+    spare: Vec<Chunk<T>>,
     /// Send-queue requests decided this turn, and receives to post, posted together by
     /// `Core::transmit` (see `post.rs`).
     sends: Vec<QueuedSend>,
@@ -164,15 +170,15 @@ pub(crate) struct Core {
     send_outstanding: u32,
     send_depth: u32,
     /// Work decided but not posted yet (no credit, or the send queue is full).
-    pending: VecDeque<Outgoing>,
+    pending: VecDeque<Outgoing<T>>,
     /// Bytes of the messages in `pending`, bounded by `max_queued_bytes`.
     pending_bytes: usize,
     max_queued_bytes: usize,
     max_queued_sends: usize,
     deliveries: VecDeque<Delivery>,
-    rendezvous_out: Slab<RendezvousOut>,
+    rendezvous_out: Slab<RendezvousOut<T>>,
     /// The peer's offers being READ, oldest first.
-    rendezvous_in: VecDeque<IncomingOffer>,
+    rendezvous_in: VecDeque<IncomingOffer<T>>,
     /// Bytes READ per work request, and most such READs in flight at once.
     rendezvous_chunk: usize,
     rendezvous_chunks: u32,
@@ -183,13 +189,13 @@ pub(crate) struct Core {
     goodbye: Goodbye,
     next_op: u64,
     next_seq: u64,
-    pool: MrPool,
-    pd: ProtectionDomain,
+    pool: MrPool<T>,
+    pd: T::Domain,
     /// Bytes registered for rendezvous messages being READ from the peer.
     budget_in: Budget,
     /// The heap charge taken for the READ about to be posted (see `pump`), moved into
     /// its incoming message.
-    heap_charge: Option<crate::memory::HeapCharge>,
+    heap_charge: Option<crate::memory::HeapCharge<RegisteredChunks<T>>>,
     /// Bytes registered for rendezvous messages offered to the peer, until its Done.
     budget_out: Budget,
     /// How long an offer may wait for the peer's Done (see `rendezvous.rs`).
@@ -217,30 +223,30 @@ pub(crate) struct Core {
     mailbox: Option<Mailbox>,
     /// Our places in the pool's lines, while something waits for memory (see
     /// `pool_wait.rs`).
-    pool_waits: PoolWaits,
+    pool_waits: PoolWaits<T>,
     /// Metric handles, set by `count_as` once the service is known.
     metrics: Option<crate::metrics::ConnectionMetrics>,
 }
 
 /// What [`Core::new`] needs: the connection's resources, and its configuration whole.
-pub(crate) struct CoreParts {
-    pub qp: QueuePair,
-    pub id: Option<CmId>,
+pub(crate) struct CoreParts<T: Transport = Verbs> {
+    pub qp: T::Qp,
+    pub id: Option<T::CmId>,
     pub shared_recv: Option<SharedRecv>,
     pub membership: Option<Membership>,
-    pub cq: CqReservation,
+    pub cq: Option<CqReservation>,
     pub framing: Framing,
-    pub recv: Vec<Lease>,
+    pub recv: Vec<Chunk<T>>,
     pub recv_size: usize,
     pub credits: Option<CreditWindow>,
-    pub pool: MrPool,
-    pub pd: ProtectionDomain,
+    pub pool: MrPool<T>,
+    pub pd: T::Domain,
     /// Checked by [`NodeConfig::validate`](crate::runtime::NodeConfig::validate).
     pub config: ConnectionConfig,
 }
 
-impl Core {
-    pub(crate) fn new(p: CoreParts) -> Core {
+impl<T: Transport> Core<T> {
+    pub(crate) fn new(p: CoreParts<T>) -> Core<T> {
         let c = p.config;
         let now = Instant::now();
         Core {
@@ -330,11 +336,14 @@ impl Core {
 
     /// The poller thread that polls this connection's CQ; its actor must run there.
     pub(crate) fn arbiter(&self) -> actix::dev::ArbiterHandle {
-        self._cq.arbiter()
+        self._cq
+            .as_ref()
+            .expect("a connection with an actor polls a CQ")
+            .arbiter()
     }
 }
 
-impl Core {
+impl<T: Transport> Core<T> {
     /// Handles one completion. Returns an op result for the session when the completion
     /// belongs to a one-sided operation it posted.
     fn handle_completion(
@@ -398,9 +407,7 @@ impl Core {
         match wr {
             Wr::Recv(slot) => self.handle_recv(slot, wc)?,
             Wr::Send { .. } | Wr::Op { .. } | Wr::Bind | Wr::Probe | Wr::Goodbye { .. } => {}
-            Wr::RendezvousChunk { lease, seq, len } => {
-                self.handle_read_chunk(seq, &lease.as_slice()[..len])?
-            }
+            Wr::RendezvousChunk { lease, seq, len } => self.handle_read_chunk(seq, &lease, len)?,
         }
         Ok(None)
     }
@@ -415,7 +422,7 @@ impl Core {
     }
 }
 
-impl Drop for Core {
+impl<T: Transport> Drop for Core<T> {
     fn drop(&mut self) {
         self.drop_rendezvous_windows();
         // The peer's credits die with the QP; what it borrowed goes back to the reserve.
@@ -427,7 +434,8 @@ impl Drop for Core {
 }
 
 impl CloseReason {
-    fn from_verbs(e: VerbsError) -> CloseReason {
+    /// A call into the transport failed (on verbs, a [`VerbsError`]).
+    fn from_verbs(e: impl std::fmt::Display) -> CloseReason {
         CloseReason::Verbs(e.to_string())
     }
     fn from_pool(e: PoolError) -> CloseReason {

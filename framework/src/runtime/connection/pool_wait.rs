@@ -25,8 +25,9 @@
 
 use std::time::{Duration, Instant};
 
-use crate::memory::PlaceInLine;
+use crate::memory::{PlaceInLine, RegisteredChunks};
 use crate::proto::budget::BudgetError;
+use crate::transport::Transport;
 
 /// What waits for the pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,19 +40,19 @@ pub(super) enum Waiting {
     Chunk = 2,
 }
 
-struct Place {
-    place: PlaceInLine,
+struct Place<T: Transport> {
+    place: PlaceInLine<RegisteredChunks<T>>,
     since: Instant,
 }
 
 /// A connection's places in the pool's lines.
-pub(super) struct PoolWaits {
-    places: [Option<Place>; 3],
+pub(super) struct PoolWaits<T: Transport> {
+    places: [Option<Place<T>>; 3],
     /// How long an offer or READ may wait before it fails.
     limit: Duration,
 }
 
-impl PoolWaits {
+impl<T: Transport> PoolWaits<T> {
     pub fn new(limit: Duration) -> Self {
         PoolWaits {
             places: [None, None, None],
@@ -60,12 +61,12 @@ impl PoolWaits {
     }
 
     /// The place `what` holds, if it waits.
-    pub fn place(&self, what: Waiting) -> Option<&PlaceInLine> {
+    pub fn place(&self, what: Waiting) -> Option<&PlaceInLine<RegisteredChunks<T>>> {
         self.places[what as usize].as_ref().map(|p| &p.place)
     }
 
     /// `what` waits in `place` from `now` on.
-    pub fn wait(&mut self, what: Waiting, place: PlaceInLine, now: Instant) {
+    pub fn wait(&mut self, what: Waiting, place: PlaceInLine<RegisteredChunks<T>>, now: Instant) {
         self.places[what as usize] = Some(Place { place, since: now });
     }
 

@@ -20,7 +20,8 @@ use std::ops::Range;
 
 use super::{Core, Wr, INLINE_MAX, MAX_BATCH};
 use crate::runtime::CloseReason;
-use crate::verbs::{RecvWr, SendOp, SendWr, VerbsError};
+use crate::transport::{QueuePair as _, RecvWr, Region as _, SendWr, Transport};
+use crate::verbs::SendOp;
 
 /// A send-queue request decided and not yet posted. Its memory is found through its
 /// entry in the work in flight, at post time.
@@ -32,7 +33,7 @@ pub(super) struct QueuedSend {
     pub(super) bytes: Option<Range<usize>>,
 }
 
-impl Core {
+impl<T: Transport> Core<T> {
     /// Queues the send-queue request recorded at `wr_id`; the queue is posted at the end
     /// of the turn, or at once when it holds [`MAX_BATCH`] requests.
     pub(super) fn queue_send(
@@ -88,7 +89,7 @@ impl Core {
         Ok(())
     }
 
-    fn recv_wr(&self, wr_id: usize) -> Result<RecvWr<'_>, VerbsError> {
+    fn recv_wr(&self, wr_id: usize) -> Result<RecvWr<T::Sge<'_>>, T::Error> {
         let Some(&Wr::Recv(slot)) = self.inflight.get(wr_id) else {
             unreachable!("a queued receive is recorded as one");
         };
@@ -125,7 +126,7 @@ impl Core {
     }
 
     /// The work request for `q`, with its memory from its entry in the work in flight.
-    fn send_wr(&self, q: &QueuedSend) -> Result<SendWr<'_>, VerbsError> {
+    fn send_wr(&self, q: &QueuedSend) -> Result<SendWr<T::Sge<'_>>, T::Error> {
         let entry = self
             .inflight
             .get(q.wr_id)

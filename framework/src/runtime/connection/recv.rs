@@ -3,14 +3,17 @@
 //! queue shared with other connections (reposted at once, credits settled with the
 //! queue's reserve), and the frames they carry turned into deliveries.
 
+use std::borrow::Cow;
+
 use super::{Core, Delivery, Outgoing};
 use crate::proto::budget::BudgetError;
 use crate::proto::frame::{FrameKind, Header, RendezvousOffer};
 use crate::runtime::service::{Framing, Incoming};
 use crate::runtime::CloseReason;
+use crate::transport::{QueuePair as _, Region as _, Transport};
 use crate::verbs::{WcOpcode, WorkCompletion};
 
-impl Core {
+impl<T: Transport> Core<T> {
     /// Posts every receive buffer; called before the QP reaches RTR so the peer's first
     /// SEND always finds one.
     pub(crate) fn post_all_receives(&mut self) -> Result<(), CloseReason> {
@@ -49,7 +52,7 @@ impl Core {
                 let data = if wc.opcode == WcOpcode::RecvRdmaWithImm {
                     Vec::new()
                 } else {
-                    self.recv[slot].as_slice()[..len].to_vec()
+                    self.received(slot, len)?.into_owned()
                 };
                 // In this turn, before the answer: a plain peer has no credits to tell
                 // it when a receive is back, and may send its next message as soon as
@@ -64,14 +67,29 @@ impl Core {
             Framing::Framed => {
                 let data = match wc.opcode {
                     WcOpcode::RecvRdmaWithImm => None,
-                    _ => Some(&self.recv[slot].as_slice()[..len]),
+                    _ => Some(self.received(slot, len)?),
                 };
-                let frame = Frame::parse(data)?;
+                let frame = Frame::parse(data.as_deref())?;
+                drop(data);
                 self.handle_frame(frame, wc)?;
                 self.reposts.push(slot);
             }
         }
         Ok(())
+    }
+
+    /// The first `len` bytes received into `slot`: lent in place where the transport
+    /// can (verbs), else copied out (loopback, whose "NIC" is another thread).
+    fn received(&self, slot: usize, len: usize) -> Result<Cow<'_, [u8]>, CloseReason> {
+        let chunk = &self.recv[slot];
+        if let Some(bytes) = chunk.bytes() {
+            return bytes.get(..len).map(Cow::Borrowed).ok_or_else(|| {
+                CloseReason::Completion(format!("{len} bytes received into a smaller buffer"))
+            });
+        }
+        let mut out = vec![0; len];
+        chunk.read(0, &mut out).map_err(CloseReason::from_verbs)?;
+        Ok(Cow::Owned(out))
     }
 
     /// Handles one frame of a framed connection (or a WRITE_WITH_IMM, which consumed a

@@ -11,21 +11,22 @@ use std::time::Instant;
 use std::sync::{mpsc, Arc};
 
 use super::pool_wait::Waiting;
-use super::{Buf, CloseReason, Core, Delivery, Outgoing, Pump, Wr};
-use crate::memory::{Ask, Charge, HeapCharge, MrPool, PlaceInLine, PoolError};
+use super::{Buf, Chunk, CloseReason, Core, Delivery, Outgoing, Pump, Wr};
+use crate::memory::{Ask, Charge, HeapCharge, MrPool, PlaceInLine, PoolError, RegisteredChunks};
 use crate::proto::budget::BudgetError;
 use crate::proto::frame::{FrameKind, RendezvousOffer, OFFER_LEN};
 use crate::runtime::service::Incoming;
-use crate::verbs::{Access, MemoryRegion, MemoryWindow, RemoteRegion, SendOp, VerbsError};
+use crate::transport::{Domain as _, QueuePair as _, Region as _, Transport, Verbs};
+use crate::verbs::{Access, RemoteRegion, SendOp};
 
 /// A large message exposed to the peer for its RDMA READ: a window bound to this
 /// connection's QP with REMOTE_READ over exactly the message's bytes. Field order is drop
 /// order: the window (the peer's access) goes before the memory, and the memory before
 /// the pool stops counting it.
-pub(super) struct RendezvousOut {
-    _window: MemoryWindow,
-    _buf: Buf,
-    _charge: Charge,
+pub(super) struct RendezvousOut<T: Transport = Verbs> {
+    _window: T::Window,
+    _buf: Buf<T>,
+    _charge: Charge<RegisteredChunks<T>>,
     len: usize,
     /// The message's tag, for the session when the peer refuses it.
     tag: u32,
@@ -38,19 +39,19 @@ pub(super) struct RendezvousOut {
 /// system call whose time grows with its size (0.4 ms on average for 8 MiB in the test
 /// VM, 2 ms at worst, and as much again to unpin it), and the poller thread that would
 /// pay it serves every other connection on it.
-pub(super) struct PendingOffer {
+pub(super) struct PendingOffer<T: Transport = Verbs> {
     tag: u32,
     len: usize,
-    charge: Charge,
-    registration: Registration,
+    charge: Charge<RegisteredChunks<T>>,
+    registration: Registration<T>,
 }
 
-enum Registration {
-    Running(mpsc::Receiver<Result<MemoryRegion, VerbsError>>),
-    Done(MemoryRegion),
+enum Registration<T: Transport> {
+    Running(mpsc::Receiver<Result<T::Region, T::Error>>),
+    Done(T::Region),
 }
 
-impl PendingOffer {
+impl<T: Transport> PendingOffer<T> {
     pub(super) fn len(&self) -> usize {
         self.len
     }
@@ -76,12 +77,12 @@ impl PendingOffer {
 
 /// Drops `out` (its window, then its registration, then its count in the pool) on the
 /// registration threads: deregistering unpins every page of the message.
-fn release_away(out: RendezvousOut) {
+fn release_away<T: Transport>(out: RendezvousOut<T>) {
     crate::runtime::registrar::run(move || drop(out));
 }
 
 /// An offer of the peer's being READ, chunk by chunk, into `data`.
-pub(super) struct IncomingOffer {
+pub(super) struct IncomingOffer<T: Transport = Verbs> {
     seq: u64,
     tag: u32,
     offer: RendezvousOffer,
@@ -91,10 +92,10 @@ pub(super) struct IncomingOffer {
     posted: usize,
     /// Its share of the server-wide heap budget, held until the message is complete
     /// (or the connection is gone).
-    _heap: Option<HeapCharge>,
+    _heap: Option<HeapCharge<RegisteredChunks<T>>>,
 }
 
-impl Core {
+impl<T: Transport> Core<T> {
     /// True when the front of the queue is a message too large to go inline.
     pub(super) fn front_is_large(&self) -> bool {
         matches!(self.pending.front(), Some(Outgoing::Data { bytes, .. })
@@ -138,9 +139,11 @@ impl Core {
 
     /// Registers `bytes` on the registration threads, which pump this connection when
     /// done; here and now when there is no actor to pump (nothing has started it yet).
-    fn register_away(&self, bytes: Vec<u8>) -> Result<Registration, CloseReason> {
+    fn register_away(&self, bytes: Vec<u8>) -> Result<Registration<T>, CloseReason> {
         let Some(mailbox) = self.mailbox.clone() else {
-            return MemoryRegion::register_vec(&self.pd, bytes, Access::MW_BIND)
+            return self
+                .pd
+                .register_vec(bytes, Access::MW_BIND)
                 .map(Registration::Done)
                 .map_err(CloseReason::from_verbs);
         };
@@ -148,7 +151,7 @@ impl Core {
         let pd = self.pd.clone();
         crate::runtime::registrar::run(move || {
             // A closed connection drops the receiver, and the registration with it.
-            let _ = tx.send(MemoryRegion::register_vec(&pd, bytes, Access::MW_BIND));
+            let _ = tx.send(pd.register_vec(bytes, Access::MW_BIND));
             mailbox.pump(Pump::Registered);
         });
         Ok(Registration::Running(rx))
@@ -166,7 +169,10 @@ impl Core {
     /// `tests/shared_grants.rs`), so a window over one chunk of a pool arena would let
     /// the peer read every chunk of that arena. An MR of exactly the message bounds it on
     /// any provider.
-    pub(super) fn post_rendezvous_offer(&mut self, offer: PendingOffer) -> Result<(), CloseReason> {
+    pub(super) fn post_rendezvous_offer(
+        &mut self,
+        offer: PendingOffer<T>,
+    ) -> Result<(), CloseReason> {
         // The bind goes on the send queue now; what was queued before it goes first.
         self.transmit()?;
         let PendingOffer {
@@ -179,7 +185,7 @@ impl Core {
             unreachable!("offered once registered (see `pump_queued`)")
         };
         let buf = Buf::Registered(mr);
-        let window = MemoryWindow::alloc(&self.pd).map_err(CloseReason::from_verbs)?;
+        let window = self.pd.alloc_window().map_err(CloseReason::from_verbs)?;
         let slot = self.inflight.vacant_entry();
         let remote = self
             .qp
@@ -217,13 +223,13 @@ impl Core {
     /// is bounded by its budgets: so a connection that meets a full pool waits its turn
     /// instead of being closed for what others took. Only an ask larger than the pool
     /// could ever give ends it.
-    pub(super) fn take_from_pool<T>(
+    pub(super) fn take_from_pool<R>(
         &mut self,
         what: Waiting,
         ask: Ask,
-        take: impl Fn(&MrPool, Option<&PlaceInLine>) -> Result<T, PoolError>,
-    ) -> Result<Option<T>, CloseReason> {
-        let can_wait = |e: &PoolError, pool: &MrPool| match e {
+        take: impl Fn(&MrPool<T>, Option<&PlaceInLine<RegisteredChunks<T>>>) -> Result<R, PoolError>,
+    ) -> Result<Option<R>, CloseReason> {
+        let can_wait = |e: &PoolError, pool: &MrPool<T>| match e {
             PoolError::Exhausted { .. } => true,
             PoolError::ChargeRefused { len, .. } => *len <= pool.bulk_limit(),
             PoolError::HeapFull { len, .. } => *len <= pool.heap_limit(),
@@ -415,7 +421,12 @@ impl Core {
     /// posted in order on one send queue, so they complete in order: each is appended.
     /// The last one makes the message ready and answers Done (the peer revokes its
     /// window).
-    pub(super) fn handle_read_chunk(&mut self, seq: u64, lease: &[u8]) -> Result<(), CloseReason> {
+    pub(super) fn handle_read_chunk(
+        &mut self,
+        seq: u64,
+        chunk: &Chunk<T>,
+        len: usize,
+    ) -> Result<(), CloseReason> {
         self.read_chunks_in_flight -= 1;
         let Some(at) = self.rendezvous_in.iter().position(|m| m.seq == seq) else {
             return Ok(());
@@ -428,7 +439,17 @@ impl Core {
                 .try_reserve_exact(m.len)
                 .map_err(|e| CloseReason::Memory(format!("a message of {} bytes: {e}", m.len)))?;
         }
-        m.data.extend_from_slice(lease);
+        // In place where the transport lends the bytes (verbs), else copied out.
+        match chunk.bytes() {
+            Some(bytes) => m.data.extend_from_slice(&bytes[..len]),
+            None => {
+                let start = m.data.len();
+                m.data.resize(start + len, 0);
+                chunk
+                    .read(0, &mut m.data[start..])
+                    .map_err(CloseReason::from_verbs)?;
+            }
+        }
         if m.data.len() < m.len {
             return Ok(());
         }
@@ -482,7 +503,7 @@ impl Core {
     }
 }
 
-impl Core {
+impl<T: Transport> Core<T> {
     /// Windows hold a reference on the QP they are bound to (rxe waits for it when the
     /// QP is destroyed): the rendezvous windows go before the fields drop, QP included.
     pub(super) fn drop_rendezvous_windows(&mut self) {

@@ -3,14 +3,15 @@
 //! operations), SENDs batched under one doorbell per turn and signalled selectively.
 
 use super::pool_wait::Waiting;
-use super::{Core, Goodbye, Op, Outgoing, Wr, SIGNAL_EVERY, SPARE_BUFFERS};
-use crate::memory::{Ask, Lease};
+use super::{Chunk, Core, Goodbye, Op, Outgoing, Wr, SIGNAL_EVERY, SPARE_BUFFERS};
+use crate::memory::Ask;
 use crate::proto::frame::{close_reason_body, FrameKind, Header, HEADER_LEN};
 use crate::runtime::service::OpId;
 use crate::runtime::CloseReason;
+use crate::transport::{Region as _, Transport};
 use crate::verbs::SendOp;
 
-impl Core {
+impl<T: Transport> Core<T> {
     /// Largest message sent inline in a frame: it must fit the peer's receive buffers
     /// as well as ours (a frame larger than the receive it lands in fails the peer's QP).
     pub(super) fn eager_limit(&self) -> usize {
@@ -31,13 +32,13 @@ impl Core {
     }
 
     /// Queues work for [`Core::pump`], counting its bytes.
-    pub(super) fn queue(&mut self, item: Outgoing) {
+    pub(super) fn queue(&mut self, item: Outgoing<T>) {
         self.pending_bytes += item.bytes();
         self.pending.push_back(item);
     }
 
     /// Takes the next queued work item.
-    pub(super) fn dequeue(&mut self) -> Option<Outgoing> {
+    pub(super) fn dequeue(&mut self) -> Option<Outgoing<T>> {
         let item = self.pending.pop_front()?;
         self.pending_bytes -= item.bytes();
         Some(item)
@@ -169,7 +170,7 @@ impl Core {
         tag: u32,
         len: u32,
         body: &[u8],
-    ) -> Result<(Lease, usize), CloseReason> {
+    ) -> Result<(Chunk<T>, usize), CloseReason> {
         let total = HEADER_LEN + body.len();
         let mut lease = self.send_buffer(total)?;
         let grant = self.credits.as_mut().expect("framed").take_for_send();
@@ -179,9 +180,12 @@ impl Core {
             len,
             tag,
         };
-        let bytes = lease.as_mut_slice();
-        header.encode(&mut bytes[..HEADER_LEN]);
-        bytes[HEADER_LEN..total].copy_from_slice(body);
+        let mut encoded = [0u8; HEADER_LEN];
+        header.encode(&mut encoded);
+        lease
+            .write(0, &encoded)
+            .and_then(|()| lease.write(HEADER_LEN, body))
+            .map_err(CloseReason::from_verbs)?;
         Ok((lease, total))
     }
 
@@ -189,7 +193,7 @@ impl Core {
     /// doorbell (see `post.rs`).
     pub(super) fn post_send_lease(
         &mut self,
-        lease: Lease,
+        lease: Chunk<T>,
         len: usize,
         op: SendOp,
     ) -> Result<(), CloseReason> {
@@ -213,7 +217,7 @@ impl Core {
     /// A buffer for an outgoing SEND of `len` bytes: a spare one of this connection's when
     /// it fits, else a lease from the shared pool (whose lock and reference count are
     /// then paid once per message).
-    pub(super) fn send_buffer(&mut self, len: usize) -> Result<Lease, CloseReason> {
+    pub(super) fn send_buffer(&mut self, len: usize) -> Result<Chunk<T>, CloseReason> {
         match self.spare.pop() {
             Some(lease) if lease.len() >= len => Ok(lease),
             other => {
@@ -225,7 +229,7 @@ impl Core {
 
     /// Keeps a completed SEND's buffer for the next one (up to SPARE_BUFFERS of the
     /// smallest size class), or lets it return to the pool.
-    pub(super) fn recycle(&mut self, wr: Wr) {
+    pub(super) fn recycle(&mut self, wr: Wr<T>) {
         if let Wr::Send {
             lease: Some(lease), ..
         } = wr
@@ -276,7 +280,7 @@ impl Core {
         }
     }
 
-    pub(super) fn post_outgoing(&mut self, item: Outgoing) -> Result<(), CloseReason> {
+    pub(super) fn post_outgoing(&mut self, item: Outgoing<T>) -> Result<(), CloseReason> {
         match item {
             Outgoing::Data { tag, bytes } => {
                 self.post_frame(FrameKind::Data, tag, bytes.len() as u32, &bytes)
@@ -286,7 +290,7 @@ impl Core {
             Outgoing::Done { tag } => self.post_frame(FrameKind::RendezvousDone, tag, 0, &[]),
             Outgoing::Raw { bytes, imm } => {
                 let mut lease = self.send_buffer(bytes.len().max(1))?;
-                lease.as_mut_slice()[..bytes.len()].copy_from_slice(&bytes);
+                lease.write(0, &bytes).map_err(CloseReason::from_verbs)?;
                 let op = match imm {
                     Some(v) => SendOp::SendWithImm(v),
                     None => SendOp::Send,
@@ -369,7 +373,7 @@ impl Core {
     }
 }
 
-impl Core {
+impl<T: Transport> Core<T> {
     /// Tells the peer why the connection ends, with a `Close` frame, when that is
     /// possible and worth it: a framed connection whose QP still works
     /// (the reason is not the peer's doing or a failed transport), with a credit and a

@@ -19,6 +19,7 @@ use std::time::Instant;
 
 use super::{Core, DRAIN_TIMEOUT, GOODBYE_TIMEOUT};
 use crate::runtime::CloseReason;
+use crate::transport::Transport;
 
 /// What a timeout asks of the driver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,7 +31,7 @@ pub(in crate::runtime) enum Timeout {
     CloseOverdue,
 }
 
-impl Core {
+impl<T: Transport> Core<T> {
     /// The time of the turn about to be handled.
     pub(in crate::runtime) fn set_now(&mut self, now: Instant) {
         self.now = now;

@@ -6,29 +6,33 @@
 use std::ops::Range;
 
 use super::rendezvous::PendingOffer;
-use crate::memory::{Charge, Lease};
+use crate::memory::{Charge, Lease, RegisteredChunks};
 use crate::proto::budget::BudgetError;
 use crate::proto::frame::RendezvousOffer;
 use crate::runtime::service::OpId;
-use crate::verbs::{MemoryRegion, MemoryWindow, RemoteRegion};
+use crate::transport::{Transport, Verbs};
+use crate::verbs::RemoteRegion;
+
+/// A chunk of the pool's registered memory, on the connection's transport.
+pub(super) type Chunk<T> = Lease<RegisteredChunks<T>>;
 
 /// A buffer a session allocated for one-sided operations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BufId(pub(super) usize);
 
-pub(super) enum Buf {
-    Pooled(Lease),
-    Registered(MemoryRegion),
+pub(super) enum Buf<T: Transport = Verbs> {
+    Pooled(Chunk<T>),
+    Registered(T::Region),
 }
 
-impl Buf {
-    pub(super) fn region(&self) -> &MemoryRegion {
+impl<T: Transport> Buf<T> {
+    pub(super) fn region(&self) -> &T::Region {
         match self {
             Buf::Pooled(l) => l,
             Buf::Registered(m) => m,
         }
     }
-    pub(super) fn region_mut(&mut self) -> &mut MemoryRegion {
+    pub(super) fn region_mut(&mut self) -> &mut T::Region {
         match self {
             Buf::Pooled(l) => l,
             Buf::Registered(m) => m,
@@ -36,15 +40,15 @@ impl Buf {
     }
 }
 
-pub(super) struct BufEntry {
+pub(super) struct BufEntry<T: Transport = Verbs> {
     // Field order is drop order: the window (the peer's access) goes before the memory,
     // and the memory is deregistered before its charge against the pool's cap is given
     // back (a waiter woken by that charge finds the room really free).
-    pub(super) grant: Option<(MemoryWindow, RemoteRegion)>,
-    pub(super) buf: Buf,
+    pub(super) grant: Option<(T::Window, RemoteRegion)>,
+    pub(super) buf: Buf<T>,
     /// For a buffer [`SessionCx::register`](super::SessionCx::register) made: its bytes, counted against the pool's
     /// cap.
-    pub(super) _charge: Option<Charge>,
+    pub(super) _charge: Option<Charge<RegisteredChunks<T>>>,
     pub(super) inflight: u32,
     pub(super) freed: bool,
 }
@@ -111,7 +115,7 @@ impl Op {
 }
 
 /// What a posted work request was, keyed by its wr_id.
-pub(super) enum Wr {
+pub(super) enum Wr<T: Transport = Verbs> {
     Recv(usize),
     /// A memory-window bind (see `SessionCx::register`).
     Bind,
@@ -120,20 +124,18 @@ pub(super) enum Wr {
     /// The `Close` frame telling the peer why the connection ends (see
     /// `Core::post_goodbye`).
     Goodbye {
-        #[allow(dead_code)]
-        lease: Lease,
+        lease: Chunk<T>,
     },
     /// A SEND; `seq` orders it among this connection's SENDs (see `Core::unsignaled`).
     Send {
-        #[allow(dead_code)]
-        lease: Option<Lease>,
+        lease: Option<Chunk<T>>,
         seq: u64,
         signaled: bool,
     },
     /// A chunk of a peer's rendezvous offer READ into `lease[..len]` (see
     /// `Core::post_read_chunks`).
     RendezvousChunk {
-        lease: Lease,
+        lease: Chunk<T>,
         seq: u64,
         len: usize,
     },
@@ -143,7 +145,7 @@ pub(super) enum Wr {
     },
 }
 
-pub(super) enum Outgoing {
+pub(super) enum Outgoing<T: Transport = Verbs> {
     Data {
         tag: u32,
         bytes: Vec<u8>,
@@ -173,10 +175,10 @@ pub(super) enum Outgoing {
     },
     /// A large message being registered for its rendezvous offer (see
     /// `Core::begin_offer`): the queue waits behind it, so messages keep their order.
-    Offer(Box<PendingOffer>),
+    Offer(Box<PendingOffer<T>>),
 }
 
-impl Outgoing {
+impl<T: Transport> Outgoing<T> {
     /// Bytes this item holds in memory while queued.
     pub(super) fn bytes(&self) -> usize {
         match self {

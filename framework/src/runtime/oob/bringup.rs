@@ -136,7 +136,7 @@ impl Plan<'_> {
             id: None,
             shared_recv: shared.cloned(),
             membership: None,
-            cq,
+            cq: Some(cq),
             framing: Framing::Raw {
                 recv_size: self.recv_size as u32,
             },
