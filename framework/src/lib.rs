@@ -128,6 +128,8 @@
 #![forbid(unsafe_op_in_unsafe_fn)]
 
 pub mod blocking;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod memory;
 pub mod metrics;
 pub mod prelude;

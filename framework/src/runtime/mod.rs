@@ -39,6 +39,8 @@ pub use config::{
     ConfigError, ConnectionConfig, NodeConfig, ReceiveConfig, SharedRecvConfig, TransportConfig,
 };
 pub use connect::ConnectError;
+#[doc(hidden)]
+pub use connection::fuzz_connection;
 pub use connection::{
     AskError, Asked, Blocking, BlockingError, BufId, Grant, GrantId, Op, SessionCx, SessionWaker,
     MAX_MESSAGE,

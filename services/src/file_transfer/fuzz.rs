@@ -19,50 +19,7 @@ use super::wire::{
 };
 use super::Config;
 
-/// A byte source for the generator: a seeded splitmix64 in tests, the fuzzer's input
-/// in `fuzz/` (zeros once it runs out).
-pub trait Entropy {
-    /// The next 64 random bits.
-    fn next_u64(&mut self) -> u64;
-
-    /// A value below `n` (`n > 0`).
-    fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n.max(1)
-    }
-
-    /// True one time in `n`.
-    fn one_in(&mut self, n: u64) -> bool {
-        self.below(n) == 0
-    }
-}
-
-/// splitmix64: deterministic, no dependency.
-#[derive(Debug, Clone)]
-pub struct SplitMix(pub u64);
-
-impl Entropy for SplitMix {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-}
-
-/// The fuzzer's bytes as entropy.
-#[derive(Debug)]
-pub struct Bytes<'a>(pub &'a [u8]);
-
-impl Entropy for Bytes<'_> {
-    fn next_u64(&mut self) -> u64 {
-        let mut b = [0u8; 8];
-        let n = self.0.len().min(8);
-        b[..n].copy_from_slice(&self.0[..n]);
-        self.0 = &self.0[n..];
-        u64::from_le_bytes(b)
-    }
-}
+pub use rdmactor::fuzz::{Bytes, Entropy, SplitMix};
 
 /// Interesting integers: the edges where arithmetic overflows, and small values.
 fn int(e: &mut impl Entropy) -> u64 {

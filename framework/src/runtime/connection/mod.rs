@@ -38,6 +38,7 @@ mod timeout;
 mod wake;
 mod wr;
 
+mod harness;
 #[cfg(test)]
 mod tests;
 
@@ -47,6 +48,7 @@ pub(crate) use lifecycle::panic_message;
 
 pub use cx::SessionCx;
 pub use grants::{Grant, GrantId};
+pub use harness::fuzz_connection;
 pub use wake::{AskError, Asked, Blocking, BlockingError, SessionWaker};
 pub use wr::{BufId, Op};
 

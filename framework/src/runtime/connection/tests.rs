@@ -1,183 +1,11 @@
-//! The connection core, natively: two cores joined by a pair of loopback QPs, and the
-//! test as their driver. It does what the actor does (`lifecycle.rs`) and nothing
-//! more: tell the core the time, hand it its completions, take its deliveries, pump.
-//! What these tests see is what rdmactor's protocol does on a transport that keeps
-//! RDMA's rules (RC order, RNR, rkeys and bounds, flushes), with no device and no actor.
+//! The connection core, natively: two cores over loopback (see `harness.rs`).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::*;
-use crate::memory::PoolConfig;
-use crate::proto::credits::Advert;
+use super::harness::{config, pair, pair_with};
+use super::{CloseReason, Goodbye, Timeout};
 use crate::proto::frame::{FrameKind, Header};
 use crate::runtime::ConnectionConfig;
-use crate::transport::loopback::{connect_pair, Config, Cq, Device, Fabric, Loopback, Mr};
-use crate::transport::SendWr;
-use crate::verbs::{Access, ConnParam, QpCaps, SendOp};
-
-/// Receives per connection (and the credits each side starts with).
-const DEPTH: u32 = 8;
-/// Receive buffer size: messages above 240 bytes go by rendezvous.
-const RECV_SIZE: usize = 256;
-
-/// One side: its core, its CQ, and what reached its session.
-struct End {
-    core: Core<Loopback>,
-    cq: Cq,
-    device: Device,
-    got: Vec<Incoming>,
-    /// Why the core closed, once it did.
-    closed: Option<CloseReason>,
-}
-
-struct Pair {
-    _fabric: Fabric,
-    a: End,
-    b: End,
-}
-
-fn config() -> ConnectionConfig {
-    ConnectionConfig {
-        send_depth: 16,
-        rendezvous_chunk: 4096,
-        rendezvous_chunks: 2,
-        ..ConnectionConfig::default()
-    }
-}
-
-fn end(fabric: &Fabric, name: &str, config: ConnectionConfig) -> End {
-    let device = fabric.device(name);
-    let cq = device.create_cq(256, None).unwrap();
-    let caps = QpCaps {
-        max_send_wr: config.send_depth,
-        max_recv_wr: DEPTH,
-        ..QpCaps::default()
-    };
-    let qp = device.create_qp(&cq, &cq, caps, None).unwrap();
-    let pool = MrPool::<Loopback>::registered(
-        &device,
-        PoolConfig {
-            classes: vec![RECV_SIZE, 4096],
-            arena_bytes: 64 << 10,
-            max_bytes: 4 << 20,
-            reserved_smallest: 0,
-            keep_bytes: 0,
-            heap_bytes: 4 << 20,
-        },
-    );
-    let recv = (0..DEPTH).map(|_| pool.lease(RECV_SIZE).unwrap()).collect();
-    let core = Core::new(CoreParts {
-        qp,
-        id: None,
-        shared_recv: None,
-        membership: None,
-        cq: None,
-        framing: Framing::Framed,
-        recv,
-        recv_size: RECV_SIZE,
-        credits: Some(CreditWindow::new(
-            Advert::fixed(DEPTH),
-            Advert::fixed(DEPTH),
-        )),
-        pd: device.clone(),
-        pool,
-        config,
-    });
-    End {
-        core,
-        cq,
-        device,
-        got: Vec::new(),
-        closed: None,
-    }
-}
-
-/// Two framed cores, connected (no RNR retries: a credit rule broken shows as an error
-/// rather than a wait), receives posted, established.
-fn pair_with(config: ConnectionConfig) -> Pair {
-    let fabric = Fabric::new(Config::default());
-    let mut a = end(&fabric, "a", config.clone());
-    let mut b = end(&fabric, "b", config);
-    let param = ConnParam {
-        rnr_retry_count: 0,
-        ..ConnParam::default()
-    };
-    connect_pair(&a.core.qp, &b.core.qp, &param).unwrap();
-    let now = Instant::now();
-    for e in [&mut a, &mut b] {
-        e.core.set_now(now);
-        e.core.post_all_receives().unwrap();
-        e.core.establish(now);
-    }
-    Pair {
-        _fabric: fabric,
-        a,
-        b,
-    }
-}
-
-fn pair() -> Pair {
-    pair_with(config())
-}
-
-impl End {
-    /// One turn of the driver: completions in, deliveries out, then everything the
-    /// core decided posted. False when nothing completed.
-    fn turn(&mut self) -> bool {
-        if self.closed.is_some() {
-            return false;
-        }
-        self.core.set_now(Instant::now());
-        let mut wcs = Vec::new();
-        self.cq.poll(&mut wcs).unwrap();
-        if !wcs.is_empty() {
-            self.core.liveness.heard();
-        }
-        for wc in &wcs {
-            if let Err(reason) = self.core.handle_completion(wc) {
-                self.closed = Some(reason);
-                return true;
-            }
-        }
-        while let Some(m) = self.core.next_delivery() {
-            self.got.push(m);
-        }
-        if let Err(reason) = self.core.pump() {
-            self.closed = Some(reason);
-        }
-        !wcs.is_empty()
-    }
-
-    fn send(&mut self, tag: u32, bytes: Vec<u8>) {
-        self.core.queue(Outgoing::Data { tag, bytes });
-    }
-
-    /// A frame made by hand, sent from memory of this side's device on its QP: what a
-    /// hostile or broken peer can put on the wire.
-    fn send_raw(&self, frame: &[u8]) {
-        let mut mr: Mr = self
-            .device
-            .register(frame.len(), Access::LOCAL_WRITE)
-            .unwrap();
-        mr.write(0, frame).unwrap();
-        let wr = SendWr::new(u64::MAX - 1, SendOp::Send, Some(mr.sge_all()));
-        self.core.qp.post_send(&wr).unwrap();
-    }
-}
-
-impl Pair {
-    /// Turns both sides until `done` holds or nothing moves for a while.
-    fn run_until(&mut self, mut done: impl FnMut(&Pair) -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !done(self) {
-            assert!(Instant::now() < deadline, "no progress: stuck");
-            let moved = self.a.turn() | self.b.turn();
-            if !moved {
-                std::thread::sleep(Duration::from_micros(50));
-            }
-        }
-    }
-}
 
 /// Message `i` of a run: its length varies, its bytes say which message it is.
 fn message(i: u32, len: usize) -> Vec<u8> {
@@ -309,4 +137,13 @@ fn a_silent_peer_is_probed_and_a_vanished_one_declared_unreachable() {
         matches!(reason, CloseReason::PeerUnreachable(_)),
         "{reason}"
     );
+}
+
+/// The fuzz target's sequences, seeded: a hostile peer's frames among honest traffic,
+/// closes and timers (see `harness::fuzz_connection`).
+#[test]
+fn hostile_frame_sequences_never_panic_lose_order_or_leak_chunks() {
+    for seed in 0..200 {
+        super::harness::fuzz_connection(&mut crate::fuzz::SplitMix(seed));
+    }
 }

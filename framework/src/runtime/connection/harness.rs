@@ -1,0 +1,353 @@
+//! Two connection cores joined by a pair of loopback QPs, with the caller as their
+//! driver: the native tests' and the fuzz target's. It does what the actor does
+//! (`lifecycle.rs`) and nothing more: tell the core the time, hand it its completions,
+//! take its deliveries, pump. What runs here is rdmactor's protocol on a transport that
+//! keeps RDMA's rules (RC order, RNR, rkeys and bounds, flushes), with no device and no
+//! actor.
+
+use std::time::{Duration, Instant};
+
+use super::{CloseReason, Core, CoreParts, CreditWindow, Framing, Incoming, MrPool, Outgoing};
+use crate::fuzz::Entropy;
+use crate::memory::PoolConfig;
+use crate::proto::credits::Advert;
+use crate::proto::frame::{FrameKind, Header, HEADER_LEN};
+use crate::runtime::ConnectionConfig;
+use crate::transport::loopback::{connect_pair, Config, Cq, Device, Fabric, Loopback, Mr};
+use crate::transport::SendWr;
+use crate::verbs::{Access, ConnParam, QpCaps, SendOp};
+
+/// Receives per connection (and the credits each side starts with).
+const DEPTH: u32 = 8;
+/// Receive buffer size: messages above 240 bytes go by rendezvous.
+const RECV_SIZE: usize = 256;
+
+/// One side: its core, its CQ, and what reached its session.
+pub(crate) struct End {
+    pub(crate) core: Core<Loopback>,
+    cq: Cq,
+    pub(crate) device: Device,
+    pub(crate) got: Vec<Incoming>,
+    /// Why the core closed, once it did.
+    pub(crate) closed: Option<CloseReason>,
+}
+
+pub(crate) struct Pair {
+    _fabric: Fabric,
+    pub(crate) a: End,
+    pub(crate) b: End,
+}
+
+pub(crate) fn config() -> ConnectionConfig {
+    ConnectionConfig {
+        send_depth: 16,
+        rendezvous_chunk: 4096,
+        rendezvous_chunks: 2,
+        ..ConnectionConfig::default()
+    }
+}
+
+fn end(fabric: &Fabric, name: &str, config: ConnectionConfig) -> End {
+    let device = fabric.device(name);
+    let cq = device.create_cq(256, None).unwrap();
+    let caps = QpCaps {
+        max_send_wr: config.send_depth,
+        max_recv_wr: DEPTH,
+        ..QpCaps::default()
+    };
+    let qp = device.create_qp(&cq, &cq, caps, None).unwrap();
+    let pool = MrPool::<Loopback>::registered(
+        &device,
+        PoolConfig {
+            classes: vec![RECV_SIZE, 4096],
+            arena_bytes: 64 << 10,
+            max_bytes: 4 << 20,
+            reserved_smallest: 0,
+            keep_bytes: 0,
+            heap_bytes: 4 << 20,
+        },
+    );
+    let recv = (0..DEPTH).map(|_| pool.lease(RECV_SIZE).unwrap()).collect();
+    let core = Core::new(CoreParts {
+        qp,
+        id: None,
+        shared_recv: None,
+        membership: None,
+        cq: None,
+        framing: Framing::Framed,
+        recv,
+        recv_size: RECV_SIZE,
+        credits: Some(CreditWindow::new(
+            Advert::fixed(DEPTH),
+            Advert::fixed(DEPTH),
+        )),
+        pd: device.clone(),
+        pool,
+        config,
+    });
+    End {
+        core,
+        cq,
+        device,
+        got: Vec::new(),
+        closed: None,
+    }
+}
+
+/// Two framed cores, connected (no RNR retries: a credit rule broken shows as an error
+/// rather than a wait), receives posted, established.
+pub(crate) fn pair_with(config: ConnectionConfig) -> Pair {
+    let fabric = Fabric::new(Config::default());
+    let mut a = end(&fabric, "a", config.clone());
+    let mut b = end(&fabric, "b", config);
+    let param = ConnParam {
+        rnr_retry_count: 0,
+        ..ConnParam::default()
+    };
+    connect_pair(&a.core.qp, &b.core.qp, &param).unwrap();
+    let now = Instant::now();
+    for e in [&mut a, &mut b] {
+        e.core.set_now(now);
+        e.core.post_all_receives().unwrap();
+        e.core.establish(now);
+    }
+    Pair {
+        _fabric: fabric,
+        a,
+        b,
+    }
+}
+
+#[cfg(test)]
+pub(crate) fn pair() -> Pair {
+    pair_with(config())
+}
+
+impl End {
+    /// One turn of the driver: completions in, deliveries out, then everything the
+    /// core decided posted. False when nothing completed.
+    pub(crate) fn turn(&mut self) -> bool {
+        if self.closed.is_some() {
+            return false;
+        }
+        self.core.set_now(Instant::now());
+        let mut wcs = Vec::new();
+        self.cq.poll(&mut wcs).unwrap();
+        if !wcs.is_empty() {
+            self.core.liveness.heard();
+        }
+        for wc in &wcs {
+            if let Err(reason) = self.core.handle_completion(wc) {
+                self.closed = Some(reason);
+                return true;
+            }
+        }
+        while let Some(m) = self.core.next_delivery() {
+            self.got.push(m);
+        }
+        if let Err(reason) = self.core.pump() {
+            self.closed = Some(reason);
+        }
+        !wcs.is_empty()
+    }
+
+    pub(crate) fn send(&mut self, tag: u32, bytes: Vec<u8>) {
+        self.core.queue(Outgoing::Data { tag, bytes });
+    }
+
+    /// A frame made by hand, sent from memory of this side's device on its QP: what a
+    /// hostile or broken peer can put on the wire.
+    pub(crate) fn send_raw(&self, frame: &[u8]) {
+        let mut mr: Mr = self
+            .device
+            .register(frame.len(), Access::LOCAL_WRITE)
+            .unwrap();
+        mr.write(0, frame).unwrap();
+        let wr = SendWr::new(u64::MAX - 1, SendOp::Send, Some(mr.sge_all()));
+        self.core.qp.post_send(&wr).unwrap();
+    }
+}
+
+#[cfg(test)]
+impl Pair {
+    /// Turns both sides until `done` holds; panics when it does not within 10 s.
+    pub(crate) fn run_until(&mut self, done: impl FnMut(&Pair) -> bool) {
+        assert!(
+            self.run_for(Duration::from_secs(10), done),
+            "no progress: stuck"
+        );
+    }
+
+    /// Turns both sides until `done` holds (true) or `limit` has passed (false).
+    pub(crate) fn run_for(&mut self, limit: Duration, mut done: impl FnMut(&Pair) -> bool) -> bool {
+        let deadline = Instant::now() + limit;
+        while !done(self) {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            let moved = self.a.turn() | self.b.turn();
+            if !moved {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+        true
+    }
+}
+
+/// Tags of the honest side's messages stay below this; the hostile frames' are above.
+const HOSTILE_TAGS: u32 = 1 << 30;
+
+/// One entropy-driven sequence against a pair of cores (see [`crate::fuzz`]): `a` sends
+/// honest messages to `b` and also, on the same QP, whatever a hostile peer would;
+/// `b` answers; either side may close or have its timers run. Panics on a finding:
+/// an honest message delivered twice, out of order or altered, or a pool chunk not
+/// back once the cores are gone.
+pub fn fuzz_connection(e: &mut impl Entropy) {
+    let mut p = pair_with(ConnectionConfig {
+        max_message: 64 << 10,
+        rendezvous_budget: 256 << 10,
+        max_queued_sends: 64,
+        ..config()
+    });
+    let pools = [p.a.core.pool.clone(), p.b.core.pool.clone()];
+    let mut sent: Vec<(u32, Vec<u8>)> = Vec::new();
+    for _ in 0..1 + e.below(48) {
+        match e.below(9) {
+            0..=2 => {
+                let len = if e.one_in(6) {
+                    e.below(70_000)
+                } else {
+                    e.below(300)
+                };
+                let tag = sent.len() as u32 + 1;
+                let bytes = pattern(e.next_u64(), len as usize);
+                sent.push((tag, bytes.clone()));
+                if p.a.closed.is_none() {
+                    p.a.send(tag, bytes);
+                }
+            }
+            3 => {
+                let len = e.below(300) as usize;
+                if p.b.closed.is_none() {
+                    p.b.send(1, pattern(e.next_u64(), len));
+                }
+            }
+            4 => p.a.send_raw(&hostile_frame(e)),
+            5 => {
+                // A real frame, one byte of it changed.
+                let mut frame = frame(FrameKind::Data, 0, e.below(64) as u32, HOSTILE_TAGS);
+                frame.extend(pattern(e.next_u64(), frame_len(&frame)));
+                let at = e.below(frame.len() as u64) as usize;
+                frame[at] ^= 1 << e.below(8);
+                p.a.send_raw(&frame);
+            }
+            6 if p.a.core.closing.is_none() => {
+                let why = CloseReason::Local("fuzz".into());
+                p.a.core.closing = Some(why.clone());
+                p.a.core.clear_queue();
+                p.a.core.post_goodbye(&why);
+            }
+            7 => {
+                // The timers, early or late.
+                let end = if e.one_in(2) { &mut p.a } else { &mut p.b };
+                let at = Instant::now() + Duration::from_millis(e.below(10_000));
+                if end.closed.is_none() {
+                    if let Err(reason) = end.core.handle_timeout(at) {
+                        end.closed = Some(reason);
+                    }
+                }
+            }
+            _ => {}
+        }
+        for _ in 0..e.below(4) {
+            p.a.turn();
+            p.b.turn();
+        }
+    }
+    // Settle: turn until nothing has moved for a while (bounded).
+    let deadline = Instant::now() + Duration::from_millis(300);
+    let mut idle = 0;
+    while idle < 40 && Instant::now() < deadline {
+        if p.a.turn() | p.b.turn() {
+            idle = 0;
+        } else {
+            idle += 1;
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+    // What b delivered of a's honest messages is a prefix of what a sent, in order and
+    // intact (a close or a broken QP may cut it short; nothing may repeat or change).
+    let honest: Vec<&Incoming> =
+        p.b.got
+            .iter()
+            .filter(|m| m.tag < HOSTILE_TAGS && m.tag > 0)
+            .collect();
+    assert!(
+        honest.len() <= sent.len(),
+        "more honest messages delivered than sent"
+    );
+    for (m, (tag, bytes)) in honest.iter().zip(&sent) {
+        assert_eq!(m.tag, *tag, "honest messages in order, once each");
+        assert_eq!(&m.data, bytes, "message {tag} intact");
+    }
+    drop(p);
+    for pool in pools {
+        let leased: usize = pool.stats().leased.iter().sum();
+        assert_eq!(
+            leased, 0,
+            "every chunk back in the pool once the cores are gone"
+        );
+    }
+}
+
+/// `len` bytes from `seed`.
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut e = crate::fuzz::SplitMix(seed);
+    (0..len).map(|_| e.next_u64() as u8).collect()
+}
+
+/// A frame header of `kind`, as a peer could send it.
+fn frame(kind: FrameKind, credits: u32, len: u32, tag: u32) -> Vec<u8> {
+    let mut out = vec![0u8; HEADER_LEN];
+    Header {
+        kind,
+        credits,
+        len,
+        tag,
+    }
+    .encode(&mut out);
+    out
+}
+
+/// The body length a frame's header claims, within a receive buffer.
+fn frame_len(frame: &[u8]) -> usize {
+    (u32::from_le_bytes(frame[8..12].try_into().expect("a header")) as usize)
+        .min(RECV_SIZE - HEADER_LEN)
+}
+
+/// Anything a hostile peer can put in one SEND: a header of any kind byte, credits and
+/// lengths that may lie, and a body of any length up to the receive buffer.
+fn hostile_frame(e: &mut impl Entropy) -> Vec<u8> {
+    let mut out = frame(
+        FrameKind::Data,
+        lying(e),
+        lying(e),
+        HOSTILE_TAGS + e.below(1 << 20) as u32,
+    );
+    out[1] = e.below(9) as u8;
+    if e.one_in(16) {
+        out[0] ^= 1;
+    }
+    let body = e.below((RECV_SIZE - HEADER_LEN + 1) as u64) as usize;
+    out.extend(pattern(e.next_u64(), body));
+    out
+}
+
+/// Small values, or the edges where counts overflow.
+fn lying(e: &mut impl Entropy) -> u32 {
+    match e.below(4) {
+        0 => u32::MAX - e.below(2) as u32,
+        1 => 1 << e.below(32),
+        _ => e.below(DEPTH as u64 + 2) as u32,
+    }
+}
