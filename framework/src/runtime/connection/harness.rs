@@ -7,7 +7,9 @@
 
 use std::time::{Duration, Instant};
 
-use super::{CloseReason, Core, CoreParts, CreditWindow, Framing, Incoming, MrPool, Outgoing};
+use super::{
+    CloseReason, Core, CoreParts, CreditWindow, Framing, Incoming, MrPool, OpId, Outgoing,
+};
 use crate::fuzz::Entropy;
 use crate::memory::PoolConfig;
 use crate::proto::credits::Advert;
@@ -28,6 +30,8 @@ pub(crate) struct End {
     cq: Cq,
     pub(crate) device: Device,
     pub(crate) got: Vec<Incoming>,
+    /// How the session's one-sided operations ended.
+    pub(crate) ops: Vec<(OpId, crate::verbs::Result<()>)>,
     /// Why the core closed, once it did.
     pub(crate) closed: Option<CloseReason>,
 }
@@ -90,6 +94,7 @@ fn end(fabric: &Fabric, name: &str, config: ConnectionConfig) -> End {
         cq,
         device,
         got: Vec::new(),
+        ops: Vec::new(),
         closed: None,
     }
 }
@@ -137,9 +142,13 @@ impl End {
             self.core.liveness.heard();
         }
         for wc in &wcs {
-            if let Err(reason) = self.core.handle_completion(wc) {
-                self.closed = Some(reason);
-                return true;
+            match self.core.handle_completion(wc) {
+                Ok(Some(op)) => self.ops.push(op),
+                Ok(None) => {}
+                Err(reason) => {
+                    self.closed = Some(reason);
+                    return true;
+                }
             }
         }
         while let Some(m) = self.core.next_delivery() {

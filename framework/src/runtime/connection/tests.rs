@@ -3,9 +3,12 @@
 use std::time::Duration;
 
 use super::harness::{config, pair, pair_with};
-use super::{CloseReason, Goodbye, Timeout};
+use super::{Buf, BufEntry, BufId, CloseReason, Goodbye, Op, OpId, Outgoing, Timeout};
+use crate::proto::budget::BudgetError;
 use crate::proto::frame::{FrameKind, Header};
 use crate::runtime::ConnectionConfig;
+use crate::transport::loopback::Loopback;
+use crate::verbs::{Access, RemoteRegion, WcStatus};
 
 /// Message `i` of a run: its length varies, its bytes say which message it is.
 fn message(i: u32, len: usize) -> Vec<u8> {
@@ -146,4 +149,92 @@ fn hostile_frame_sequences_never_panic_lose_order_or_leak_chunks() {
     for seed in 0..200 {
         super::harness::fuzz_connection(&mut crate::fuzz::SplitMix(seed));
     }
+}
+
+#[test]
+fn an_offer_over_the_peers_limit_is_refused_and_handed_back_and_the_connection_goes_on() {
+    let mut p = pair();
+    p.b.core.limit_message(1000);
+    p.a.send(5, message(1, 5000));
+    p.a.send(6, b"small".to_vec());
+    p.run_until(|p| !p.a.core.refusals.is_empty() && !p.b.got.is_empty());
+    let (tag, why) = p.a.core.refusals[0].clone();
+    assert_eq!(tag, 5);
+    assert!(matches!(why, BudgetError::TooLarge { .. }), "{why}");
+    assert_eq!(p.b.got[0].data, b"small", "the next message still arrives");
+    assert_eq!((p.a.closed.clone(), p.b.closed.clone()), (None, None));
+    p.run_until(|p| p.a.core.rendezvous_out.is_empty());
+}
+
+#[test]
+fn a_peer_that_never_takes_its_answers_ends_the_connection_past_the_backlog_bound() {
+    let mut p = pair_with(ConnectionConfig {
+        max_queued_sends: 4,
+        ..config()
+    });
+    // b never turns: no credits come back, and the queue grows past the window.
+    for i in 0..20 {
+        p.a.send(i + 1, message(i, 10));
+    }
+    // Of the 8 credits, one is kept for a credit-only frame: 7 messages went, 13 wait.
+    let err = p.a.core.pump().unwrap_err();
+    assert!(
+        matches!(err, CloseReason::Backlog { sends: 13, .. }),
+        "{err}"
+    );
+}
+
+/// Registers `len` bytes on `end`'s device as a session buffer of its core.
+fn session_buffer(end: &mut super::harness::End, len: usize) -> BufId {
+    let region = end.device.register(len, Access::LOCAL_WRITE).unwrap();
+    BufId(end.core.bufs.insert(BufEntry::<Loopback> {
+        grant: None,
+        buf: Buf::Registered(region),
+        _charge: None,
+        inflight: 0,
+        freed: false,
+    }))
+}
+
+#[test]
+fn one_sided_reads_succeed_with_the_peers_rkey_and_fail_with_a_forged_one() {
+    let mut p = pair();
+    let exposed = {
+        let mut mr =
+            p.b.device
+                .register(64, Access::LOCAL_WRITE | Access::REMOTE_READ)
+                .unwrap();
+        mr.write(0, b"remote bytes").unwrap();
+        mr
+    };
+    let buf = session_buffer(&mut p.a, 64);
+    let read = |src: RemoteRegion| Outgoing::Op {
+        op: OpId(1),
+        op_spec: Op::Read {
+            buf,
+            range: 0..12,
+            src,
+        },
+    };
+    p.a.core.queue(read(RemoteRegion {
+        len: 12,
+        ..exposed.remote()
+    }));
+    p.a.core.pump().unwrap();
+    p.run_until(|p| !p.a.ops.is_empty());
+    assert_eq!(p.a.ops[0].0, OpId(1));
+    assert!(p.a.ops[0].1.is_ok(), "{:?}", p.a.ops[0].1);
+    let mut got = [0u8; 12];
+    p.a.core.bufs[buf.0].buf.region().read(0, &mut got).unwrap();
+    assert_eq!(&got, b"remote bytes");
+    // An rkey that is not the peer's: the operation fails with the NIC's status.
+    p.a.core.queue(read(RemoteRegion {
+        rkey: exposed.rkey() ^ 0x5a5a,
+        len: 12,
+        ..exposed.remote()
+    }));
+    p.a.core.pump().unwrap();
+    p.run_until(|p| p.a.ops.len() == 2);
+    let status = p.a.ops[1].1.as_ref().unwrap_err().completion_status();
+    assert_eq!(status, Some(WcStatus::RemoteAccessError));
 }
