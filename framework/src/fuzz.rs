@@ -8,7 +8,7 @@
 //! Not part of the API (hidden from the docs): the entry points fuzzers and tests share.
 
 #[doc(hidden)]
-pub use crate::runtime::fuzz_connection;
+pub use crate::runtime::{fuzz_connection, Checked};
 
 /// A byte source for a generator: a seeded splitmix64 in tests, the fuzzer's input in
 /// `fuzz/` (zeros once it runs out).

@@ -40,7 +40,7 @@ pub use config::{
 };
 pub use connect::ConnectError;
 #[doc(hidden)]
-pub use connection::fuzz_connection;
+pub use connection::{fuzz_connection, Checked};
 pub use connection::{
     AskError, Asked, Blocking, BlockingError, BufId, Grant, GrantId, Op, SessionCx, SessionWaker,
     MAX_MESSAGE,

@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use super::{
-    CloseReason, Core, CoreParts, CreditWindow, Framing, Incoming, MrPool, OpId, Outgoing,
+    CloseReason, Core, CoreParts, CreditWindow, Framing, Incoming, MrPool, OpId, Outgoing, Wr,
 };
 use crate::fuzz::Entropy;
 use crate::memory::PoolConfig;
@@ -51,12 +51,12 @@ pub(crate) fn config() -> ConnectionConfig {
     }
 }
 
-fn end(fabric: &Fabric, name: &str, config: ConnectionConfig) -> End {
+fn end(fabric: &Fabric, name: &str, depth: u32, peer: u32, config: ConnectionConfig) -> End {
     let device = fabric.device(name);
     let cq = device.create_cq(256, None).unwrap();
     let caps = QpCaps {
         max_send_wr: config.send_depth,
-        max_recv_wr: DEPTH,
+        max_recv_wr: depth,
         ..QpCaps::default()
     };
     let qp = device.create_qp(&cq, &cq, caps, None).unwrap();
@@ -71,7 +71,7 @@ fn end(fabric: &Fabric, name: &str, config: ConnectionConfig) -> End {
             heap_bytes: 4 << 20,
         },
     );
-    let recv = (0..DEPTH).map(|_| pool.lease(RECV_SIZE).unwrap()).collect();
+    let recv = (0..depth).map(|_| pool.lease(RECV_SIZE).unwrap()).collect();
     let core = Core::new(CoreParts {
         qp,
         id: None,
@@ -81,10 +81,7 @@ fn end(fabric: &Fabric, name: &str, config: ConnectionConfig) -> End {
         framing: Framing::Framed,
         recv,
         recv_size: RECV_SIZE,
-        credits: Some(CreditWindow::new(
-            Advert::fixed(DEPTH),
-            Advert::fixed(DEPTH),
-        )),
+        credits: Some(CreditWindow::new(Advert::fixed(depth), Advert::fixed(peer))),
         pd: device.clone(),
         pool,
         config,
@@ -99,12 +96,23 @@ fn end(fabric: &Fabric, name: &str, config: ConnectionConfig) -> End {
     }
 }
 
-/// Two framed cores, connected (no RNR retries: a credit rule broken shows as an error
-/// rather than a wait), receives posted, established.
+/// Two framed cores of [`DEPTH`] receives each, connected.
 pub(crate) fn pair_with(config: ConnectionConfig) -> Pair {
+    pair_shaped(DEPTH, DEPTH, config.clone(), config)
+}
+
+/// Two framed cores with `depth_a` and `depth_b` receives, connected (no RNR retries: a
+/// credit rule broken shows as an error rather than a wait), receives posted,
+/// established.
+pub(crate) fn pair_shaped(
+    depth_a: u32,
+    depth_b: u32,
+    config_a: ConnectionConfig,
+    config_b: ConnectionConfig,
+) -> Pair {
     let fabric = Fabric::new(Config::default());
-    let mut a = end(&fabric, "a", config.clone());
-    let mut b = end(&fabric, "b", config);
+    let mut a = end(&fabric, "a", depth_a, depth_b, config_a);
+    let mut b = end(&fabric, "b", depth_b, depth_a, config_b);
     let param = ConnParam {
         rnr_retry_count: 0,
         ..ConnParam::default()
@@ -126,6 +134,26 @@ pub(crate) fn pair_with(config: ConnectionConfig) -> Pair {
 #[cfg(test)]
 pub(crate) fn pair() -> Pair {
     pair_with(config())
+}
+
+impl Pair {
+    /// A side that closed disconnects, and the other hears of it as the CM's
+    /// DISCONNECTED (what `lifecycle.rs` does with the notice): it closes too.
+    fn disconnects(&mut self) {
+        match (&self.a.closed, &self.b.closed) {
+            (Some(_), None) => self.b.closed = Some(CloseReason::PeerDisconnected),
+            (None, Some(_)) => self.a.closed = Some(CloseReason::PeerDisconnected),
+            _ => {}
+        }
+    }
+
+    /// One turn of each side, then what a close tells the other; true when anything
+    /// completed.
+    pub(crate) fn turn(&mut self) -> bool {
+        let moved = self.a.turn() | self.b.turn();
+        self.disconnects();
+        moved
+    }
 }
 
 impl End {
@@ -173,7 +201,10 @@ impl End {
             .unwrap();
         mr.write(0, frame).unwrap();
         let wr = SendWr::new(u64::MAX - 1, SendOp::Send, Some(mr.sge_all()));
-        self.core.qp.post_send(&wr).unwrap();
+        // A full send queue refuses it, as it would the hostile peer's own post. The slot
+        // it takes is one the core does not know of: its own post may then be refused,
+        // which closes it with the reason, as a real QP would.
+        let _ = self.core.qp.post_send(&wr);
     }
 }
 
@@ -206,22 +237,37 @@ impl Pair {
 /// Tags of the honest side's messages stay below this; the hostile frames' are above.
 const HOSTILE_TAGS: u32 = 1 << 30;
 
-/// One entropy-driven sequence against a pair of cores (see [`crate::fuzz`]): `a` sends
-/// honest messages to `b` and also, on the same QP, whatever a hostile peer would;
-/// `b` answers; either side may close or have its timers run. Panics on a finding:
-/// an honest message delivered twice, out of order or altered, or a pool chunk not
-/// back once the cores are gone.
-pub fn fuzz_connection(e: &mut impl Entropy) {
-    let mut p = pair_with(ConnectionConfig {
+/// One entropy-driven sequence against a pair of cores (see [`crate::fuzz`]), also the
+/// model test of issue 29: the two cores' receive depths, send queues, READ chunking and
+/// message limits are drawn, then `a` sends honest messages to `b` and also, on the
+/// same QP, whatever a hostile peer would; `b` answers; either side may close, have its
+/// timers run early or late, or lose its device. Panics on a finding:
+/// - an honest message delivered twice, out of order or altered;
+/// - while both sides stay open, once quiet: an honest message neither delivered nor
+///   refused, a receive not posted again, a rendezvous budget not back to zero;
+/// - a pool chunk not back once the cores are gone.
+pub fn fuzz_connection(e: &mut impl Entropy) -> Checked {
+    let depths = [4 + e.below(13) as u32, 4 + e.below(13) as u32];
+    let shape = |e: &mut dyn FnMut(u64) -> u64| ConnectionConfig {
+        send_depth: 4 + e(29) as u32,
+        rendezvous_chunk: 256 << e(5),
+        rendezvous_chunks: 1 + e(4) as u32,
         max_message: 64 << 10,
         rendezvous_budget: 256 << 10,
         max_queued_sends: 64,
         ..config()
-    });
+    };
+    let config_a = shape(&mut |n| e.below(n));
+    let config_b = shape(&mut |n| e.below(n));
+    let mut p = pair_shaped(depths[0], depths[1], config_a, config_b);
+    if e.one_in(4) {
+        p.b.core.limit_message(e.below(8000) as usize);
+    }
     let pools = [p.a.core.pool.clone(), p.b.core.pool.clone()];
     let mut sent: Vec<(u32, Vec<u8>)> = Vec::new();
+    let mut hostile = false;
     for _ in 0..1 + e.below(48) {
-        match e.below(9) {
+        match e.below(10) {
             0..=2 => {
                 let len = if e.one_in(6) {
                     e.below(70_000)
@@ -230,27 +276,31 @@ pub fn fuzz_connection(e: &mut impl Entropy) {
                 };
                 let tag = sent.len() as u32 + 1;
                 let bytes = pattern(e.next_u64(), len as usize);
-                sent.push((tag, bytes.clone()));
-                if p.a.closed.is_none() {
+                if p.a.closed.is_none() && p.a.core.closing.is_none() {
+                    sent.push((tag, bytes.clone()));
                     p.a.send(tag, bytes);
                 }
             }
             3 => {
                 let len = e.below(300) as usize;
-                if p.b.closed.is_none() {
+                if p.b.closed.is_none() && p.b.core.closing.is_none() {
                     p.b.send(1, pattern(e.next_u64(), len));
                 }
             }
-            4 => p.a.send_raw(&hostile_frame(e)),
-            5 => {
+            4 if e.one_in(2) => {
+                hostile = true;
+                p.a.send_raw(&hostile_frame(e));
+            }
+            5 if e.one_in(2) => {
                 // A real frame, one byte of it changed.
+                hostile = true;
                 let mut frame = frame(FrameKind::Data, 0, e.below(64) as u32, HOSTILE_TAGS);
                 frame.extend(pattern(e.next_u64(), frame_len(&frame)));
                 let at = e.below(frame.len() as u64) as usize;
                 frame[at] ^= 1 << e.below(8);
                 p.a.send_raw(&frame);
             }
-            6 if p.a.core.closing.is_none() => {
+            6 if e.one_in(3) && p.a.core.closing.is_none() => {
                 let why = CloseReason::Local("fuzz".into());
                 p.a.core.closing = Some(why.clone());
                 p.a.core.clear_queue();
@@ -266,38 +316,64 @@ pub fn fuzz_connection(e: &mut impl Entropy) {
                     }
                 }
             }
+            8 if e.one_in(12) => {
+                // A host dies without a word.
+                hostile = true;
+                if e.one_in(2) { &p.a } else { &p.b }.device.vanish();
+            }
             _ => {}
         }
         for _ in 0..e.below(4) {
-            p.a.turn();
-            p.b.turn();
+            p.turn();
         }
     }
-    // Settle: turn until nothing has moved for a while (bounded).
-    let deadline = Instant::now() + Duration::from_millis(300);
-    let mut idle = 0;
-    while idle < 40 && Instant::now() < deadline {
-        if p.a.turn() | p.b.turn() {
-            idle = 0;
-        } else {
-            idle += 1;
-            std::thread::sleep(Duration::from_micros(20));
-        }
-    }
-    // What b delivered of a's honest messages is a prefix of what a sent, in order and
-    // intact (a close or a broken QP may cut it short; nothing may repeat or change).
+    let quiet = settle(&mut p);
+    // What b delivered of a's honest messages is a prefix of what a sent and b did not
+    // refuse, in order and intact (a close or a broken QP may cut it short; nothing
+    // may repeat or change).
+    let refused: Vec<u32> = p.a.core.refusals.iter().map(|(tag, _)| *tag).collect();
+    let expected: Vec<&(u32, Vec<u8>)> = sent
+        .iter()
+        .filter(|(tag, _)| !refused.contains(tag))
+        .collect();
     let honest: Vec<&Incoming> =
         p.b.got
             .iter()
             .filter(|m| m.tag < HOSTILE_TAGS && m.tag > 0)
             .collect();
     assert!(
-        honest.len() <= sent.len(),
+        honest.len() <= expected.len(),
         "more honest messages delivered than sent"
     );
-    for (m, (tag, bytes)) in honest.iter().zip(&sent) {
+    for (m, (tag, bytes)) in honest.iter().zip(expected) {
         assert_eq!(m.tag, *tag, "honest messages in order, once each");
         assert_eq!(&m.data, bytes, "message {tag} intact");
+    }
+    let open = |end: &End| end.closed.is_none() && end.core.closing.is_none();
+    let checked = match (quiet, hostile || !open(&p.a) || !open(&p.b)) {
+        (false, _) => Checked::NotQuiet,
+        (true, true) => Checked::Closed,
+        (true, false) => Checked::All,
+    };
+    if checked == Checked::All {
+        // Every message is accounted for: delivered, or refused back to its sender.
+        for (tag, _) in &sent {
+            assert!(
+                honest.iter().any(|m| m.tag == *tag) || refused.contains(tag),
+                "message {tag} neither delivered nor refused"
+            );
+        }
+        for end in [&p.a, &p.b] {
+            let posted = end
+                .core
+                .inflight
+                .iter()
+                .filter(|(_, wr)| matches!(wr, Wr::Recv(_)))
+                .count();
+            assert_eq!(posted, end.core.recv.len(), "every receive posted again");
+            assert_eq!(end.core.budget_in.in_use(), 0, "incoming budget back");
+            assert_eq!(end.core.budget_out.in_use(), 0, "outgoing budget back");
+        }
     }
     drop(p);
     for pool in pools {
@@ -306,6 +382,49 @@ pub fn fuzz_connection(e: &mut impl Entropy) {
             leased, 0,
             "every chunk back in the pool once the cores are gone"
         );
+    }
+    checked
+}
+
+/// Which invariants a sequence could check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Checked {
+    /// Every one: both sides stayed open, had no hostile input, and went quiet.
+    All,
+    /// Order, integrity and the pool: a side closed, or hostile input made the
+    /// accounting of the other side's credits meaningless.
+    Closed,
+    /// Order, integrity and the pool: it did not go quiet within the bound.
+    NotQuiet,
+}
+
+/// Turns both sides until neither has anything queued or being READ, nor an offer
+/// out, nor a completion coming for a while (or it closed), up to a bound; true when
+/// that was reached. (Unsignalled SENDs that completed silently still count as
+/// outstanding until a signalled one follows, so the send queue's count is no sign.)
+fn settle(p: &mut Pair) -> bool {
+    let idle = |end: &End| {
+        end.closed.is_some()
+            || end.core.closing.is_some()
+            || (end.core.pending.is_empty()
+                && end.core.rendezvous_in.is_empty()
+                && end.core.rendezvous_out.is_empty())
+    };
+    let deadline = Instant::now() + Duration::from_millis(300);
+    let mut still = 0;
+    loop {
+        if p.turn() {
+            still = 0;
+        } else {
+            still += 1;
+            std::thread::sleep(Duration::from_micros(20));
+        }
+        if still >= 30 && idle(&p.a) && idle(&p.b) {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
     }
 }
 

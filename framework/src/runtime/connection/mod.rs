@@ -48,7 +48,7 @@ pub(crate) use lifecycle::panic_message;
 
 pub use cx::SessionCx;
 pub use grants::{Grant, GrantId};
-pub use harness::fuzz_connection;
+pub use harness::{fuzz_connection, Checked};
 pub use wake::{AskError, Asked, Blocking, BlockingError, SessionWaker};
 pub use wr::{BufId, Op};
 
