@@ -97,6 +97,7 @@ fn end(fabric: &Fabric, name: &str, depth: u32, peer: u32, config: ConnectionCon
 }
 
 /// Two framed cores of [`DEPTH`] receives each, connected.
+#[cfg(test)]
 pub(crate) fn pair_with(config: ConnectionConfig) -> Pair {
     pair_shaped(DEPTH, DEPTH, config.clone(), config)
 }
