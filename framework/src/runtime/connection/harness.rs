@@ -436,7 +436,7 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
 }
 
 /// A frame header of `kind`, as a peer could send it.
-fn frame(kind: FrameKind, credits: u32, len: u32, tag: u32) -> Vec<u8> {
+pub(crate) fn frame(kind: FrameKind, credits: u32, len: u32, tag: u32) -> Vec<u8> {
     let mut out = vec![0u8; HEADER_LEN];
     Header {
         kind,

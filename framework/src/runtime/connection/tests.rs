@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
-use super::harness::{config, pair, pair_with};
+use super::harness::{config, frame, pair, pair_with};
 use super::{Buf, BufEntry, BufId, CloseReason, Goodbye, Op, OpId, Outgoing, Timeout};
 use crate::proto::budget::BudgetError;
-use crate::proto::frame::{FrameKind, Header};
+use crate::proto::frame::FrameKind;
 use crate::runtime::ConnectionConfig;
 use crate::transport::loopback::Loopback;
 use crate::verbs::{Access, RemoteRegion, WcStatus};
@@ -56,39 +56,25 @@ fn a_large_message_is_read_by_rendezvous_in_chunks_and_released() {
     assert_eq!(p.b.core.budget_in.in_use(), 0);
 }
 
-#[test]
-fn a_frame_of_an_unknown_kind_closes_the_connection_with_a_protocol_reason() {
+/// `frame` sent by hand on a's QP ends b with a protocol violation.
+fn b_closes_on_protocol_grounds(frame: &[u8]) {
     let mut p = pair();
-    let mut frame = [0u8; 16];
-    Header {
-        kind: FrameKind::Data,
-        credits: 0,
-        len: 0,
-        tag: 1,
-    }
-    .encode(&mut frame);
-    frame[1] = 0x7f;
-    p.a.send_raw(&frame);
+    p.a.send_raw(frame);
     p.run_until(|p| p.b.closed.is_some());
     let reason = p.b.closed.clone().unwrap();
     assert!(matches!(reason, CloseReason::Protocol(_)), "{reason}");
 }
 
 #[test]
+fn a_frame_of_an_unknown_kind_closes_the_connection_with_a_protocol_reason() {
+    let mut unknown = frame(FrameKind::Data, 0, 0, 1);
+    unknown[1] = 0x7f;
+    b_closes_on_protocol_grounds(&unknown);
+}
+
+#[test]
 fn a_peer_granting_credits_it_never_had_is_a_protocol_error() {
-    let mut p = pair();
-    let mut frame = [0u8; 16];
-    Header {
-        kind: FrameKind::Credit,
-        credits: 1000,
-        len: 0,
-        tag: 0,
-    }
-    .encode(&mut frame);
-    p.a.send_raw(&frame);
-    p.run_until(|p| p.b.closed.is_some());
-    let reason = p.b.closed.clone().unwrap();
-    assert!(matches!(reason, CloseReason::Protocol(_)), "{reason}");
+    b_closes_on_protocol_grounds(&frame(FrameKind::Credit, 1000, 0, 0));
 }
 
 #[test]
