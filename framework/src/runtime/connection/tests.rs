@@ -236,3 +236,16 @@ fn one_sided_reads_succeed_with_the_peers_rkey_and_fail_with_a_forged_one() {
     let status = p.a.ops[1].1.as_ref().unwrap_err().completion_status();
     assert_eq!(status, Some(WcStatus::RemoteAccessError));
 }
+
+/// The same sequences, many more of them (`cargo test -p rdmactor -- --ignored many`).
+#[test]
+#[ignore = "a long run: thousands of sequences"]
+fn many_hostile_frame_sequences() {
+    let seeds: u64 = std::env::var("RDMACTOR_FUZZ_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5000);
+    for seed in 0..seeds {
+        super::harness::fuzz_connection(&mut crate::fuzz::SplitMix(seed));
+    }
+}
