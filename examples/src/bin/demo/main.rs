@@ -26,7 +26,8 @@
 //!
 //! With `--cluster NAME --etcd URL[,URL..]` the demo runs only its clients, like
 //! `--server`, against the node the cluster's registry lists as least loaded for
-//! `echo` (a `demo --serve` or `server --cluster` host; rping on `--rping-port` there).
+//! `echo` (rping on `--rping-port` there); `demo --serve --cluster ..` is such a node:
+//! it registers its services, and withdraws before it shuts down.
 //!
 //! The launcher is this file (options, the server, the steps in order, shutdown); each
 //! step is a module of [`scenarios`], run by the [`verify::Verifier`]; [`server`] is the
@@ -85,14 +86,16 @@ struct Args {
     /// Only serve (on --ip): print a `ready` line, then serve until SIGINT or SIGTERM,
     /// shut down cleanly and print what was served. The clients run elsewhere, with
     /// `--server`.
-    #[arg(long, conflicts_with_all = ["server", "cluster"])]
+    /// With `--cluster`, the server also registers in the cluster's registry.
+    #[arg(long, conflicts_with = "server")]
     serve: bool,
     /// Only run the clients, against a `demo --serve` at this address (another host).
     /// The `files` step then fetches its upload back to compare it, since the store is
     /// not here to look at.
     #[arg(long, value_name = "IP", conflicts_with = "cluster")]
     server: Option<IpAddr>,
-    /// Only run the clients, against a node found in the cluster's registry.
+    /// Only run the clients, against a node found in the cluster's registry (with
+    /// `--serve`: serve, and register there).
     #[command(flatten)]
     cluster: ClusterArgs,
     /// Where `--serve` stores uploads (default: a temporary directory, removed at exit).
