@@ -33,7 +33,8 @@ pub enum Idempotency {
 
 /// A request type's own declaration, for request enums whose variants differ (a read
 /// is idempotent, an append is not). Pass `req.idempotency()` to
-/// [`ClusterSession::request`].
+/// [`ClusterSession::request`]. With the `rdmactor` feature, `echo`'s request declares
+/// itself here; the tools' key-value example declares its requests per variant.
 pub trait Idempotent {
     /// Whether this request may be sent again after a lost connection.
     fn idempotency(&self) -> Idempotency;
@@ -349,6 +350,13 @@ mod rdmactor_faults {
                 RequestError::Closed(reason) => Some(reason.to_string()),
                 _ => None,
             }
+        }
+    }
+
+    /// An echo answers the same however often it runs.
+    impl super::Idempotent for rdmactor_services::echo::EchoRequest {
+        fn idempotency(&self) -> super::Idempotency {
+            super::Idempotency::Idempotent
         }
     }
 

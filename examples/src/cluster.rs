@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use rdmactor::runtime::{Client, ClientConnection};
-use rdmactor_cluster::{ClusterClient, EtcdConfig, Idempotency, Placement};
+use rdmactor_cluster::{ClusterClient, EtcdConfig, Idempotent as _, Placement};
 use rdmactor_services::echo::{EchoRequest, EchoResponse};
 
 /// The flags, flattened into a tool's own.
@@ -126,7 +126,7 @@ pub async fn echo_sessions(
                     payload: payload.clone(),
                 };
                 let resp: EchoResponse = session
-                    .request(Idempotency::Idempotent, |conn| async move {
+                    .request(req.idempotency(), |conn| async move {
                         conn.request_typed(req).await
                     })
                     .await?;
