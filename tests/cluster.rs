@@ -2,6 +2,10 @@
 //! registers its services in a real etcd once it listens, a `ClusterClient` finds it
 //! there and connects through rdma_cm, SIGTERM withdraws it (draining first, then gone)
 //! before the server drains, and a SIGKILLed server disappears when its lease expires.
+//!
+//! Files across nodes (item 3): three servers, files put with R = 2 through the cluster's
+//! `files` nodes and fetched back byte for byte after one server is SIGKILLed; a repair
+//! round after the grace period copies each of its files to the third node.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -9,14 +13,21 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rdmactor::runtime::{Client, NodeConfig};
+use rdmactor_cluster::files::{ClusterFiles, RdmaFiles, RepairPlanner};
 use rdmactor_cluster::{ClusterClient, EtcdConfig, Membership, NodeInfo, Placement};
 use rdmactor_testkit::etcd::Etcd;
+use rdmactor_testkit::pattern;
 use rdmactor_tests::{
     actix_run, assert_released, echo_ok, rdma_context, resource_counts, target_bin, test_addr,
 };
 
 /// Starts `server --cluster vm` with a 2 s lease; returns it and the address it listens on.
 fn start_server(etcd: &Etcd, node: &str) -> (Child, SocketAddr) {
+    start_server_with(etcd, node, &[])
+}
+
+/// [`start_server`] with more flags.
+fn start_server_with(etcd: &Etcd, node: &str, extra: &[&str]) -> (Child, SocketAddr) {
     let listen = format!("{}:0", test_addr().ip());
     let mut server = Command::new(target_bin("server"))
         .args([
@@ -28,6 +39,7 @@ fn start_server(etcd: &Etcd, node: &str) -> (Child, SocketAddr) {
             &etcd.url(),
         ])
         .args(["--node-id", node, "--lease-ttl-secs", "2"])
+        .args(extra)
         .stdout(Stdio::piped())
         .spawn()
         .expect("start the server binary (scripts/test builds it)");
@@ -138,4 +150,298 @@ fn servers_register_serve_through_the_cluster_client_and_leave_the_registry() {
         client.shutdown().await;
     });
     assert_released(&base);
+}
+
+#[test]
+fn files_put_with_two_replicas_survive_a_killed_server_and_repair_restores_two() {
+    let Some(_ctx) = rdma_context() else { return };
+    let Some(etcd) = Etcd::start() else { return };
+    let base = resource_counts();
+    let work = tempfile::tempdir().expect("a work directory");
+    let mut servers = std::collections::BTreeMap::new();
+    for node in ["a", "b", "c"] {
+        let store = work.path().join(format!("store-{node}"));
+        std::fs::create_dir(&store).unwrap();
+        let store_arg = store.display().to_string();
+        // Public fetch: a replica is fetched on another connection than its upload.
+        let (child, addr) = start_server_with(
+            &etcd,
+            node,
+            &["--files-dir", &store_arg, "--files-public-fetch"],
+        );
+        servers.insert(node, (child, addr, store));
+    }
+    let src = work.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    // Six files of 64 KiB to 2.5 MiB (multi-chunk, with a partial last chunk).
+    let files: Vec<(String, Vec<u8>)> = (0..6u64)
+        .map(|i| {
+            let name = format!("file-{i}.bin");
+            let bytes = pattern((64 << 10) + (i as usize) * 500_000 + 7, i);
+            std::fs::write(src.join(&name), &bytes).unwrap();
+            (name, bytes)
+        })
+        .collect();
+    actix_run(async {
+        let client = Client::start(NodeConfig::default()).expect("client");
+        let config = EtcdConfig::new([etcd.url()]);
+        let cluster = ClusterFiles::new(RdmaFiles::new(&client), config, "vm").expect("files");
+        cluster
+            .membership()
+            .wait_for(Duration::from_secs(10), |n| n.len() == 3)
+            .await
+            .unwrap_or_else(|| {
+                panic!(
+                    "three files nodes: {:?}",
+                    names(&cluster.membership().nodes())
+                )
+            });
+
+        // Put: two verified replicas each, on disk byte for byte where the record says.
+        let started = Instant::now();
+        let mut records: std::collections::HashMap<String, rdmactor_cluster::files::FileRecord> =
+            std::collections::HashMap::new();
+        for (name, bytes) in &files {
+            let record = cluster.put(&src.join(name), name).await.expect("put");
+            assert_eq!(record.nodes.len(), 2, "{name}: {record:?}");
+            assert_eq!(record.size, bytes.len() as u64);
+            for node in &record.nodes {
+                let held = std::fs::read(servers[node.as_str()].2.join(name)).expect("replica");
+                assert!(held == *bytes, "{name} on {node} differs");
+            }
+            records.insert(name.clone(), record);
+        }
+        let total: usize = files.iter().map(|(_, b)| b.len()).sum();
+        println!(
+            "put {} files ({} bytes) with R = 2 in {:?}",
+            files.len(),
+            total,
+            started.elapsed()
+        );
+        // A second put of a name is refused: created once.
+        let again = cluster.put(&src.join("file-0.bin"), "file-0.bin").await;
+        assert!(again.is_err(), "a name is created once");
+
+        // SIGKILL the node holding the most replicas.
+        let victim = ["a", "b", "c"]
+            .into_iter()
+            .max_by_key(|n| {
+                records
+                    .values()
+                    .filter(|r| r.nodes.iter().any(|x| x == n))
+                    .count()
+            })
+            .unwrap();
+        let on_victim: Vec<String> = records
+            .iter()
+            .filter(|(_, r)| r.nodes.iter().any(|x| x == victim))
+            .map(|(n, _)| n.clone())
+            .collect();
+        assert!(!on_victim.is_empty());
+        let (child, _, _) = servers.get_mut(victim).unwrap();
+        signal(child, "-KILL");
+        let killed = Instant::now();
+        let _ = child.wait();
+
+        // Every file comes back whole, the victim's from their other replica.
+        let out = work.path().join("out-1");
+        std::fs::create_dir(&out).unwrap();
+        for (name, bytes) in &files {
+            let got = cluster
+                .get(name, &out)
+                .await
+                .unwrap_or_else(|e| panic!("get {name}: {e}"));
+            assert_ne!(got.node, victim, "{name} fetched from the killed node");
+            assert!(
+                std::fs::read(&got.path).unwrap() == *bytes,
+                "{name} differs"
+            );
+        }
+        println!(
+            "all {} files fetched whole after SIGKILL of {victim} ({} of them had a replica there), {:?} after the kill",
+            files.len(),
+            on_victim.len(),
+            killed.elapsed()
+        );
+
+        // Repair: nothing the moment the node is seen gone, then after the grace period
+        // each of its files is copied to the third node and recorded.
+        cluster
+            .membership()
+            .wait_for(Duration::from_secs(10), |n| n.len() == 2)
+            .await
+            .unwrap_or_else(|| {
+                panic!(
+                    "{victim} expired: {:?}",
+                    names(&cluster.membership().nodes())
+                )
+            });
+        let gone_after = killed.elapsed();
+        let grace = Duration::from_secs(3);
+        let mut planner = RepairPlanner::new(grace);
+        let scratch = work.path().join("scratch");
+        std::fs::create_dir(&scratch).unwrap();
+        let report = cluster
+            .repair(&mut planner, Instant::now(), &scratch)
+            .await
+            .expect("repair");
+        assert!(
+            report.done.is_empty() && report.failed.is_empty(),
+            "within the grace period: {report:?}"
+        );
+        let mut repaired = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while repaired.len() < on_victim.len() {
+            assert!(
+                Instant::now() < deadline,
+                "repaired only {repaired:?} of {on_victim:?}"
+            );
+            actix_rt::time::sleep(Duration::from_millis(500)).await;
+            let report = cluster
+                .repair(&mut planner, Instant::now(), &scratch)
+                .await
+                .expect("repair");
+            assert!(report.failed.is_empty(), "{report:?}");
+            repaired.extend(report.done);
+        }
+        println!(
+            "{victim} left the registry {gone_after:?} after the kill; {} files repaired to R = 2 {:?} after the kill (grace {grace:?})",
+            repaired.len(),
+            killed.elapsed()
+        );
+        for name in &on_victim {
+            let now = cluster.catalog().get(name).await.unwrap().unwrap().record;
+            assert_eq!(now.nodes.len(), 2, "{name}: {now:?}");
+            assert!(!now.nodes.iter().any(|n| n == victim), "{name}: {now:?}");
+            let bytes = &files.iter().find(|(n, _)| n == name).unwrap().1;
+            for node in &now.nodes {
+                let held = std::fs::read(servers[node.as_str()].2.join(name)).expect("replica");
+                assert!(held == *bytes, "{name} on {node} differs after repair");
+            }
+        }
+        // And every file still comes back whole.
+        let out = work.path().join("out-2");
+        std::fs::create_dir(&out).unwrap();
+        for (name, bytes) in &files {
+            let got = cluster
+                .get(name, &out)
+                .await
+                .unwrap_or_else(|e| panic!("get {name}: {e}"));
+            assert!(
+                std::fs::read(&got.path).unwrap() == *bytes,
+                "{name} differs"
+            );
+        }
+        drop(cluster);
+        client.shutdown().await;
+    });
+    // The two left shut down (the victim's kill fails: it is gone).
+    for (_, (mut child, _, _)) in servers {
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .stderr(Stdio::null())
+            .status();
+        let _ = child.wait();
+    }
+    assert_released(&base);
+}
+
+/// Runs a tool binary to its end; its stdout, after asserting it exited 0.
+fn tool(name: &str, args: &[&str]) -> String {
+    let out = Command::new(target_bin(name))
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {name}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{name} {args:?}: {:?}\nstdout: {stdout}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+#[test]
+fn client_and_ft_find_the_servers_through_the_registry_and_echo_moves_off_a_killed_one() {
+    let Some(_ctx) = rdma_context() else { return };
+    let Some(etcd) = Etcd::start() else { return };
+    let work = tempfile::tempdir().expect("a work directory");
+    let mut servers = Vec::new();
+    for node in ["a", "b"] {
+        let store = work.path().join(format!("store-{node}"));
+        std::fs::create_dir(&store).unwrap();
+        let store_arg = store.display().to_string();
+        let (child, _) = start_server_with(
+            &etcd,
+            node,
+            &["--files-dir", &store_arg, "--files-public-fetch"],
+        );
+        servers.push((node, child, store));
+    }
+    let url = etcd.url();
+    let cluster = ["--cluster", "vm", "--etcd", url.as_str()];
+    actix_run(async {
+        let echo = Membership::watch(EtcdConfig::new([etcd.url()]), "vm", "files").unwrap();
+        echo.wait_for(Duration::from_secs(10), |n| n.len() == 2)
+            .await
+            .expect("both listed");
+    });
+
+    // ft: a file to two nodes, recorded, fetched back whole.
+    let bytes = pattern(3 << 20, 9);
+    let src = work.path().join("tool.bin");
+    std::fs::write(&src, &bytes).unwrap();
+    let sent = tool(
+        "ft",
+        &[&cluster[..], &["send", src.to_str().unwrap()]].concat(),
+    );
+    assert!(sent.starts_with("GOOD tool.bin sha256:"), "{sent}");
+    assert!(
+        sent.contains("nodes=a,b") || sent.contains("nodes=b,a"),
+        "{sent}"
+    );
+    let out = work.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let out_arg = out.display().to_string();
+    let got = tool(
+        "ft",
+        &[&cluster[..], &["fetch", "--out", &out_arg, "tool.bin"]].concat(),
+    );
+    assert!(got.contains("GOOD tool.bin sha256:"), "{got}");
+    assert!(std::fs::read(out.join("tool.bin")).unwrap() == bytes);
+
+    // client echo: two sessions, one per server; one server is SIGKILLed under them,
+    // and every echo is still answered, the lost ones on the other node.
+    let mut client = Command::new(target_bin("client"))
+        .args(cluster)
+        .args(["echo", "--connections", "2", "--requests", "4000"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("client");
+    let mut lines = BufReader::new(client.stdout.take().unwrap()).lines();
+    let first = lines.next().expect("a line").expect("stdout");
+    assert_eq!(first, "connected 2");
+    let killed = servers.remove(0);
+    let mut victim = killed.1;
+    signal(&victim, "-KILL");
+    let _ = victim.wait();
+    let rest: Vec<String> = lines.map(|l| l.expect("stdout")).collect();
+    let status = client.wait().expect("client exits");
+    assert!(status.success(), "client: {status:?}: {rest:?}");
+    let moved: Vec<&String> = rest.iter().filter(|l| l.starts_with("MOVED")).collect();
+    println!("client echo through the cluster, a SIGKILLed under it: {rest:?}");
+    assert!(
+        moved.iter().any(|l| l.starts_with("MOVED node a (")),
+        "no move off a: {rest:?}"
+    );
+    assert!(
+        rest.iter()
+            .any(|l| *l == format!("RESULT kind=echo connections=2 requests={}", 2 * 4000)),
+        "{rest:?}"
+    );
+    for (_, mut child, _) in servers {
+        signal(&child, "-TERM");
+        let _ = child.wait();
+    }
 }

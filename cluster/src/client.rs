@@ -26,6 +26,13 @@ pub trait Connector {
         addr: SocketAddr,
         service: &str,
     ) -> impl Future<Output = Result<Self::Connection, Self::Error>>;
+
+    /// Closes a connection the cluster client gives up on (its node is draining, or it
+    /// failed). The default drops it, for connections that close on drop.
+    fn close(&self, connection: Self::Connection) -> impl Future<Output = ()> {
+        drop(connection);
+        std::future::ready(())
+    }
 }
 
 /// A borrowed connector: a `ClusterClient<&Client>` leaves the client with its owner.
@@ -39,6 +46,9 @@ impl<C: Connector> Connector for &C {
     ) -> impl Future<Output = Result<Self::Connection, Self::Error>> {
         (**self).connect(addr, service)
     }
+    fn close(&self, connection: Self::Connection) -> impl Future<Output = ()> {
+        (**self).close(connection)
+    }
 }
 
 #[cfg(feature = "rdmactor")]
@@ -51,6 +61,10 @@ impl Connector for rdmactor::runtime::Client {
         service: &str,
     ) -> impl Future<Output = Result<Self::Connection, Self::Error>> {
         rdmactor::runtime::Client::connect(self, addr, service)
+    }
+    /// An rdmactor connection lives until closed (its actor holds it), not until dropped.
+    fn close(&self, connection: Self::Connection) -> impl Future<Output = ()> {
+        connection.close()
     }
 }
 
@@ -180,6 +194,11 @@ impl<C: Connector> ClusterClient<C> {
         self
     }
 
+    /// Most nodes tried per connect, and per request of a session.
+    pub(crate) fn max_attempts(&self) -> usize {
+        self.max_attempts
+    }
+
     /// The connector (to shut an rdmactor client down, say).
     pub fn connector(&self) -> &C {
         &self.connector
@@ -218,6 +237,19 @@ impl<C: Connector> ClusterClient<C> {
         service: &str,
         placement: Placement<'_>,
     ) -> Result<Connected<C::Connection>, ClusterError> {
+        self.connect_avoiding(service, placement, &[]).await
+    }
+
+    /// [`connect`](Self::connect), with the nodes in `avoid` moved to the end of the
+    /// order, the first of `avoid` first: a [`ClusterSession`](crate::ClusterSession)
+    /// avoids the nodes it lost a connection to while it has others, and goes back to
+    /// the one it lost longest ago when it has not.
+    pub(crate) async fn connect_avoiding(
+        &self,
+        service: &str,
+        placement: Placement<'_>,
+        avoid: &[String],
+    ) -> Result<Connected<C::Connection>, ClusterError> {
         let members = self.membership(service)?;
         let listed = members
             .wait_for(self.discovery_wait, |nodes| {
@@ -236,6 +268,11 @@ impl<C: Connector> ClusterClient<C> {
             }
             Placement::Key(key) => by_rendezvous(key, &listed).into_iter().cloned().collect(),
         };
+        let rank = |n: &NodeInfo| avoid.iter().position(|a| *a == n.node);
+        let (mut order, mut avoided): (Vec<NodeInfo>, Vec<NodeInfo>) =
+            order.into_iter().partition(|n| rank(n).is_none());
+        avoided.sort_by_key(|n| rank(n));
+        order.extend(avoided);
         if order.is_empty() {
             return Err(ClusterError::NoNodes {
                 cluster: self.cluster.clone(),

@@ -22,6 +22,8 @@
 //! - [`pick`]: least-loaded and rendezvous-hash orders of nodes (plain functions).
 //! - [`ClusterClient`]: connects to a service through the registry, trying another node
 //!   on failure, with errors that name each node and its reason.
+//! - [`ClusterSession`]: one connection that moves to another node when its node drains
+//!   or the connection is lost, sending again the requests marked [`Idempotency::Idempotent`].
 //!
 //! # Layout in etcd
 //!
@@ -59,10 +61,12 @@
 mod client;
 mod error;
 mod etcd;
+pub mod files;
 mod membership;
 pub mod pick;
 pub mod record;
 pub mod registrar;
+mod session;
 mod table;
 
 pub use client::{Attempt, ClusterClient, ClusterError, Connected, Connector, Placement};
@@ -71,6 +75,7 @@ pub use etcd::EtcdConfig;
 pub use membership::Membership;
 pub use record::{Load, NodeRecord};
 pub use registrar::{Registrar, RegistrationConfig, RegistrationState};
+pub use session::{ClusterSession, ConnectionFault, Idempotency, Idempotent, SessionError};
 pub use table::NodeInfo;
 
 /// The gauge: 1 while the node is registered, 0 otherwise. Labels `cluster`, `node`.

@@ -2,8 +2,13 @@
 //! registered in etcd (the `rdmactor-cluster` crate). Without `--cluster` a tool touches
 //! no etcd at all.
 
+use std::net::SocketAddr;
+use std::time::Duration;
+
 use anyhow::{Context as _, Result};
-use rdmactor_cluster::EtcdConfig;
+use rdmactor::runtime::{Client, ClientConnection};
+use rdmactor_cluster::{ClusterClient, EtcdConfig, Idempotent as _, Placement};
+use rdmactor_services::echo::{EchoRequest, EchoResponse};
 
 /// The flags, flattened into a tool's own.
 #[derive(clap::Args, Debug, Clone)]
@@ -25,4 +30,120 @@ impl ClusterArgs {
         let config = EtcdConfig::parse(etcd).with_context(|| format!("--etcd {etcd:?}"))?;
         Ok(Some((cluster.clone(), config)))
     }
+}
+
+/// Where a client tool's connections go: the fixed `--addr`, or with `--cluster` a node
+/// of the service found in the registry (least loaded first, the next on a failed
+/// connect).
+pub enum Dial<'c> {
+    /// `--addr`.
+    Addr {
+        /// The client.
+        client: &'c Client,
+        /// The server.
+        addr: SocketAddr,
+    },
+    /// `--cluster` and `--etcd`.
+    Cluster(ClusterClient<&'c Client>),
+}
+
+impl<'c> Dial<'c> {
+    /// `--addr` if given, else the cluster of `cluster`; one of them is required.
+    pub fn new(
+        client: &'c Client,
+        addr: Option<SocketAddr>,
+        cluster: &ClusterArgs,
+    ) -> Result<Dial<'c>> {
+        match (addr, cluster.etcd()?) {
+            (Some(addr), None) => Ok(Dial::Addr { client, addr }),
+            (None, Some((name, etcd))) => Ok(Dial::Cluster(ClusterClient::new(client, etcd, name))),
+            (Some(_), Some(_)) => anyhow::bail!("give either --addr or --cluster, not both"),
+            (None, None) => anyhow::bail!("give --addr, or --cluster and --etcd"),
+        }
+    }
+
+    /// A connection to `service`.
+    pub async fn connect(&self, service: &str) -> Result<ClientConnection> {
+        match self {
+            Dial::Addr { client, addr } => client
+                .connect(*addr, service)
+                .await
+                .with_context(|| format!("connect to {addr}")),
+            Dial::Cluster(cluster) => Ok(cluster
+                .connect(service, Placement::LeastLoaded)
+                .await?
+                .connection),
+        }
+    }
+
+    /// An address serving `service`: `--addr`, or the least loaded live node's (for
+    /// connections the cluster client does not open itself, such as a client session).
+    pub async fn resolve(&self, service: &str) -> Result<SocketAddr> {
+        match self {
+            Dial::Addr { addr, .. } => Ok(*addr),
+            Dial::Cluster(cluster) => {
+                let members = cluster.membership(service)?;
+                let listed = members
+                    .wait_for(Duration::from_secs(5), |n| {
+                        n.iter().any(|n| !n.record.draining)
+                    })
+                    .await
+                    .unwrap_or_default();
+                let node = rdmactor_cluster::pick::by_load(&listed, |_| 0, b"")
+                    .first()
+                    .map(|n| n.record.addr);
+                node.with_context(|| format!("no live node of {service:?} in the registry"))
+            }
+        }
+    }
+}
+
+/// `client echo` through the cluster: one `ClusterSession` per connection, each echo
+/// sent again on another node if its connection is lost (an echo is idempotent), every
+/// move printed as `MOVED node N (ADDR): why`; ends with the `RESULT kind=echo` line.
+pub async fn echo_sessions(
+    cluster: &ClusterClient<&Client>,
+    service: &str,
+    connections: usize,
+    requests: usize,
+    forever: bool,
+) -> Result<()> {
+    let mut sessions = Vec::with_capacity(connections);
+    for _ in 0..connections {
+        sessions.push(cluster.session(service, Placement::LeastLoaded).await?);
+    }
+    println!("connected {connections}");
+    let tasks = sessions
+        .iter_mut()
+        .enumerate()
+        .map(|(c, session)| async move {
+            let mut i = 0usize;
+            let mut reported = 0;
+            while forever || i < requests {
+                let size = [16usize, 1000, 9000][(c + i) % 3];
+                let payload = vec![(i % 251) as u8; size];
+                let req = &EchoRequest {
+                    payload: payload.clone(),
+                };
+                let resp: EchoResponse = session
+                    .request(req.idempotency(), |conn| async move {
+                        conn.request_typed(req).await
+                    })
+                    .await?;
+                anyhow::ensure!(resp.payload == payload, "echo payload differs");
+                for moved in &session.moves()[reported..] {
+                    println!("MOVED {moved}");
+                }
+                reported = session.moves().len();
+                i += 1;
+            }
+            anyhow::Ok(i)
+        });
+    let mut total = 0;
+    for r in futures::future::join_all(tasks).await {
+        total += r?;
+    }
+    futures::future::join_all(sessions.into_iter().map(|s| s.close())).await;
+    println!("RESULT kind=echo connections={connections} requests={total}");
+    Ok(())
 }

@@ -9,7 +9,8 @@
 //!   scripts and tests parse.
 //! - [`lambdas`]: the example lambda modules the binaries upload.
 //! - [`cluster`]: `--cluster` and `--etcd`, the way into a cluster of servers
-//!   registered in etcd.
+//!   registered in etcd, and `Dial`, where a client tool's connections go (`--addr`, or
+//!   nodes found in the registry).
 //! - [`kv`]: the key-value service written as a request handler, and its client;
 //!   [`kv_session`]: the same service as a raw session, for comparison.
 //!

@@ -7,7 +7,12 @@
 //! client --addr 192.0.2.1:7471 echo --connections 4 --forever   # verified load
 //! client --addr 192.0.2.1:7471 connect --connections 200        # setup rate
 //! client --addr 192.0.2.1:7471 --service lambda lambda --size 4096 [--wasm]
+//! client --cluster lab --etcd http://192.0.2.9:2379 echo --connections 8 --forever
 //! ```
+//! With `--cluster NAME --etcd URL[,URL..]` instead of `--addr`, connections go to the
+//! nodes of the service listed in etcd, least loaded first; `echo` then runs each
+//! connection as a `ClusterSession`: when a node dies or drains, its echoes (idempotent)
+//! go on on another node, and each move is printed (`MOVED node a: why`).
 //! Each run ends with one `RESULT key=value ...` line for scripts (see scripts/bench).
 
 use std::net::SocketAddr;
@@ -19,15 +24,18 @@ use rdmactor::runtime::{
     Client, ClientConnection, CloseReason, ConnectError, Incoming, NodeConfig, PollMode, Session,
     SessionCx, SessionError, TransportConfig,
 };
+use rdmactor_examples::cluster::{self, ClusterArgs, Dial};
 use rdmactor_examples::{lambdas, logs, report, transport};
 use rdmactor_services::echo::{EchoRequest, EchoResponse};
 
 #[derive(Parser)]
 #[command(about = "rdmactor client: echo load, latency and rate measurements")]
 struct Args {
-    /// Server address.
-    #[arg(long)]
-    addr: SocketAddr,
+    /// Server address (or --cluster and --etcd).
+    #[arg(long, required_unless_present = "cluster")]
+    addr: Option<SocketAddr>,
+    #[command(flatten)]
+    cluster: ClusterArgs,
     /// Service to connect to.
     #[arg(long, default_value = "echo")]
     service: String,
@@ -244,15 +252,10 @@ impl Session for Pinger {
     }
 }
 
-async fn connect_all(client: &Client, args: &Args, n: usize) -> Result<Vec<ClientConnection>> {
+async fn connect_all(dial: &Dial<'_>, args: &Args, n: usize) -> Result<Vec<ClientConnection>> {
     let mut conns = Vec::with_capacity(n);
     for _ in 0..n {
-        conns.push(
-            client
-                .connect(args.addr, &args.service)
-                .await
-                .context("connect")?,
-        );
+        conns.push(dial.connect(&args.service).await.context("connect")?);
     }
     Ok(conns)
 }
@@ -271,6 +274,7 @@ async fn run(args: Args) -> Result<()> {
         },
         ..NodeConfig::default()
     }))?;
+    let dial = Dial::new(&client, args.addr, &args.cluster)?;
     match args.run {
         Run::Latency {
             iters,
@@ -288,7 +292,7 @@ async fn run(args: Args) -> Result<()> {
                 done: Some(tx),
             };
             let conn = client
-                .connect_session(args.addr, &args.service, pinger)
+                .connect_session(dial.resolve(&args.service).await?, &args.service, pinger)
                 .await
                 .context("connect")?;
             let rtts = rx.await.context("the session ended early")??;
@@ -298,7 +302,7 @@ async fn run(args: Args) -> Result<()> {
         Run::Lambda { iters, size, wasm } => {
             use rdmactor::verbs::Access;
             use rdmactor_services::lambda::{self, checksum_native, Invocation, LambdaRef};
-            let conn = connect_all(&client, &args, 1).await?.remove(0);
+            let conn = connect_all(&dial, &args, 1).await?.remove(0);
             let target = if wasm {
                 let module = wat::parse_str(lambdas::CHECKSUM_WAT)?;
                 LambdaRef::Module(lambda::upload(&conn, &module).await?)
@@ -344,7 +348,7 @@ async fn run(args: Args) -> Result<()> {
             warmup,
             ..
         } => {
-            let conn = connect_all(&client, &args, 1).await?.remove(0);
+            let conn = connect_all(&dial, &args, 1).await?.remove(0);
             // The loop runs on the poller thread that also runs the connection's actor,
             // so a reply reaches it without a thread wake-up.
             let rtts = client
@@ -372,7 +376,7 @@ async fn run(args: Args) -> Result<()> {
             size,
             secs,
         } => {
-            let conns = connect_all(&client, &args, connections).await?;
+            let conns = connect_all(&dial, &args, connections).await?;
             let (total, rate) = per_second(&client, secs, move |deadline| async move {
                 let workers = conns
                     .iter()
@@ -399,7 +403,7 @@ async fn run(args: Args) -> Result<()> {
             size,
             secs,
         } => {
-            let conns = connect_all(&client, &args, connections).await?;
+            let conns = connect_all(&dial, &args, connections).await?;
             let (total, rate) = per_second(&client, secs, move |deadline| async move {
                 let streams = conns.iter().map(|conn| async move {
                     let payload = vec![0x3c; size];
@@ -426,8 +430,18 @@ async fn run(args: Args) -> Result<()> {
             connections,
             requests,
             forever,
+        } if matches!(dial, Dial::Cluster(_)) => {
+            let Dial::Cluster(cluster) = &dial else {
+                unreachable!("matched above")
+            };
+            cluster::echo_sessions(cluster, &args.service, connections, requests, forever).await?;
+        }
+        Run::Echo {
+            connections,
+            requests,
+            forever,
         } => {
-            let conns = connect_all(&client, &args, connections).await?;
+            let conns = connect_all(&dial, &args, connections).await?;
             println!("connected {connections}");
             let tasks = conns.iter().enumerate().map(|(c, conn)| async move {
                 let mut i = 0usize;
@@ -458,10 +472,21 @@ async fn run(args: Args) -> Result<()> {
             let mut conns = Vec::with_capacity(connections);
             let mut rejected = std::collections::BTreeMap::<String, usize>::new();
             let retried = std::cell::Cell::new(0usize);
+            if let Dial::Cluster(_) = dial {
+                anyhow::ensure!(!count_rejects, "--count-rejects needs --addr");
+                for _ in 0..connections {
+                    conns.push(dial.connect(&args.service).await?);
+                }
+            }
+            let addr = match dial {
+                Dial::Addr { addr, .. } => addr,
+                Dial::Cluster(_) => SocketAddr::from(([0, 0, 0, 0], 0)), // not dialled
+            };
+            let connections = connections - conns.len();
             let connect_retrying = || async {
                 let mut tries = 0;
                 loop {
-                    match client.connect(args.addr, &args.service).await {
+                    match client.connect(addr, &args.service).await {
                         Err(ConnectError::RejectedByTransport(_)) if tries < retries => {
                             retried.set(retried.get() + 1);
                             actix_rt::time::sleep(Duration::from_millis(50 << tries.min(6))).await;

@@ -10,6 +10,14 @@
 //! reached a verdict prints `RESULT kind=file bytes=N secs=S mb_per_s=X`, timed from
 //! the offer to the verdict (hashing the file before the offer is not counted), for
 //! scripts/bench. The exit status is 0 only if every file was GOOD.
+//!
+//! With `--cluster NAME --etcd URL[,URL..]` instead of `--addr`, files go to a cluster
+//! (`rdmactor_cluster::files`): `send` puts each on `--replicas` nodes (2) chosen by
+//! rendezvous hashing and records it in etcd (`GOOD NAME sha256:DIGEST nodes=a,b`),
+//! `fetch` reads it from a live replica and checks the recorded digest
+//! (`GOOD NAME sha256:DIGEST from=a`), and `repair` copies files whose node has been
+//! gone longer than `--grace-secs` to another (`REPAIRED NAME gone=a from=b to=c`).
+//! SHA-256 only, no `--overwrite` or `--id` there: a cluster name is created once.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -20,6 +28,8 @@ use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use rdmactor::runtime::{Client, ClientConnection, NodeConfig};
+use rdmactor_cluster::files::{ClusterFiles, RdmaFiles, RepairPlanner};
+use rdmactor_examples::cluster::ClusterArgs;
 use rdmactor_examples::{logs, transport};
 use rdmactor_services::file_transfer::{
     fetch_file, send_file, Auth, ClientError, Digest, FetchOptions, HashAlg, Outcome, Progress,
@@ -44,9 +54,14 @@ impl From<Hash> for HashAlg {
 #[derive(Parser)]
 #[command(about = "Send files to, or fetch files from, an rdmactor server's files service")]
 struct Args {
-    /// Server address.
-    #[arg(long)]
-    addr: SocketAddr,
+    /// Server address (or --cluster and --etcd).
+    #[arg(long, required_unless_present = "cluster")]
+    addr: Option<SocketAddr>,
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    /// With --cluster: replicas per file.
+    #[arg(long, requires = "cluster", default_value_t = 2)]
+    replicas: usize,
     /// Service name on the server.
     #[arg(long, default_value = "files")]
     service: String,
@@ -85,6 +100,22 @@ enum Cmd {
         out: PathBuf,
         #[arg(required = true)]
         names: Vec<String>,
+    },
+    /// With --cluster: copy files whose node has been gone longer than the grace
+    /// period to another node, under each file's etcd lock.
+    Repair {
+        /// How long a node may be gone before its files are copied elsewhere.
+        #[arg(long, default_value_t = 30)]
+        grace_secs: u64,
+        /// Seconds between rounds.
+        #[arg(long, default_value_t = 2)]
+        every_secs: u64,
+        /// Stop after this many rounds (0: run until killed).
+        #[arg(long, default_value_t = 0)]
+        rounds: u64,
+        /// Where copies are staged.
+        #[arg(long, default_value = "/tmp")]
+        scratch: PathBuf,
     },
 }
 
@@ -192,10 +223,11 @@ async fn connection(
     if let Some(c) = conn {
         return Ok(c.clone());
     }
+    let addr = args.addr.context("--addr")?;
     let c = client
-        .connect(args.addr, &args.service)
+        .connect(addr, &args.service)
         .await
-        .with_context(|| format!("connecting to {} at {}", args.service, args.addr))?;
+        .with_context(|| format!("connecting to {} at {addr}", args.service))?;
     *conn = Some(c.clone());
     Ok(c)
 }
@@ -203,6 +235,14 @@ async fn connection(
 async fn run(args: Args) -> Result<bool> {
     let client = Client::start(args.transport.apply(NodeConfig::default()))
         .context("starting the client")?;
+    if let Some((cluster, etcd)) = args.cluster.etcd()? {
+        let files = ClusterFiles::new(RdmaFiles::new(&client), etcd, &cluster)?
+            .with_replicas(args.replicas);
+        let all_good = run_cluster(&files, &args.cmd).await;
+        drop(files);
+        client.shutdown().await;
+        return all_good;
+    }
     let mut conn = None;
     let mut all_good = true;
     match &args.cmd {
@@ -250,10 +290,100 @@ async fn run(args: Args) -> Result<bool> {
                 all_good &= t.report(name, res);
             }
         }
+        Cmd::Repair { .. } => anyhow::bail!("repair needs --cluster"),
     }
     if let Some(c) = conn {
         c.close().await;
     }
     client.shutdown().await;
+    Ok(all_good)
+}
+
+/// `--cluster`: each command through the cluster's files; true if every file was GOOD.
+async fn run_cluster(files: &ClusterFiles<RdmaFiles<'_>>, cmd: &Cmd) -> Result<bool> {
+    let mut all_good = true;
+    match cmd {
+        Cmd::Send {
+            hash,
+            overwrite,
+            id,
+            files: paths,
+        } => {
+            anyhow::ensure!(
+                matches!(hash, Hash::Sha256) && !overwrite && id.is_none(),
+                "with --cluster, send takes no --hash blake3, --overwrite or --id"
+            );
+            for path in paths {
+                let name = file_name(path)?;
+                match files.put(path, &name).await {
+                    Ok(r) => println!(
+                        "GOOD {name} {}:{} nodes={}",
+                        r.alg,
+                        r.digest,
+                        r.nodes.join(",")
+                    ),
+                    Err(e) => {
+                        println!("ERROR {name}: {e}");
+                        all_good = false;
+                    }
+                }
+            }
+        }
+        Cmd::Fetch {
+            hash,
+            overwrite,
+            out,
+            names,
+        } => {
+            anyhow::ensure!(
+                matches!(hash, Hash::Sha256) && !overwrite,
+                "with --cluster, fetch takes no --hash blake3 or --overwrite"
+            );
+            for name in names {
+                match files.get(name, out).await {
+                    Ok(f) => {
+                        for (node, why) in &f.failed {
+                            println!("SKIPPED {name} node={node}: {why}");
+                        }
+                        println!(
+                            "GOOD {name} {}:{} from={}",
+                            f.record.alg, f.record.digest, f.node
+                        );
+                    }
+                    Err(e) => {
+                        println!("ERROR {name}: {e}");
+                        all_good = false;
+                    }
+                }
+            }
+        }
+        Cmd::Repair {
+            grace_secs,
+            every_secs,
+            rounds,
+            scratch,
+        } => {
+            let mut planner = RepairPlanner::new(Duration::from_secs(*grace_secs));
+            let mut round = 0;
+            while *rounds == 0 || round < *rounds {
+                round += 1;
+                match files.repair(&mut planner, Instant::now(), scratch).await {
+                    Ok(report) => {
+                        for r in &report.done {
+                            println!(
+                                "REPAIRED {} gone={} from={} to={}",
+                                r.name, r.gone, r.from, r.to
+                            );
+                        }
+                        for (r, why) in &report.failed {
+                            println!("UNREPAIRED {} gone={}: {why}", r.name, r.gone);
+                        }
+                    }
+                    Err(e) => eprintln!("ft repair: {e} (next round in {every_secs} s)"),
+                }
+                tokio::time::sleep(Duration::from_secs(*every_secs)).await;
+            }
+        }
+    }
     Ok(all_good)
 }

@@ -24,6 +24,11 @@
 //! `demo --ip <address of the RDMA interface>`. The exit status is 0 only when every
 //! operation was verified and the server shut down cleanly.
 //!
+//! With `--cluster NAME --etcd URL[,URL..]` the demo runs only its clients, like
+//! `--server`, against the node the cluster's registry lists as least loaded for
+//! `echo` (rping on `--rping-port` there); `demo --serve --cluster ..` is such a node:
+//! it registers its services, and withdraws before it shuts down.
+//!
 //! The launcher is this file (options, the server, the steps in order, shutdown); each
 //! step is a module of [`scenarios`], run by the [`verify::Verifier`]; [`server`] is the
 //! demo's server and [`table`] the table it ends with.
@@ -40,6 +45,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result};
 use clap::Parser;
 use rdmactor::runtime::{Client, NodeConfig};
+use rdmactor_cluster::{pick, EtcdConfig, Membership};
+use rdmactor_examples::cluster::ClusterArgs;
 use rdmactor_examples::{logs, transport};
 
 use crate::server::DemoServer;
@@ -79,13 +86,18 @@ struct Args {
     /// Only serve (on --ip): print a `ready` line, then serve until SIGINT or SIGTERM,
     /// shut down cleanly and print what was served. The clients run elsewhere, with
     /// `--server`.
+    /// With `--cluster`, the server also registers in the cluster's registry.
     #[arg(long, conflicts_with = "server")]
     serve: bool,
     /// Only run the clients, against a `demo --serve` at this address (another host).
     /// The `files` step then fetches its upload back to compare it, since the store is
     /// not here to look at.
-    #[arg(long, value_name = "IP")]
+    #[arg(long, value_name = "IP", conflicts_with = "cluster")]
     server: Option<IpAddr>,
+    /// Only run the clients, against a node found in the cluster's registry (with
+    /// `--serve`: serve, and register there).
+    #[command(flatten)]
+    cluster: ClusterArgs,
     /// Where `--serve` stores uploads (default: a temporary directory, removed at exit).
     #[arg(long, requires = "serve")]
     store: Option<PathBuf>,
@@ -133,13 +145,22 @@ async fn serve(args: &Args, config: NodeConfig, work: &Path) -> Result<()> {
 
 /// The clients' steps, against a server of our own or (`--server`) another host's.
 async fn demo(args: &Args, config: NodeConfig, work: &Path, started: Instant) -> Result<()> {
-    let local = match args.server {
-        Some(_) => None,
-        None => Some(DemoServer::start(args, config.clone(), work.join("store"), false).await?),
+    let found = match args.cluster.etcd()? {
+        Some((cluster, etcd)) => {
+            let addr = least_loaded(etcd, &cluster, "echo").await?;
+            println!("cluster: the registry lists {addr} as the least loaded node of echo");
+            Some(addr)
+        }
+        None => None,
     };
-    let ip = args.server.unwrap_or(args.ip);
-    let addr = SocketAddr::new(ip, args.port);
-    let rping_addr = SocketAddr::new(ip, args.rping_port);
+    let local = match (args.server, found) {
+        (None, None) => {
+            Some(DemoServer::start(args, config.clone(), work.join("store"), false).await?)
+        }
+        _ => None,
+    };
+    let addr = found.unwrap_or_else(|| SocketAddr::new(args.server.unwrap_or(args.ip), args.port));
+    let rping_addr = SocketAddr::new(addr.ip(), args.rping_port);
     let store = local.as_ref().map(|s| s.store.clone());
     let client = Client::start(config).context("starting the client node")?;
 
@@ -187,4 +208,21 @@ async fn demo(args: &Args, config: NodeConfig, work: &Path, started: Instant) ->
     println!();
     println!("done in {:.1} s", started.elapsed().as_secs_f64());
     steps.verdict()
+}
+
+/// The address of the least loaded live node of `service` in the registry.
+async fn least_loaded(etcd: EtcdConfig, cluster: &str, service: &str) -> Result<SocketAddr> {
+    let members = Membership::watch(etcd, cluster, service)?;
+    let listed = members
+        .wait_for(Duration::from_secs(10), |n| {
+            n.iter().any(|n| !n.record.draining)
+        })
+        .await
+        .with_context(|| {
+            format!("no live node of {service:?} in cluster {cluster:?} within 10 s")
+        })?;
+    let first = pick::by_load(&listed, |_| 0, b"")
+        .first()
+        .map(|n| n.record.addr);
+    first.context("no live node")
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use rdmactor::runtime::{NodeConfig, Server};
+use rdmactor_cluster::{Registrar, RegistrationConfig};
 use rdmactor_services::echo::Echo;
 use rdmactor_services::file_transfer::{Config as FilesConfig, FileTransfer};
 use rdmactor_services::ingest::{IngestConfig, IngestService, Record};
@@ -21,6 +22,10 @@ use rdmactor_services::read::{ReadRegions, ReadService, RegionWriter};
 use rdmactor_services::rping::Rping;
 
 use crate::Args;
+
+/// The services `demo --serve --cluster` registers (rping has a port of its own, which
+/// `demo --cluster` takes from `--rping-port`).
+const DEMO_SERVICES: [&str; 5] = ["echo", "files", "read", "lambda", "ingest"];
 
 /// The ID whose secret the demo's upload earns: the `files` service releases a secret
 /// only to the connection whose GOOD upload created the file of that name.
@@ -35,6 +40,8 @@ pub const WORDS: usize = 512;
 pub struct DemoServer {
     server: Server,
     updater: Updater,
+    /// `demo --serve --cluster`: the server's registration in etcd.
+    registrar: Option<Registrar>,
     /// Where the `files` service stores uploads.
     pub store: PathBuf,
 }
@@ -88,15 +95,34 @@ impl DemoServer {
             std::process::id()
         );
         let updater = Updater::start(live);
+        let registrar = match args.cluster.etcd()? {
+            Some((cluster, etcd)) if args.serve => {
+                let node = addr.to_string();
+                let config = RegistrationConfig::new(&cluster, &node, addr, DEMO_SERVICES);
+                println!("cluster: registering node {node} in {cluster}");
+                Some(Registrar::start(etcd, config).context("--cluster")?)
+            }
+            _ => None,
+        };
         Ok(DemoServer {
             server,
             updater,
+            registrar,
             store,
         })
     }
 
     /// Shuts down (every connection closed, everything released) and says what was served.
     pub async fn stop(self) {
+        // Out of the registry first (draining, then gone), so clients stop picking it.
+        if let Some(registrar) = self.registrar {
+            match registrar.withdraw().await {
+                Ok(()) => println!("cluster: withdrawn"),
+                Err(err) => {
+                    eprintln!("cluster: withdraw: {err} (the lease expires within its TTL)")
+                }
+            }
+        }
         let updates = self.updater.stop();
         let stats = self.server.stats().await;
         self.server.shutdown().await;

@@ -1,0 +1,277 @@
+//! The catalog in etcd: one key per file, created once by a transaction, changed by a
+//! repair only under the file's lock and only if nobody changed it since it was read.
+//!
+//! Choices, as etcd-based systems make them:
+//! - create-if-absent: `Txn(create_revision(key) == 0) then put else get`, so of two
+//!   clients racing for a name exactly one creates it, and the other reads the winner;
+//! - repairs lock the name with etcd's lock service, under a lease that is kept alive
+//!   while the copy runs (a repairer that dies lets go when its lease lapses);
+//! - fencing by revision: a repair's update compares the record's `mod_revision` with
+//!   the one it read and that its lock key still exists, so a repairer whose lease
+//!   lapsed mid-copy cannot overwrite what the next one wrote.
+
+use std::time::Duration;
+
+use etcd_client::{Client, Compare, CompareOp, GetOptions, LockOptions, Txn, TxnOp, TxnOpResponse};
+use tokio::sync::OnceCell;
+
+use super::record::{file_key, files_prefix, repair_lock, FileRecord};
+use crate::etcd::EtcdConfig;
+use crate::record::check_name;
+use crate::{Error, Result};
+
+/// How [`Catalog::create`] ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Created {
+    /// This call created the name.
+    New,
+    /// The name existed already, with this record (the race's winner, or an older file).
+    Exists(FileRecord),
+}
+
+/// A file's record and the etcd revision it was last written at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stored {
+    /// The file's name.
+    pub name: String,
+    /// Its record.
+    pub record: FileRecord,
+    /// The revision of its last write (what a repair's update is fenced by).
+    pub mod_revision: i64,
+}
+
+/// The files of one cluster in etcd.
+pub struct Catalog {
+    etcd: EtcdConfig,
+    cluster: String,
+    client: OnceCell<Client>,
+}
+
+impl std::fmt::Debug for Catalog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Catalog")
+            .field("cluster", &self.cluster)
+            .field("etcd", &self.etcd.endpoints)
+            .finish()
+    }
+}
+
+/// A held repair lock: its key exists while the lock is held.
+#[derive(Debug)]
+pub struct RepairLock {
+    key: Vec<u8>,
+    lease: i64,
+    keep_alive: tokio::task::JoinHandle<()>,
+}
+
+impl Catalog {
+    /// The catalog of `cluster`.
+    ///
+    /// # Errors
+    ///
+    /// A cluster name that would break the key layout; no endpoint.
+    pub fn new(etcd: EtcdConfig, cluster: &str) -> Result<Catalog> {
+        check_name("cluster", cluster)?;
+        if etcd.endpoints.is_empty() {
+            return Err(Error::NoEndpoints);
+        }
+        Ok(Catalog {
+            etcd,
+            cluster: cluster.to_owned(),
+            client: OnceCell::new(),
+        })
+    }
+
+    async fn client(&self) -> Result<Client> {
+        self.client
+            .get_or_try_init(|| self.etcd.connect())
+            .await
+            .cloned()
+    }
+
+    /// Records `name` unless it exists; then returns what exists.
+    ///
+    /// # Errors
+    ///
+    /// etcd unreachable or slow; a bad name; an unreadable existing record.
+    pub async fn create(&self, name: &str, record: &FileRecord) -> Result<Created> {
+        check_name("file", name)?;
+        let key = file_key(&self.cluster, name);
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key.as_str(), record.to_json(), None)])
+            .or_else([TxnOp::get(key.as_str(), None)]);
+        let mut client = self.client().await?;
+        let answer = self.etcd.call("file create txn", client.txn(txn)).await?;
+        if answer.succeeded() {
+            return Ok(Created::New);
+        }
+        for op in answer.op_responses() {
+            if let TxnOpResponse::Get(get) = op {
+                if let Some(kv) = get.kvs().first() {
+                    return Ok(Created::Exists(FileRecord::from_json(&key, kv.value())?));
+                }
+            }
+        }
+        // Deleted between the compare and the get of the same transaction cannot
+        // happen (a transaction is atomic); an empty answer is etcd's bug.
+        Err(Error::BadRecord {
+            key,
+            reason: "create failed but the key is absent".into(),
+        })
+    }
+
+    /// The record of `name`, if any.
+    ///
+    /// # Errors
+    ///
+    /// etcd unreachable or slow; an unreadable record.
+    pub async fn get(&self, name: &str) -> Result<Option<Stored>> {
+        check_name("file", name)?;
+        let key = file_key(&self.cluster, name);
+        let mut client = self.client().await?;
+        let answer = self
+            .etcd
+            .call("file get", client.get(key.as_str(), None))
+            .await?;
+        match answer.kvs().first() {
+            None => Ok(None),
+            Some(kv) => Ok(Some(Stored {
+                name: name.to_owned(),
+                record: FileRecord::from_json(&key, kv.value())?,
+                mod_revision: kv.mod_revision(),
+            })),
+        }
+    }
+
+    /// Every file; unreadable records are left out (and logged).
+    ///
+    /// # Errors
+    ///
+    /// etcd unreachable or slow.
+    pub async fn list(&self) -> Result<Vec<Stored>> {
+        let prefix = files_prefix(&self.cluster);
+        let mut client = self.client().await?;
+        let answer = self
+            .etcd
+            .call(
+                "file list",
+                client.get(prefix.as_str(), Some(GetOptions::new().with_prefix())),
+            )
+            .await?;
+        let mut files = Vec::new();
+        for kv in answer.kvs() {
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            let name = key.strip_prefix(&prefix).unwrap_or(&key).to_owned();
+            match FileRecord::from_json(&key, kv.value()) {
+                Ok(record) => files.push(Stored {
+                    name,
+                    record,
+                    mod_revision: kv.mod_revision(),
+                }),
+                Err(err) => tracing::warn!(%err, "cluster: ignoring a file record"),
+            }
+        }
+        Ok(files)
+    }
+
+    /// Takes the repair lock of `name` under a lease of `ttl`, kept alive until
+    /// [`release`](Self::release). `None` when another holder kept it for the whole
+    /// request timeout.
+    ///
+    /// # Errors
+    ///
+    /// etcd unreachable or slow to grant the lease.
+    pub async fn lock(&self, name: &str, ttl: Duration) -> Result<Option<RepairLock>> {
+        check_name("file", name)?;
+        let mut client = self.client().await?;
+        let ttl_secs = ttl.as_secs().clamp(2, i64::MAX as u64) as i64;
+        let lease = self
+            .etcd
+            .call("repair lease grant", client.lease_grant(ttl_secs, None))
+            .await?
+            .id();
+        let lock = self
+            .etcd
+            .call(
+                "repair lock",
+                client.lock(
+                    repair_lock(&self.cluster, name),
+                    Some(LockOptions::new().with_lease(lease)),
+                ),
+            )
+            .await;
+        let key = match lock {
+            Ok(answer) => answer.key().to_vec(),
+            Err(Error::Timeout { .. }) => {
+                // Held by another; the waiting request dies with the lease.
+                let _ = client.lease_revoke(lease).await;
+                return Ok(None);
+            }
+            Err(err) => {
+                let _ = client.lease_revoke(lease).await;
+                return Err(err);
+            }
+        };
+        let keep_alive = tokio::spawn(keep_alive(client, lease, ttl / 3));
+        Ok(Some(RepairLock {
+            key,
+            lease,
+            keep_alive,
+        }))
+    }
+
+    /// Replaces `stored`'s record with `record` if it is unchanged since it was read
+    /// and `lock` is still held. Returns whether it was replaced.
+    ///
+    /// # Errors
+    ///
+    /// etcd unreachable or slow.
+    pub async fn replace(
+        &self,
+        stored: &Stored,
+        record: &FileRecord,
+        lock: &RepairLock,
+    ) -> Result<bool> {
+        let key = file_key(&self.cluster, &stored.name);
+        let txn = Txn::new()
+            .when([
+                Compare::mod_revision(key.as_str(), CompareOp::Equal, stored.mod_revision),
+                Compare::create_revision(lock.key.clone(), CompareOp::Greater, 0),
+            ])
+            .and_then([TxnOp::put(key.as_str(), record.to_json(), None)]);
+        let mut client = self.client().await?;
+        let answer = self.etcd.call("file replace txn", client.txn(txn)).await?;
+        Ok(answer.succeeded())
+    }
+
+    /// Lets go of a repair lock (revoking its lease deletes its key).
+    pub async fn release(&self, lock: RepairLock) {
+        lock.keep_alive.abort();
+        if let Ok(mut client) = self.client().await {
+            if let Err(err) = self
+                .etcd
+                .call("repair lease revoke", client.lease_revoke(lock.lease))
+                .await
+            {
+                tracing::warn!(%err, "cluster: the repair lock lapses with its lease");
+            }
+        }
+    }
+}
+
+/// Keeps a repair lock's lease alive until aborted.
+async fn keep_alive(mut client: Client, lease: i64, every: Duration) {
+    let Ok((mut keeper, mut answers)) = client.lease_keep_alive(lease).await else {
+        return;
+    };
+    loop {
+        tokio::time::sleep(every.max(Duration::from_millis(500))).await;
+        if keeper.keep_alive().await.is_err() {
+            return;
+        }
+        if !matches!(answers.message().await, Ok(Some(_))) {
+            return;
+        }
+    }
+}

@@ -1,0 +1,31 @@
+//! Files across nodes: each file on R nodes chosen by rendezvous hashing over the live
+//! nodes of the `files` service, recorded in etcd once every replica verified it, read
+//! back from any replica with its digest checked, and copied anew when one of its nodes
+//! has been gone longer than a grace period.
+//!
+//! The parts, one job each:
+//! - [`plan`]: the rules (placement, fallbacks, fetch order, when to repair), plain and
+//!   unit tested, no I/O and no clock;
+//! - [`catalog`]: the records in etcd (create-if-absent, locks, fenced updates);
+//! - [`ClusterFiles`]: the driver that carries out the plans through a
+//!   [`FileTransfer`] (the `files` service over RDMA with the `rdmactor` feature, a
+//!   fake in tests);
+//! - `rdma` (feature `rdmactor`): [`FileTransfer`] over `rdmactor-services`' files
+//!   client: verified uploads and fetches, SHA-256.
+//!
+//! Layout: `/rdmactor/<cluster>/files/<name>` holds a JSON [`FileRecord`];
+//! `/rdmactor/<cluster>/locks/files/<name>` is the name's repair lock.
+
+pub mod catalog;
+mod driver;
+pub mod plan;
+#[cfg(feature = "rdmactor")]
+mod rdma;
+mod record;
+
+pub use catalog::{Catalog, Created, RepairLock, Stored};
+pub use driver::{ClusterFiles, Fetched, FileTransfer, FilesError, RepairReport, FILES_SERVICE};
+pub use plan::{PlacementError, Repair, RepairPlanner, UploadPlan, Verified};
+#[cfg(feature = "rdmactor")]
+pub use rdma::RdmaFiles;
+pub use record::{file_key, files_prefix, repair_lock, FileRecord};
