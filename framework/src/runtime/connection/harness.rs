@@ -34,6 +34,8 @@ pub(crate) struct End {
     pub(crate) ops: Vec<(OpId, crate::verbs::Result<()>)>,
     /// Why the core closed, once it did.
     pub(crate) closed: Option<CloseReason>,
+    /// Completions polled, kept for the next turn (no allocation per turn).
+    wcs: Vec<crate::verbs::WorkCompletion>,
 }
 
 pub(crate) struct Pair {
@@ -93,6 +95,7 @@ fn end(fabric: &Fabric, name: &str, depth: u32, peer: u32, config: ConnectionCon
         got: Vec::new(),
         ops: Vec::new(),
         closed: None,
+        wcs: Vec::with_capacity(64),
     }
 }
 
@@ -165,7 +168,8 @@ impl End {
             return false;
         }
         self.core.set_now(Instant::now());
-        let mut wcs = Vec::new();
+        let mut wcs = std::mem::take(&mut self.wcs);
+        wcs.clear();
         self.cq.poll(&mut wcs).unwrap();
         if !wcs.is_empty() {
             self.core.liveness.heard();
@@ -176,6 +180,7 @@ impl End {
                 Ok(None) => {}
                 Err(reason) => {
                     self.closed = Some(reason);
+                    self.wcs = wcs;
                     return true;
                 }
             }
@@ -186,7 +191,9 @@ impl End {
         if let Err(reason) = self.core.pump() {
             self.closed = Some(reason);
         }
-        !wcs.is_empty()
+        let moved = !wcs.is_empty();
+        self.wcs = wcs;
+        moved
     }
 
     pub(crate) fn send(&mut self, tag: u32, bytes: Vec<u8>) {

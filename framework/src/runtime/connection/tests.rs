@@ -249,3 +249,45 @@ fn many_hostile_frame_sequences() {
         super::harness::fuzz_connection(&mut crate::fuzz::SplitMix(seed));
     }
 }
+
+/// What the connection core costs per message, next to the transport it runs on: a
+/// 64 B echo through two cores on one thread (a message, its delivery, the reply, its
+/// delivery, with credits, batching and reposts as the runtime does them), over the
+/// bare loopback SEND ping-pong of the same size on the same thread (the floor). Both
+/// execute every request on the posting thread, so the difference is CPU the core
+/// spends. A measurement, never a limit: `cargo test --release -p rdmactor core_speed
+/// -- --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement; run by hand in release"]
+fn core_speed() {
+    let rounds = 100_000u32;
+    let mut p = pair();
+    let payload = vec![7u8; 64];
+    let started = std::time::Instant::now();
+    for i in 0..rounds {
+        p.a.send(1, payload.clone());
+        p.a.core.pump().unwrap();
+        while p.b.got.is_empty() {
+            p.b.turn();
+        }
+        let m = p.b.got.pop().unwrap();
+        p.b.send(m.tag, m.data);
+        p.b.core.pump().unwrap();
+        while p.a.got.is_empty() {
+            p.a.turn();
+        }
+        assert_eq!(p.a.got.pop().unwrap().data.len(), 64, "round {i}");
+    }
+    let core = started.elapsed() / rounds;
+    let floor = crate::transport::loopback::tests::ping_pong_one_thread(64, rounds.into());
+    println!(
+        "RESULT metric=core_echo_rtt_ns value={} unit=ns floor={} ratio={:.2}",
+        core.as_nanos(),
+        floor.as_nanos(),
+        core.as_secs_f64() / floor.as_secs_f64()
+    );
+    println!(
+        "RESULT metric=core_cost_per_message_ns value={} unit=ns floor=0 ratio=-",
+        (core.saturating_sub(floor) / 2).as_nanos()
+    );
+}

@@ -66,7 +66,7 @@ mod srq;
 mod work;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use api::Loopback;
 pub use cm::{CmEvent, CmId, CmIdKey, EventChannel};

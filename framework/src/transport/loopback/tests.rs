@@ -1007,7 +1007,7 @@ fn ping_pong(len: usize, rounds: u64) -> Duration {
 
 /// The same exchange on one thread (post, then poll the peer's CQ at once): the
 /// transport's own cost, without two spinning threads competing for the machine.
-fn ping_pong_one_thread(len: usize, rounds: u64) -> Duration {
+pub(crate) fn ping_pong_one_thread(len: usize, rounds: u64) -> Duration {
     let (_f, a, b) = pair();
     let mut wcs = Vec::with_capacity(32);
     recv(&a.qp, 0, Some(a.mr.sge(0..len).unwrap()));
