@@ -155,7 +155,7 @@ impl<S: Session> Handler<Pump> for ConnectionActor<S> {
 
     fn handle(&mut self, _why: Pump, _: &mut Context<Self>) {
         let _guard = AbortOnUnwind::new("connection actor");
-        self.conn().pump();
+        self.conn().pump_now();
     }
 }
 

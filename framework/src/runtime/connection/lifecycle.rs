@@ -82,6 +82,21 @@ impl<S: Session> Connection<S> {
             return;
         }
         core.set_now(Instant::now());
+        self.call_session(f);
+    }
+
+    /// [`with_session`](Self::with_session) within a turn whose time is set already
+    /// (the deliveries of a batch of completions): no clock read per message.
+    fn call_session(
+        &mut self,
+        f: impl FnOnce(&mut S, &mut SessionCx<'_>) -> Result<(), SessionError>,
+    ) {
+        let Some(core) = self.core.as_mut() else {
+            return;
+        };
+        if core.closing.is_some() {
+            return;
+        }
         let mut cx = SessionCx::new(core);
         let res = catch_session_panic(|| f(&mut self.session, &mut cx));
         let close = cx.close.take();
@@ -94,9 +109,17 @@ impl<S: Session> Connection<S> {
         }
     }
 
-    pub(super) fn pump(&mut self) {
+    /// Pumps at a time of its own (a wake-up from another thread).
+    pub(super) fn pump_now(&mut self) {
         if let Some(core) = self.core.as_mut() {
             core.set_now(Instant::now());
+        }
+        self.pump();
+    }
+
+    /// Posts what the session decided, within a turn whose time is set.
+    pub(super) fn pump(&mut self) {
+        if let Some(core) = self.core.as_mut() {
             if let Err(reason) = core.pump() {
                 self.begin_close(reason);
                 return;
@@ -256,7 +279,7 @@ impl<S: Session> Connection<S> {
                 None
             }
         }) {
-            self.with_session(|s, cx| s.on_message(cx, msg));
+            self.call_session(|s, cx| s.on_message(cx, msg));
         }
         while let Some((tag, why)) = self.core.as_mut().and_then(|c| {
             if c.closing.is_none() {
@@ -265,7 +288,7 @@ impl<S: Session> Connection<S> {
                 None
             }
         }) {
-            self.with_session(|s, cx| s.on_refused(cx, tag, why));
+            self.call_session(|s, cx| s.on_refused(cx, tag, why));
         }
     }
 
@@ -299,7 +322,7 @@ impl<S: Session> Connection<S> {
                         .as_ref()
                         .err()
                         .map(|e| CloseReason::from_failed_op(op, e));
-                    self.with_session(|s, cx| s.on_op(cx, op, result));
+                    self.call_session(|s, cx| s.on_op(cx, op, result));
                     if let Some(reason) = failed {
                         self.begin_close(reason);
                     }
@@ -324,14 +347,15 @@ impl<S: Session> Connection<S> {
     }
 
     pub(super) fn on_notice(&mut self, notice: CmNotice) {
+        if let Some(core) = self.core.as_mut() {
+            core.set_now(Instant::now());
+        }
         match notice {
             CmNotice::Established { peer } => {
                 let Some(core) = self.core.as_mut() else {
                     return;
                 };
-                let now = Instant::now();
-                core.set_now(now);
-                core.establish(now);
+                core.establish(core.now);
                 if let Some((_, recv_size)) = peer {
                     core.set_peer_recv_size(recv_size);
                 }

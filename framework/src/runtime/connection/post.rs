@@ -8,9 +8,12 @@
 //! "work comes out" half of a connection core without I/O (issue 28): what is posted is
 //! data until here, in the order it was decided.
 //!
-//! Receives go first so that nothing a turn's answers provoke from the peer can find a
-//! receive missing, and so that a grant of credits riding one of those answers is never
-//! ahead of the receives it promises.
+//! Within one [`Core::transmit`], receives go first: a raw connection's peer has no
+//! credits and may send its next message as soon as it has our answer, so the receive
+//! it will use must be posted before that answer. A framed connection's pump calls it
+//! twice: the turn's answers first (latency: nothing waits ahead of them), then the
+//! receives consumed this turn, before any frame that grants their credits (credits
+//! keep the peer from sending into the gap).
 //!
 //! Window binds are the exception: a bind names a window object rather than a buffer,
 //! and its callers post it at once, after [`Core::transmit`] has posted what was decided

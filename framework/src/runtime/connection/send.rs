@@ -18,16 +18,21 @@ impl<T: Transport> Core<T> {
         self.recv_size.min(self.peer_recv_size) - HEADER_LEN
     }
 
-    /// Decides as much queued work as credits and the send queue allow, then the
-    /// receives consumed this turn (and the credit frame that may call for), and posts
-    /// it all (see `post.rs`). What
+    /// Decides and posts as much queued work as credits and the send queue allow, then
+    /// the receives consumed this turn, then the credit frame that may call for (see
+    /// `post.rs`). What
     /// stays queued must fit the connection's bound (see [`Core::check_backlog`]).
     pub(super) fn pump(&mut self) -> Result<(), CloseReason> {
         self.pump_sends()?;
-        if self.repost_receives()? {
-            self.pump_sends()?;
-        }
+        // The turn's answers go out first (a raw connection's receives, queued as they
+        // were consumed, go just before them: see `post.rs`); a framed connection's
+        // receives follow, and the frame that grants their credits after them.
         self.transmit()?;
+        if self.repost_receives()? {
+            self.transmit()?;
+            self.pump_sends()?;
+            self.transmit()?;
+        }
         self.check_backlog()
     }
 
