@@ -9,11 +9,8 @@ use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use rdmactor_cluster::{
-    pick, ClusterClient, ClusterError, Connector, Load, NodeRecord, Placement, Registrar,
-    RegistrationConfig, RegistrationState,
-};
-use util::{Etcd, EtcdExt};
+use rdmactor_cluster::{pick, ClusterClient, ClusterError, Connector, Load, NodeRecord, Placement};
+use util::{addr, register, Etcd, EtcdExt};
 
 /// Connects to any address but those refused; remembers where it connected.
 #[derive(Default)]
@@ -33,25 +30,6 @@ impl Connector for Fake {
             Ok(addr)
         }
     }
-}
-
-fn addr(i: u8) -> SocketAddr {
-    SocketAddr::from(([192, 0, 2, i], 7471))
-}
-
-async fn register(etcd: &Etcd, node: &str, at: SocketAddr) -> Registrar {
-    let mut config = RegistrationConfig::new("test", node, at, ["echo"]);
-    config.ttl = Duration::from_secs(2);
-    let registrar = Registrar::start(etcd.config(), config).unwrap();
-    let mut states = registrar.states();
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        states.wait_for(RegistrationState::is_registered),
-    )
-    .await
-    .unwrap()
-    .unwrap();
-    registrar
 }
 
 /// A draining record of `node`, put directly (what a server shows between marking
@@ -84,9 +62,9 @@ fn client(etcd: &Etcd) -> ClusterClient<Fake> {
 #[tokio::test]
 async fn picks_skip_draining_nodes_and_spread_by_load() {
     let Some(etcd) = Etcd::start() else { return };
-    let _a = register(&etcd, "a", addr(1)).await;
-    let _b = register(&etcd, "b", addr(2)).await;
-    let _c = register(&etcd, "c", addr(3)).await;
+    let _a = register(&etcd, "a", addr(1), "echo").await;
+    let _b = register(&etcd, "b", addr(2), "echo").await;
+    let _c = register(&etcd, "c", addr(3), "echo").await;
     put_draining(&etcd, "d", addr(4)).await;
     let cluster = client(&etcd);
     cluster
@@ -117,8 +95,8 @@ async fn picks_skip_draining_nodes_and_spread_by_load() {
 #[tokio::test]
 async fn a_refused_connect_goes_to_the_next_node_and_errors_name_every_node() {
     let Some(etcd) = Etcd::start() else { return };
-    let _a = register(&etcd, "a", addr(1)).await;
-    let _b = register(&etcd, "b", addr(2)).await;
+    let _a = register(&etcd, "a", addr(1), "echo").await;
+    let _b = register(&etcd, "b", addr(2), "echo").await;
     let cluster = client(&etcd);
     cluster
         .membership("echo")
@@ -158,9 +136,9 @@ async fn a_refused_connect_goes_to_the_next_node_and_errors_name_every_node() {
 #[tokio::test]
 async fn key_placement_is_rendezvous_and_moves_when_its_node_drains() {
     let Some(etcd) = Etcd::start() else { return };
-    let _a = register(&etcd, "a", addr(1)).await;
-    let _b = register(&etcd, "b", addr(2)).await;
-    let c = register(&etcd, "c", addr(3)).await;
+    let _a = register(&etcd, "a", addr(1), "echo").await;
+    let _b = register(&etcd, "b", addr(2), "echo").await;
+    let c = register(&etcd, "c", addr(3), "echo").await;
     let cluster = client(&etcd);
     let members = cluster.membership("echo").unwrap();
     let listed = members

@@ -15,8 +15,8 @@ use rdmactor_cluster::files::{
     plan, Catalog, ClusterFiles, Created, FileRecord, FileTransfer, FilesError, RepairPlanner,
     Verified,
 };
-use rdmactor_cluster::{Registrar, RegistrationConfig, RegistrationState};
-use util::{Etcd, EtcdExt};
+use rdmactor_cluster::Registrar;
+use util::{addr, register, Etcd, EtcdExt};
 
 /// Each node's store is a directory; a node in `dead` refuses every transfer.
 struct Fake {
@@ -60,10 +60,6 @@ impl FileTransfer for Fake {
     }
 }
 
-fn addr(i: u8) -> SocketAddr {
-    SocketAddr::from(([192, 0, 2, i], 7471))
-}
-
 const NODES: [&str; 3] = ["a", "b", "c"];
 
 fn fake() -> Fake {
@@ -83,26 +79,11 @@ fn fake() -> Fake {
     }
 }
 
-async fn register(etcd: &Etcd, node: &str, at: SocketAddr) -> Registrar {
-    let mut config = RegistrationConfig::new("test", node, at, ["files"]);
-    config.ttl = Duration::from_secs(2);
-    let registrar = Registrar::start(etcd.config(), config).unwrap();
-    let mut states = registrar.states();
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        states.wait_for(RegistrationState::is_registered),
-    )
-    .await
-    .unwrap()
-    .unwrap();
-    registrar
-}
-
 /// Nodes a, b, c registered for `files`, and a client of them that lists all three.
 async fn cluster(etcd: &Etcd) -> (Vec<Registrar>, ClusterFiles<Fake>) {
     let mut nodes = Vec::new();
     for (i, node) in NODES.into_iter().enumerate() {
-        nodes.push(register(etcd, node, addr(i as u8 + 1)).await);
+        nodes.push(register(etcd, node, addr(i as u8 + 1), "files").await);
     }
     let files = ClusterFiles::new(fake(), etcd.config(), "test").unwrap();
     files

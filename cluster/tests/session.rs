@@ -11,10 +11,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use rdmactor_cluster::{
-    ClusterClient, ConnectionFault, Connector, Idempotency, Placement, Registrar,
-    RegistrationConfig, RegistrationState, SessionError,
+    ClusterClient, ConnectionFault, Connector, Idempotency, Placement, Registrar, SessionError,
 };
-use util::{Etcd, EtcdExt};
+use util::{addr, register, Etcd, EtcdExt};
 
 /// Requests on a `broken` address fail as a lost connection would; connects to a
 /// `refused` one fail. Counts what ran where, and which connections were closed.
@@ -85,30 +84,11 @@ impl Fake {
     }
 }
 
-fn addr(i: u8) -> SocketAddr {
-    SocketAddr::from(([192, 0, 2, i], 7471))
-}
-
-async fn register(etcd: &Etcd, node: &str, at: SocketAddr) -> Registrar {
-    let mut config = RegistrationConfig::new("test", node, at, ["echo"]);
-    config.ttl = Duration::from_secs(2);
-    let registrar = Registrar::start(etcd.config(), config).unwrap();
-    let mut states = registrar.states();
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        states.wait_for(RegistrationState::is_registered),
-    )
-    .await
-    .unwrap()
-    .unwrap();
-    registrar
-}
-
 /// Three nodes a, b, c registered, and a client that lists them.
 async fn three(etcd: &Etcd) -> (Vec<Registrar>, ClusterClient<Fake>) {
     let mut nodes = Vec::new();
     for (i, name) in ["a", "b", "c"].into_iter().enumerate() {
-        nodes.push(register(etcd, name, addr(i as u8 + 1)).await);
+        nodes.push(register(etcd, name, addr(i as u8 + 1), "echo").await);
     }
     let cluster = ClusterClient::new(Fake::default(), etcd.config(), "test");
     cluster
