@@ -135,6 +135,7 @@ impl<T: Transport> Core<T> {
             .get(q.wr_id)
             .expect("a queued request is recorded");
         let (local, signaled, inline) = match (entry, &q.bytes) {
+            // A probe, or the flush marker (a SEND recorded as signalled).
             (_, None) => (None, true, false),
             (
                 Wr::Send {
@@ -159,10 +160,6 @@ impl<T: Transport> Core<T> {
                 (Some(region.sge(r.clone())?), true, false)
             }
             _ => unreachable!("only these requests carry bytes"),
-        };
-        let signaled = match entry {
-            Wr::Send { signaled, .. } => *signaled,
-            _ => signaled,
         };
         let mut wr = SendWr::new(q.wr_id as u64, q.op, local);
         wr.signaled = signaled;
