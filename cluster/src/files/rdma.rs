@@ -51,11 +51,7 @@ impl FileTransfer for RdmaFiles<'_> {
         .await;
         let result = match outcome {
             Ok(Outcome::Delivered { .. }) => offered.ok_or_else(|| "GOOD without an offer".into()),
-            Ok(Outcome::Bad(why)) => Err(format!("BAD: {why}")),
-            Ok(Outcome::Rejected(why)) => Err(format!("rejected: {why}")),
-            Ok(Outcome::Aborted(why)) => Err(format!("aborted: {why}")),
-            Ok(other) => Err(format!("unexpected outcome {other:?}")),
-            Err(e) => Err(e.to_string()),
+            other => Err(failure(other)),
         };
         conn.close().await;
         result
@@ -82,13 +78,20 @@ impl FileTransfer for RdmaFiles<'_> {
                 digest: digest.to_string(),
                 size: len,
             }),
-            Ok(Outcome::Bad(why)) => Err(format!("BAD: {why}")),
-            Ok(Outcome::Rejected(why)) => Err(format!("rejected: {why}")),
-            Ok(Outcome::Aborted(why)) => Err(format!("aborted: {why}")),
-            Ok(other) => Err(format!("unexpected outcome {other:?}")),
-            Err(e) => Err(e.to_string()),
+            other => Err(failure(other)),
         };
         conn.close().await;
         result
+    }
+}
+
+/// Why an upload or a fetch that did not end in its success outcome failed.
+fn failure(outcome: Result<Outcome, impl std::fmt::Display>) -> String {
+    match outcome {
+        Ok(Outcome::Bad(why)) => format!("BAD: {why}"),
+        Ok(Outcome::Rejected(why)) => format!("rejected: {why}"),
+        Ok(Outcome::Aborted(why)) => format!("aborted: {why}"),
+        Ok(other) => format!("unexpected outcome {other:?}"),
+        Err(e) => e.to_string(),
     }
 }
