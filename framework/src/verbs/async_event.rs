@@ -12,7 +12,7 @@ use super::sys::*;
 
 use super::device::Context;
 use super::error::{Result, Verb, VerbsError};
-use super::sys::os::{poll_readable, set_nonblocking};
+use super::os::{poll_readable, set_nonblocking};
 
 /// What happened, by the verbs name (`IBV_EVENT_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

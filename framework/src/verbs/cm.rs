@@ -17,10 +17,10 @@ use super::cq::CompletionQueue;
 use super::device::Context;
 use super::error::{check, check_ptr, Result, Verb, VerbsError};
 use super::event_channel::{CmIdKey, EventChannel};
+use super::os;
 use super::pd::ProtectionDomain;
 use super::qp::{QpCaps, QueuePair};
 use super::srq::SharedReceiveQueue;
-use super::sys::os;
 
 /// Private data a connect request can carry over RoCE/IB (the CM REQ has 92 bytes, the
 /// rdma_cm header takes 36).

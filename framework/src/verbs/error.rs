@@ -3,8 +3,7 @@
 use std::fmt;
 use std::io;
 
-use super::cq::{WcOpcode, WcStatus};
-use super::event_channel::CmEventKind;
+use super::kinds::{CmEventKind, WcOpcode, WcStatus};
 
 /// A libibverbs / librdmacm entry point, named so errors say exactly which call failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

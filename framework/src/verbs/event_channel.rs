@@ -11,7 +11,8 @@ use super::sys::*;
 
 use super::cm::{CmId, CmIdInner, RawCmId};
 use super::error::{check_ptr, Result, Verb, VerbsError};
-use super::sys::os;
+use super::kinds::CmEventKind;
+use super::os;
 
 /// An rdma_cm event channel: one fd delivering events for every id created on it.
 #[derive(Clone)]
@@ -123,55 +124,6 @@ impl std::fmt::Debug for EventChannel {
         f.debug_struct("EventChannel")
             .field("fd", &self.fd())
             .finish()
-    }
-}
-
-/// rdma_cm event types (`enum rdma_cm_event_type`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-#[allow(missing_docs)]
-pub enum CmEventKind {
-    AddrResolved,
-    AddrError,
-    RouteResolved,
-    RouteError,
-    ConnectRequest,
-    ConnectResponse,
-    ConnectError,
-    Unreachable,
-    Rejected,
-    Established,
-    Disconnected,
-    DeviceRemoval,
-    MulticastJoin,
-    MulticastError,
-    AddrChange,
-    TimewaitExit,
-    Other(u32),
-}
-
-impl CmEventKind {
-    fn from_raw(raw: u32) -> Self {
-        use rdma_cm_event_type::*;
-        match raw {
-            RDMA_CM_EVENT_ADDR_RESOLVED => CmEventKind::AddrResolved,
-            RDMA_CM_EVENT_ADDR_ERROR => CmEventKind::AddrError,
-            RDMA_CM_EVENT_ROUTE_RESOLVED => CmEventKind::RouteResolved,
-            RDMA_CM_EVENT_ROUTE_ERROR => CmEventKind::RouteError,
-            RDMA_CM_EVENT_CONNECT_REQUEST => CmEventKind::ConnectRequest,
-            RDMA_CM_EVENT_CONNECT_RESPONSE => CmEventKind::ConnectResponse,
-            RDMA_CM_EVENT_CONNECT_ERROR => CmEventKind::ConnectError,
-            RDMA_CM_EVENT_UNREACHABLE => CmEventKind::Unreachable,
-            RDMA_CM_EVENT_REJECTED => CmEventKind::Rejected,
-            RDMA_CM_EVENT_ESTABLISHED => CmEventKind::Established,
-            RDMA_CM_EVENT_DISCONNECTED => CmEventKind::Disconnected,
-            RDMA_CM_EVENT_DEVICE_REMOVAL => CmEventKind::DeviceRemoval,
-            RDMA_CM_EVENT_MULTICAST_JOIN => CmEventKind::MulticastJoin,
-            RDMA_CM_EVENT_MULTICAST_ERROR => CmEventKind::MulticastError,
-            RDMA_CM_EVENT_ADDR_CHANGE => CmEventKind::AddrChange,
-            RDMA_CM_EVENT_TIMEWAIT_EXIT => CmEventKind::TimewaitExit,
-            other => CmEventKind::Other(other),
-        }
     }
 }
 

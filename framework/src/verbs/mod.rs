@@ -30,8 +30,10 @@ mod cq;
 mod device;
 mod error;
 mod event_channel;
+mod kinds;
 mod mr;
 mod mw;
+mod os;
 mod pd;
 mod port;
 mod qp;
@@ -51,13 +53,11 @@ pub use cm::{
     transport_reject, CmId, ConnParam, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA,
     MAX_REJECT_PRIVATE_DATA,
 };
-pub use cq::{
-    ChannelFd, CompletionChannel, CompletionQueue, CqKey, WcOpcode, WcStatus, WorkCompletion,
-    POLL_BATCH,
-};
+pub use cq::{ChannelFd, CompletionChannel, CompletionQueue, CqKey, WorkCompletion, POLL_BATCH};
 pub use device::{release_removed_devices, Context, DeviceAttr, ListedDevice};
 pub use error::{Result, Verb, VerbsError};
-pub use event_channel::{CmEvent, CmEventKind, CmIdKey, EventChannel};
+pub use event_channel::{CmEvent, CmIdKey, EventChannel};
+pub use kinds::{CmEventKind, WcOpcode, WcStatus};
 pub use mr::{Access, MemoryRegion, RemoteRegion, Sge};
 pub use mw::MemoryWindow;
 pub use pd::ProtectionDomain;

@@ -1,11 +1,10 @@
 //! The raw C interface: bindings generated from the system's rdma-core headers, the
-//! header-only inline functions written out in Rust, and small libc helpers.
+//! header-only inline functions written out in Rust (the libc helpers beside them are `verbs/os.rs`).
 //!
 //! Nothing outside `verbs/` sees this module. `build.rs` says why the bindings are made
 //! here rather than taken from a `-sys` crate.
 
 mod inline;
-pub(crate) mod os;
 
 #[allow(
     non_upper_case_globals,
