@@ -13,6 +13,11 @@ use crate::proto::frame::HEADER_LEN;
 
 use super::poller::PollMode;
 
+/// Largest message a framed connection can carry (the frame's length field allows up to
+/// 4 GiB); each connection's limit is [`ConnectionConfig::max_message`], 16 MiB by
+/// default.
+pub const MAX_MESSAGE: usize = 1 << 30;
+
 /// Everything a server or client sizes: its parts, each with its own defaults.
 ///
 /// ```
@@ -152,7 +157,7 @@ pub struct ConnectionConfig {
     /// probes even for a stopped process.
     pub idle_timeout: Option<Duration>,
     /// Largest framed message a connection sends or accepts (at most
-    /// [`MAX_MESSAGE`](super::MAX_MESSAGE)). A peer's rendezvous offer names its length
+    /// [`MAX_MESSAGE`](MAX_MESSAGE)). A peer's rendezvous offer names its length
     /// and the receiver registers that much, so the peer must not choose it freely.
     pub max_message: usize,
     /// Bytes one connection may have registered for rendezvous messages at once, in each
@@ -345,7 +350,7 @@ impl NodeConfig {
         if c.send_depth == 0 {
             return Err(ConfigError::Zero("connection.send_depth"));
         }
-        if c.max_message == 0 || c.max_message > super::MAX_MESSAGE {
+        if c.max_message == 0 || c.max_message > MAX_MESSAGE {
             return Err(ConfigError::MaxMessage(c.max_message));
         }
         let largest = self.pool.classes.last().copied().unwrap_or(0);
@@ -412,7 +417,7 @@ pub enum ConfigError {
     #[error("connection.ack_timeout {0} is above 31")]
     AckTimeout(u8),
     /// A message limit of zero or above what a frame can carry.
-    #[error("connection.max_message {0} is not within 1..={max}", max = super::MAX_MESSAGE)]
+    #[error("connection.max_message {0} is not within 1..={max}", max = MAX_MESSAGE)]
     MaxMessage(usize),
     /// Rendezvous chunks are pool buffers: none may exceed the pool's largest class.
     #[error("connection.rendezvous_chunk {chunk} is not within 1..={largest} (the pool's largest class)")]

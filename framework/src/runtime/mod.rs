@@ -37,13 +37,13 @@ pub use client::{Client, ClientConnection, ClientError};
 pub use client_session::RequestError;
 pub use config::{
     ConfigError, ConnectionConfig, NodeConfig, ReceiveConfig, SharedRecvConfig, TransportConfig,
+    MAX_MESSAGE,
 };
 pub use connect::ConnectError;
 #[doc(hidden)]
 pub use connection::{fuzz_connection, Checked};
 pub use connection::{
     AskError, Asked, Blocking, BlockingError, BufId, Grant, GrantId, Op, SessionCx, SessionWaker,
-    MAX_MESSAGE,
 };
 pub use handler::{
     Answer, CallError, HandlerService, OneSidedError, Refusal, RequestCx, RequestHandler,

@@ -9,40 +9,11 @@ use actix::prelude::*;
 
 use super::handshake::Handshake;
 use super::lifecycle::Connection;
-use super::wake::Mailbox;
+use super::mailbox::{CmNotice, ConnClosed, Mailbox, Pump, Released};
 use super::Core;
-use crate::proto::credits::Advert;
 use crate::runtime::poller::{self, AbortOnUnwind, Inbox};
 use crate::runtime::service::Session;
-use crate::runtime::CloseReason;
 use crate::verbs::CmIdKey;
-
-/// Connection-level notices from the CM actor.
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
-pub(crate) enum CmNotice {
-    /// ESTABLISHED; for active connections, the receive depth the server advertised.
-    /// With the peer's credits and receive buffer size (the active side learns them
-    /// from the welcome).
-    Established { peer: Option<(Advert, u32)> },
-    /// DISCONNECTED (peer or local).
-    Disconnected,
-    /// Close for this reason (shutdown, failed accept, rejected connect).
-    Close(CloseReason),
-}
-
-/// Sent to the CM actor once a connection has released everything.
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
-pub(crate) struct ConnClosed {
-    pub key: CmIdKey,
-    pub reason: CloseReason,
-}
-
-/// Stops the actor once its connection has released everything.
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
-pub(super) struct Released;
 
 /// What a connection is started with (built on the CM actor's thread, moved to the
 /// poller thread that polls the connection's CQ).
@@ -98,7 +69,7 @@ impl<S: Session> ConnectionActor<S> {
                     torn_down: false,
                     released: Vec::new(),
                     this: this.clone(),
-                    actor: ctx.address().downgrade(),
+                    actor: ctx.address().recipient::<Released>().downgrade(),
                     timer: None,
                 })
             });
@@ -138,16 +109,6 @@ impl<S: Session> Handler<CmNotice> for ConnectionActor<S> {
         let _guard = AbortOnUnwind::new("connection actor");
         self.conn().on_notice(notice);
     }
-}
-
-/// What this connection's queue waited for, away from its thread, is ready: the pool
-/// has memory again after refusing it (`Core::take_from_pool`), or a large message's
-/// registration finished (`Core::begin_offer`). Pump again.
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
-pub(crate) enum Pump {
-    PoolRoom,
-    Registered,
 }
 
 impl<S: Session> Handler<Pump> for ConnectionActor<S> {

@@ -3,19 +3,12 @@
 
 use std::ops::Range;
 
+use super::buf::GrantEntry;
 use super::{SessionCx, Wr};
 use crate::runtime::SessionError;
 use crate::verbs::{
     Access, MemoryWindow, ProtectionDomain, RemoteRegion, SharedRegion, VerbsError,
 };
-
-/// A window over a shared region, bound to this connection's QP. Field order is drop
-/// order: the window goes before the region clone that keeps the MR registered.
-pub(super) struct GrantEntry {
-    window: MemoryWindow,
-    _region: SharedRegion,
-    remote: RemoteRegion,
-}
 
 /// Names a grant of this connection (see [`SessionCx::grant`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

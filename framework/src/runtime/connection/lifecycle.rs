@@ -20,9 +20,9 @@ use std::rc::Weak;
 use std::time::Instant;
 
 use actix::prelude::*;
-use actix::WeakAddr;
+use actix::WeakRecipient;
 
-use super::actor::{CmNotice, ConnClosed, ConnectionActor, Released};
+use super::mailbox::{CmNotice, ConnClosed, Released};
 use super::{Core, SessionCx, Timeout};
 use crate::runtime::poller::{self, Inbox};
 use crate::runtime::service::{Session, SessionError};
@@ -43,7 +43,7 @@ pub(crate) struct Connection<S: Session> {
     /// Itself, for its timer.
     pub(super) this: Weak<RefCell<Connection<S>>>,
     /// Its actor, stopped once everything is released.
-    pub(super) actor: WeakAddr<ConnectionActor<S>>,
+    pub(super) actor: WeakRecipient<Released>,
     /// The instant the one timer is armed for (see [`Connection::arm_timer`]).
     pub(super) timer: Option<Instant>,
 }

@@ -1,17 +1,20 @@
 //! One connection per cm_id. Its [`Core`] (this file) owns the QP, the receive buffers
 //! (its own, or a share of a shared queue), the work requests in flight (a slab whose
-//! index is the wr_id) and the credit window. The rest, one idea per file:
-//! - `wr.rs`: what a work request in flight was, what waits to be posted, and the
-//!   buffers of a session's one-sided operations ([`Op`], [`BufId`]);
-//! - `send.rs`: queued work posted as credits and the send queue allow, batched SENDs;
-//! - `recv.rs`: receives (own or shared), frames turned into deliveries;
-//! - `rendezvous.rs`: large messages through RDMA READ, with their deadlines;
-//! - `grants.rs`, `cx.rs`: what a session can do ([`SessionCx`]);
-//! - `liveness.rs`: keepalive probes of silent peers;
-//! - `lifecycle.rs`: the lifecycle around the core (completions in from the poller,
-//!   session callbacks, timers, teardown on every path);
-//! - `handshake.rs`: the accept or connect call that lets the QP start;
-//! - `actor.rs`: the actor carrying the connection's mailbox.
+//! index is the wr_id) and the credit window. The rest, one idea per file, in layers
+//! that import only downwards (`scripts/check-cycles` fails a cycle):
+//! - at the bottom, what the core's state is made of, none of which names `Core`:
+//!   `buf.rs` (a session's buffers and granted windows, [`BufId`]), `offers.rs` (the
+//!   state of rendezvous messages), `wr.rs` (what a work request in flight was, what
+//!   waits to be posted, [`Op`]), `liveness.rs` (the keepalive policy), `pool_wait.rs`,
+//!   and `mailbox.rs` (what reaches the connection from outside its turn);
+//! - the core, in this file, and its behaviour, each file an `impl Core`: `send.rs`
+//!   (queued work posted as credits and the send queue allow), `post.rs` (the one place
+//!   work reaches the QP), `recv.rs` (receives turned into deliveries), `rendezvous.rs`
+//!   (large messages through RDMA READ), `timeout.rs` (deadlines, keepalive and idle);
+//! - what a session can do with it, [`SessionCx`]: `cx.rs`, `grants.rs`, `wake.rs`;
+//! - the driver: `lifecycle.rs` (completions in from the poller, session callbacks,
+//!   one timer, teardown on every path), `handshake.rs` (the accept or connect call
+//!   that lets the QP start) and `actor.rs` (the actor carrying the mailbox).
 //!
 //! Teardown order: `rdma_disconnect`, QP to the error state, wait until every posted
 //! work request has come back (successful or flushed), then drop the QP, the cm_id and
@@ -24,11 +27,14 @@ use std::time::{Duration, Instant};
 use slab::Slab;
 
 mod actor;
+mod buf;
 mod cx;
 mod grants;
 mod handshake;
 mod lifecycle;
 mod liveness;
+mod mailbox;
+mod offers;
 mod pool_wait;
 mod post;
 mod recv;
@@ -42,25 +48,26 @@ mod harness;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use actor::{CmNotice, ConnClosed, ConnectionActor, ConnectionParts};
+pub(crate) use actor::{ConnectionActor, ConnectionParts};
 pub(crate) use handshake::{CmCall, Handshake, HandshakeFailed};
 pub(crate) use lifecycle::panic_message;
+pub(crate) use mailbox::{CmNotice, ConnClosed};
 
+pub use buf::BufId;
 pub use cx::SessionCx;
 pub use grants::{Grant, GrantId};
 pub use harness::{fuzz_connection, Checked};
 pub use wake::{AskError, Asked, Blocking, BlockingError, SessionWaker};
-pub use wr::{BufId, Op};
+pub use wr::Op;
 
-pub(crate) use self::actor::Pump;
-use self::grants::GrantEntry;
+use self::buf::{Buf, BufEntry, Chunk, GrantEntry};
 use self::liveness::Liveness;
+use self::mailbox::Mailbox;
+pub(crate) use self::mailbox::Pump;
+use self::offers::{IncomingOffer, RendezvousOut};
 use self::pool_wait::PoolWaits;
-use self::post::QueuedSend;
-use self::rendezvous::{IncomingOffer, RendezvousOut};
 pub(super) use self::timeout::Timeout;
-use self::wake::Mailbox;
-use self::wr::{Buf, BufEntry, Chunk, Outgoing, Wr};
+use self::wr::{Outgoing, QueuedSend, Wr};
 use super::poller::CqReservation;
 use super::recv_groups::Membership;
 use super::service::{Framing, Incoming, OpId};
@@ -93,11 +100,6 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// CQ entry and the actor a turn; a send's buffer only needs to come back eventually, and
 /// a signalled completion on the send queue means every earlier request there is done.
 const SIGNAL_EVERY: usize = 16;
-
-/// Largest message a framed connection can carry (the frame's length field allows up to
-/// 4 GiB); each connection's limit is [`ConnectionConfig::max_message`](super::ConnectionConfig::max_message),
-/// 16 MiB by default.
-pub const MAX_MESSAGE: usize = 1 << 30;
 
 /// The `Close` frame of a closing connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -21,20 +21,11 @@
 
 use std::ops::Range;
 
+use super::wr::QueuedSend;
 use super::{Core, Wr, INLINE_MAX, MAX_BATCH};
 use crate::runtime::CloseReason;
 use crate::transport::{QueuePair as _, RecvWr, Region as _, SendWr, Transport};
 use crate::verbs::SendOp;
-
-/// A send-queue request decided and not yet posted. Its memory is found through its
-/// entry in the work in flight, at post time.
-pub(super) struct QueuedSend {
-    pub(super) wr_id: usize,
-    pub(super) op: SendOp,
-    /// The local bytes: a range of the entry's buffer (`None`: none, as a probe or the
-    /// flush marker).
-    pub(super) bytes: Option<Range<usize>>,
-}
 
 impl<T: Transport> Core<T> {
     /// Queues the send-queue request recorded at `wr_id`; the queue is posted at the end

@@ -10,89 +10,20 @@ use std::time::Instant;
 
 use std::sync::{mpsc, Arc};
 
+use super::offers::{IncomingOffer, PendingOffer, Registration, RendezvousOut};
 use super::pool_wait::Waiting;
 use super::{Buf, Chunk, CloseReason, Core, Delivery, Outgoing, Pump, Wr};
-use crate::memory::{Ask, Charge, HeapCharge, MrPool, PlaceInLine, PoolError, RegisteredChunks};
+use crate::memory::{Ask, MrPool, PlaceInLine, PoolError, RegisteredChunks};
 use crate::proto::budget::BudgetError;
 use crate::proto::frame::{FrameKind, RendezvousOffer, OFFER_LEN};
 use crate::runtime::service::Incoming;
-use crate::transport::{Domain as _, QueuePair as _, Region as _, Transport, Verbs};
+use crate::transport::{Domain as _, QueuePair as _, Region as _, Transport};
 use crate::verbs::{Access, RemoteRegion, SendOp};
-
-/// A large message exposed to the peer for its RDMA READ: a window bound to this
-/// connection's QP with REMOTE_READ over exactly the message's bytes. Field order is drop
-/// order: the window (the peer's access) goes before the memory, and the memory before
-/// the pool stops counting it.
-pub(super) struct RendezvousOut<T: Transport = Verbs> {
-    _window: T::Window,
-    _buf: Buf<T>,
-    _charge: Charge<RegisteredChunks<T>>,
-    len: usize,
-    /// The message's tag, for the session when the peer refuses it.
-    tag: u32,
-    offered: Instant,
-}
-
-/// A large message on its way to being offered: counted by the budget and the pool,
-/// and registered on the framework's registration threads (`runtime::registrar`, not
-/// the blocking pool, where service jobs could queue ahead of it). Pinning a message's pages costs a
-/// system call whose time grows with its size (0.4 ms on average for 8 MiB in the test
-/// VM, 2 ms at worst, and as much again to unpin it), and the poller thread that would
-/// pay it serves every other connection on it.
-pub(super) struct PendingOffer<T: Transport = Verbs> {
-    tag: u32,
-    len: usize,
-    charge: Charge<RegisteredChunks<T>>,
-    registration: Registration<T>,
-}
-
-enum Registration<T: Transport> {
-    Running(mpsc::Receiver<Result<T::Region, T::Error>>),
-    Done(T::Region),
-}
-
-impl<T: Transport> PendingOffer<T> {
-    pub(super) fn len(&self) -> usize {
-        self.len
-    }
-
-    /// True once the message is registered (the answer is taken on the first call
-    /// after it came).
-    pub(super) fn poll_registered(&mut self) -> Result<bool, CloseReason> {
-        if let Registration::Running(rx) = &self.registration {
-            self.registration = match rx.try_recv() {
-                Ok(Ok(mr)) => Registration::Done(mr),
-                Ok(Err(e)) => return Err(CloseReason::from_verbs(e)),
-                Err(mpsc::TryRecvError::Empty) => return Ok(false),
-                Err(mpsc::TryRecvError::Disconnected) => {
-                    return Err(CloseReason::Memory(
-                        "registering a rendezvous message: the task ended without an answer".into(),
-                    ))
-                }
-            };
-        }
-        Ok(true)
-    }
-}
 
 /// Drops `out` (its window, then its registration, then its count in the pool) on the
 /// registration threads: deregistering unpins every page of the message.
 fn release_away<T: Transport>(out: RendezvousOut<T>) {
     crate::runtime::registrar::run(move || drop(out));
-}
-
-/// An offer of the peer's being READ, chunk by chunk, into `data`.
-pub(super) struct IncomingOffer<T: Transport = Verbs> {
-    seq: u64,
-    tag: u32,
-    offer: RendezvousOffer,
-    len: usize,
-    data: Vec<u8>,
-    /// Bytes for which READs have been posted.
-    posted: usize,
-    /// Its share of the server-wide heap budget, held until the message is complete
-    /// (or the connection is gone).
-    _heap: Option<HeapCharge<RegisteredChunks<T>>>,
 }
 
 impl<T: Transport> Core<T> {

@@ -17,9 +17,13 @@
 
 use std::time::Instant;
 
-use super::{Core, DRAIN_TIMEOUT, GOODBYE_TIMEOUT};
+use std::time::Duration;
+
+use super::liveness::Verdict;
+use super::{Core, Wr, DRAIN_TIMEOUT, GOODBYE_TIMEOUT};
 use crate::runtime::CloseReason;
-use crate::transport::Transport;
+use crate::transport::{QueuePair as _, Transport};
+use crate::verbs::{RemoteRegion, SendOp};
 
 /// What a timeout asks of the driver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,5 +89,87 @@ impl<T: Transport> Core<T> {
     /// [`DRAIN_TIMEOUT`] from now.
     pub(in crate::runtime) fn wait_for_drain(&mut self) {
         self.close_deadline = Some(self.now + DRAIN_TIMEOUT);
+    }
+}
+
+/// The idle limit is checked four times per limit (at least every 100 ms), so a
+/// connection closes within a quarter of the limit after it is reached.
+fn idle_check_period(idle: Duration) -> Duration {
+    (idle / 4).max(Duration::from_millis(100))
+}
+
+/// The connection's side of keepalive and the idle limit: deadlines folded into
+/// [`Core::poll_timeout`], checked by [`Core::handle_timeout`].
+impl<T: Transport> Core<T> {
+    /// The connection is established at `now`: silence and idleness count from here.
+    pub(super) fn establish(&mut self, now: Instant) {
+        self.established = true;
+        self.last_message = now;
+        self.keepalive_at = self.liveness.period().map(|p| now + p);
+        self.idle_at = self.idle_timeout.map(|idle| now + idle_check_period(idle));
+    }
+
+    /// When keepalive or the idle limit next needs a look (see [`Core::poll_timeout`]).
+    pub(super) fn liveness_deadline(&self) -> Option<Instant> {
+        match (self.keepalive_at, self.idle_at) {
+            (Some(k), Some(i)) => Some(k.min(i)),
+            (k, i) => k.or(i),
+        }
+    }
+
+    /// The keepalive check (a probe, or the verdict that the peer is unreachable) and the
+    /// idle check, whichever are due at `now`.
+    pub(super) fn check_liveness(&mut self, now: Instant) -> Result<(), CloseReason> {
+        if !self.established || self.closing.is_some() {
+            return Ok(());
+        }
+        if let (Some(at), Some(period)) = (self.keepalive_at, self.liveness.period()) {
+            if at <= now {
+                self.keepalive_at = Some(now + period);
+                self.keepalive_check()?;
+            }
+        }
+        if let (Some(at), Some(idle)) = (self.idle_at, self.idle_timeout) {
+            if at <= now {
+                if now.duration_since(self.last_message) >= idle {
+                    return Err(CloseReason::IdleTimeout(idle));
+                }
+                self.idle_at = Some(now + idle_check_period(idle));
+            }
+        }
+        Ok(())
+    }
+
+    /// The keepalive check, once per period: probes the peer if the connection has been
+    /// silent since the last check.
+    fn keepalive_check(&mut self) -> Result<(), CloseReason> {
+        match self.liveness.check() {
+            Verdict::Fine => return Ok(()),
+            Verdict::Probe => {}
+            Verdict::Unreachable => {
+                return Err(CloseReason::PeerUnreachable(format!(
+                    "a keepalive probe went unanswered for {:?} and nothing else was heard",
+                    self.liveness.unanswered_for()
+                )))
+            }
+        }
+        if self.send_outstanding >= self.send_depth {
+            // A full send queue with nothing completing: its own requests will fail if
+            // the peer is gone.
+            return Ok(());
+        }
+        let nothing = RemoteRegion {
+            addr: 0,
+            len: 0,
+            rkey: 0,
+        };
+        let wr_id = self.inflight.insert(Wr::Probe);
+        self.liveness.probe_posted();
+        self.queue_send(wr_id, SendOp::Write(nothing), None)?;
+        tracing::debug!(
+            qp = self.qp.qp_num(),
+            "silent connection: keepalive probe queued"
+        );
+        Ok(())
     }
 }

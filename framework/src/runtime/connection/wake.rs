@@ -7,43 +7,9 @@ use std::sync::mpsc;
 use actix::prelude::*;
 use actix::{Recipient, WeakRecipient};
 
-use super::{ConnectionActor, Pump, SessionCx};
+use super::mailbox::Wake;
+use super::{ConnectionActor, SessionCx};
 use crate::runtime::Session;
-
-/// Asks a connection's actor to call [`Session::on_wake`].
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
-pub(crate) struct Wake(pub(super) u64);
-
-/// The way back into a connection from other threads: its actor's mailbox, held weakly
-/// (a job thread's handle must not keep a closed connection alive). The core keeps it
-/// as an opaque handle; only this file knows it is an actor.
-#[derive(Clone)]
-pub(crate) struct Mailbox {
-    wake: WeakRecipient<Wake>,
-    pump: WeakRecipient<Pump>,
-}
-
-impl Mailbox {
-    /// The mailbox of the actor `addr`.
-    pub(super) fn of<S: Session>(addr: &Addr<ConnectionActor<S>>) -> Mailbox {
-        Mailbox {
-            wake: addr.clone().recipient::<Wake>().downgrade(),
-            pump: addr.clone().recipient::<Pump>().downgrade(),
-        }
-    }
-
-    /// Asks the connection to pump again, because of `why`; false when it is gone.
-    pub(super) fn pump(&self, why: Pump) -> bool {
-        match self.pump.upgrade() {
-            Some(r) => {
-                r.do_send(why);
-                true
-            }
-            None => false,
-        }
-    }
-}
 
 /// Wakes one connection's session from any thread: [`wake`](Self::wake) makes the
 /// framework call [`Session::on_wake`] on the connection's actor. Cheap to clone; it does

@@ -1,57 +1,17 @@
 //! The connection's work-request vocabulary: what a posted work request was (keyed by
-//! its wr_id), what waits to be posted, and the buffers a session's one-sided operations
-//! use. Apart from `Core` because every file of the connection speaks it, while the
-//! core's state and completion handling are one concern of their own.
+//! its wr_id), what waits to be posted, and a session's one-sided operations. Apart from
+//! `Core` because every file of the connection speaks it, while the core's state and
+//! completion handling are one concern of their own.
 
 use std::ops::Range;
 
-use super::rendezvous::PendingOffer;
-use crate::memory::{Charge, Lease, RegisteredChunks};
+use super::buf::{BufId, Chunk};
+use super::offers::PendingOffer;
 use crate::proto::budget::BudgetError;
 use crate::proto::frame::RendezvousOffer;
 use crate::runtime::service::OpId;
 use crate::transport::{Transport, Verbs};
-use crate::verbs::RemoteRegion;
-
-/// A chunk of the pool's registered memory, on the connection's transport.
-pub(super) type Chunk<T> = Lease<RegisteredChunks<T>>;
-
-/// A buffer a session allocated for one-sided operations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct BufId(pub(super) usize);
-
-pub(super) enum Buf<T: Transport = Verbs> {
-    Pooled(Chunk<T>),
-    Registered(T::Region),
-}
-
-impl<T: Transport> Buf<T> {
-    pub(super) fn region(&self) -> &T::Region {
-        match self {
-            Buf::Pooled(l) => l,
-            Buf::Registered(m) => m,
-        }
-    }
-    pub(super) fn region_mut(&mut self) -> &mut T::Region {
-        match self {
-            Buf::Pooled(l) => l,
-            Buf::Registered(m) => m,
-        }
-    }
-}
-
-pub(super) struct BufEntry<T: Transport = Verbs> {
-    // Field order is drop order: the window (the peer's access) goes before the memory,
-    // and the memory is deregistered before its charge against the pool's cap is given
-    // back (a waiter woken by that charge finds the room really free).
-    pub(super) grant: Option<(T::Window, RemoteRegion)>,
-    pub(super) buf: Buf<T>,
-    /// For a buffer [`SessionCx::register`](super::SessionCx::register) made: its bytes, counted against the pool's
-    /// cap.
-    pub(super) _charge: Option<Charge<RegisteredChunks<T>>>,
-    pub(super) inflight: u32,
-    pub(super) freed: bool,
-}
+use crate::verbs::{RemoteRegion, SendOp};
 
 /// A one-sided operation for [`SessionCx::post`](super::SessionCx::post).
 #[derive(Debug, Clone)]
@@ -187,4 +147,14 @@ impl<T: Transport> Outgoing<T> {
             _ => 0,
         }
     }
+}
+
+/// A send-queue request decided and not yet posted. Its memory is found through its
+/// entry in the work in flight, at post time.
+pub(super) struct QueuedSend {
+    pub(super) wr_id: usize,
+    pub(super) op: SendOp,
+    /// The local bytes: a range of the entry's buffer (`None`: none, as a probe or the
+    /// flush marker).
+    pub(super) bytes: Option<Range<usize>>,
 }

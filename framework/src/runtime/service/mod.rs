@@ -3,98 +3,11 @@
 //! actor. Sessions see whole messages and completions of the one-sided operations they
 //! started; buffers, credits, framing, rendezvous and teardown are the framework's.
 
-use std::net::SocketAddr;
+mod types;
+
+pub use types::{DecodeError, Framing, Incoming, OpId, PeerInfo, SessionError};
 
 use super::connection::SessionCx;
-
-/// How a service's messages travel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Framing {
-    /// rdmactor frames: a header with credits, request tags, rendezvous for large
-    /// messages. For rdmactor clients.
-    Framed,
-    /// Bytes exactly as the peer sent them, one SEND per message, no header and no
-    /// credits: for plain verbs clients (rping, lab programs). Each receive buffer holds
-    /// `recv_size` bytes; a larger SEND fails the connection (the NIC reports it).
-    Raw {
-        /// Size of each receive buffer.
-        recv_size: u32,
-    },
-}
-
-/// Who a session is talking to.
-#[derive(Debug, Clone)]
-pub struct PeerInfo {
-    /// The peer's address.
-    pub addr: Option<SocketAddr>,
-    /// The local QP number of this connection.
-    pub qp_num: u32,
-    /// The service name this connection was admitted to.
-    pub service: String,
-}
-
-/// A message from the peer, as a [`Session`] receives it. (Named apart from
-/// `actix::Message`, which a service with an owner actor imports too.)
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Incoming {
-    /// What the message is: 0 for a one-way message (the client's `send`, `send_all`;
-    /// nobody waits, so answer nothing) and for every message of a raw connection; any
-    /// other value is a request, which the client's `request` waits on until an answer
-    /// comes under the same tag ([`SessionCx::reply`]).
-    pub tag: u32,
-    /// Immediate data, for SEND_WITH_IMM and WRITE_WITH_IMM.
-    pub imm: Option<u32>,
-    /// The payload (empty for a WRITE_WITH_IMM, whose bytes went to the written region).
-    pub data: Vec<u8>,
-}
-
-impl Incoming {
-    /// The payload as a `T`, decoded with postcard: the encoding of the client's
-    /// `request_typed` and `call_typed`, so a session answers typed requests without
-    /// naming the codec. Fails on bytes that are not a `T` (the peer's mistake, or
-    /// another version of the protocol).
-    pub fn decode<T: serde::de::DeserializeOwned>(&self) -> Result<T, DecodeError> {
-        postcard::from_bytes(&self.data).map_err(|e| DecodeError {
-            tag: self.tag,
-            len: self.data.len(),
-            why: e.to_string(),
-        })
-    }
-}
-
-/// Why [`Incoming::decode`] failed: which message, and postcard's reason.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("message {tag} ({len} bytes) is not the expected type: {why}")]
-pub struct DecodeError {
-    /// The message's tag.
-    pub tag: u32,
-    /// Its length.
-    pub len: usize,
-    /// postcard's reason.
-    pub why: String,
-}
-
-impl From<DecodeError> for SessionError {
-    fn from(e: DecodeError) -> SessionError {
-        SessionError::new(e.to_string())
-    }
-}
-
-/// Why a session gave up on its connection; the connection closes with this reason.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct SessionError(pub String);
-
-impl SessionError {
-    /// A session error with `msg`.
-    pub fn new(msg: impl Into<String>) -> SessionError {
-        SessionError(msg.into())
-    }
-}
-
-/// A one-sided operation started by a session, named in its completion.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct OpId(pub(crate) u64);
 
 /// A registered service. Shared by every connection; `session` is called once per
 /// accepted connection.
