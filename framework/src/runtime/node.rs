@@ -172,7 +172,8 @@ impl Node {
             pd: self.pd.clone(),
             config: cfg.connection.clone(),
         });
-        core.post_all_receives().map_err(|e| e.to_string())?;
+        core.queue_all_receives();
+        super::connection::ring(&mut core).map_err(|e| e.to_string())?;
         Ok(core)
     }
 

@@ -106,7 +106,7 @@ pub trait Transport: Sized + Send + Sync + 'static {
     /// A checked range of a region, borrowed for the post call.
     type Sge<'a>: Copy + fmt::Debug;
     /// A memory window: remote access to part of a region for one QP, revoked on drop.
-    type Window: Send + Sync + fmt::Debug;
+    type Window: Window;
     /// What a sleeping poller waits on.
     type Channel: CompletionChannel<Self>;
     /// A completion queue.
@@ -198,6 +198,14 @@ pub trait Region<T: Transport>: Send + Sync + fmt::Debug + Sized {
     fn bytes(&self) -> Option<&[u8]> {
         None
     }
+}
+
+/// A type 2 memory window.
+pub trait Window: Send + Sync + fmt::Debug {
+    /// The rkey its next bind will give: known before the bind is posted, so a
+    /// connection can write the frame that carries it while the bind waits in its queue
+    /// (the post checks the bind gave exactly this).
+    fn next_rkey(&self) -> u32;
 }
 
 /// A completion channel: one wake-up per armed CQ that got a completion, for a thread

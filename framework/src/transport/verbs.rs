@@ -164,6 +164,12 @@ fn out_of_region(offset: usize, len: usize, region: usize) -> v::VerbsError {
     ))
 }
 
+impl super::Window for v::MemoryWindow {
+    fn next_rkey(&self) -> u32 {
+        v::MemoryWindow::next_rkey(self)
+    }
+}
+
 impl super::CompletionChannel<Verbs> for v::CompletionChannel {
     type Waiter = tokio::io::unix::AsyncFd<v::ChannelFd>;
 

@@ -40,6 +40,11 @@ impl MemoryWindow {
         unsafe { self.mw.as_ref().rkey }
     }
 
+    /// The rkey the next bind gives the window.
+    pub fn next_rkey(&self) -> u32 {
+        next_rkey(self.rkey())
+    }
+
     pub(crate) fn as_ptr(&self) -> *mut ibv_mw {
         self.mw.as_ptr()
     }

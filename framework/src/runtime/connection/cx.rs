@@ -1,7 +1,8 @@
 //! [`SessionCx`]: what a session can do with its connection (send, one-sided operations,
 //! buffers and the rkeys it grants), handed to every session callback.
 
-use super::{Buf, BufEntry, BufId, Core, Op, Outgoing, Wr};
+use super::wr::BindOf;
+use super::{Buf, BufEntry, BufId, Core, Op, Outgoing};
 use crate::memory::Charge;
 use crate::runtime::service::{Incoming, OpId, SessionError};
 use crate::verbs::{Access, MemoryRegion, MemoryWindow, RemoteRegion, VerbsError};
@@ -135,15 +136,25 @@ impl<'a> SessionCx<'a> {
                 "send queue full; cannot bind a window now",
             ));
         }
-        let slot = self.core.inflight.vacant_entry();
-        let grant = self
-            .core
-            .qp
-            .bind_window(slot.key() as u64, &window, &mr, remote)
-            .map_err(err)?;
-        slot.insert(Wr::Bind);
-        self.core.send_outstanding += 1;
-        Ok(self.insert_buf(Buf::Registered(mr), Some((window, grant)), Some(charge)))
+        // The window's rkey is filled in once the bind is queued, ahead of any message
+        // that carries it.
+        let id = self.insert_buf(
+            Buf::Registered(mr),
+            Some((
+                window,
+                RemoteRegion {
+                    addr: 0,
+                    len: 0,
+                    rkey: 0,
+                },
+            )),
+            Some(charge),
+        );
+        let grant = self.core.queue_bind(BindOf::Buf(id), remote);
+        if let Some((_, g)) = self.core.bufs[id.0].grant.as_mut() {
+            *g = grant;
+        }
+        Ok(id)
     }
 
     /// Hands a region the application registered (on this connection's PD) to the

@@ -4,7 +4,7 @@
 use std::ops::Range;
 
 use super::buf::GrantEntry;
-use super::{SessionCx, Wr};
+use super::{ring, SessionCx, Wr};
 use crate::runtime::SessionError;
 use crate::verbs::{
     Access, MemoryWindow, ProtectionDomain, RemoteRegion, SharedRegion, VerbsError,
@@ -68,13 +68,17 @@ impl SessionCx<'_> {
         }
         let err = |e: VerbsError| SessionError::new(e.to_string());
         let window = MemoryWindow::alloc(&self.core.pd).map_err(err)?;
-        let slot = self.core.inflight.vacant_entry();
+        // A window over a shared region is verbs' alone, so this bind is posted here
+        // rather than queued for the driver (see `post.rs`): what was decided before it
+        // goes first.
+        ring(self.core).map_err(|e| SessionError::new(e.to_string()))?;
+        let wr_id = self.core.inflight.vacant_key();
         let remote = self
             .core
-            .qp
-            .bind_shared_window(slot.key() as u64, &window, region, range, access)
+            .qp()
+            .bind_shared_window(wr_id as u64, &window, region, range, access)
             .map_err(err)?;
-        slot.insert(Wr::Bind);
+        self.core.inflight.insert(Wr::Bind);
         self.core.send_outstanding += 1;
         let id = GrantId(self.core.grants.insert(GrantEntry {
             window,

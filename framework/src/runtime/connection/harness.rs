@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use super::{
-    CloseReason, Core, CoreParts, CreditWindow, Framing, Incoming, MrPool, OpId, Outgoing, Wr,
+    ring, CloseReason, Core, CoreParts, CreditWindow, Framing, Incoming, MrPool, OpId, Outgoing, Wr,
 };
 use crate::fuzz::Entropy;
 use crate::memory::PoolConfig;
@@ -121,11 +121,12 @@ pub(crate) fn pair_shaped(
         rnr_retry_count: 0,
         ..ConnParam::default()
     };
-    connect_pair(&a.core.qp, &b.core.qp, &param).unwrap();
+    connect_pair(a.core.qp(), b.core.qp(), &param).unwrap();
     let now = Instant::now();
     for e in [&mut a, &mut b] {
         e.core.set_now(now);
-        e.core.post_all_receives().unwrap();
+        e.core.queue_all_receives();
+        ring(&mut e.core).unwrap();
         e.core.establish(now);
     }
     Pair {
@@ -188,12 +189,18 @@ impl End {
         while let Some(m) = self.core.next_delivery() {
             self.got.push(m);
         }
-        if let Err(reason) = self.core.pump() {
+        if let Err(reason) = self.pump() {
             self.closed = Some(reason);
         }
         let moved = !wcs.is_empty();
         self.wcs = wcs;
         moved
+    }
+
+    /// What the driver does after the core decided: pump, then post what came out.
+    pub(crate) fn pump(&mut self) -> Result<(), CloseReason> {
+        self.core.pump()?;
+        ring(&mut self.core)
     }
 
     pub(crate) fn send(&mut self, tag: u32, bytes: Vec<u8>) {
@@ -212,7 +219,7 @@ impl End {
         // A full send queue refuses it, as it would the hostile peer's own post. The slot
         // it takes is one the core does not know of: its own post may then be refused,
         // which closes it with the reason, as a real QP would.
-        let _ = self.core.qp.post_send(&wr);
+        let _ = self.core.qp().post_send(&wr);
     }
 }
 

@@ -23,7 +23,7 @@ use actix::prelude::*;
 use actix::WeakRecipient;
 
 use super::mailbox::{CmNotice, ConnClosed, Released};
-use super::{Core, SessionCx, Timeout};
+use super::{ring, Core, SessionCx, Timeout};
 use crate::runtime::poller::{self, Inbox};
 use crate::runtime::service::{Session, SessionError};
 use crate::runtime::CloseReason;
@@ -117,10 +117,10 @@ impl<S: Session> Connection<S> {
         self.pump();
     }
 
-    /// Posts what the session decided, within a turn whose time is set.
+    /// Decides what the queue allows and posts it, within a turn whose time is set.
     pub(super) fn pump(&mut self) {
         if let Some(core) = self.core.as_mut() {
-            if let Err(reason) = core.pump() {
+            if let Err(reason) = core.pump().and_then(|()| ring(core)) {
                 self.begin_close(reason);
                 return;
             }
@@ -204,7 +204,10 @@ impl<S: Session> Connection<S> {
             tracing::warn!(conn = %self.label, reason = %panicked, "on_close panicked");
         }
         self.reason = Some(reason.clone());
-        if core.post_goodbye(&reason) || core.await_sends(&reason) {
+        let waits = core.post_goodbye(&reason) || core.await_sends(&reason);
+        // What was decided before the close goes out, then the goodbye; a QP that refuses
+        // them has nothing to wait for.
+        if ring(core).is_ok() && waits {
             // The QP stays up until the peer has read the frame (it disconnects then),
             // or a raw connection's last SENDs have left, for a moment at most.
             core.wait_for_goodbye();
@@ -229,8 +232,13 @@ impl<S: Session> Connection<S> {
             let _ = id.disconnect();
         }
         core.forget_queued();
-        match core.qp.to_error() {
-            Ok(()) => core.flush_unsignaled(),
+        match core.qp().to_error() {
+            Ok(()) => {
+                core.flush_unsignaled();
+                if let Err(e) = ring(core) {
+                    tracing::warn!(conn = %self.label, error = %e, "posting the flush marker failed");
+                }
+            }
             Err(e) => {
                 tracing::warn!(conn = %self.label, error = %e, "moving the QP to error failed")
             }

@@ -29,6 +29,7 @@ use slab::Slab;
 mod actor;
 mod buf;
 mod cx;
+mod doorbell;
 mod grants;
 mod handshake;
 mod lifecycle;
@@ -49,6 +50,7 @@ mod harness;
 mod tests;
 
 pub(crate) use actor::{ConnectionActor, ConnectionParts};
+pub(crate) use doorbell::ring;
 pub(crate) use handshake::{CmCall, Handshake, HandshakeFailed};
 pub(crate) use lifecycle::panic_message;
 pub(crate) use mailbox::{CmNotice, ConnClosed};
@@ -66,8 +68,9 @@ use self::mailbox::Mailbox;
 pub(crate) use self::mailbox::Pump;
 use self::offers::{IncomingOffer, RendezvousOut};
 use self::pool_wait::PoolWaits;
+pub(crate) use self::post::Work;
 pub(super) use self::timeout::Timeout;
-use self::wr::{Outgoing, QueuedSend, Wr};
+use self::wr::{Outbox, Outgoing, Wr};
 use super::poller::CqReservation;
 use super::recv_groups::Membership;
 use super::service::{Framing, Incoming, OpId};
@@ -167,10 +170,8 @@ pub(crate) struct Core<T: Transport = Verbs> {
     send_seq: u64,
     /// Buffers of completed small SENDs, reused by the next ones.
     spare: Vec<Chunk<T>>,
-    /// Send-queue requests decided this turn, and receives to post, posted together by
-    /// `Core::transmit` (see `post.rs`).
-    sends: Vec<QueuedSend>,
-    recvs: Vec<usize>,
+    /// Work decided and not posted yet, in batches, for the driver (see `post.rs`).
+    outbox: Outbox,
     send_outstanding: u32,
     send_depth: u32,
     /// Work decided but not posted yet (no credit, or the send queue is full).
@@ -270,8 +271,7 @@ impl<T: Transport> Core<T> {
             unsignaled: VecDeque::new(),
             send_seq: 0,
             spare: Vec::new(),
-            sends: Vec::new(),
-            recvs: Vec::new(),
+            outbox: Outbox::default(),
             send_outstanding: 0,
             send_depth: c.send_depth,
             pending: VecDeque::new(),
@@ -324,6 +324,13 @@ impl<T: Transport> Core<T> {
 
     pub(crate) fn qp_num(&self) -> u32 {
         self.qp.qp_num()
+    }
+
+    /// The QP, for the driver: to post what [`Core::poll_transmit`] gives, and to move
+    /// it to the error state at teardown. The core itself never calls it but for its
+    /// number.
+    pub(crate) fn qp(&self) -> &T::Qp {
+        &self.qp
     }
 
     /// The peer's receive buffers are `size` bytes (from its hello or welcome): frames

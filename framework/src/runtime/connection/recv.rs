@@ -14,13 +14,13 @@ use crate::transport::{QueuePair as _, Region as _, Transport};
 use crate::verbs::{WcOpcode, WorkCompletion};
 
 impl<T: Transport> Core<T> {
-    /// Posts every receive buffer; called before the QP reaches RTR so the peer's first
-    /// SEND always finds one.
-    pub(crate) fn post_all_receives(&mut self) -> Result<(), CloseReason> {
+    /// Queues every receive buffer; the driver posts them before the QP reaches RTR,
+    /// so the peer's first SEND always finds one.
+    pub(crate) fn queue_all_receives(&mut self) {
         for slot in 0..self.recv.len() {
             self.queue_recv(slot);
         }
-        self.transmit()
+        self.cut();
     }
 
     /// Queues the receives consumed this turn again; true when there were any.

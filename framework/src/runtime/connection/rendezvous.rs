@@ -12,6 +12,7 @@ use std::sync::{mpsc, Arc};
 
 use super::offers::{IncomingOffer, PendingOffer, Registration, RendezvousOut};
 use super::pool_wait::Waiting;
+use super::wr::BindOf;
 use super::{Buf, Chunk, CloseReason, Core, Delivery, Outgoing, Pump, Wr};
 use crate::memory::{Ask, MrPool, PlaceInLine, PoolError, RegisteredChunks};
 use crate::proto::budget::BudgetError;
@@ -104,8 +105,6 @@ impl<T: Transport> Core<T> {
         &mut self,
         offer: PendingOffer<T>,
     ) -> Result<(), CloseReason> {
-        // The bind goes on the send queue now; what was queued before it goes first.
-        self.transmit()?;
         let PendingOffer {
             tag,
             len,
@@ -117,18 +116,6 @@ impl<T: Transport> Core<T> {
         };
         let buf = Buf::Registered(mr);
         let window = self.pd.alloc_window().map_err(CloseReason::from_verbs)?;
-        let slot = self.inflight.vacant_entry();
-        let remote = self
-            .qp
-            .bind_window(
-                slot.key() as u64,
-                &window,
-                buf.region(),
-                Access::REMOTE_READ,
-            )
-            .map_err(CloseReason::from_verbs)?;
-        slot.insert(Wr::Bind);
-        self.send_outstanding += 1;
         let key = self.rendezvous_out.insert(RendezvousOut {
             _window: window,
             _buf: buf,
@@ -136,7 +123,11 @@ impl<T: Transport> Core<T> {
             len,
             tag,
             offered: self.now,
-        }) as u32;
+        });
+        // The bind is a batch of its own: what was decided before it goes first, the
+        // offer that carries its rkey after it.
+        let remote = self.queue_bind(BindOf::Offer(key), Access::REMOTE_READ);
+        let key = key as u32;
         let offer = RendezvousOffer {
             addr: remote.addr,
             rkey: remote.rkey,
@@ -342,7 +333,7 @@ impl<T: Transport> Core<T> {
                     .insert(Wr::RendezvousChunk { lease, seq, len });
                 self.read_chunks_in_flight += 1;
                 self.rendezvous_in[i].posted += len;
-                self.queue_send(wr_id, SendOp::Read(remote), Some(0..len))?;
+                self.queue_send(wr_id, SendOp::Read(remote), Some(0..len));
             }
         }
         Ok(())

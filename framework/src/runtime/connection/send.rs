@@ -27,11 +27,11 @@ impl<T: Transport> Core<T> {
         // The turn's answers go out first (a raw connection's receives, queued as they
         // were consumed, go just before them: see `post.rs`); a framed connection's
         // receives follow, and the frame that grants their credits after them.
-        self.transmit()?;
+        self.cut();
         if self.repost_receives()? {
-            self.transmit()?;
+            self.cut();
             self.pump_sends()?;
-            self.transmit()?;
+            self.cut();
         }
         self.check_backlog()
     }
@@ -78,7 +78,9 @@ impl<T: Transport> Core<T> {
         match self.pump_queued().and_then(|()| self.post_read_chunks()) {
             Ok(()) => Ok(()),
             Err(reason) => {
-                self.forget_sends();
+                // What this turn decided after the last cut is dropped; what was cut
+                // before still goes out ahead of the goodbye.
+                self.forget_open();
                 Err(reason)
             }
         }
@@ -216,7 +218,8 @@ impl<T: Transport> Core<T> {
         if !signaled {
             self.unsignaled.push_back((seq, wr_id));
         }
-        self.queue_send(wr_id, op, Some(0..len))
+        self.queue_send(wr_id, op, Some(0..len));
+        Ok(())
     }
 
     /// A buffer for an outgoing SEND of `len` bytes: a spare one of this connection's when
@@ -277,12 +280,8 @@ impl<T: Transport> Core<T> {
             seq,
             signaled: true,
         });
-        if let Err(e) = self
-            .queue_send(wr_id, SendOp::Send, None)
-            .and_then(|()| self.transmit())
-        {
-            tracing::warn!(error = %e, "posting the flush marker failed");
-        }
+        self.queue_send(wr_id, SendOp::Send, None);
+        self.cut();
     }
 
     pub(super) fn post_outgoing(&mut self, item: Outgoing<T>) -> Result<(), CloseReason> {
@@ -374,7 +373,8 @@ impl<T: Transport> Core<T> {
             }
         }
         self.bufs[buf_id.0].inflight += 1;
-        self.queue_send(wr_id, send_op, Some(bytes))
+        self.queue_send(wr_id, send_op, Some(bytes));
+        Ok(())
     }
 }
 
@@ -392,7 +392,7 @@ impl<T: Transport> Core<T> {
         // does. A QP that cannot send yet refuses the post, and nothing is waited for.
         let room = self.send_outstanding < self.send_depth
             && self.credits.as_ref().is_some_and(|c| c.send_credits() >= 1);
-        if !tells || !room || self.transmit().is_err() {
+        if !tells || !room {
             return false;
         }
         let text = reason.to_string();
@@ -402,19 +402,11 @@ impl<T: Transport> Core<T> {
             return false;
         };
         let wr_id = self.inflight.insert(Wr::Goodbye { lease });
-        let posted = self
-            .queue_send(wr_id, SendOp::Send, Some(0..total))
-            .and_then(|()| self.transmit());
-        match posted {
-            Ok(()) => {
-                self.goodbye = Goodbye::Posted;
-                true
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "posting the Close frame failed");
-                false
-            }
-        }
+        self.queue_send(wr_id, SendOp::Send, Some(0..total));
+        self.cut();
+        // Until the driver's post says otherwise (a refused post forgets it as failed).
+        self.goodbye = Goodbye::Posted;
+        true
     }
 
     /// A raw connection closing for a reason that leaves its QP working, with SENDs

@@ -107,7 +107,7 @@ fn a_silent_peer_is_probed_and_a_vanished_one_declared_unreachable() {
     // Silent for a whole period: a probe, which a live peer acknowledges.
     assert_eq!(p.a.core.handle_timeout(first), Ok(Timeout::Checked));
     assert!(p.a.core.liveness.probing());
-    p.a.core.pump().unwrap();
+    p.a.pump().unwrap();
     p.run_until(|p| !p.a.core.liveness.probing());
     assert_eq!(p.a.closed, None);
     // The peer's host dies. The probe's own completion was heard, so the next check
@@ -119,7 +119,7 @@ fn a_silent_peer_is_probed_and_a_vanished_one_declared_unreachable() {
         assert_eq!(p.a.core.handle_timeout(next), Ok(Timeout::Checked));
     }
     assert!(p.a.core.liveness.probing());
-    p.a.core.pump().unwrap();
+    p.a.pump().unwrap();
     p.run_until(|p| p.a.closed.is_some());
     let reason = p.a.closed.clone().unwrap();
     assert!(
@@ -175,7 +175,7 @@ fn a_peer_that_never_takes_its_answers_ends_the_connection_past_the_backlog_boun
         p.a.send(i + 1, message(i, 10));
     }
     // Of the 8 credits, one is kept for a credit-only frame: 7 messages went, 13 wait.
-    let err = p.a.core.pump().unwrap_err();
+    let err = p.a.pump().unwrap_err();
     assert!(
         matches!(err, CloseReason::Backlog { sends: 13, .. }),
         "{err}"
@@ -218,7 +218,7 @@ fn one_sided_reads_succeed_with_the_peers_rkey_and_fail_with_a_forged_one() {
         len: 12,
         ..exposed.remote()
     }));
-    p.a.core.pump().unwrap();
+    p.a.pump().unwrap();
     p.run_until(|p| !p.a.ops.is_empty());
     assert_eq!(p.a.ops[0].0, OpId(1));
     assert!(p.a.ops[0].1.is_ok(), "{:?}", p.a.ops[0].1);
@@ -231,7 +231,7 @@ fn one_sided_reads_succeed_with_the_peers_rkey_and_fail_with_a_forged_one() {
         len: 12,
         ..exposed.remote()
     }));
-    p.a.core.pump().unwrap();
+    p.a.pump().unwrap();
     p.run_until(|p| p.a.ops.len() == 2);
     let status = p.a.ops[1].1.as_ref().unwrap_err().completion_status();
     assert_eq!(status, Some(WcStatus::RemoteAccessError));
@@ -266,13 +266,13 @@ fn core_speed() {
     let started = std::time::Instant::now();
     for i in 0..rounds {
         p.a.send(1, payload.clone());
-        p.a.core.pump().unwrap();
+        p.a.pump().unwrap();
         while p.b.got.is_empty() {
             p.b.turn();
         }
         let m = p.b.got.pop().unwrap();
         p.b.send(m.tag, m.data);
-        p.b.core.pump().unwrap();
+        p.b.pump().unwrap();
         while p.a.got.is_empty() {
             p.a.turn();
         }

@@ -22,7 +22,7 @@ use std::time::Duration;
 use super::liveness::Verdict;
 use super::{Core, Wr, DRAIN_TIMEOUT, GOODBYE_TIMEOUT};
 use crate::runtime::CloseReason;
-use crate::transport::{QueuePair as _, Transport};
+use crate::transport::Transport;
 use crate::verbs::{RemoteRegion, SendOp};
 
 /// What a timeout asks of the driver.
@@ -165,9 +165,9 @@ impl<T: Transport> Core<T> {
         };
         let wr_id = self.inflight.insert(Wr::Probe);
         self.liveness.probe_posted();
-        self.queue_send(wr_id, SendOp::Write(nothing), None)?;
+        self.queue_send(wr_id, SendOp::Write(nothing), None);
         tracing::debug!(
-            qp = self.qp.qp_num(),
+            qp = self.qp_num(),
             "silent connection: keepalive probe queued"
         );
         Ok(())

@@ -3,6 +3,7 @@
 //! `Core` because every file of the connection speaks it, while the core's state and
 //! completion handling are one concern of their own.
 
+use std::collections::VecDeque;
 use std::ops::Range;
 
 use super::buf::{BufId, Chunk};
@@ -11,7 +12,7 @@ use crate::proto::budget::BudgetError;
 use crate::proto::frame::RendezvousOffer;
 use crate::runtime::service::OpId;
 use crate::transport::{Transport, Verbs};
-use crate::verbs::{RemoteRegion, SendOp};
+use crate::verbs::{Access, RemoteRegion, SendOp};
 
 /// A one-sided operation for [`SessionCx::post`](super::SessionCx::post).
 #[derive(Debug, Clone)]
@@ -157,4 +158,44 @@ pub(super) struct QueuedSend {
     /// The local bytes: a range of the entry's buffer (`None`: none, as a probe or the
     /// flush marker).
     pub(super) bytes: Option<Range<usize>>,
+}
+
+/// What a queued bind binds: the window of a session's buffer, or of a rendezvous offer.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum BindOf {
+    Buf(BufId),
+    Offer(usize),
+}
+
+/// A window bind decided and not yet posted.
+pub(super) struct QueuedBind {
+    pub(super) wr_id: usize,
+    pub(super) of: BindOf,
+    pub(super) access: Access,
+    /// What the bind gives the peer: the region's bytes under the window's next rkey.
+    pub(super) expect: RemoteRegion,
+}
+
+/// One doorbell's worth of decided work: receives, then sends, or a bind alone.
+#[derive(Default)]
+pub(super) struct Batch {
+    pub(super) recvs: Vec<usize>,
+    pub(super) sends: Vec<QueuedSend>,
+    pub(super) bind: Option<QueuedBind>,
+}
+
+impl Batch {
+    pub(super) fn is_empty(&self) -> bool {
+        self.recvs.is_empty() && self.sends.is_empty() && self.bind.is_none()
+    }
+}
+
+/// The core's queue of decided work: the batch being filled, and those cut and waiting
+/// for the driver (oldest first), with emptied batches kept for reuse (no allocation
+/// per turn once warm).
+#[derive(Default)]
+pub(super) struct Outbox {
+    pub(super) open: Batch,
+    pub(super) ready: VecDeque<Batch>,
+    pub(super) spare: Vec<Batch>,
 }

@@ -156,7 +156,8 @@ impl Plan<'_> {
                 ..cfg.connection.clone()
             },
         });
-        core.post_all_receives().map_err(|e| e.to_string())?;
+        core.queue_all_receives();
+        crate::runtime::connection::ring(&mut core).map_err(|e| e.to_string())?;
         Ok(core)
     }
 

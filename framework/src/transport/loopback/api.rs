@@ -96,6 +96,12 @@ impl t::Region<Loopback> for Mr {
     }
 }
 
+impl t::Window for Mw {
+    fn next_rkey(&self) -> u32 {
+        Mw::next_rkey(self)
+    }
+}
+
 impl t::CompletionChannel<Loopback> for Channel {
     type Waiter = ();
 

@@ -263,6 +263,13 @@ impl Mw {
     pub fn rkey(&self) -> u32 {
         self.key.load(Relaxed)
     }
+
+    /// The rkey its next bind gives: the low byte bumped, as a NIC's type 2 windows do,
+    /// so rkeys from earlier binds stop working.
+    pub fn next_rkey(&self) -> u32 {
+        let key = self.rkey();
+        (key & !0xff) | (key.wrapping_add(1) & 0xff)
+    }
 }
 
 impl Drop for Mw {

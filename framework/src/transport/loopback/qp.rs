@@ -254,7 +254,7 @@ impl Qp {
             return Err(LoopbackError::BadState("bind on a QP not connected yet"));
         }
         let key = window.rkey();
-        let new_key = (key & !0xff) | (key.wrapping_add(1) & 0xff);
+        let new_key = window.next_rkey();
         let mut sq = self.inner.sq.lock().expect("send queue lock");
         if sq.pending.len() >= sq.capacity {
             return Err(LoopbackError::QueueFull {
