@@ -65,17 +65,8 @@ impl<'a, T: Transport> Recvs<'a, T> {
         &self,
         post: impl FnOnce(&[RecvWr<T::Sge<'a>>]) -> Result<R, T::Error>,
     ) -> Result<R, T::Error> {
-        match self.ids {
-            // One repost per turn is the common case: no chain to collect.
-            [wr_id] => post(&[self.core.recv_wr(*wr_id)?]),
-            ids => {
-                let wrs = ids
-                    .iter()
-                    .map(|&wr_id| self.core.recv_wr(wr_id))
-                    .collect::<Result<Vec<_>, _>>()?;
-                post(&wrs)
-            }
-        }
+        let core = self.core;
+        built(self.ids, |&wr_id| core.recv_wr(wr_id), post)
     }
 }
 
@@ -91,17 +82,21 @@ impl<'a, T: Transport> Sends<'a, T> {
         &self,
         post: impl FnOnce(&[SendWr<T::Sge<'a>>]) -> Result<R, T::Error>,
     ) -> Result<R, T::Error> {
-        match self.queued {
-            // The common case (one answer per turn) needs no chain.
-            [q] => post(&[self.core.send_wr(q)?]),
-            queued => {
-                let wrs = queued
-                    .iter()
-                    .map(|q| self.core.send_wr(q))
-                    .collect::<Result<Vec<_>, _>>()?;
-                post(&wrs)
-            }
-        }
+        let core = self.core;
+        built(self.queued, |q| core.send_wr(q), post)
+    }
+}
+
+/// Calls `post` with the work request `build` makes of each item. One item, the common
+/// case (one answer or one repost per turn), needs no chain and so no allocation.
+fn built<I, W, R, E>(
+    items: &[I],
+    build: impl Fn(&I) -> Result<W, E>,
+    post: impl FnOnce(&[W]) -> Result<R, E>,
+) -> Result<R, E> {
+    match items {
+        [one] => post(&[build(one)?]),
+        many => post(&many.iter().map(build).collect::<Result<Vec<_>, _>>()?),
     }
 }
 
