@@ -11,9 +11,9 @@ use super::handshake::Handshake;
 use super::lifecycle::Connection;
 use super::mailbox::{CmNotice, ConnClosed, Mailbox, Pump, Released};
 use super::Core;
-use crate::transport::{Transport, Verbs};
 use crate::runtime::poller::{self, AbortOnUnwind, Inbox};
 use crate::runtime::service::Session;
+use crate::transport::{Transport, Verbs};
 
 /// What a connection is started with (built on the CM actor's thread, moved to the
 /// poller thread that polls the connection's CQ).
