@@ -51,7 +51,7 @@ impl Node {
         check_memlock(&pd, config.pool.arena_bytes)?;
         let pool = MrPool::registered(&pd, config.pool.clone());
         let pollers = Pollers::start(
-            &ctx,
+            &pd,
             config.transport.pollers,
             config.transport.poll_mode,
             config.transport.max_cqs,
@@ -178,7 +178,10 @@ impl Node {
     }
 
     /// Claims CQ capacity for `entries` completions on a poller (out-of-band bring-up).
-    pub fn reserve_cq(&self, entries: u32) -> Result<super::poller::CqReservation> {
+    pub fn reserve_cq(
+        &self,
+        entries: u32,
+    ) -> std::result::Result<super::poller::CqReservation, super::poller::ReserveError> {
         self.pollers.reserve(entries)
     }
 

@@ -26,7 +26,10 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 
 use crate::runtime::srq::{OrphanedRecv, SharedRecv};
-use crate::verbs::{CompletionChannel, CompletionQueue, Context, Result, WorkCompletion};
+use crate::transport::{
+    CompletionChannel as _, CompletionQueue as _, Domain as _, Transport, Verbs,
+};
+use crate::verbs::WorkCompletion;
 
 /// How poller threads wait for completions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,27 +146,38 @@ fn inbox(qp_num: u32) -> Option<Rc<dyn Inbox>> {
 /// slots (2 MiB under rxe), 16,383 take 16,384.
 const CQ_ENTRIES: u32 = 16383;
 
-struct CqSlot {
-    cq: CompletionQueue,
+struct CqSlot<T: Transport> {
+    cq: T::Cq,
     reserved: u32,
 }
 
-struct PollerShared {
-    cqs: Mutex<Vec<CqSlot>>,
+struct PollerShared<T: Transport> {
+    cqs: Mutex<Vec<CqSlot<T>>>,
     generation: AtomicU64,
     stop: AtomicBool,
 }
 
-struct Poller {
-    shared: Arc<PollerShared>,
-    channel: Option<CompletionChannel>,
+struct Poller<T: Transport> {
+    shared: Arc<PollerShared<T>>,
+    channel: Option<T::Channel>,
     arbiter: Option<Arbiter>,
 }
 
+/// Why CQ capacity could not be reserved.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ReserveError {
+    /// The pollers created as many CQs as they may.
+    #[error("{0} CQs, the most the pollers create (TransportConfig::max_cqs)")]
+    Limit(usize),
+    /// Creating a CQ failed.
+    #[error("creating a CQ: {0}")]
+    Create(String),
+}
+
 /// The set of poller threads of one device.
-pub struct Pollers {
-    ctx: Context,
-    pollers: Vec<Poller>,
+pub struct Pollers<T: Transport = Verbs> {
+    pd: T::Domain,
+    pollers: Vec<Poller<T>>,
     next: AtomicU64,
     /// CQs created (they live as long as the pollers), and the cap on them.
     created: AtomicUsize,
@@ -172,16 +186,16 @@ pub struct Pollers {
 
 /// A connection's claim on CQ capacity; returned when dropped. Its actor must run on
 /// [`CqReservation::arbiter`], the thread polling that CQ.
-pub struct CqReservation {
-    shared: Arc<PollerShared>,
-    cq: CompletionQueue,
+pub struct CqReservation<T: Transport = Verbs> {
+    shared: Arc<PollerShared<T>>,
+    cq: T::Cq,
     entries: u32,
     arbiter: ArbiterHandle,
 }
 
-impl CqReservation {
+impl<T: Transport> CqReservation<T> {
     /// The CQ to create the QP with.
-    pub fn cq(&self) -> &CompletionQueue {
+    pub fn cq(&self) -> &T::Cq {
         &self.cq
     }
 
@@ -191,11 +205,11 @@ impl CqReservation {
     }
 }
 
-impl CqReservation {
+impl<T: Transport> CqReservation<T> {
     /// A handle on the same CQ and poller that reserves nothing of its own: for a
     /// connection whose entries a larger reservation already covers (the members of a
     /// shared receive queue, see `recv_groups.rs`).
-    pub(crate) fn covered(&self) -> CqReservation {
+    pub(crate) fn covered(&self) -> CqReservation<T> {
         CqReservation {
             shared: self.shared.clone(),
             cq: self.cq.clone(),
@@ -205,7 +219,7 @@ impl CqReservation {
     }
 }
 
-impl Drop for CqReservation {
+impl<T: Transport> Drop for CqReservation<T> {
     fn drop(&mut self) {
         let mut cqs = self.shared.cqs.lock().expect("poller lock");
         if let Some(slot) = cqs.iter_mut().find(|s| s.cq.key() == self.cq.key()) {
@@ -214,7 +228,7 @@ impl Drop for CqReservation {
     }
 }
 
-impl std::fmt::Debug for CqReservation {
+impl<T: Transport> std::fmt::Debug for CqReservation<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CqReservation")
             .field("entries", &self.entries)
@@ -222,14 +236,15 @@ impl std::fmt::Debug for CqReservation {
     }
 }
 
-impl Pollers {
-    /// Starts `count` poller threads on `ctx`. Must run inside an actix System.
+impl<T: Transport> Pollers<T> {
+    /// Starts `count` poller threads for the device of `pd`. Must run inside an actix
+    /// System.
     pub(crate) fn start(
-        ctx: &Context,
+        pd: &T::Domain,
         count: usize,
         mode: PollMode,
         max_cqs: usize,
-    ) -> Result<Self> {
+    ) -> Result<Self, T::Error> {
         let mut pollers = Vec::with_capacity(count.max(1));
         for _ in 0..count.max(1) {
             let shared = Arc::new(PollerShared {
@@ -238,11 +253,11 @@ impl Pollers {
                 stop: AtomicBool::new(false),
             });
             let channel = match mode {
-                PollMode::Event { .. } => Some(CompletionChannel::new(ctx)?),
+                PollMode::Event { .. } => Some(pd.create_channel()?),
                 PollMode::Busy => None,
             };
             let arbiter = Arbiter::new();
-            let task = poll_task(shared.clone(), channel.clone(), mode);
+            let task = poll_task::<T>(shared.clone(), channel.clone(), mode);
             arbiter.spawn(abort_if_it_panics("CQ poller", task));
             pollers.push(Poller {
                 shared,
@@ -251,7 +266,7 @@ impl Pollers {
             });
         }
         Ok(Pollers {
-            ctx: ctx.clone(),
+            pd: pd.clone(),
             pollers,
             next: AtomicU64::new(0),
             created: AtomicUsize::new(0),
@@ -261,7 +276,7 @@ impl Pollers {
 
     /// Reserves `entries` CQ slots for one connection on the next poller (round robin),
     /// creating a CQ when none has room.
-    pub(crate) fn reserve(&self, entries: u32) -> Result<CqReservation> {
+    pub(crate) fn reserve(&self, entries: u32) -> Result<CqReservation<T>, ReserveError> {
         let i = self.next.fetch_add(1, Ordering::Relaxed) as usize % self.pollers.len();
         let poller = &self.pollers[i];
         let mut cqs = poller.shared.cqs.lock().expect("poller lock");
@@ -281,18 +296,15 @@ impl Pollers {
                     })
                     .is_err()
                 {
-                    return Err(crate::verbs::VerbsError::Limit(format!(
-                        "{max} CQs, the most the pollers create (TransportConfig::max_cqs)"
-                    )));
+                    return Err(ReserveError::Limit(max));
                 }
-                let cq = CompletionQueue::new(
-                    &self.ctx,
-                    CQ_ENTRIES.max(entries),
-                    poller.channel.as_ref(),
-                )
-                .inspect_err(|_| {
-                    self.created.fetch_sub(1, Ordering::AcqRel);
-                })?;
+                let cq = self
+                    .pd
+                    .create_cq(CQ_ENTRIES.max(entries), poller.channel.as_ref())
+                    .map_err(|e| {
+                        self.created.fetch_sub(1, Ordering::AcqRel);
+                        ReserveError::Create(e.to_string())
+                    })?;
                 cqs.push(CqSlot { cq, reserved: 0 });
                 poller.shared.generation.fetch_add(1, Ordering::Release);
                 cqs.len() - 1
@@ -321,7 +333,7 @@ impl Pollers {
     }
 }
 
-impl Drop for Pollers {
+impl<T: Transport> Drop for Pollers<T> {
     fn drop(&mut self) {
         for p in &self.pollers {
             p.shared.stop.store(true, Ordering::Release);
@@ -390,9 +402,13 @@ pub(crate) async fn abort_if_it_panics<F: std::future::Future>(
 
 /// The polling loop of one poller thread. Completions go straight to their connections;
 /// every few passes it lets the arbiter run the actors' mailboxes on the same thread.
-async fn poll_task(shared: Arc<PollerShared>, channel: Option<CompletionChannel>, mode: PollMode) {
+async fn poll_task<T: Transport>(
+    shared: Arc<PollerShared<T>>,
+    channel: Option<T::Channel>,
+    mode: PollMode,
+) {
     let fd = match &channel {
-        Some(ch) => match ch.register_async() {
+        Some(ch) => match ch.waiter() {
             Ok(fd) => Some(fd),
             Err(e) => {
                 tracing::error!(error = %e, "registering the completion channel failed; spinning");
@@ -401,7 +417,7 @@ async fn poll_task(shared: Arc<PollerShared>, channel: Option<CompletionChannel>
         },
         None => None,
     };
-    let mut cqs: Vec<CompletionQueue> = Vec::new();
+    let mut cqs: Vec<T::Cq> = Vec::new();
     let mut seen = u64::MAX;
     let mut wcs = Vec::with_capacity(crate::verbs::POLL_BATCH);
     let mut last_activity = Instant::now();
@@ -421,7 +437,7 @@ async fn poll_task(shared: Arc<PollerShared>, channel: Option<CompletionChannel>
         }
         let mut found = 0;
         for cq in &cqs {
-            found += drain(cq, &mut wcs);
+            found += drain::<T>(cq, &mut wcs);
         }
         end_pass();
         if found > 0 {
@@ -456,17 +472,15 @@ async fn poll_task(shared: Arc<PollerShared>, channel: Option<CompletionChannel>
             if let Err(e) = cq.req_notify(false) {
                 tracing::error!(error = %e, "arming a CQ failed");
             }
-            found += drain(cq, &mut wcs);
+            found += drain::<T>(cq, &mut wcs);
         }
         if found > 0 {
             last_activity = Instant::now();
             continue;
         }
-        let readable = tokio::time::timeout(Duration::from_millis(50), fd.readable()).await;
-        if let Ok(Ok(mut guard)) = readable {
-            // Consume the channel's events (non-blocking) so the fd stops being readable.
-            while let Ok(Some(_)) = ch.wait(Some(Duration::ZERO)) {}
-            guard.clear_ready();
+        // Consumes the channel's events, so that it is not ready again until a CQ fires.
+        if let Ok(Err(e)) = tokio::time::timeout(Duration::from_millis(50), ch.ready(fd)).await {
+            tracing::warn!(error = %e, "waiting on the completion channel failed");
         }
         last_activity = Instant::now();
     }
@@ -506,7 +520,7 @@ impl std::future::Future for LetOthersRun {
 }
 
 /// Polls `cq` empty, routing completions; returns how many there were.
-fn drain(cq: &CompletionQueue, wcs: &mut Vec<WorkCompletion>) -> usize {
+fn drain<T: Transport>(cq: &T::Cq, wcs: &mut Vec<WorkCompletion>) -> usize {
     let mut total = 0;
     loop {
         wcs.clear();
@@ -682,5 +696,78 @@ mod tests {
         drop(rec);
         assert_eq!(route(&[wc(11, 1)]), 1);
         unregister(11);
+    }
+
+    /// The pollers are the transport's: over loopback, an event-mode poller sleeps on
+    /// the completion channel and wakes when a SEND lands, and hands the completions to
+    /// the connection registered for the QP, on its own thread.
+    #[test]
+    fn an_event_mode_poller_over_loopback_wakes_and_routes() {
+        use crate::transport::loopback::{connect_pair, Config, Fabric, Loopback};
+        use crate::transport::{RecvWr, SendWr};
+        use crate::verbs::{Access, ConnParam, QpCaps, SendOp};
+
+        /// Sends what it is handed to the test's thread.
+        struct Forward(std::sync::mpsc::Sender<(u64, WcOpcode, u32)>);
+        impl Inbox for Forward {
+            fn completions(&self, wcs: &[WorkCompletion]) {
+                for wc in wcs {
+                    let _ = self.0.send((wc.wr_id, wc.opcode, wc.byte_len));
+                }
+            }
+        }
+
+        let fabric = Fabric::new(Config::default());
+        let (server, client) = (fabric.device("s"), fabric.device("c"));
+        let (tx, rx) = std::sync::mpsc::channel();
+        actix::System::new().block_on(async move {
+            let spin = PollMode::Event {
+                spin: Duration::ZERO,
+            };
+            let pollers = Pollers::<Loopback>::start(&server, 1, spin, 2).unwrap();
+            let reserved = pollers.reserve(64).unwrap();
+            let caps = QpCaps::default();
+            let qp = server
+                .create_qp(reserved.cq(), reserved.cq(), caps, None)
+                .unwrap();
+            let ccq = client.create_cq(64, None).unwrap();
+            let peer = client
+                .create_qp(&ccq, &ccq, QpCaps::default(), None)
+                .unwrap();
+            connect_pair(&qp, &peer, &ConnParam::default()).unwrap();
+            let mut into = server.register(64, Access::LOCAL_WRITE).unwrap();
+            into.write(0, &[0; 64]).unwrap();
+            let qp_num = qp.qp_num();
+            // Registered on the poller's own thread, as a connection's actor does.
+            let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+            reserved.arbiter().spawn_fn(move || {
+                let inbox: Rc<dyn Inbox> = Rc::new(Forward(tx));
+                register(qp_num, Rc::downgrade(&inbox));
+                // Kept alive on the poller's thread for the rest of the test process.
+                std::mem::forget(inbox);
+                let _ = ready_tx.send(());
+            });
+            ready_rx.await.unwrap();
+            let recv = RecvWr {
+                wr_id: 7,
+                local: Some(into.sge_all()),
+            };
+            qp.post_recv(&[recv]).unwrap();
+            // Let the poller go to sleep on the channel before anything arrives.
+            actix::clock::sleep(Duration::from_millis(20)).await;
+            let mut from = client.register(5, Access::LOCAL_WRITE).unwrap();
+            from.write(0, b"hello").unwrap();
+            let send = SendWr::new(1, SendOp::Send, Some(from.sge_all()));
+            peer.post_send(&send).unwrap();
+            let got = tokio::task::spawn_blocking(move || rx.recv_timeout(Duration::from_secs(5)))
+                .await
+                .unwrap();
+            assert_eq!(got, Ok((7, WcOpcode::Recv, 5)));
+            let mut bytes = [0u8; 5];
+            into.read(0, &mut bytes).unwrap();
+            assert_eq!(&bytes, b"hello");
+            drop(reserved);
+            drop(pollers);
+        });
     }
 }

@@ -124,7 +124,7 @@ pub trait Transport: Sized + Send + Sync + 'static {
     /// A connection-manager id: one side of one connection, or a listener.
     type CmId: CmId<Self>;
     /// Which cm_id an event is about, for routing it to its connection.
-    type CmIdKey: Copy + Eq + Hash + Ord + fmt::Debug + Send + Sync;
+    type CmIdKey: Copy + Eq + Hash + Ord + fmt::Debug + Send + Sync + 'static;
 }
 
 /// A device and its protection domain: everything is created here, so that objects of

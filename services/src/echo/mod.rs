@@ -4,6 +4,7 @@
 //! receive and sends N bytes gets the same N bytes back.
 
 use rdmactor::runtime::{Framing, Incoming, PeerInfo, Service, Session, SessionCx, SessionError};
+use rdmactor::transport::Transport;
 use serde::{Deserialize, Serialize};
 
 /// The `echo` request.
@@ -33,16 +34,16 @@ struct EchoRequestRef<'a> {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Echo;
 
-impl Service for Echo {
-    fn session(&self, _peer: &PeerInfo) -> Box<dyn Session> {
+impl<T: Transport> Service<T> for Echo {
+    fn session(&self, _peer: &PeerInfo) -> Box<dyn Session<T>> {
         Box::new(EchoSession)
     }
 }
 
 struct EchoSession;
 
-impl Session for EchoSession {
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
+impl<T: Transport> Session<T> for EchoSession {
+    fn on_message(&mut self, cx: &mut SessionCx<'_, T>, msg: Incoming) -> Result<(), SessionError> {
         // A response has the same fields as its request, so its encoding is the request's
         // bytes: check that they decode (borrowing, no copy), then send them back as
         // they are. This service is the load of the framework's benchmarks, and an
@@ -72,22 +73,22 @@ impl Default for RawEcho {
     }
 }
 
-impl Service for RawEcho {
+impl<T: Transport> Service<T> for RawEcho {
     fn framing(&self) -> Framing {
         Framing::Raw {
             recv_size: self.max_message,
         }
     }
 
-    fn session(&self, _peer: &PeerInfo) -> Box<dyn Session> {
+    fn session(&self, _peer: &PeerInfo) -> Box<dyn Session<T>> {
         Box::new(RawEchoSession)
     }
 }
 
 struct RawEchoSession;
 
-impl Session for RawEchoSession {
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
+impl<T: Transport> Session<T> for RawEchoSession {
+    fn on_message(&mut self, cx: &mut SessionCx<'_, T>, msg: Incoming) -> Result<(), SessionError> {
         cx.send_raw(&msg.data, msg.imm)
     }
 }
@@ -100,8 +101,8 @@ impl Session for RawEchoSession {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Discard;
 
-impl Service for Discard {
-    fn session(&self, _peer: &PeerInfo) -> Box<dyn Session> {
+impl<T: Transport> Service<T> for Discard {
+    fn session(&self, _peer: &PeerInfo) -> Box<dyn Session<T>> {
         Box::new(DiscardSession { received: 0 })
     }
 }
@@ -110,8 +111,8 @@ struct DiscardSession {
     received: u64,
 }
 
-impl Session for DiscardSession {
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
+impl<T: Transport> Session<T> for DiscardSession {
+    fn on_message(&mut self, cx: &mut SessionCx<'_, T>, msg: Incoming) -> Result<(), SessionError> {
         if msg.tag == 0 {
             self.received += 1;
             return Ok(());

@@ -13,33 +13,33 @@ use super::mailbox::{CmNotice, ConnClosed, Mailbox, Pump, Released};
 use super::Core;
 use crate::runtime::poller::{self, AbortOnUnwind, Inbox};
 use crate::runtime::service::Session;
-use crate::verbs::CmIdKey;
+use crate::transport::{Transport, Verbs};
 
 /// What a connection is started with (built on the CM actor's thread, moved to the
 /// poller thread that polls the connection's CQ).
-pub(crate) struct ConnectionParts<S> {
-    pub core: Core,
+pub(crate) struct ConnectionParts<S, T: Transport = Verbs> {
+    pub core: Core<T>,
     pub session: S,
-    pub cm: Recipient<ConnClosed>,
-    pub key: CmIdKey,
+    pub cm: Recipient<ConnClosed<T::CmIdKey>>,
+    pub key: T::CmIdKey,
     pub label: String,
     /// The accept or connect that lets the QP reach RTR, made by the actor itself.
-    pub handshake: Handshake,
+    pub handshake: Handshake<T::CmIdKey>,
     /// When the CM actor handed the connection over (for the setup profile).
     pub handed_over: std::time::Instant,
 }
 
 /// The actor driving one connection: its mailbox carries CM notices, client calls and
 /// wake-ups; completions reach the same state directly from the poller.
-pub(crate) struct ConnectionActor<S: Session> {
-    conn: Rc<RefCell<Connection<S>>>,
+pub(crate) struct ConnectionActor<S: Session<T>, T: Transport = Verbs> {
+    conn: Rc<RefCell<Connection<S, T>>>,
 }
 
-impl<S: Session> ConnectionActor<S> {
+impl<T: Transport, S: Session<T>> ConnectionActor<S, T> {
     /// Starts the connection's actor on the poller thread that polls its CQ, registers
     /// it there for completions, then makes the [`Handshake`] call (a failure closes the
     /// connection with the reason).
-    pub(crate) fn start(parts: ConnectionParts<S>) -> Addr<Self> {
+    pub(crate) fn start(parts: ConnectionParts<S, T>) -> Addr<Self> {
         let arbiter = parts.core.arbiter();
         ConnectionActor::start_in_arbiter(&arbiter, move |ctx| {
             let ConnectionParts {
@@ -73,11 +73,11 @@ impl<S: Session> ConnectionActor<S> {
                     timer: None,
                 })
             });
-            let inbox: Weak<dyn Inbox> = Rc::downgrade(&conn) as Weak<RefCell<Connection<S>>>;
+            let inbox: Weak<dyn Inbox> = Rc::downgrade(&conn) as Weak<RefCell<Connection<S, T>>>;
             poller::register(qp_num, inbox);
             let id = conn.borrow().core.as_ref().and_then(|c| c.id.clone());
             let what = handshake.name();
-            if handshake.run(id.as_ref(), key) {
+            if handshake.run::<T>(id.as_ref(), key) {
                 tracing::info!(conn = %conn.borrow().label, "accepted");
             }
             tracing::debug!(
@@ -92,16 +92,16 @@ impl<S: Session> ConnectionActor<S> {
     }
 
     /// The connection's state, borrowed for one handler.
-    pub(crate) fn conn(&self) -> std::cell::RefMut<'_, Connection<S>> {
+    pub(crate) fn conn(&self) -> std::cell::RefMut<'_, Connection<S, T>> {
         self.conn.borrow_mut()
     }
 }
 
-impl<S: Session> Actor for ConnectionActor<S> {
+impl<T: Transport, S: Session<T>> Actor for ConnectionActor<S, T> {
     type Context = Context<Self>;
 }
 
-impl<S: Session> Handler<CmNotice> for ConnectionActor<S> {
+impl<T: Transport, S: Session<T>> Handler<CmNotice> for ConnectionActor<S, T> {
     type Result = ();
 
     fn handle(&mut self, notice: CmNotice, _: &mut Context<Self>) {
@@ -111,7 +111,7 @@ impl<S: Session> Handler<CmNotice> for ConnectionActor<S> {
     }
 }
 
-impl<S: Session> Handler<Pump> for ConnectionActor<S> {
+impl<T: Transport, S: Session<T>> Handler<Pump> for ConnectionActor<S, T> {
     type Result = ();
 
     fn handle(&mut self, _why: Pump, _: &mut Context<Self>) {
@@ -120,7 +120,7 @@ impl<S: Session> Handler<Pump> for ConnectionActor<S> {
     }
 }
 
-impl<S: Session> Handler<Released> for ConnectionActor<S> {
+impl<T: Transport, S: Session<T>> Handler<Released> for ConnectionActor<S, T> {
     type Result = ();
 
     fn handle(&mut self, _: Released, ctx: &mut Context<Self>) {

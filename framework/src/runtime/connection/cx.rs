@@ -3,20 +3,21 @@
 
 use super::wr::BindOf;
 use super::{Buf, BufEntry, BufId, Core, Op, Outgoing};
-use crate::memory::Charge;
+use crate::memory::{Charge, RegisteredChunks};
 use crate::runtime::service::{Incoming, OpId, SessionError};
-use crate::verbs::{Access, MemoryRegion, MemoryWindow, RemoteRegion, VerbsError};
+use crate::transport::{Domain as _, Region as _, Transport, Verbs};
+use crate::verbs::{Access, MemoryRegion, RemoteRegion};
 
 /// What a session can do with its connection, handed to every [`Session`] callback.
 ///
 /// [`Session`]: crate::runtime::Session
-pub struct SessionCx<'a> {
-    pub(super) core: &'a mut Core,
+pub struct SessionCx<'a, T: Transport = Verbs> {
+    pub(super) core: &'a mut Core<T>,
     pub(super) close: Option<String>,
 }
 
-impl<'a> SessionCx<'a> {
-    pub(super) fn new(core: &'a mut Core) -> Self {
+impl<'a, T: Transport> SessionCx<'a, T> {
+    pub(super) fn new(core: &'a mut Core<T>) -> Self {
         SessionCx { core, close: None }
     }
 
@@ -50,10 +51,10 @@ impl<'a> SessionCx<'a> {
     /// Answers `msg` with `value` encoded with postcard, what the client's
     /// `request_typed` decodes. Fails (and closes the connection, if the session returns
     /// the error) only when `value` cannot be encoded by serde.
-    pub fn reply_typed<T: serde::Serialize + ?Sized>(
+    pub fn reply_typed<V: serde::Serialize + ?Sized>(
         &mut self,
         msg: &Incoming,
-        value: &T,
+        value: &V,
     ) -> Result<(), SessionError> {
         let bytes = postcard::to_allocvec(value)
             .map_err(|e| SessionError::new(format!("answer to {} not encoded: {e}", msg.tag)))?;
@@ -123,14 +124,20 @@ impl<'a> SessionCx<'a> {
             .map_err(|e| SessionError::new(e.to_string()))?;
         let remote = access.remote_part();
         if remote == Access::NONE {
-            let mr = MemoryRegion::register(&self.core.pd, len, access)
+            let mr = self
+                .core
+                .pd
+                .register(len, access)
                 .map_err(|e| SessionError::new(e.to_string()))?;
             return Ok(self.insert_buf(Buf::Registered(mr), None, Some(charge)));
         }
-        let err = |e: VerbsError| SessionError::new(e.to_string());
-        let mr = MemoryRegion::register(&self.core.pd, len, Access::LOCAL_WRITE | Access::MW_BIND)
+        let err = |e: T::Error| SessionError::new(e.to_string());
+        let mr = self
+            .core
+            .pd
+            .register(len, Access::LOCAL_WRITE | Access::MW_BIND)
             .map_err(err)?;
-        let window = MemoryWindow::alloc(&self.core.pd).map_err(err)?;
+        let window = self.core.pd.alloc_window().map_err(err)?;
         if self.core.send_outstanding >= self.core.send_depth {
             return Err(SessionError::new(
                 "send queue full; cannot bind a window now",
@@ -157,45 +164,11 @@ impl<'a> SessionCx<'a> {
         Ok(id)
     }
 
-    /// Hands a region the application registered (on this connection's PD) to the
-    /// connection, so operations can use it in place: no copy into a pool buffer. Get it
-    /// back with [`take_back`](Self::take_back) once its operations completed.
-    pub fn adopt(&mut self, region: MemoryRegion) -> Result<BufId, SessionError> {
-        if !region.pd().same_as(&self.core.pd) {
-            return Err(SessionError::new(
-                "the region is registered on another protection domain",
-            ));
-        }
-        Ok(self.insert_buf(Buf::Registered(region), None, None))
-    }
-
-    /// Returns a buffer from [`adopt`](Self::adopt) (or [`register`](Self::register), if
-    /// it was registered without remote access) to the caller. `None`, and the buffer
-    /// stays, while operations still use it, for a pool buffer or one with a window
-    /// bound; `None` for an unknown id. A registered buffer's charge against the pool's
-    /// cap ends here: the region is the caller's from now on.
-    pub fn take_back(&mut self, id: BufId) -> Option<MemoryRegion> {
-        match self.core.bufs.get(id.0) {
-            Some(BufEntry {
-                grant: None,
-                buf: Buf::Registered(_),
-                inflight: 0,
-                freed: false,
-                ..
-            }) => {}
-            _ => return None,
-        }
-        match self.core.bufs.remove(id.0).buf {
-            Buf::Registered(region) => Some(region),
-            Buf::Pooled(_) => unreachable!("checked above"),
-        }
-    }
-
     fn insert_buf(
         &mut self,
-        buf: Buf,
-        grant: Option<(MemoryWindow, RemoteRegion)>,
-        charge: Option<Charge>,
+        buf: Buf<T>,
+        grant: Option<(T::Window, RemoteRegion)>,
+        charge: Option<Charge<RegisteredChunks<T>>>,
     ) -> BufId {
         BufId(self.core.bufs.insert(BufEntry {
             grant,
@@ -219,7 +192,7 @@ impl<'a> SessionCx<'a> {
         }
     }
 
-    fn entry(&self, id: BufId) -> Result<&BufEntry, SessionError> {
+    fn entry(&self, id: BufId) -> Result<&BufEntry<T>, SessionError> {
         self.core
             .bufs
             .get(id.0)
@@ -227,15 +200,25 @@ impl<'a> SessionCx<'a> {
             .ok_or_else(|| SessionError::new(format!("{id:?} does not exist")))
     }
 
-    /// The bytes of a buffer.
-    pub fn bytes(&self, id: BufId) -> Result<&[u8], SessionError> {
-        Ok(self.entry(id)?.buf.region().as_slice())
+    /// Copies bytes of a buffer from `offset` into `out`: the way to read a buffer on
+    /// any transport (over verbs, [`bytes`](SessionCx::bytes) lends them in place).
+    pub fn copy_out(&self, id: BufId, offset: usize, out: &mut [u8]) -> Result<(), SessionError> {
+        self.entry(id)?
+            .buf
+            .region()
+            .read(offset, out)
+            .map_err(|e| SessionError::new(e.to_string()))
     }
 
-    /// The bytes of a buffer, mutably.
-    pub fn bytes_mut(&mut self, id: BufId) -> Result<&mut [u8], SessionError> {
+    /// Copies `data` into a buffer at `offset`: the way to fill a buffer on any
+    /// transport (over verbs, [`bytes_mut`](SessionCx::bytes_mut) lends it in place).
+    pub fn copy_in(&mut self, id: BufId, offset: usize, data: &[u8]) -> Result<(), SessionError> {
         self.entry(id)?;
-        Ok(self.core.bufs[id.0].buf.region_mut().as_mut_slice())
+        self.core.bufs[id.0]
+            .buf
+            .region_mut()
+            .write(offset, data)
+            .map_err(|e| SessionError::new(e.to_string()))
     }
 
     /// What the peer needs to reach a buffer registered with remote access (addr, len,
@@ -270,5 +253,54 @@ impl<'a> SessionCx<'a> {
     /// moment at most); a framed one tells the peer why with a `Close` frame when it can.
     pub fn close(&mut self, reason: impl Into<String>) {
         self.close = Some(reason.into());
+    }
+}
+
+/// What only verbs memory allows: regions the application registered, handed in and
+/// taken back, and the bytes of a buffer lent in place.
+impl SessionCx<'_> {
+    /// Hands a region the application registered (on this connection's PD) to the
+    /// connection, so operations can use it in place: no copy into a pool buffer. Get it
+    /// back with [`take_back`](Self::take_back) once its operations completed.
+    pub fn adopt(&mut self, region: MemoryRegion) -> Result<BufId, SessionError> {
+        if !region.pd().same_as(&self.core.pd) {
+            return Err(SessionError::new(
+                "the region is registered on another protection domain",
+            ));
+        }
+        Ok(self.insert_buf(Buf::Registered(region), None, None))
+    }
+
+    /// Returns a buffer from [`adopt`](Self::adopt) (or [`register`](Self::register), if
+    /// it was registered without remote access) to the caller. `None`, and the buffer
+    /// stays, while operations still use it, for a pool buffer or one with a window
+    /// bound; `None` for an unknown id. A registered buffer's charge against the pool's
+    /// cap ends here: the region is the caller's from now on.
+    pub fn take_back(&mut self, id: BufId) -> Option<MemoryRegion> {
+        match self.core.bufs.get(id.0) {
+            Some(BufEntry {
+                grant: None,
+                buf: Buf::Registered(_),
+                inflight: 0,
+                freed: false,
+                ..
+            }) => {}
+            _ => return None,
+        }
+        match self.core.bufs.remove(id.0).buf {
+            Buf::Registered(region) => Some(region),
+            Buf::Pooled(_) => unreachable!("checked above"),
+        }
+    }
+
+    /// The bytes of a buffer.
+    pub fn bytes(&self, id: BufId) -> Result<&[u8], SessionError> {
+        Ok(self.entry(id)?.buf.region().as_slice())
+    }
+
+    /// The bytes of a buffer, mutably.
+    pub fn bytes_mut(&mut self, id: BufId) -> Result<&mut [u8], SessionError> {
+        self.entry(id)?;
+        Ok(self.core.bufs[id.0].buf.region_mut().as_mut_slice())
     }
 }

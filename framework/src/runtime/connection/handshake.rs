@@ -4,7 +4,8 @@
 
 use actix::prelude::*;
 
-use crate::verbs::{CmId, CmIdKey, ConnParam};
+use crate::transport::{CmId as _, Transport};
+use crate::verbs::{CmIdKey, ConnParam};
 
 /// What the connection's actor does right after registering with its poller thread for
 /// its QP's completions: the step that lets the QP receive, or lets the peer learn of it.
@@ -15,11 +16,11 @@ use crate::verbs::{CmId, CmIdKey, ConnParam};
 /// a late registration. For rdma_cm connections it also spares the CM actor, which
 /// handles every connection's events in order on one thread, the accept or connect call
 /// (a few system calls each, which under a connect storm delayed every later event).
-pub(crate) enum Handshake {
+pub(crate) enum Handshake<K: Send + 'static = CmIdKey> {
     /// Passive side: `rdma_accept`.
-    Accept(CmCall),
+    Accept(CmCall<K>),
     /// Active side: `rdma_connect`.
-    Connect(CmCall),
+    Connect(CmCall<K>),
     /// Out of band: the QP is at RTS already; this hears once it is registered, and
     /// only then are our QP records sent to the peer.
     OutOfBand(tokio::sync::oneshot::Sender<()>),
@@ -27,7 +28,7 @@ pub(crate) enum Handshake {
 
 /// The parameters of an `rdma_accept` or `rdma_connect` call, and whom to tell if it
 /// fails.
-pub(crate) struct CmCall {
+pub(crate) struct CmCall<K: Send + 'static = CmIdKey> {
     /// The hello (active) or welcome (passive) for the peer.
     pub private_data: Vec<u8>,
     pub responder_resources: u8,
@@ -35,20 +36,23 @@ pub(crate) struct CmCall {
     pub retry_count: u8,
     pub rnr_retry_count: u8,
     /// The CM actor.
-    pub failed: Recipient<HandshakeFailed>,
+    pub failed: Recipient<HandshakeFailed<K>>,
 }
 
 /// Sent to the CM actor when the accept or connect call failed. The connection does not
 /// close itself: the CM actor closes it (and answers a pending connect) as it handles
 /// this, so the cm_id lives, and its key names only this connection, until then.
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
-pub(crate) struct HandshakeFailed {
-    pub key: CmIdKey,
+#[derive(Debug)]
+pub(crate) struct HandshakeFailed<K = CmIdKey> {
+    pub key: K,
     pub error: String,
 }
 
-impl CmCall {
+impl<K: 'static> Message for HandshakeFailed<K> {
+    type Result = ();
+}
+
+impl<K: Send + 'static> CmCall<K> {
     fn param(&self) -> ConnParam<'_> {
         ConnParam {
             private_data: &self.private_data,
@@ -60,10 +64,10 @@ impl CmCall {
     }
 }
 
-impl Handshake {
+impl<K: Send + 'static> Handshake<K> {
     /// Makes the call on `id` (out of band: answers the waiter); a failed call is
     /// reported as [`HandshakeFailed`]. Whether an accept was made.
-    pub(super) fn run(self, id: Option<&CmId>, key: CmIdKey) -> bool {
+    pub(super) fn run<T: Transport<CmIdKey = K>>(self, id: Option<&T::CmId>, key: K) -> bool {
         let (call, result, accepted) = match (self, id) {
             (Handshake::Accept(call), Some(id)) => {
                 let r = id.accept(&call.param());

@@ -27,28 +27,29 @@ use super::{ring, Core, SessionCx, Timeout};
 use crate::runtime::poller::{self, Inbox};
 use crate::runtime::service::{Session, SessionError};
 use crate::runtime::CloseReason;
-use crate::verbs::{CmIdKey, WorkCompletion};
+use crate::transport::{CmId as _, QueuePair as _, Transport, Verbs};
+use crate::verbs::WorkCompletion;
 
 /// One connection: its resources, its session and how it ends.
-pub(crate) struct Connection<S: Session> {
-    pub(super) core: Option<Core>,
+pub(crate) struct Connection<S: Session<T>, T: Transport = Verbs> {
+    pub(super) core: Option<Core<T>>,
     pub(super) session: S,
-    pub(super) cm: Recipient<ConnClosed>,
-    pub(super) key: CmIdKey,
+    pub(super) cm: Recipient<ConnClosed<T::CmIdKey>>,
+    pub(super) key: T::CmIdKey,
     pub(super) label: String,
     pub(super) reason: Option<CloseReason>,
     /// Disconnected and draining (after the goodbye, if one was sent).
     pub(super) torn_down: bool,
     pub(super) released: Vec<tokio::sync::oneshot::Sender<()>>,
     /// Itself, for its timer.
-    pub(super) this: Weak<RefCell<Connection<S>>>,
+    pub(super) this: Weak<RefCell<Connection<S, T>>>,
     /// Its actor, stopped once everything is released.
     pub(super) actor: WeakRecipient<Released>,
     /// The instant the one timer is armed for (see [`Connection::arm_timer`]).
     pub(super) timer: Option<Instant>,
 }
 
-impl<S: Session> Connection<S> {
+impl<T: Transport, S: Session<T>> Connection<S, T> {
     /// Why the connection is closing or closed (`None` while open).
     pub(crate) fn close_reason(&self) -> Option<&CloseReason> {
         self.reason.as_ref()
@@ -73,7 +74,7 @@ impl<S: Session> Connection<S> {
     /// this connection, with the panic's message as the reason.
     pub(crate) fn with_session(
         &mut self,
-        f: impl FnOnce(&mut S, &mut SessionCx<'_>) -> Result<(), SessionError>,
+        f: impl FnOnce(&mut S, &mut SessionCx<'_, T>) -> Result<(), SessionError>,
     ) {
         let Some(core) = self.core.as_mut() else {
             return;
@@ -89,7 +90,7 @@ impl<S: Session> Connection<S> {
     /// (the deliveries of a batch of completions): no clock read per message.
     fn call_session(
         &mut self,
-        f: impl FnOnce(&mut S, &mut SessionCx<'_>) -> Result<(), SessionError>,
+        f: impl FnOnce(&mut S, &mut SessionCx<'_, T>) -> Result<(), SessionError>,
     ) {
         let Some(core) = self.core.as_mut() else {
             return;
@@ -416,7 +417,7 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "a panic with a non-string payload".to_owned())
 }
 
-impl<S: Session> Inbox for RefCell<Connection<S>> {
+impl<T: Transport, S: Session<T>> Inbox for RefCell<Connection<S, T>> {
     fn completions(&self, wcs: &[WorkCompletion]) {
         self.borrow_mut().on_completions(wcs);
     }

@@ -24,12 +24,16 @@ pub(crate) enum CmNotice {
     Close(CloseReason),
 }
 
-/// Sent to the CM actor once a connection has released everything.
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
-pub(crate) struct ConnClosed {
-    pub key: CmIdKey,
+/// Sent to the CM actor once a connection has released everything; `K` is the
+/// transport's key of a cm_id.
+#[derive(Debug)]
+pub(crate) struct ConnClosed<K = CmIdKey> {
+    pub key: K,
     pub reason: CloseReason,
+}
+
+impl<K: 'static> Message for ConnClosed<K> {
+    type Result = ();
 }
 
 /// Stops the actor once its connection has released everything.

@@ -10,6 +10,7 @@ use actix::{Recipient, WeakRecipient};
 use super::mailbox::Wake;
 use super::{ConnectionActor, SessionCx};
 use crate::runtime::Session;
+use crate::transport::Transport;
 
 /// Wakes one connection's session from any thread: [`wake`](Self::wake) makes the
 /// framework call [`Session::on_wake`] on the connection's actor. Cheap to clone; it does
@@ -115,7 +116,7 @@ impl<T> Asked<T> {
     }
 }
 
-impl SessionCx<'_> {
+impl<T: Transport> SessionCx<'_, T> {
     /// Sends `msg` to another actor (a service's actor that owns what its sessions
     /// share: quotas, caches, job slots) and calls [`Session::on_wake`] with `token` when
     /// its answer is in; take it there with [`Asked::try_take`]. The connection's thread
@@ -167,10 +168,10 @@ impl SessionCx<'_> {
     /// this connection and many others), then calls [`Session::on_wake`] with `token`;
     /// take the result there with [`Blocking::try_take`]. If the connection closed in the
     /// meantime, `f` still runs to the end and its result is dropped.
-    pub fn spawn_blocking<T, F>(&mut self, token: u64, f: F) -> Blocking<T>
+    pub fn spawn_blocking<R, F>(&mut self, token: u64, f: F) -> Blocking<R>
     where
-        T: Send + 'static,
-        F: FnOnce() -> T + Send + 'static,
+        R: Send + 'static,
+        F: FnOnce() -> R + Send + 'static,
     {
         let (tx, rx) = mpsc::sync_channel(1);
         let waker = self.waker();
@@ -184,7 +185,7 @@ impl SessionCx<'_> {
     }
 }
 
-impl<S: Session> Handler<Wake> for ConnectionActor<S> {
+impl<T: Transport, S: Session<T>> Handler<Wake> for ConnectionActor<S, T> {
     type Result = ();
 
     fn handle(&mut self, msg: Wake, _: &mut Context<Self>) {

@@ -8,10 +8,11 @@ mod types;
 pub use types::{DecodeError, Framing, Incoming, OpId, PeerInfo, SessionError};
 
 use super::connection::SessionCx;
+use crate::transport::{Transport, Verbs};
 
 /// A registered service. Shared by every connection; `session` is called once per
 /// accepted connection.
-pub trait Service: Send + Sync + 'static {
+pub trait Service<T: Transport = Verbs>: Send + Sync + 'static {
     /// How this service's messages travel.
     fn framing(&self) -> Framing {
         Framing::Framed
@@ -29,13 +30,13 @@ pub trait Service: Send + Sync + 'static {
     }
 
     /// A session for a newly accepted connection.
-    fn session(&self, peer: &PeerInfo) -> Box<dyn Session>;
+    fn session(&self, peer: &PeerInfo) -> Box<dyn Session<T>>;
 
     /// The server's RDMA device serves: once at start, and again each time it came
     /// back after it went (see [`on_device_down`](Service::on_device_down)). `pd` is the
     /// protection domain every connection on it shares: register here what the service
     /// keeps registered across connections. Runs on the CM actor's thread.
-    fn on_device_up(&self, _pd: &crate::verbs::ProtectionDomain) {}
+    fn on_device_up(&self, _pd: &T::Domain) {}
 
     /// The server's RDMA device went (removed or failed). Drop everything the service
     /// registered on it (memory regions, windows, ...): the kernel finishes removing a
@@ -47,20 +48,20 @@ pub trait Service: Send + Sync + 'static {
 
 /// One connection's protocol logic. Methods run on the connection's actor, one at a time.
 /// Returning an error closes the connection with that error as the reason.
-pub trait Session: Send + Unpin + 'static {
+pub trait Session<T: Transport = Verbs>: Send + Unpin + 'static {
     /// The connection is established and may send.
-    fn on_established(&mut self, _cx: &mut SessionCx<'_>) -> Result<(), SessionError> {
+    fn on_established(&mut self, _cx: &mut SessionCx<'_, T>) -> Result<(), SessionError> {
         Ok(())
     }
 
     /// A message arrived.
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError>;
+    fn on_message(&mut self, cx: &mut SessionCx<'_, T>, msg: Incoming) -> Result<(), SessionError>;
 
     /// A one-sided operation this session posted completed (`Err` carries the failing
     /// status; the connection closes after this call, as the QP is in error).
     fn on_op(
         &mut self,
-        _cx: &mut SessionCx<'_>,
+        _cx: &mut SessionCx<'_, T>,
         op: OpId,
         result: crate::verbs::Result<()>,
     ) -> Result<(), SessionError> {
@@ -82,7 +83,7 @@ pub trait Session: Send + Unpin + 'static {
     /// client otherwise waits for an answer that never comes.
     fn on_refused(
         &mut self,
-        _cx: &mut SessionCx<'_>,
+        _cx: &mut SessionCx<'_, T>,
         tag: u32,
         why: crate::proto::budget::BudgetError,
     ) -> Result<(), SessionError> {
@@ -92,7 +93,7 @@ pub trait Session: Send + Unpin + 'static {
     /// A [`SessionWaker`](super::SessionWaker) of this connection was woken with `token`
     /// (or a [`SessionCx::spawn_blocking`] task finished): work done on another thread is
     /// ready for the session. Not called once the connection is closing.
-    fn on_wake(&mut self, _cx: &mut SessionCx<'_>, _token: u64) -> Result<(), SessionError> {
+    fn on_wake(&mut self, _cx: &mut SessionCx<'_, T>, _token: u64) -> Result<(), SessionError> {
         Ok(())
     }
 
@@ -114,27 +115,27 @@ pub(crate) fn refused_by_default(
     )))
 }
 
-impl Session for Box<dyn Session> {
-    fn on_established(&mut self, cx: &mut SessionCx<'_>) -> Result<(), SessionError> {
+impl<T: Transport> Session<T> for Box<dyn Session<T>> {
+    fn on_established(&mut self, cx: &mut SessionCx<'_, T>) -> Result<(), SessionError> {
         (**self).on_established(cx)
     }
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
+    fn on_message(&mut self, cx: &mut SessionCx<'_, T>, msg: Incoming) -> Result<(), SessionError> {
         (**self).on_message(cx, msg)
     }
     fn on_op(
         &mut self,
-        cx: &mut SessionCx<'_>,
+        cx: &mut SessionCx<'_, T>,
         op: OpId,
         result: crate::verbs::Result<()>,
     ) -> Result<(), SessionError> {
         (**self).on_op(cx, op, result)
     }
-    fn on_wake(&mut self, cx: &mut SessionCx<'_>, token: u64) -> Result<(), SessionError> {
+    fn on_wake(&mut self, cx: &mut SessionCx<'_, T>, token: u64) -> Result<(), SessionError> {
         (**self).on_wake(cx, token)
     }
     fn on_refused(
         &mut self,
-        cx: &mut SessionCx<'_>,
+        cx: &mut SessionCx<'_, T>,
         tag: u32,
         why: crate::proto::budget::BudgetError,
     ) -> Result<(), SessionError> {
