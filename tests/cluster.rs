@@ -412,10 +412,12 @@ fn client_and_ft_find_the_servers_through_the_registry_and_echo_moves_off_a_kill
     assert!(std::fs::read(out.join("tool.bin")).unwrap() == bytes);
 
     // client echo: two sessions, one per server; one server is SIGKILLed under them,
-    // and every echo is still answered, the lost ones on the other node.
+    // and every echo is still answered, the lost ones on the other node. Enough requests
+    // that the kill lands while they run: 4,000 per session were seen to finish before
+    // it, on a quiet host (the echo round trip is tens of microseconds).
     let mut client = Command::new(target_bin("client"))
         .args(cluster)
-        .args(["echo", "--connections", "2", "--requests", "4000"])
+        .args(["echo", "--connections", "2", "--requests", "100000"])
         .stdout(Stdio::piped())
         .spawn()
         .expect("client");
@@ -437,7 +439,7 @@ fn client_and_ft_find_the_servers_through_the_registry_and_echo_moves_off_a_kill
     );
     assert!(
         rest.iter()
-            .any(|l| *l == format!("RESULT kind=echo connections=2 requests={}", 2 * 4000)),
+            .any(|l| *l == format!("RESULT kind=echo connections=2 requests={}", 2 * 100_000)),
         "{rest:?}"
     );
     for (_, mut child, _) in servers {
