@@ -68,7 +68,9 @@ fn all_urls() -> String {
 }
 
 /// `etcd` for member `h`; `state` is `new` (the first start) or `existing` (rejoining).
-fn etcd_cmd(h: Host, members: &[Host], state: &str) -> Vec<String> {
+/// `token` names this test's etcd cluster (its data directories and cluster token), so
+/// that a second test on the same wire starts a new one.
+fn etcd_cmd(h: Host, members: &[Host], state: &str, token: &str) -> Vec<String> {
     let initial: Vec<String> = members
         .iter()
         .map(|m| format!("{}={}", m.name(), peer_url(*m)))
@@ -76,7 +78,7 @@ fn etcd_cmd(h: Host, members: &[Host], state: &str) -> Vec<String> {
     [
         "etcd".to_owned(),
         format!("--name={}", h.name()),
-        format!("--data-dir=/tmp/etcd-{}", h.name()),
+        format!("--data-dir=/tmp/etcd-{}-{token}", h.name()),
         format!("--listen-peer-urls={}", peer_url(h)),
         format!("--initial-advertise-peer-urls={}", peer_url(h)),
         format!(
@@ -85,7 +87,7 @@ fn etcd_cmd(h: Host, members: &[Host], state: &str) -> Vec<String> {
         ),
         format!("--advertise-client-urls={}", client_url(h)),
         format!("--initial-cluster={}", initial.join(",")),
-        "--initial-cluster-token=rdmactor-wire".to_owned(),
+        format!("--initial-cluster-token=rdmactor-wire-{token}"),
         format!("--initial-cluster-state={state}"),
         format!("--heartbeat-interval={ETCD_HEARTBEAT_MS}"),
         format!("--election-timeout={ETCD_ELECTION_MS}"),
@@ -188,13 +190,47 @@ fn qps(wire: &Wire, host: Host) -> u64 {
 /// The running cluster: etcd members and servers, by host.
 struct Cluster<'w> {
     wire: &'w Wire,
+    token: String,
     etcd: BTreeMap<Host, String>,
     servers: BTreeMap<Host, String>,
+    /// QPs on each server host before its server started.
+    base: BTreeMap<Host, u64>,
 }
 
 impl<'w> Cluster<'w> {
+    /// etcd on a, b and c, then a server next to each, all registered.
+    fn start(wire: &'w Wire, token: &str) -> Cluster<'w> {
+        let t0 = Instant::now();
+        let mut cluster = Cluster {
+            wire,
+            token: format!("{token}-{}", std::process::id()),
+            etcd: BTreeMap::new(),
+            servers: BTreeMap::new(),
+            base: BTreeMap::new(),
+        };
+        for h in SERVERS {
+            cluster.start_etcd(h, &SERVERS, "new");
+        }
+        let took = cluster.wait_etcd_healthy(&all_urls(), Duration::from_secs(180));
+        println!("etcd: three members healthy {} after start", secs(took));
+        cluster.base = SERVERS.iter().map(|h| (*h, qps(wire, *h))).collect();
+        for h in SERVERS {
+            cluster.start_server(h);
+        }
+        let all3 = |n: &BTreeSet<String>| n.len() == 3;
+        wait_listing(wire, &all_urls(), "echo", Duration::from_secs(60), all3);
+        wait_listing(wire, &all_urls(), "files", Duration::from_secs(60), all3);
+        println!(
+            "servers a, b, c registered ({} since start)",
+            secs(t0.elapsed())
+        );
+        cluster
+    }
+
     fn start_etcd(&mut self, h: Host, members: &[Host], state: &str) {
-        let job = self.wire.spawn(h, &args(&etcd_cmd(h, members, state)));
+        let job = self
+            .wire
+            .spawn(h, &args(&etcd_cmd(h, members, state, &self.token)));
         self.etcd.insert(h, job);
     }
 
@@ -471,33 +507,15 @@ fn a_cluster_of_three_serves_d_through_a_killed_host_and_a_partition() {
     let bound = ConnectionConfig::default()
         .dead_peer_bound()
         .expect("keepalive");
-    let mut cluster = Cluster {
-        wire: &wire,
-        etcd: BTreeMap::new(),
-        servers: BTreeMap::new(),
-    };
     let t0 = Instant::now();
     // Outcomes that do not stop the next step are collected and asserted at the end, so
     // that one run reports every figure.
     let mut missed: Vec<String> = Vec::new();
 
     // --- The cluster: etcd on a, b, c; a server next to each. --------------------------
-    for h in SERVERS {
-        cluster.start_etcd(h, &SERVERS, "new");
-    }
-    let took = cluster.wait_etcd_healthy(&all_urls(), Duration::from_secs(180));
-    println!("etcd: three members healthy {} after start", secs(took));
-    let base: BTreeMap<Host, u64> = SERVERS.iter().map(|h| (*h, qps(&wire, *h))).collect();
-    for h in SERVERS {
-        cluster.start_server(h);
-    }
+    let mut cluster = Cluster::start(&wire, "faults");
+    let base = cluster.base.clone();
     let all3 = |n: &BTreeSet<String>| n.len() == 3;
-    wait_listing(&wire, &all_urls(), "echo", Duration::from_secs(60), all3);
-    wait_listing(&wire, &all_urls(), "files", Duration::from_secs(60), all3);
-    println!(
-        "servers a, b, c registered ({} since start)",
-        secs(t0.elapsed())
-    );
 
     // --- 1. Files with R = 2 from d, fetched back whole. -------------------------------
     let files: Vec<(String, usize)> = (0..files_n)
@@ -938,4 +956,83 @@ fn a_cluster_of_three_serves_d_through_a_killed_host_and_a_partition() {
     wire.kill_job_quietly(Host::D, &echo);
     println!("done in {}", secs(t0.elapsed()));
     assert!(missed.is_empty(), "not as the issue asks: {missed:#?}");
+}
+
+/// The `RESULT` line's `key=value` fields of a `client` run.
+fn result_fields(out: &str) -> BTreeMap<String, String> {
+    out.lines()
+        .filter_map(|l| l.strip_prefix("RESULT "))
+        .flat_map(str::split_whitespace)
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// The bench row of issue 33: connection setup and the echo round trip through the
+/// cluster client, next to a direct connect, all from d. Setup: `client connect` opens
+/// 60 connections one after another, `--addr` of a (direct) or `--cluster` (each one
+/// placed through the registry: least loaded, a watch of the service's prefix read
+/// once per process). Round trip: `client latency`, 64 B, 2,000 echoes on one
+/// connection, opened directly or through the cluster client.
+#[test]
+fn cluster_client_setup_and_round_trip_next_to_a_direct_connect() {
+    let Some(wire) = Wire::from_env() else { return };
+    let hosts = wire.hosts();
+    if hosts.len() < 4 {
+        eprintln!("skipped: needs scripts/wire --hosts 4 (this wire has {hosts:?})");
+        return;
+    }
+    let _cluster = Cluster::start(&wire, "bench");
+    let client = bin("client");
+    let urls = all_urls();
+    let direct = format!("{}:{PORT}", Host::A.ip());
+    let via = |cluster: bool, run: &[&str]| {
+        let mut cmd: Vec<&str> = vec![&client];
+        if cluster {
+            cmd.extend(["--cluster", CLUSTER, "--etcd", &urls]);
+        } else {
+            cmd.extend(["--addr", &direct]);
+        }
+        cmd.extend_from_slice(run);
+        let t = Instant::now();
+        let job = wire
+            .run(Host::D, &cmd, Duration::from_secs(600))
+            .ok("client");
+        (result_fields(&job.stdout), t.elapsed())
+    };
+    let connect = ["connect", "--connections", "60"];
+    let latency = ["latency", "--size", "64", "--iters", "2000"];
+    println!("| from d | direct (`--addr` of a) | through the cluster client |");
+    println!("|---|---|---|");
+    for round in 0..2 {
+        let (d, d_wall) = via(false, &connect);
+        let (c, c_wall) = via(true, &connect);
+        let d_rate: f64 = d["conn_per_s"].parse().unwrap();
+        let c_rate: f64 = c["conn_per_s"].parse().unwrap();
+        assert_eq!(d["connections"], "60");
+        assert_eq!(c["connections"], "60");
+        println!(
+            "| connection setup, 60 one after another (round {}) | {:.1} ms each ({} s with the process) | {:.1} ms each ({} s with the process) |",
+            round + 1,
+            1000.0 / d_rate,
+            secs(d_wall),
+            1000.0 / c_rate,
+            secs(c_wall)
+        );
+        let (d, _) = via(false, &latency);
+        let (c, _) = via(true, &latency);
+        let us = |r: &BTreeMap<String, String>, k: &str| -> f64 {
+            r.get(k)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no {k} in {r:?}"))
+        };
+        println!(
+            "| echo round trip, 64 B, 2000 on one connection (round {}) | p50 {:.0} us, p99 {:.0} us | p50 {:.0} us, p99 {:.0} us |",
+            round + 1,
+            us(&d, "p50_us"),
+            us(&d, "p99_us"),
+            us(&c, "p50_us"),
+            us(&c, "p99_us")
+        );
+    }
 }
