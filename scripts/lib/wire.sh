@@ -1,26 +1,37 @@
 #!/usr/bin/env bash
 # shellcheck disable=SC2154 # hostdir, repo, cwd, script_dir, run_id, mtu, ...: set by scripts/wire or vm.env
-# Host side of scripts/wire: booting, killing and talking to the two VMs of one wire
-# run. Sourced by scripts/wire, which also serves the `scripts/wire ctl ...` requests
+# Host side of scripts/wire: booting, killing and talking to the VMs (2 to 4) of one
+# wire run. Sourced by scripts/wire, which also serves the `scripts/wire ctl ...` requests
 # of a driver (a test) through these functions.
 #
 # A wire run lives in two directories:
-#   $w (under <repo>/.softroce/runs, shared with both guests): vm.env, a/ and b/ (each
+#   $w (under <repo>/.softroce/runs, shared with the guests): vm.env, a/, b/, ... (each
 #     guest's run directory: run.sh, ready, listening, netdev, console.log), and
 #     jobs/<host>/<name>/ (run.sh, out, err, pid, status) for every job;
 #   $hostdir (a short path under /tmp, host only): the wire's unix sockets, the FIFOs
 #     of each guest's control port and monitor, each qemu's pid.
 # Expects log and die (from the sourcing script) and common.sh.
 
+# The hosts of this run: a and b (scripts/wire's default), or --hosts 3 or 4 more
+# (c, d). Set by wire_set_hosts from the count, which vm.env keeps for ctl requests.
 # shellcheck disable=SC2034 # used by scripts/wire
 wire_hosts=(a b)
-wire_ip() { # wire_ip HOST
-    case "$1" in
-        a) echo 192.0.2.1 ;;
-        b) echo 192.0.2.2 ;;
-        *) die "no host named '$1' (hosts: a, b)" ;;
-    esac
+wire_all_hosts=(a b c d)
+wire_set_hosts() { # wire_set_hosts N (2..4)
+    [[ ${1:-} =~ ^[234]$ ]] || die "--hosts takes 2, 3 or 4 (got '${1:-}')"
+    wire_hosts=("${wire_all_hosts[@]:0:$1}")
 }
+wire_ip() { # wire_ip HOST
+    local i
+    for i in "${!wire_hosts[@]}"; do
+        if [ "${wire_hosts[$i]}" = "$1" ]; then
+            echo "192.0.2.$((i + 1))"
+            return 0
+        fi
+    done
+    die "no host named '$1' (hosts: ${wire_hosts[*]})"
+}
+# Two hosts are joined point to point (a qemu dgram netdev); more share a bridge.
 wire_peer() { [ "$1" = a ] && echo b || echo a; }
 
 # Loads vm.env of the run in $RDMACTOR_WIRE (for ctl requests).
@@ -31,6 +42,7 @@ wire_load() {
     fi
     # shellcheck source=/dev/null
     source "$w/vm.env"
+    wire_set_hosts "${hosts:-2}"
 }
 
 wire_pid() { # wire_pid HOST -> qemu pid of HOST if it runs
@@ -58,10 +70,16 @@ wire_boot() {
 }
 
 wire_boot_once() {
-    local h=$1 peer ip n append
-    peer=$(wire_peer "$h")
+    local h=$1 ip n append netdev
     ip=$(wire_ip "$h")
-    n=$([ "$h" = a ] && echo 1 || echo 2)
+    n=${ip##*.}
+    if [ "${#wire_hosts[@]}" -gt 2 ]; then
+        # The host's own tap port on the run's bridge (scripts/wire made both).
+        netdev="tap,id=net0,ifname=wire-$h,script=no,downscript=no"
+    else
+        netdev="dgram,id=net0,local.type=unix,local.path=$hostdir/$h.sock"
+        netdev="$netdev,remote.type=unix,remote.path=$hostdir/$(wire_peer "$h").sock"
+    fi
     wire_pid "$h" >/dev/null && die "host $h is already running"
     # A fresh start: no stale requests in the control FIFO, no socket left bound.
     rm -f "$hostdir/$h.sock" "$hostdir/$h.ctl.in" "$hostdir/$h.ctl.out" \
@@ -80,7 +98,7 @@ wire_boot_once() {
         -chardev "file,id=con,path=$w/$h/console.log" -serial chardev:con
         -virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap"
         -virtfs "local,path=$repo,mount_tag=repo,security_model=none,multidevs=remap"
-        -netdev "dgram,id=net0,local.type=unix,local.path=$hostdir/$h.sock,remote.type=unix,remote.path=$hostdir/$peer.sock"
+        -netdev "$netdev"
         -device "virtio-net-pci,netdev=net0,mac=52:54:00:0d:0e:0$n"
         -device virtio-serial-pci
         -chardev "pipe,id=ctl,path=$hostdir/$h.ctl" -device virtserialport,chardev=ctl,name=ctl

@@ -1,6 +1,7 @@
 //! The driver's side of `scripts/wire`: a test that runs on this machine (not in a VM)
-//! and steers two Soft-RoCE hosts, a (192.0.2.1) and b (192.0.2.2), joined by a virtual
-//! wire: jobs on either host, faults on the wire, a host killed and booted again.
+//! and steers Soft-RoCE hosts, a (192.0.2.1) and b (192.0.2.2), and with `--hosts 3` or
+//! `4` also c (192.0.2.3) and d (192.0.2.4), joined by a virtual wire: jobs on any host,
+//! faults on the wire, a host killed and booted again.
 //!
 //! Every call is one `scripts/wire ctl` request; the wire itself is the one named by
 //! `RDMACTOR_WIRE`, which `scripts/wire --driver` sets. Without it the tests skip, unless
@@ -13,20 +14,27 @@ use std::time::{Duration, Instant};
 
 use super::ResourceCounts;
 
-/// One of the two hosts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One of the hosts (c and d exist only on a wire of `scripts/wire --hosts 3` or `4`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Host {
-    /// 192.0.2.1: where the tests run the server.
+    /// 192.0.2.1: where the two-host tests run the server.
     A,
-    /// 192.0.2.2: where the clients run, and the host that fails.
+    /// 192.0.2.2: where the two-host tests run the clients, and the host that fails.
     B,
+    /// 192.0.2.3.
+    C,
+    /// 192.0.2.4.
+    D,
 }
 
 impl Host {
-    fn name(self) -> &'static str {
+    /// The host's name for `scripts/wire ctl` (and its guest's hostname): a to d.
+    pub fn name(self) -> &'static str {
         match self {
             Host::A => "a",
             Host::B => "b",
+            Host::C => "c",
+            Host::D => "d",
         }
     }
 
@@ -35,6 +43,8 @@ impl Host {
         match self {
             Host::A => "192.0.2.1",
             Host::B => "192.0.2.2",
+            Host::C => "192.0.2.3",
+            Host::D => "192.0.2.4",
         }
     }
 }
@@ -137,6 +147,27 @@ impl Wire {
             stdout: std::fs::read_to_string(dir.join("out")).unwrap_or_default(),
             stderr: std::fs::read_to_string(dir.join("err")).unwrap_or_default(),
         }
+    }
+
+    /// The hosts of the running wire, from `scripts/wire ctl hosts` (a and b unless it
+    /// was started with `--hosts 3` or `4`).
+    pub fn hosts(&self) -> Vec<Host> {
+        let out = self.ctl(&["hosts"]);
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .filter_map(|h| match h {
+                "a" => Some(Host::A),
+                "b" => Some(Host::B),
+                "c" => Some(Host::C),
+                "d" => Some(Host::D),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Whether job `name` on `host` has ended (its status is written).
+    pub fn ended(&self, host: Host, name: &str) -> bool {
+        self.job_dir(host, name).join("status").exists()
     }
 
     /// Runs `cmd` on `host` to its end (at most `limit`).

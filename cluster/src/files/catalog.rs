@@ -101,8 +101,14 @@ impl Catalog {
             .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(key.as_str(), record.to_json(), None)])
             .or_else([TxnOp::get(key.as_str(), None)]);
-        let mut client = self.client().await?;
-        let answer = self.etcd.call("file create txn", client.txn(txn)).await?;
+        let client = self.client().await?;
+        let answer = self
+            .etcd
+            .call_retrying("file create txn", || {
+                let (mut client, txn) = (client.clone(), txn.clone());
+                async move { client.txn(txn).await }
+            })
+            .await?;
         if answer.succeeded() {
             return Ok(Created::New);
         }
@@ -129,10 +135,13 @@ impl Catalog {
     pub async fn get(&self, name: &str) -> Result<Option<Stored>> {
         check_name("file", name)?;
         let key = file_key(&self.cluster, name);
-        let mut client = self.client().await?;
+        let client = self.client().await?;
         let answer = self
             .etcd
-            .call("file get", client.get(key.as_str(), None))
+            .call_retrying("file get", || {
+                let (mut client, key) = (client.clone(), key.clone());
+                async move { client.get(key, None).await }
+            })
             .await?;
         match answer.kvs().first() {
             None => Ok(None),
@@ -151,13 +160,17 @@ impl Catalog {
     /// etcd unreachable or slow.
     pub async fn list(&self) -> Result<Vec<Stored>> {
         let prefix = files_prefix(&self.cluster);
-        let mut client = self.client().await?;
+        let client = self.client().await?;
         let answer = self
             .etcd
-            .call(
-                "file list",
-                client.get(prefix.as_str(), Some(GetOptions::new().with_prefix())),
-            )
+            .call_retrying("file list", || {
+                let (mut client, prefix) = (client.clone(), prefix.clone());
+                async move {
+                    client
+                        .get(prefix, Some(GetOptions::new().with_prefix()))
+                        .await
+                }
+            })
             .await?;
         let mut files = Vec::new();
         for kv in answer.kvs() {
