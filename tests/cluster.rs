@@ -54,7 +54,30 @@ fn start_server_with(etcd: &Etcd, node: &str, extra: &[&str]) -> (Child, SocketA
         .expect("address");
     // The rest of its output is not needed; keep the pipe drained.
     std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+    STARTED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(server.id());
     (server, addr)
+}
+
+/// The servers this process started. A test that fails leaves them running, and they
+/// hold its output open: the runner would wait on them until the VM's timeout.
+static STARTED: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
+
+/// SIGKILLs every server in [`STARTED`] when a test panics (held for the test's length).
+struct KillServersOnPanic;
+
+impl Drop for KillServersOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for pid in STARTED.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+                let _ = Command::new("kill")
+                    .args(["-KILL", &pid.to_string()])
+                    .status();
+            }
+        }
+    }
 }
 
 fn signal(server: &Child, sig: &str) {
@@ -76,6 +99,7 @@ fn names(nodes: &[NodeInfo]) -> Vec<(String, bool)> {
 fn servers_register_serve_through_the_cluster_client_and_leave_the_registry() {
     let Some(_ctx) = rdma_context() else { return };
     let Some(etcd) = Etcd::start() else { return };
+    let _reaper = KillServersOnPanic;
     let base = resource_counts();
     let (mut a, a_addr) = start_server(&etcd, "a");
     let (mut b, b_addr) = start_server(&etcd, "b");
@@ -156,6 +180,7 @@ fn servers_register_serve_through_the_cluster_client_and_leave_the_registry() {
 fn files_put_with_two_replicas_survive_a_killed_server_and_repair_restores_two() {
     let Some(_ctx) = rdma_context() else { return };
     let Some(etcd) = Etcd::start() else { return };
+    let _reaper = KillServersOnPanic;
     let base = resource_counts();
     let work = tempfile::tempdir().expect("a work directory");
     let mut servers = std::collections::BTreeMap::new();
@@ -366,6 +391,7 @@ fn tool(name: &str, args: &[&str]) -> String {
 fn client_and_ft_find_the_servers_through_the_registry_and_echo_moves_off_a_killed_one() {
     let Some(_ctx) = rdma_context() else { return };
     let Some(etcd) = Etcd::start() else { return };
+    let _reaper = KillServersOnPanic;
     let work = tempfile::tempdir().expect("a work directory");
     let mut servers = Vec::new();
     for node in ["a", "b"] {
