@@ -443,7 +443,7 @@ fn client_and_ft_find_the_servers_through_the_registry_and_echo_moves_off_a_kill
     // it, on a quiet host (the echo round trip is tens of microseconds).
     let mut client = Command::new(target_bin("client"))
         .args(cluster)
-        .args(["echo", "--connections", "2", "--requests", "100000"])
+        .args(["echo", "--connections", "2", "--requests", "20000"])
         .stdout(Stdio::piped())
         .spawn()
         .expect("client");
@@ -465,7 +465,7 @@ fn client_and_ft_find_the_servers_through_the_registry_and_echo_moves_off_a_kill
     );
     assert!(
         rest.iter()
-            .any(|l| *l == format!("RESULT kind=echo connections=2 requests={}", 2 * 100_000)),
+            .any(|l| *l == format!("RESULT kind=echo connections=2 requests={}", 2 * 20_000)),
         "{rest:?}"
     );
     for (_, mut child, _) in servers {
