@@ -841,27 +841,7 @@ fn a_cluster_of_three_serves_d_through_a_killed_host_and_a_partition() {
         secs(booted.elapsed())
     );
     let b_before = qps(&wire, Host::B);
-    let newcomers = wire.spawn(
-        Host::D,
-        &[
-            &client,
-            "--cluster",
-            CLUSTER,
-            "--etcd",
-            &urls,
-            "connect",
-            "--connections",
-            "30",
-            "--hold",
-            "10",
-        ],
-    );
-    wire.wait_for_output(
-        Host::D,
-        &newcomers,
-        "RESULT kind=connect",
-        Duration::from_secs(120),
-    );
+    let newcomers = thirty_new_connections(&wire, &client, &urls);
     let b_got = qps(&wire, Host::B) - b_before;
     wire.wait(Host::D, &newcomers, Duration::from_secs(120))
         .ok("30 new connections");
@@ -907,27 +887,7 @@ fn a_cluster_of_three_serves_d_through_a_killed_host_and_a_partition() {
     }
     let a_before = qps(&wire, Host::A);
     let bc_before = qps(&wire, Host::B) + qps(&wire, Host::C);
-    let picks = wire.spawn(
-        Host::D,
-        &[
-            &client,
-            "--cluster",
-            CLUSTER,
-            "--etcd",
-            &urls,
-            "connect",
-            "--connections",
-            "30",
-            "--hold",
-            "10",
-        ],
-    );
-    wire.wait_for_output(
-        Host::D,
-        &picks,
-        "RESULT kind=connect",
-        Duration::from_secs(120),
-    );
+    let picks = thirty_new_connections(&wire, &client, &urls);
     let bc_got = (qps(&wire, Host::B) + qps(&wire, Host::C)).saturating_sub(bc_before);
     let picked = wire.wait(Host::D, &picks, Duration::from_secs(120));
     let a_after = qps(&wire, Host::A);
@@ -1035,4 +995,31 @@ fn cluster_client_setup_and_round_trip_next_to_a_direct_connect() {
             us(&c, "p99_us")
         );
     }
+}
+
+/// Starts 30 new connections from d through the cluster client, held for 10 s, and
+/// returns once they are all up (the job's name, to wait for its end).
+fn thirty_new_connections(wire: &Wire, client: &str, urls: &str) -> String {
+    let job = wire.spawn(
+        Host::D,
+        &[
+            client,
+            "--cluster",
+            CLUSTER,
+            "--etcd",
+            urls,
+            "connect",
+            "--connections",
+            "30",
+            "--hold",
+            "10",
+        ],
+    );
+    wire.wait_for_output(
+        Host::D,
+        &job,
+        "RESULT kind=connect",
+        Duration::from_secs(120),
+    );
+    job
 }
