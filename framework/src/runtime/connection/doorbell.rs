@@ -13,11 +13,15 @@ pub(crate) fn ring<T: Transport>(core: &mut Core<T>) -> Result<(), CloseReason> 
     while let Some(t) = core.poll_transmit() {
         let qp = t.qp;
         let posted = match t.work {
-            Work::Recvs(recvs) => recvs.with_wrs(|wrs| qp.post_recv(wrs)),
-            Work::Sends(sends) => sends.with_wrs(|wrs| match wrs {
-                [one] => qp.post_send(one),
-                chain => qp.post_send_list(chain),
-            }),
+            Work::Recvs(recvs) => recvs
+                .with_wrs(|wrs| qp.post_recv(wrs))
+                .map_err(CloseReason::from_verbs),
+            Work::Sends(sends) => sends
+                .with_wrs(|wrs| match wrs {
+                    [one] => qp.post_send(one),
+                    chain => qp.post_send_list(chain),
+                })
+                .map_err(CloseReason::from_verbs),
             Work::Bind {
                 wr_id,
                 window,
@@ -26,17 +30,14 @@ pub(crate) fn ring<T: Transport>(core: &mut Core<T>) -> Result<(), CloseReason> 
                 expect,
             } => match qp.bind_window(wr_id, window, region, access) {
                 Ok(got) if got == expect => Ok(()),
-                Ok(got) => {
-                    core.transmitted(Err(CloseReason::Verbs(format!(
-                        "a window bind gave rkey {:#x}, not the {:#x} its frame carries",
-                        got.rkey, expect.rkey
-                    ))))?;
-                    continue;
-                }
-                Err(e) => Err(e),
+                Ok(got) => Err(CloseReason::Verbs(format!(
+                    "a window bind gave rkey {:#x}, not the {:#x} its frame carries",
+                    got.rkey, expect.rkey
+                ))),
+                Err(e) => Err(CloseReason::from_verbs(e)),
             },
         };
-        core.transmitted(posted.map_err(CloseReason::from_verbs))?;
+        core.transmitted(posted)?;
     }
     Ok(())
 }
