@@ -26,28 +26,36 @@ use super::poller::{CqReservation, Pollers};
 use super::srq::SharedRecv;
 use crate::memory::MrPool;
 use crate::proto::credits::{Advert, CreditReserve, PeerLoan};
-use crate::verbs::{ProtectionDomain, SharedReceiveQueue};
+use crate::transport::{Domain, Transport, Verbs};
 
 /// Every shared queue of a node's framed connections.
-pub(crate) struct RecvGroups {
-    inner: Arc<Mutex<Queues>>,
-    pd: ProtectionDomain,
-    pool: MrPool,
+pub(crate) struct RecvGroups<T: Transport = Verbs> {
+    inner: Arc<Mutex<Queues<T>>>,
+    pd: T::Domain,
+    pool: MrPool<T>,
     cfg: SharedRecvConfig,
     size: usize,
 }
 
-#[derive(Default)]
-struct Queues {
-    queues: Vec<Queue>,
+struct Queues<T: Transport> {
+    queues: Vec<Queue<T>>,
     next_id: u64,
 }
 
-struct Queue {
+impl<T: Transport> Default for Queues<T> {
+    fn default() -> Self {
+        Queues {
+            queues: Vec::new(),
+            next_id: 0,
+        }
+    }
+}
+
+struct Queue<T: Transport> {
     id: u64,
     /// The members' CQ (after `recv` would do as well: nothing here uses the other).
-    cq: CqReservation,
-    recv: SharedRecv,
+    cq: CqReservation<T>,
+    recv: SharedRecv<T>,
     reserve: Arc<CreditReserve>,
     members: u32,
     /// The loan account of each peer address with members here, and how many.
@@ -55,17 +63,17 @@ struct Queue {
 }
 
 /// A connection's place in a shared queue: its share stays posted while it lives.
-pub(crate) struct Membership {
+pub(crate) struct Membership<T: Transport = Verbs> {
     id: u64,
     reserve: Arc<CreditReserve>,
     peer: Option<IpAddr>,
     loan: Arc<PeerLoan>,
-    queues: Arc<Mutex<Queues>>,
+    queues: Arc<Mutex<Queues<T>>>,
     keep_empty: usize,
 }
 
-impl RecvGroups {
-    pub fn new(pd: &ProtectionDomain, pool: &MrPool, cfg: SharedRecvConfig, size: usize) -> Self {
+impl<T: Transport> RecvGroups<T> {
+    pub fn new(pd: &T::Domain, pool: &MrPool<T>, cfg: SharedRecvConfig, size: usize) -> Self {
         RecvGroups {
             inner: Arc::default(),
             pd: pd.clone(),
@@ -90,10 +98,10 @@ impl RecvGroups {
     /// account, capped by `SharedRecvConfig::reserve_per_peer`.
     pub fn join(
         &self,
-        pollers: &Pollers,
+        pollers: &Pollers<T>,
         send_depth: u32,
         peer: Option<IpAddr>,
-    ) -> Result<(SharedRecv, Membership, CqReservation), String> {
+    ) -> Result<(SharedRecv<T>, Membership<T>, CqReservation<T>), String> {
         let mut q = self.inner.lock().expect("recv groups lock");
         let room = q
             .queues
@@ -107,7 +115,7 @@ impl RecvGroups {
                 let cq = pollers
                     .reserve(depth + self.cfg.members * send_depth)
                     .map_err(|e| e.to_string())?;
-                let srq = SharedReceiveQueue::new(&self.pd, depth, 1).map_err(|e| {
+                let srq = self.pd.create_srq(depth, 1).map_err(|e| {
                     format!("creating a shared receive queue of {depth} receives: {e}")
                 })?;
                 let recv = SharedRecv::new(&self.pool, srq, depth, self.size)?;
@@ -193,14 +201,14 @@ pub struct ReserveStats {
     pub most_to_one_peer: u32,
 }
 
-impl Membership {
+impl<T: Transport> Membership<T> {
     /// The reserve this connection borrows from, and its peer's account with it.
     pub fn reserve(&self) -> (&CreditReserve, &PeerLoan) {
         (&self.reserve, &self.loan)
     }
 }
 
-impl Drop for Membership {
+impl<T: Transport> Drop for Membership<T> {
     fn drop(&mut self) {
         let mut q = self.queues.lock().expect("recv groups lock");
         let Some(pos) = q.queues.iter().position(|g| g.id == self.id) else {

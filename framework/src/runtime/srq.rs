@@ -17,26 +17,49 @@
 
 use std::sync::{Arc, Mutex, Weak};
 
-use crate::memory::{Lease, MrPool};
-use crate::verbs::{RecvWr, SharedReceiveQueue, VerbsError, WorkCompletion};
+use crate::memory::{Lease, MrPool, RegisteredChunks};
+use crate::transport::{RecvWr, Region, SharedReceiveQueue, Transport, Verbs};
+use crate::verbs::WorkCompletion;
 
 /// A shared receive queue with its buffers. Cheap to clone.
-#[derive(Clone)]
-pub(crate) struct SharedRecv {
-    inner: Arc<Mutex<Inner>>,
-    srq: SharedReceiveQueue,
+pub(crate) struct SharedRecv<T: Transport = Verbs> {
+    inner: Arc<Mutex<Inner<T>>>,
+    srq: T::Srq,
+}
+
+impl<T: Transport> Clone for SharedRecv<T> {
+    fn clone(&self) -> Self {
+        SharedRecv {
+            inner: self.inner.clone(),
+            srq: self.srq.clone(),
+        }
+    }
 }
 
 /// A handle that does not keep the queue alive: for completions whose connection is
-/// gone (see [`SharedRecv::orphan`]).
+/// gone (see [`SharedRecv::orphan`]). Not generic: the pollers keep these in a
+/// thread-local table, whatever the transport.
 #[derive(Clone)]
-pub(crate) struct OrphanedRecv(Weak<Mutex<Inner>>);
+pub(crate) struct OrphanedRecv(Weak<dyn Repost>);
 
-struct Inner {
+/// Posting a slot's buffer again, behind [`OrphanedRecv`].
+trait Repost: Send + Sync {
+    fn repost(&self, slot: usize) -> Result<(), String>;
+}
+
+impl<T: Transport> Repost for Mutex<Inner<T>> {
+    fn repost(&self, slot: usize) -> Result<(), String> {
+        let mut inner = self.lock().expect("srq lock");
+        inner.completed(slot)?;
+        inner.post(slot)
+    }
+}
+
+struct Inner<T: Transport> {
     // Field order is drop order: the queue (this clone of it) before the memory it
     // points at; see the module comment for why no QP can still use it then.
-    srq: SharedReceiveQueue,
-    bufs: Vec<Lease>,
+    srq: T::Srq,
+    bufs: Vec<Lease<RegisteredChunks<T>>>,
     size: usize,
     /// Receives posted and not yet seen completing: the queue's depth while every
     /// completion is taken. A consumed receive whose completion nobody takes is a
@@ -44,37 +67,49 @@ struct Inner {
     posted: usize,
 }
 
-impl Inner {
-    fn post(&mut self, slot: usize) -> Result<(), VerbsError> {
-        let sge = self.bufs[slot].sge(0..self.size)?;
-        self.srq.post_recv(&[RecvWr {
-            wr_id: SharedRecv::TAG | slot as u64,
-            local: Some(sge),
-        }])?;
+impl<T: Transport> Inner<T> {
+    fn post(&mut self, slot: usize) -> Result<(), String> {
+        let sge = self.bufs[slot]
+            .sge(0..self.size)
+            .map_err(|e| e.to_string())?;
+        self.srq
+            .post_recv(&[RecvWr {
+                wr_id: SHARED_TAG | slot as u64,
+                local: Some(sge),
+            }])
+            .map_err(|e| format!("posting shared receive {slot}: {e}"))?;
         self.posted += 1;
         Ok(())
     }
 
     /// The receive in `slot` completed: it is no longer posted.
-    fn completed(&mut self, slot: usize) -> Result<(), VerbsError> {
+    fn completed(&mut self, slot: usize) -> Result<(), String> {
         if slot >= self.bufs.len() {
-            return Err(VerbsError::InvalidArgument(format!(
-                "shared receive slot {slot} does not exist"
-            )));
+            return Err(format!("shared receive slot {slot} does not exist"));
         }
         self.posted = self.posted.saturating_sub(1);
         Ok(())
     }
 }
 
+/// Marks the wr_id of a receive posted to a shared queue.
+const SHARED_TAG: u64 = 1 << 63;
+
 impl SharedRecv {
     /// Marks the wr_id of a receive posted to a shared queue.
-    pub const TAG: u64 = 1 << 63;
+    pub const TAG: u64 = SHARED_TAG;
 
+    /// The slot of a shared receive's wr_id, or `None` for any other wr_id.
+    pub fn slot_of(wr_id: u64) -> Option<usize> {
+        (wr_id & Self::TAG != 0).then_some((wr_id & !Self::TAG) as usize)
+    }
+}
+
+impl<T: Transport> SharedRecv<T> {
     /// Creates the SRQ on the pool's PD with `depth` receives of `size` bytes, all posted.
     pub fn new(
-        pool: &MrPool,
-        srq: SharedReceiveQueue,
+        pool: &MrPool<T>,
+        srq: T::Srq,
         depth: u32,
         size: usize,
     ) -> Result<Self, String> {
@@ -89,7 +124,7 @@ impl SharedRecv {
             posted: 0,
         };
         for slot in 0..depth as usize {
-            inner.post(slot).map_err(|e| e.to_string())?;
+            inner.post(slot)?;
         }
         Ok(SharedRecv {
             inner: Arc::new(Mutex::new(inner)),
@@ -98,13 +133,8 @@ impl SharedRecv {
     }
 
     /// The queue, to create QPs on.
-    pub fn queue(&self) -> &SharedReceiveQueue {
+    pub fn queue(&self) -> &T::Srq {
         &self.srq
-    }
-
-    /// The slot of a shared receive's wr_id, or `None` for any other wr_id.
-    pub fn slot_of(wr_id: u64) -> Option<usize> {
-        (wr_id & Self::TAG != 0).then_some((wr_id & !Self::TAG) as usize)
     }
 
     /// Receives posted now (see `Inner::posted`).
@@ -115,18 +145,27 @@ impl SharedRecv {
     /// Hands what the completed receive in `slot` holds (`None` when it failed) to `read`,
     /// which copies out what it needs, then posts the buffer again, for whichever QP
     /// needs it next.
+    /// The bytes are lent in place where the transport can (verbs), and copied out
+    /// otherwise.
     pub fn take_with<R>(
         &self,
         slot: usize,
         wc: &WorkCompletion,
         read: impl FnOnce(Option<&[u8]>) -> R,
-    ) -> Result<R, VerbsError> {
+    ) -> Result<R, String> {
         let mut inner = self.inner.lock().expect("srq lock");
         inner.completed(slot)?;
-        let got = read(
-            wc.is_ok()
-                .then(|| &inner.bufs[slot].as_slice()[..(wc.byte_len as usize).min(inner.size)]),
-        );
+        let len = (wc.byte_len as usize).min(inner.size);
+        let buf = &inner.bufs[slot];
+        let got = match (wc.is_ok(), buf.bytes()) {
+            (false, _) => read(None),
+            (true, Some(bytes)) => read(Some(&bytes[..len])),
+            (true, None) => {
+                let mut copy = vec![0; len];
+                buf.read(0, &mut copy).map_err(|e| e.to_string())?;
+                read(Some(&copy))
+            }
+        };
         inner.post(slot)?;
         Ok(got)
     }
@@ -134,20 +173,19 @@ impl SharedRecv {
     /// A handle for the completions a leaving member's QP may still produce: receives it
     /// consumed before it closed, whose buffers the other members need back.
     pub fn orphan(&self) -> OrphanedRecv {
-        OrphanedRecv(Arc::downgrade(&self.inner))
+        let weak: Weak<Mutex<Inner<T>>> = Arc::downgrade(&self.inner);
+        OrphanedRecv(weak)
     }
 }
 
 impl OrphanedRecv {
     /// Posts the buffer of the completed receive in `slot` again, unread. Nothing to do
     /// when the queue itself is gone (its buffers went back to the pool with it).
-    pub fn repost(&self, slot: usize) -> Result<(), VerbsError> {
-        let Some(inner) = self.0.upgrade() else {
-            return Ok(());
-        };
-        let mut inner = inner.lock().expect("srq lock");
-        inner.completed(slot)?;
-        inner.post(slot)
+    pub fn repost(&self, slot: usize) -> Result<(), String> {
+        match self.0.upgrade() {
+            Some(queue) => queue.repost(slot),
+            None => Ok(()),
+        }
     }
 }
 

@@ -10,7 +10,8 @@
 //! - [`loopback`], an in-memory transport for one process, faithful where rdmactor
 //!   depends on RDMA semantics, with fault hooks for tests.
 //!
-//! The runtime is not wired to these traits yet; `docs/loopback.md` lists what remains.
+//! The runtime is generic over them, with [`Verbs`] as the default; `docs/loopback.md`
+//! lists what remains.
 //!
 //! # Shape
 //!
@@ -49,8 +50,8 @@ use std::time::Duration;
 
 pub use self::verbs::Verbs;
 pub use crate::verbs::{
-    Access, CmEventKind, ConnParam, QpCaps, RemoteRegion, SendOp, WcOpcode, WcStatus,
-    WorkCompletion,
+    Access, AsyncEvent, CmEventKind, ConnParam, ListedDevice, QpCaps, RemoteRegion, SendOp,
+    WcOpcode, WcStatus, WorkCompletion,
 };
 
 /// A send-queue work request, over a transport's scatter/gather entry `L`. The fields
@@ -125,6 +126,29 @@ pub trait Transport: Sized + Send + Sync + 'static {
     type CmId: CmId<Self>;
     /// Which cm_id an event is about, for routing it to its connection.
     type CmIdKey: Copy + Eq + Hash + Ord + fmt::Debug + Send + Sync + 'static;
+
+    /// Opens the device named `device` (the first one with `None`) with one protection
+    /// domain: what a node serves on.
+    fn open(device: Option<&str>) -> Result<Self::Domain, Self::Error>;
+
+    /// The devices there are now: how a server notices that a device it lost has come
+    /// back. A transport whose devices cannot go lists none (the default).
+    fn listed() -> Result<Vec<ListedDevice>, Self::Error> {
+        Ok(Vec::new())
+    }
+
+    /// Releases what this process still holds of removed devices, so that the kernel
+    /// can finish removing them; how many handles it released (verbs: see
+    /// [`crate::verbs::release_removed_devices`]). Nothing to do by default.
+    fn release_removed_devices() -> std::io::Result<usize> {
+        Ok(0)
+    }
+
+    /// The locked-memory limit registrations count against, if there is one (verbs:
+    /// `RLIMIT_MEMLOCK`); none by default.
+    fn memlock_limit() -> Option<u64> {
+        None
+    }
 }
 
 /// A device and its protection domain: everything is created here, so that objects of
@@ -153,6 +177,24 @@ pub trait Domain<T: Transport>: Clone + Send + Sync + fmt::Debug {
     fn create_event_channel(&self) -> Result<T::EventChannel, T::Error>;
     /// Creates a cm_id whose events arrive on `channel`.
     fn create_id(&self, channel: &T::EventChannel) -> Result<T::CmId, T::Error>;
+    /// The device's name (for logs, and to find it again after it went).
+    fn device_name(&self) -> &str;
+    /// The kernel's index of the device, if it has one: a device removed and added
+    /// again under the same name gets a new one.
+    fn device_index(&self) -> Option<u32> {
+        None
+    }
+    /// Starts delivering the device's asynchronous events (a QP in error, a port down,
+    /// the device failed) to [`next_async_event`](Self::next_async_event); `false` when
+    /// the transport has none to deliver (the default), and nobody need wait for them.
+    fn watch_async_events(&self) -> Result<bool, T::Error> {
+        Ok(false)
+    }
+    /// The next asynchronous event, waiting up to `timeout`.
+    fn next_async_event(&self, timeout: Duration) -> Result<Option<AsyncEvent>, T::Error> {
+        std::thread::sleep(timeout);
+        Ok(None)
+    }
 }
 
 /// Registered memory. The bytes are reached by copies (`read`, `write`) rather than
@@ -339,4 +381,12 @@ pub trait CmId<T: Transport>: Clone + Send + Sync + fmt::Debug {
     fn reject(&self, private_data: &[u8]) -> Result<(), T::Error>;
     /// Starts a disconnect (DISCONNECTED follows on both sides).
     fn disconnect(&self) -> Result<(), T::Error>;
+    /// The local address, once bound or resolved.
+    fn local_addr(&self) -> Option<SocketAddr>;
+    /// The peer's address, once resolved or on an incoming request.
+    fn peer_addr(&self) -> Option<SocketAddr>;
+    /// The device this id routes through, once bound or resolved.
+    fn device_name(&self) -> Option<String>;
+    /// Whether this id routes through `domain`'s device (a QP on it may use that PD).
+    fn is_on(&self, domain: &T::Domain) -> bool;
 }

@@ -34,6 +34,19 @@ impl Transport for Verbs {
     type CmEvent = v::CmEvent;
     type CmId = v::CmId;
     type CmIdKey = v::CmIdKey;
+
+    fn open(device: Option<&str>) -> v::Result<v::ProtectionDomain> {
+        v::ProtectionDomain::new(&v::Context::open(device)?)
+    }
+    fn listed() -> v::Result<Vec<v::ListedDevice>> {
+        v::Context::listed()
+    }
+    fn release_removed_devices() -> std::io::Result<usize> {
+        v::release_removed_devices()
+    }
+    fn memlock_limit() -> Option<u64> {
+        v::memlock_limit()
+    }
 }
 
 impl<'a> From<SendWr<v::Sge<'a>>> for v::SendWr<'a> {
@@ -105,6 +118,18 @@ impl super::Domain<Verbs> for v::ProtectionDomain {
     }
     fn create_id(&self, channel: &v::EventChannel) -> v::Result<v::CmId> {
         v::CmId::new(channel)
+    }
+    fn device_name(&self) -> &str {
+        self.context().name()
+    }
+    fn device_index(&self) -> Option<u32> {
+        self.context().index()
+    }
+    fn watch_async_events(&self) -> v::Result<bool> {
+        self.context().watch_async_events().map(|()| true)
+    }
+    fn next_async_event(&self, timeout: Duration) -> v::Result<Option<v::AsyncEvent>> {
+        self.context().next_async_event(timeout)
     }
 }
 
@@ -330,5 +355,17 @@ impl super::CmId<Verbs> for v::CmId {
     }
     fn disconnect(&self) -> v::Result<()> {
         v::CmId::disconnect(self)
+    }
+    fn local_addr(&self) -> Option<SocketAddr> {
+        v::CmId::local_addr(self)
+    }
+    fn peer_addr(&self) -> Option<SocketAddr> {
+        v::CmId::peer_addr(self)
+    }
+    fn device_name(&self) -> Option<String> {
+        v::CmId::device_name(self)
+    }
+    fn is_on(&self, domain: &v::ProtectionDomain) -> bool {
+        v::CmId::is_on(self, domain.context())
     }
 }

@@ -143,12 +143,12 @@ pub(crate) struct Core<T: Transport = Verbs> {
     id: Option<T::CmId>,
     /// This connection's place in a shared queue of framed connections, with the
     /// reserve its credits borrow from (after `qp`; see `recv_groups.rs`).
-    membership: Option<Membership>,
+    membership: Option<Membership<T>>,
     /// Receives from a queue shared with other connections (after `qp`: the QP goes first).
-    shared_recv: Option<SharedRecv>,
+    shared_recv: Option<SharedRecv<T>>,
     /// The poller's CQ this connection's completions arrive on (`None`: driven by a
     /// test, which polls itself).
-    _cq: Option<CqReservation>,
+    _cq: Option<CqReservation<T>>,
     /// This connection's place under the server's connection limit, given back once
     /// the QP above is destroyed (`None` on a client).
     _slot: Option<crate::runtime::budget::QpSlots>,
@@ -237,9 +237,9 @@ pub(crate) struct Core<T: Transport = Verbs> {
 pub(crate) struct CoreParts<T: Transport = Verbs> {
     pub qp: T::Qp,
     pub id: Option<T::CmId>,
-    pub shared_recv: Option<SharedRecv>,
-    pub membership: Option<Membership>,
-    pub cq: Option<CqReservation>,
+    pub shared_recv: Option<SharedRecv<T>>,
+    pub membership: Option<Membership<T>>,
+    pub cq: Option<CqReservation<T>>,
     pub framing: Framing,
     pub recv: Vec<Chunk<T>>,
     pub recv_size: usize,

@@ -34,6 +34,12 @@ impl Transport for Loopback {
     type CmEvent = CmEvent;
     type CmId = CmId;
     type CmIdKey = CmIdKey;
+
+    /// A device of the process's shared fabric ([`super::Fabric::shared`]), named
+    /// `device` (`"loopback"` with `None`): every node that opens one reaches the others.
+    fn open(device: Option<&str>) -> Result<Device> {
+        Ok(super::Fabric::shared().device(device.unwrap_or("loopback")))
+    }
 }
 
 impl t::Domain<Loopback> for Device {
@@ -57,6 +63,9 @@ impl t::Domain<Loopback> for Device {
     }
     fn create_id(&self, channel: &EventChannel) -> Result<CmId> {
         Device::create_id(self, channel)
+    }
+    fn device_name(&self) -> &str {
+        Device::name(self)
     }
 }
 
@@ -247,5 +256,17 @@ impl t::CmId<Loopback> for CmId {
     }
     fn disconnect(&self) -> Result<()> {
         CmId::disconnect(self)
+    }
+    fn local_addr(&self) -> Option<SocketAddr> {
+        CmId::local_addr(self)
+    }
+    fn peer_addr(&self) -> Option<SocketAddr> {
+        CmId::peer_addr(self)
+    }
+    fn device_name(&self) -> Option<String> {
+        Some(CmId::device_name(self).to_owned())
+    }
+    fn is_on(&self, domain: &Device) -> bool {
+        CmId::is_on(self, domain)
     }
 }

@@ -137,9 +137,16 @@ pub(super) struct Registry {
     listeners: Mutex<HashMap<SocketAddr, Weak<IdInner>>>,
     ids: Mutex<Vec<Weak<IdInner>>>,
     next_key: AtomicU64,
+    /// The last ephemeral port given (to a bind of port 0, or an unbound connect).
+    next_port: std::sync::atomic::AtomicU16,
 }
 
 impl Registry {
+    /// A port for an address that asked for none, from 32768 up (wrapping).
+    fn ephemeral_port(&self) -> u16 {
+        32768 + self.next_port.fetch_add(1, Relaxed) % 28000
+    }
+
     /// Tells every id of `device` that the device is gone.
     pub(super) fn device_removed(&self, device: &Arc<DeviceCore>) {
         let ids: Vec<_> = self.ids.lock().expect("registry lock").clone();
@@ -244,10 +251,33 @@ impl CmId {
         self.st().qp.clone()
     }
 
-    /// Binds a listener's address.
-    pub fn bind(&self, addr: SocketAddr) -> Result<()> {
+    /// Binds a listener's address (port 0: one is picked, as the kernel would).
+    pub fn bind(&self, mut addr: SocketAddr) -> Result<()> {
+        if addr.port() == 0 {
+            addr.set_port(self.inner.registry.ephemeral_port());
+        }
         self.st().bound = Some(addr);
         Ok(())
+    }
+
+    /// The bound address, or the one an unbound connect was given.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.st().bound
+    }
+
+    /// The resolved destination, or on a request the connecting side's address.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.st().dst
+    }
+
+    /// The name of the device the id was created on.
+    pub fn device_name(&self) -> &str {
+        &self.inner.device.name
+    }
+
+    /// Whether the id was created on `device`.
+    pub fn is_on(&self, device: &super::fabric::Device) -> bool {
+        Arc::ptr_eq(&self.inner.device, &device.core)
     }
 
     /// Listens on the bound address (CONNECT_REQUEST events follow).
@@ -268,11 +298,17 @@ impl CmId {
     /// Notes `dst`; ADDR_RESOLVED follows at once.
     pub fn resolve_addr(
         &self,
-        _src: Option<SocketAddr>,
+        src: Option<SocketAddr>,
         dst: SocketAddr,
         _timeout: Duration,
     ) -> Result<()> {
-        self.st().dst = Some(dst);
+        let mut st = self.st();
+        st.dst = Some(dst);
+        if st.bound.is_none() {
+            let ip = src.map_or(std::net::Ipv4Addr::LOCALHOST.into(), |s| s.ip());
+            st.bound = Some(SocketAddr::new(ip, self.inner.registry.ephemeral_port()));
+        }
+        drop(st);
         self.event(CmEventKind::AddrResolved);
         Ok(())
     }
@@ -374,6 +410,8 @@ impl CmId {
             let mut pst = passive.st();
             pst.phase = Phase::Requested;
             pst.peer = Some(self.inner.me.clone());
+            pst.bound = Some(dst);
+            pst.dst = self.st().bound;
         }
         let mut ev = CmEvent::new(CmEventKind::ConnectRequest, passive.key());
         ev.listen_id = Some(listener.key);

@@ -38,6 +38,15 @@ impl Fabric {
         }
     }
 
+    /// The process's shared fabric, with the default timing: where
+    /// [`Transport::open`](crate::transport::Transport::open) opens loopback devices, so
+    /// that a server and a client of one process started without a fabric of their own
+    /// reach each other.
+    pub fn shared() -> &'static Fabric {
+        static SHARED: std::sync::OnceLock<Fabric> = std::sync::OnceLock::new();
+        SHARED.get_or_init(Fabric::default)
+    }
+
     /// The fabric's timing.
     pub fn config(&self) -> Config {
         self.core.config
