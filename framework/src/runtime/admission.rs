@@ -23,11 +23,12 @@ use std::sync::Arc;
 
 use super::budget::BudgetFull;
 use super::service::{Framing, Service};
+use crate::transport::{Transport, Verbs};
 use crate::proto::credits::{Advert, MIN_DEPTH};
 use crate::proto::hello::{Hello, Reject, RejectCode, PROTOCOL_VERSION};
 
 /// The facts about one connect request, gathered by the CM actor.
-pub(crate) struct Request<'a, N> {
+pub(crate) struct Request<'a, N, T: Transport = Verbs> {
     /// Whether the server is shutting down.
     pub shutting_down: bool,
     /// The node, while the device serves.
@@ -37,7 +38,7 @@ pub(crate) struct Request<'a, N> {
     /// The default service of the listener the request came in on.
     pub default_service: Option<&'a str>,
     /// The registered services, by name.
-    pub services: &'a HashMap<String, Arc<dyn Service>>,
+    pub services: &'a HashMap<String, Arc<dyn Service<T>>>,
     /// The peer's address, when the CM knows it.
     pub peer: Option<IpAddr>,
     /// Most connections one peer address may hold (0: no limit).
@@ -47,10 +48,10 @@ pub(crate) struct Request<'a, N> {
 }
 
 /// An admitted request: what the CM actor builds the connection from.
-pub(crate) struct Admitted<N, S> {
+pub(crate) struct Admitted<N, S, T: Transport = Verbs> {
     pub node: N,
     pub service_name: String,
-    pub service: Arc<dyn Service>,
+    pub service: Arc<dyn Service<T>>,
     pub framing: Framing,
     /// The client's credits and receive buffer size, from its hello (`None`: a plain
     /// client, which sent none).
@@ -63,10 +64,10 @@ pub(crate) struct Admitted<N, S> {
 /// budget (shared with the out-of-band ports, so it is taken, not read): called once,
 /// and only when the checks before it passed; a later refusal gives the slot back as it
 /// drops.
-pub(crate) fn decide<N, S>(
-    req: Request<'_, N>,
+pub(crate) fn decide<N, S, T: Transport>(
+    req: Request<'_, N, T>,
     take_slot: impl FnOnce() -> Result<S, BudgetFull>,
-) -> Result<Admitted<N, S>, Reject> {
+) -> Result<Admitted<N, S, T>, Reject> {
     if req.shutting_down {
         return Err(Reject::new(
             RejectCode::ShuttingDown,

@@ -33,12 +33,12 @@ use super::recovery::{self, OobReleased, Recovery, Relisten};
 use super::service::{Framing, PeerInfo, Service};
 use super::CloseReason;
 use crate::proto::hello::{Reject, RejectCode, Welcome};
-use crate::verbs::{CmEvent, CmEventKind, CmId, CmIdKey, EventChannel};
+use crate::transport::{CmEvent, CmEventKind, CmId, EventChannel, Transport, Verbs};
 
-pub(crate) type Services = Arc<HashMap<String, Arc<dyn Service>>>;
+pub(crate) type Services<T = Verbs> = Arc<HashMap<String, Arc<dyn Service<T>>>>;
 
-struct Listening {
-    _id: CmId,
+struct Listening<T: Transport> {
+    _id: T::CmId,
     default_service: Option<String>,
 }
 
@@ -70,22 +70,22 @@ pub(crate) struct NodeStats {
     pub shared_recv_buffers: usize,
 }
 
-pub(crate) struct CmActor {
+pub(crate) struct CmActor<T: Transport = Verbs> {
     /// The device's resources, and what became of them (see `recovery.rs`).
-    recovery: Recovery,
+    recovery: Recovery<T>,
     /// The node's configuration, kept for timeouts while the device is absent.
     config: super::config::NodeConfig,
-    channel: EventChannel,
+    channel: T::EventChannel,
     stop: Arc<AtomicBool>,
-    listeners: HashMap<CmIdKey, Listening>,
-    services: Services,
+    listeners: HashMap<T::CmIdKey, Listening<T>>,
+    services: Services<T>,
     /// Every connection, passive and active, with the peer address a passive one is
     /// counted under in `per_peer`.
-    conns: ConnSet<Option<IpAddr>>,
+    conns: ConnSet<Option<IpAddr>, T::CmIdKey>,
     /// Passive connections accepted but not yet established.
-    handshaking: Handshakes,
+    handshaking: Handshakes<T::CmIdKey>,
     /// Active connects under way.
-    dialing: Dialing,
+    dialing: Dialing<T>,
     /// The server's connection limit, shared with its out-of-band ports.
     budget: QpBudget,
     /// Most accepted connections one peer address may hold (0: no limit), so that one
@@ -98,11 +98,11 @@ pub(crate) struct CmActor {
     counters: CmCounters,
 }
 
-impl CmActor {
+impl<T: Transport> CmActor<T> {
     pub fn new(
-        node: Arc<Node>,
-        channel: EventChannel,
-        services: Services,
+        node: Arc<Node<T>>,
+        channel: T::EventChannel,
+        services: Services<T>,
         budget: QpBudget,
         max_per_peer: usize,
     ) -> Self {
@@ -126,12 +126,12 @@ impl CmActor {
 
     /// Makes this a server's actor: it watches the device's async events and, when the
     /// device goes, serves again on `relisten` once it is back.
-    pub fn serve_again(&mut self, relisten: Relisten) {
+    pub fn serve_again(&mut self, relisten: Relisten<T>) {
         self.recovery.serve_again(relisten);
     }
 
     /// Adds a bound, listening id (created on this actor's channel).
-    pub fn add_listener(&mut self, id: CmId, default_service: Option<String>) {
+    pub fn add_listener(&mut self, id: T::CmId, default_service: Option<String>) {
         self.listeners.insert(
             id.key(),
             Listening {
@@ -141,7 +141,7 @@ impl CmActor {
         );
     }
 
-    fn reject(&mut self, id: &CmId, reject: Reject) {
+    fn reject(&mut self, id: &T::CmId, reject: Reject) {
         self.counters.rejected += 1;
         crate::metrics::rejected(reject.code);
         tracing::info!(peer = ?id.peer_addr(), reason = %reject, "rejecting connection");
@@ -152,20 +152,20 @@ impl CmActor {
 
     /// Gathers the facts of a connect request, has [`admission::decide`] decide, and
     /// applies the decision: the connection prepared and started, or the reject sent.
-    fn on_connect_request(&mut self, mut ev: CmEvent, ctx: &mut Context<Self>) {
+    fn on_connect_request(&mut self, mut ev: T::CmEvent, ctx: &mut Context<Self>) {
         let begun = Instant::now();
         let Some(id) = ev.take_request() else {
             return;
         };
         let default = ev
-            .listen_id
+            .listen_id()
             .and_then(|k| self.listeners.get(&k))
             .and_then(|l| l.default_service.as_deref());
         let peer_ip = id.peer_addr().map(|a| a.ip());
         let request = admission::Request {
             shutting_down: self.shutting_down,
             node: self.recovery.node().cloned(),
-            private_data: &ev.private_data,
+            private_data: ev.private_data(),
             default_service: default,
             services: &self.services,
             peer: peer_ip,
@@ -234,8 +234,8 @@ impl CmActor {
         // The actor accepts once it has registered with its poller (see `Handshake`).
         let handshake = Handshake::Accept(CmCall {
             private_data,
-            responder_resources: ev.initiator_depth.clamp(1, 16),
-            initiator_depth: ev.responder_resources.clamp(1, 16),
+            responder_resources: ev.initiator_depth().clamp(1, 16),
+            initiator_depth: ev.responder_resources().clamp(1, 16),
             rnr_retry_count: node.config.connection.rnr_retry_count,
             retry_count: node.config.connection.retry_count,
             failed: ctx.address().recipient(),
@@ -265,17 +265,18 @@ impl CmActor {
         );
     }
 
-    fn on_event(&mut self, ev: CmEvent, ctx: &mut Context<Self>) {
-        if ev.kind == CmEventKind::ConnectRequest {
+    fn on_event(&mut self, ev: T::CmEvent, ctx: &mut Context<Self>) {
+        let key = ev.id();
+        if ev.kind() == CmEventKind::ConnectRequest {
             return self.on_connect_request(ev, ctx);
         }
-        if ev.kind == CmEventKind::DeviceRemoval {
+        if ev.kind() == CmEventKind::DeviceRemoval {
             // Every id on the device hears it; the first one starts the release. The
             // event is acknowledged first: destroying an id waits for its events' acks.
             drop(ev);
             return self.device_lost("removed (RDMA_CM_EVENT_DEVICE_REMOVAL)", ctx);
         }
-        if self.dialing.has(ev.id) {
+        if self.dialing.has(key) {
             let reports = Reports {
                 closed: ctx.address().recipient(),
                 failed: ctx.address().recipient(),
@@ -285,32 +286,32 @@ impl CmActor {
                 .dialing
                 .on_event(ev, node.as_deref(), reports, &mut self.conns);
         }
-        match ev.kind {
+        match ev.kind() {
             CmEventKind::Established => {
-                self.handshaking.done(ev.id);
+                self.handshaking.done(key);
                 self.conns
-                    .notify(ev.id, CmNotice::Established { peer: None })
+                    .notify(key, CmNotice::Established { peer: None })
             }
-            CmEventKind::Disconnected => self.conns.notify(ev.id, CmNotice::Disconnected),
+            CmEventKind::Disconnected => self.conns.notify(key, CmNotice::Disconnected),
             CmEventKind::TimewaitExit => {}
             CmEventKind::Unreachable => {
                 // The CM's own messages to the peer timed out: across a wire, a dead or
                 // cut-off peer, which is what the transport's RetryExceeded says too.
-                let why = format!("rdma_cm UNREACHABLE (status {})", ev.status);
+                let why = format!("rdma_cm UNREACHABLE (status {})", ev.status());
                 let reason = CloseReason::PeerUnreachable(why);
-                self.conns.notify(ev.id, CmNotice::Close(reason));
+                self.conns.notify(key, CmNotice::Close(reason));
             }
             kind @ (CmEventKind::ConnectError | CmEventKind::Rejected) => {
-                let why = format!("{kind:?} (status {})", ev.status);
+                let why = format!("{kind:?} (status {})", ev.status());
                 self.conns
-                    .notify(ev.id, CmNotice::Close(CloseReason::Verbs(why)));
+                    .notify(key, CmNotice::Close(CloseReason::Verbs(why)));
             }
             other => tracing::debug!(kind = ?other, "ignored rdma_cm event"),
         }
     }
 
     /// Calls `f` on every service, a panic caught and logged.
-    fn tell_services(&self, f: impl Fn(&dyn Service)) {
+    fn tell_services(&self, f: impl Fn(&dyn Service<T>)) {
         for (name, service) in self.services.iter() {
             let called = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&**service)));
             if let Err(payload) = called {
@@ -321,7 +322,7 @@ impl CmActor {
     }
 }
 
-impl Actor for CmActor {
+impl<T: Transport> Actor for CmActor<T> {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
@@ -367,12 +368,12 @@ impl Actor for CmActor {
 /// wait for this actor).
 #[derive(Message)]
 #[rtype(result = "()")]
-struct CmEventMsg(CmEvent, Instant);
+struct CmEventMsg<T: Transport>(T::CmEvent, Instant);
 
-impl Handler<CmEventMsg> for CmActor {
+impl<T: Transport> Handler<CmEventMsg<T>> for CmActor<T> {
     type Result = ();
-    fn handle(&mut self, msg: CmEventMsg, ctx: &mut Context<Self>) {
-        let (kind, begun) = (msg.0.kind, Instant::now());
+    fn handle(&mut self, msg: CmEventMsg<T>, ctx: &mut Context<Self>) {
+        let (kind, begun) = (msg.0.kind(), Instant::now());
         self.on_event(msg.0, ctx);
         tracing::debug!(
             target: "rdmactor::setup",
@@ -384,7 +385,7 @@ impl Handler<CmEventMsg> for CmActor {
     }
 }
 
-impl Handler<HandshakeTick> for CmActor {
+impl<T: Transport> Handler<HandshakeTick> for CmActor<T> {
     type Result = ();
     fn handle(&mut self, tick: HandshakeTick, _ctx: &mut Context<Self>) {
         let limit = self.config.connection.handshake_timeout;
@@ -395,9 +396,9 @@ impl Handler<HandshakeTick> for CmActor {
     }
 }
 
-impl Handler<ConnClosed> for CmActor {
+impl<T: Transport> Handler<ConnClosed<T::CmIdKey>> for CmActor<T> {
     type Result = ();
-    fn handle(&mut self, msg: ConnClosed, _ctx: &mut Context<Self>) {
+    fn handle(&mut self, msg: ConnClosed<T::CmIdKey>, _ctx: &mut Context<Self>) {
         if let Some(Some(ip)) = self.conns.release(msg.key) {
             self.per_peer.remove(ip);
         }
@@ -408,9 +409,9 @@ impl Handler<ConnClosed> for CmActor {
     }
 }
 
-impl Handler<HandshakeFailed> for CmActor {
+impl<T: Transport> Handler<HandshakeFailed<T::CmIdKey>> for CmActor<T> {
     type Result = ();
-    fn handle(&mut self, msg: HandshakeFailed, _ctx: &mut Context<Self>) {
+    fn handle(&mut self, msg: HandshakeFailed<T::CmIdKey>, _ctx: &mut Context<Self>) {
         if self.dialing.has(msg.key) {
             self.dialing.fail(msg.key, ConnectError::Verbs(msg.error));
         } else {
@@ -420,22 +421,19 @@ impl Handler<HandshakeFailed> for CmActor {
     }
 }
 
-impl Handler<Connect> for CmActor {
+impl<T: Transport> Handler<Connect<T>> for CmActor<T> {
     type Result = ();
-    fn handle(&mut self, msg: Connect, _ctx: &mut Context<Self>) {
+    fn handle(&mut self, msg: Connect<T>, _ctx: &mut Context<Self>) {
         if self.shutting_down {
             return msg.dialer.failed(ConnectError::ShuttingDown);
         }
-        if self.recovery.node().is_none() {
-            let gone = ConnectError::Resources("the RDMA device is gone".into());
-            return msg.dialer.failed(gone);
-        }
-        self.dialing.begin(&self.channel, msg);
+        let node = self.recovery.node().cloned();
+        self.dialing.begin(node.as_deref(), &self.channel, msg);
     }
 }
 
 /// Stops accepting, closes every connection, and answers once all are released.
-impl Handler<Drain> for CmActor {
+impl<T: Transport> Handler<Drain> for CmActor<T> {
     type Result = ();
     fn handle(&mut self, msg: Drain, _ctx: &mut Context<Self>) {
         self.shutting_down = true;
@@ -451,7 +449,7 @@ impl Handler<Drain> for CmActor {
 #[rtype(result = "()")]
 pub(crate) struct Stop;
 
-impl Handler<Stop> for CmActor {
+impl<T: Transport> Handler<Stop> for CmActor<T> {
     type Result = ();
     fn handle(&mut self, _msg: Stop, ctx: &mut Context<Self>) {
         self.stop.store(true, Ordering::Release);
@@ -467,7 +465,7 @@ impl Handler<Stop> for CmActor {
 #[rtype(result = "CmCounters")]
 pub(crate) struct GetCounters;
 
-impl Handler<GetCounters> for CmActor {
+impl<T: Transport> Handler<GetCounters> for CmActor<T> {
     type Result = MessageResult<GetCounters>;
     fn handle(&mut self, _msg: GetCounters, _ctx: &mut Context<Self>) -> Self::Result {
         let mut c = self.counters.clone();
@@ -489,25 +487,33 @@ impl Handler<GetCounters> for CmActor {
 }
 
 /// The node's protection domain, while the device serves.
-#[derive(Message)]
-#[rtype(result = "Option<crate::verbs::ProtectionDomain>")]
-pub(crate) struct GetPd;
+pub(crate) struct GetPd<T: Transport = Verbs>(std::marker::PhantomData<T>);
 
-impl Handler<GetPd> for CmActor {
-    type Result = Option<crate::verbs::ProtectionDomain>;
-    fn handle(&mut self, _msg: GetPd, _ctx: &mut Context<Self>) -> Self::Result {
+impl<T: Transport> GetPd<T> {
+    pub fn new() -> Self {
+        GetPd(std::marker::PhantomData)
+    }
+}
+
+impl<T: Transport> Message for GetPd<T> {
+    type Result = Option<T::Domain>;
+}
+
+impl<T: Transport> Handler<GetPd<T>> for CmActor<T> {
+    type Result = Option<T::Domain>;
+    fn handle(&mut self, _msg: GetPd<T>, _ctx: &mut Context<Self>) -> Self::Result {
         self.recovery.node().map(|n| n.pd.clone())
     }
 }
 
 /// Closes every connection of `cm`, waits until they released their resources, then
 /// stops the actor and its event thread (the end of a server's or client's life).
-pub(crate) async fn shut_down(cm: &Addr<CmActor>) {
+pub(crate) async fn shut_down<T: Transport>(cm: &Addr<CmActor<T>>) {
     conn_set::drain(cm).await;
     let _ = cm.send(Stop).await;
 }
 
-impl Handler<DeviceNotice> for CmActor {
+impl<T: Transport> Handler<DeviceNotice> for CmActor<T> {
     type Result = ();
     fn handle(&mut self, msg: DeviceNotice, ctx: &mut Context<Self>) {
         match msg {
@@ -525,7 +531,7 @@ impl Handler<DeviceNotice> for CmActor {
     }
 }
 
-impl Handler<OobReleased> for CmActor {
+impl<T: Transport> Handler<OobReleased> for CmActor<T> {
     type Result = ();
     fn handle(&mut self, _msg: OobReleased, _ctx: &mut Context<Self>) {
         self.recovery.oob_released();
@@ -535,7 +541,7 @@ impl Handler<OobReleased> for CmActor {
 
 /// The CM actor's part in losing the device and serving again (the order is in
 /// `recovery.rs`).
-impl CmActor {
+impl<T: Transport> CmActor<T> {
     /// The device was removed or failed (`how`): closes everything on it and waits for
     /// the connections to release before the node goes. Once per loss.
     fn device_lost(&mut self, how: &str, ctx: &mut Context<Self>) {
@@ -543,7 +549,7 @@ impl CmActor {
             return;
         };
         self.conns.close_all(&reason);
-        let mut ids: Vec<CmId> = self.listeners.drain().map(|(_, l)| l._id).collect();
+        let mut ids: Vec<T::CmId> = self.listeners.drain().map(|(_, l)| l._id).collect();
         let err = || ConnectError::Resources(reason.to_string());
         ids.extend(self.dialing.fail_all(&reason, err));
         recovery::destroy_ids(ids);

@@ -17,6 +17,7 @@ use tokio::sync::oneshot;
 use super::connection::{CmNotice, ConnectionActor, ConnectionParts};
 use super::service::Session;
 use super::CloseReason;
+use crate::transport::Transport;
 use crate::verbs::CmIdKey;
 
 struct Open<T> {
@@ -27,18 +28,19 @@ struct Open<T> {
     tag: T,
 }
 
-/// The open connections of one owner, by key, with the owner's `T` for each.
-pub(crate) struct ConnSet<T> {
-    open: HashMap<CmIdKey, Open<T>>,
+/// The open connections of one owner, by key `K` (a transport's cm_id key), with the
+/// owner's `T` for each.
+pub(crate) struct ConnSet<T, K = CmIdKey> {
+    open: HashMap<K, Open<T>>,
     /// The connection of each QP, for device events that name a QP (`device_watch.rs`).
-    qps: HashMap<u32, CmIdKey>,
+    qps: HashMap<u32, K>,
     /// Connections released since start.
     closed: u64,
     /// Answered once every connection has released (see [`ConnSet::drain`]).
     drained: Vec<oneshot::Sender<()>>,
 }
 
-impl<T> Default for ConnSet<T> {
+impl<T, K> Default for ConnSet<T, K> {
     fn default() -> Self {
         ConnSet {
             open: HashMap::new(),
@@ -49,14 +51,14 @@ impl<T> Default for ConnSet<T> {
     }
 }
 
-impl<T> ConnSet<T> {
+impl<T, K: Copy + Eq + std::hash::Hash + std::fmt::Debug> ConnSet<T, K> {
     /// Starts the connection's actor (see [`ConnectionActor::start`]) and keeps it, with
     /// `tag`, until it is released.
-    pub fn start<S: Session>(
+    pub fn start<S: Session<Tr>, Tr: Transport<CmIdKey = K>>(
         &mut self,
-        parts: ConnectionParts<S>,
+        parts: ConnectionParts<S, Tr>,
         tag: T,
-    ) -> Addr<ConnectionActor<S>> {
+    ) -> Addr<ConnectionActor<S, Tr>> {
         let (key, qp_num) = (parts.key, parts.core.qp_num());
         let addr = ConnectionActor::start(parts);
         self.insert(key, qp_num, addr.clone().recipient(), tag);
@@ -65,7 +67,7 @@ impl<T> ConnSet<T> {
 
     /// Keeps a connection started elsewhere (an active connect's, started by the side
     /// that dialled it) until it is released.
-    pub fn insert(&mut self, key: CmIdKey, qp_num: u32, conn: Recipient<CmNotice>, tag: T) {
+    pub fn insert(&mut self, key: K, qp_num: u32, conn: Recipient<CmNotice>, tag: T) {
         self.open.insert(key, Open { conn, qp_num, tag });
         self.qps.insert(qp_num, key);
     }
@@ -85,12 +87,12 @@ impl<T> ConnSet<T> {
     }
 
     /// The connection of the QP `qp_num`, if one has it.
-    pub fn by_qp(&self, qp_num: u32) -> Option<CmIdKey> {
+    pub fn by_qp(&self, qp_num: u32) -> Option<K> {
         self.qps.get(&qp_num).copied()
     }
 
     /// Tells connection `key` of `notice` (logged when it is gone already).
-    pub fn notify(&self, key: CmIdKey, notice: CmNotice) {
+    pub fn notify(&self, key: K, notice: CmNotice) {
         match self.open.get(&key) {
             Some(open) => open.conn.do_send(notice),
             None => tracing::debug!(?notice, "event for a connection already gone"),
@@ -111,7 +113,7 @@ impl<T> ConnSet<T> {
 
     /// Connection `key` has released everything: forgets it and hands back its tag
     /// (`None`: not one of this set's). Then [`answer_if_drained`](Self::answer_if_drained).
-    pub fn release(&mut self, key: CmIdKey) -> Option<T> {
+    pub fn release(&mut self, key: K) -> Option<T> {
         let open = self.open.remove(&key)?;
         self.closed += 1;
         // rxe reuses QP numbers: only if it still names this connection.

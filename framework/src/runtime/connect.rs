@@ -21,7 +21,7 @@ use super::node::Node;
 use super::service::Framing;
 use super::CloseReason;
 use crate::proto::hello::{Hello, Reject, Welcome, PROTOCOL_VERSION};
-use crate::verbs::{CmEvent, CmEventKind, CmId, CmIdKey, EventChannel};
+use crate::transport::{CmEvent, CmEventKind, CmId, Domain, Transport, Verbs};
 
 /// Time allowed for address and route resolution.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -61,10 +61,10 @@ pub enum ConnectError {
 
 /// The side that asked for an active connection: it makes the connection's session and
 /// hears how the connect ended. Exactly one of `established` and `failed` is called.
-pub(crate) trait Dialer: Send + 'static {
+pub(crate) trait Dialer<T: Transport = Verbs>: Send + 'static {
     /// Starts the connection's actor on `parts` with a session of its own (see
     /// [`with_session`]); returns where the CM actor's notices for it go.
-    fn start(&mut self, parts: ConnectionParts<()>) -> Recipient<CmNotice>;
+    fn start(&mut self, parts: ConnectionParts<(), T>) -> Recipient<CmNotice>;
 
     /// The connection is established (after `start`).
     fn established(self: Box<Self>);
@@ -74,7 +74,10 @@ pub(crate) trait Dialer: Send + 'static {
 }
 
 /// `parts` with the dialer's `session`.
-pub(crate) fn with_session<S>(parts: ConnectionParts<()>, session: S) -> ConnectionParts<S> {
+pub(crate) fn with_session<S, T: Transport>(
+    parts: ConnectionParts<(), T>,
+    session: S,
+) -> ConnectionParts<S, T> {
     ConnectionParts {
         session,
         core: parts.core,
@@ -89,26 +92,26 @@ pub(crate) fn with_session<S>(parts: ConnectionParts<()>, session: S) -> Connect
 /// Starts an active connection (client side).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub(crate) struct Connect {
+pub(crate) struct Connect<T: Transport = Verbs> {
     pub addr: SocketAddr,
     /// The local address to connect from (`None`: the route's).
     pub from: Option<IpAddr>,
     pub service: String,
-    pub dialer: Box<dyn Dialer>,
+    pub dialer: Box<dyn Dialer<T>>,
 }
 
-struct Connecting {
-    id: CmId,
+struct Connecting<T: Transport> {
+    id: T::CmId,
     service: String,
-    dialer: Box<dyn Dialer>,
+    dialer: Box<dyn Dialer<T>>,
     /// The connection, once started (route resolved).
     conn: Option<Recipient<CmNotice>>,
 }
 
-impl Connecting {
+impl<T: Transport> Connecting<T> {
     /// Ends the connect: the connection (if started) closes for `close`, the dialer
     /// hears `err`. The cm_id is handed back, to be destroyed by the caller.
-    fn fail(self, close: CloseReason, err: ConnectError) -> CmId {
+    fn fail(self, close: CloseReason, err: ConnectError) -> T::CmId {
         if let Some(conn) = &self.conn {
             conn.do_send(CmNotice::Close(close));
         }
@@ -118,26 +121,38 @@ impl Connecting {
 }
 
 /// Where a started connection reports to: the CM actor.
-pub(crate) struct Reports {
-    pub closed: Recipient<ConnClosed>,
-    pub failed: Recipient<HandshakeFailed>,
+pub(crate) struct Reports<T: Transport = Verbs> {
+    pub closed: Recipient<ConnClosed<T::CmIdKey>>,
+    pub failed: Recipient<HandshakeFailed<T::CmIdKey>>,
 }
 
 /// The active connects under way, by cm_id.
-#[derive(Default)]
-pub(crate) struct Dialing {
-    connecting: HashMap<CmIdKey, Connecting>,
+pub(crate) struct Dialing<T: Transport = Verbs> {
+    connecting: HashMap<T::CmIdKey, Connecting<T>>,
 }
 
-impl Dialing {
+impl<T: Transport> Default for Dialing<T> {
+    fn default() -> Self {
+        Dialing {
+            connecting: HashMap::new(),
+        }
+    }
+}
+
+impl<T: Transport> Dialing<T> {
     /// Whether the event's id is one of ours.
-    pub fn has(&self, key: CmIdKey) -> bool {
+    pub fn has(&self, key: T::CmIdKey) -> bool {
         self.connecting.contains_key(&key)
     }
 
-    /// Starts resolving `msg.addr` on a new id of `channel`; a failure is answered now.
-    pub fn begin(&mut self, channel: &EventChannel, msg: Connect) {
-        let id = match CmId::new(channel) {
+    /// Starts resolving `msg.addr` on a new id of `channel`, made on `node`'s device
+    /// (`None`: the device is gone); a failure is answered now.
+    pub fn begin(&mut self, node: Option<&Node<T>>, channel: &T::EventChannel, msg: Connect<T>) {
+        let Some(node) = node else {
+            let gone = ConnectError::Resources("the RDMA device is gone".into());
+            return msg.dialer.failed(gone);
+        };
+        let id = match node.pd.create_id(channel) {
             Ok(id) => id,
             Err(e) => return msg.dialer.failed(ConnectError::Verbs(e.to_string())),
         };
@@ -157,7 +172,7 @@ impl Dialing {
     }
 
     /// Ends connect `key` with `err` (its connection, if started, closes with it).
-    pub fn fail(&mut self, key: CmIdKey, err: ConnectError) {
+    pub fn fail(&mut self, key: T::CmIdKey, err: ConnectError) {
         if let Some(c) = self.connecting.remove(&key) {
             drop(c.fail(CloseReason::Local(err.to_string()), err));
         }
@@ -165,7 +180,11 @@ impl Dialing {
 
     /// Ends every connect: started connections close for `close`, dialers hear what
     /// `err` makes. The ids are handed back, to be destroyed by the caller.
-    pub fn fail_all(&mut self, close: &CloseReason, err: impl Fn() -> ConnectError) -> Vec<CmId> {
+    pub fn fail_all(
+        &mut self,
+        close: &CloseReason,
+        err: impl Fn() -> ConnectError,
+    ) -> Vec<T::CmId> {
         self.connecting
             .drain()
             .map(|(_, c)| c.fail(close.clone(), err()))
@@ -174,15 +193,15 @@ impl Dialing {
 
     /// An event of one of our ids. A connection started on a resolved route joins
     /// `conns`; `node` is the node while the device serves.
-    pub fn on_event<T: Default>(
+    pub fn on_event<G: Default>(
         &mut self,
-        ev: CmEvent,
-        node: Option<&Node>,
-        reports: Reports,
-        conns: &mut ConnSet<T>,
+        ev: T::CmEvent,
+        node: Option<&Node<T>>,
+        reports: Reports<T>,
+        conns: &mut ConnSet<G, T::CmIdKey>,
     ) {
-        let key = ev.id;
-        match ev.kind {
+        let key = ev.id();
+        match ev.kind() {
             CmEventKind::AddrResolved => {
                 let c = &self.connecting[&key];
                 if let Err(e) = c.id.resolve_route(RESOLVE_TIMEOUT) {
@@ -191,7 +210,7 @@ impl Dialing {
             }
             CmEventKind::RouteResolved => self.on_route_resolved(key, node, reports, conns),
             CmEventKind::Established => {
-                let depth = Welcome::decode(&ev.private_data).map(|w| (w.advert(), w.recv_size));
+                let depth = Welcome::decode(ev.private_data()).map(|w| (w.advert(), w.recv_size));
                 let Some(c) = self.connecting.remove(&key) else {
                     return;
                 };
@@ -207,28 +226,28 @@ impl Dialing {
                 c.dialer.established();
             }
             CmEventKind::Rejected => {
-                let err = match Reject::decode(&ev.private_data) {
+                let err = match Reject::decode(ev.private_data()) {
                     Some(r) => ConnectError::Rejected(r),
-                    None => ConnectError::RejectedByTransport(ev.status),
+                    None => ConnectError::RejectedByTransport(ev.status()),
                 };
                 self.fail(key, err);
             }
             kind => {
                 let err = ConnectError::Failed {
                     event: format!("{kind:?}"),
-                    status: ev.status,
+                    status: ev.status(),
                 };
                 self.fail(key, err);
             }
         }
     }
 
-    fn on_route_resolved<T: Default>(
+    fn on_route_resolved<G: Default>(
         &mut self,
-        key: CmIdKey,
-        node: Option<&Node>,
-        reports: Reports,
-        conns: &mut ConnSet<T>,
+        key: T::CmIdKey,
+        node: Option<&Node<T>>,
+        reports: Reports<T>,
+        conns: &mut ConnSet<G, T::CmIdKey>,
     ) {
         let Some(c) = self.connecting.get_mut(&key) else {
             return;
@@ -283,7 +302,7 @@ impl Dialing {
             handshake,
             handed_over: Instant::now(),
         });
-        conns.insert(key, qp_num, conn.clone(), T::default());
+        conns.insert(key, qp_num, conn.clone(), G::default());
         c.conn = Some(conn);
     }
 }

@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use actix::{Message, Recipient};
 
-use crate::verbs::{AsyncElement, AsyncEvent, AsyncEventKind, Context};
+use crate::transport::{Domain, Transport};
+use crate::verbs::{AsyncElement, AsyncEvent, AsyncEventKind};
 
 /// What the CM actor is told (it knows which connection owns which QP).
 #[derive(Debug, Clone, Copy, Message)]
@@ -69,17 +70,23 @@ fn handle(device: &str, ev: &AsyncEvent, cm: &Recipient<DeviceNotice>) {
     }
 }
 
-/// Starts reading `ctx`'s events for the CM actor `cm`.
+/// Starts reading the events of `pd`'s device for the CM actor `cm`; `None` when the
+/// transport has none to give (loopback).
 ///
 /// # Errors
 ///
 /// The event descriptor cannot be made non-blocking, or the thread cannot start.
-pub(crate) fn start(ctx: &Context, cm: Recipient<DeviceNotice>) -> std::io::Result<DeviceWatch> {
-    ctx.watch_async_events().map_err(std::io::Error::other)?;
+pub(crate) fn start<T: Transport>(
+    pd: &T::Domain,
+    cm: Recipient<DeviceNotice>,
+) -> std::io::Result<Option<DeviceWatch>> {
+    if !pd.watch_async_events().map_err(std::io::Error::other)? {
+        return Ok(None);
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
-    let ctx = ctx.clone();
-    let device = ctx.name().to_owned();
+    let ctx = pd.clone();
+    let device = ctx.device_name().to_owned();
     std::thread::Builder::new()
         .name("rdmactor-async".into())
         .spawn(move || {
@@ -94,7 +101,7 @@ pub(crate) fn start(ctx: &Context, cm: Recipient<DeviceNotice>) -> std::io::Resu
                 }
             }
         })?;
-    Ok(DeviceWatch { stop })
+    Ok(Some(DeviceWatch { stop }))
 }
 
 #[cfg(test)]

@@ -23,24 +23,30 @@ pub(crate) const HANDSHAKE_TICK: Duration = Duration::from_secs(1);
 pub(crate) struct HandshakeTick(pub Instant);
 
 /// The accepted connections still handshaking, with when each was accepted.
-#[derive(Debug, Default)]
-pub(crate) struct Handshakes(HashMap<CmIdKey, Instant>);
+#[derive(Debug)]
+pub(crate) struct Handshakes<K = CmIdKey>(HashMap<K, Instant>);
 
-impl Handshakes {
+impl<K> Default for Handshakes<K> {
+    fn default() -> Self {
+        Handshakes(HashMap::new())
+    }
+}
+
+impl<K: Copy + Eq + std::hash::Hash> Handshakes<K> {
     /// Connection `key` was accepted `at`.
-    pub fn begin(&mut self, key: CmIdKey, at: Instant) {
+    pub fn begin(&mut self, key: K, at: Instant) {
         self.0.insert(key, at);
     }
 
     /// Connection `key` is established, or gone.
-    pub fn done(&mut self, key: CmIdKey) {
+    pub fn done(&mut self, key: K) {
         self.0.remove(&key);
     }
 
     /// The connections accepted `limit` or longer before `tick`, forgotten here: the
     /// caller closes them.
-    pub fn expired(&mut self, tick: Instant, limit: Duration) -> Vec<CmIdKey> {
-        let expired: Vec<CmIdKey> = self
+    pub fn expired(&mut self, tick: Instant, limit: Duration) -> Vec<K> {
+        let expired: Vec<K> = self
             .0
             .iter()
             .filter(|(_, &at)| tick.saturating_duration_since(at) >= limit)

@@ -1,5 +1,5 @@
 //! Device-level resources a server or client shares among all its connections: one
-//! context, one PD, the registered-memory pool, the poller threads.
+//! device and its PD, the registered-memory pool, the poller threads.
 
 use std::sync::Arc;
 
@@ -10,45 +10,48 @@ use super::recv_groups::{RecvGroups, ReserveStats};
 use super::service::Framing;
 use crate::memory::{MrPool, PoolStats};
 use crate::proto::credits::{Advert, CreditWindow};
-use crate::verbs::{CmId, Context, ProtectionDomain, QpCaps, Result, VerbsError};
+use crate::transport::{Access, CmId, Domain, QpCaps, Transport, Verbs};
 
-pub(crate) struct Node {
-    pub ctx: Context,
-    pub pd: ProtectionDomain,
-    pub pool: MrPool,
-    pub config: NodeConfig,
-    pollers: Pollers,
+pub(crate) struct Node<T: Transport = Verbs> {
+    // Field order is drop order: the queues and pollers before the pool, the pool
+    // before the PD its memory is registered on.
     /// Shared receive queues of framed connections (`None`: a queue per connection).
-    recv_groups: Option<RecvGroups>,
+    recv_groups: Option<RecvGroups<T>>,
+    pollers: Pollers<T>,
+    pub pool: MrPool<T>,
+    pub pd: T::Domain,
+    pub config: NodeConfig,
 }
 
 /// Logs the locked-memory limit and registers (then frees) one pool arena, so that a
 /// limit too small to serve anything stops the node at start with
-/// [`VerbsError::Memlock`] naming it, rather than failing every connection later. A
-/// limit that allows the probe but not the whole pool is named by each registration
-/// it refuses.
-fn check_memlock(pd: &ProtectionDomain, arena_bytes: usize) -> Result<()> {
-    match crate::verbs::memlock_limit() {
-        None => tracing::info!("RLIMIT_MEMLOCK is unlimited"),
+/// [`VerbsError::Memlock`](crate::verbs::VerbsError::Memlock) naming it, rather than
+/// failing every connection later. A limit that allows the probe but not the whole
+/// pool is named by each registration it refuses.
+fn check_memlock<T: Transport>(pd: &T::Domain, arena_bytes: usize) -> Result<(), T::Error> {
+    match T::memlock_limit() {
+        None => tracing::debug!("no locked-memory limit applies"),
         Some(limit) => tracing::info!(
             limit_bytes = limit,
             "RLIMIT_MEMLOCK (ulimit -l) applies to registered memory unless the process holds CAP_IPC_LOCK"
         ),
     }
-    crate::verbs::MemoryRegion::register(
-        pd,
-        arena_bytes.max(4096),
-        crate::verbs::Access::LOCAL_WRITE,
-    )
-    .map(drop)
+    pd.register(arena_bytes.max(4096), Access::LOCAL_WRITE)
+        .map(drop)
 }
 
-impl Node {
-    /// Opens the device and starts the pollers. Must run inside an actix System.
-    pub fn start(config: NodeConfig) -> Result<Arc<Node>> {
-        let ctx = Context::open(config.transport.device.as_deref())?;
-        let pd = ProtectionDomain::new(&ctx)?;
-        check_memlock(&pd, config.pool.arena_bytes)?;
+impl<T: Transport> Node<T> {
+    /// Opens the configured device and starts the pollers. Must run inside an actix
+    /// System.
+    pub fn start(config: NodeConfig) -> Result<Arc<Node<T>>, T::Error> {
+        let pd = T::open(config.transport.device.as_deref())?;
+        Node::start_on(pd, config)
+    }
+
+    /// Serves on `pd`, a device already open (a loopback device of a test's own
+    /// fabric, say), and starts the pollers.
+    pub fn start_on(pd: T::Domain, config: NodeConfig) -> Result<Arc<Node<T>>, T::Error> {
+        check_memlock::<T>(&pd, config.pool.arena_bytes)?;
         let pool = MrPool::registered(&pd, config.pool.clone());
         let pollers = Pollers::start(
             &pd,
@@ -62,12 +65,11 @@ impl Node {
             .clone()
             .map(|cfg| RecvGroups::new(&pd, &pool, cfg, config.receives.size as usize));
         Ok(Arc::new(Node {
-            ctx,
-            pd,
-            pool,
-            config,
-            pollers,
             recv_groups,
+            pollers,
+            pool,
+            pd,
+            config,
         }))
     }
 
@@ -83,15 +85,15 @@ impl Node {
     /// receive buffers from the pool, all receives posted (before the QP reaches RTR).
     pub fn prepare(
         &self,
-        id: &CmId,
+        id: &T::CmId,
         framing: Framing,
         peer: Option<Advert>,
-    ) -> std::result::Result<Core, String> {
-        if !id.is_on(&self.ctx) {
+    ) -> std::result::Result<Core<T>, String> {
+        if !id.is_on(&self.pd) {
             return Err(format!(
                 "the connection routes through {:?}, this node serves {}",
                 id.device_name(),
-                self.ctx.name()
+                self.pd.device_name()
             ));
         }
         let cfg = &self.config;
@@ -139,10 +141,10 @@ impl Node {
                 caps,
                 shared.as_ref().map(|(recv, _)| recv.queue()),
             )
-            .map_err(|e: VerbsError| e.to_string())?;
+            .map_err(|e| e.to_string())?;
         // Before connect/accept: applied when rdma_cm moves the QP to RTS.
         id.set_ack_timeout(cfg.connection.ack_timeout)
-            .map_err(|e: VerbsError| e.to_string())?;
+            .map_err(|e| e.to_string())?;
         let recv = match &shared {
             Some(_) => Vec::new(),
             None => (0..depth)
@@ -181,7 +183,7 @@ impl Node {
     pub fn reserve_cq(
         &self,
         entries: u32,
-    ) -> std::result::Result<super::poller::CqReservation, super::poller::ReserveError> {
+    ) -> std::result::Result<super::poller::CqReservation<T>, super::poller::ReserveError> {
         self.pollers.reserve(entries)
     }
 

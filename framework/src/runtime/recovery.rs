@@ -33,7 +33,7 @@ use super::config::NodeConfig;
 use super::device_watch::{DeviceNotice, DeviceWatch};
 use super::node::Node;
 use super::CloseReason;
-use crate::verbs::{CmId, EventChannel, ListedDevice, ProtectionDomain};
+use crate::transport::{CmId, Domain, ListedDevice, Transport, Verbs};
 
 /// How often an absent device is looked for.
 pub(crate) const POLL: Duration = Duration::from_millis(500);
@@ -62,18 +62,18 @@ pub(crate) fn returned<'a>(
 }
 
 /// What a server needs to serve again on a device that came back.
-pub(crate) struct Relisten {
+pub(crate) struct Relisten<T: Transport = Verbs> {
     pub config: NodeConfig,
     /// The bound addresses (a port 0 given to the builder resolved) and their default
     /// services, in the builder's order.
     pub listeners: Vec<(SocketAddr, Option<String>)>,
-    pub oob: Vec<OobLink>,
+    pub oob: Vec<OobLink<T>>,
 }
 
 /// How the CM actor reaches an out-of-band listener when the device goes and comes back.
-pub(crate) struct OobLink {
+pub(crate) struct OobLink<T: Transport = Verbs> {
     pub gone: Recipient<OobDeviceGone>,
-    pub back: Recipient<OobDeviceBack>,
+    pub back: Recipient<OobDeviceBack<T>>,
 }
 
 /// To an out-of-band listener: the device went (`reason`); close every connection,
@@ -88,7 +88,7 @@ pub(crate) struct OobDeviceGone {
 /// To an out-of-band listener: the device is back; serve on this node.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub(crate) struct OobDeviceBack(pub Arc<Node>);
+pub(crate) struct OobDeviceBack<T: Transport = Verbs>(pub Arc<Node<T>>);
 
 /// To the CM actor: an out-of-band listener has closed its connections after the device
 /// went and let go of the node (`OobDeviceGone`).
@@ -98,16 +98,16 @@ pub(crate) struct OobReleased;
 
 /// The CM actor's hold on the device. The only long-lived owner of the node: connections
 /// hold clones of its parts (PD, pool, CQ share) only while they live.
-pub(crate) enum DeviceSlot {
+pub(crate) enum DeviceSlot<T: Transport = Verbs> {
     /// Serving; `watch` reads the device's async events (servers only).
     Present {
-        node: Arc<Node>,
+        node: Arc<Node<T>>,
         watch: Option<DeviceWatch>,
     },
     /// Lost since `since`; the node is kept until every connection has released
     /// (`oob_pending`: out-of-band listeners that have not yet said so).
     Releasing {
-        node: Arc<Node>,
+        node: Arc<Node<T>>,
         gone: GoneDevice,
         since: Instant,
         oob_pending: usize,
@@ -121,9 +121,9 @@ pub(crate) enum DeviceSlot {
     },
 }
 
-impl DeviceSlot {
+impl<T: Transport> DeviceSlot<T> {
     /// The node, while the device serves.
-    pub fn node(&self) -> Option<&Arc<Node>> {
+    pub fn node(&self) -> Option<&Arc<Node<T>>> {
         match self {
             DeviceSlot::Present { node, .. } => Some(node),
             _ => None,
@@ -131,7 +131,7 @@ impl DeviceSlot {
     }
 
     /// The node, present or releasing (its counters stay meaningful until it is dropped).
-    pub fn any_node(&self) -> Option<&Arc<Node>> {
+    pub fn any_node(&self) -> Option<&Arc<Node<T>>> {
         match self {
             DeviceSlot::Present { node, .. } | DeviceSlot::Releasing { node, .. } => Some(node),
             DeviceSlot::Absent { .. } => None,
@@ -140,27 +140,27 @@ impl DeviceSlot {
 }
 
 /// The device as the CM actor holds it, and how it gets back a lost one.
-pub(crate) struct Recovery {
-    device: DeviceSlot,
+pub(crate) struct Recovery<T: Transport = Verbs> {
+    device: DeviceSlot<T>,
     /// How a server serves again once its device is back (`None`: a client's actor,
     /// which closes its connections when the device goes and serves no more).
-    relisten: Option<Relisten>,
+    relisten: Option<Relisten<T>>,
     /// Times the device was lost (removed or failed).
     losses: u64,
 }
 
 /// A server's device that came back: what the CM actor listens on, and the new PD for
 /// its services.
-pub(crate) struct Back {
-    pub listening: Vec<(CmId, Option<String>)>,
-    pub pd: ProtectionDomain,
+pub(crate) struct Back<T: Transport = Verbs> {
+    pub listening: Vec<(T::CmId, Option<String>)>,
+    pub pd: T::Domain,
     /// Since when the device was absent.
     pub since: Instant,
 }
 
-impl Recovery {
+impl<T: Transport> Recovery<T> {
     /// The device serves `node`.
-    pub fn new(node: Arc<Node>) -> Recovery {
+    pub fn new(node: Arc<Node<T>>) -> Recovery<T> {
         Recovery {
             device: DeviceSlot::Present { node, watch: None },
             relisten: None,
@@ -170,7 +170,7 @@ impl Recovery {
 
     /// Makes this a server's: it watches the device's async events and, when the device
     /// goes, serves again on `relisten` once it is back.
-    pub fn serve_again(&mut self, relisten: Relisten) {
+    pub fn serve_again(&mut self, relisten: Relisten<T>) {
         self.relisten = Some(relisten);
     }
 
@@ -180,12 +180,12 @@ impl Recovery {
     }
 
     /// The node, while the device serves.
-    pub fn node(&self) -> Option<&Arc<Node>> {
+    pub fn node(&self) -> Option<&Arc<Node<T>>> {
         self.device.node()
     }
 
     /// The node, present or releasing.
-    pub fn any_node(&self) -> Option<&Arc<Node>> {
+    pub fn any_node(&self) -> Option<&Arc<Node<T>>> {
         self.device.any_node()
     }
 
@@ -197,10 +197,10 @@ impl Recovery {
     /// Starts reading the present device's async events (servers), told to `to`.
     pub fn start_watch(&mut self, to: Recipient<DeviceNotice>) {
         if let DeviceSlot::Present { node, watch } = &mut self.device {
-            match super::device_watch::start(&node.ctx, to) {
-                Ok(w) => *watch = Some(w),
+            match super::device_watch::start::<T>(&node.pd, to) {
+                Ok(w) => *watch = w,
                 Err(e) => {
-                    tracing::error!(device = %node.ctx.name(), error = %e, "cannot watch the device's events")
+                    tracing::error!(device = %node.pd.device_name(), error = %e, "cannot watch the device's events")
                 }
             }
         }
@@ -226,8 +226,8 @@ impl Recovery {
         drop(watch);
         self.losses += 1;
         let gone = GoneDevice {
-            name: node.ctx.name().to_owned(),
-            index: node.ctx.index(),
+            name: node.pd.device_name().to_owned(),
+            index: node.pd.device_index(),
         };
         let reason = CloseReason::DeviceLost(format!("RDMA device {} {how}", gone.name));
         let oob = self.relisten.as_ref().map_or(0, |r| r.oob.len());
@@ -328,14 +328,14 @@ impl Recovery {
         else {
             return None;
         };
-        let listed = match crate::verbs::Context::listed() {
+        let listed = match T::listed() {
             Ok(listed) => listed,
             Err(e) => {
                 // librdmacm compares its list with the kernel's only when the kernel lists
                 // some device; until then it keeps the removed one open, and the kernel's
                 // removal waits for it. Tried on every look: a PD an application still
                 // held may have gone since.
-                let released = crate::verbs::release_removed_devices();
+                let released = T::release_removed_devices();
                 match released {
                     Ok(n) if n > 0 => tracing::warn!(
                         device = %gone.name,
@@ -374,8 +374,8 @@ impl Recovery {
     pub fn serve_on(
         &mut self,
         device: &str,
-        channel: &EventChannel,
-    ) -> Result<Option<Back>, String> {
+        channel: &T::EventChannel,
+    ) -> Result<Option<Back<T>>, String> {
         let Some(relisten) = &self.relisten else {
             return Ok(None);
         };
@@ -385,10 +385,10 @@ impl Recovery {
         };
         let mut config = relisten.config.clone();
         config.transport.device = Some(device.to_owned());
-        let node = Node::start(config).map_err(|e| format!("opening the device: {e}"))?;
+        let node = Node::<T>::start(config).map_err(|e| format!("opening the device: {e}"))?;
         let mut listening = Vec::new();
         for (addr, default) in &relisten.listeners {
-            let id = CmId::new(channel).map_err(|e| e.to_string())?;
+            let id = node.pd.create_id(channel).map_err(|e| e.to_string())?;
             id.bind(*addr).map_err(|e| format!("binding {addr}: {e}"))?;
             id.listen(1024)
                 .map_err(|e| format!("listening on {addr}: {e}"))?;
@@ -433,7 +433,7 @@ impl Recovery {
 /// until its events are acknowledged, and events of these ids may be queued behind the
 /// removal for the CM actor that calls this: destroyed on a thread of their own, which
 /// waits for that actor to read them.
-pub(crate) fn destroy_ids(ids: Vec<CmId>) {
+pub(crate) fn destroy_ids<I: Send + 'static>(ids: Vec<I>) {
     if ids.is_empty() {
         return;
     }

@@ -321,7 +321,7 @@ impl Server {
     /// [`Service::on_device_up`](super::Service::on_device_up) and dropped in
     /// [`Service::on_device_down`](super::Service::on_device_down).
     pub async fn protection_domain(&self) -> Option<crate::verbs::ProtectionDomain> {
-        self.cm.send(GetPd).await.ok().flatten()
+        self.cm.send(GetPd::new()).await.ok().flatten()
     }
 
     /// Current counters.

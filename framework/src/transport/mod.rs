@@ -113,7 +113,7 @@ pub trait Transport: Sized + Send + Sync + 'static {
     /// A completion queue.
     type Cq: CompletionQueue<Self>;
     /// Which CQ a channel event was for.
-    type CqKey: Copy + Eq + Hash + fmt::Debug + Send + Sync;
+    type CqKey: Copy + Eq + Hash + fmt::Debug + Send + Sync + Unpin;
     /// A shared receive queue.
     type Srq: SharedReceiveQueue<Self>;
     /// A reliable-connected queue pair.
@@ -125,7 +125,7 @@ pub trait Transport: Sized + Send + Sync + 'static {
     /// A connection-manager id: one side of one connection, or a listener.
     type CmId: CmId<Self>;
     /// Which cm_id an event is about, for routing it to its connection.
-    type CmIdKey: Copy + Eq + Hash + Ord + fmt::Debug + Send + Sync + 'static;
+    type CmIdKey: Copy + Eq + Hash + Ord + fmt::Debug + Send + Sync + Unpin + 'static;
 
     /// Opens the device named `device` (the first one with `None`) with one protection
     /// domain: what a node serves on.
@@ -153,7 +153,7 @@ pub trait Transport: Sized + Send + Sync + 'static {
 
 /// A device and its protection domain: everything is created here, so that objects of
 /// one domain can reach each other's memory and nothing else can.
-pub trait Domain<T: Transport>: Clone + Send + Sync + fmt::Debug {
+pub trait Domain<T: Transport>: Unpin + Clone + Send + Sync + fmt::Debug {
     /// Registers `len` zeroed bytes with `access` (remote write or atomics imply local
     /// write, as the verbs wrapper does).
     fn register(&self, len: usize, access: Access) -> Result<T::Region, T::Error>;
@@ -201,7 +201,7 @@ pub trait Domain<T: Transport>: Clone + Send + Sync + fmt::Debug {
 /// slices, because a transport whose "NIC" is another thread of this process cannot
 /// hand out a `&[u8]` that the NIC may write underneath without a data race; the verbs
 /// transport implements them with one `copy_from_slice`.
-pub trait Region<T: Transport>: Send + Sync + fmt::Debug + Sized {
+pub trait Region<T: Transport>: Unpin + Send + Sync + fmt::Debug + Sized {
     /// Length in bytes.
     fn len(&self) -> usize;
     /// True for an empty region (never produced by `register`).
@@ -243,7 +243,7 @@ pub trait Region<T: Transport>: Send + Sync + fmt::Debug + Sized {
 }
 
 /// A type 2 memory window.
-pub trait Window: Send + Sync + fmt::Debug {
+pub trait Window: Unpin + Send + Sync + fmt::Debug {
     /// The rkey its next bind will give: known before the bind is posted, so a
     /// connection can write the frame that carries it while the bind waits in its queue
     /// (the post checks the bind gave exactly this).
@@ -252,7 +252,7 @@ pub trait Window: Send + Sync + fmt::Debug {
 
 /// A completion channel: one wake-up per armed CQ that got a completion, for a thread
 /// (`wait`) or for a task on the poller's tokio runtime (`waiter`, then `ready`).
-pub trait CompletionChannel<T: Transport>: Clone + Send + Sync {
+pub trait CompletionChannel<T: Transport>: Unpin + Clone + Send + Sync {
     /// What a task holds to await events without blocking its thread (verbs: the
     /// channel's fd registered with the reactor).
     type Waiter: Send + Sync;
@@ -270,7 +270,7 @@ pub trait CompletionChannel<T: Transport>: Clone + Send + Sync {
 }
 
 /// A completion queue.
-pub trait CompletionQueue<T: Transport>: Clone + Send + Sync + fmt::Debug {
+pub trait CompletionQueue<T: Transport>: Unpin + Clone + Send + Sync + fmt::Debug {
     /// Appends up to [`crate::verbs::POLL_BATCH`] completions to `out`; returns how many.
     fn poll(&self, out: &mut Vec<WorkCompletion>) -> Result<usize, T::Error>;
     /// Arms the CQ: the next completion (or next solicited or failed one) raises one
@@ -283,13 +283,13 @@ pub trait CompletionQueue<T: Transport>: Clone + Send + Sync + fmt::Debug {
 }
 
 /// A shared receive queue: receives that every QP created on it consumes from.
-pub trait SharedReceiveQueue<T: Transport>: Clone + Send + Sync + fmt::Debug {
+pub trait SharedReceiveQueue<T: Transport>: Unpin + Clone + Send + Sync + fmt::Debug {
     /// Posts receives; the buffers must stay registered until they complete.
     fn post_recv(&self, wrs: &[RecvWr<T::Sge<'_>>]) -> Result<(), T::Error>;
 }
 
 /// A reliable-connected queue pair.
-pub trait QueuePair<T: Transport>: Clone + Send + Sync + fmt::Debug {
+pub trait QueuePair<T: Transport>: Unpin + Clone + Send + Sync + fmt::Debug {
     /// The QP number: completions carry it, pollers route by it.
     fn qp_num(&self) -> u32;
     /// Posts one send-queue request.
@@ -318,7 +318,7 @@ pub trait QueuePair<T: Transport>: Clone + Send + Sync + fmt::Debug {
 }
 
 /// Where connection-manager events arrive.
-pub trait EventChannel<T: Transport>: Clone + Send + Sync {
+pub trait EventChannel<T: Transport>: Unpin + Clone + Send + Sync {
     /// The next event, waiting up to `timeout` (forever with `None`).
     fn next(&self, timeout: Option<Duration>) -> Result<Option<T::CmEvent>, T::Error>;
     /// The next event if one is ready.
@@ -326,7 +326,7 @@ pub trait EventChannel<T: Transport>: Clone + Send + Sync {
 }
 
 /// One connection-manager event, already acknowledged.
-pub trait CmEvent<T: Transport>: Send + fmt::Debug {
+pub trait CmEvent<T: Transport>: Unpin + Send + fmt::Debug {
     /// What happened.
     fn kind(&self) -> CmEventKind;
     /// For REJECTED the reject reason; for errors -errno.
@@ -340,13 +340,23 @@ pub trait CmEvent<T: Transport>: Send + fmt::Debug {
     fn private_data(&self) -> &[u8];
     /// For CONNECT_REQUEST: the new id, to create a QP on and accept or reject.
     fn take_request(&mut self) -> Option<T::CmId>;
+    /// For CONNECT_REQUEST: the READs the peer will have outstanding at us at once
+    /// (what our responder resources must cover).
+    fn initiator_depth(&self) -> u8 {
+        16
+    }
+    /// For CONNECT_REQUEST: the READs the peer can serve at once (what our initiator
+    /// depth may use).
+    fn responder_resources(&self) -> u8 {
+        16
+    }
 }
 
 /// A connection-manager id, with the calls the runtime makes on it, in the order it
 /// makes them: passive `bind` and `listen`; active `resolve_addr`, `resolve_route`,
 /// `create_qp`, `connect`; on a request `create_qp` then `accept` or `reject`; either
 /// side `disconnect`.
-pub trait CmId<T: Transport>: Clone + Send + Sync + fmt::Debug {
+pub trait CmId<T: Transport>: Unpin + Clone + Send + Sync + fmt::Debug {
     /// Routes events to this id's connection.
     fn key(&self) -> T::CmIdKey;
     /// Binds a listener's address.

@@ -308,6 +308,12 @@ impl super::CmEvent<Verbs> for v::CmEvent {
     fn take_request(&mut self) -> Option<v::CmId> {
         v::CmEvent::take_request(self)
     }
+    fn initiator_depth(&self) -> u8 {
+        self.initiator_depth
+    }
+    fn responder_resources(&self) -> u8 {
+        self.responder_resources
+    }
 }
 
 impl super::CmId<Verbs> for v::CmId {

@@ -273,10 +273,10 @@ pub(super) fn prepare(
     };
     let first = peers.first().ok_or("no QP described")?;
     let port = node
-        .ctx
+        .pd.context()
         .query_port(opts.ib_port)
         .map_err(|e| e.to_string())?;
-    let (sgid_index, local) = local_gid(&node.ctx, opts, first.gid)?;
+    let (sgid_index, local) = local_gid(node.pd.context(), opts, first.gid)?;
     let mut recv_size = recv_size as usize;
     if transport == OobTransport::Ud {
         recv_size += GRH_LEN;
