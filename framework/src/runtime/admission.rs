@@ -23,9 +23,9 @@ use std::sync::Arc;
 
 use super::budget::BudgetFull;
 use super::service::{Framing, Service};
-use crate::transport::{Transport, Verbs};
 use crate::proto::credits::{Advert, MIN_DEPTH};
 use crate::proto::hello::{Hello, Reject, RejectCode, PROTOCOL_VERSION};
+use crate::transport::{Transport, Verbs};
 
 /// The facts about one connect request, gathered by the CM actor.
 pub(crate) struct Request<'a, N, T: Transport = Verbs> {

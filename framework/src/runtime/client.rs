@@ -20,14 +20,14 @@ use super::handler::{Answer, CallError};
 use super::node::Node;
 use super::service::{Incoming, Session};
 use super::CloseReason;
-use crate::verbs::{
-    Access, EventChannel, MemoryRegion, ProtectionDomain, RemoteRegion, VerbsError,
-};
+use crate::transport::{Domain, Transport, Verbs};
+use crate::verbs::{Access, RemoteRegion, VerbsError};
 
-/// A client: device resources plus a CM actor for outgoing connections.
-pub struct Client {
-    node: Arc<Node>,
-    cm: Addr<CmActor>,
+/// A client: device resources plus a CM actor for outgoing connections, over the
+/// transport `T` ([`Client::start`] for verbs, [`Client::over`] for another).
+pub struct Client<T: Transport = Verbs> {
+    node: Arc<Node<T>>,
+    cm: Addr<CmActor<T>>,
 }
 
 /// Why a client could not start.
@@ -37,17 +37,56 @@ pub enum ClientError {
     /// Opening the device or the event channel failed.
     #[error(transparent)]
     Verbs(#[from] VerbsError),
+    /// The same, on a transport other than verbs.
+    #[error("transport: {0}")]
+    Transport(Box<dyn std::error::Error + Send + Sync>),
     /// The configuration is inconsistent ([`NodeConfig::validate`]).
     #[error("configuration: {0}")]
     Invalid(#[from] super::ConfigError),
 }
 
+impl ClientError {
+    /// A transport's error: verbs errors keep their own variant.
+    fn transport<E: std::error::Error + Send + Sync + 'static>(e: E) -> ClientError {
+        let boxed: Box<dyn std::error::Error + Send + Sync> = Box::new(e);
+        match boxed.downcast::<VerbsError>() {
+            Ok(verbs) => ClientError::Verbs(*verbs),
+            Err(other) => ClientError::Transport(other),
+        }
+    }
+}
+
 impl Client {
-    /// Opens the device and starts the client's actors. Must run inside an actix System.
+    /// Opens the configured RDMA device and starts the client's actors. Must run inside
+    /// an actix System.
     pub fn start(config: NodeConfig) -> Result<Client, ClientError> {
+        Client::over(Verbs, config)
+    }
+}
+
+impl<T: Transport> Client<T> {
+    /// [`start`](Client::start) over `transport` (`Client::over(Loopback, config)`: in
+    /// memory, reaching the servers of this process).
+    pub fn over(transport: T, config: NodeConfig) -> Result<Client<T>, ClientError> {
+        let _ = transport;
         config.validate()?;
-        let node = Node::start(config)?;
-        let channel = EventChannel::new()?;
+        let node = Node::<T>::start(config).map_err(ClientError::transport)?;
+        Client::with_node(node)
+    }
+
+    /// Starts on `domain`, a device the caller opened (a loopback device of a test's own
+    /// fabric, say).
+    pub fn on(domain: T::Domain, config: NodeConfig) -> Result<Client<T>, ClientError> {
+        config.validate()?;
+        let node = Node::<T>::start_on(domain, config).map_err(ClientError::transport)?;
+        Client::with_node(node)
+    }
+
+    fn with_node(node: Arc<Node<T>>) -> Result<Client<T>, ClientError> {
+        let channel = node
+            .pd
+            .create_event_channel()
+            .map_err(ClientError::transport)?;
         let cm = CmActor::new(
             node.clone(),
             channel,
@@ -64,7 +103,7 @@ impl Client {
         &self,
         addr: SocketAddr,
         service: &str,
-    ) -> Result<ClientConnection, ConnectError> {
+    ) -> Result<ClientConnection<T>, ConnectError> {
         self.connect_inner(addr, None, service, None).await
     }
 
@@ -80,7 +119,7 @@ impl Client {
         from: IpAddr,
         addr: SocketAddr,
         service: &str,
-    ) -> Result<ClientConnection, ConnectError> {
+    ) -> Result<ClientConnection<T>, ConnectError> {
         self.connect_inner(addr, Some(from), service, None).await
     }
 
@@ -94,8 +133,8 @@ impl Client {
         &self,
         addr: SocketAddr,
         service: &str,
-        session: impl Session,
-    ) -> Result<ClientConnection, ConnectError> {
+        session: impl Session<T>,
+    ) -> Result<ClientConnection<T>, ConnectError> {
         self.connect_inner(addr, None, service, Some(Box::new(session)))
             .await
     }
@@ -105,8 +144,8 @@ impl Client {
         addr: SocketAddr,
         from: Option<IpAddr>,
         service: &str,
-        session: Option<Box<dyn Session>>,
-    ) -> Result<ClientConnection, ConnectError> {
+        session: Option<Box<dyn Session<T>>>,
+    ) -> Result<ClientConnection<T>, ConnectError> {
         let (tx, rx) = oneshot::channel();
         self.cm.do_send(Connect {
             addr,
@@ -130,8 +169,8 @@ impl Client {
     /// Registers `len` bytes on the client's PD with `access`, for regions a server reads
     /// from or writes into (its rkey is good on every connection of this client; drop
     /// the region to revoke it).
-    pub fn register(&self, len: usize, access: Access) -> Result<MemoryRegion, VerbsError> {
-        MemoryRegion::register(&self.node.pd, len, access)
+    pub fn register(&self, len: usize, access: Access) -> Result<T::Region, T::Error> {
+        self.node.pd.register(len, access)
     }
 
     /// Runs `fut` on the first poller thread, next to the connections it polls, and
@@ -159,17 +198,17 @@ impl Client {
 /// A connect of this client, as the CM actor's active connect sees it (`connect.rs`):
 /// it starts the connection with a [`ClientSession`], and answers `connect_inner` with
 /// the connection and the ends its handle reads.
-struct ClientDialer {
-    reply: oneshot::Sender<Result<(ClientAddr, ClientEnds), ConnectError>>,
+struct ClientDialer<T: Transport> {
+    reply: oneshot::Sender<Result<(ClientAddr<T>, ClientEnds), ConnectError>>,
     /// The application's own session, if any (see [`Client::connect_session`]).
-    user: Option<Box<dyn Session>>,
-    started: Option<(ClientAddr, ClientEnds)>,
+    user: Option<Box<dyn Session<T>>>,
+    started: Option<(ClientAddr<T>, ClientEnds)>,
 }
 
-type ClientAddr = Addr<ConnectionActor<ClientSession>>;
+type ClientAddr<T> = Addr<ConnectionActor<ClientSession<T>, T>>;
 
-impl Dialer for ClientDialer {
-    fn start(&mut self, parts: ConnectionParts<()>) -> Recipient<CmNotice> {
+impl<T: Transport> Dialer<T> for ClientDialer<T> {
+    fn start(&mut self, parts: ConnectionParts<(), T>) -> Recipient<CmNotice> {
         let (session, ends) = ClientSession::new(self.user.take());
         let addr = ConnectionActor::start(with_session(parts, session));
         self.started = Some((addr.clone(), ends));
@@ -188,24 +227,37 @@ impl Dialer for ClientDialer {
 }
 
 /// One client connection. Cheap to clone; requests from several tasks interleave.
-#[derive(Clone)]
-pub struct ClientConnection {
-    conn: ClientAddr,
+pub struct ClientConnection<T: Transport = Verbs> {
+    conn: ClientAddr<T>,
     inbox: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Incoming>>>,
     /// Why the connection closed, once it has: what a call made afterwards fails with.
     closed: ClosedReason,
     /// The client's PD, for [`ClientConnection::register`].
-    pd: ProtectionDomain,
+    pd: T::Domain,
 }
 
-impl std::fmt::Debug for ClientConnection {
+impl<T: Transport> Clone for ClientConnection<T> {
+    fn clone(&self) -> Self {
+        ClientConnection {
+            conn: self.conn.clone(),
+            inbox: self.inbox.clone(),
+            closed: self.closed.clone(),
+            pd: self.pd.clone(),
+        }
+    }
+}
+
+impl<T: Transport> std::fmt::Debug for ClientConnection<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClientConnection").finish()
     }
 }
 
-impl ClientConnection {
-    async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> ClientCall) -> Result<T, RequestError> {
+impl<T: Transport> ClientConnection<T> {
+    async fn call<R>(
+        &self,
+        make: impl FnOnce(Reply<R>) -> ClientCall<T>,
+    ) -> Result<R, RequestError> {
         let (tx, rx) = oneshot::channel();
         self.conn.do_send(make(tx));
         rx.await.map_err(|_| {
@@ -303,8 +355,8 @@ impl ClientConnection {
 
     /// Registers `len` bytes on the PD this connection uses (the client's), with
     /// `access`: what [`Client::register`] does, for code that only holds a connection.
-    pub fn register(&self, len: usize, access: Access) -> Result<MemoryRegion, VerbsError> {
-        MemoryRegion::register(&self.pd, len, access)
+    pub fn register(&self, len: usize, access: Access) -> Result<T::Region, T::Error> {
+        self.pd.register(len, access)
     }
 
     /// RDMA WRITEs `src[range]` to `remote` in place (with an immediate when `imm` is
@@ -314,11 +366,11 @@ impl ClientConnection {
     /// to read it). On an error the region is dropped (deregistered).
     pub async fn write_from(
         &self,
-        src: MemoryRegion,
+        src: T::Region,
         range: Range<usize>,
         remote: RemoteRegion,
         imm: Option<u32>,
-    ) -> Result<MemoryRegion, RequestError> {
+    ) -> Result<T::Region, RequestError> {
         self.call(|reply| ClientCall::WriteFrom {
             src,
             range,

@@ -13,7 +13,8 @@ use tokio::sync::{mpsc, oneshot};
 use super::connection::{BufId, ConnectionActor, Op};
 use super::service::{Incoming, OpId, Session, SessionError};
 use super::{CloseReason, SessionCx};
-use crate::verbs::{MemoryRegion, RemoteRegion, VerbsError};
+use crate::transport::{Transport, Verbs};
+use crate::verbs::{RemoteRegion, VerbsError};
 
 /// Why a request or one-sided operation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -42,9 +43,7 @@ pub(crate) enum AtomicOp {
     FetchAdd { add: u64 },
 }
 
-#[derive(Message)]
-#[rtype(result = "()")]
-pub(crate) enum ClientCall {
+pub(crate) enum ClientCall<Tr: Transport = Verbs> {
     Send {
         data: Vec<u8>,
         reply: Reply<()>,
@@ -69,11 +68,11 @@ pub(crate) enum ClientCall {
         reply: Reply<()>,
     },
     WriteFrom {
-        src: MemoryRegion,
+        src: Tr::Region,
         range: Range<usize>,
         remote: RemoteRegion,
         imm: Option<u32>,
-        reply: Reply<MemoryRegion>,
+        reply: Reply<Tr::Region>,
     },
     Atomic {
         op: AtomicOp,
@@ -85,10 +84,14 @@ pub(crate) enum ClientCall {
     },
 }
 
-enum PendingOp {
+impl<Tr: Transport> Message for ClientCall<Tr> {
+    type Result = ();
+}
+
+enum PendingOp<Tr: Transport> {
     Read(BufId, usize, Reply<Vec<u8>>),
     Write(BufId, Reply<()>),
-    WriteFrom(BufId, Reply<MemoryRegion>),
+    WriteFrom(BufId, Reply<Tr::Region>),
     Atomic(BufId, Reply<u64>),
 }
 
@@ -104,21 +107,21 @@ pub(super) struct ClientEnds {
 
 /// The session behind a [`ClientConnection`](super::ClientConnection): matches replies
 /// to requests by tag and completions to one-sided operations by id.
-pub(super) struct ClientSession {
+pub(super) struct ClientSession<Tr: Transport = Verbs> {
     next_tag: u32,
     requests: HashMap<u32, Reply<Vec<u8>>>,
-    ops: HashMap<OpId, PendingOp>,
+    ops: HashMap<OpId, PendingOp<Tr>>,
     inbox: mpsc::UnboundedSender<Incoming>,
     closed: ClosedReason,
     /// The application's session (see
     /// [`Client::connect_session`](super::Client::connect_session)), which then gets every
     /// message and the completions of its own operations.
-    user: Option<Box<dyn Session>>,
+    user: Option<Box<dyn Session<Tr>>>,
 }
 
-impl ClientSession {
+impl<Tr: Transport> ClientSession<Tr> {
     /// A session and the ends its [`ClientConnection`](super::ClientConnection) reads.
-    pub fn new(user: Option<Box<dyn Session>>) -> (ClientSession, ClientEnds) {
+    pub fn new(user: Option<Box<dyn Session<Tr>>>) -> (ClientSession<Tr>, ClientEnds) {
         let (tx, rx) = mpsc::unbounded_channel();
         let closed = ClosedReason::default();
         let session = ClientSession {
@@ -134,15 +137,19 @@ impl ClientSession {
     }
 }
 
-impl Session for ClientSession {
-    fn on_established(&mut self, cx: &mut SessionCx<'_>) -> Result<(), SessionError> {
+impl<Tr: Transport> Session<Tr> for ClientSession<Tr> {
+    fn on_established(&mut self, cx: &mut SessionCx<'_, Tr>) -> Result<(), SessionError> {
         match &mut self.user {
             Some(user) => user.on_established(cx),
             None => Ok(()),
         }
     }
 
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
+    fn on_message(
+        &mut self,
+        cx: &mut SessionCx<'_, Tr>,
+        msg: Incoming,
+    ) -> Result<(), SessionError> {
         if let Some(user) = &mut self.user {
             return user.on_message(cx, msg);
         }
@@ -165,7 +172,7 @@ impl Session for ClientSession {
 
     fn on_op(
         &mut self,
-        cx: &mut SessionCx<'_>,
+        cx: &mut SessionCx<'_, Tr>,
         op: OpId,
         result: crate::verbs::Result<()>,
     ) -> Result<(), SessionError> {
@@ -179,7 +186,11 @@ impl Session for ClientSession {
         match pending {
             PendingOp::Read(buf, len, reply) => {
                 let out = match &result {
-                    Ok(()) => Ok(cx.bytes(buf)?[..len].to_vec()),
+                    Ok(()) => {
+                        let mut data = vec![0; len];
+                        cx.copy_out(buf, 0, &mut data)?;
+                        Ok(data)
+                    }
                     Err(e) => Err(fail(e)),
                 };
                 cx.free(buf);
@@ -204,9 +215,11 @@ impl Session for ClientSession {
             }
             PendingOp::Atomic(buf, reply) => {
                 let out = match &result {
-                    Ok(()) => Ok(u64::from_ne_bytes(
-                        cx.bytes(buf)?[..8].try_into().expect("8 bytes"),
-                    )),
+                    Ok(()) => {
+                        let mut old = [0; 8];
+                        cx.copy_out(buf, 0, &mut old)?;
+                        Ok(u64::from_ne_bytes(old))
+                    }
                     Err(e) => Err(fail(e)),
                 };
                 cx.free(buf);
@@ -218,7 +231,7 @@ impl Session for ClientSession {
 
     fn on_refused(
         &mut self,
-        cx: &mut SessionCx<'_>,
+        cx: &mut SessionCx<'_, Tr>,
         tag: u32,
         why: crate::proto::budget::BudgetError,
     ) -> Result<(), SessionError> {
@@ -247,8 +260,12 @@ impl Session for ClientSession {
     }
 }
 
-impl ClientSession {
-    fn handle(&mut self, call: ClientCall, cx: &mut SessionCx<'_>) -> Result<(), SessionError> {
+impl<Tr: Transport> ClientSession<Tr> {
+    fn handle(
+        &mut self,
+        call: ClientCall<Tr>,
+        cx: &mut SessionCx<'_, Tr>,
+    ) -> Result<(), SessionError> {
         let invalid = |e: SessionError| RequestError::Invalid(e.0);
         match call {
             ClientCall::Send { data, reply } => {
@@ -293,7 +310,7 @@ impl ClientSession {
                 reply,
             } => {
                 let started = cx.alloc(data.len().max(1)).and_then(|buf| {
-                    cx.bytes_mut(buf)?[..data.len()].copy_from_slice(&data);
+                    cx.copy_in(buf, 0, &data)?;
                     cx.post(Op::Write {
                         buf,
                         range: 0..data.len(),
@@ -361,10 +378,10 @@ impl ClientSession {
     }
 }
 
-impl Handler<ClientCall> for ConnectionActor<ClientSession> {
+impl<Tr: Transport> Handler<ClientCall<Tr>> for ConnectionActor<ClientSession<Tr>, Tr> {
     type Result = ();
 
-    fn handle(&mut self, call: ClientCall, _: &mut Context<Self>) {
+    fn handle(&mut self, call: ClientCall<Tr>, _: &mut Context<Self>) {
         let _guard = super::poller::AbortOnUnwind::new("client connection actor");
         let mut conn = self.conn();
         if let ClientCall::Close { done } = call {

@@ -289,8 +289,7 @@ impl<T: Transport> CmActor<T> {
         match ev.kind() {
             CmEventKind::Established => {
                 self.handshaking.done(key);
-                self.conns
-                    .notify(key, CmNotice::Established { peer: None })
+                self.conns.notify(key, CmNotice::Established { peer: None })
             }
             CmEventKind::Disconnected => self.conns.notify(key, CmNotice::Disconnected),
             CmEventKind::TimewaitExit => {}

@@ -62,6 +62,9 @@ struct Queue<T: Transport> {
     peers: HashMap<Option<IpAddr>, (Arc<PeerLoan>, u32)>,
 }
 
+/// What joining gives: the queue, the place in it, and the CQ to create the QP with.
+pub(crate) type Joined<T> = (SharedRecv<T>, Membership<T>, CqReservation<T>);
+
 /// A connection's place in a shared queue: its share stays posted while it lives.
 pub(crate) struct Membership<T: Transport = Verbs> {
     id: u64,
@@ -101,7 +104,7 @@ impl<T: Transport> RecvGroups<T> {
         pollers: &Pollers<T>,
         send_depth: u32,
         peer: Option<IpAddr>,
-    ) -> Result<(SharedRecv<T>, Membership<T>, CqReservation<T>), String> {
+    ) -> Result<Joined<T>, String> {
         let mut q = self.inner.lock().expect("recv groups lock");
         let room = q
             .queues

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use actix::prelude::*;
 
 use super::budget::QpBudget;
-use super::cm::{CmActor, GetCounters, GetPd};
+use super::cm::{CmActor, GetCounters, GetPd, Services};
 use super::config::NodeConfig;
 use super::handler::{HandlerService, RequestHandler};
 use super::node::Node;
@@ -16,16 +16,32 @@ use super::oob::{GetOobStats, OobListener, OobPort, OobStats};
 use super::recovery::{OobLink, Relisten};
 use super::service::{Framing, Service};
 use crate::memory::PoolStats;
-use crate::verbs::{CmId, EventChannel, VerbsError};
+use crate::transport::{CmId, Domain, Transport, Verbs};
+use crate::verbs::VerbsError;
 
-/// Builds a [`Server`].
-pub struct ServerBuilder {
+/// Builds a [`Server`] over the transport `T`: [`Server::builder`] for verbs,
+/// [`Server::over`] for another (`Server::over(Loopback)`).
+pub struct ServerBuilder<T: Transport = Verbs> {
     config: NodeConfig,
+    /// The device to serve on, if the caller opened it (else the configured one).
+    domain: Option<T::Domain>,
     listeners: Vec<(SocketAddr, Option<String>)>,
-    services: HashMap<String, Arc<dyn Service>>,
+    services: HashMap<String, Arc<dyn Service<T>>>,
     max_connections: usize,
     max_per_peer: Option<usize>,
-    oob: Vec<OobPort>,
+    oob: Vec<OobStarter<T>>,
+}
+
+/// Starts one out-of-band port on the node (verbs only: see [`ServerBuilder::oob`]).
+type OobStarter<T> =
+    Box<dyn FnOnce(&Arc<Node<T>>, &Services<T>, &QpBudget) -> Result<StartedOob<T>, ServerError>>;
+
+/// An out-of-band port started.
+struct StartedOob<T: Transport> {
+    listener: Addr<OobListener>,
+    bound: SocketAddr,
+    thread: actix::Arbiter,
+    link: OobLink<T>,
 }
 
 /// Why a server could not start.
@@ -35,6 +51,9 @@ pub enum ServerError {
     /// Opening the device, binding or listening failed.
     #[error(transparent)]
     Verbs(#[from] VerbsError),
+    /// The same, on a transport other than verbs.
+    #[error("transport: {0}")]
+    Transport(Box<dyn std::error::Error + Send + Sync>),
     /// The listeners or services are inconsistent (a default service not registered,
     /// an out-of-band port that cannot be set up).
     #[error("configuration: {0}")]
@@ -47,10 +66,23 @@ pub enum ServerError {
     Signals(std::io::Error),
 }
 
-impl Default for ServerBuilder {
+impl ServerError {
+    /// A transport's error: verbs errors keep their own variant, so that callers can
+    /// match on them.
+    fn transport<E: std::error::Error + Send + Sync + 'static>(e: E) -> ServerError {
+        let boxed: Box<dyn std::error::Error + Send + Sync> = Box::new(e);
+        match boxed.downcast::<VerbsError>() {
+            Ok(verbs) => ServerError::Verbs(*verbs),
+            Err(other) => ServerError::Transport(other),
+        }
+    }
+}
+
+impl<T: Transport> Default for ServerBuilder<T> {
     fn default() -> Self {
         ServerBuilder {
             config: NodeConfig::default(),
+            domain: None,
             listeners: Vec::new(),
             services: HashMap::new(),
             max_connections: 1024,
@@ -60,11 +92,14 @@ impl Default for ServerBuilder {
     }
 }
 
-impl ServerBuilder {
+impl<T: Transport> ServerBuilder<T> {
     /// Registers a [`RequestHandler`] under `name`, with the default limits of
     /// [`HandlerService::new`] (to set them, register a `HandlerService` with
     /// [`service`](Self::service)).
-    pub fn handler(self, name: &str, handler: impl RequestHandler) -> Self {
+    pub fn handler<H: RequestHandler>(self, name: &str, handler: H) -> Self
+    where
+        HandlerService<H>: Service<T>,
+    {
         self.service(name, HandlerService::new(handler))
     }
 
@@ -90,6 +125,14 @@ impl ServerBuilder {
         self
     }
 
+    /// Serves on `domain`, a device the caller opened (a loopback device of a test's
+    /// own [`Fabric`](crate::transport::loopback::Fabric), say), rather than opening the
+    /// configured one. A server that loses it serves again on a device of the same name.
+    pub fn domain(mut self, domain: T::Domain) -> Self {
+        self.domain = Some(domain);
+        self
+    }
+
     /// Listens on `addr` (port 0 picks one). Clients that send no rdmactor hello (rping,
     /// plain rdma_cm programs) reach `default_service`; without one they are rejected.
     pub fn listen(mut self, addr: SocketAddr, default_service: Option<&str>) -> Self {
@@ -99,7 +142,7 @@ impl ServerBuilder {
     }
 
     /// Registers `service` under `name`.
-    pub fn service(mut self, name: &str, service: impl Service) -> Self {
+    pub fn service(mut self, name: &str, service: impl Service<T>) -> Self {
         self.services.insert(name.to_owned(), Arc::new(service));
         self
     }
@@ -130,16 +173,9 @@ impl ServerBuilder {
             .unwrap_or((self.max_connections / 2).max(1))
     }
 
-    /// Also listens for `ibv_*_pingpong`-style clients on a TCP port (QPs brought up out
-    /// of band, see [`OobPort`]); their QPs run `port.service`, which must be raw.
-    pub fn oob(mut self, port: OobPort) -> Self {
-        self.oob.push(port);
-        self
-    }
-
     /// Opens the device, binds every listener and starts the actors. Must be called
     /// inside an actix `System`.
-    pub fn start(self) -> Result<Server, ServerError> {
+    pub fn start(self) -> Result<Server<T>, ServerError> {
         self.config.validate()?;
         for (addr, default) in &self.listeners {
             if let Some(name) = default {
@@ -150,59 +186,39 @@ impl ServerBuilder {
                 }
             }
         }
-        for port in &self.oob {
-            match self.services.get(&port.service).map(|s| s.framing()) {
-                None => {
-                    return Err(ServerError::Config(format!(
-                        "service {:?} of out-of-band port {} is not registered",
-                        port.service, port.addr
-                    )))
-                }
-                Some(Framing::Framed) => {
-                    return Err(ServerError::Config(format!(
-                        "service {:?} of out-of-band port {} is framed; it needs a raw one",
-                        port.service, port.addr
-                    )))
-                }
-                Some(Framing::Raw { .. }) => {}
-            }
-        }
         let config = self.config.clone();
         let per_peer = self.per_peer_limit();
         let budget = QpBudget::new(self.max_connections);
-        let node = Node::start(self.config)?;
+        let node = match self.domain {
+            Some(domain) => Node::<T>::start_on(domain, self.config),
+            None => Node::<T>::start(self.config),
+        }
+        .map_err(ServerError::transport)?;
+        let services: Services<T> = Arc::new(self.services);
         let mut oob = Vec::new();
         let mut oob_threads = Vec::new();
-        for port in self.oob {
-            let service = self.services[&port.service].clone();
-            let (listener, bound) =
-                OobListener::bind(node.clone(), port.clone(), service, budget.clone()).map_err(
-                    |e| ServerError::Config(format!("out-of-band port {}: {e}", port.addr)),
-                )?;
-            tracing::info!(addr = %bound, transport = %port.transport, service = %port.service, "listening out of band");
-            // Its own thread: bringing a client's QPs up (up to 255 of them, address
-            // handles that may wait on neighbour resolution) blocks in the kernel, and
-            // on the CM actor's thread it would hold up every accept and teardown. One
-            // thread per port also bounds bring-ups to one at a time per port.
-            let thread = actix::Arbiter::new();
-            let addr = OobListener::start_in_arbiter(&thread.handle(), move |_| listener);
-            oob.push((addr, bound));
-            oob_threads.push(thread);
+        let mut links = Vec::new();
+        for start in self.oob {
+            let started = start(&node, &services, &budget)?;
+            oob.push((started.listener, started.bound));
+            oob_threads.push(started.thread);
+            links.push(started.link);
         }
-        let channel = EventChannel::new()?;
-        let mut cm = CmActor::new(
-            node.clone(),
-            channel.clone(),
-            Arc::new(self.services),
-            budget,
-            per_peer,
-        );
+        let channel = node
+            .pd
+            .create_event_channel()
+            .map_err(ServerError::transport)?;
+        let mut cm = CmActor::new(node.clone(), channel.clone(), services, budget, per_peer);
         let mut addrs = Vec::new();
         let mut relisten = Vec::new();
         for (addr, default) in self.listeners {
-            let id = CmId::new(&channel)?;
-            id.bind(addr)?;
-            id.listen(1024)?;
+            let listen = || -> Result<T::CmId, T::Error> {
+                let id = node.pd.create_id(&channel)?;
+                id.bind(addr)?;
+                id.listen(1024)?;
+                Ok(id)
+            };
+            let id = listen().map_err(ServerError::transport)?;
             let bound = id.local_addr().unwrap_or(addr);
             tracing::info!(addr = %bound, default_service = ?default, "listening");
             addrs.push(bound);
@@ -214,13 +230,7 @@ impl ServerBuilder {
         cm.serve_again(Relisten {
             config,
             listeners: relisten,
-            oob: oob
-                .iter()
-                .map(|(l, _)| OobLink {
-                    gone: l.clone().recipient(),
-                    back: l.clone().recipient(),
-                })
-                .collect(),
+            oob: links,
         });
         let cm = cm.start();
         Ok(Server {
@@ -232,6 +242,60 @@ impl ServerBuilder {
     }
 }
 
+impl ServerBuilder<Verbs> {
+    /// Also listens for `ibv_*_pingpong`-style clients on a TCP port (QPs brought up out
+    /// of band, see [`OobPort`]); their QPs run `port.service`, which must be raw. Verbs
+    /// only: the QPs are brought up by hand, through libibverbs.
+    pub fn oob(mut self, port: OobPort) -> Self {
+        self.oob.push(Box::new(move |node, services, budget| {
+            start_oob(node, services, budget, port)
+        }));
+        self
+    }
+}
+
+/// Checks `port`'s service and starts its listener on a thread of its own.
+fn start_oob(
+    node: &Arc<Node>,
+    services: &Services,
+    budget: &QpBudget,
+    port: OobPort,
+) -> Result<StartedOob<Verbs>, ServerError> {
+    let service = match services.get(&port.service) {
+        None => {
+            return Err(ServerError::Config(format!(
+                "service {:?} of out-of-band port {} is not registered",
+                port.service, port.addr
+            )))
+        }
+        Some(s) if matches!(s.framing(), Framing::Framed) => {
+            return Err(ServerError::Config(format!(
+                "service {:?} of out-of-band port {} is framed; it needs a raw one",
+                port.service, port.addr
+            )))
+        }
+        Some(s) => s.clone(),
+    };
+    let (listener, bound) = OobListener::bind(node.clone(), port.clone(), service, budget.clone())
+        .map_err(|e| ServerError::Config(format!("out-of-band port {}: {e}", port.addr)))?;
+    tracing::info!(addr = %bound, transport = %port.transport, service = %port.service, "listening out of band");
+    // Its own thread: bringing a client's QPs up (up to 255 of them, address handles
+    // that may wait on neighbour resolution) blocks in the kernel, and on the CM actor's
+    // thread it would hold up every accept and teardown. One thread per port also
+    // bounds bring-ups to one at a time per port.
+    let thread = actix::Arbiter::new();
+    let listener = OobListener::start_in_arbiter(&thread.handle(), move |_| listener);
+    Ok(StartedOob {
+        link: OobLink {
+            gone: listener.clone().recipient(),
+            back: listener.clone().recipient(),
+        },
+        listener,
+        bound,
+        thread,
+    })
+}
+
 /// A running server.
 ///
 /// When its RDMA device goes (`rdma link delete`, hot unplug, a device failure) the
@@ -240,8 +304,8 @@ impl ServerBuilder {
 /// everything opened on the device is released so that the kernel can finish the
 /// removal, and once the device is back the server listens again on the same addresses
 /// ([`ServerStats::device_present`] says which it is).
-pub struct Server {
-    cm: Addr<CmActor>,
+pub struct Server<T: Transport = Verbs> {
+    cm: Addr<CmActor<T>>,
     addrs: Vec<SocketAddr>,
     oob: Vec<(Addr<OobListener>, SocketAddr)>,
     /// The threads the out-of-band listeners run on, stopped at shutdown.
@@ -287,8 +351,17 @@ pub struct ServerStats {
 }
 
 impl Server {
-    /// A builder.
+    /// A builder of a server on RDMA verbs.
     pub fn builder() -> ServerBuilder {
+        ServerBuilder::default()
+    }
+}
+
+impl<T: Transport> Server<T> {
+    /// A builder of a server over `transport` (`Server::over(Loopback)`: in memory, for
+    /// one process).
+    pub fn over(transport: T) -> ServerBuilder<T> {
+        let _ = transport;
         ServerBuilder::default()
     }
 
@@ -320,7 +393,7 @@ impl Server {
     /// removal belongs to a service, registered in
     /// [`Service::on_device_up`](super::Service::on_device_up) and dropped in
     /// [`Service::on_device_down`](super::Service::on_device_down).
-    pub async fn protection_domain(&self) -> Option<crate::verbs::ProtectionDomain> {
+    pub async fn protection_domain(&self) -> Option<T::Domain> {
         self.cm.send(GetPd::new()).await.ok().flatten()
     }
 

@@ -107,12 +107,7 @@ impl SharedRecv {
 
 impl<T: Transport> SharedRecv<T> {
     /// Creates the SRQ on the pool's PD with `depth` receives of `size` bytes, all posted.
-    pub fn new(
-        pool: &MrPool<T>,
-        srq: T::Srq,
-        depth: u32,
-        size: usize,
-    ) -> Result<Self, String> {
+    pub fn new(pool: &MrPool<T>, srq: T::Srq, depth: u32, size: usize) -> Result<Self, String> {
         let bufs = (0..depth)
             .map(|_| pool.lease(size))
             .collect::<Result<Vec<_>, _>>()

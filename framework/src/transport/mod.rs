@@ -210,6 +210,8 @@ pub trait Region<T: Transport>: Unpin + Send + Sync + fmt::Debug + Sized {
     }
     /// The access the registration grants.
     fn access(&self) -> Access;
+    /// Whether it was registered on `domain` (only then may that domain's QPs use it).
+    fn is_on(&self, domain: &T::Domain) -> bool;
     /// The local key.
     fn lkey(&self) -> u32;
     /// The remote key (useful only with remote access).

@@ -140,6 +140,9 @@ impl super::Region<Verbs> for v::MemoryRegion {
     fn access(&self) -> Access {
         v::MemoryRegion::access(self)
     }
+    fn is_on(&self, domain: &v::ProtectionDomain) -> bool {
+        self.pd().same_as(domain)
+    }
     fn lkey(&self) -> u32 {
         v::MemoryRegion::lkey(self)
     }

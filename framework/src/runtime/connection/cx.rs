@@ -6,7 +6,7 @@ use super::{Buf, BufEntry, BufId, Core, Op, Outgoing};
 use crate::memory::{Charge, RegisteredChunks};
 use crate::runtime::service::{Incoming, OpId, SessionError};
 use crate::transport::{Domain as _, Region as _, Transport, Verbs};
-use crate::verbs::{Access, MemoryRegion, RemoteRegion};
+use crate::verbs::{Access, RemoteRegion};
 
 /// What a session can do with its connection, handed to every [`Session`] callback.
 ///
@@ -258,12 +258,12 @@ impl<'a, T: Transport> SessionCx<'a, T> {
 
 /// What only verbs memory allows: regions the application registered, handed in and
 /// taken back, and the bytes of a buffer lent in place.
-impl SessionCx<'_> {
+impl<T: Transport> SessionCx<'_, T> {
     /// Hands a region the application registered (on this connection's PD) to the
     /// connection, so operations can use it in place: no copy into a pool buffer. Get it
     /// back with [`take_back`](Self::take_back) once its operations completed.
-    pub fn adopt(&mut self, region: MemoryRegion) -> Result<BufId, SessionError> {
-        if !region.pd().same_as(&self.core.pd) {
+    pub fn adopt(&mut self, region: T::Region) -> Result<BufId, SessionError> {
+        if !region.is_on(&self.core.pd) {
             return Err(SessionError::new(
                 "the region is registered on another protection domain",
             ));
@@ -276,7 +276,7 @@ impl SessionCx<'_> {
     /// stays, while operations still use it, for a pool buffer or one with a window
     /// bound; `None` for an unknown id. A registered buffer's charge against the pool's
     /// cap ends here: the region is the caller's from now on.
-    pub fn take_back(&mut self, id: BufId) -> Option<MemoryRegion> {
+    pub fn take_back(&mut self, id: BufId) -> Option<T::Region> {
         match self.core.bufs.get(id.0) {
             Some(BufEntry {
                 grant: None,
@@ -292,7 +292,9 @@ impl SessionCx<'_> {
             Buf::Pooled(_) => unreachable!("checked above"),
         }
     }
+}
 
+impl SessionCx<'_> {
     /// The bytes of a buffer.
     pub fn bytes(&self, id: BufId) -> Result<&[u8], SessionError> {
         Ok(self.entry(id)?.buf.region().as_slice())

@@ -273,7 +273,8 @@ pub(super) fn prepare(
     };
     let first = peers.first().ok_or("no QP described")?;
     let port = node
-        .pd.context()
+        .pd
+        .context()
         .query_port(opts.ib_port)
         .map_err(|e| e.to_string())?;
     let (sgid_index, local) = local_gid(node.pd.context(), opts, first.gid)?;

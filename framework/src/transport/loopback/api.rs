@@ -76,6 +76,9 @@ impl t::Region<Loopback> for Mr {
     fn access(&self) -> Access {
         Mr::access(self)
     }
+    fn is_on(&self, domain: &Device) -> bool {
+        Mr::is_on(self, domain)
+    }
     fn lkey(&self) -> u32 {
         Mr::lkey(self)
     }

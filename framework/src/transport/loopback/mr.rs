@@ -35,6 +35,11 @@ pub struct Mr {
 }
 
 impl Mr {
+    /// Whether it was registered on `device`.
+    pub fn is_on(&self, device: &super::fabric::Device) -> bool {
+        Arc::ptr_eq(&self.reg.device, &device.core)
+    }
+
     /// Registers `len` zeroed bytes on `device` (remote write or atomics imply local
     /// write, as the verbs wrapper does).
     pub(super) fn register(device: &Arc<DeviceCore>, len: usize, access: Access) -> Result<Mr> {

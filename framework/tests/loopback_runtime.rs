@@ -1,0 +1,125 @@
+//! The whole runtime (CM actor, admission, pollers, connection actors, client) over the
+//! loopback transport: no RDMA device, no VM. What only real verbs show stays in
+//! `tests/` (the VM suite).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use rdmactor::prelude::*;
+use rdmactor::proto::hello::RejectCode;
+use rdmactor::runtime::{ConnectError, NodeConfig, RequestError};
+use rdmactor::transport::loopback::{Fabric, Loopback};
+
+/// Answers every request with its bytes reversed, and closes the connection on "bye".
+struct Reverse;
+
+struct ReverseSession;
+
+impl Service<Loopback> for Reverse {
+    fn session(&self, _peer: &PeerInfo) -> Box<dyn Session<Loopback>> {
+        Box::new(ReverseSession)
+    }
+}
+
+impl Session<Loopback> for ReverseSession {
+    fn on_message(
+        &mut self,
+        cx: &mut SessionCx<'_, Loopback>,
+        msg: Incoming,
+    ) -> Result<(), SessionError> {
+        if msg.data == b"bye" {
+            return Err(SessionError::new("the client said bye"));
+        }
+        let mut out = msg.data.clone();
+        out.reverse();
+        cx.reply(&msg, out)
+    }
+}
+
+fn addr(port: u16) -> SocketAddr {
+    SocketAddr::from(([10, 0, 0, 1], port))
+}
+
+/// Runs `f` in an actix System with a fabric of its own.
+fn with_system<F: std::future::Future<Output = ()>>(f: impl FnOnce(Fabric) -> F) {
+    actix::System::new().block_on(f(Fabric::default()));
+}
+
+#[test]
+fn requests_round_trip_through_the_whole_runtime_over_loopback() {
+    with_system(|fabric| async move {
+        let server = Server::over(Loopback)
+            .domain(fabric.device("server"))
+            .listen(addr(0), None)
+            .service("reverse", Reverse)
+            .start()
+            .expect("server starts over loopback");
+        let at = server.local_addrs()[0];
+        assert_ne!(at.port(), 0, "port 0 resolved to a real port");
+        let client =
+            Client::<Loopback>::on(fabric.device("client"), NodeConfig::default()).unwrap();
+        let conn = client.connect(at, "reverse").await.expect("connects");
+        for n in [1usize, 64, 4096, 100_000] {
+            let data: Vec<u8> = (0..n).map(|i| (i * 7 % 251) as u8).collect();
+            let got = conn.request(data.clone()).await.expect("answered");
+            let mut want = data;
+            want.reverse();
+            assert_eq!(got, want, "{n} bytes reversed");
+        }
+        let stats = server.stats().await;
+        assert_eq!((stats.connections, stats.accepted), (1, 1));
+        conn.close().await;
+        client.shutdown().await;
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while server.stats().await.connections != 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the server released the connection");
+        let stats = server.stats().await;
+        // Every lease back but the idle shared receive queue's, kept for the next
+        // connections (`SharedRecvConfig::keep_empty`).
+        assert_eq!(
+            stats.pool.leased.iter().sum::<usize>(),
+            stats.shared_recv_buffers,
+            "{stats:?}"
+        );
+        assert_eq!(stats.shared_receives_posted, [stats.shared_recv_buffers]);
+        server.shutdown().await;
+    });
+}
+
+#[test]
+fn an_unknown_service_is_rejected_with_the_reason_and_a_closing_session_ends_its_connection() {
+    with_system(|fabric| async move {
+        let server = Server::over(Loopback)
+            .domain(fabric.device("server"))
+            .listen(addr(7000), None)
+            .service("reverse", Reverse)
+            .start()
+            .unwrap();
+        let client =
+            Client::<Loopback>::on(fabric.device("client"), NodeConfig::default()).unwrap();
+        match client.connect(addr(7000), "nope").await {
+            Err(ConnectError::Rejected(r)) => assert_eq!(r.code, RejectCode::UnknownService),
+            other => panic!("expected a rejection, got {other:?}"),
+        }
+        match client.connect(addr(7001), "reverse").await {
+            Err(ConnectError::RejectedByTransport(_)) => {}
+            other => panic!("nobody listens on 7001, got {other:?}"),
+        }
+        let bye = client.connect(addr(7000), "reverse").await.unwrap();
+        let other = client.connect(addr(7000), "reverse").await.unwrap();
+        match bye.request(b"bye".to_vec()).await {
+            Err(RequestError::Closed(reason)) => {
+                assert!(reason.to_string().contains("bye"), "{reason}")
+            }
+            got => panic!("expected the close, got {got:?}"),
+        }
+        assert_eq!(other.request(b"abc".to_vec()).await.unwrap(), b"cba");
+        assert_eq!(server.stats().await.rejected, 1);
+        client.shutdown().await;
+        server.shutdown().await;
+    });
+}
