@@ -275,9 +275,9 @@ impl CmId {
         &self.inner.device.name
     }
 
-    /// Whether the id was created on `device`.
-    pub fn is_on(&self, device: &super::fabric::Device) -> bool {
-        Arc::ptr_eq(&self.inner.device, &device.core)
+    /// The device the id was created on.
+    pub(super) fn device_core(&self) -> &Arc<DeviceCore> {
+        &self.inner.device
     }
 
     /// Listens on the bound address (CONNECT_REQUEST events follow).

@@ -35,9 +35,9 @@ pub struct Mr {
 }
 
 impl Mr {
-    /// Whether it was registered on `device`.
-    pub fn is_on(&self, device: &super::fabric::Device) -> bool {
-        Arc::ptr_eq(&self.reg.device, &device.core)
+    /// The device it was registered on.
+    pub(super) fn device_core(&self) -> &Arc<DeviceCore> {
+        &self.reg.device
     }
 
     /// Registers `len` zeroed bytes on `device` (remote write or atomics imply local
