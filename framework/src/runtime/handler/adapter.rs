@@ -17,6 +17,7 @@ use crate::proto::budget::BudgetError;
 use crate::runtime::connection::{panic_message, SessionCx, SessionWaker};
 use crate::runtime::service::{Incoming, OpId, PeerInfo, Service, Session, SessionError};
 use crate::runtime::CloseReason;
+use crate::transport::Transport;
 
 /// A [`RequestHandler`] served as a [`Service`]: register it with
 /// [`ServerBuilder::handler`](crate::runtime::ServerBuilder::handler), or with
@@ -86,12 +87,12 @@ impl<H: RequestHandler> HandlerService<H> {
     }
 }
 
-impl<H: RequestHandler> Service for HandlerService<H> {
+impl<H: RequestHandler, T: Transport> Service<T> for HandlerService<H> {
     fn max_message(&self) -> Option<usize> {
         self.max_message
     }
 
-    fn session(&self, peer: &PeerInfo) -> Box<dyn Session> {
+    fn session(&self, peer: &PeerInfo) -> Box<dyn Session<T>> {
         Box::new(HandlerSession {
             handler: Arc::clone(&self.handler),
             peer: Arc::new(peer.clone()),
@@ -149,7 +150,11 @@ struct HandlerSession<H> {
 impl<H: RequestHandler> HandlerSession<H> {
     /// Starts the call for `msg`: polls it once here, and if it is not done, spawns it
     /// on this thread to be finished by an `on_wake`.
-    fn start(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
+    fn start<T: Transport>(
+        &mut self,
+        cx: &mut SessionCx<'_, T>,
+        msg: Incoming,
+    ) -> Result<(), SessionError> {
         let tag = msg.tag;
         let req = match msg.decode::<H::Req>() {
             Ok(req) => req,
@@ -197,15 +202,15 @@ impl<H: RequestHandler> HandlerSession<H> {
     }
 
     /// Posts the READs and WRITEs the calls' futures queued.
-    fn post_transfers(&mut self, cx: &mut SessionCx<'_>) {
+    fn post_transfers<T: Transport>(&mut self, cx: &mut SessionCx<'_, T>) {
         if let Some(link) = &self.link {
             self.transfers.take_from(link, cx);
         }
     }
 }
 
-impl<H: RequestHandler> Session for HandlerSession<H> {
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
+impl<H: RequestHandler, T: Transport> Session<T> for HandlerSession<H> {
+    fn on_message(&mut self, cx: &mut SessionCx<'_, T>, msg: Incoming) -> Result<(), SessionError> {
         if self.running.len() < self.max_in_flight && self.waiting.is_empty() {
             return self.start(cx, msg);
         }
@@ -222,7 +227,7 @@ impl<H: RequestHandler> Session for HandlerSession<H> {
         answer(cx, msg.tag, encode_refusal(busy))
     }
 
-    fn on_wake(&mut self, cx: &mut SessionCx<'_>, token: u64) -> Result<(), SessionError> {
+    fn on_wake(&mut self, cx: &mut SessionCx<'_, T>, token: u64) -> Result<(), SessionError> {
         if token == TRANSFERS {
             self.post_transfers(cx);
             return Ok(());
@@ -253,7 +258,7 @@ impl<H: RequestHandler> Session for HandlerSession<H> {
 
     fn on_op(
         &mut self,
-        cx: &mut SessionCx<'_>,
+        cx: &mut SessionCx<'_, T>,
         op: OpId,
         result: crate::verbs::Result<()>,
     ) -> Result<(), SessionError> {
@@ -269,7 +274,7 @@ impl<H: RequestHandler> Session for HandlerSession<H> {
 
     fn on_refused(
         &mut self,
-        cx: &mut SessionCx<'_>,
+        cx: &mut SessionCx<'_, T>,
         tag: u32,
         why: BudgetError,
     ) -> Result<(), SessionError> {
@@ -313,7 +318,11 @@ impl<H> Drop for HandlerSession<H> {
 /// Sends `bytes` under `tag`, unless nobody asked (tag 0). An answer the connection
 /// cannot take is replaced by a refusal that says why, so the client is not left
 /// waiting.
-fn answer(cx: &mut SessionCx<'_>, tag: u32, bytes: Vec<u8>) -> Result<(), SessionError> {
+fn answer<T: Transport>(
+    cx: &mut SessionCx<'_, T>,
+    tag: u32,
+    bytes: Vec<u8>,
+) -> Result<(), SessionError> {
     if tag == 0 {
         return Ok(());
     }

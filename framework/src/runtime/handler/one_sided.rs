@@ -17,6 +17,7 @@ use tokio::sync::oneshot;
 
 use crate::runtime::connection::{BufId, Op, SessionCx, SessionWaker};
 use crate::runtime::service::{OpId, SessionError};
+use crate::transport::Transport;
 use crate::verbs::RemoteRegion;
 
 /// The wake-up token of a queued transfer (the finished-call token is 1).
@@ -181,7 +182,7 @@ pub(super) struct Transfers {
 impl Transfers {
     /// Takes what the futures queued on `link` and posts as many chunks as the bound
     /// allows.
-    pub(super) fn take_from(&mut self, link: &Link, cx: &mut SessionCx<'_>) {
+    pub(super) fn take_from<T: Transport>(&mut self, link: &Link, cx: &mut SessionCx<'_, T>) {
         for asked in link.take() {
             let is_write = asked.write.is_some();
             let data = asked
@@ -203,7 +204,7 @@ impl Transfers {
 
     /// Posts chunks, oldest transfer first, while fewer than [`MAX_CHUNKS`] are in
     /// flight. A transfer whose chunk finds no buffer fails; the others go on.
-    fn post(&mut self, cx: &mut SessionCx<'_>) {
+    fn post<T: Transport>(&mut self, cx: &mut SessionCx<'_, T>) {
         while self.chunks.len() < MAX_CHUNKS {
             let Some(&id) = self.unposted.front() else {
                 return;
@@ -242,9 +243,9 @@ impl Transfers {
 
     /// A completion of op `op`: false when it is not a chunk of a transfer, else the
     /// chunk is accounted for, and the transfer answered once its last chunk is in.
-    pub(super) fn complete(
+    pub(super) fn complete<T: Transport>(
         &mut self,
-        cx: &mut SessionCx<'_>,
+        cx: &mut SessionCx<'_, T>,
         op: OpId,
         result: &crate::verbs::Result<()>,
     ) -> bool {
@@ -256,12 +257,12 @@ impl Transfers {
         match result {
             // A READ chunk lands in the transfer, unless it failed already (its bytes
             // went with the answer).
-            Ok(()) if !t.is_write && t.reply.is_some() => match cx.bytes(chunk.buf) {
-                Ok(bytes) => {
-                    t.data[chunk.at..chunk.at + chunk.len].copy_from_slice(&bytes[..chunk.len])
+            Ok(()) if !t.is_write && t.reply.is_some() => {
+                let into = &mut t.data[chunk.at..chunk.at + chunk.len];
+                if let Err(e) = cx.copy_out(chunk.buf, 0, into) {
+                    t.finish(Err(OneSidedError::Failed(e.to_string())));
                 }
-                Err(e) => t.finish(Err(OneSidedError::Failed(e.to_string()))),
-            },
+            }
             Ok(()) => {}
             Err(e) => t.finish(Err(OneSidedError::Failed(e.to_string()))),
         }
@@ -286,8 +287,8 @@ impl Transfers {
 }
 
 /// Leases a buffer for `len` bytes at `t.next`, fills it for a WRITE, and posts it.
-fn post_chunk(
-    cx: &mut SessionCx<'_>,
+fn post_chunk<T: Transport>(
+    cx: &mut SessionCx<'_, T>,
     t: &Transfer,
     len: usize,
 ) -> Result<(OpId, BufId), OneSidedError> {
@@ -299,8 +300,8 @@ fn post_chunk(
         ..remote
     };
     let op = if t.is_write {
-        let bytes = cx.bytes_mut(buf).map_err(no_buffer)?;
-        bytes[..len].copy_from_slice(&t.data[t.next..t.next + len]);
+        cx.copy_in(buf, 0, &t.data[t.next..t.next + len])
+            .map_err(no_buffer)?;
         Op::Write {
             buf,
             range: 0..len,
