@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use rdmactor::prelude::*;
 use rdmactor::proto::hello::RejectCode;
-use rdmactor::runtime::{ConnectError, NodeConfig, RequestError};
+use rdmactor::runtime::{CloseReason, ConnectError, NodeConfig, RequestError};
 use rdmactor::transport::loopback::{Fabric, Loopback};
 
 /// Answers every request with its bytes reversed, and closes the connection on "bye".
@@ -121,5 +121,119 @@ fn an_unknown_service_is_rejected_with_the_reason_and_a_closing_session_ends_its
         assert_eq!(server.stats().await.rejected, 1);
         client.shutdown().await;
         server.shutdown().await;
+    });
+}
+
+/// Reverses like [`Reverse`], and panics on "boom": a service with a bug.
+struct Panicky;
+
+impl Service<Loopback> for Panicky {
+    fn session(&self, _peer: &PeerInfo) -> Box<dyn Session<Loopback>> {
+        Box::new(PanickySession)
+    }
+}
+
+struct PanickySession;
+
+impl Session<Loopback> for PanickySession {
+    fn on_message(
+        &mut self,
+        cx: &mut SessionCx<'_, Loopback>,
+        msg: Incoming,
+    ) -> Result<(), SessionError> {
+        assert!(msg.data != b"boom", "the session's bug");
+        cx.reply(&msg, msg.data.clone())
+    }
+}
+
+#[test]
+fn a_full_server_refuses_with_server_full_and_a_panicking_session_ends_only_its_connection() {
+    with_system(|fabric| async move {
+        let server = Server::over(Loopback)
+            .domain(fabric.device("server"))
+            .listen(addr(7100), None)
+            .service("panicky", Panicky)
+            .max_connections(2)
+            .max_connections_per_peer(0)
+            .start()
+            .unwrap();
+        let client =
+            Client::<Loopback>::on(fabric.device("client"), NodeConfig::default()).unwrap();
+        let first = client.connect(addr(7100), "panicky").await.unwrap();
+        let second = client.connect(addr(7100), "panicky").await.unwrap();
+        match client.connect(addr(7100), "panicky").await {
+            Err(ConnectError::Rejected(r)) => assert_eq!(r.code, RejectCode::ServerFull),
+            other => panic!("a third connection over the limit of 2: {other:?}"),
+        }
+        match first.request(b"boom".to_vec()).await {
+            Err(RequestError::Closed(reason)) => assert!(
+                matches!(reason, CloseReason::PeerClosed(ref why) if why.contains("panicked")),
+                "{reason:?}"
+            ),
+            got => panic!("expected the close, got {got:?}"),
+        }
+        assert_eq!(
+            second.request(b"still here".to_vec()).await.unwrap(),
+            b"still here"
+        );
+        // The panicked connection's slot is given back once it is released.
+        let third = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                match client.connect(addr(7100), "panicky").await {
+                    Ok(conn) => return conn,
+                    Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+                }
+            }
+        })
+        .await
+        .expect("the slot comes back");
+        assert_eq!(third.request(b"x".to_vec()).await.unwrap(), b"x");
+        client.shutdown().await;
+        server.shutdown().await;
+    });
+}
+
+#[test]
+fn a_client_host_that_vanishes_is_found_by_keepalive_and_its_slot_freed() {
+    with_system(|fabric| async move {
+        let mut config = NodeConfig::default();
+        config.connection.keepalive = Some(Duration::from_millis(100));
+        config.connection.ack_timeout = 12; // 16.8 ms
+        config.connection.retry_count = 2;
+        let bound = config.connection.dead_peer_bound().unwrap();
+        let server = Server::over(Loopback)
+            .domain(fabric.device("server"))
+            .config(config.clone())
+            .listen(addr(7200), None)
+            .service("reverse", Reverse)
+            .start()
+            .unwrap();
+        let gone = fabric.device("doomed");
+        let client = Client::<Loopback>::on(gone.clone(), config.clone()).unwrap();
+        let conn = client.connect(addr(7200), "reverse").await.unwrap();
+        assert_eq!(conn.request(b"ab".to_vec()).await.unwrap(), b"ba");
+        let other = Client::<Loopback>::on(fabric.device("other"), config).unwrap();
+        let kept = other.connect(addr(7200), "reverse").await.unwrap();
+        gone.vanish();
+        let cut = std::time::Instant::now();
+        tokio::time::timeout(bound * 3, async {
+            while server.stats().await.connections != 1 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "the vanished client's connection still open after {:?}",
+                bound * 3
+            )
+        });
+        let found = cut.elapsed();
+        assert!(found <= bound * 2, "found after {found:?}, bound {bound:?}");
+        assert_eq!(kept.request(b"xy".to_vec()).await.unwrap(), b"yx");
+        other.shutdown().await;
+        server.shutdown().await;
+        drop(conn);
+        drop(client);
     });
 }
