@@ -11,6 +11,7 @@ pub mod stock;
 pub use stock::{StockConfig, StockPingPongService};
 
 use rdmactor::runtime::{Incoming, PeerInfo, Service, Session, SessionCx, SessionError};
+use rdmactor::transport::Transport;
 use serde::{Deserialize, Serialize};
 
 /// A ping or a pong.
@@ -63,8 +64,8 @@ impl PingPongState {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PingPongService;
 
-impl Service for PingPongService {
-    fn session(&self, _peer: &PeerInfo) -> Box<dyn Session> {
+impl<T: Transport> Service<T> for PingPongService {
+    fn session(&self, _peer: &PeerInfo) -> Box<dyn Session<T>> {
         Box::new(PingPongSession::default())
     }
 }
@@ -74,8 +75,8 @@ struct PingPongSession {
     state: PingPongState,
 }
 
-impl Session for PingPongSession {
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
+impl<T: Transport> Session<T> for PingPongSession {
+    fn on_message(&mut self, cx: &mut SessionCx<'_, T>, msg: Incoming) -> Result<(), SessionError> {
         let ping: PingPong = postcard::from_bytes(&msg.data)
             .map_err(|e| SessionError::new(format!("malformed ping: {e}")))?;
         let pong = self.state.handle_ping(ping).map_err(SessionError::new)?;

@@ -1,0 +1,154 @@
+//! The services that are written for any transport (`echo`, `discard`, `pingpong`),
+//! served and called over the loopback transport through the whole runtime: natively, no
+//! RDMA device. Their real-verbs runs are in `tests/` (the VM suite).
+
+use std::net::SocketAddr;
+
+use rdmactor::runtime::{Client, NodeConfig, RequestError, Server};
+use rdmactor::transport::loopback::{Fabric, Loopback};
+use rdmactor_services::echo::{Discard, Echo, EchoRequest, EchoResponse};
+use rdmactor_services::pingpong::{PingPong, PingPongService};
+use rdmactor_testkit::pattern;
+
+const AT: SocketAddr = SocketAddr::new(
+    std::net::IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 1)),
+    7471,
+);
+
+/// A server of echo, discard and pingpong on `fabric`, and a client of it.
+fn serve(fabric: &Fabric) -> (Server<Loopback>, Client<Loopback>) {
+    let server = Server::over(Loopback)
+        .domain(fabric.device("server"))
+        .listen(AT, None)
+        .service("echo", Echo)
+        .service("discard", Discard)
+        .service("pingpong", PingPongService)
+        .start()
+        .expect("server");
+    let client = Client::<Loopback>::on(fabric.device("client"), NodeConfig::default()).unwrap();
+    (server, client)
+}
+
+#[test]
+fn echo_returns_every_size_up_to_the_largest_message_byte_for_byte() {
+    actix::System::new().block_on(async {
+        let (server, client) = serve(&Fabric::default());
+        let conn = client.connect(AT, "echo").await.unwrap();
+        // Inline-sized, one receive buffer, just over it, and rendezvous (READ) sizes, up
+        // to the largest message (16 MiB with its 4-byte length prefix).
+        for (i, len) in [0usize, 1, 64, 4000, 4097, 65_536, 1 << 20, (16 << 20) - 4]
+            .into_iter()
+            .enumerate()
+        {
+            let payload = pattern(len, i as u64);
+            let resp: EchoResponse = conn
+                .request_typed(&EchoRequest {
+                    payload: payload.clone(),
+                })
+                .await
+                .unwrap_or_else(|e| panic!("{len} bytes: {e}"));
+            assert!(resp.payload == payload, "{len} bytes came back different");
+        }
+        // Several connections at once, their requests interleaved.
+        let mut calls = Vec::new();
+        for i in 0..8 {
+            let conn = client.connect(AT, "echo").await.unwrap();
+            let payload = pattern(10_000 + i, 99);
+            calls.push(actix::spawn(async move {
+                let r: EchoResponse = conn
+                    .request_typed(&EchoRequest {
+                        payload: payload.clone(),
+                    })
+                    .await
+                    .unwrap();
+                r.payload == payload
+            }));
+        }
+        for call in calls {
+            assert!(
+                call.await.unwrap(),
+                "an interleaved echo came back different"
+            );
+        }
+        client.shutdown().await;
+        server.shutdown().await;
+    });
+}
+
+#[test]
+fn discard_counts_every_one_way_message_in_order() {
+    actix::System::new().block_on(async {
+        let (server, client) = serve(&Fabric::default());
+        let conn = client.connect(AT, "discard").await.unwrap();
+        // Batches under the connection's queue bound (`max_queued_sends`): `send_all`
+        // returns once they are queued, so each batch waits for the count to catch up.
+        for b in 0..10u64 {
+            let batch: Vec<Vec<u8>> = (0..500).map(|i| pattern(64, b * 500 + i)).collect();
+            conn.send_all(batch).await.unwrap();
+            let count: u64 = conn.request_typed(&()).await.unwrap();
+            assert_eq!(count, (b + 1) * 500);
+        }
+        for i in 0..1000 {
+            conn.send(pattern(100, i)).await.unwrap();
+        }
+        let count: u64 = conn.request_typed(&()).await.unwrap();
+        assert_eq!(
+            count, 6000,
+            "the count answers after every message sent before it"
+        );
+        client.shutdown().await;
+        server.shutdown().await;
+    });
+}
+
+#[test]
+fn pingpong_answers_in_order_and_a_skipped_ping_ends_the_connection() {
+    actix::System::new().block_on(async {
+        let (server, client) = serve(&Fabric::default());
+        let conn = client.connect(AT, "pingpong").await.unwrap();
+        for seq in 0..100u64 {
+            let payload = pattern(seq as usize, seq);
+            let pong: PingPong = conn
+                .request_typed(&PingPong::Ping {
+                    seq,
+                    payload: payload.clone(),
+                })
+                .await
+                .unwrap();
+            assert_eq!(pong, PingPong::Pong { seq, payload });
+        }
+        let skipped = conn
+            .request_typed::<_, PingPong>(&PingPong::Ping {
+                seq: 7,
+                payload: vec![],
+            })
+            .await;
+        match skipped {
+            Err(RequestError::Closed(reason)) => {
+                assert!(
+                    reason.to_string().contains("7"),
+                    "the reason names the ping: {reason}"
+                )
+            }
+            other => panic!("a repeated ping must end the connection: {other:?}"),
+        }
+        // The server goes on serving others.
+        let other = client.connect(AT, "pingpong").await.unwrap();
+        let pong: PingPong = other
+            .request_typed(&PingPong::Ping {
+                seq: 0,
+                payload: vec![1],
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            pong,
+            PingPong::Pong {
+                seq: 0,
+                payload: vec![1]
+            }
+        );
+        client.shutdown().await;
+        server.shutdown().await;
+    });
+}
