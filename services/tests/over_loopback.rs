@@ -152,3 +152,43 @@ fn pingpong_answers_in_order_and_a_skipped_ping_ends_the_connection() {
         server.shutdown().await;
     });
 }
+
+#[test]
+fn a_message_over_the_servers_largest_is_refused_before_it_moves_and_the_connection_goes_on() {
+    actix::System::new().block_on(async {
+        let fabric = Fabric::default();
+        let mut config = NodeConfig::default();
+        config.connection.max_message = 1 << 20;
+        let server = Server::over(Loopback)
+            .domain(fabric.device("server"))
+            .config(config)
+            .listen(AT, None)
+            .service("echo", Echo)
+            .start()
+            .unwrap();
+        let client =
+            Client::<Loopback>::on(fabric.device("client"), NodeConfig::default()).unwrap();
+        let conn = client.connect(AT, "echo").await.unwrap();
+        let too_big = EchoRequest {
+            payload: vec![7; 2 << 20],
+        };
+        match conn.request_typed::<_, EchoResponse>(&too_big).await {
+            Err(RequestError::Refused(why)) => {
+                assert!(
+                    why.to_string().contains("1048576"),
+                    "the server's limit named: {why}"
+                )
+            }
+            other => panic!("2 MiB to a server taking 1 MiB must be refused: {other:?}"),
+        }
+        let small = EchoRequest {
+            payload: vec![1, 2, 3],
+        };
+        let back: EchoResponse = conn.request_typed(&small).await.unwrap();
+        assert_eq!(back.payload, [1, 2, 3]);
+        let stats = server.stats().await;
+        assert_eq!(stats.connections, 1, "the refusal closed nothing");
+        client.shutdown().await;
+        server.shutdown().await;
+    });
+}
