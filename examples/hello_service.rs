@@ -6,6 +6,7 @@
 //! --verbs 192.0.2.1:7471`).
 
 use std::collections::HashMap;
+use std::error::Error;
 use std::net::SocketAddr;
 use std::sync::Mutex;
 
@@ -36,14 +37,8 @@ impl RequestHandler for Hello {
     }
 }
 
-/// Serves `hello` on `addr` over `transport` and calls it from three connections.
-async fn run<T: Transport + Copy>(
-    transport: T,
-    addr: SocketAddr,
-) -> Result<(), Box<dyn std::error::Error>>
-where
-    HandlerService<Hello>: Service<T>,
-{
+/// Serves `hello` on `addr` over `transport` and calls it from four connections.
+async fn run<T: Transport + Copy>(transport: T, addr: SocketAddr) -> Result<(), Box<dyn Error>> {
     let server = Server::over(transport)
         .listen(addr, None)
         .handler("hello", Hello::default())
@@ -66,7 +61,7 @@ where
     Ok(())
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), Box<dyn Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     actix::System::new().block_on(async {
         match args.as_slice() {

@@ -96,10 +96,7 @@ impl<T: Transport> ServerBuilder<T> {
     /// Registers a [`RequestHandler`] under `name`, with the default limits of
     /// [`HandlerService::new`] (to set them, register a `HandlerService` with
     /// [`service`](Self::service)).
-    pub fn handler<H: RequestHandler>(self, name: &str, handler: H) -> Self
-    where
-        HandlerService<H>: Service<T>,
-    {
+    pub fn handler(self, name: &str, handler: impl RequestHandler) -> Self {
         self.service(name, HandlerService::new(handler))
     }
 
