@@ -48,11 +48,7 @@ pub enum ClientError {
 impl ClientError {
     /// A transport's error: verbs errors keep their own variant.
     fn transport<E: std::error::Error + Send + Sync + 'static>(e: E) -> ClientError {
-        let boxed: Box<dyn std::error::Error + Send + Sync> = Box::new(e);
-        match boxed.downcast::<VerbsError>() {
-            Ok(verbs) => ClientError::Verbs(*verbs),
-            Err(other) => ClientError::Transport(other),
-        }
+        super::verbs_or_boxed(e).map_or_else(ClientError::Transport, ClientError::Verbs)
     }
 }
 

@@ -119,3 +119,12 @@ pub enum CloseReason {
     #[error("shutting down")]
     Shutdown,
 }
+
+/// A transport's error as a server's or client's error takes it: a verbs error keeps its
+/// type (callers match on it), any other is boxed.
+fn verbs_or_boxed<E: std::error::Error + Send + Sync + 'static>(
+    e: E,
+) -> Result<crate::verbs::VerbsError, Box<dyn std::error::Error + Send + Sync>> {
+    let boxed: Box<dyn std::error::Error + Send + Sync> = Box::new(e);
+    boxed.downcast::<crate::verbs::VerbsError>().map(|v| *v)
+}

@@ -70,11 +70,7 @@ impl ServerError {
     /// A transport's error: verbs errors keep their own variant, so that callers can
     /// match on them.
     fn transport<E: std::error::Error + Send + Sync + 'static>(e: E) -> ServerError {
-        let boxed: Box<dyn std::error::Error + Send + Sync> = Box::new(e);
-        match boxed.downcast::<VerbsError>() {
-            Ok(verbs) => ServerError::Verbs(*verbs),
-            Err(other) => ServerError::Transport(other),
-        }
+        super::verbs_or_boxed(e).map_or_else(ServerError::Transport, ServerError::Verbs)
     }
 }
 
