@@ -19,7 +19,8 @@
 //!
 //! Run: `scripts/wire --hosts 4 --driver <the wire_cluster test binary> --nocapture`
 //! (docs/testing.md). `RDMACTOR_WIRE_FILES` (100) and `RDMACTOR_WIRE_FILE_MAX_MIB` (16)
-//! size step 1, `RDMACTOR_WIRE_CLIENTS` (300) step 2. Without a wire of four hosts the
+//! size step 1, `RDMACTOR_WIRE_CLIENTS` (300) step 2; `RDMACTOR_WIRE_PARTITION_ONLY=1`
+//! skips steps 2 to 4 (60 echo sessions, then step 5). Without a wire of four hosts the
 //! test skips.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -556,299 +557,326 @@ fn a_cluster_of_three_serves_d_through_a_killed_host_and_a_partition() {
     // Each is fetched back after b's kill (step 3), the SHA-256 of the copy compared
     // with the source's.
 
-    // --- 2. Clients on d through discovery, spread over a, b, c. -----------------------
     let client = bin("client");
     let urls = all_urls();
-    let n = clients.to_string();
-    let echo = wire.spawn(
-        Host::D,
-        &[
-            &client,
-            "--cluster",
-            CLUSTER,
-            "--etcd",
-            &urls,
-            "echo",
-            "--connections",
-            &n,
-            "--forever",
-        ],
-    );
-    let t = Instant::now();
-    wire.wait_for_output(
-        Host::D,
-        &echo,
-        &format!("connected {clients}"),
-        Duration::from_secs(600),
-    );
-    let connect_secs = t.elapsed();
-    let spread: BTreeMap<Host, u64> = SERVERS
-        .iter()
-        .map(|h| (*h, qps(&wire, *h) - base[h]))
-        .collect();
-    let total: u64 = spread.values().sum();
-    let fair = clients as f64 / 3.0;
-    let shares: Vec<String> = spread
-        .iter()
-        .map(|(h, c)| {
-            format!(
-                "{}: {c} ({:+.1}%)",
-                h.name(),
-                (*c as f64 / fair - 1.0) * 100.0
-            )
-        })
-        .collect();
-    println!(
-        "[2] {clients} echo sessions from d connected in {} through the registry: {}",
-        secs(connect_secs),
-        shares.join(", ")
-    );
-    assert_eq!(total, clients as u64, "QPs on the servers: {spread:?}");
-    for (h, c) in &spread {
-        let off = (*c as f64 / fair - 1.0).abs();
-        if off > 0.2 {
+    // `RDMACTOR_WIRE_PARTITION_ONLY=1` goes from step 1 straight to step 5, with the 60
+    // echo sessions step 4 leaves for it: the partition in about a quarter of the time.
+    let partition_only = std::env::var("RDMACTOR_WIRE_PARTITION_ONLY").as_deref() == Ok("1");
+    let (echo, a_pre60) = if partition_only {
+        println!(
+            "[2-4] skipped (RDMACTOR_WIRE_PARTITION_ONLY=1): 60 echo sessions, then the partition"
+        );
+        let a_pre60 = qps(&wire, Host::A);
+        let echo = wire.spawn(
+            Host::D,
+            &[
+                &client,
+                "--cluster",
+                CLUSTER,
+                "--etcd",
+                &urls,
+                "echo",
+                "--connections",
+                "60",
+                "--forever",
+            ],
+        );
+        wire.wait_for_output(Host::D, &echo, "connected 60", Duration::from_secs(300));
+        (echo, a_pre60)
+    } else {
+        // --- 2. Clients on d through discovery, spread over a, b, c. -----------------------
+        let n = clients.to_string();
+        let echo = wire.spawn(
+            Host::D,
+            &[
+                &client,
+                "--cluster",
+                CLUSTER,
+                "--etcd",
+                &urls,
+                "echo",
+                "--connections",
+                &n,
+                "--forever",
+            ],
+        );
+        let t = Instant::now();
+        wire.wait_for_output(
+            Host::D,
+            &echo,
+            &format!("connected {clients}"),
+            Duration::from_secs(600),
+        );
+        let connect_secs = t.elapsed();
+        let spread: BTreeMap<Host, u64> = SERVERS
+            .iter()
+            .map(|h| (*h, qps(&wire, *h) - base[h]))
+            .collect();
+        let total: u64 = spread.values().sum();
+        let fair = clients as f64 / 3.0;
+        let shares: Vec<String> = spread
+            .iter()
+            .map(|(h, c)| {
+                format!(
+                    "{}: {c} ({:+.1}%)",
+                    h.name(),
+                    (*c as f64 / fair - 1.0) * 100.0
+                )
+            })
+            .collect();
+        println!(
+            "[2] {clients} echo sessions from d connected in {} through the registry: {}",
+            secs(connect_secs),
+            shares.join(", ")
+        );
+        assert_eq!(total, clients as u64, "QPs on the servers: {spread:?}");
+        for (h, c) in &spread {
+            let off = (*c as f64 / fair - 1.0).abs();
+            if off > 0.2 {
+                missed.push(format!(
+                    "{h:?} holds {c} of {clients}: off by more than 20%"
+                ));
+            }
+        }
+
+        // --- 3. Host b SIGKILLed mid-workload. ----------------------------------------------
+        let on_b = spread[&Host::B] as usize;
+        let moved_before = moves(&wire.stdout_so_far(Host::D, &echo)).len();
+        let more: Vec<(String, usize)> = (0..12)
+            .map(|i| (format!("k{i:03}.bin"), size_of(i + 31, max_mib.min(4))))
+            .collect();
+        let uploads = wire.spawn(Host::D, &["bash", "-c", &upload_script(&more)]);
+        // Some acknowledged before the kill, more in flight.
+        let deadline = Instant::now() + Duration::from_secs(900);
+        while wire
+            .stdout_so_far(Host::D, &uploads)
+            .matches("GOOD")
+            .count()
+            < 3
+        {
+            assert!(
+                Instant::now() < deadline && !wire.ended(Host::D, &uploads),
+                "the second uploads never got going: {:#?}",
+                wire.wait(Host::D, &uploads, Duration::from_secs(1))
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let (acked_before_kill, _) = parse_uploads(&wire.stdout_so_far(Host::D, &uploads));
+        wire.kill(Host::B);
+        let killed = Instant::now();
+        cluster.servers.remove(&Host::B);
+        cluster.etcd.remove(&Host::B);
+        println!(
+            "[3] host b SIGKILLed with {on_b} echo sessions on it and uploads under way \
+             ({} acknowledged before the kill)",
+            acked_before_kill.len()
+        );
+        let ac = [Host::A, Host::C].map(client_url).join(",");
+        let lapsed = wait_listing(&wire, &ac, "echo", bound + TTL * 4, |n| !n.contains("b"));
+        let gone_after = killed.elapsed();
+        let times = follow_moves(
+            &wire,
+            &echo,
+            "b",
+            moved_before,
+            on_b,
+            killed,
+            (bound + TTL) * 2,
+        );
+        let all_moves = moves(&wire.stdout_so_far(Host::D, &echo));
+        let fresh = &all_moves[moved_before.min(all_moves.len())..];
+        println!(
+            "[3] b left the registry {} after the kill (lease TTL {}; the read took {})",
+            secs(gone_after),
+            secs(TTL),
+            secs(lapsed)
+        );
+        if let (Some(first), Some(last)) = (times.first(), times.last()) {
+            let mut sorted = times.clone();
+            sorted.sort();
+            println!(
+                "[3] {} of {on_b} sessions moved off b: first {}, median {}, last {} after the kill \
+                 (bound: dead-peer {} + lease TTL {} = {})",
+                times.len(),
+                secs(*first),
+                secs(sorted[sorted.len() / 2]),
+                secs(*last),
+                secs(bound),
+                secs(TTL),
+                secs(bound + TTL)
+            );
+        }
+        for m in fresh.iter().take(3) {
+            println!("      e.g. MOVED {m}");
+        }
+        let others = fresh.iter().filter(|m| !m.starts_with("node b ")).count();
+        println!("[3] moves off a or c meanwhile: {others}");
+        assert!(
+            !wire.ended(Host::D, &echo),
+            "the echo client ended: {:#?}",
+            wire.wait(Host::D, &echo, Duration::from_secs(1))
+        );
+        if times.len() != on_b {
+            missed.push(format!("{} of {on_b} sessions moved off b", times.len()));
+        }
+        if let Some(last) = times.last().filter(|t| **t > bound + TTL) {
             missed.push(format!(
-                "{h:?} holds {c} of {clients}: off by more than 20%"
+                "the last session moved off b {} after the kill, beyond {}",
+                secs(*last),
+                secs(bound + TTL)
             ));
         }
-    }
-
-    // --- 3. Host b SIGKILLed mid-workload. ----------------------------------------------
-    let on_b = spread[&Host::B] as usize;
-    let moved_before = moves(&wire.stdout_so_far(Host::D, &echo)).len();
-    let more: Vec<(String, usize)> = (0..12)
-        .map(|i| (format!("k{i:03}.bin"), size_of(i + 31, max_mib.min(4))))
-        .collect();
-    let uploads = wire.spawn(Host::D, &["bash", "-c", &upload_script(&more)]);
-    // Some acknowledged before the kill, more in flight.
-    let deadline = Instant::now() + Duration::from_secs(900);
-    while wire
-        .stdout_so_far(Host::D, &uploads)
-        .matches("GOOD")
-        .count()
-        < 3
-    {
-        assert!(
-            Instant::now() < deadline && !wire.ended(Host::D, &uploads),
-            "the second uploads never got going: {:#?}",
-            wire.wait(Host::D, &uploads, Duration::from_secs(1))
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let (acked_before_kill, _) = parse_uploads(&wire.stdout_so_far(Host::D, &uploads));
-    wire.kill(Host::B);
-    let killed = Instant::now();
-    cluster.servers.remove(&Host::B);
-    cluster.etcd.remove(&Host::B);
-    println!(
-        "[3] host b SIGKILLed with {on_b} echo sessions on it and uploads under way \
-         ({} acknowledged before the kill)",
-        acked_before_kill.len()
-    );
-    let ac = [Host::A, Host::C].map(client_url).join(",");
-    let lapsed = wait_listing(&wire, &ac, "echo", bound + TTL * 4, |n| !n.contains("b"));
-    let gone_after = killed.elapsed();
-    let times = follow_moves(
-        &wire,
-        &echo,
-        "b",
-        moved_before,
-        on_b,
-        killed,
-        (bound + TTL) * 2,
-    );
-    let all_moves = moves(&wire.stdout_so_far(Host::D, &echo));
-    let fresh = &all_moves[moved_before.min(all_moves.len())..];
-    println!(
-        "[3] b left the registry {} after the kill (lease TTL {}; the read took {})",
-        secs(gone_after),
-        secs(TTL),
-        secs(lapsed)
-    );
-    if let (Some(first), Some(last)) = (times.first(), times.last()) {
-        let mut sorted = times.clone();
-        sorted.sort();
+        // etcd keeps its quorum: a and c answer, and a write goes through.
+        let status = etcdctl(&wire, &ac, "endpoint status -w table");
+        assert_eq!(status.status, 0, "{status:#?}");
+        let put = etcdctl(&wire, &ac, "put /wire-check/quorum after-b-died");
+        assert_eq!(put.status, 0, "a write without b: {put:#?}");
         println!(
-            "[3] {} of {on_b} sessions moved off b: first {}, median {}, last {} after the kill \
-             (bound: dead-peer {} + lease TTL {} = {})",
-            times.len(),
-            secs(*first),
-            secs(sorted[sorted.len() / 2]),
-            secs(*last),
-            secs(bound),
-            secs(TTL),
-            secs(bound + TTL)
+            "[3] etcd: a and c keep the quorum (a write went through):\n{}",
+            status.stdout.trim_end()
         );
-    }
-    for m in fresh.iter().take(3) {
-        println!("      e.g. MOVED {m}");
-    }
-    let others = fresh.iter().filter(|m| !m.starts_with("node b ")).count();
-    println!("[3] moves off a or c meanwhile: {others}");
-    assert!(
-        !wire.ended(Host::D, &echo),
-        "the echo client ended: {:#?}",
-        wire.wait(Host::D, &echo, Duration::from_secs(1))
-    );
-    if times.len() != on_b {
-        missed.push(format!("{} of {on_b} sessions moved off b", times.len()));
-    }
-    if let Some(last) = times.last().filter(|t| **t > bound + TTL) {
-        missed.push(format!(
-            "the last session moved off b {} after the kill, beyond {}",
-            secs(*last),
-            secs(bound + TTL)
-        ));
-    }
-    // etcd keeps its quorum: a and c answer, and a write goes through.
-    let status = etcdctl(&wire, &ac, "endpoint status -w table");
-    assert_eq!(status.status, 0, "{status:#?}");
-    let put = etcdctl(&wire, &ac, "put /wire-check/quorum after-b-died");
-    assert_eq!(put.status, 0, "a write without b: {put:#?}");
-    println!(
-        "[3] etcd: a and c keep the quorum (a write went through):\n{}",
-        status.stdout.trim_end()
-    );
 
-    let done = wire.wait(Host::D, &uploads, Duration::from_secs(1800));
-    let (more_acked, more_failed) = parse_uploads(&done.stdout);
-    for (name, why) in &more_failed {
-        println!("[3] upload {name} failed: {why}");
-    }
-    assert_eq!(
-        more_acked.len() + more_failed.len(),
-        more.len(),
-        "an upload neither acknowledged nor failed with a reason: {done:#?}"
-    );
-    let after_kill: Vec<&String> = more_acked
-        .keys()
-        .filter(|n| !acked_before_kill.contains_key(*n))
-        .collect();
-    println!(
-        "[3] second uploads: {} acknowledged ({} of them after the kill), {} failed with a reason",
-        more_acked.len(),
-        after_kill.len(),
-        more_failed.len()
-    );
-    acked.extend(more_acked);
-    // The 300 sessions have shown what they were for; under TCG their echoes take most
-    // of every host's one vCPU, which the copies below need.
-    assert!(
-        !wire.ended(Host::D, &echo),
-        "the echo client ended: {:#?}",
-        wire.wait(Host::D, &echo, Duration::from_secs(1))
-    );
-    wire.kill_job_quietly(Host::D, &echo);
-    let t = Instant::now();
-    let from = fetch_all(&wire, &acked, &all_urls());
-    println!(
-        "[3] all {} acknowledged files ({files_n} of step 1) fetched whole on d with b dead,          SHA-256 equal to the source's, in {} (served by {from:?})",
-        acked.len(),
-        secs(t.elapsed())
-    );
-    assert!(!from.contains_key("b"), "served by the dead b: {from:?}");
-
-    // Repair: after the grace period, b's files are copied to the node left.
-    let on_b_files = records(&wire, &ac)
-        .values()
-        .filter(|nodes| nodes.iter().any(|n| n == "b"))
-        .count();
-    let ft = bin("ft");
-    let repair = wire.spawn(
-        Host::D,
-        &[
-            &ft,
-            "--cluster",
-            CLUSTER,
-            "--etcd",
-            &ac,
-            "repair",
-            "--grace-secs",
-            "10",
-            "--every-secs",
-            "2",
-        ],
-    );
-    let deadline = Instant::now() + Duration::from_secs(1800);
-    loop {
-        let recs = records(&wire, &ac);
-        let left = recs
-            .values()
-            .filter(|nodes| nodes.iter().any(|n| n == "b") || nodes.len() < 2)
-            .count();
-        if left == 0 {
-            break;
+        let done = wire.wait(Host::D, &uploads, Duration::from_secs(1800));
+        let (more_acked, more_failed) = parse_uploads(&done.stdout);
+        for (name, why) in &more_failed {
+            println!("[3] upload {name} failed: {why}");
         }
-        assert!(
-            Instant::now() < deadline && !wire.ended(Host::D, &repair),
-            "{left} records still name b or have fewer than 2 nodes: {:#?}",
-            wire.wait(Host::D, &repair, Duration::from_secs(1))
+        assert_eq!(
+            more_acked.len() + more_failed.len(),
+            more.len(),
+            "an upload neither acknowledged nor failed with a reason: {done:#?}"
         );
-        std::thread::sleep(Duration::from_secs(2));
-    }
-    wire.signal(Host::D, &repair, "TERM");
-    let repaired = wire.wait(Host::D, &repair, Duration::from_secs(30));
-    println!(
-        "[3] repair (grace 10 s): {on_b_files} records named b; all at R = 2 on a and c {} after the kill ({} REPAIRED lines)",
-        secs(killed.elapsed()),
-        repaired.stdout.matches("REPAIRED").count()
-    );
+        let after_kill: Vec<&String> = more_acked
+            .keys()
+            .filter(|n| !acked_before_kill.contains_key(*n))
+            .collect();
+        println!(
+            "[3] second uploads: {} acknowledged ({} of them after the kill), {} failed with a reason",
+            more_acked.len(),
+            after_kill.len(),
+            more_failed.len()
+        );
+        acked.extend(more_acked);
+        // The 300 sessions have shown what they were for; under TCG their echoes take most
+        // of every host's one vCPU, which the copies below need.
+        assert!(
+            !wire.ended(Host::D, &echo),
+            "the echo client ended: {:#?}",
+            wire.wait(Host::D, &echo, Duration::from_secs(1))
+        );
+        wire.kill_job_quietly(Host::D, &echo);
+        let t = Instant::now();
+        let from = fetch_all(&wire, &acked, &all_urls());
+        println!(
+            "[3] all {} acknowledged files ({files_n} of step 1) fetched whole on d with b dead,          SHA-256 equal to the source's, in {} (served by {from:?})",
+            acked.len(),
+            secs(t.elapsed())
+        );
+        assert!(!from.contains_key("b"), "served by the dead b: {from:?}");
 
-    // --- 4. b boots again and rejoins. ---------------------------------------------------
-    // Load on a and c first: 60 echo sessions (they stay for step 5).
-    let n = "60";
-    let a_pre60 = qps(&wire, Host::A);
-    let echo = wire.spawn(
-        Host::D,
-        &[
-            &client,
-            "--cluster",
-            CLUSTER,
-            "--etcd",
-            &urls,
-            "echo",
-            "--connections",
-            n,
-            "--forever",
-        ],
-    );
-    wire.wait_for_output(Host::D, &echo, "connected 60", Duration::from_secs(300));
-    wire.boot(Host::B);
-    let booted = Instant::now();
-    let list = etcdctl(&wire, &ac, "member list");
-    assert_eq!(list.status, 0, "{list:#?}");
-    let id = list
-        .stdout
-        .lines()
-        .find(|l| l.contains(", b, "))
-        .and_then(|l| l.split(',').next())
-        .unwrap_or_else(|| panic!("no member b: {}", list.stdout))
-        .to_owned();
-    let removed = etcdctl(&wire, &ac, &format!("member remove {id}"));
-    assert_eq!(removed.status, 0, "{removed:#?}");
-    let added = etcdctl(
-        &wire,
-        &ac,
-        &format!("member add b --peer-urls={}", peer_url(Host::B)),
-    );
-    assert_eq!(added.status, 0, "{added:#?}");
-    cluster.start_etcd(Host::B, &SERVERS, "existing");
-    cluster.wait_etcd_healthy(&all_urls(), Duration::from_secs(180));
-    cluster.start_server(Host::B);
-    wait_listing(&wire, &all_urls(), "echo", Duration::from_secs(60), all3);
-    println!(
-        "[4] b booted, its etcd member replaced and healthy, its server registered {} after the boot",
-        secs(booted.elapsed())
-    );
-    let b_before = qps(&wire, Host::B);
-    let newcomers = thirty_new_connections(&wire, &client, &urls);
-    let b_got = qps(&wire, Host::B) - b_before;
-    wire.wait(Host::D, &newcomers, Duration::from_secs(120))
-        .ok("30 new connections");
-    println!("[4] of 30 new connections from d, b (the least loaded) took {b_got}");
-    if b_got < 15 {
-        missed.push(format!("b took {b_got} of 30 new connections"));
-    }
+        // Repair: after the grace period, b's files are copied to the node left.
+        let on_b_files = records(&wire, &ac)
+            .values()
+            .filter(|nodes| nodes.iter().any(|n| n == "b"))
+            .count();
+        let ft = bin("ft");
+        let repair = wire.spawn(
+            Host::D,
+            &[
+                &ft,
+                "--cluster",
+                CLUSTER,
+                "--etcd",
+                &ac,
+                "repair",
+                "--grace-secs",
+                "10",
+                "--every-secs",
+                "2",
+            ],
+        );
+        let deadline = Instant::now() + Duration::from_secs(1800);
+        loop {
+            let recs = records(&wire, &ac);
+            let left = recs
+                .values()
+                .filter(|nodes| nodes.iter().any(|n| n == "b") || nodes.len() < 2)
+                .count();
+            if left == 0 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline && !wire.ended(Host::D, &repair),
+                "{left} records still name b or have fewer than 2 nodes: {:#?}",
+                wire.wait(Host::D, &repair, Duration::from_secs(1))
+            );
+            std::thread::sleep(Duration::from_secs(2));
+        }
+        wire.signal(Host::D, &repair, "TERM");
+        let repaired = wire.wait(Host::D, &repair, Duration::from_secs(30));
+        println!(
+            "[3] repair (grace 10 s): {on_b_files} records named b; all at R = 2 on a and c {} after the kill ({} REPAIRED lines)",
+            secs(killed.elapsed()),
+            repaired.stdout.matches("REPAIRED").count()
+        );
+
+        // --- 4. b boots again and rejoins. ---------------------------------------------------
+        // Load on a and c first: 60 echo sessions (they stay for step 5).
+        let n = "60";
+        let a_pre60 = qps(&wire, Host::A);
+        let echo = wire.spawn(
+            Host::D,
+            &[
+                &client,
+                "--cluster",
+                CLUSTER,
+                "--etcd",
+                &urls,
+                "echo",
+                "--connections",
+                n,
+                "--forever",
+            ],
+        );
+        wire.wait_for_output(Host::D, &echo, "connected 60", Duration::from_secs(300));
+        wire.boot(Host::B);
+        let booted = Instant::now();
+        let list = etcdctl(&wire, &ac, "member list");
+        assert_eq!(list.status, 0, "{list:#?}");
+        let id = list
+            .stdout
+            .lines()
+            .find(|l| l.contains(", b, "))
+            .and_then(|l| l.split(',').next())
+            .unwrap_or_else(|| panic!("no member b: {}", list.stdout))
+            .to_owned();
+        let removed = etcdctl(&wire, &ac, &format!("member remove {id}"));
+        assert_eq!(removed.status, 0, "{removed:#?}");
+        let added = etcdctl(
+            &wire,
+            &ac,
+            &format!("member add b --peer-urls={}", peer_url(Host::B)),
+        );
+        assert_eq!(added.status, 0, "{added:#?}");
+        cluster.start_etcd(Host::B, &SERVERS, "existing");
+        cluster.wait_etcd_healthy(&all_urls(), Duration::from_secs(180));
+        cluster.start_server(Host::B);
+        wait_listing(&wire, &all_urls(), "echo", Duration::from_secs(60), all3);
+        println!(
+            "[4] b booted, its etcd member replaced and healthy, its server registered {} after the boot",
+            secs(booted.elapsed())
+        );
+        let b_before = qps(&wire, Host::B);
+        let newcomers = thirty_new_connections(&wire, &client, &urls);
+        let b_got = qps(&wire, Host::B) - b_before;
+        wire.wait(Host::D, &newcomers, Duration::from_secs(120))
+            .ok("30 new connections");
+        println!("[4] of 30 new connections from d, b (the least loaded) took {b_got}");
+        if b_got < 15 {
+            missed.push(format!("b took {b_got} of 30 new connections"));
+        }
+        (echo, a_pre60)
+    };
 
     // --- 5. a cut off by netem loss 100%. ------------------------------------------------
     let bc = [Host::B, Host::C].map(client_url).join(",");
@@ -901,10 +929,13 @@ fn a_cluster_of_three_serves_d_through_a_killed_host_and_a_partition() {
         bc_got >= 30,
         "b and c gained {bc_got} QPs for 30 new connections"
     );
+    let t = Instant::now();
     let from = fetch_all(&wire, &acked, &all_urls());
     println!(
-        "[5] all {} acknowledged files fetched whole with a cut off (served by {from:?})",
-        acked.len()
+        "[5] all {} acknowledged files fetched whole with a cut off by `ft --cluster` given \
+         every etcd member, a's first, in {} (served by {from:?})",
+        acked.len(),
+        secs(t.elapsed())
     );
     assert!(!from.contains_key("a"));
     wire.netem_off(Host::A);

@@ -15,7 +15,7 @@ use std::time::Duration;
 use etcd_client::{EventType, GetOptions, WatchOptions};
 use tokio::sync::watch;
 
-use crate::etcd::EtcdConfig;
+use crate::etcd::{EtcdConfig, Members};
 use crate::record::{check_name, service_prefix};
 use crate::table::{Entry, MemberTable};
 use crate::{Error, NodeInfo, Result};
@@ -173,14 +173,18 @@ async fn run(etcd: EtcdConfig, state: Arc<State>) {
     }
 }
 
-/// Reads the prefix, then applies the watch's events until it fails.
+/// Reads the prefix, then applies the watch's events until it fails. Both go to the
+/// current member, which a failure of its own leaves for the next: a read that cannot
+/// be answered there (no leader: linearizable reads need the quorum) is made on the next
+/// member at once, and a watch that the member ends (it lost its leader: the watch
+/// requires one) or that breaks moves the re-sync to the next member.
 async fn sync_and_watch(
     etcd: &EtcdConfig,
     state: &State,
-    client: &mut Option<etcd_client::Client>,
+    client: &mut Option<Members>,
     failures: &mut u32,
 ) -> Error {
-    let mut etcd_client = match client {
+    let members = match client {
         Some(c) => c.clone(),
         None => match etcd.connect().await {
             Ok(c) => {
@@ -191,34 +195,50 @@ async fn sync_and_watch(
         },
     };
     let prefix = service_prefix(&state.cluster, &state.service);
-    let read = match etcd
-        .call(
-            "get",
-            etcd_client.get(prefix.as_str(), Some(GetOptions::new().with_prefix())),
-        )
+    let read = match members
+        .idempotent("get", |mut c| {
+            let prefix = prefix.clone();
+            async move { c.get(prefix, Some(GetOptions::new().with_prefix())).await }
+        })
         .await
     {
         Ok(read) => read,
         Err(err) => return err,
     };
     let revision = read.header().map_or(0, |h| h.revision());
-    let mut stream = match etcd
-        .call(
-            "watch",
-            etcd_client.watch(
-                prefix.as_str(),
-                Some(
-                    WatchOptions::new()
-                        .with_prefix()
-                        .with_start_revision(revision + 1),
-                ),
-            ),
-        )
+    let (at, mut stream) = match members
+        .idempotent_at("watch", |mut c| {
+            let prefix = prefix.clone();
+            async move {
+                c.watch(
+                    prefix,
+                    Some(
+                        WatchOptions::new()
+                            .with_prefix()
+                            .with_start_revision(revision + 1),
+                    ),
+                )
+                .await
+            }
+        })
         .await
     {
         Ok(stream) => stream,
         Err(err) => return err,
     };
+    let error = watch(state, &mut stream, revision, &read, failures).await;
+    members.leave(at, &error);
+    error
+}
+
+/// Applies the read, then the watch's events until it fails.
+async fn watch(
+    state: &State,
+    stream: &mut etcd_client::WatchStream,
+    revision: i64,
+    read: &etcd_client::GetResponse,
+    failures: &mut u32,
+) -> Error {
     {
         let mut table = state.table.lock().expect("table lock");
         table.handle_snapshot(

@@ -39,7 +39,7 @@ use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpRespo
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::etcd::EtcdConfig;
+use crate::etcd::{EtcdConfig, Members};
 use crate::record::{check_name, node_key, Load, NodeRecord};
 use crate::{Error, Result, METRIC_FAILURES, METRIC_REGISTERED};
 
@@ -186,7 +186,8 @@ impl Registrar {
                 .map(|s| node_key(&config.cluster, s, &config.node))
                 .collect(),
             config,
-            client: None,
+            members: None,
+            at: 0,
             lease: None,
             load: load_rx,
             state: state_tx,
@@ -250,7 +251,9 @@ struct Task {
     etcd: EtcdConfig,
     config: RegistrationConfig,
     keys: Vec<String>,
-    client: Option<Client>,
+    members: Option<Members>,
+    /// The member the last session went to.
+    at: usize,
     /// The lease the keys were last put under, while it may be alive.
     lease: Option<i64>,
     load: watch::Receiver<Load>,
@@ -270,6 +273,9 @@ impl Task {
             };
             self.registered.set(0.0);
             self.failures.increment(1);
+            if let Some(members) = &self.members {
+                members.leave(self.at, &error);
+            }
             if matches!(error, Error::LeaseLost { .. }) {
                 self.lease = None;
             }
@@ -318,14 +324,20 @@ impl Task {
     /// Registers (or resumes) and keeps the lease alive until an error, a withdraw, or
     /// the registrar being dropped.
     async fn session(&mut self) -> Result<Outcome> {
-        let mut client = match &self.client {
-            Some(client) => client.clone(),
+        let members = match &self.members {
+            Some(members) => members.clone(),
             None => {
-                let client = self.etcd.connect().await?;
-                self.client = Some(client.clone());
-                client
+                let members = self.etcd.connect().await?;
+                self.members = Some(members.clone());
+                members
             }
         };
+        // One member for the whole session: the lease's keepalive stream and the writes
+        // under it. A session that ends in a failure of the member's (no leader: every
+        // call requires one, and etcd ends the keepalive stream of a member that lost
+        // it) leaves it, and the next session registers through the next member.
+        let (at, mut client) = members.current();
+        self.at = at;
         let written = *self.load.borrow_and_update();
         let lease = self.register(&mut client, written).await?;
         self.registered.set(1.0);
@@ -563,10 +575,11 @@ impl Task {
     /// A withdraw while not registered: revokes the last lease if there may be one.
     async fn withdraw_unregistered(&mut self) -> Result<()> {
         self.state.send_replace(RegistrationState::Draining);
-        let result = match (self.lease, self.client.clone()) {
-            (Some(lease), Some(mut client)) => self
-                .etcd
-                .call("lease revoke", client.lease_revoke(lease))
+        let result = match (self.lease, self.members.clone()) {
+            (Some(lease), Some(members)) => members
+                .idempotent("lease revoke", |mut client| async move {
+                    client.lease_revoke(lease).await
+                })
                 .await
                 .map(drop),
             _ => Ok(()),

@@ -16,7 +16,7 @@ use etcd_client::{Client, Compare, CompareOp, GetOptions, LockOptions, Txn, TxnO
 use tokio::sync::OnceCell;
 
 use super::record::{file_key, files_prefix, repair_lock, FileRecord};
-use crate::etcd::EtcdConfig;
+use crate::etcd::{EtcdConfig, Members};
 use crate::record::check_name;
 use crate::{Error, Result};
 
@@ -44,7 +44,7 @@ pub struct Stored {
 pub struct Catalog {
     etcd: EtcdConfig,
     cluster: String,
-    client: OnceCell<Client>,
+    members: OnceCell<Members>,
 }
 
 impl std::fmt::Debug for Catalog {
@@ -78,15 +78,12 @@ impl Catalog {
         Ok(Catalog {
             etcd,
             cluster: cluster.to_owned(),
-            client: OnceCell::new(),
+            members: OnceCell::new(),
         })
     }
 
-    async fn client(&self) -> Result<Client> {
-        self.client
-            .get_or_try_init(|| self.etcd.connect())
-            .await
-            .cloned()
+    async fn members(&self) -> Result<&Members> {
+        self.members.get_or_try_init(|| self.etcd.connect()).await
     }
 
     /// Records `name` unless it exists; then returns what exists.
@@ -101,11 +98,16 @@ impl Catalog {
             .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(key.as_str(), record.to_json(), None)])
             .or_else([TxnOp::get(key.as_str(), None)]);
-        let client = self.client().await?;
+        // Made again on the next member after any failure of the member's, even one
+        // that may come after etcd applied it (a broken connection, no answer in time):
+        // the compare makes a second application harmless. If the first one created the
+        // name, the second finds this very record, and `ClusterFiles::put` takes a
+        // record with the same bytes as created.
         let answer = self
-            .etcd
-            .call_retrying("file create txn", || {
-                let (mut client, txn) = (client.clone(), txn.clone());
+            .members()
+            .await?
+            .idempotent("file create txn", |mut client| {
+                let txn = txn.clone();
                 async move { client.txn(txn).await }
             })
             .await?;
@@ -135,11 +137,11 @@ impl Catalog {
     pub async fn get(&self, name: &str) -> Result<Option<Stored>> {
         check_name("file", name)?;
         let key = file_key(&self.cluster, name);
-        let client = self.client().await?;
         let answer = self
-            .etcd
-            .call_retrying("file get", || {
-                let (mut client, key) = (client.clone(), key.clone());
+            .members()
+            .await?
+            .idempotent("file get", |mut client| {
+                let key = key.clone();
                 async move { client.get(key, None).await }
             })
             .await?;
@@ -160,11 +162,11 @@ impl Catalog {
     /// etcd unreachable or slow.
     pub async fn list(&self) -> Result<Vec<Stored>> {
         let prefix = files_prefix(&self.cluster);
-        let client = self.client().await?;
         let answer = self
-            .etcd
-            .call_retrying("file list", || {
-                let (mut client, prefix) = (client.clone(), prefix.clone());
+            .members()
+            .await?
+            .idempotent("file list", |mut client| {
+                let prefix = prefix.clone();
                 async move {
                     client
                         .get(prefix, Some(GetOptions::new().with_prefix()))
@@ -197,13 +199,17 @@ impl Catalog {
     /// etcd unreachable or slow to grant the lease.
     pub async fn lock(&self, name: &str, ttl: Duration) -> Result<Option<RepairLock>> {
         check_name("file", name)?;
-        let mut client = self.client().await?;
+        let members = self.members().await?;
         let ttl_secs = ttl.as_secs().clamp(2, i64::MAX as u64) as i64;
-        let lease = self
-            .etcd
-            .call("repair lease grant", client.lease_grant(ttl_secs, None))
+        // Not made again once it may have been sent: a second grant is a second lease.
+        let lease = members
+            .unrepeated("repair lease grant", |mut client| async move {
+                client.lease_grant(ttl_secs, None).await
+            })
             .await?
             .id();
+        // Nor the lock: a second request would queue a second waiter under the lease.
+        let (at, mut client) = members.current();
         let lock = self
             .etcd
             .call(
@@ -217,12 +223,14 @@ impl Catalog {
         let key = match lock {
             Ok(answer) => answer.key().to_vec(),
             Err(Error::Timeout { .. }) => {
-                // Held by another; the waiting request dies with the lease.
-                let _ = client.lease_revoke(lease).await;
+                // Held by another (a member without its leader refuses at once, the
+                // lock requiring one); the waiting request dies with the lease.
+                self.revoke(lease).await;
                 return Ok(None);
             }
             Err(err) => {
-                let _ = client.lease_revoke(lease).await;
+                members.leave(at, &err);
+                self.revoke(lease).await;
                 return Err(err);
             }
         };
@@ -253,22 +261,47 @@ impl Catalog {
                 Compare::create_revision(lock.key.clone(), CompareOp::Greater, 0),
             ])
             .and_then([TxnOp::put(key.as_str(), record.to_json(), None)]);
-        let mut client = self.client().await?;
-        let answer = self.etcd.call("file replace txn", client.txn(txn)).await?;
-        Ok(answer.succeeded())
+        // Made again after a failure of the member's: the compare on the revision makes a
+        // second application impossible. One that finds the record changed may follow
+        // a first that went through unanswered: the record as written tells.
+        let answer = self
+            .members()
+            .await?
+            .idempotent("file replace txn", |mut client| {
+                let txn = txn.clone();
+                async move { client.txn(txn).await }
+            })
+            .await?;
+        if answer.succeeded() {
+            return Ok(true);
+        }
+        Ok(self
+            .get(&stored.name)
+            .await?
+            .is_some_and(|now| now.record == *record))
     }
 
     /// Lets go of a repair lock (revoking its lease deletes its key).
     pub async fn release(&self, lock: RepairLock) {
         lock.keep_alive.abort();
-        if let Ok(mut client) = self.client().await {
-            if let Err(err) = self
-                .etcd
-                .call("repair lease revoke", client.lease_revoke(lock.lease))
-                .await
-            {
-                tracing::warn!(%err, "cluster: the repair lock lapses with its lease");
+        self.revoke(lock.lease).await;
+    }
+
+    /// Revokes a repair lease; made again after a member's failure (a second revoke
+    /// finds the lease gone). On failure the lease lapses at its TTL.
+    async fn revoke(&self, lease: i64) {
+        let revoked = match self.members().await {
+            Ok(members) => {
+                members
+                    .idempotent("repair lease revoke", |mut client| async move {
+                        client.lease_revoke(lease).await
+                    })
+                    .await
             }
+            Err(err) => Err(err),
+        };
+        if let Err(err) = revoked {
+            tracing::warn!(%err, "cluster: the repair lock lapses with its lease");
         }
     }
 }

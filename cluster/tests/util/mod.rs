@@ -67,3 +67,4 @@ pub async fn register(etcd: &Etcd, node: &str, at: SocketAddr, service: &str) ->
     .unwrap();
     registrar
 }
+pub mod trio;
