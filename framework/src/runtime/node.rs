@@ -29,9 +29,10 @@ pub(crate) struct Node<T: Transport = Verbs> {
 /// failing every connection later. A limit that allows the probe but not the whole
 /// pool is named by each registration it refuses.
 fn check_memlock<T: Transport>(pd: &T::Domain, arena_bytes: usize) -> Result<(), T::Error> {
-    match T::memlock_limit() {
-        None => tracing::debug!("no locked-memory limit applies"),
-        Some(limit) => tracing::info!(
+    match (T::PINS_MEMORY, T::memlock_limit()) {
+        (false, _) => {}
+        (true, None) => tracing::info!("RLIMIT_MEMLOCK is unlimited"),
+        (true, Some(limit)) => tracing::info!(
             limit_bytes = limit,
             "RLIMIT_MEMLOCK (ulimit -l) applies to registered memory unless the process holds CAP_IPC_LOCK"
         ),

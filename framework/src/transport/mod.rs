@@ -144,8 +144,13 @@ pub trait Transport: Sized + Send + Sync + 'static {
         Ok(0)
     }
 
-    /// The locked-memory limit registrations count against, if there is one (verbs:
-    /// `RLIMIT_MEMLOCK`); none by default.
+    /// Whether registering memory pins it, so that the process's locked-memory limit
+    /// (`RLIMIT_MEMLOCK`) applies to registrations: true for verbs, not for memory that
+    /// never leaves the process.
+    const PINS_MEMORY: bool = false;
+
+    /// The locked-memory limit registrations count against (`None`: unlimited). Read
+    /// only where [`PINS_MEMORY`](Self::PINS_MEMORY) holds.
     fn memlock_limit() -> Option<u64> {
         None
     }

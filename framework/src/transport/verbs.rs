@@ -44,6 +44,8 @@ impl Transport for Verbs {
     fn release_removed_devices() -> std::io::Result<usize> {
         v::release_removed_devices()
     }
+    const PINS_MEMORY: bool = true;
+
     fn memlock_limit() -> Option<u64> {
         v::memlock_limit()
     }
