@@ -192,3 +192,66 @@ fn a_message_over_the_servers_largest_is_refused_before_it_moves_and_the_connect
         server.shutdown().await;
     });
 }
+
+#[test]
+fn ingest_hands_every_record_over_in_order_through_the_granted_ring() {
+    use std::sync::{Arc, Mutex};
+
+    use rdmactor_services::ingest::{Ingest, IngestConfig, IngestService, Record};
+
+    actix::System::new().block_on(async {
+        let fabric = Fabric::default();
+        let got: Arc<Mutex<Vec<Record>>> = Arc::default();
+        let sink = {
+            let got = got.clone();
+            Arc::new(move |r: Record| got.lock().unwrap().push(r))
+        };
+        let server = Server::over(Loopback)
+            .domain(fabric.device("server"))
+            .listen(AT, None)
+            .service("ingest", IngestService::new(IngestConfig::default(), sink))
+            .start()
+            .unwrap();
+        let client =
+            Client::<Loopback>::on(fabric.device("client"), NodeConfig::default()).unwrap();
+        let mut writers = Vec::new();
+        for _ in 0..2 {
+            writers.push(Ingest::connect(&client, AT, "ingest").await.unwrap());
+        }
+        let max = writers[0].max_record();
+        // More records than the ring has slots: the writer waits for credits.
+        let n = 3 * writers[0].ring().slots as usize;
+        for i in 0..n {
+            for (w, writer) in writers.iter_mut().enumerate() {
+                writer
+                    .push(&pattern(i % max, (w * n + i) as u64))
+                    .await
+                    .unwrap();
+            }
+        }
+        for writer in &mut writers {
+            assert_eq!(writer.flush().await.unwrap(), n as u64);
+            assert_eq!(writer.free_slots(), writer.ring().slots as usize);
+        }
+        let got = std::mem::take(&mut *got.lock().unwrap());
+        assert_eq!(got.len(), 2 * n);
+        // The server numbers connections in the order it accepted them: writer 0's first.
+        let mut conns: Vec<u64> = got.iter().map(|r| r.connection).collect();
+        conns.sort_unstable();
+        conns.dedup();
+        assert_eq!(conns.len(), 2, "two writers, two connections");
+        for (w, conn) in conns.into_iter().enumerate() {
+            let mine: Vec<&Record> = got.iter().filter(|r| r.connection == conn).collect();
+            assert_eq!(mine.len(), n, "writer {w}'s records");
+            for (i, r) in mine.into_iter().enumerate() {
+                assert_eq!(r.seq, i as u64, "writer {w}: in order");
+                assert!(
+                    r.data == pattern(i % max, (w * n + i) as u64),
+                    "record {i} of writer {w}"
+                );
+            }
+        }
+        client.shutdown().await;
+        server.shutdown().await;
+    });
+}

@@ -8,6 +8,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
 use rdmactor::runtime::{Client, ClientConnection, RequestError};
+use rdmactor::transport::{Transport, Verbs};
 
 use super::ring::ClientRing;
 use super::wire::{seal, Credits, IngestRequest, IngestResponse, RingInfo};
@@ -21,14 +22,14 @@ type PendingWrite = Pin<Box<dyn Future<Output = Result<(), RequestError>> + Send
 /// [`push`](Self::push) returns once the WRITE is queued on the connection, so a writer
 /// keeps up to a ring's worth of records in flight; a failed WRITE surfaces at a later
 /// `push` or at [`flush`](Self::flush).
-pub struct Ingest {
-    conn: ClientConnection,
+pub struct Ingest<T: Transport = Verbs> {
+    conn: ClientConnection<T>,
     info: RingInfo,
     ring: ClientRing,
     writes: VecDeque<PendingWrite>,
 }
 
-impl fmt::Debug for Ingest {
+impl<T: Transport> fmt::Debug for Ingest<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Ingest")
             .field("ring", &self.info)
@@ -38,16 +39,16 @@ impl fmt::Debug for Ingest {
     }
 }
 
-impl Ingest {
+impl<T: Transport> Ingest<T> {
     /// Connects to `service` at `addr` and opens a ring.
     ///
     /// # Errors
     /// [`IngestError::Connect`], or as [`Ingest::open`].
     pub async fn connect(
-        client: &Client,
+        client: &Client<T>,
         addr: SocketAddr,
         service: &str,
-    ) -> Result<Ingest, IngestError> {
+    ) -> Result<Ingest<T>, IngestError> {
         let conn = client.connect(addr, service).await?;
         Ingest::open(conn).await
     }
@@ -57,7 +58,7 @@ impl Ingest {
     ///
     /// # Errors
     /// [`IngestError::Refused`] (a ring is open on it already), [`IngestError::Request`].
-    pub async fn open(conn: ClientConnection) -> Result<Ingest, IngestError> {
+    pub async fn open(conn: ClientConnection<T>) -> Result<Ingest<T>, IngestError> {
         match conn.request_typed(&IngestRequest::Open).await? {
             IngestResponse::Ring(info) => Ok(Ingest {
                 ring: ClientRing::new(info.slots, info.slot_len)?,
@@ -86,7 +87,7 @@ impl Ingest {
     }
 
     /// The connection.
-    pub fn connection(&self) -> &ClientConnection {
+    pub fn connection(&self) -> &ClientConnection<T> {
         &self.conn
     }
 

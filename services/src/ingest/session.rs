@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use rdmactor::runtime::{BufId, Incoming, PeerInfo, Service, Session, SessionCx, SessionError};
+use rdmactor::transport::Transport;
 use rdmactor::verbs::Access;
 
 use super::ring::ServerRing;
@@ -57,12 +58,12 @@ impl IngestService {
     }
 }
 
-impl Service for IngestService {
+impl<T: Transport> Service<T> for IngestService {
     fn max_message(&self) -> Option<usize> {
         Some(crate::CONTROL_MESSAGE_MAX)
     }
 
-    fn session(&self, _peer: &PeerInfo) -> Box<dyn Session> {
+    fn session(&self, _peer: &PeerInfo) -> Box<dyn Session<T>> {
         Box::new(IngestSession {
             config: self.config,
             sink: self.sink.clone(),
@@ -90,16 +91,22 @@ fn fail(e: IngestError) -> SessionError {
 }
 
 impl IngestSession {
-    fn handle_record(&mut self, cx: &mut SessionCx<'_>, imm: u32) -> Result<(), SessionError> {
+    fn handle_record<T: Transport>(
+        &mut self,
+        cx: &mut SessionCx<'_, T>,
+        imm: u32,
+    ) -> Result<(), SessionError> {
         let Some((ring, buf)) = self.ring.as_mut() else {
             return Err(SessionError::new(
                 "record written before the ring was opened",
             ));
         };
         let arrival = ring.handle_write(imm).map_err(fail)?;
-        let data = unseal(&cx.bytes(*buf)?[arrival.range])
-            .ok_or_else(|| fail(IngestError::Checksum { slot: arrival.slot }))?
-            .to_vec();
+        let data = cx
+            .read_with(*buf, arrival.range, |sealed| {
+                unseal(sealed).map(<[u8]>::to_vec)
+            })?
+            .ok_or_else(|| fail(IngestError::Checksum { slot: arrival.slot }))?;
         (self.sink)(Record {
             connection: self.connection,
             seq: self.records,
@@ -113,9 +120,9 @@ impl IngestSession {
         Ok(())
     }
 
-    fn handle_request(
+    fn handle_request<T: Transport>(
         &mut self,
-        cx: &mut SessionCx<'_>,
+        cx: &mut SessionCx<'_, T>,
         req: IngestRequest,
     ) -> Result<IngestResponse, SessionError> {
         Ok(match req {
@@ -159,8 +166,8 @@ impl IngestSession {
     }
 }
 
-impl Session for IngestSession {
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
+impl<T: Transport> Session<T> for IngestSession {
+    fn on_message(&mut self, cx: &mut SessionCx<'_, T>, msg: Incoming) -> Result<(), SessionError> {
         if let Some(imm) = msg.imm {
             return self.handle_record(cx, imm);
         }

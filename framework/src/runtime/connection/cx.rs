@@ -210,6 +210,30 @@ impl<'a, T: Transport> SessionCx<'a, T> {
             .map_err(|e| SessionError::new(e.to_string()))
     }
 
+    /// Hands `read` the bytes of `range` of a buffer: in place where the transport
+    /// lends them (verbs: no copy), else a copy. For code that decodes or checks
+    /// received bytes on any transport without paying a copy on verbs.
+    pub fn read_with<R>(
+        &self,
+        id: BufId,
+        range: std::ops::Range<usize>,
+        read: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, SessionError> {
+        let region = self.entry(id)?.buf.region();
+        let outside = || SessionError::new(format!("{range:?} is outside {id:?}"));
+        if let Some(bytes) = region.bytes() {
+            return bytes.get(range.clone()).map(read).ok_or_else(outside);
+        }
+        if range.start > range.end || range.end > region.len() {
+            return Err(outside());
+        }
+        let mut copy = vec![0; range.len()];
+        region
+            .read(range.start, &mut copy)
+            .map_err(|e| SessionError::new(e.to_string()))?;
+        Ok(read(&copy))
+    }
+
     /// Copies `data` into a buffer at `offset`: the way to fill a buffer on any
     /// transport (over verbs, [`bytes_mut`](SessionCx::bytes_mut) lends it in place).
     pub fn copy_in(&mut self, id: BufId, offset: usize, data: &[u8]) -> Result<(), SessionError> {
