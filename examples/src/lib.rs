@@ -11,6 +11,8 @@
 //! - [`cluster`]: `--cluster` and `--etcd`, the way into a cluster of servers
 //!   registered in etcd, and `Dial`, where a client tool's connections go (`--addr`, or
 //!   nodes found in the registry).
+//! - [`bench_native`]: the figures of `bench_native` (`scripts/bench --native`): rdmactor's
+//!   own cost over the loopback transport, each beside its floor.
 //! - [`kv`]: the key-value service written as a request handler, and its client;
 //!   [`kv_session`]: the same service as a raw session, for comparison.
 //!
@@ -21,6 +23,7 @@
 
 #![deny(missing_docs)]
 
+pub mod bench_native;
 pub mod cluster;
 pub mod kv;
 pub mod kv_session;
