@@ -18,11 +18,28 @@ pub struct Etcd {
     child: Option<Child>,
 }
 
-/// Where etcd is: `$RDMACTOR_ETCD`, else `/usr/bin/etcd`.
-fn binary() -> PathBuf {
-    std::env::var_os("RDMACTOR_ETCD")
+/// The etcd binary the tests run: `$RDMACTOR_ETCD`, else `/usr/bin/etcd`. Without one
+/// this fails the test, saying to run scripts/setup, unless `RDMACTOR_SKIP_ETCD=1` asks
+/// to skip (then it returns `None` and says so on stderr).
+pub fn binary() -> Option<PathBuf> {
+    let binary = std::env::var_os("RDMACTOR_ETCD")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/usr/bin/etcd"))
+        .unwrap_or_else(|| PathBuf::from("/usr/bin/etcd"));
+    if binary.exists() {
+        return Some(binary);
+    }
+    if std::env::var("RDMACTOR_SKIP_ETCD").as_deref() == Ok("1") {
+        eprintln!(
+            "SKIPPED: no etcd at {} and RDMACTOR_SKIP_ETCD=1",
+            binary.display()
+        );
+        return None;
+    }
+    panic!(
+        "no etcd at {}: run scripts/setup (it installs Debian's etcd-server), point \
+         RDMACTOR_ETCD at an etcd binary, or set RDMACTOR_SKIP_ETCD=1 to skip the etcd tests",
+        binary.display()
+    );
 }
 
 fn free_port() -> u16 {
@@ -37,22 +54,7 @@ impl Etcd {
     /// the test, saying to run scripts/setup, unless `RDMACTOR_SKIP_ETCD=1` asks to
     /// skip (then it returns `None` and says so on stderr).
     pub fn start() -> Option<Etcd> {
-        let binary = binary();
-        if !binary.exists() {
-            if std::env::var("RDMACTOR_SKIP_ETCD").as_deref() == Ok("1") {
-                eprintln!(
-                    "SKIPPED: no etcd at {} and RDMACTOR_SKIP_ETCD=1",
-                    binary.display()
-                );
-                return None;
-            }
-            panic!(
-                "no etcd at {}: run scripts/setup (it installs Debian's etcd-server), \
-                 point RDMACTOR_ETCD at an etcd binary, or set RDMACTOR_SKIP_ETCD=1 to skip \
-                 the etcd tests",
-                binary.display()
-            );
-        }
+        let binary = binary()?;
         let mut etcd = Etcd {
             dir: tempfile::tempdir().expect("a temporary directory"),
             binary,

@@ -19,7 +19,6 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -63,32 +62,11 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn binary() -> Option<PathBuf> {
-    let binary = std::env::var_os("RDMACTOR_ETCD")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/usr/bin/etcd"));
-    if binary.exists() {
-        return Some(binary);
-    }
-    if std::env::var("RDMACTOR_SKIP_ETCD").as_deref() == Ok("1") {
-        eprintln!(
-            "SKIPPED: no etcd at {} and RDMACTOR_SKIP_ETCD=1",
-            binary.display()
-        );
-        return None;
-    }
-    panic!(
-        "no etcd at {}: run scripts/setup (it installs Debian's etcd-server), point \
-         RDMACTOR_ETCD at an etcd binary, or set RDMACTOR_SKIP_ETCD=1 to skip the etcd tests",
-        binary.display()
-    );
-}
-
 impl Trio {
     /// Starts three members with their proxies and waits until all three are healthy
     /// (`None`, said on stderr, without an etcd binary and `RDMACTOR_SKIP_ETCD=1`).
     pub fn start() -> Option<Trio> {
-        let binary = binary()?;
+        let binary = rdmactor_testkit::etcd::binary()?;
         let dir = tempfile::tempdir().expect("a temporary directory");
         let client_ports = [free_port(), free_port(), free_port()];
         let peer_ports = [free_port(), free_port(), free_port()];
