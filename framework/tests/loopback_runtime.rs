@@ -237,3 +237,146 @@ fn a_client_host_that_vanishes_is_found_by_keepalive_and_its_slot_freed() {
         drop(client);
     });
 }
+
+/// Waits until `conn` knows why it closed.
+async fn closed_why<T: rdmactor::transport::Transport>(
+    conn: &rdmactor::runtime::ClientConnection<T>,
+) -> CloseReason {
+    tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            if let Some(reason) = conn.close_reason() {
+                return reason;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the connection closed")
+}
+
+#[test]
+fn every_goodbye_reaches_the_peer_with_the_servers_reason() {
+    with_system(|fabric| async move {
+        let mut config = NodeConfig::default();
+        config.connection.idle_timeout = Some(Duration::from_millis(300));
+        let server = Server::over(Loopback)
+            .domain(fabric.device("server"))
+            .config(config)
+            .listen(addr(7500), None)
+            .service("reverse", Reverse)
+            .start()
+            .unwrap();
+        let client =
+            Client::<Loopback>::on(fabric.device("client"), NodeConfig::default()).unwrap();
+        let silent = client.connect(addr(7500), "reverse").await.unwrap();
+        let busy = client.connect(addr(7500), "reverse").await.unwrap();
+        // The busy neighbour is served throughout while the silent one is let go.
+        let started = std::time::Instant::now();
+        while silent.close_reason().is_none() {
+            assert_eq!(busy.request(b"ab".to_vec()).await.unwrap(), b"ba");
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "never idled out"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        match closed_why(&silent).await {
+            CloseReason::PeerClosed(why) => assert!(why.starts_with("idle"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(started.elapsed() >= Duration::from_millis(300));
+        assert_eq!(busy.request(b"xyz".to_vec()).await.unwrap(), b"zyx");
+        // A server shutting down says so to every client.
+        server.shutdown().await;
+        match closed_why(&busy).await {
+            CloseReason::PeerClosed(why) => assert_eq!(why, "shutting down"),
+            other => panic!("{other:?}"),
+        }
+        client.shutdown().await;
+    });
+}
+
+/// Answers every request with `len` bytes of 7: replies sent by rendezvous, each
+/// registered out of the pool until the client has READ it.
+struct Big {
+    len: usize,
+}
+
+impl Service<Loopback> for Big {
+    fn session(&self, _peer: &PeerInfo) -> Box<dyn Session<Loopback>> {
+        Box::new(BigSession(self.len))
+    }
+}
+
+struct BigSession(usize);
+
+impl Session<Loopback> for BigSession {
+    fn on_message(
+        &mut self,
+        cx: &mut SessionCx<'_, Loopback>,
+        msg: Incoming,
+    ) -> Result<(), SessionError> {
+        cx.reply(&msg, vec![7; self.0])
+    }
+}
+
+#[test]
+fn replies_beyond_the_pools_cap_wait_their_turn_and_every_charge_comes_back() {
+    with_system(|fabric| async move {
+        const REPLY: usize = 7 << 20;
+        let mut config = NodeConfig::default();
+        // Room for one 7 MiB reply at a time beyond the receive buffers: four clients
+        // asking at once make three wait.
+        config.pool.max_bytes = config.pool.reserved_smallest + (12 << 20);
+        let cap = config.pool.max_bytes;
+        let server = Server::over(Loopback)
+            .domain(fabric.device("server"))
+            .config(config)
+            .listen(addr(7600), None)
+            .service("big", Big { len: REPLY })
+            .start()
+            .unwrap();
+        let client =
+            Client::<Loopback>::on(fabric.device("client"), NodeConfig::default()).unwrap();
+        let mut conns = Vec::new();
+        for _ in 0..4 {
+            conns.push(client.connect(addr(7600), "big").await.unwrap());
+        }
+        for round in 0..3 {
+            let asks: Vec<_> = conns
+                .iter()
+                .enumerate()
+                .map(|(c, conn)| {
+                    let conn = conn.clone();
+                    actix::spawn(async move {
+                        let reply = conn
+                            .request(vec![c as u8; 64])
+                            .await
+                            .unwrap_or_else(|e| panic!("client {c} round {round}: {e}"));
+                        assert_eq!(reply.len(), REPLY, "client {c}");
+                        assert!(reply.iter().all(|&b| b == 7), "client {c}: bytes differ");
+                    })
+                })
+                .collect();
+            for ask in asks {
+                ask.await.expect("a client's request");
+            }
+        }
+        let stats = server.stats().await;
+        assert!(stats.pool.waits >= 1, "no reply waited: {stats:?}");
+        assert!(stats.pool.peak_bytes <= cap, "{stats:?}");
+        assert_eq!(stats.connections, 4, "{stats:?}");
+        for conn in conns {
+            conn.close().await;
+        }
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while server.stats().await.pool.charged_bytes != 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("every charge back");
+        client.shutdown().await;
+        server.shutdown().await;
+    });
+}

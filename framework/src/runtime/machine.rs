@@ -26,11 +26,13 @@
 //! compiled example is on [`MachineSession`]; `docs/writing-a-service.md` has a guide.
 
 use std::collections::HashMap;
+use std::marker::PhantomData;
 
 use super::connection::{Op, SessionCx};
 use super::service::{refused_by_default, Incoming, OpId, Session, SessionError};
 use super::CloseReason;
 use crate::proto::budget::BudgetError;
+use crate::transport::{Transport, Verbs};
 
 /// A protocol with no I/O: inputs go in through its own methods (called by the
 /// [`Driver`]'s callbacks), actions come out here, in the order they must be carried out.
@@ -57,16 +59,16 @@ pub enum Flow {
 /// What a [`Driver`]'s callbacks work with: the state machine and the connection (two
 /// fields, so that bytes of the one can go into the other), and the adapter's record of
 /// the operations posted and of a pause.
-pub struct MachineCx<'s, 'a, D: Driver> {
+pub struct MachineCx<'s, 'a, D: Driver<T>, T: Transport = Verbs> {
     /// The state machine, to feed inputs to.
     pub machine: &'s mut D::Machine,
     /// The connection, to carry outputs out with.
-    pub conn: &'s mut SessionCx<'a>,
+    pub conn: &'s mut SessionCx<'a, T>,
     posted: &'s mut HashMap<OpId, D::Posted>,
     paused: &'s mut bool,
 }
 
-impl<D: Driver> MachineCx<'_, '_, D> {
+impl<D: Driver<T>, T: Transport> MachineCx<'_, '_, D, T> {
     /// Posts a one-sided operation (see [`SessionCx::post`]) and remembers `what` it is
     /// for: its completion comes to [`Driver::on_op`] with `what`.
     pub fn post(&mut self, op: Op, what: D::Posted) -> Result<OpId, SessionError> {
@@ -90,7 +92,7 @@ impl<D: Driver> MachineCx<'_, '_, D> {
 /// and how each output is carried out. Every callback is followed by a drain of the
 /// machine's outputs through [`carry`](Self::carry); an error from either closes the
 /// connection with it as the reason, as a [`Session`]'s does.
-pub trait Driver: Sized + Send + Unpin + 'static {
+pub trait Driver<T: Transport = Verbs>: Sized + Send + Unpin + 'static {
     /// The protocol.
     type Machine: StateMachine + Send + Unpin + 'static;
     /// What a posted operation was for (see [`MachineCx::post`]).
@@ -100,20 +102,20 @@ pub trait Driver: Sized + Send + Unpin + 'static {
     /// [`MachineCx::resume`].
     fn carry(
         &mut self,
-        cx: &mut MachineCx<'_, '_, Self>,
+        cx: &mut MachineCx<'_, '_, Self, T>,
         out: <Self::Machine as StateMachine>::Output,
     ) -> Result<Flow, SessionError>;
 
     /// A message arrived ([`Session::on_message`]).
     fn on_message(
         &mut self,
-        cx: &mut MachineCx<'_, '_, Self>,
+        cx: &mut MachineCx<'_, '_, Self, T>,
         msg: Incoming,
     ) -> Result<(), SessionError>;
 
     /// The connection is established ([`Session::on_established`]). The drain after it
     /// carries out what the machine had to say first.
-    fn on_established(&mut self, _cx: &mut MachineCx<'_, '_, Self>) -> Result<(), SessionError> {
+    fn on_established(&mut self, _cx: &mut MachineCx<'_, '_, Self, T>) -> Result<(), SessionError> {
         Ok(())
     }
 
@@ -122,7 +124,7 @@ pub trait Driver: Sized + Send + Unpin + 'static {
     /// is called. By default a failed one closes it too, as [`Session::on_op`]'s does.
     fn on_op(
         &mut self,
-        _cx: &mut MachineCx<'_, '_, Self>,
+        _cx: &mut MachineCx<'_, '_, Self, T>,
         _posted: Self::Posted,
         result: crate::verbs::Result<()>,
     ) -> Result<(), SessionError> {
@@ -132,7 +134,7 @@ pub trait Driver: Sized + Send + Unpin + 'static {
     /// A wake-up ([`Session::on_wake`]): a job, an ask or a timer of the driver's.
     fn on_wake(
         &mut self,
-        _cx: &mut MachineCx<'_, '_, Self>,
+        _cx: &mut MachineCx<'_, '_, Self, T>,
         _token: u64,
     ) -> Result<(), SessionError> {
         Ok(())
@@ -141,7 +143,7 @@ pub trait Driver: Sized + Send + Unpin + 'static {
     /// A message was not delivered ([`Session::on_refused`], whose default this is).
     fn on_refused(
         &mut self,
-        _cx: &mut MachineCx<'_, '_, Self>,
+        _cx: &mut MachineCx<'_, '_, Self, T>,
         tag: u32,
         why: BudgetError,
     ) -> Result<(), SessionError> {
@@ -151,7 +153,7 @@ pub trait Driver: Sized + Send + Unpin + 'static {
     /// A drain ended with nothing left to carry out (not paused): the place for what
     /// follows the machine's state rather than one output, such as a deadline while it
     /// waits on the peer.
-    fn drained(&mut self, _cx: &mut MachineCx<'_, '_, Self>) -> Result<(), SessionError> {
+    fn drained(&mut self, _cx: &mut MachineCx<'_, '_, Self, T>) -> Result<(), SessionError> {
         Ok(())
     }
 
@@ -246,10 +248,10 @@ impl<M: StateMachine, P> Engine<M, P> {
 
 impl<M, P> Parts<'_, M, P> {
     /// With the connection: what a driver's callback gets.
-    fn with<'c, 'a, D: Driver<Machine = M, Posted = P>>(
+    fn with<'c, 'a, D: Driver<T, Machine = M, Posted = P>, T: Transport>(
         &'c mut self,
-        conn: &'c mut SessionCx<'a>,
-    ) -> MachineCx<'c, 'a, D> {
+        conn: &'c mut SessionCx<'a, T>,
+    ) -> MachineCx<'c, 'a, D, T> {
         MachineCx {
             machine: self.machine,
             conn,
@@ -270,6 +272,10 @@ impl<M, P> Parts<'_, M, P> {
 /// callback, pausing, matching completions to what was posted, dropping the machine on
 /// close) is done here once. `rdmactor-services`' `rping` is the smallest user.
 ///
+/// A driver written for every transport `T` (as below) serves over verbs and over
+/// loopback alike; one written for the default (`impl Driver for ...` with
+/// `MachineCx<'_, '_, Self>`) serves over verbs only.
+///
 /// ```
 /// use std::collections::VecDeque;
 ///
@@ -277,6 +283,7 @@ impl<M, P> Parts<'_, M, P> {
 ///     Driver, Flow, Incoming, MachineCx, MachineSession, PeerInfo, Service, Session,
 ///     SessionError, StateMachine,
 /// };
+/// use rdmactor::transport::Transport;
 ///
 /// /// The protocol: every message is answered with its length, as text. No I/O.
 /// #[derive(Default)]
@@ -300,13 +307,13 @@ impl<M, P> Parts<'_, M, P> {
 /// /// Carries the answers out.
 /// struct LengthsDriver;
 ///
-/// impl Driver for LengthsDriver {
+/// impl<T: Transport> Driver<T> for LengthsDriver {
 ///     type Machine = Lengths;
 ///     type Posted = ();
 ///
 ///     fn on_message(
 ///         &mut self,
-///         cx: &mut MachineCx<'_, '_, Self>,
+///         cx: &mut MachineCx<'_, '_, Self, T>,
 ///         msg: Incoming,
 ///     ) -> Result<(), SessionError> {
 ///         cx.machine.handle_message(&msg.data);
@@ -315,7 +322,7 @@ impl<M, P> Parts<'_, M, P> {
 ///
 ///     fn carry(
 ///         &mut self,
-///         cx: &mut MachineCx<'_, '_, Self>,
+///         cx: &mut MachineCx<'_, '_, Self, T>,
 ///         answer: String,
 ///     ) -> Result<Flow, SessionError> {
 ///         cx.conn.send(0, answer.into_bytes())?;
@@ -325,34 +332,37 @@ impl<M, P> Parts<'_, M, P> {
 ///
 /// struct LengthsService;
 ///
-/// impl Service for LengthsService {
-///     fn session(&self, _peer: &PeerInfo) -> Box<dyn Session> {
+/// impl<T: Transport> Service<T> for LengthsService {
+///     fn session(&self, _peer: &PeerInfo) -> Box<dyn Session<T>> {
 ///         Box::new(MachineSession::new(Lengths::default(), LengthsDriver))
 ///     }
 /// }
 /// ```
-pub struct MachineSession<D: Driver> {
+pub struct MachineSession<D: Driver<T>, T: Transport = Verbs> {
     driver: D,
     engine: Engine<D::Machine, D::Posted>,
+    /// Which transport's connections it drives: the driver's callbacks are for one.
+    transport: PhantomData<fn() -> T>,
 }
 
-impl<D: Driver> MachineSession<D> {
+impl<D: Driver<T>, T: Transport> MachineSession<D, T> {
     /// A session driving `machine` with `driver`. Nothing is polled before the
     /// connection is established.
     pub fn new(machine: D::Machine, driver: D) -> Self {
         MachineSession {
             driver,
             engine: Engine::new(machine),
+            transport: PhantomData,
         }
     }
 
     /// Runs one driver callback, then drains.
     fn run(
         &mut self,
-        conn: &mut SessionCx<'_>,
-        callback: impl FnOnce(&mut D, &mut MachineCx<'_, '_, D>) -> Result<(), SessionError>,
+        conn: &mut SessionCx<'_, T>,
+        callback: impl FnOnce(&mut D, &mut MachineCx<'_, '_, D, T>) -> Result<(), SessionError>,
     ) -> Result<(), SessionError> {
-        let Self { driver, engine } = self;
+        let Self { driver, engine, .. } = self;
         let mut parts = engine
             .parts()
             .ok_or_else(|| D::error("connection closed".into()))?;
@@ -366,18 +376,18 @@ impl<D: Driver> MachineSession<D> {
     }
 }
 
-impl<D: Driver> Session for MachineSession<D> {
-    fn on_established(&mut self, cx: &mut SessionCx<'_>) -> Result<(), SessionError> {
+impl<D: Driver<T>, T: Transport> Session<T> for MachineSession<D, T> {
+    fn on_established(&mut self, cx: &mut SessionCx<'_, T>) -> Result<(), SessionError> {
         self.run(cx, |d, cx| d.on_established(cx))
     }
 
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
+    fn on_message(&mut self, cx: &mut SessionCx<'_, T>, msg: Incoming) -> Result<(), SessionError> {
         self.run(cx, |d, cx| d.on_message(cx, msg))
     }
 
     fn on_op(
         &mut self,
-        cx: &mut SessionCx<'_>,
+        cx: &mut SessionCx<'_, T>,
         op: OpId,
         result: crate::verbs::Result<()>,
     ) -> Result<(), SessionError> {
@@ -388,13 +398,13 @@ impl<D: Driver> Session for MachineSession<D> {
         self.run(cx, |d, cx| d.on_op(cx, posted, result))
     }
 
-    fn on_wake(&mut self, cx: &mut SessionCx<'_>, token: u64) -> Result<(), SessionError> {
+    fn on_wake(&mut self, cx: &mut SessionCx<'_, T>, token: u64) -> Result<(), SessionError> {
         self.run(cx, |d, cx| d.on_wake(cx, token))
     }
 
     fn on_refused(
         &mut self,
-        cx: &mut SessionCx<'_>,
+        cx: &mut SessionCx<'_, T>,
         tag: u32,
         why: BudgetError,
     ) -> Result<(), SessionError> {

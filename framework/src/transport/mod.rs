@@ -247,6 +247,36 @@ pub trait Region<T: Transport>: Unpin + Send + Sync + fmt::Debug + Sized {
     fn bytes(&self) -> Option<&[u8]> {
         None
     }
+    /// The bytes in place, mutably, where [`bytes`](Self::bytes) lends them.
+    fn bytes_mut(&mut self) -> Option<&mut [u8]> {
+        None
+    }
+    /// Hands `f` the bytes of `range`: in place where the transport lends them, else a
+    /// copy. `None` for a range outside the region.
+    fn with_bytes<R>(&self, range: Range<usize>, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
+        if let Some(bytes) = self.bytes() {
+            return bytes.get(range).map(f);
+        }
+        let mut copy = vec![0; range.end.checked_sub(range.start)?];
+        self.read(range.start, &mut copy).ok()?;
+        Some(f(&copy))
+    }
+    /// Hands `f` the bytes of `range` to change: in place where the transport lends
+    /// them, else a copy written back after `f`. `None` for a range outside the region.
+    fn with_bytes_mut<R>(
+        &mut self,
+        range: Range<usize>,
+        f: impl FnOnce(&mut [u8]) -> R,
+    ) -> Option<R> {
+        if let Some(bytes) = self.bytes_mut() {
+            return bytes.get_mut(range).map(f);
+        }
+        let mut copy = vec![0; range.end.checked_sub(range.start)?];
+        self.read(range.start, &mut copy).ok()?;
+        let r = f(&mut copy);
+        self.write(range.start, &copy).ok()?;
+        Some(r)
+    }
 }
 
 /// A type 2 memory window.

@@ -186,6 +186,9 @@ impl super::Region<Verbs> for v::MemoryRegion {
     fn bytes(&self) -> Option<&[u8]> {
         Some(self.as_slice())
     }
+    fn bytes_mut(&mut self) -> Option<&mut [u8]> {
+        Some(self.as_mut_slice())
+    }
 }
 
 fn out_of_region(offset: usize, len: usize, region: usize) -> v::VerbsError {

@@ -21,7 +21,8 @@ use std::sync::{Arc, Mutex};
 use std::task::{Poll, Waker};
 
 use rdmactor::runtime::{Client, ClientConnection, Incoming, RequestError};
-use rdmactor::verbs::{Access, MemoryRegion, RemoteRegion, VerbsError};
+use rdmactor::transport::{Region, Transport, Verbs};
+use rdmactor::verbs::{Access, RemoteRegion};
 
 use super::config::Config;
 use super::endpoint::{Endpoint, Outcome, Output};
@@ -138,7 +139,7 @@ pub enum ClientError {
         len: u64,
         /// Why.
         #[source]
-        source: VerbsError,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The connection closed before the verdict.
     #[error("the connection closed during the transfer")]
@@ -154,8 +155,8 @@ pub enum ClientError {
 ///
 /// The file cannot be read, a bad name, a protocol error, a failed WRITE or a closed
 /// connection; the connection is closed then.
-pub async fn send_file(
-    conn: &ClientConnection,
+pub async fn send_file<T: Transport>(
+    conn: &ClientConnection<T>,
     path: &Path,
     name: &str,
     opts: &SendOptions,
@@ -186,9 +187,9 @@ pub async fn send_file(
 ///
 /// A bad name, a protocol error, a local file-system error, a failed registration or
 /// a closed connection; the connection is closed then and no partial file is left.
-pub async fn fetch_file(
-    conn: &ClientConnection,
-    client: &Client,
+pub async fn fetch_file<T: Transport>(
+    conn: &ClientConnection<T>,
+    client: &Client<T>,
     name: &str,
     dir: &Path,
     opts: &FetchOptions,
@@ -203,8 +204,8 @@ pub async fn fetch_file(
 }
 
 /// Closes the connection after an error (see the module docs).
-async fn finish(
-    conn: &ClientConnection,
+async fn finish<T: Transport>(
+    conn: &ClientConnection<T>,
     res: Result<Outcome, ClientError>,
 ) -> Result<Outcome, ClientError> {
     if res.is_err() {
@@ -216,21 +217,21 @@ async fn finish(
 type Pending<'c, T> = Pin<Box<dyn Future<Output = T> + Send + 'c>>;
 
 /// One chunk WRITE on its way.
-struct InFlight<'c> {
+struct InFlight<'c, T: Transport> {
     index: u32,
     slot: u32,
     len: u32,
     /// Hands the slot's staging buffer back when the WRITE completed.
-    reply: Pending<'c, Result<MemoryRegion, RequestError>>,
+    reply: Pending<'c, Result<T::Region, RequestError>>,
 }
 
 /// What the driver waits for.
-enum Event {
+enum Event<T: Transport> {
     Written {
         index: u32,
         slot: u32,
         len: u32,
-        result: Result<MemoryRegion, RequestError>,
+        result: Result<T::Region, RequestError>,
     },
     Received(Option<Incoming>),
     /// The chunks handed to a consume job were hashed and stored (`Err`: it panicked).
@@ -239,20 +240,20 @@ enum Event {
 
 /// The loop shared by both directions: carry out outputs, wait for the next event,
 /// feed it in.
-struct Drive<'c, P> {
-    conn: &'c ClientConnection,
+struct Drive<'c, P, T: Transport = Verbs> {
+    conn: &'c ClientConnection<T>,
     /// Registers the download window.
-    client: Option<&'c Client>,
+    client: Option<&'c Client<T>>,
     progress: P,
-    writes: Vec<InFlight<'c>>,
+    writes: Vec<InFlight<'c, T>>,
     /// WRITEs that completed on their first poll.
-    ready: VecDeque<Event>,
+    ready: VecDeque<Event<T>>,
     /// Kept across waits, so no message is ever lost between two of them.
     recv: Option<Pending<'c, Option<Incoming>>>,
-    window: Option<MemoryRegion>,
+    window: Option<T::Region>,
     /// An upload's staging buffers, by slot, while no WRITE uses them: each chunk is
     /// read from the file straight into its slot's buffer and written from there.
-    staging: HashMap<u32, MemoryRegion>,
+    staging: HashMap<u32, T::Region>,
     /// Received chunks being hashed and stored on a thread of their own (downloads).
     consume: Option<Pending<'c, std::thread::Result<Consumed>>>,
     corrupt: Option<u32>,
@@ -260,8 +261,8 @@ struct Drive<'c, P> {
     total: u64,
 }
 
-impl<'c, P: FnMut(Progress<'_>)> Drive<'c, P> {
-    fn new(conn: &'c ClientConnection, client: Option<&'c Client>, progress: P) -> Self {
+impl<'c, P: FnMut(Progress<'_>), T: Transport> Drive<'c, P, T> {
+    fn new(conn: &'c ClientConnection<T>, client: Option<&'c Client<T>>, progress: P) -> Self {
         Drive {
             conn,
             client,
@@ -320,10 +321,11 @@ impl<'c, P: FnMut(Progress<'_>)> Drive<'c, P> {
                                 })?;
                         let range = ep.chunk_range(index)?;
                         let len = range.len() as u64;
-                        let bytes = window.as_slice().get(range).ok_or_else(|| {
-                            TransferError::Driver(format!("chunk {index} outside the window"))
-                        })?;
-                        ep.handle_chunk(index, bytes)?;
+                        window
+                            .with_bytes(range, |bytes| ep.handle_chunk(index, bytes))
+                            .ok_or_else(|| {
+                                TransferError::Driver(format!("chunk {index} outside the window"))
+                            })??;
                         self.moved(len);
                     }
                     None => {
@@ -377,9 +379,12 @@ impl<'c, P: FnMut(Progress<'_>)> Drive<'c, P> {
                     })?;
                     let bytes = usize::try_from(len)
                         .map_err(|_| TransferError::Invalid(format!("window of {len} bytes")))?;
-                    let mr = client
-                        .register(bytes, Access::REMOTE_WRITE)
-                        .map_err(|source| ClientError::Register { len, source })?;
+                    let mr = client.register(bytes, Access::REMOTE_WRITE).map_err(|e| {
+                        ClientError::Register {
+                            len,
+                            source: Box::new(e),
+                        }
+                    })?;
                     let r = mr.remote();
                     self.window = Some(mr);
                     ep.handle_window(RemoteWindow {
@@ -399,24 +404,30 @@ impl<'c, P: FnMut(Progress<'_>)> Drive<'c, P> {
                     // last one unless there are no more).
                     let mut buffer = match self.staging.remove(&chunk.slot) {
                         Some(b) if b.len() >= len => b,
-                        _ => self
-                            .conn
-                            .register(len.max(1), Access::NONE)
-                            .map_err(|source| ClientError::Register {
+                        _ => self.conn.register(len.max(1), Access::NONE).map_err(|e| {
+                            ClientError::Register {
                                 len: chunk.len.into(),
-                                source,
-                            })?,
+                                source: Box::new(e),
+                            }
+                        })?,
                     };
-                    let data = &mut buffer.as_mut_slice()[..len];
-                    ep.fill_chunk(&chunk, data)?;
+                    let corrupt = self.corrupt == Some(chunk.index);
+                    buffer
+                        .with_bytes_mut(0..len, |data| {
+                            ep.fill_chunk(&chunk, data)?;
+                            if corrupt && !ep.stopped_sending() {
+                                data[0] ^= 0xff;
+                            }
+                            Ok::<_, TransferError>(())
+                        })
+                        .ok_or_else(|| {
+                            TransferError::Driver("chunk outside its buffer".into())
+                        })??;
                     if ep.stopped_sending() {
                         // Reading the file failed and the transfer was aborted (the
                         // receiver is told why): this chunk is not sent.
                         self.staging.insert(chunk.slot, buffer);
                         continue;
-                    }
-                    if self.corrupt == Some(chunk.index) {
-                        data[0] ^= 0xff;
                     }
                     let dst = RemoteRegion {
                         addr: chunk.remote.addr,
@@ -488,7 +499,7 @@ impl<'c, P: FnMut(Progress<'_>)> Drive<'c, P> {
 
     /// The next completed WRITE or (with `messages`) received message, whichever comes
     /// first.
-    async fn next_event(&mut self, messages: bool) -> Event {
+    async fn next_event(&mut self, messages: bool) -> Event<T> {
         if let Some(e) = self.ready.pop_front() {
             return e;
         }

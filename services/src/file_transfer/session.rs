@@ -25,6 +25,7 @@ use rdmactor::runtime::{
     Asked, Blocking, BufId, CloseReason, Driver, Flow, Incoming, MachineCx, MachineSession,
     PeerInfo, Service, Session, SessionError, StateMachine,
 };
+use rdmactor::transport::Transport;
 
 use super::config::Config;
 use super::digests::{DigestCache, DigestStats, FileKey};
@@ -163,12 +164,12 @@ impl FileTransfer {
     }
 }
 
-impl Service for FileTransfer {
+impl<T: Transport> Service<T> for FileTransfer {
     fn max_message(&self) -> Option<usize> {
         Some(crate::CONTROL_MESSAGE_MAX)
     }
 
-    fn session(&self, peer: &PeerInfo) -> Box<dyn Session> {
+    fn session(&self, peer: &PeerInfo) -> Box<dyn Session<T>> {
         // Quotas are per client host: its connections share one share.
         let client = peer
             .addr
@@ -284,13 +285,13 @@ fn fail(e: TransferError) -> SessionError {
     SessionError::new(format!("file transfer: {e}"))
 }
 
-impl Driver for FileSession {
+impl<T: Transport> Driver<T> for FileSession {
     type Machine = Server;
     type Posted = Posted;
 
     fn on_message(
         &mut self,
-        cx: &mut MachineCx<'_, '_, Self>,
+        cx: &mut MachineCx<'_, '_, Self, T>,
         msg: Incoming,
     ) -> std::result::Result<(), SessionError> {
         self.heard = Instant::now();
@@ -308,10 +309,13 @@ impl Driver for FileSession {
                     SessionError::new(format!("file transfer: chunk {index} without a window"))
                 })?;
                 let range = server.chunk_range(index).map_err(fail)?;
-                let bytes = cx.conn.bytes(window)?.get(range).ok_or_else(|| {
+                let outside = |_| {
                     SessionError::new(format!("file transfer: chunk {index} outside the window"))
-                })?;
-                server.handle_chunk(index, bytes).map_err(fail)
+                };
+                cx.conn
+                    .read_with(window, range, |bytes| server.handle_chunk(index, bytes))
+                    .map_err(outside)?
+                    .map_err(fail)
             }
             None => {
                 let msg = Msg::decode(&msg.data).map_err(fail)?;
@@ -322,7 +326,7 @@ impl Driver for FileSession {
 
     fn on_op(
         &mut self,
-        cx: &mut MachineCx<'_, '_, Self>,
+        cx: &mut MachineCx<'_, '_, Self, T>,
         (transfer, index): Posted,
         result: rdmactor::verbs::Result<()>,
     ) -> std::result::Result<(), SessionError> {
@@ -340,7 +344,7 @@ impl Driver for FileSession {
 
     fn on_wake(
         &mut self,
-        cx: &mut MachineCx<'_, '_, Self>,
+        cx: &mut MachineCx<'_, '_, Self, T>,
         token: u64,
     ) -> std::result::Result<(), SessionError> {
         if token == STALL_CHECK {
@@ -433,7 +437,7 @@ impl Driver for FileSession {
 
     fn carry(
         &mut self,
-        cx: &mut MachineCx<'_, '_, Self>,
+        cx: &mut MachineCx<'_, '_, Self, T>,
         out: Output,
     ) -> std::result::Result<Flow, SessionError> {
         self.carry_out(cx, out)
@@ -441,7 +445,7 @@ impl Driver for FileSession {
 
     fn drained(
         &mut self,
-        cx: &mut MachineCx<'_, '_, Self>,
+        cx: &mut MachineCx<'_, '_, Self, T>,
     ) -> std::result::Result<(), SessionError> {
         if let (false, Some(limit)) = (self.busy(), self.stall) {
             self.arm_stall(cx.machine, cx.conn, limit);

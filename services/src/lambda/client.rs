@@ -1,6 +1,7 @@
 //! Client helpers: upload a module, invoke a lambda on regions the client registered.
 
 use rdmactor::runtime::{ClientConnection, RequestError};
+use rdmactor::transport::Transport;
 use rdmactor::verbs::RemoteRegion;
 
 use super::sandbox::{Limits, ModuleHash};
@@ -46,7 +47,10 @@ pub struct Invocation {
     pub limits: Option<Limits>,
 }
 
-async fn call(conn: &ClientConnection, req: &LambdaRequest) -> Result<LambdaResponse, CallError> {
+async fn call<T: Transport>(
+    conn: &ClientConnection<T>,
+    req: &LambdaRequest,
+) -> Result<LambdaResponse, CallError> {
     Ok(conn.request_typed(req).await?)
 }
 
@@ -55,7 +59,10 @@ async fn call(conn: &ClientConnection, req: &LambdaRequest) -> Result<LambdaResp
 /// # Errors
 /// [`CallError::Failed`] with [`FailureKind::InvalidModule`], `ImportsNotAllowed`,
 /// `MissingExport`, `ModuleTooLarge`, `CacheFull` or `Busy`; [`CallError::Request`].
-pub async fn upload(conn: &ClientConnection, module: &[u8]) -> Result<ModuleHash, CallError> {
+pub async fn upload<T: Transport>(
+    conn: &ClientConnection<T>,
+    module: &[u8],
+) -> Result<ModuleHash, CallError> {
     let req = LambdaRequest::Upload {
         module: module.to_vec(),
     };
@@ -73,7 +80,10 @@ pub async fn upload(conn: &ClientConnection, module: &[u8]) -> Result<ModuleHash
 /// [`CallError::Failed`] with the kind of failure (`Trap`, `OutOfFuel`, `Timeout`,
 /// `MemoryLimit`, `UnknownLambda`, `OutputTooLarge`, ...); [`CallError::Request`] when
 /// the connection closed (for example because a region lacked the access it needs).
-pub async fn invoke(conn: &ClientConnection, inv: &Invocation) -> Result<u64, CallError> {
+pub async fn invoke<T: Transport>(
+    conn: &ClientConnection<T>,
+    inv: &Invocation,
+) -> Result<u64, CallError> {
     let req = LambdaRequest::Invoke {
         lambda: inv.lambda.clone(),
         input: inv.input,

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use rdmactor::runtime::{MachineSession, PeerInfo, Service, Session};
+use rdmactor::transport::Transport;
 
 use super::config::LambdaConfig;
 use super::job::Invocations;
@@ -105,14 +106,14 @@ impl LambdaService {
     }
 }
 
-impl Service for LambdaService {
+impl<T: Transport> Service<T> for LambdaService {
     /// An upload carries the module: up to the sandbox's module limit, plus room for
     /// the request around it.
     fn max_message(&self) -> Option<usize> {
         Some(self.sandbox.config().max_module_bytes + crate::CONTROL_MESSAGE_MAX)
     }
 
-    fn session(&self, _peer: &PeerInfo) -> Box<dyn Session> {
+    fn session(&self, _peer: &PeerInfo) -> Box<dyn Session<T>> {
         let owner = self
             .owner
             .get_or_start(|| LambdaOwner::new(self.sandbox.clone(), self.config.max_jobs));

@@ -10,6 +10,7 @@ use rdmactor::runtime::{
     AskError, Asked, Blocking, BufId, Driver, Flow, Incoming, MachineCx, Op, SessionCx,
     SessionError, SessionWaker, StateMachine,
 };
+use rdmactor::transport::Transport;
 use rdmactor::verbs::Access;
 
 use super::job::{Action, Invocations, Outcome, Work};
@@ -126,14 +127,17 @@ impl LambdaSession {
 
     /// A local buffer of `len` bytes for a READ target or WRITE source: from the pool
     /// when it has a class that large, registered for this job otherwise.
-    fn buffer(cx: &mut SessionCx<'_>, len: usize) -> Result<BufId, SessionError> {
+    fn buffer<T: Transport>(cx: &mut SessionCx<'_, T>, len: usize) -> Result<BufId, SessionError> {
         cx.alloc(len)
             .or_else(|_| cx.register(len, Access::LOCAL_WRITE))
     }
 
     /// Feeds the machine the jobs that finished and the owner's answers that came, at
     /// every callback (not only at their wake-ups), so that the next request sees them.
-    fn collect(&mut self, cx: &mut MachineCx<'_, '_, Self>) -> Result<(), SessionError> {
+    fn collect<T: Transport>(
+        &mut self,
+        cx: &mut MachineCx<'_, '_, Self, T>,
+    ) -> Result<(), SessionError> {
         while let Ok((job, finished)) = self.done_rx.try_recv() {
             match finished {
                 Finished::Outcome(outcome) => cx.machine.handle_outcome(job, outcome),
@@ -199,9 +203,9 @@ impl LambdaSession {
 
     /// Asks the owner whether `job` may start (cache lookup, job slot); it starts when the
     /// owner answers. One request per job, never per chunk.
-    fn ask_start(
+    fn ask_start<T: Transport>(
         &mut self,
-        cx: &mut SessionCx<'_>,
+        cx: &mut SessionCx<'_, T>,
         job: usize,
         work: Work,
         input: Vec<u8>,
@@ -253,9 +257,9 @@ impl LambdaSession {
     }
 
     /// Carries out the owner's answer to a job's start.
-    fn go(
+    fn go<T: Transport>(
         &mut self,
-        cx: &mut MachineCx<'_, '_, Self>,
+        cx: &mut MachineCx<'_, '_, Self, T>,
         job: usize,
         work: Work,
         input: Vec<u8>,
@@ -303,13 +307,13 @@ impl LambdaSession {
     }
 }
 
-impl Driver for LambdaSession {
+impl<T: Transport> Driver<T> for LambdaSession {
     type Machine = Invocations;
     type Posted = PendingOp;
 
     fn on_message(
         &mut self,
-        cx: &mut MachineCx<'_, '_, Self>,
+        cx: &mut MachineCx<'_, '_, Self, T>,
         msg: Incoming,
     ) -> Result<(), SessionError> {
         let req: LambdaRequest = postcard::from_bytes(&msg.data)
@@ -322,13 +326,17 @@ impl Driver for LambdaSession {
     }
 
     /// A job thread finished (the token is its job; `collect` takes every finished one).
-    fn on_wake(&mut self, cx: &mut MachineCx<'_, '_, Self>, _job: u64) -> Result<(), SessionError> {
+    fn on_wake(
+        &mut self,
+        cx: &mut MachineCx<'_, '_, Self, T>,
+        _job: u64,
+    ) -> Result<(), SessionError> {
         self.collect(cx)
     }
 
     fn on_op(
         &mut self,
-        cx: &mut MachineCx<'_, '_, Self>,
+        cx: &mut MachineCx<'_, '_, Self, T>,
         pending: PendingOp,
         result: rdmactor::verbs::Result<()>,
     ) -> Result<(), SessionError> {
@@ -343,8 +351,10 @@ impl Driver for LambdaSession {
         }
         match pending {
             PendingOp::Read { offset, len, .. } => {
-                cx.machine
-                    .handle_input(job, offset, &cx.conn.bytes(buf)?[..len]);
+                let machine = &mut *cx.machine;
+                cx.conn.read_with(buf, 0..len, |bytes| {
+                    machine.handle_input(job, offset, bytes)
+                })?;
             }
             PendingOp::Write { .. } => cx.machine.handle_written(job),
         }
@@ -354,7 +364,7 @@ impl Driver for LambdaSession {
 
     fn carry(
         &mut self,
-        cx: &mut MachineCx<'_, '_, Self>,
+        cx: &mut MachineCx<'_, '_, Self, T>,
         action: Action,
     ) -> Result<Flow, SessionError> {
         match action {
@@ -401,7 +411,7 @@ impl Driver for LambdaSession {
                         return Ok(Flow::Continue);
                     }
                 };
-                cx.conn.bytes_mut(buf)?[..data.len()].copy_from_slice(&data);
+                cx.conn.copy_in(buf, 0, &data)?;
                 let write = Op::Write {
                     buf,
                     range: 0..data.len(),

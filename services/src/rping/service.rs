@@ -4,6 +4,7 @@ use rdmactor::runtime::{
     BufId, Driver, Flow, Framing, Incoming, MachineCx, MachineSession, Op, PeerInfo, Service,
     Session, SessionError, StateMachine,
 };
+use rdmactor::transport::Transport;
 use rdmactor::verbs::{Access, RemoteRegion};
 
 use super::machine::{RemoteBuf, RpingAction, RpingConfig, RpingError, RpingSession};
@@ -15,13 +16,13 @@ pub struct Rping {
     pub config: RpingConfig,
 }
 
-impl Service for Rping {
+impl<T: Transport> Service<T> for Rping {
     fn framing(&self) -> Framing {
         // rping's messages are 16-byte buffer adverts.
         Framing::Raw { recv_size: 64 }
     }
 
-    fn session(&self, _peer: &PeerInfo) -> Box<dyn Session> {
+    fn session(&self, _peer: &PeerInfo) -> Box<dyn Session<T>> {
         Box::new(MachineSession::new(
             RpingSession::new(self.config),
             RpingDriver { buf: None },
@@ -56,13 +57,13 @@ fn region(remote: RemoteBuf) -> RemoteRegion {
     }
 }
 
-impl Driver for RpingDriver {
+impl<T: Transport> Driver<T> for RpingDriver {
     type Machine = RpingSession;
     type Posted = Completed;
 
     fn on_message(
         &mut self,
-        cx: &mut MachineCx<'_, '_, Self>,
+        cx: &mut MachineCx<'_, '_, Self, T>,
         msg: Incoming,
     ) -> Result<(), SessionError> {
         cx.machine.handle_recv(&msg.data).map_err(err)
@@ -70,7 +71,7 @@ impl Driver for RpingDriver {
 
     fn on_op(
         &mut self,
-        cx: &mut MachineCx<'_, '_, Self>,
+        cx: &mut MachineCx<'_, '_, Self, T>,
         completed: Completed,
         result: rdmactor::verbs::Result<()>,
     ) -> Result<(), SessionError> {
@@ -80,7 +81,7 @@ impl Driver for RpingDriver {
 
     fn carry(
         &mut self,
-        cx: &mut MachineCx<'_, '_, Self>,
+        cx: &mut MachineCx<'_, '_, Self, T>,
         action: RpingAction,
     ) -> Result<Flow, SessionError> {
         // Only the local NIC touches this buffer (READ target, WRITE source), so it

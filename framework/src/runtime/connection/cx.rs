@@ -219,19 +219,12 @@ impl<'a, T: Transport> SessionCx<'a, T> {
         range: std::ops::Range<usize>,
         read: impl FnOnce(&[u8]) -> R,
     ) -> Result<R, SessionError> {
-        let region = self.entry(id)?.buf.region();
         let outside = || SessionError::new(format!("{range:?} is outside {id:?}"));
-        if let Some(bytes) = region.bytes() {
-            return bytes.get(range.clone()).map(read).ok_or_else(outside);
-        }
-        if range.start > range.end || range.end > region.len() {
-            return Err(outside());
-        }
-        let mut copy = vec![0; range.len()];
-        region
-            .read(range.start, &mut copy)
-            .map_err(|e| SessionError::new(e.to_string()))?;
-        Ok(read(&copy))
+        self.entry(id)?
+            .buf
+            .region()
+            .with_bytes(range.clone(), read)
+            .ok_or_else(outside)
     }
 
     /// Copies `data` into a buffer at `offset`: the way to fill a buffer on any

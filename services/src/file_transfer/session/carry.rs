@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use rdmactor::runtime::{Flow, MachineCx, Op, SessionError};
+use rdmactor::transport::Transport;
 use rdmactor::verbs::{Access, RemoteRegion};
 
 use super::{fail, FileSession, ADMITTED, CHUNK_READ, COMMIT_DONE, CONSUMED, PREPARED};
@@ -23,9 +24,9 @@ fn remote_window(r: RemoteRegion) -> RemoteWindow {
 impl FileSession {
     /// Carries out one output (see [`Endpoint`] for the order they come in); pauses at
     /// a chunk to read off the poller, so that the outputs after it keep their order.
-    pub(super) fn carry_out(
+    pub(super) fn carry_out<T: Transport>(
         &mut self,
-        cx: &mut MachineCx<'_, '_, Self>,
+        cx: &mut MachineCx<'_, '_, Self, T>,
         out: Output,
     ) -> std::result::Result<Flow, SessionError> {
         let (server, conn) = (&mut *cx.machine, &mut *cx.conn);
@@ -121,9 +122,9 @@ impl FileSession {
 
     /// Copies a chunk read off the poller into its range of the staging buffer (a
     /// memcpy) and posts its WRITE_WITH_IMM.
-    pub(super) fn post_chunk(
+    pub(super) fn post_chunk<T: Transport>(
         &mut self,
-        cx: &mut MachineCx<'_, '_, Self>,
+        cx: &mut MachineCx<'_, '_, Self, T>,
         chunk: &ChunkWrite,
         bytes: &[u8],
     ) -> std::result::Result<(), SessionError> {
@@ -131,12 +132,12 @@ impl FileSession {
             .staging
             .ok_or_else(|| SessionError::new("file transfer: chunk before Stage"))?;
         let range = chunk.range();
+        if range.len() != bytes.len() {
+            return Err(SessionError::new("file transfer: chunk outside stage"));
+        }
         cx.conn
-            .bytes_mut(buf)?
-            .get_mut(range.clone())
-            .filter(|dst| dst.len() == bytes.len())
-            .ok_or_else(|| SessionError::new("file transfer: chunk outside stage"))?
-            .copy_from_slice(bytes);
+            .copy_in(buf, range.start, bytes)
+            .map_err(|_| SessionError::new("file transfer: chunk outside stage"))?;
         let write = Op::Write {
             buf,
             range,

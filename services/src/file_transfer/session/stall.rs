@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use rdmactor::runtime::{SessionCx, SessionError};
+use rdmactor::transport::Transport;
 
 use super::{FileSession, STALL_CHECK};
 use crate::file_transfer::endpoint::Endpoint;
@@ -25,7 +26,12 @@ impl FileSession {
 
     /// Arms the stall deadline for `after` when a transfer waits on the peer and none
     /// is armed. Called after every drain, so the one timer follows the transfer.
-    pub(super) fn arm_stall(&mut self, server: &Server, cx: &mut SessionCx<'_>, after: Duration) {
+    pub(super) fn arm_stall<T: Transport>(
+        &mut self,
+        server: &Server,
+        cx: &mut SessionCx<'_, T>,
+        after: Duration,
+    ) {
         if self.stall_armed || self.stall.is_none() {
             return;
         }
@@ -37,10 +43,10 @@ impl FileSession {
 
     /// The stall deadline came: ends the transfer if it has waited on a silent peer
     /// for the whole limit, or arms the deadline again for what is left of it.
-    pub(super) fn check_stall(
+    pub(super) fn check_stall<T: Transport>(
         &mut self,
         server: &mut Server,
-        cx: &mut SessionCx<'_>,
+        cx: &mut SessionCx<'_, T>,
     ) -> std::result::Result<(), SessionError> {
         self.stall_armed = false;
         let Some(limit) = self.stall else {

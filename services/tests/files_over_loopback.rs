@@ -1,0 +1,423 @@
+//! The `files` service served and used over the loopback transport through the whole
+//! runtime, natively: uploads and fetches verified byte for byte, a corrupted chunk, a
+//! client that vanishes mid-upload, and the authorization rules. Real-verbs runs of the
+//! same service (with the `ft` tool, a killed process, a full disk) are in
+//! `tests/file_transfer.rs` (the VM suite).
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use rdmactor::runtime::{Client, ClientConnection, NodeConfig, Server};
+use rdmactor::transport::loopback::{Fabric, Loopback};
+use rdmactor_services::file_transfer::{
+    fetch_file, hash_bytes, send_file, Auth, BadReason, Config, FetchOptions, FileOffer,
+    FileTransfer, HashAlg, Msg, Outcome, RejectReason, SendOptions,
+};
+use rdmactor_testkit::pattern;
+
+const MIB: usize = 1 << 20;
+
+fn addr(port: u16) -> SocketAddr {
+    SocketAddr::from(([10, 0, 0, 1], port))
+}
+
+/// A server of `files` over `fabric` at `at`, storing into `config`'s directory.
+fn files_server(fabric: &Fabric, at: SocketAddr, config: Config) -> Server<Loopback> {
+    Server::over(Loopback)
+        .domain(fabric.device("server"))
+        .listen(at, None)
+        .service("files", FileTransfer::new(config).expect("files service"))
+        .start()
+        .expect("server")
+}
+
+fn client(fabric: &Fabric, name: &str) -> Client<Loopback> {
+    Client::<Loopback>::on(fabric.device(name), NodeConfig::default()).expect("client")
+}
+
+/// Every entry of `dir`, temporary files (`.name.…`) included.
+fn names(dir: &Path) -> BTreeSet<String> {
+    fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+fn set(names: &[&str]) -> BTreeSet<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}
+
+async fn upload(
+    conn: &ClientConnection<Loopback>,
+    src: &Path,
+    name: &str,
+    opts: &SendOptions,
+) -> Outcome {
+    send_file(conn, src, name, opts, |_| {})
+        .await
+        .unwrap_or_else(|e| panic!("sending {name}: {e}"))
+}
+
+async fn fetch(
+    conn: &ClientConnection<Loopback>,
+    client: &Client<Loopback>,
+    name: &str,
+    dir: &Path,
+    opts: &FetchOptions,
+) -> Outcome {
+    fetch_file(conn, client, name, dir, opts, |_| {})
+        .await
+        .unwrap_or_else(|e| panic!("fetching {name}: {e}"))
+}
+
+fn delivered(outcome: &Outcome) -> bool {
+    matches!(outcome, Outcome::Delivered { auth: None })
+}
+
+#[test]
+fn uploads_from_four_clients_are_stored_and_fetched_back_byte_for_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, store) = (dir.path().join("src"), dir.path().join("store"));
+    fs::create_dir_all(&src).unwrap();
+    fs::create_dir_all(&store).unwrap();
+    // Empty, one byte, one chunk and a bit, several chunks (the default slot is 1 MiB).
+    let sizes = [0, 1, MIB + 3, 3 * MIB + 17];
+    for c in 0..4 {
+        for (i, len) in sizes.iter().enumerate() {
+            fs::write(
+                src.join(format!("c{c}-{i}")),
+                pattern(*len, (c * 10 + i) as u64),
+            )
+            .unwrap();
+        }
+    }
+    actix::System::new().block_on(async {
+        let fabric = Fabric::default();
+        // Four fetches may be prepared (the file hashed) at once: one per client.
+        let config = Config::new(&store).with_fetch_preparations(4);
+        let server = files_server(&fabric, addr(7300), config);
+        let mut tasks = Vec::new();
+        for c in 0..4 {
+            let (src, out) = (src.clone(), dir.path().join(format!("out{c}")));
+            let client = client(&fabric, &format!("client{c}"));
+            tasks.push(actix::spawn(async move {
+                fs::create_dir_all(&out).unwrap();
+                let conn = client.connect(addr(7300), "files").await.unwrap();
+                for i in 0..sizes.len() {
+                    let name = format!("c{c}-{i}");
+                    let opts = SendOptions {
+                        alg: [HashAlg::Sha256, HashAlg::Blake3][i % 2],
+                        ..SendOptions::default()
+                    };
+                    let outcome = upload(&conn, &src.join(&name), &name, &opts).await;
+                    assert!(delivered(&outcome), "{name}: {outcome:?}");
+                }
+                // Each connection fetches what it uploaded, through a small window too.
+                for (i, len) in sizes.iter().enumerate() {
+                    let name = format!("c{c}-{i}");
+                    let opts = FetchOptions {
+                        slots: 2,
+                        slot_len: 64 << 10,
+                        ..FetchOptions::default()
+                    };
+                    let outcome = fetch(&conn, &client, &name, &out, &opts).await;
+                    assert!(
+                        matches!(&outcome, Outcome::Stored { len: l, .. } if *l == *len as u64),
+                        "{name}: {outcome:?}"
+                    );
+                    let back = fs::read(out.join(&name)).unwrap();
+                    assert!(
+                        back == pattern(*len, (c * 10 + i) as u64),
+                        "{name} came back different"
+                    );
+                }
+                client.shutdown().await;
+            }));
+        }
+        for t in tasks {
+            t.await.expect("a client's transfers");
+        }
+        server.shutdown().await;
+    });
+    for c in 0..4 {
+        for (i, len) in sizes.iter().enumerate() {
+            let stored = fs::read(store.join(format!("c{c}-{i}"))).unwrap();
+            assert!(
+                stored == pattern(*len, (c * 10 + i) as u64),
+                "c{c}-{i} stored different"
+            );
+        }
+    }
+    assert_eq!(
+        names(&store).len(),
+        16,
+        "no temporary file left: {:?}",
+        names(&store)
+    );
+}
+
+#[test]
+fn a_corrupted_chunk_is_bad_and_the_good_file_it_would_replace_stays() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    fs::create_dir_all(&store).unwrap();
+    let (good, newer) = (pattern(2 * MIB + 5, 1), pattern(3 * MIB + 100, 2));
+    fs::write(dir.path().join("good"), &good).unwrap();
+    fs::write(dir.path().join("newer"), &newer).unwrap();
+    actix::System::new().block_on(async {
+        let fabric = Fabric::default();
+        let server = files_server(&fabric, addr(7301), Config::new(&store));
+        let client = client(&fabric, "client");
+        let conn = client.connect(addr(7301), "files").await.unwrap();
+        let outcome = upload(
+            &conn,
+            &dir.path().join("good"),
+            "f",
+            &SendOptions::default(),
+        )
+        .await;
+        assert!(delivered(&outcome), "{outcome:?}");
+        for (alg, chunk) in [(HashAlg::Sha256, 2), (HashAlg::Blake3, 0)] {
+            let opts = SendOptions {
+                alg,
+                overwrite: true,
+                corrupt_chunk: Some(chunk),
+                ..SendOptions::default()
+            };
+            let outcome = upload(&conn, &dir.path().join("newer"), "f", &opts).await;
+            assert!(
+                matches!(outcome, Outcome::Bad(BadReason::Mismatch { .. })),
+                "{alg:?}: {outcome:?}"
+            );
+            assert_eq!(names(&store), set(&["f"]), "no temporary file");
+            assert!(
+                fs::read(store.join("f")).unwrap() == good,
+                "the good file was replaced"
+            );
+        }
+        // The same connection then replaces it for real.
+        let opts = SendOptions {
+            overwrite: true,
+            ..SendOptions::default()
+        };
+        let outcome = upload(&conn, &dir.path().join("newer"), "f", &opts).await;
+        assert!(delivered(&outcome), "{outcome:?}");
+        client.shutdown().await;
+        server.shutdown().await;
+    });
+    assert!(fs::read(store.join("f")).unwrap() == newer);
+}
+
+#[test]
+fn a_client_that_vanishes_mid_upload_leaves_the_stored_file_and_the_server_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    fs::create_dir_all(&store).unwrap();
+    let (good, big) = (pattern(100_000, 3), pattern(48 * MIB, 4));
+    fs::write(dir.path().join("good"), &good).unwrap();
+    fs::write(dir.path().join("big"), &big).unwrap();
+    actix::System::new().block_on(async {
+        let fabric = Fabric::default();
+        let mut node = NodeConfig::default();
+        node.connection.keepalive = Some(Duration::from_millis(100));
+        node.connection.ack_timeout = 12;
+        node.connection.retry_count = 2;
+        let bound = node.connection.dead_peer_bound().unwrap();
+        // Small slots: many chunks, so the host surely vanishes mid-transfer; anyone may
+        // overwrite, so the doomed client's upload would replace the stored file.
+        let server = Server::over(Loopback)
+            .domain(fabric.device("server"))
+            .config(node.clone())
+            .listen(addr(7302), None)
+            .service(
+                "files",
+                FileTransfer::new(
+                    Config::new(&store)
+                        .with_window(2, 64 << 10)
+                        .with_overwrite_others(true),
+                )
+                .unwrap(),
+            )
+            .start()
+            .unwrap();
+        let first = client(&fabric, "first");
+        let conn = first.connect(addr(7302), "files").await.unwrap();
+        let outcome = upload(
+            &conn,
+            &dir.path().join("good"),
+            "f",
+            &SendOptions::default(),
+        )
+        .await;
+        assert!(delivered(&outcome), "{outcome:?}");
+
+        let device = fabric.device("doomed");
+        let doomed = Client::<Loopback>::on(device.clone(), node.clone()).unwrap();
+        let doomed_conn = doomed.connect(addr(7302), "files").await.unwrap();
+        let big_path = dir.path().join("big");
+        let transfer = actix::spawn(async move {
+            let opts = SendOptions {
+                overwrite: true,
+                ..SendOptions::default()
+            };
+            send_file(&doomed_conn, &big_path, "f", &opts, |_| {}).await
+        });
+        // Progress, seen on the server's side: the temporary file grows.
+        let started = Instant::now();
+        loop {
+            let partial = fs::read_dir(&store).unwrap().any(|e| {
+                let e = e.unwrap();
+                e.file_name().to_string_lossy().starts_with(".f.")
+                    && e.metadata().unwrap().len() >= (MIB as u64)
+            });
+            if partial {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "no partial upload: {:?}",
+                names(&store)
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        device.vanish();
+        let cut = Instant::now();
+        while server.stats().await.connections != 1 {
+            assert!(
+                cut.elapsed() < bound * 4,
+                "the vanished client's connection still open after {:?}",
+                cut.elapsed()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // The temporary file goes on the service's reaper thread, soon after.
+        while names(&store) != set(&["f"]) {
+            assert!(
+                cut.elapsed() < Duration::from_secs(10),
+                "{:?}",
+                names(&store)
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            fs::read(store.join("f")).unwrap() == good,
+            "the half upload replaced the file"
+        );
+        transfer.abort();
+        // Everyone else keeps being served.
+        let outcome = upload(
+            &conn,
+            &dir.path().join("good"),
+            "g",
+            &SendOptions::default(),
+        )
+        .await;
+        assert!(delivered(&outcome), "{outcome:?}");
+        first.shutdown().await;
+        server.shutdown().await;
+        drop(doomed);
+    });
+    assert_eq!(names(&store), set(&["f", "g"]));
+}
+
+#[test]
+fn a_connection_fetches_and_replaces_only_its_own_files_and_bad_names_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, out) = (dir.path().join("store"), dir.path().join("out"));
+    fs::create_dir_all(&store).unwrap();
+    fs::create_dir_all(&out).unwrap();
+    let (mine, theirs) = (pattern(70_000, 5), pattern(5000, 6));
+    fs::write(dir.path().join("mine"), &mine).unwrap();
+    fs::write(dir.path().join("theirs"), &theirs).unwrap();
+    actix::System::new().block_on(async {
+        let fabric = Fabric::default();
+        // The default rules: fetch and overwrite only what this connection uploaded.
+        let config = Config::new(&store).with_secret("alice", "a-key");
+        let server = files_server(&fabric, addr(7303), config);
+        let (a, b) = (client(&fabric, "a"), client(&fabric, "b"));
+        let conn_a = a.connect(addr(7303), "files").await.unwrap();
+        let conn_b = b.connect(addr(7303), "files").await.unwrap();
+        let outcome = upload(
+            &conn_a,
+            &dir.path().join("mine"),
+            "a",
+            &SendOptions::default(),
+        )
+        .await;
+        assert!(delivered(&outcome), "{outcome:?}");
+        // B may neither read nor replace A's file, and is not told it exists.
+        let outcome = fetch(&conn_b, &b, "a", &out, &FetchOptions::default()).await;
+        assert_eq!(outcome, Outcome::Rejected(RejectReason::NotFound));
+        let opts = SendOptions {
+            overwrite: true,
+            ..SendOptions::default()
+        };
+        let outcome = upload(&conn_b, &dir.path().join("theirs"), "a", &opts).await;
+        assert_eq!(outcome, Outcome::Rejected(RejectReason::Exists));
+        assert!(fs::read(store.join("a")).unwrap() == mine);
+        // A may.
+        let outcome = fetch(&conn_a, &a, "a", &out, &FetchOptions::default()).await;
+        assert!(matches!(outcome, Outcome::Stored { .. }), "{outcome:?}");
+        assert!(fs::read(out.join("a")).unwrap() == mine);
+        // A name that leaves the directory, offered by hand (the client library refuses
+        // to send one): refused with the reason, and the connection goes on.
+        for name in ["../x", "sub/x", ".hidden", ""] {
+            let offer = FileOffer {
+                name: name.into(),
+                len: 4,
+                digest: hash_bytes(HashAlg::Sha256, b"evil"),
+                overwrite: true,
+            };
+            conn_b.send(Msg::Offer(offer).encode()).await.unwrap();
+            let answer = conn_b.recv().await.expect("an answer");
+            let answer = Msg::decode(&answer.data).unwrap();
+            assert!(
+                matches!(
+                    answer,
+                    Msg::Reject {
+                        reason: RejectReason::BadName { .. }
+                    }
+                ),
+                "{name:?}: {answer:?}"
+            );
+        }
+        // An identity is proven only by a GOOD upload of a new file named after it.
+        let opts = SendOptions {
+            identity: Some("alice".into()),
+            ..SendOptions::default()
+        };
+        let outcome = upload(&conn_b, &dir.path().join("theirs"), "alice", &opts).await;
+        let Outcome::Delivered {
+            auth: Some(Auth::Secret(key)),
+        } = outcome
+        else {
+            panic!("{outcome:?}")
+        };
+        assert_eq!(key.expose(), "a-key");
+        let outcome = upload(&conn_a, &dir.path().join("mine"), "a2", &opts).await;
+        assert_eq!(
+            outcome,
+            Outcome::Delivered {
+                auth: Some(Auth::Refused)
+            }
+        );
+        // Identify outside a GOOD transfer is a protocol error: the server hangs up on
+        // that connection only.
+        let rogue = b.connect(addr(7303), "files").await.unwrap();
+        rogue
+            .send(Msg::Identify { id: "alice".into() }.encode())
+            .await
+            .unwrap();
+        assert_eq!(rogue.recv().await, None, "no secret, connection closed");
+        let outcome = fetch(&conn_b, &b, "alice", &out, &FetchOptions::default()).await;
+        assert!(matches!(outcome, Outcome::Stored { .. }), "{outcome:?}");
+        a.shutdown().await;
+        b.shutdown().await;
+        server.shutdown().await;
+    });
+    assert_eq!(names(&store), set(&["a", "a2", "alice"]));
+    assert!(!dir.path().join("x").exists());
+}
