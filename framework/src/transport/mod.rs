@@ -25,6 +25,7 @@
 //! | context + protection domain | `Domain` | [`Domain`]: registers memory, creates CQs, channels, SRQs, cm_ids |
 //! | memory region (and its scatter/gather entries) | `Region`, `Sge<'a>` | [`Region`] |
 //! | memory window (type 2) | `Window` | (opaque; bound by [`QueuePair::bind_window`], revoked by drop) |
+//! | a registration granted per connection | `Shared` | [`SharedRegion`] (bound by [`QueuePair::bind_shared_window`]) |
 //! | completion channel | `Channel` | [`CompletionChannel`] |
 //! | completion queue | `Cq` | [`CompletionQueue`] |
 //! | shared receive queue | `Srq` | [`SharedReceiveQueue`] |
@@ -40,6 +41,7 @@
 //! them touches a verbs object.
 
 pub mod loopback;
+mod shared;
 mod verbs;
 
 use std::fmt;
@@ -48,6 +50,7 @@ use std::net::SocketAddr;
 use std::ops::Range;
 use std::time::Duration;
 
+pub use self::shared::{accepts, copy_of, SharedRegion, VERSION_LEN};
 pub use self::verbs::Verbs;
 pub use crate::verbs::{
     Access, AsyncEvent, CmEventKind, ConnParam, ListedDevice, QpCaps, RemoteRegion, SendOp,
@@ -108,6 +111,9 @@ pub trait Transport: Sized + Send + Sync + 'static {
     type Sge<'a>: Copy + fmt::Debug;
     /// A memory window: remote access to part of a region for one QP, revoked on drop.
     type Window: Window;
+    /// Memory registered once and granted to each connection through a window over a
+    /// range of it (`SessionCx::grant`); updated in place by the application.
+    type Shared: SharedRegion<Self>;
     /// What a sleeping poller waits on.
     type Channel: CompletionChannel<Self>;
     /// A completion queue.
@@ -348,6 +354,19 @@ pub trait QueuePair<T: Transport>: Unpin + Clone + Send + Sync + fmt::Debug {
         wr_id: u64,
         window: &T::Window,
         region: &T::Region,
+        access: Access,
+    ) -> Result<RemoteRegion, T::Error>;
+    /// Binds `window` to this QP over `range` of the shared region `region` with
+    /// `access` (remote flags only, at least one; write or atomic only on a writable
+    /// region), as a signaled send-queue request ordered with the others; returns what
+    /// the peer needs. The window grants this QP's peer alone, until it is bound again
+    /// or dropped.
+    fn bind_shared_window(
+        &self,
+        wr_id: u64,
+        window: &T::Window,
+        region: &T::Shared,
+        range: Range<usize>,
         access: Access,
     ) -> Result<RemoteRegion, T::Error>;
     /// The shared receive queue its receives come from, if any.

@@ -25,6 +25,7 @@ impl Transport for Verbs {
     type Region = v::MemoryRegion;
     type Sge<'a> = v::Sge<'a>;
     type Window = v::MemoryWindow;
+    type Shared = v::SharedRegion;
     type Channel = v::CompletionChannel;
     type Cq = v::CompletionQueue;
     type CqKey = v::CqKey;
@@ -283,8 +284,76 @@ impl super::QueuePair<Verbs> for v::QueuePair {
     ) -> v::Result<RemoteRegion> {
         v::QueuePair::bind_window(self, wr_id, window, region, access)
     }
+    fn bind_shared_window(
+        &self,
+        wr_id: u64,
+        window: &v::MemoryWindow,
+        region: &v::SharedRegion,
+        range: Range<usize>,
+        access: Access,
+    ) -> v::Result<RemoteRegion> {
+        v::QueuePair::bind_shared_window(self, wr_id, window, region, range, access)
+    }
     fn srq(&self) -> Option<&v::SharedReceiveQueue> {
         v::QueuePair::srq(self)
+    }
+}
+
+impl super::SharedRegion<Verbs> for v::SharedRegion {
+    fn alloc(domain: &v::ProtectionDomain, len: usize) -> v::Result<Self> {
+        v::SharedRegion::alloc(domain, len)
+    }
+    fn alloc_versioned(
+        domain: &v::ProtectionDomain,
+        data_len: usize,
+        copies: usize,
+    ) -> v::Result<Self> {
+        v::SharedRegion::alloc_versioned(domain, data_len, copies)
+    }
+    fn map_file(domain: &v::ProtectionDomain, file: &std::fs::File) -> v::Result<Self> {
+        v::SharedRegion::map_file(domain, file)
+    }
+    fn len(&self) -> usize {
+        v::SharedRegion::len(self)
+    }
+    fn copies(&self) -> usize {
+        v::SharedRegion::copies(self)
+    }
+    fn data_len(&self) -> usize {
+        v::SharedRegion::data_len(self)
+    }
+    fn data_offset(&self, version: u64) -> usize {
+        v::SharedRegion::data_offset(self, version)
+    }
+    fn is_writable(&self) -> bool {
+        v::SharedRegion::is_writable(self)
+    }
+    fn access(&self) -> Access {
+        v::SharedRegion::access(self)
+    }
+    fn addr(&self) -> u64 {
+        v::SharedRegion::addr(self)
+    }
+    fn is_on(&self, domain: &v::ProtectionDomain) -> bool {
+        self.pd().same_as(domain)
+    }
+    fn same_as(&self, other: &Self) -> bool {
+        v::SharedRegion::same_as(self, other)
+    }
+    fn version(&self) -> Option<u64> {
+        v::SharedRegion::version(self)
+    }
+    fn read(&self, offset: usize, len: usize) -> v::Result<Vec<u8>> {
+        v::SharedRegion::read(self, offset, len)
+    }
+    fn update(&self, f: impl FnOnce(u64, &mut [u8])) -> v::Result<u64> {
+        v::SharedRegion::update(self, f)
+    }
+    fn publish(&self, version: u64, f: impl FnOnce(&mut [u8])) -> v::Result<()> {
+        v::SharedRegion::publish(self, version, f)
+    }
+    fn write(&self, offset: usize, data: &[u8]) -> v::Result<u64> {
+        v::SharedRegion::write(self, offset, data)
     }
 }
 

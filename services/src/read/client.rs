@@ -1,6 +1,7 @@
 //! The client side: look a region up once, then read it with one-sided RDMA READs.
 
 use rdmactor::runtime::{ClientConnection, RequestError};
+use rdmactor::transport::Transport;
 use rdmactor::verbs::RemoteRegion;
 
 use super::layout::{
@@ -102,7 +103,7 @@ impl RegionHandle {
     pub fn data_range(&self, version: u64, offset: u64, len: u64) -> RemoteRegion {
         let header = if self.info.mutable {
             HEADER_LEN as u64
-                + rdmactor::verbs::copy_of(version, self.copies()) as u64 * self.info.len
+                + rdmactor::transport::copy_of(version, self.copies()) as u64 * self.info.len
         } else {
             0
         };
@@ -119,7 +120,10 @@ impl RegionHandle {
     }
 }
 
-async fn call(conn: &ClientConnection, req: &ReadRequest) -> Result<ReadResponse, ReadError> {
+async fn call<T: Transport>(
+    conn: &ClientConnection<T>,
+    req: &ReadRequest,
+) -> Result<ReadResponse, ReadError> {
     Ok(conn.request_typed(req).await?)
 }
 
@@ -128,7 +132,10 @@ async fn call(conn: &ClientConnection, req: &ReadRequest) -> Result<ReadResponse
 ///
 /// # Errors
 /// [`ReadError::UnknownRegion`], [`ReadError::Refused`], [`ReadError::Request`].
-pub async fn lookup(conn: &ClientConnection, name: &str) -> Result<RegionHandle, ReadError> {
+pub async fn lookup<T: Transport>(
+    conn: &ClientConnection<T>,
+    name: &str,
+) -> Result<RegionHandle, ReadError> {
     match call(
         conn,
         &ReadRequest::Lookup {
@@ -148,7 +155,7 @@ pub async fn lookup(conn: &ClientConnection, name: &str) -> Result<RegionHandle,
 ///
 /// # Errors
 /// [`ReadError::Request`].
-pub async fn list(conn: &ClientConnection) -> Result<Vec<String>, ReadError> {
+pub async fn list<T: Transport>(conn: &ClientConnection<T>) -> Result<Vec<String>, ReadError> {
     match call(conn, &ReadRequest::List).await? {
         ReadResponse::Names(names) => Ok(names),
         other => Err(ReadError::Protocol(format!("{other:?}"))),
@@ -161,8 +168,8 @@ pub async fn list(conn: &ClientConnection) -> Result<Vec<String>, ReadError> {
 ///
 /// # Errors
 /// [`ReadError::Request`] (a remote access error outside the region).
-pub async fn read(
-    conn: &ClientConnection,
+pub async fn read<T: Transport>(
+    conn: &ClientConnection<T>,
     handle: &RegionHandle,
     offset: u64,
     len: usize,
@@ -175,8 +182,8 @@ pub async fn read(
     read_at(conn, handle, version, offset, len).await
 }
 
-async fn read_at(
-    conn: &ClientConnection,
+async fn read_at<T: Transport>(
+    conn: &ClientConnection<T>,
     handle: &RegionHandle,
     version: u64,
     offset: u64,
@@ -191,8 +198,8 @@ async fn read_at(
 ///
 /// # Errors
 /// [`ReadError::Request`].
-pub async fn read_version(
-    conn: &ClientConnection,
+pub async fn read_version<T: Transport>(
+    conn: &ClientConnection<T>,
     handle: &RegionHandle,
 ) -> Result<u64, ReadError> {
     match handle.version_word() {
@@ -208,8 +215,8 @@ pub async fn read_version(
 /// # Errors
 /// [`ReadError::Request`] (a remote access error outside the region),
 /// [`ReadError::Contended`] after [`MAX_ATTEMPTS`].
-pub async fn read_consistent(
-    conn: &ClientConnection,
+pub async fn read_consistent<T: Transport>(
+    conn: &ClientConnection<T>,
     handle: &RegionHandle,
     offset: u64,
     len: usize,
@@ -223,8 +230,8 @@ pub async fn read_consistent(
 ///
 /// # Errors
 /// As [`read_consistent`].
-pub async fn read_versioned(
-    conn: &ClientConnection,
+pub async fn read_versioned<T: Transport>(
+    conn: &ClientConnection<T>,
     handle: &RegionHandle,
     offset: u64,
     len: usize,

@@ -5,8 +5,8 @@
 //!                     0                 8                   8+len      8+k*len
 //! ```
 //!
-//! Version `v` (even) lives in copy `(v / 2) % k`. The writer (`SharedRegion::update` in
-//! the framework's verbs layer, which owns the raw memory) stores an odd marker, writes
+//! Version `v` (even) lives in copy `(v / 2) % k`. The writer (`SharedRegion::update` of
+//! the transport, which owns the registered memory) stores an odd marker, writes
 //! the next copy, then stores the new (even, larger) version, with a full fence between
 //! the steps. A reader ([`VersionedRead`]) reads the version, then the data of its copy,
 //! then the version again, each with its own RDMA READ issued after the previous one
@@ -22,9 +22,9 @@
 //! than a read's three round trips.
 
 /// Bytes before the data: one little-endian `u64` version word.
-pub const HEADER_LEN: usize = rdmactor::verbs::VERSION_LEN;
+pub const HEADER_LEN: usize = rdmactor::transport::VERSION_LEN;
 
-use rdmactor::verbs::accepts;
+use rdmactor::transport::accepts;
 
 /// The version a region's first content gets; every update adds 2 (even = stable).
 pub const FIRST_VERSION: u64 = 2;
@@ -111,7 +111,7 @@ impl VersionedRead {
     }
 
     /// A read of a region that keeps `copies` copies of its data (see
-    /// `rdmactor::verbs::SharedRegion`): data read from the copy of version `v` is
+    /// `rdmactor::transport::SharedRegion`): data read from the copy of version `v` is
     /// accepted while the version stays within `v + 2 (copies - 1)`.
     pub fn with_copies(max_attempts: u32, copies: usize) -> Self {
         VersionedRead {

@@ -9,9 +9,9 @@
 //! # One shared copy, one window per connection
 //!
 //! Each region is registered **once**, on the server's protection domain, when a
-//! connection first looks it up (a [`SharedRegion`](rdmactor::verbs::SharedRegion):
-//! `LOCAL_WRITE | MW_BIND`, no remote access on the MR itself; files are mapped read-only
-//! and registered with `MW_BIND` alone). Every lookup binds a type 2 memory window to the
+//! connection first looks it up (a [`SharedRegion`](rdmactor::transport::SharedRegion)
+//! of the server's transport: `LOCAL_WRITE | MW_BIND`, no remote access on the MR itself;
+//! files are mapped read-only and registered with `MW_BIND` alone). Every lookup binds a type 2 memory window to the
 //! asking connection's QP over exactly the region's bytes with `REMOTE_READ` only
 //! (`SessionCx::grant`): a READ past the end is a remote access error, another
 //! connection's QP cannot use the rkey, and the window goes when the connection closes.
@@ -52,6 +52,14 @@
 //! # let _ = (bytes, version);
 //! # Ok(()) }
 //! ```
+//!
+//! # Transports
+//!
+//! The service, its catalogue and the client functions are generic over the transport
+//! with verbs by default: `ReadRegions::new()` and `ReadService::new` serve a verbs
+//! server as before; `ReadRegions::<Loopback>::default()` serves
+//! `Server::over(Loopback)`, and the client functions take a `ClientConnection<T>` of
+//! any transport (`services/tests/read_over_loopback.rs`).
 //!
 //! # Thread safety
 //!

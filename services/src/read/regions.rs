@@ -10,14 +10,16 @@ use std::fs::File;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 
-use rdmactor::verbs::{ProtectionDomain, SharedRegion, VerbsError};
+use rdmactor::transport::{SharedRegion as _, Transport, Verbs};
+use rdmactor::verbs::VerbsError;
 
 use super::layout::FIRST_VERSION;
 
-/// Why a region could not be added or updated.
+/// Why a region could not be added or updated; `E` is the transport's error
+/// (registration failures).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum RegionError {
+pub enum RegionError<E = VerbsError> {
     /// A region with this name exists already.
     #[error("a region named {0:?} exists already")]
     Duplicate(String),
@@ -32,7 +34,7 @@ pub enum RegionError {
     },
     /// Registering the region on the server's protection domain failed.
     #[error("registering the region: {0}")]
-    Register(#[from] VerbsError),
+    Register(#[from] E),
     /// A write does not fit the region.
     #[error("write of {len} bytes at {offset} outside a region of {region_len} bytes")]
     OutOfRange {
@@ -59,31 +61,31 @@ enum Source {
 /// A region's bytes: held by the catalogue until the first lookup, then registered once
 /// on the server's protection domain and granted to every connection from there. Back
 /// to `Pending` if the server's device goes ([`ReadRegions::release_all`]).
-enum State {
+enum State<T: Transport> {
     Pending {
         version: u64,
         source: Source,
     },
     Shared {
-        shared: SharedRegion,
+        shared: T::Shared,
         /// A file region's file, kept to map it again on another device.
         file: Option<File>,
     },
 }
 
 /// One named region.
-pub(crate) struct Region {
+pub(crate) struct Region<T: Transport = Verbs> {
     name: String,
     mutable: bool,
     len: usize,
     /// Copies a mutable region keeps (see [`ReadRegions::add_buffer_with_copies`]).
     copies: usize,
     /// Writers and the first lookup take turns here; readers (the NIC) never do.
-    state: Mutex<State>,
+    state: Mutex<State<T>>,
 }
 
-impl Region {
-    fn new(name: String, mutable: bool, len: usize, source: Source) -> Region {
+impl<T: Transport> Region<T> {
+    fn new(name: String, mutable: bool, len: usize, source: Source) -> Region<T> {
         Region {
             name,
             mutable,
@@ -96,7 +98,7 @@ impl Region {
         }
     }
 
-    fn state(&self) -> MutexGuard<'_, State> {
+    fn state(&self) -> MutexGuard<'_, State<T>> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -125,14 +127,14 @@ impl Region {
         }
     }
 
-    /// The region registered on `pd`, registering it on first use: a versioned region
+    /// The region registered on `domain`, registering it on first use: a versioned region
     /// (version word, then the data) for mutable regions, the bytes alone for static
     /// ones, a read-only mapping for files. `None` for an empty static region (there is
     /// nothing to register).
     ///
     /// # Errors
     /// [`RegionError::Register`] when registration fails.
-    pub fn shared(&self, pd: &ProtectionDomain) -> Result<Option<SharedRegion>, RegionError> {
+    pub fn shared(&self, domain: &T::Domain) -> Result<Option<T::Shared>, RegionError<T::Error>> {
         let mut state = self.state();
         let shared = match &*state {
             State::Shared { shared, .. } => return Ok(Some(shared.clone())),
@@ -141,7 +143,7 @@ impl Region {
                 version,
                 source: Source::Bytes(bytes),
             } if self.mutable => {
-                let shared = SharedRegion::alloc_versioned(pd, bytes.len(), self.copies)?;
+                let shared = T::Shared::alloc_versioned(domain, bytes.len(), self.copies)?;
                 shared.publish(*version, |data| data.copy_from_slice(bytes))?;
                 shared
             }
@@ -149,14 +151,14 @@ impl Region {
                 source: Source::Bytes(bytes),
                 ..
             } => {
-                let shared = SharedRegion::alloc(pd, bytes.len())?;
+                let shared = T::Shared::alloc(domain, bytes.len())?;
                 shared.update(|_, data| data.copy_from_slice(bytes))?;
                 shared
             }
             State::Pending {
                 source: Source::File(file),
                 ..
-            } => SharedRegion::map_file(pd, file)?,
+            } => T::Shared::map_file(domain, file)?,
         };
         let pending = std::mem::replace(
             &mut *state,
@@ -227,7 +229,7 @@ impl Region {
     }
 }
 
-impl fmt::Debug for Region {
+impl<T: Transport> fmt::Debug for Region<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Region")
             .field("name", &self.name)
@@ -239,13 +241,30 @@ impl fmt::Debug for Region {
 }
 
 /// The regions a read service serves, by name. Cheap to clone (all clones share the
-/// catalogue); add regions before or while the server runs.
-#[derive(Clone, Default)]
-pub struct ReadRegions {
-    regions: Arc<RwLock<HashMap<String, Arc<Region>>>>,
+/// catalogue); add regions before or while the server runs. Over the transport `T`
+/// that the server runs on: [`ReadRegions::new`] for verbs, `ReadRegions::default()`
+/// for any.
+pub struct ReadRegions<T: Transport = Verbs> {
+    regions: Arc<RwLock<HashMap<String, Arc<Region<T>>>>>,
 }
 
-impl fmt::Debug for ReadRegions {
+impl<T: Transport> Clone for ReadRegions<T> {
+    fn clone(&self) -> Self {
+        ReadRegions {
+            regions: self.regions.clone(),
+        }
+    }
+}
+
+impl<T: Transport> Default for ReadRegions<T> {
+    fn default() -> Self {
+        ReadRegions {
+            regions: Arc::default(),
+        }
+    }
+}
+
+impl<T: Transport> fmt::Debug for ReadRegions<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ReadRegions")
             .field("names", &self.names())
@@ -254,12 +273,15 @@ impl fmt::Debug for ReadRegions {
 }
 
 impl ReadRegions {
-    /// An empty catalogue.
+    /// An empty catalogue, for a verbs server (the concrete type keeps `new()` free of
+    /// type annotations, as `HashMap::new` is; `default()` serves any transport).
     pub fn new() -> Self {
         Self::default()
     }
+}
 
-    fn insert(&self, region: Region) -> Result<Arc<Region>, RegionError> {
+impl<T: Transport> ReadRegions<T> {
+    fn insert(&self, region: Region<T>) -> Result<Arc<Region<T>>, RegionError<T::Error>> {
         let mut map = self.regions.write().unwrap_or_else(PoisonError::into_inner);
         if map.contains_key(&region.name) {
             return Err(RegionError::Duplicate(region.name));
@@ -281,7 +303,7 @@ impl ReadRegions {
         &self,
         name: impl Into<String>,
         initial: Vec<u8>,
-    ) -> Result<RegionWriter, RegionError> {
+    ) -> Result<RegionWriter<T>, RegionError<T::Error>> {
         self.add_buffer_with_copies(name, initial, DEFAULT_COPIES)
     }
 
@@ -299,7 +321,7 @@ impl ReadRegions {
         name: impl Into<String>,
         initial: Vec<u8>,
         copies: usize,
-    ) -> Result<RegionWriter, RegionError> {
+    ) -> Result<RegionWriter<T>, RegionError<T::Error>> {
         let len = initial.len();
         let mut region = Region::new(name.into(), true, len, Source::Bytes(initial));
         region.copies = copies.max(1);
@@ -311,7 +333,11 @@ impl ReadRegions {
     ///
     /// # Errors
     /// [`RegionError::Duplicate`].
-    pub fn add_static(&self, name: impl Into<String>, bytes: Vec<u8>) -> Result<(), RegionError> {
+    pub fn add_static(
+        &self,
+        name: impl Into<String>,
+        bytes: Vec<u8>,
+    ) -> Result<(), RegionError<T::Error>> {
         let len = bytes.len();
         self.insert(Region::new(name.into(), false, len, Source::Bytes(bytes)))
             .map(|_| ())
@@ -329,7 +355,7 @@ impl ReadRegions {
         &self,
         name: impl Into<String>,
         path: impl AsRef<Path>,
-    ) -> Result<(), RegionError> {
+    ) -> Result<(), RegionError<T::Error>> {
         let path = path.as_ref();
         let load = |source| RegionError::Load {
             path: path.display().to_string(),
@@ -352,7 +378,7 @@ impl ReadRegions {
     }
 
     /// A writer for the mutable region `name`; `None` for unknown or static regions.
-    pub fn writer(&self, name: &str) -> Option<RegionWriter> {
+    pub fn writer(&self, name: &str) -> Option<RegionWriter<T>> {
         self.get(name)
             .filter(|r| r.is_mutable())
             .map(|region| RegionWriter { region })
@@ -371,27 +397,26 @@ impl ReadRegions {
         names
     }
 
-    /// Registers every region added so far on `pd` (the server's:
+    /// Registers every region added so far on `domain` (the server's:
     /// [`Server::protection_domain`](rdmactor::runtime::Server::protection_domain); if
     /// the server's device goes and comes back, [`ReadService`](super::ReadService)
-    /// registers them again on the new one), from
-    /// the calling thread. Without it a region is registered when a client first looks it
+    /// registers them again on the new one), from the calling thread. Without it a region is registered when a client first looks it
     /// up, on the poller thread that also runs every other connection's actor: pinning a
     /// large file or buffer there stalls them all for as long as it takes. Regions added
     /// later are registered on first use as before.
     ///
     /// # Errors
     /// [`RegionError::Register`] for the first region whose registration fails.
-    pub fn register_all(&self, pd: &ProtectionDomain) -> Result<(), RegionError> {
+    pub fn register_all(&self, domain: &T::Domain) -> Result<(), RegionError<T::Error>> {
         for region in self.all() {
-            region.shared(pd)?;
+            region.shared(domain)?;
         }
         Ok(())
     }
 
     /// Every region now, taken out of the lock: registering or releasing one is a
     /// system call, not to be made while writers wait.
-    fn all(&self) -> Vec<Arc<Region>> {
+    fn all(&self) -> Vec<Arc<Region<T>>> {
         self.regions
             .read()
             .unwrap_or_else(PoisonError::into_inner)
@@ -411,7 +436,7 @@ impl ReadRegions {
             .collect()
     }
 
-    pub(crate) fn get(&self, name: &str) -> Option<Arc<Region>> {
+    pub(crate) fn get(&self, name: &str) -> Option<Arc<Region<T>>> {
         self.regions
             .read()
             .unwrap_or_else(PoisonError::into_inner)
@@ -422,18 +447,25 @@ impl ReadRegions {
 
 /// Updates one mutable region. Cheap to clone, usable from any thread while sessions
 /// serve the region; each update bumps the version by 2.
-#[derive(Clone)]
-pub struct RegionWriter {
-    region: Arc<Region>,
+pub struct RegionWriter<T: Transport = Verbs> {
+    region: Arc<Region<T>>,
 }
 
-impl fmt::Debug for RegionWriter {
+impl<T: Transport> Clone for RegionWriter<T> {
+    fn clone(&self) -> Self {
+        RegionWriter {
+            region: self.region.clone(),
+        }
+    }
+}
+
+impl<T: Transport> fmt::Debug for RegionWriter<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_tuple("RegionWriter").field(&self.region).finish()
     }
 }
 
-impl RegionWriter {
+impl<T: Transport> RegionWriter<T> {
     /// The region's name.
     pub fn name(&self) -> &str {
         self.region.name()
@@ -483,7 +515,7 @@ impl RegionWriter {
     ///
     /// # Errors
     /// [`RegionError::OutOfRange`] (nothing is written).
-    pub fn write(&self, offset: usize, data: &[u8]) -> Result<u64, RegionError> {
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<u64, RegionError<T::Error>> {
         let region_len = self.len();
         if offset
             .checked_add(data.len())

@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use rdmactor::runtime::{Incoming, PeerInfo, Service, Session, SessionCx, SessionError};
-use rdmactor::verbs::{Access, ProtectionDomain, RemoteRegion};
+use rdmactor::transport::{SharedRegion as _, Transport, Verbs};
+use rdmactor::verbs::{Access, RemoteRegion};
 
 use super::regions::ReadRegions;
 use super::wire::{ReadRequest, ReadResponse, RegionInfo};
@@ -14,26 +15,27 @@ use super::wire::{ReadRequest, ReadResponse, RegionInfo};
 /// Regions one connection may look up by default (see [`ReadService::with_limit`]).
 pub const DEFAULT_MAX_GRANTS_PER_CONNECTION: usize = 256;
 
-/// The `read` service: serves the regions of a [`ReadRegions`] catalogue.
+/// The `read` service: serves the regions of a [`ReadRegions`] catalogue, on the
+/// transport the catalogue is for.
 #[derive(Debug, Clone)]
-pub struct ReadService {
-    regions: ReadRegions,
+pub struct ReadService<T: Transport = Verbs> {
+    regions: ReadRegions<T>,
     max_grants: usize,
     /// Regions that were registered when the server's device went, registered again
     /// when it is back (the others stay lazy, registered on first lookup).
     reregister: Arc<Mutex<Vec<String>>>,
 }
 
-impl ReadService {
+impl<T: Transport> ReadService<T> {
     /// Serves `regions`, with up to [`DEFAULT_MAX_GRANTS_PER_CONNECTION`] regions looked
     /// up per connection.
-    pub fn new(regions: ReadRegions) -> Self {
+    pub fn new(regions: ReadRegions<T>) -> Self {
         Self::with_limit(regions, DEFAULT_MAX_GRANTS_PER_CONNECTION)
     }
 
     /// Serves `regions`; a connection's lookup of more than `max_grants` distinct regions
     /// is refused. Each lookup costs a memory window (a device resource), not memory.
-    pub fn with_limit(regions: ReadRegions, max_grants: usize) -> Self {
+    pub fn with_limit(regions: ReadRegions<T>, max_grants: usize) -> Self {
         ReadService {
             regions,
             max_grants,
@@ -42,7 +44,7 @@ impl ReadService {
     }
 }
 
-impl Service for ReadService {
+impl<T: Transport> Service<T> for ReadService<T> {
     fn max_message(&self) -> Option<usize> {
         Some(crate::CONTROL_MESSAGE_MAX)
     }
@@ -59,7 +61,7 @@ impl Service for ReadService {
             .unwrap_or_else(PoisonError::into_inner) = released;
     }
 
-    fn on_device_up(&self, pd: &ProtectionDomain) {
+    fn on_device_up(&self, domain: &T::Domain) {
         let names = std::mem::take(
             &mut *self
                 .reregister
@@ -68,14 +70,14 @@ impl Service for ReadService {
         );
         for name in names {
             if let Some(region) = self.regions.get(&name) {
-                if let Err(e) = region.shared(pd) {
+                if let Err(e) = region.shared(domain) {
                     tracing::warn!(region = %name, error = %e, "read service: registering a region again failed; it registers on first lookup");
                 }
             }
         }
     }
 
-    fn session(&self, _peer: &PeerInfo) -> Box<dyn Session> {
+    fn session(&self, _peer: &PeerInfo) -> Box<dyn Session<T>> {
         Box::new(ReadSession {
             regions: self.regions.clone(),
             max_grants: self.max_grants,
@@ -84,18 +86,18 @@ impl Service for ReadService {
     }
 }
 
-struct ReadSession {
-    regions: ReadRegions,
+struct ReadSession<T: Transport> {
+    regions: ReadRegions<T>,
     max_grants: usize,
     /// What this connection was granted, by region name. The windows themselves belong
     /// to the connection and go when it closes.
     granted: HashMap<String, RemoteRegion>,
 }
 
-impl ReadSession {
+impl<T: Transport> ReadSession<T> {
     fn lookup(
         &mut self,
-        cx: &mut SessionCx<'_>,
+        cx: &mut SessionCx<'_, T>,
         name: String,
     ) -> Result<ReadResponse, SessionError> {
         let Some(region) = self.regions.get(&name) else {
@@ -112,7 +114,7 @@ impl ReadSession {
                 }
                 // The first lookup registers the region (once per server); a failure is the
                 // server's problem, reported to the client without closing its connection.
-                let shared = match region.shared(cx.protection_domain()) {
+                let shared = match region.shared(cx.domain()) {
                     Ok(shared) => shared,
                     Err(e) => {
                         tracing::warn!(region = %name, error = %e, "cannot serve a region");
@@ -160,8 +162,8 @@ impl ReadSession {
     }
 }
 
-impl Session for ReadSession {
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
+impl<T: Transport> Session<T> for ReadSession<T> {
+    fn on_message(&mut self, cx: &mut SessionCx<'_, T>, msg: Incoming) -> Result<(), SessionError> {
         let req: ReadRequest = postcard::from_bytes(&msg.data)
             .map_err(|e| SessionError::new(format!("malformed read request: {e}")))?;
         let resp = match req {

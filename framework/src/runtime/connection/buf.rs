@@ -4,7 +4,7 @@
 
 use crate::memory::{Charge, Lease, RegisteredChunks};
 use crate::transport::{Transport, Verbs};
-use crate::verbs::{MemoryWindow, RemoteRegion, SharedRegion};
+use crate::verbs::RemoteRegion;
 
 /// A chunk of the pool's registered memory, on the connection's transport.
 pub(super) type Chunk<T> = Lease<RegisteredChunks<T>>;
@@ -48,8 +48,8 @@ pub(super) struct BufEntry<T: Transport = Verbs> {
 
 /// A window over a shared region, bound to this connection's QP. Field order is drop
 /// order: the window goes before the region clone that keeps the MR registered.
-pub(super) struct GrantEntry {
-    pub(super) window: MemoryWindow,
-    pub(super) _region: SharedRegion,
+pub(super) struct GrantEntry<T: Transport = Verbs> {
+    pub(super) _window: T::Window,
+    pub(super) _region: T::Shared,
     pub(super) remote: RemoteRegion,
 }

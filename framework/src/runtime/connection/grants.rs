@@ -1,20 +1,20 @@
 //! Shared regions granted to one connection: a memory window bound to its QP over a
-//! range of a [`SharedRegion`] registered once for every connection.
+//! range of a shared region ([`SharedRegion`](crate::transport::SharedRegion)) registered
+//! once for every connection.
 
 use std::ops::Range;
 
 use super::buf::GrantEntry;
 use super::{ring, SessionCx, Wr};
 use crate::runtime::SessionError;
-use crate::verbs::{
-    Access, MemoryWindow, ProtectionDomain, RemoteRegion, SharedRegion, VerbsError,
-};
+use crate::transport::{Domain as _, QueuePair as _, SharedRegion as _, Transport};
+use crate::verbs::{Access, RemoteRegion};
 
 /// Names a grant of this connection (see [`SessionCx::grant`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct GrantId(usize);
 
-/// Remote access to a range of a [`SharedRegion`], for one connection.
+/// Remote access to a range of a shared region, for one connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Grant {
     /// Revoke it with [`SessionCx::revoke`].
@@ -24,16 +24,22 @@ pub struct Grant {
     pub remote: RemoteRegion,
 }
 
-impl SessionCx<'_> {
-    /// The protection domain every connection of this server (or client) shares: register
-    /// [`SharedRegion`]s on it, then [`grant`](Self::grant) them per connection.
-    pub fn protection_domain(&self) -> &ProtectionDomain {
+impl<T: Transport> SessionCx<'_, T> {
+    /// The domain (device and protection domain) every connection of this server (or
+    /// client) shares: register shared regions on it, then [`grant`](Self::grant) them
+    /// per connection.
+    pub fn domain(&self) -> &T::Domain {
         &self.core.pd
+    }
+
+    /// [`domain`](Self::domain) under its verbs name: on verbs, the protection domain.
+    pub fn protection_domain(&self) -> &T::Domain {
+        self.domain()
     }
 
     /// Grants this connection's peer `access` (remote flags only, e.g.
     /// `Access::REMOTE_READ`) to exactly `range` (bytes from the start of the
-    /// registration) of `region`, which must be registered on this connection's PD.
+    /// registration) of `region`, which must be registered on this connection's domain.
     ///
     /// A type 2 memory window is bound to this connection's QP over the range: the rkey
     /// works for this peer only (another connection's QP gets a remote access error with
@@ -42,9 +48,9 @@ impl SessionCx<'_> {
     ///
     /// Provider caveat: rxe (Soft-RoCE) checks an access through a window against the
     /// range of the region underneath, not the window's (observed on Linux 6.1, see
-    /// `tests/shared_grants.rs`). Where the exact range matters on rxe, grant whole
-    /// regions (register one `SharedRegion` per thing to expose, as the read service
-    /// does).
+    /// `tests/shared_grants.rs`); loopback checks the window's own range. Where the
+    /// exact range matters on rxe, grant whole regions (register one shared region per
+    /// thing to expose, as the read service does).
     ///
     /// The window is deallocated (the rkey revoked) by [`revoke`](Self::revoke) or when
     /// the connection closes. Grants are owned by the connection rather than handed to
@@ -52,11 +58,11 @@ impl SessionCx<'_> {
     /// before it, while the session outlives the QP.
     pub fn grant(
         &mut self,
-        region: &SharedRegion,
+        region: &T::Shared,
         range: Range<usize>,
         access: Access,
     ) -> Result<Grant, SessionError> {
-        if !region.pd().same_as(&self.core.pd) {
+        if !region.is_on(&self.core.pd) {
             return Err(SessionError::new(
                 "the shared region is registered on another protection domain",
             ));
@@ -66,11 +72,11 @@ impl SessionCx<'_> {
                 "send queue full; cannot bind a window now",
             ));
         }
-        let err = |e: VerbsError| SessionError::new(e.to_string());
-        let window = MemoryWindow::alloc(&self.core.pd).map_err(err)?;
-        // A window over a shared region is verbs' alone, so this bind is posted here
-        // rather than queued for the driver (see `post.rs`): what was decided before it
-        // goes first.
+        let err = |e: T::Error| SessionError::new(e.to_string());
+        let window = self.core.pd.alloc_window().map_err(err)?;
+        // The region stays alive with the grant, not with a buffer of the session, so
+        // this bind is posted here rather than queued for the driver (see `post.rs`):
+        // what was decided before it goes first.
         ring(self.core).map_err(|e| SessionError::new(e.to_string()))?;
         let wr_id = self.core.inflight.vacant_key();
         let remote = self
@@ -81,7 +87,7 @@ impl SessionCx<'_> {
         self.core.inflight.insert(Wr::Bind);
         self.core.send_outstanding += 1;
         let id = GrantId(self.core.grants.insert(GrantEntry {
-            window,
+            _window: window,
             _region: region.clone(),
             remote,
         }));
@@ -92,7 +98,7 @@ impl SessionCx<'_> {
     /// its rkey is a remote access error). Unknown ids are ignored.
     pub fn revoke(&mut self, id: GrantId) {
         if let Some(entry) = self.core.grants.try_remove(id.0) {
-            tracing::trace!(rkey = entry.window.rkey(), "grant revoked");
+            tracing::trace!(rkey = entry.remote.rkey, "grant revoked");
         }
     }
 

@@ -137,7 +137,7 @@ pub(crate) struct Core<T: Transport = Verbs> {
     // the QP is destroyed), so the session's buffers and their windows go first.
     bufs: Slab<BufEntry<T>>,
     // Windows over shared regions, for the same reason (see `SessionCx::grant`).
-    grants: Slab<GrantEntry>,
+    grants: Slab<GrantEntry<T>>,
     qp: T::Qp,
     /// None for a QP brought up out of band (no rdma_cm).
     id: Option<T::CmId>,

@@ -25,6 +25,7 @@ impl Transport for Loopback {
     type Region = Mr;
     type Sge<'a> = Sge<'a>;
     type Window = Mw;
+    type Shared = super::Shared;
     type Channel = Channel;
     type Cq = Cq;
     type CqKey = CqKey;
@@ -178,6 +179,16 @@ impl t::QueuePair<Loopback> for Qp {
         access: Access,
     ) -> Result<RemoteRegion> {
         Qp::bind_window(self, wr_id, window, region, access)
+    }
+    fn bind_shared_window(
+        &self,
+        wr_id: u64,
+        window: &Mw,
+        region: &super::Shared,
+        range: Range<usize>,
+        access: Access,
+    ) -> Result<RemoteRegion> {
+        Qp::bind_shared_window(self, wr_id, window, region, range, access)
     }
     fn srq(&self) -> Option<&Srq> {
         Qp::srq(self)

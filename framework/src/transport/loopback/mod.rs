@@ -20,7 +20,11 @@
 //!   state, flushing the rest.
 //! - WRITE_WITH_IMM consumes a receive (`RecvRdmaWithImm`, the immediate, the length).
 //! - A memory window is bound to one QP: only that QP's peer can use the rkey, until
-//!   the window is bound again or dropped.
+//!   the window is bound again or dropped. A window over a range of a shared region
+//!   ([`Shared`]) reaches exactly that range (rxe checks the whole registration's).
+//! - A shared region's in-place updates race with peers' READs word by word, so a READ
+//!   can see an update half done, and the versioned layout's check is what prevents a
+//!   torn value.
 //! - A zero-length WRITE succeeds without any key check.
 //! - A QP moved to the error state flushes its outstanding work with `WrFlushError`.
 //! - A peer that vanishes without a DISCONNECT is seen only through timeouts:
@@ -39,6 +43,8 @@
 //! | send-queue slots | freed by a later signaled completion being polled | freed when the request executes |
 //! | inline data | up to the device's cap (often hundreds of bytes) | up to 64 bytes |
 //! | registered memory | the application's pages, read as `&[u8]` | the transport's atomic words, reached by `read`/`write` copies; torn reads still possible |
+//! | a window over part of a region | rxe: bounded by the region, not the window | bounded by the window's own range |
+//! | a shared region of a file | a private mapping, pinned | the file's bytes copied in at registration |
 //! | addresses and keys | virtual addresses, keys from the NIC | made-up page-aligned addresses, keys `(slot + 1) << 8 \| tag`; lkey = rkey |
 //! | responder errors | an async event on the responder (`QP_ACCESS_ERR`) | the responder QP goes to the error state, no async event |
 //! | disconnect | DREQ/DREP, TIMEWAIT_EXIT later | DISCONNECTED on both sides at once; no TIMEWAIT_EXIT |
@@ -62,6 +68,7 @@ mod memory;
 mod mr;
 mod qp;
 mod responder;
+mod shared;
 mod srq;
 mod work;
 
@@ -76,5 +83,6 @@ pub use error::{LoopbackError, Result};
 pub use fabric::{Device, Fabric};
 pub use mr::{Mr, Mw, Sge};
 pub use qp::{connect_pair, Qp};
+pub use shared::Shared;
 pub use srq::Srq;
 pub use work::MAX_INLINE;

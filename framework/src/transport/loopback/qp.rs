@@ -245,6 +245,18 @@ impl Qp {
                 "the region was registered without MW_BIND".into(),
             ));
         }
+        self.bind_slice(wr_id, window, region.sge_all().slice(), access)
+    }
+
+    /// Queues the bind of `window` over `region`'s bytes (a whole region, or a range of
+    /// a shared one: the key table checks accesses against exactly these bytes).
+    pub(super) fn bind_slice(
+        &self,
+        wr_id: u64,
+        window: &Mw,
+        region: Slice,
+        access: Access,
+    ) -> Result<RemoteRegion> {
         if !Arc::ptr_eq(&window.device, &self.inner.resp.device) {
             return Err(LoopbackError::InvalidArgument(
                 "the window belongs to another device".into(),
@@ -262,13 +274,18 @@ impl Qp {
                 capacity: sq.capacity,
             });
         }
+        let remote = RemoteRegion {
+            addr: region.storage.base + region.offset as u64,
+            len: region.len as u64,
+            rkey: new_key,
+        };
         window.key.store(new_key, Relaxed);
         sq.pending.push_back(Pending {
             wr_id,
             work: Work::Bind {
                 key,
                 new_key,
-                region: region.sge_all().slice(),
+                region,
                 access: access.remote_part(),
             },
             local: None,
@@ -277,11 +294,7 @@ impl Qp {
             solicited: false,
         });
         self.inner.kick(sq);
-        Ok(RemoteRegion {
-            addr: region.addr(),
-            len: region.len() as u64,
-            rkey: new_key,
-        })
+        Ok(remote)
     }
 }
 

@@ -242,6 +242,10 @@ impl Responder {
             )
             .map_err(|_| Nak::Fatal(WcStatus::RemoteAccessError))?;
         super::memory::copy(&storage, offset, &dst.storage, dst.offset, dst.len);
+        // Pairs with a seqlock writer's fences (`shared.rs`): if this READ saw any store
+        // made after a version marker, a later READ sees that marker or a later one, as
+        // a NIC reading coherent memory does. Free on x86.
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
         Ok(())
     }
 

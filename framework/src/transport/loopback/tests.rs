@@ -496,6 +496,58 @@ fn a_window_is_revoked_by_binding_it_again_or_dropping_it() {
 }
 
 #[test]
+fn a_window_over_a_range_of_a_shared_region_reaches_that_range_only() {
+    use crate::transport::SharedRegion as _;
+    let fabric = fabric();
+    let server = fabric.device("server");
+    let cq = server.create_cq(256, None).unwrap();
+    let shared = Shared::alloc(&server, 64).unwrap();
+    shared.write(16, b"granted!").unwrap();
+    let window = server.alloc_window().unwrap();
+    let (qp, client) = connection(&fabric, &server, &cq, "c0");
+    for (range, access) in [
+        (16..16, Access::REMOTE_READ),
+        (60..65, Access::REMOTE_READ),
+        (16..32, Access::REMOTE_READ | Access::LOCAL_WRITE),
+        (16..32, Access::NONE),
+    ] {
+        assert!(
+            qp.bind_shared_window(1, &window, &shared, range.clone(), access)
+                .is_err(),
+            "{range:?} {access:?}"
+        );
+    }
+    let grant = qp
+        .bind_shared_window(1, &window, &shared, 16..32, Access::REMOTE_READ)
+        .unwrap();
+    assert_eq!((grant.addr, grant.len), (shared.addr() + 16, 16));
+    assert_eq!(wait(&cq, 1)[0].opcode, WcOpcode::BindMw);
+    assert_eq!(read_status(&client, grant), WcStatus::Success);
+    assert_eq!(bytes(&client.mr, 0, 8), b"granted!");
+    assert_eq!(read_status(&client, grant.at(8)), WcStatus::Success);
+    // Inside the registration, outside the window: refused (rxe would serve these).
+    for (i, addr) in [grant.addr + 9, grant.addr - 1].into_iter().enumerate() {
+        let (qp, client) = connection(&fabric, &server, &cq, &format!("c{}", i + 1));
+        let window = server.alloc_window().unwrap();
+        let grant = qp
+            .bind_shared_window(1, &window, &shared, 16..32, Access::REMOTE_READ)
+            .unwrap();
+        wait(&cq, 1);
+        let outside = RemoteRegion {
+            addr,
+            len: 8,
+            ..grant
+        };
+        assert_eq!(
+            read_status(&client, outside),
+            WcStatus::RemoteAccessError,
+            "{addr:#x} for a window at {:#x}",
+            grant.addr
+        );
+    }
+}
+
+#[test]
 fn closing_a_qp_flushes_its_outstanding_work() {
     let (_f, a, _b) = pair(); // _b: alive, with no receive posted
     for i in 0..4 {
