@@ -109,8 +109,23 @@ fn mutate(rng: &mut Rng, corpus: &[Vec<u8>]) -> Vec<u8> {
     v
 }
 
+/// A panic inside [`limited`] is reported with the limit lifted: formatting its message
+/// and backtrace allocates, and an allocation failing there aborts the binary with no
+/// word of the panic (or hangs it) instead of failing the test with the input.
+fn report_panics_unlimited() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let report = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let _ = ALLOCATOR.set_limit(usize::MAX);
+            report(info);
+        }));
+    });
+}
+
 /// Runs one input with the heap limited; panics name the target and input.
 fn feed(target: Target, input: &[u8]) {
+    report_panics_unlimited();
     let result = limited(|| std::panic::catch_unwind(|| target.run(input)));
     if let Err(panic) = result {
         std::panic::resume_unwind(Box::new(format!(

@@ -154,6 +154,12 @@ impl Hello {
             return Err(HelloError::Truncated);
         }
         let name_len = data[5] as usize;
+        // The length byte can say up to 255, and private data from elsewhere than
+        // rdma_cm (loopback, a test's bytes) can be that long: a name that no connect
+        // request could carry is refused as `encode` refuses it.
+        if name_len > MAX_SERVICE_NAME {
+            return Err(HelloError::NameTooLong(name_len));
+        }
         let name = data
             .get(HELLO_FIXED..HELLO_FIXED + name_len)
             .ok_or(HelloError::Truncated)?;
@@ -300,6 +306,15 @@ mod tests {
         wire[5] = 2;
         wire[HELLO_FIXED] = 0xff;
         assert_eq!(Hello::decode(&wire), Err(HelloError::NameNotUtf8));
+        // A name longer than any connect request carries, in bytes that hold it all
+        // (found by the bounded fuzz run: it decoded, and then did not encode).
+        let mut long = wire[..HELLO_FIXED].to_vec();
+        long[5] = (MAX_SERVICE_NAME + 1) as u8;
+        long.extend(std::iter::repeat_n(b'a', MAX_SERVICE_NAME + 1));
+        assert_eq!(
+            Hello::decode(&long),
+            Err(HelloError::NameTooLong(MAX_SERVICE_NAME + 1))
+        );
     }
 
     #[test]
