@@ -73,6 +73,12 @@ async fn fetch(
         .unwrap_or_else(|e| panic!("fetching {name}: {e}"))
 }
 
+/// Uploads with the default options and checks the GOOD.
+async fn uploaded(conn: &ClientConnection<Loopback>, src: &Path, name: &str) {
+    let outcome = upload(conn, src, name, &SendOptions::default()).await;
+    assert!(delivered(&outcome), "{name}: {outcome:?}");
+}
+
 fn delivered(outcome: &Outcome) -> bool {
     matches!(outcome, Outcome::Delivered { auth: None })
 }
@@ -172,14 +178,7 @@ fn a_corrupted_chunk_is_bad_and_the_good_file_it_would_replace_stays() {
         let server = files_server(&fabric, addr(7301), Config::new(&store));
         let client = client(&fabric, "client");
         let conn = client.connect(addr(7301), "files").await.unwrap();
-        let outcome = upload(
-            &conn,
-            &dir.path().join("good"),
-            "f",
-            &SendOptions::default(),
-        )
-        .await;
-        assert!(delivered(&outcome), "{outcome:?}");
+        uploaded(&conn, &dir.path().join("good"), "f").await;
         for (alg, chunk) in [(HashAlg::Sha256, 2), (HashAlg::Blake3, 0)] {
             let opts = SendOptions {
                 alg,
@@ -245,14 +244,7 @@ fn a_client_that_vanishes_mid_upload_leaves_the_stored_file_and_the_server_servi
             .unwrap();
         let first = client(&fabric, "first");
         let conn = first.connect(addr(7302), "files").await.unwrap();
-        let outcome = upload(
-            &conn,
-            &dir.path().join("good"),
-            "f",
-            &SendOptions::default(),
-        )
-        .await;
-        assert!(delivered(&outcome), "{outcome:?}");
+        uploaded(&conn, &dir.path().join("good"), "f").await;
 
         let device = fabric.device("doomed");
         let doomed = Client::<Loopback>::on(device.clone(), node.clone()).unwrap();
@@ -308,14 +300,7 @@ fn a_client_that_vanishes_mid_upload_leaves_the_stored_file_and_the_server_servi
         );
         transfer.abort();
         // Everyone else keeps being served.
-        let outcome = upload(
-            &conn,
-            &dir.path().join("good"),
-            "g",
-            &SendOptions::default(),
-        )
-        .await;
-        assert!(delivered(&outcome), "{outcome:?}");
+        uploaded(&conn, &dir.path().join("good"), "g").await;
         first.shutdown().await;
         server.shutdown().await;
         drop(doomed);
@@ -340,14 +325,7 @@ fn a_connection_fetches_and_replaces_only_its_own_files_and_bad_names_are_refuse
         let (a, b) = (client(&fabric, "a"), client(&fabric, "b"));
         let conn_a = a.connect(addr(7303), "files").await.unwrap();
         let conn_b = b.connect(addr(7303), "files").await.unwrap();
-        let outcome = upload(
-            &conn_a,
-            &dir.path().join("mine"),
-            "a",
-            &SendOptions::default(),
-        )
-        .await;
-        assert!(delivered(&outcome), "{outcome:?}");
+        uploaded(&conn_a, &dir.path().join("mine"), "a").await;
         // B may neither read nor replace A's file, and is not told it exists.
         let outcome = fetch(&conn_b, &b, "a", &out, &FetchOptions::default()).await;
         assert_eq!(outcome, Outcome::Rejected(RejectReason::NotFound));
