@@ -303,9 +303,9 @@ impl<T: Transport, S: Session<T>> Connection<S, T> {
 
     /// Handles a batch of this connection's completions, in CQ order: operation results
     /// and received messages go to the session, then whatever it queued is posted.
-    fn on_completions(&mut self, wcs: &[WorkCompletion]) {
+    fn on_completions(&mut self, wcs: &[WorkCompletion], now: Instant) {
         if let Some(core) = self.core.as_mut() {
-            core.set_now(Instant::now());
+            core.set_now(now);
             core.liveness.heard();
         }
         for (i, wc) in wcs.iter().enumerate() {
@@ -418,7 +418,7 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 }
 
 impl<T: Transport, S: Session<T>> Inbox for RefCell<Connection<S, T>> {
-    fn completions(&self, wcs: &[WorkCompletion]) {
-        self.borrow_mut().on_completions(wcs);
+    fn completions(&self, wcs: &[WorkCompletion], now: Instant) {
+        self.borrow_mut().on_completions(wcs, now);
     }
 }
