@@ -99,6 +99,8 @@ fn counters_match_what_the_test_did() {
     let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .expect("installing the exporter");
+    // As `server --metrics` does: the echo handling histogram is timed only when asked.
+    rdmactor::metrics::set_timing(true);
     rdmactor::metrics::serve(metrics, Default::default(), move || handle.render())
         .expect("serving /metrics");
 

@@ -60,9 +60,17 @@ pub fn listen_addr(n: u8) -> SocketAddr {
 /// poller per node, event mode with its 1 ms spin, shared receive queues), so that the
 /// figures are what an application gets without tuning. For experiments only,
 /// `BENCH_NATIVE_POLL=busy` makes every poller spin for ever, and `BENCH_NATIVE_POLL=0`
-/// sleep as soon as its CQs are empty.
+/// sleep as soon as its CQs are empty; `BENCH_NATIVE_CHUNKS=N` lets each connection
+/// have N rendezvous READs in flight instead of 4 (how much bulk work one poller turn
+/// can hold, for the fairness figures).
 pub fn config() -> NodeConfig {
     let mut config = NodeConfig::default();
+    if let Some(n) = std::env::var("BENCH_NATIVE_CHUNKS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        config.connection.rendezvous_chunks = n;
+    }
     match std::env::var("BENCH_NATIVE_POLL").as_deref() {
         Ok("busy") => config.transport.poll_mode = PollMode::Busy,
         Ok("0") => {

@@ -301,6 +301,9 @@ fn install_metrics(addr: SocketAddr) -> Result<()> {
         )?
         .install_recorder()
         .context("installing the metrics recorder")?;
+    // The per-message timings (the echo handling histogram) cost a clock read per
+    // request, so they are taken only once a recorder keeps them.
+    rdmactor::metrics::set_timing(true);
     if !addr.ip().is_loopback() {
         eprintln!("warning: --metrics {addr} is not loopback: keep it off the clients' network");
     }

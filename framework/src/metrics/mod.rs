@@ -6,7 +6,9 @@
 //! Without one, every call here costs a load of the facade's global and nothing else.
 //! Install the recorder **before** starting servers and clients: connections register
 //! their labelled handles when they are set up, and a handle registered without a
-//! recorder stays a no-op.
+//! recorder stays a no-op. Then call [`set_timing`]`(true)` for the histograms that
+//! need a clock read per message (`rdmactor_echo_handling_seconds`): they stay off
+//! otherwise, since the facade cannot tell whether a recorder is there.
 //!
 //! # The metrics
 //!
@@ -33,7 +35,7 @@
 //! | `rdmactor_lambda_runs_total` | counter | kind (`module`, `native`), outcome | lambda invocations by result (`ok`, `trap`, `out_of_fuel`, `timeout`, `memory_limit`, `error`) |
 //! | `rdmactor_lambda_module_loads_total` | counter | result (`cached`, `compiled`, `refused`) | lambda module uploads: already compiled (now held for the client too), compiled, or refused (invalid, too large, no room) |
 //! | `rdmactor_lambda_module_evictions_total` | counter | | compiled modules that left the lambda cache: evicted for a client's quota or the cache's bounds, or let go by their last holder (its connection closed) |
-//! | `rdmactor_echo_handling_seconds` | histogram | | echo service: the server's handling time only, from a request's delivery to its reply being queued (not the client's round trip, which the server cannot see) |
+//! | `rdmactor_echo_handling_seconds` | histogram | | echo service: the server's handling time only, from a request's delivery to its reply being queued (not the client's round trip, which the server cannot see); only after [`set_timing`]`(true)` |
 //! | `rdmactor_device_events_total` | counter | event (`IBV_EVENT_PORT_ERR`, ...) | the device's asynchronous events |
 //!
 //! `side` is `server` or `client`: one process may be both (the integration tests are).
@@ -42,6 +44,7 @@ mod endpoint;
 
 pub use endpoint::{serve, EndpointLimits};
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
@@ -218,8 +221,29 @@ pub fn lambda_run(kind: &'static str, outcome: &'static str) {
     counter!("rdmactor_lambda_runs_total", "kind" => kind, "outcome" => outcome).increment(1);
 }
 
+/// Whether the metrics that need a clock read per message (the echo service's
+/// handling time) are taken. Off until [`set_timing`] turns it on.
+static TIMING: AtomicBool = AtomicBool::new(false);
+
+/// Turns on (or off) the metrics that cost a clock read per message: the echo
+/// service's handling time. Call it when installing a recorder, as the server example
+/// does with `--metrics`. Why a switch: the `metrics` facade cannot say whether a
+/// recorder is installed, so without one the echo service read the clock twice per
+/// request for a histogram nobody kept, a visible share of its CPU per request in the
+/// native bench's profile (bench/notes/2026-11-27-hot-path.md). Counters and gauges
+/// need no switch: without a recorder they cost a load of the facade's global.
+pub fn set_timing(on: bool) {
+    TIMING.store(on, Ordering::Relaxed);
+}
+
+/// True when [`set_timing`] turned the per-message timings on: a service reads the
+/// clock for them only then.
+pub fn timing() -> bool {
+    TIMING.load(Ordering::Relaxed)
+}
+
 /// The echo service answered a request `since` it was delivered: its handling time on
-/// the server, not a round trip.
+/// the server, not a round trip. Taken only while [`timing`] is on.
 pub fn echo_handled(since: Instant) {
     histogram!("rdmactor_echo_handling_seconds").record(since.elapsed().as_secs_f64());
 }

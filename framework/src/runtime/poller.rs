@@ -56,8 +56,10 @@ impl PollMode {
 
 /// Where a poller delivers one connection's completions, on the poller's own thread.
 pub(crate) trait Inbox {
-    /// A batch of the connection's completions, in CQ order.
-    fn completions(&self, wcs: &[WorkCompletion]);
+    /// A batch of the connection's completions, in CQ order, polled at `now` (read once
+    /// per polled batch, shared by every connection in it: a clock read per connection
+    /// and per pass was a visible share of the poller's time under load).
+    fn completions(&self, wcs: &[WorkCompletion], now: Instant);
 }
 
 thread_local! {
@@ -437,11 +439,10 @@ async fn poll_task<T: Transport>(
         }
         let mut found = 0;
         for cq in &cqs {
-            found += drain::<T>(cq, &mut wcs);
+            found += drain::<T>(cq, &mut wcs, &mut last_activity);
         }
         end_pass();
         if found > 0 {
-            last_activity = Instant::now();
             idle_passes = 0;
         } else {
             idle_passes = idle_passes.wrapping_add(1);
@@ -472,10 +473,9 @@ async fn poll_task<T: Transport>(
             if let Err(e) = cq.req_notify(false) {
                 tracing::error!(error = %e, "arming a CQ failed");
             }
-            found += drain::<T>(cq, &mut wcs);
+            found += drain::<T>(cq, &mut wcs, &mut last_activity);
         }
         if found > 0 {
-            last_activity = Instant::now();
             continue;
         }
         // Consumes the channel's events, so that it is not ready again until a CQ fires.
@@ -519,8 +519,14 @@ impl std::future::Future for LetOthersRun {
     }
 }
 
-/// Polls `cq` empty, routing completions; returns how many there were.
-fn drain<T: Transport>(cq: &T::Cq, wcs: &mut Vec<WorkCompletion>) -> usize {
+/// Polls `cq` empty, routing completions; returns how many there were. Reads the
+/// clock once per batch that is not empty, and leaves the time of the last one in
+/// `polled_at`: the poller's spin window counts from it.
+fn drain<T: Transport>(
+    cq: &T::Cq,
+    wcs: &mut Vec<WorkCompletion>,
+    polled_at: &mut Instant,
+) -> usize {
     let mut total = 0;
     loop {
         wcs.clear();
@@ -535,7 +541,8 @@ fn drain<T: Transport>(cq: &T::Cq, wcs: &mut Vec<WorkCompletion>) -> usize {
                 return total;
             }
         }
-        route(wcs);
+        *polled_at = Instant::now();
+        route(wcs, *polled_at);
     }
 }
 
@@ -550,7 +557,7 @@ fn drain<T: Transport>(cq: &T::Cq, wcs: &mut Vec<WorkCompletion>) -> usize {
 /// is already gone), or a completion of a QP this process never handed to a connection
 /// (a framework bug, which is why it is counted). Neither has anyone to tell; nothing
 /// else on the CQ is affected.
-fn route(wcs: &[WorkCompletion]) -> usize {
+fn route(wcs: &[WorkCompletion], now: Instant) -> usize {
     let mut unrouted = 0;
     let mut rest = wcs;
     while let Some(first) = rest.first() {
@@ -560,7 +567,7 @@ fn route(wcs: &[WorkCompletion]) -> usize {
             .unwrap_or(rest.len());
         let (batch, tail) = rest.split_at(run);
         match inbox(first.qp_num) {
-            Some(inbox) => inbox.completions(batch),
+            Some(inbox) => inbox.completions(batch, now),
             None => {
                 let dropped = return_orphans(batch);
                 unrouted += dropped;
@@ -590,7 +597,7 @@ mod tests {
     struct Recorder(RefCell<Vec<u64>>);
 
     impl Inbox for Recorder {
-        fn completions(&self, wcs: &[WorkCompletion]) {
+        fn completions(&self, wcs: &[WorkCompletion], _now: Instant) {
             self.0.borrow_mut().extend(wcs.iter().map(|wc| wc.wr_id));
         }
     }
@@ -617,7 +624,10 @@ mod tests {
     #[test]
     fn a_batch_is_split_per_connection_in_order() {
         let (a, b) = (registered(7), registered(8));
-        assert_eq!(route(&[wc(7, 1), wc(7, 2), wc(8, 3), wc(7, 4)]), 0);
+        assert_eq!(
+            route(&[wc(7, 1), wc(7, 2), wc(8, 3), wc(7, 4)], Instant::now()),
+            0
+        );
         assert_eq!(*a.0.borrow(), [1, 2, 4]);
         assert_eq!(*b.0.borrow(), [3]);
         unregister(7);
@@ -628,11 +638,17 @@ mod tests {
     fn completions_of_an_unknown_qp_are_counted_and_dropped_and_the_rest_delivered() {
         let a = registered(12);
         // 99 never registered: its run is dropped, the runs around it still arrive.
-        assert_eq!(route(&[wc(12, 1), wc(99, 2), wc(99, 3), wc(12, 4)]), 2);
+        assert_eq!(
+            route(
+                &[wc(12, 1), wc(99, 2), wc(99, 3), wc(12, 4)],
+                Instant::now()
+            ),
+            2
+        );
         assert_eq!(*a.0.borrow(), [1, 4]);
         unregister(12);
         // Unregistered (the connection released everything): dropped too.
-        assert_eq!(route(&[wc(12, 5)]), 1);
+        assert_eq!(route(&[wc(12, 5)], Instant::now()), 1);
         assert_eq!(*a.0.borrow(), [1, 4]);
     }
 
@@ -642,7 +658,7 @@ mod tests {
         let old = registered(13);
         unregister(13);
         let new = registered(13);
-        assert_eq!(route(&[wc(13, 1)]), 0);
+        assert_eq!(route(&[wc(13, 1)], Instant::now()), 0);
         assert!(old.0.borrow().is_empty());
         assert_eq!(*new.0.borrow(), [1]);
         unregister(13);
@@ -694,7 +710,7 @@ mod tests {
     fn a_dropped_connection_gets_nothing_and_nothing_breaks() {
         let rec = registered(11);
         drop(rec);
-        assert_eq!(route(&[wc(11, 1)]), 1);
+        assert_eq!(route(&[wc(11, 1)], Instant::now()), 1);
         unregister(11);
     }
 
@@ -710,7 +726,7 @@ mod tests {
         /// Sends what it is handed to the test's thread.
         struct Forward(std::sync::mpsc::Sender<(u64, WcOpcode, u32)>);
         impl Inbox for Forward {
-            fn completions(&self, wcs: &[WorkCompletion]) {
+            fn completions(&self, wcs: &[WorkCompletion], _now: Instant) {
                 for wc in wcs {
                     let _ = self.0.send((wc.wr_id, wc.opcode, wc.byte_len));
                 }

@@ -95,6 +95,10 @@ impl<T: Transport> Inner<T> {
 /// Marks the wr_id of a receive posted to a shared queue.
 const SHARED_TAG: u64 = 1 << 63;
 
+/// Received frames up to this size are copied out through a buffer on the stack where
+/// the transport cannot lend the bytes in place.
+const STACK_COPY: usize = 512;
+
 impl SharedRecv {
     /// Marks the wr_id of a receive posted to a shared queue.
     pub const TAG: u64 = SHARED_TAG;
@@ -155,6 +159,13 @@ impl<T: Transport> SharedRecv<T> {
         let got = match (wc.is_ok(), buf.bytes()) {
             (false, _) => read(None),
             (true, Some(bytes)) => read(Some(&bytes[..len])),
+            // Copied out (loopback): small frames through the stack, so that a small
+            // message costs no allocation here either.
+            (true, None) if len <= STACK_COPY => {
+                let mut copy = [0u8; STACK_COPY];
+                buf.read(0, &mut copy[..len]).map_err(|e| e.to_string())?;
+                read(Some(&copy[..len]))
+            }
             (true, None) => {
                 let mut copy = vec![0; len];
                 buf.read(0, &mut copy).map_err(|e| e.to_string())?;

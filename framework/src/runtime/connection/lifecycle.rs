@@ -83,20 +83,26 @@ impl<T: Transport, S: Session<T>> Connection<S, T> {
             return;
         }
         core.set_now(Instant::now());
-        self.call_session(f);
+        if self.call_session(f) {
+            self.pump();
+        }
     }
 
     /// [`with_session`](Self::with_session) within a turn whose time is set already
-    /// (the deliveries of a batch of completions): no clock read per message.
+    /// (the deliveries of a batch of completions): no clock read per message, and
+    /// nothing posted: the caller pumps once at the end of its turn, so the answers to
+    /// every message of a batch go out as one chain under one doorbell (and a shared
+    /// queue's turn posts once), not one post per message. Returns true when the
+    /// session was called and the connection stays open.
     fn call_session(
         &mut self,
         f: impl FnOnce(&mut S, &mut SessionCx<'_, T>) -> Result<(), SessionError>,
-    ) {
+    ) -> bool {
         let Some(core) = self.core.as_mut() else {
-            return;
+            return false;
         };
         if core.closing.is_some() {
-            return;
+            return false;
         }
         let mut cx = SessionCx::new(core);
         let res = catch_session_panic(|| f(&mut self.session, &mut cx));
@@ -105,9 +111,10 @@ impl<T: Transport, S: Session<T>> Connection<S, T> {
             Err(reason) => self.begin_close(reason),
             Ok(()) => match close {
                 Some(why) => self.begin_close(CloseReason::Local(why)),
-                None => self.pump(),
+                None => return true,
             },
         }
+        false
     }
 
     /// Pumps at a time of its own (a wake-up from another thread).
@@ -280,6 +287,7 @@ impl<T: Transport, S: Session<T>> Connection<S, T> {
 
     /// Hands the session the messages ready in order, then our messages that were
     /// refused (by the peer, or by the pool's deadline), while the connection is open.
+    /// Posts nothing: the caller pumps after it (see [`call_session`](Self::call_session)).
     fn deliver(&mut self) {
         while let Some(msg) = self.core.as_mut().and_then(|c| {
             if c.closing.is_none() {
@@ -302,10 +310,11 @@ impl<T: Transport, S: Session<T>> Connection<S, T> {
     }
 
     /// Handles a batch of this connection's completions, in CQ order: operation results
-    /// and received messages go to the session, then whatever it queued is posted.
-    fn on_completions(&mut self, wcs: &[WorkCompletion]) {
+    /// and received messages go to the session, then whatever it queued is posted, once
+    /// for the whole batch.
+    fn on_completions(&mut self, wcs: &[WorkCompletion], now: Instant) {
         if let Some(core) = self.core.as_mut() {
-            core.set_now(Instant::now());
+            core.set_now(now);
             core.liveness.heard();
         }
         for (i, wc) in wcs.iter().enumerate() {
@@ -418,7 +427,7 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 }
 
 impl<T: Transport, S: Session<T>> Inbox for RefCell<Connection<S, T>> {
-    fn completions(&self, wcs: &[WorkCompletion]) {
-        self.borrow_mut().on_completions(wcs);
+    fn completions(&self, wcs: &[WorkCompletion], now: Instant) {
+        self.borrow_mut().on_completions(wcs, now);
     }
 }

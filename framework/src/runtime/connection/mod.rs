@@ -89,6 +89,14 @@ pub(crate) const INLINE_MAX: usize = 48;
 /// Send buffers a connection keeps for reuse (of the pool's smallest class).
 const SPARE_BUFFERS: usize = 4;
 
+/// Message bodies (`Incoming::data`, handed back by `SessionCx::send`) a connection
+/// keeps for the next received frames, and the largest capacity kept: a small message
+/// then costs no allocation in steady state (an echo's request body is its answer, and
+/// comes back here once the answer is in a send buffer). Small and few, so that a
+/// connection that was busy once holds at most 2 KiB of them.
+const SPARE_BODIES: usize = 4;
+const SPARE_BODY_BYTES: usize = 512;
+
 /// Most SENDs posted with one doorbell.
 const MAX_BATCH: usize = 32;
 
@@ -170,6 +178,8 @@ pub(crate) struct Core<T: Transport = Verbs> {
     send_seq: u64,
     /// Buffers of completed small SENDs, reused by the next ones.
     spare: Vec<Chunk<T>>,
+    /// Small message bodies to receive the next frames into (see [`SPARE_BODIES`]).
+    spare_bodies: Vec<Vec<u8>>,
     /// Work decided and not posted yet, in batches, for the driver (see `post.rs`).
     outbox: Outbox,
     send_outstanding: u32,
@@ -271,6 +281,7 @@ impl<T: Transport> Core<T> {
             unsignaled: VecDeque::new(),
             send_seq: 0,
             spare: Vec::new(),
+            spare_bodies: Vec::new(),
             outbox: Outbox::default(),
             send_outstanding: 0,
             send_depth: c.send_depth,

@@ -65,12 +65,16 @@ impl<T: Transport> Core<T> {
                 }));
             }
             Framing::Framed => {
+                // Moved out for the parse: `data` may borrow this core.
+                let mut spare = std::mem::take(&mut self.spare_bodies);
                 let data = match wc.opcode {
                     WcOpcode::RecvRdmaWithImm => None,
                     _ => Some(self.received(slot, len)?),
                 };
-                let frame = Frame::parse(data.as_deref())?;
+                let frame = Frame::parse(data.as_deref(), &mut spare);
                 drop(data);
+                self.spare_bodies = spare;
+                let frame = frame?;
                 self.handle_frame(frame, wc)?;
                 self.reposts.push(slot);
             }
@@ -183,9 +187,10 @@ impl<T: Transport> Core<T> {
         };
         if let Framing::Framed = self.framing {
             // Parsed from the queue's buffer: the body is the only copy.
+            let spare = &mut self.spare_bodies;
             let frame = shared
                 .take_with(slot, wc, |bytes| {
-                    bytes.map(|b| Frame::parse((!imm).then_some(b)))
+                    bytes.map(|b| Frame::parse((!imm).then_some(b), spare))
                 })
                 .map_err(CloseReason::from_verbs)?;
             if self.closing.is_some() {
@@ -233,13 +238,18 @@ impl<T: Transport> Core<T> {
 struct Frame(Option<(Header, Vec<u8>)>);
 
 impl Frame {
-    fn parse(bytes: Option<&[u8]>) -> Result<Frame, CloseReason> {
+    /// The frame in `bytes`, its body copied into one of the connection's `spare`
+    /// bodies when it has one (no allocation per small message), else a new one.
+    fn parse(bytes: Option<&[u8]>, spare: &mut Vec<Vec<u8>>) -> Result<Frame, CloseReason> {
         let Some(bytes) = bytes else {
             return Ok(Frame(None));
         };
         let (header, body) =
             Header::decode(bytes).map_err(|e| CloseReason::Protocol(e.to_string()))?;
-        Ok(Frame(Some((header, body.to_vec()))))
+        let mut owned = spare.pop().unwrap_or_default();
+        owned.clear();
+        owned.extend_from_slice(body);
+        Ok(Frame(Some((header, owned))))
     }
 }
 

@@ -3,7 +3,10 @@
 //! operations), SENDs batched under one doorbell per turn and signalled selectively.
 
 use super::pool_wait::Waiting;
-use super::{Chunk, Core, Goodbye, Op, Outgoing, Wr, SIGNAL_EVERY, SPARE_BUFFERS};
+use super::{
+    Chunk, Core, Goodbye, Op, Outgoing, Wr, SIGNAL_EVERY, SPARE_BODIES, SPARE_BODY_BYTES,
+    SPARE_BUFFERS,
+};
 use crate::memory::Ask;
 use crate::proto::frame::{close_reason_body, FrameKind, Header, HEADER_LEN};
 use crate::runtime::service::OpId;
@@ -248,6 +251,14 @@ impl<T: Transport> Core<T> {
         }
     }
 
+    /// Keeps a small message body, copied into its send buffer already, for the next
+    /// frame received (see [`SPARE_BODIES`]).
+    fn recycle_body(&mut self, body: Vec<u8>) {
+        if self.spare_bodies.len() < SPARE_BODIES && body.capacity() <= SPARE_BODY_BYTES {
+            self.spare_bodies.push(body);
+        }
+    }
+
     /// A signalled SEND numbered `seq` completed: every unsignalled SEND before it has
     /// completed too (a send queue completes in order), so their slots and buffers return.
     pub(super) fn release_unsignaled(&mut self, seq: u64) {
@@ -287,7 +298,9 @@ impl<T: Transport> Core<T> {
     pub(super) fn post_outgoing(&mut self, item: Outgoing<T>) -> Result<(), CloseReason> {
         match item {
             Outgoing::Data { tag, bytes } => {
-                self.post_frame(FrameKind::Data, tag, bytes.len() as u32, &bytes)
+                let posted = self.post_frame(FrameKind::Data, tag, bytes.len() as u32, &bytes);
+                self.recycle_body(bytes);
+                posted
             }
             Outgoing::Offer(offer) => self.post_rendezvous_offer(*offer),
             Outgoing::Credit => self.post_frame(FrameKind::Credit, 0, 0, &[]),
