@@ -284,3 +284,51 @@ impl t::CmId<Loopback> for CmId {
         std::sync::Arc::ptr_eq(self.device_core(), &domain.core)
     }
 }
+
+impl t::SharedRegion<Loopback> for super::Shared {
+    fn alloc(domain: &Device, len: usize) -> Result<Self> {
+        Self::alloc(domain, len)
+    }
+    fn alloc_versioned(domain: &Device, data_len: usize, copies: usize) -> Result<Self> {
+        Self::alloc_versioned(domain, data_len, copies)
+    }
+    fn map_file(domain: &Device, file: &std::fs::File) -> Result<Self> {
+        Self::map_file(domain, file)
+    }
+    fn len(&self) -> usize {
+        Self::len(self)
+    }
+    fn copies(&self) -> usize {
+        Self::copies(self)
+    }
+    fn is_writable(&self) -> bool {
+        Self::is_writable(self)
+    }
+    fn access(&self) -> Access {
+        Self::access(self)
+    }
+    fn addr(&self) -> u64 {
+        Self::addr(self)
+    }
+    fn is_on(&self, domain: &Device) -> bool {
+        Self::is_on(self, domain)
+    }
+    fn same_as(&self, other: &Self) -> bool {
+        Self::same_as(self, other)
+    }
+    fn version(&self) -> Option<u64> {
+        Self::version(self)
+    }
+    fn read(&self, offset: usize, len: usize) -> Result<Vec<u8>> {
+        Self::read(self, offset, len)
+    }
+    fn update(&self, f: impl FnOnce(u64, &mut [u8])) -> Result<u64> {
+        Self::update(self, f)
+    }
+    fn publish(&self, version: u64, f: impl FnOnce(&mut [u8])) -> Result<()> {
+        Self::publish(self, version, f)
+    }
+    fn write(&self, offset: usize, data: &[u8]) -> Result<u64> {
+        Self::write(self, offset, data)
+    }
+}

@@ -28,7 +28,6 @@ use super::fabric::Device;
 use super::memory::Storage;
 use super::mr::{Mr, Mw};
 use super::qp::Qp;
-use super::Loopback;
 use crate::transport::{copy_of, SharedRegion, VERSION_LEN};
 use crate::verbs::{Access, RemoteRegion};
 
@@ -130,12 +129,14 @@ impl Shared {
     }
 }
 
-impl SharedRegion<Loopback> for Shared {
-    fn alloc(domain: &Device, len: usize) -> Result<Self> {
+/// What the transport trait's `SharedRegion` methods do here (`api.rs` implements the
+/// trait with these).
+impl Shared {
+    pub(super) fn alloc(domain: &Device, len: usize) -> Result<Self> {
         Self::register(domain, len, Access::LOCAL_WRITE, 0)
     }
 
-    fn alloc_versioned(domain: &Device, data_len: usize, copies: usize) -> Result<Self> {
+    pub(super) fn alloc_versioned(domain: &Device, data_len: usize, copies: usize) -> Result<Self> {
         if copies == 0 {
             return Err(invalid("a versioned region needs at least one copy"));
         }
@@ -148,7 +149,7 @@ impl SharedRegion<Loopback> for Shared {
 
     /// Copies the file's bytes in (there is no mapping to pin): later changes to the
     /// file do not show, as with verbs' private mapping.
-    fn map_file(domain: &Device, file: &File) -> Result<Self> {
+    pub(super) fn map_file(domain: &Device, file: &File) -> Result<Self> {
         let file_err = |e: std::io::Error| invalid(format!("file: {e}"));
         let len = file.metadata().map_err(file_err)?.len();
         let len = usize::try_from(len).map_err(|_| invalid(format!("file of {len} bytes")))?;
@@ -168,34 +169,34 @@ impl SharedRegion<Loopback> for Shared {
         Ok(shared)
     }
 
-    fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.inner.mr.len()
     }
-    fn copies(&self) -> usize {
+    pub(super) fn copies(&self) -> usize {
         self.inner.copies
     }
-    fn is_writable(&self) -> bool {
+    pub(super) fn is_writable(&self) -> bool {
         self.access().contains(Access::LOCAL_WRITE)
     }
-    fn access(&self) -> Access {
+    pub(super) fn access(&self) -> Access {
         self.inner.mr.access()
     }
-    fn addr(&self) -> u64 {
+    pub(super) fn addr(&self) -> u64 {
         self.inner.mr.addr()
     }
-    fn is_on(&self, domain: &Device) -> bool {
+    pub(super) fn is_on(&self, domain: &Device) -> bool {
         Arc::ptr_eq(self.inner.mr.device_core(), &domain.core)
     }
-    fn same_as(&self, other: &Self) -> bool {
+    pub(super) fn same_as(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
-    fn version(&self) -> Option<u64> {
+    pub(super) fn version(&self) -> Option<u64> {
         self.is_versioned()
             .then(|| self.version_word().load(Ordering::Acquire))
     }
 
-    fn read(&self, offset: usize, len: usize) -> Result<Vec<u8>> {
+    pub(super) fn read(&self, offset: usize, len: usize) -> Result<Vec<u8>> {
         self.data_range(offset, len, "read")?;
         // The writer lock: a read by the application sees no update half done (peers'
         // READs never take it).
@@ -206,7 +207,7 @@ impl SharedRegion<Loopback> for Shared {
         Ok(out)
     }
 
-    fn update(&self, f: impl FnOnce(u64, &mut [u8])) -> Result<u64> {
+    pub(super) fn update(&self, f: impl FnOnce(u64, &mut [u8])) -> Result<u64> {
         let mut scratch = self.writer();
         if self.is_versioned() {
             let next = (self.version_word().load(Ordering::Relaxed) & !1) + 2;
@@ -222,7 +223,7 @@ impl SharedRegion<Loopback> for Shared {
         Ok(0)
     }
 
-    fn publish(&self, version: u64, f: impl FnOnce(&mut [u8])) -> Result<()> {
+    pub(super) fn publish(&self, version: u64, f: impl FnOnce(&mut [u8])) -> Result<()> {
         if !self.is_versioned() {
             return Err(invalid("publish needs a versioned region"));
         }
@@ -230,7 +231,7 @@ impl SharedRegion<Loopback> for Shared {
         self.publish_locked(&mut scratch, version, f)
     }
 
-    fn write(&self, offset: usize, data: &[u8]) -> Result<u64> {
+    pub(super) fn write(&self, offset: usize, data: &[u8]) -> Result<u64> {
         let end = self.data_range(offset, data.len(), "write")?;
         self.update(|_, bytes| bytes[offset..end].copy_from_slice(data))
     }

@@ -497,7 +497,6 @@ fn a_window_is_revoked_by_binding_it_again_or_dropping_it() {
 
 #[test]
 fn a_window_over_a_range_of_a_shared_region_reaches_that_range_only() {
-    use crate::transport::SharedRegion as _;
     let fabric = fabric();
     let server = fabric.device("server");
     let cq = server.create_cq(256, None).unwrap();
