@@ -62,6 +62,20 @@ impl Etcd {
             peer_port: free_port(),
             child: None,
         };
+        // A free port is only free until someone else binds it: the tests start their
+        // etcds in parallel, and a port handed out here can be taken before etcd binds
+        // it. Then etcd exits at once saying so, and it is started again on new ports.
+        for _ in 0..4 {
+            match etcd.try_spawn() {
+                Ok(()) => return Some(etcd),
+                Err(log) if log.contains("address already in use") => {
+                    let _ = std::fs::remove_dir_all(etcd.dir.path().join("data"));
+                    etcd.client_port = free_port();
+                    etcd.peer_port = free_port();
+                }
+                Err(log) => panic!("etcd exited:\n{log}"),
+            }
+        }
         etcd.spawn();
         Some(etcd)
     }
@@ -86,6 +100,14 @@ impl Etcd {
     }
 
     fn spawn(&mut self) {
+        if let Err(log) = self.try_spawn() {
+            panic!("etcd exited:\n{log}");
+        }
+    }
+
+    /// Starts the process and waits until it is healthy; `Err` with its log's tail when
+    /// it exited first.
+    fn try_spawn(&mut self) -> Result<(), String> {
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -112,21 +134,22 @@ impl Etcd {
             .spawn()
             .unwrap_or_else(|e| panic!("starting {}: {e}", self.binary.display()));
         self.child = Some(child);
-        self.wait_healthy();
+        self.wait_healthy()
     }
 
-    fn wait_healthy(&mut self) {
+    fn wait_healthy(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if self.healthy() {
-                return;
+                return Ok(());
             }
             if let Some(status) = self
                 .child
                 .as_mut()
                 .and_then(|c| c.try_wait().ok().flatten())
             {
-                panic!("etcd exited with {status}:\n{}", self.log_tail());
+                self.child = None;
+                return Err(format!("{status}:\n{}", self.log_tail()));
             }
             if Instant::now() > deadline {
                 panic!("etcd not healthy after 20 s:\n{}", self.log_tail());
@@ -160,5 +183,31 @@ impl Etcd {
 impl Drop for Etcd {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `start` retries on: etcd on a port somebody else holds exits at once, and
+    /// its log says the address is in use.
+    #[test]
+    fn a_taken_port_is_reported_as_in_use() {
+        let Some(binary) = binary() else { return };
+        let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut etcd = Etcd {
+            dir: tempfile::tempdir().unwrap(),
+            binary,
+            client_port: free_port(),
+            peer_port: taken.local_addr().unwrap().port(),
+            child: None,
+        };
+        let log = etcd.try_spawn().expect_err("the peer port is taken");
+        assert!(log.contains("address already in use"), "{log}");
+        drop(taken);
+        etcd.peer_port = free_port();
+        etcd.try_spawn().expect("etcd on free ports");
+        assert!(etcd.healthy());
     }
 }
