@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use rdmactor::runtime::{Client, ClientConnection};
-use rdmactor_cluster::{ClusterClient, EtcdConfig, Idempotent as _, Placement};
+use rdmactor_cluster::{
+    ClusterClient, EtcdConfig, Idempotent as _, Placement, Registrar, RegistrationConfig,
+};
 use rdmactor_services::echo::{EchoRequest, EchoResponse};
 
 /// The flags, flattened into a tool's own.
@@ -29,6 +31,71 @@ impl ClusterArgs {
         };
         let config = EtcdConfig::parse(etcd).with_context(|| format!("--etcd {etcd:?}"))?;
         Ok(Some((cluster.clone(), config)))
+    }
+}
+
+/// The server's flags: [`ClusterArgs`], and how the server is listed.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ServerClusterArgs {
+    /// `--cluster` and `--etcd`.
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    /// With --cluster: the address clients are told to connect to (default: the first
+    /// --listen address, unless it is a wildcard).
+    #[arg(long, requires = "cluster", value_name = "ADDR:PORT")]
+    pub advertise: Option<SocketAddr>,
+    /// With --cluster: this server's id in the cluster, unique and the same across
+    /// restarts (default: the advertised address).
+    #[arg(long, requires = "cluster", value_name = "ID")]
+    pub node_id: Option<String>,
+    /// With --cluster: the lease's time to live, in seconds: how long a server that died
+    /// without withdrawing stays listed at most.
+    #[arg(long, requires = "cluster", default_value_t = 5)]
+    pub lease_ttl_secs: u64,
+}
+
+/// The services a server registers with --cluster: those reached through rdma_cm by
+/// name (the stock-* services serve the out-of-band ports only), and `files` when it
+/// serves files.
+const CLUSTER_SERVICES: [&str; 8] = [
+    "echo", "discard", "raw-echo", "pingpong", "rping", "lambda", "read", "ingest",
+];
+
+impl ServerClusterArgs {
+    /// With --cluster: starts registering the server's services, listening on
+    /// `listening`. In the background: etcd being down is logged and retried, never
+    /// fatal, so that a server keeps serving whatever happens to the registry.
+    pub fn start_registrar(
+        &self,
+        listening: &[SocketAddr],
+        files: bool,
+    ) -> Result<Option<Registrar>> {
+        let Some((cluster, etcd)) = self.cluster.etcd()? else {
+            return Ok(None);
+        };
+        let addr = match self.advertise {
+            Some(addr) => addr,
+            None => *listening
+                .iter()
+                .find(|a| !a.ip().is_unspecified())
+                .context(
+                    "--cluster needs --advertise: no --listen address is one clients can reach",
+                )?,
+        };
+        let node = self.node_id.clone().unwrap_or_else(|| addr.to_string());
+        let mut services: Vec<&str> = CLUSTER_SERVICES.to_vec();
+        if files {
+            services.push("files");
+        }
+        let mut config = RegistrationConfig::new(&cluster, &node, addr, services);
+        config.ttl = Duration::from_secs(self.lease_ttl_secs.max(1));
+        println!(
+            "cluster: registering node {node} ({addr}) in {cluster} via {}",
+            etcd.endpoints.join(",")
+        );
+        Registrar::start(etcd, config)
+            .map(Some)
+            .context("--cluster")
     }
 }
 

@@ -27,8 +27,8 @@ use rdmactor::runtime::{
     SharedRecvConfig, TransportConfig,
 };
 use rdmactor::verbs::Mtu;
-use rdmactor_cluster::{Load, Registrar, RegistrationConfig};
-use rdmactor_examples::{cluster::ClusterArgs, logs, transport};
+use rdmactor_cluster::Load;
+use rdmactor_examples::{cluster::ServerClusterArgs, logs, transport};
 use rdmactor_services::echo::{Discard, Echo, RawEcho};
 use rdmactor_services::file_transfer::{ClientQuota, Config as FilesConfig, FileTransfer};
 use rdmactor_services::ingest::{IngestConfig, IngestService, Record};
@@ -183,58 +183,7 @@ struct Args {
     #[command(flatten)]
     transport: transport::Transport,
     #[command(flatten)]
-    cluster: ClusterArgs,
-    /// With --cluster: the address clients are told to connect to (default: the first
-    /// --listen address, unless it is a wildcard).
-    #[arg(long, requires = "cluster", value_name = "ADDR:PORT")]
-    advertise: Option<SocketAddr>,
-    /// With --cluster: this server's id in the cluster, unique and the same across
-    /// restarts (default: the advertised address).
-    #[arg(long, requires = "cluster", value_name = "ID")]
-    node_id: Option<String>,
-    /// With --cluster: the lease's time to live, in seconds: how long a server that died
-    /// without withdrawing stays listed at most.
-    #[arg(long, requires = "cluster", default_value_t = 5)]
-    lease_ttl_secs: u64,
-}
-
-/// The services registered with --cluster: those reached through rdma_cm by name (the
-/// stock-* services serve the out-of-band ports only).
-const CLUSTER_SERVICES: [&str; 8] = [
-    "echo", "discard", "raw-echo", "pingpong", "rping", "lambda", "read", "ingest",
-];
-
-/// With --cluster: starts registering the server's services (in the background: etcd
-/// being down is logged and retried, never fatal).
-fn start_registrar(
-    args: &Args,
-    listening: &[SocketAddr],
-    files: bool,
-) -> Result<Option<Registrar>> {
-    let Some((cluster, etcd)) = args.cluster.etcd()? else {
-        return Ok(None);
-    };
-    let addr = match args.advertise {
-        Some(addr) => addr,
-        None => *listening
-            .iter()
-            .find(|a| !a.ip().is_unspecified())
-            .context("--cluster needs --advertise: no --listen address is one clients can reach")?,
-    };
-    let node = args.node_id.clone().unwrap_or_else(|| addr.to_string());
-    let mut services: Vec<&str> = CLUSTER_SERVICES.to_vec();
-    if files {
-        services.push("files");
-    }
-    let mut config = RegistrationConfig::new(&cluster, &node, addr, services);
-    config.ttl = std::time::Duration::from_secs(args.lease_ttl_secs.max(1));
-    println!(
-        "cluster: registering node {node} ({addr}) in {cluster} via {}",
-        etcd.endpoints.join(",")
-    );
-    Registrar::start(etcd, config)
-        .map(Some)
-        .context("--cluster")
+    cluster: ServerClusterArgs,
 }
 
 /// The out-of-band ports the `--oob-*` flags ask for.
@@ -525,7 +474,9 @@ fn main() -> Result<()> {
             println!("listening out of band on {addr} ({transport})");
         }
         // Registered only once it listens: a client never finds a server not yet ready.
-        let registrar = start_registrar(&args, server.local_addrs(), files_drain.is_some())?;
+        let registrar = args
+            .cluster
+            .start_registrar(server.local_addrs(), files_drain.is_some())?;
         let pool_max_bytes = (args.pool_mib as u64) << 20;
         // Once a second, from `Server::stats`: the pool's gauges (with --metrics), and a
         // line whenever the RDMA device goes or comes back, and while it is gone whenever

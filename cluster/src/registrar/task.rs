@@ -1,244 +1,19 @@
-//! A server's side: its services registered under one lease, kept alive, its load
-//! reported, withdrawn at shutdown.
-//!
-//! How etcd-based systems do it, and what was chosen here:
-//! - **One lease per node**, TTL a few seconds (default 5), renewed every TTL/3 over
-//!   etcd's keepalive stream. Every key of the node is attached to it: a node that dies
-//!   (SIGKILL, power, a partition from etcd's majority) disappears from the registry
-//!   when its lease expires, without anyone deleting anything.
-//! - **Fencing by lease, in transactions.** Registering is one transaction: *if every
-//!   key is absent* (`create_revision == 0`) *put them all under the new lease*. A key
-//!   held by any other lease means another holder of the node id (a second server
-//!   misconfigured with the same id, or this server's previous lease not yet expired);
-//!   the registrar then says so ([`Error::NodeIdTaken`]) and retries, and takes over
-//!   only once that lease is gone. Every later write (a load report, draining) is *if
-//!   each key's lease is still ours, put*: once the lease is lost, nothing written
-//!   under it can resurrect a key, and a lost lease is never reused; re-registration
-//!   takes a fresh lease and the create-if-absent transaction again.
-//! - **Resuming.** After etcd restarts (or a short outage), the registrar first checks,
-//!   in one transaction, whether every key is still held by its lease (etcd keeps
-//!   leases across a restart and renews them when a leader is elected); if so it goes on
-//!   with it and watchers see no gap. Otherwise it revokes what is left and starts
-//!   afresh.
-//! - **etcd unreachable**: the server goes on serving. The registrar logs each failure
-//!   (`tracing` at WARN), retries with exponential backoff (250 ms doubling to 5 s,
-//!   spread per node), reports [`RegistrationState::Retrying`], and sets the gauge
-//!   `rdmactor_cluster_registered{cluster,node}` to 0 (1 while registered).
-//! - **Load** ([`Registrar::set_load`]) is written at most once per `load_interval`
-//!   (default 2 s), and only when it changed.
-//! - **Shutdown** ([`Registrar::withdraw`]): the records are marked draining (watchers
-//!   see it, clients stop picking the node), then the lease is revoked, which deletes
-//!   every key at once. The caller drains its connections after that. Dropping a
-//!   [`Registrar`] without withdrawing stops the keepalive only: the keys stay until the
-//!   lease expires, as after a crash.
+//! The registrar's task: one session with etcd after another (a lease, the create-if-
+//! absent transaction, keepalives and load reports, fenced by the lease), with backoff
+//! between them, until the node withdraws or its [`Registrar`](super::Registrar) is
+//! dropped. The policy is described in the parent module.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::etcd::{EtcdConfig, Members};
-use crate::record::{check_name, node_key, Load, NodeRecord};
+use crate::record::{node_key, Load, NodeRecord};
 use crate::{Error, Result, METRIC_FAILURES, METRIC_REGISTERED};
 
-/// What a node registers, and how.
-#[derive(Debug, Clone)]
-pub struct RegistrationConfig {
-    /// The cluster's name (the key's second part).
-    pub cluster: String,
-    /// This node's id: unique in the cluster, the same across restarts (the tools use
-    /// the advertised address).
-    pub node: String,
-    /// Where clients connect.
-    pub addr: SocketAddr,
-    /// The services registered (one key each).
-    pub services: Vec<String>,
-    /// The version written into the records.
-    pub version: String,
-    /// The lease's time to live: how long a dead node stays listed at most. etcd rounds
-    /// it up to its minimum (about 2 s with default election timings).
-    pub ttl: Duration,
-    /// Load reports are written at most this often.
-    pub load_interval: Duration,
-    /// The first retry's delay; each failure in a row doubles it up to `retry_max`.
-    pub retry_min: Duration,
-    /// The longest delay between retries.
-    pub retry_max: Duration,
-}
-
-impl RegistrationConfig {
-    /// `node` serving `services` at `addr` in `cluster`, with the defaults: TTL 5 s, a
-    /// load report at most every 2 s, retries from 250 ms to 5 s, this crate's version.
-    pub fn new<S: Into<String>>(
-        cluster: impl Into<String>,
-        node: impl Into<String>,
-        addr: SocketAddr,
-        services: impl IntoIterator<Item = S>,
-    ) -> RegistrationConfig {
-        RegistrationConfig {
-            cluster: cluster.into(),
-            node: node.into(),
-            addr,
-            services: services.into_iter().map(Into::into).collect(),
-            version: env!("CARGO_PKG_VERSION").to_owned(),
-            ttl: Duration::from_secs(5),
-            load_interval: Duration::from_secs(2),
-            retry_min: Duration::from_millis(250),
-            retry_max: Duration::from_secs(5),
-        }
-    }
-
-    /// The names, checked against the key layout.
-    fn validate(&self) -> Result<()> {
-        check_name("cluster", &self.cluster)?;
-        check_name("node", &self.node)?;
-        if self.services.is_empty() {
-            return Err(Error::InvalidName {
-                what: "service",
-                name: String::new(),
-                why: "list is empty: a node registers at least one service",
-            });
-        }
-        for service in &self.services {
-            check_name("service", service)?;
-        }
-        Ok(())
-    }
-
-    fn ttl_secs(&self) -> i64 {
-        self.ttl.as_secs().max(1) as i64
-    }
-}
-
-/// Where a node's registration stands.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum RegistrationState {
-    /// The first attempt is under way.
-    Connecting,
-    /// Every service is registered under this lease, kept alive.
-    Registered {
-        /// The lease.
-        lease: i64,
-    },
-    /// Not registered (etcd unreachable, the lease lost, the node id taken): retrying.
-    /// The server goes on serving meanwhile.
-    Retrying {
-        /// Failures in a row.
-        attempt: u32,
-        /// The last one.
-        error: String,
-    },
-    /// Marked draining; the lease is being revoked.
-    Draining,
-    /// Withdrawn: no key of this node is left under its lease.
-    Withdrawn,
-}
-
-impl RegistrationState {
-    /// Whether the node is listed and kept alive now.
-    pub fn is_registered(&self) -> bool {
-        matches!(self, RegistrationState::Registered { .. })
-    }
-}
-
-enum Command {
-    Withdraw(oneshot::Sender<Result<()>>),
-}
-
-/// A node's registration, kept up by a task on the tokio runtime it was started on.
-#[derive(Debug)]
-pub struct Registrar {
-    commands: mpsc::UnboundedSender<Command>,
-    load: watch::Sender<Load>,
-    state: watch::Receiver<RegistrationState>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Registrar {
-    /// Starts registering: returns at once, the first attempt runs in the background
-    /// (see [`state`](Self::state)). Must be called inside a tokio runtime (an actix
-    /// `System` is one).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidName`] for a name that breaks the key layout, or no service;
-    /// [`Error::NoEndpoints`]. etcd being down is no error here: the registrar retries.
-    pub fn start(etcd: EtcdConfig, config: RegistrationConfig) -> Result<Registrar> {
-        config.validate()?;
-        if etcd.endpoints.is_empty() {
-            return Err(Error::NoEndpoints);
-        }
-        let (commands, commands_rx) = mpsc::unbounded_channel();
-        let (load, load_rx) = watch::channel(Load::default());
-        let (state_tx, state) = watch::channel(RegistrationState::Connecting);
-        let labels = [
-            ("cluster", config.cluster.clone()),
-            ("node", config.node.clone()),
-        ];
-        let task = Task {
-            etcd,
-            keys: config
-                .services
-                .iter()
-                .map(|s| node_key(&config.cluster, s, &config.node))
-                .collect(),
-            config,
-            members: None,
-            at: 0,
-            lease: None,
-            load: load_rx,
-            state: state_tx,
-            commands: commands_rx,
-            registered: metrics::gauge!(METRIC_REGISTERED, &labels),
-            failures: metrics::counter!(METRIC_FAILURES, &labels),
-        };
-        let task = tokio::spawn(task.run());
-        Ok(Registrar {
-            commands,
-            load,
-            state,
-            task,
-        })
-    }
-
-    /// The node's load now; written at the next report (rate-limited).
-    pub fn set_load(&self, load: Load) {
-        self.load.send_replace(load);
-    }
-
-    /// Where the registration stands.
-    pub fn state(&self) -> RegistrationState {
-        self.state.borrow().clone()
-    }
-
-    /// The state, to wait on its changes.
-    pub fn states(&self) -> watch::Receiver<RegistrationState> {
-        self.state.clone()
-    }
-
-    /// Marks every record draining, then revokes the lease (every key goes at once),
-    /// and stops. Call it before draining the server's connections. Each etcd call
-    /// takes at most the configured request timeout; if etcd is unreachable, the
-    /// error says so and the lease expires on its own within the TTL.
-    pub async fn withdraw(self) -> Result<()> {
-        let (tx, rx) = oneshot::channel();
-        if self.commands.send(Command::Withdraw(tx)).is_err() {
-            return Err(Error::Stopped);
-        }
-        rx.await.unwrap_or(Err(Error::Stopped))
-    }
-}
-
-impl Drop for Registrar {
-    /// Stops the keepalive without withdrawing: the keys stay until the lease expires,
-    /// as after a crash.
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
+use super::{Command, RegistrationConfig, RegistrationState};
 
 /// How a session with etcd ended without an error.
 enum Outcome {
@@ -247,7 +22,7 @@ enum Outcome {
     Abandoned,
 }
 
-struct Task {
+pub(super) struct Task {
     etcd: EtcdConfig,
     config: RegistrationConfig,
     keys: Vec<String>,
@@ -264,7 +39,37 @@ struct Task {
 }
 
 impl Task {
-    async fn run(mut self) {
+    pub(super) fn new(
+        etcd: EtcdConfig,
+        config: RegistrationConfig,
+        load: watch::Receiver<Load>,
+        state: watch::Sender<RegistrationState>,
+        commands: mpsc::UnboundedReceiver<Command>,
+    ) -> Task {
+        let labels = [
+            ("cluster", config.cluster.clone()),
+            ("node", config.node.clone()),
+        ];
+        Task {
+            etcd,
+            keys: config
+                .services
+                .iter()
+                .map(|s| node_key(&config.cluster, s, &config.node))
+                .collect(),
+            registered: metrics::gauge!(METRIC_REGISTERED, &labels),
+            failures: metrics::counter!(METRIC_FAILURES, &labels),
+            config,
+            members: None,
+            at: 0,
+            lease: None,
+            load,
+            state,
+            commands,
+        }
+    }
+
+    pub(super) async fn run(mut self) {
         let mut attempt: u32 = 0;
         loop {
             let error = match self.session().await {
