@@ -8,6 +8,10 @@
 //! ```
 //! Sample files hold one round trip in microseconds per line (`ib_send_lat -H` prints
 //! half round trips; `scripts/lib/bench-in-vm` doubles them).
+//!
+//! `--native` draws `scripts/bench --native`'s table instead (`bench/results-native.md`,
+//! read from its RESULT lines): each figure over its floor on the bare loopback
+//! transport, each figure against issue 30's target, and the figures with neither.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -16,6 +20,8 @@ use anyhow::{ensure, Context as _, Result};
 use clap::Parser;
 use plotters::prelude::*;
 
+mod native;
+
 #[derive(Parser)]
 #[command(about = "SVG chart of scripts/bench results: ratios per metric, echo latency CDF")]
 struct Args {
@@ -23,11 +29,14 @@ struct Args {
     #[arg(long)]
     table: PathBuf,
     /// rdmactor echo round trips, microseconds, one per line.
-    #[arg(long)]
-    rdmactor: PathBuf,
+    #[arg(long, required_unless_present = "native")]
+    rdmactor: Option<PathBuf>,
     /// ib_send_lat round trips, microseconds, one per line.
+    #[arg(long, required_unless_present = "native")]
+    perftest: Option<PathBuf>,
+    /// The table is `scripts/bench --native`'s (no samples).
     #[arg(long)]
-    perftest: PathBuf,
+    native: bool,
     /// Where to write the SVG.
     #[arg(long)]
     out: PathBuf,
@@ -104,14 +113,20 @@ fn main() -> Result<()> {
     let args = Args::parse();
     let table = fs::read_to_string(&args.table)
         .with_context(|| format!("reading {}", args.table.display()))?;
+    if args.native {
+        return native::plot(&table, &args.out);
+    }
+    let (Some(rdmactor), Some(perftest)) = (&args.rdmactor, &args.perftest) else {
+        anyhow::bail!("--rdmactor and --perftest are needed without --native");
+    };
     let rows = ratios(&table);
     ensure!(
         !rows.is_empty(),
         "no ratio rows in {}",
         args.table.display()
     );
-    let ours = samples(&args.rdmactor)?;
-    let theirs = samples(&args.perftest)?;
+    let ours = samples(rdmactor)?;
+    let theirs = samples(perftest)?;
 
     let bar_height = 26;
     let top = 60 + bar_height * rows.len() as u32;
