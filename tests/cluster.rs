@@ -3,9 +3,10 @@
 //! there and connects through rdma_cm, SIGTERM withdraws it (draining first, then gone)
 //! before the server drains, and a SIGKILLed server disappears when its lease expires.
 //!
-//! Files across nodes (item 3): three servers, files put with R = 2 through the cluster's
-//! `files` nodes and fetched back byte for byte after one server is SIGKILLed; a repair
-//! round after the grace period copies each of its files to the third node.
+//! Files across nodes (item 3): four servers, files put with R = 2 through the cluster's
+//! `files` nodes and fetched back byte for byte after one server is SIGKILLed; after the
+//! grace period the servers themselves (`--repair-after-secs`) copy each of its files to
+//! another node, each copy made once, by the node it goes to.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -13,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rdmactor::runtime::{Client, NodeConfig};
-use rdmactor_cluster::files::{ClusterFiles, RdmaFiles, RepairPlanner};
+use rdmactor_cluster::files::{ClusterFiles, RdmaFiles};
 use rdmactor_cluster::{ClusterClient, EtcdConfig, Membership, NodeInfo, Placement};
 use rdmactor_testkit::etcd::Etcd;
 use rdmactor_testkit::pattern;
@@ -28,6 +29,15 @@ fn start_server(etcd: &Etcd, node: &str) -> (Child, SocketAddr) {
 
 /// [`start_server`] with more flags.
 fn start_server_with(etcd: &Etcd, node: &str, extra: &[&str]) -> (Child, SocketAddr) {
+    let (child, addr, _) = start_server_logged(etcd, node, extra);
+    (child, addr)
+}
+
+/// What a server printed after its first line, as it prints it.
+type Log = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+
+/// [`start_server_with`], keeping what the server prints.
+fn start_server_logged(etcd: &Etcd, node: &str, extra: &[&str]) -> (Child, SocketAddr, Log) {
     let listen = format!("{}:0", test_addr().ip());
     let mut server = Command::new(target_bin("server"))
         .args([
@@ -52,13 +62,19 @@ fn start_server_with(etcd: &Etcd, node: &str, extra: &[&str]) -> (Child, SocketA
         .unwrap_or_else(|| panic!("not an address line: {line}"))
         .parse()
         .expect("address");
-    // The rest of its output is not needed; keep the pipe drained.
-    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+    // Kept, and the pipe drained.
+    let log = Log::default();
+    let lines = log.clone();
+    std::thread::spawn(move || {
+        for line in out.lines().map_while(Result::ok) {
+            lines.lock().unwrap_or_else(|e| e.into_inner()).push(line);
+        }
+    });
     STARTED
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .push(server.id());
-    (server, addr)
+    (server, addr, log)
 }
 
 /// The servers this process started. A test that fails leaves them running, and they
@@ -184,17 +200,27 @@ fn files_put_with_two_replicas_survive_a_killed_server_and_repair_restores_two()
     let base = resource_counts();
     let work = tempfile::tempdir().expect("a work directory");
     let mut servers = std::collections::BTreeMap::new();
-    for node in ["a", "b", "c"] {
+    let grace = Duration::from_secs(5);
+    let grace_arg = grace.as_secs().to_string();
+    for node in ["a", "b", "c", "d"] {
         let store = work.path().join(format!("store-{node}"));
         std::fs::create_dir(&store).unwrap();
         let store_arg = store.display().to_string();
         // Public fetch: a replica is fetched on another connection than its upload.
-        let (child, addr) = start_server_with(
+        let (child, addr, log) = start_server_logged(
             &etcd,
             node,
-            &["--files-dir", &store_arg, "--files-public-fetch"],
+            &[
+                "--files-dir",
+                &store_arg,
+                "--files-public-fetch",
+                "--repair-after-secs",
+                &grace_arg,
+                "--repair-every-secs",
+                "1",
+            ],
         );
-        servers.insert(node, (child, addr, store));
+        servers.insert(node, (child, addr, store, log));
     }
     let src = work.path().join("src");
     std::fs::create_dir(&src).unwrap();
@@ -213,11 +239,11 @@ fn files_put_with_two_replicas_survive_a_killed_server_and_repair_restores_two()
         let cluster = ClusterFiles::new(RdmaFiles::new(&client), config, "vm").expect("files");
         cluster
             .membership()
-            .wait_for(Duration::from_secs(10), |n| n.len() == 3)
+            .wait_for(Duration::from_secs(10), |n| n.len() == 4)
             .await
             .unwrap_or_else(|| {
                 panic!(
-                    "three files nodes: {:?}",
+                    "four files nodes: {:?}",
                     names(&cluster.membership().nodes())
                 )
             });
@@ -248,7 +274,7 @@ fn files_put_with_two_replicas_survive_a_killed_server_and_repair_restores_two()
         assert!(again.is_err(), "a name is created once");
 
         // SIGKILL the node holding the most replicas.
-        let victim = ["a", "b", "c"]
+        let victim = ["a", "b", "c", "d"]
             .into_iter()
             .max_by_key(|n| {
                 records
@@ -263,7 +289,7 @@ fn files_put_with_two_replicas_survive_a_killed_server_and_repair_restores_two()
             .map(|(n, _)| n.clone())
             .collect();
         assert!(!on_victim.is_empty());
-        let (child, _, _) = servers.get_mut(victim).unwrap();
+        let (child, _, _, _) = servers.get_mut(victim).unwrap();
         signal(child, "-KILL");
         let killed = Instant::now();
         let _ = child.wait();
@@ -289,11 +315,11 @@ fn files_put_with_two_replicas_survive_a_killed_server_and_repair_restores_two()
             killed.elapsed()
         );
 
-        // Repair: nothing the moment the node is seen gone, then after the grace period
-        // each of its files is copied to the third node and recorded.
+        // Repair, by the servers: nothing the moment the node is seen gone, then after
+        // the grace period each of its files is copied to another node and recorded.
         cluster
             .membership()
-            .wait_for(Duration::from_secs(10), |n| n.len() == 2)
+            .wait_for(Duration::from_secs(10), |n| n.len() == 3)
             .await
             .unwrap_or_else(|| {
                 panic!(
@@ -302,38 +328,70 @@ fn files_put_with_two_replicas_survive_a_killed_server_and_repair_restores_two()
                 )
             });
         let gone_after = killed.elapsed();
-        let grace = Duration::from_secs(3);
-        let mut planner = RepairPlanner::new(grace);
-        let scratch = work.path().join("scratch");
-        std::fs::create_dir(&scratch).unwrap();
-        let report = cluster
-            .repair(&mut planner, Instant::now(), &scratch)
-            .await
-            .expect("repair");
-        assert!(
-            report.done.is_empty() && report.failed.is_empty(),
-            "within the grace period: {report:?}"
-        );
-        let mut repaired = Vec::new();
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while repaired.len() < on_victim.len() {
+        let holds_victim =
+            |r: &rdmactor_cluster::files::FileRecord| r.nodes.iter().any(|n| n == victim);
+        for name in &on_victim {
+            let now = cluster.catalog().get(name).await.unwrap().unwrap().record;
             assert!(
-                Instant::now() < deadline,
-                "repaired only {repaired:?} of {on_victim:?}"
+                holds_victim(&now),
+                "{name} repaired within the grace period: {now:?}"
             );
+        }
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let mut left = Vec::new();
+            for name in &on_victim {
+                let now = cluster.catalog().get(name).await.unwrap().unwrap().record;
+                if holds_victim(&now) {
+                    left.push(name.clone());
+                }
+            }
+            if left.is_empty() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "not repaired: {left:?}");
             actix_rt::time::sleep(Duration::from_millis(500)).await;
-            let report = cluster
-                .repair(&mut planner, Instant::now(), &scratch)
-                .await
-                .expect("repair");
-            assert!(report.failed.is_empty(), "{report:?}");
-            repaired.extend(report.done);
         }
         println!(
-            "{victim} left the registry {gone_after:?} after the kill; {} files repaired to R = 2 {:?} after the kill (grace {grace:?})",
-            repaired.len(),
+            "{victim} left the registry {gone_after:?} after the kill; {} files repaired to R = 2 by the servers {:?} after the kill (grace {grace:?})",
+            on_victim.len(),
             killed.elapsed()
         );
+        // Each copy made once, by the node it went to (a server prints its round's
+        // copies once the round is over: shortly after the catalog shows them).
+        let made_so_far = || {
+            let mut made: Vec<(String, String)> = Vec::new();
+            for (node, (_, _, _, log)) in &servers {
+                for line in log.lock().unwrap().iter() {
+                    let Some(rest) = line.strip_prefix("cluster: REPAIRED ") else {
+                        continue;
+                    };
+                    let name = rest.split_whitespace().next().unwrap().to_owned();
+                    assert!(
+                        rest.ends_with(&format!(" to={node}")),
+                        "{node} printed {line}"
+                    );
+                    made.push((name, node.to_string()));
+                }
+            }
+            made
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while made_so_far().len() < on_victim.len() && Instant::now() < deadline {
+            actix_rt::time::sleep(Duration::from_millis(200)).await;
+        }
+        let mut made = made_so_far();
+        made.sort();
+        let mut names_made: Vec<&String> = made.iter().map(|(n, _)| n).collect();
+        names_made.dedup();
+        let mut expected: Vec<&String> = on_victim.iter().collect();
+        expected.sort();
+        assert_eq!(
+            names_made, expected,
+            "every file of {victim} repaired: {made:?}"
+        );
+        assert_eq!(made.len(), on_victim.len(), "each copy made once: {made:?}");
+        println!("copies made by their target: {made:?}");
         for name in &on_victim {
             let now = cluster.catalog().get(name).await.unwrap().unwrap().record;
             assert_eq!(now.nodes.len(), 2, "{name}: {now:?}");
@@ -360,8 +418,8 @@ fn files_put_with_two_replicas_survive_a_killed_server_and_repair_restores_two()
         drop(cluster);
         client.shutdown().await;
     });
-    // The two left shut down (the victim's kill fails: it is gone).
-    for (_, (mut child, _, _)) in servers {
+    // The three left shut down (the victim's kill fails: it is gone).
+    for (_, (mut child, _, _, _)) in servers {
         let _ = Command::new("kill")
             .args(["-TERM", &child.id().to_string()])
             .stderr(Stdio::null())

@@ -3,10 +3,11 @@
 //! no etcd at all.
 
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 use rdmactor::runtime::{Client, ClientConnection};
+use rdmactor_cluster::files::{ClusterFiles, RdmaFiles, RepairPlanner};
 use rdmactor_cluster::{
     ClusterClient, EtcdConfig, Idempotent as _, Placement, Registrar, RegistrationConfig,
 };
@@ -52,6 +53,15 @@ pub struct ServerClusterArgs {
     /// without withdrawing stays listed at most.
     #[arg(long, requires = "cluster", default_value_t = 5)]
     pub lease_ttl_secs: u64,
+    /// With --cluster and --files-dir: restore the replica count of files whose node has
+    /// been gone this long (seconds). Every server repairing runs its own planner and
+    /// copies onto itself the files rendezvous hashing assigns it, under the file's etcd
+    /// lock. Off unless given.
+    #[arg(long, requires = "cluster", value_name = "SECS")]
+    pub repair_after_secs: Option<u64>,
+    /// Seconds between repair rounds.
+    #[arg(long, requires = "repair_after_secs", default_value_t = 2)]
+    pub repair_every_secs: u64,
 }
 
 /// The services a server registers with --cluster: those reached through rdma_cm by
@@ -73,16 +83,7 @@ impl ServerClusterArgs {
         let Some((cluster, etcd)) = self.cluster.etcd()? else {
             return Ok(None);
         };
-        let addr = match self.advertise {
-            Some(addr) => addr,
-            None => *listening
-                .iter()
-                .find(|a| !a.ip().is_unspecified())
-                .context(
-                    "--cluster needs --advertise: no --listen address is one clients can reach",
-                )?,
-        };
-        let node = self.node_id.clone().unwrap_or_else(|| addr.to_string());
+        let (addr, node) = self.node(listening)?;
         let mut services: Vec<&str> = CLUSTER_SERVICES.to_vec();
         if files {
             services.push("files");
@@ -96,6 +97,59 @@ impl ServerClusterArgs {
         Registrar::start(etcd, config)
             .map(Some)
             .context("--cluster")
+    }
+
+    /// The address clients are told, and the node's id.
+    fn node(&self, listening: &[SocketAddr]) -> Result<(SocketAddr, String)> {
+        let addr = match self.advertise {
+            Some(addr) => addr,
+            None => *listening
+                .iter()
+                .find(|a| !a.ip().is_unspecified())
+                .context(
+                    "--cluster needs --advertise: no --listen address is one clients can reach",
+                )?,
+        };
+        let node = self.node_id.clone().unwrap_or_else(|| addr.to_string());
+        Ok((addr, node))
+    }
+
+    /// With --repair-after-secs: repair rounds for ever, copying onto this node (a
+    /// server listening on `listening`) through `client` (the server's own, on the same
+    /// device); each copy is staged in the system's temporary directory. Without it,
+    /// pending for ever. Every outcome is logged; nothing here ends the server.
+    ///
+    /// # Errors
+    ///
+    /// Only what stops repairs from starting: a bad `--etcd`.
+    pub async fn repairs(&self, listening: &[SocketAddr], client: &Client) -> Result<()> {
+        let (Some(grace), Some((cluster, etcd))) = (self.repair_after_secs, self.cluster.etcd()?)
+        else {
+            return std::future::pending().await;
+        };
+        let (_, node) = self.node(listening)?;
+        let files = ClusterFiles::new(RdmaFiles::new(client), etcd, &cluster)
+            .context("--repair-after-secs")?;
+        let mut planner = RepairPlanner::for_node(Duration::from_secs(grace), &node);
+        let scratch = std::env::temp_dir();
+        println!("cluster: repairing onto node {node} the files gone from a node for {grace} s");
+        loop {
+            match files.repair(&mut planner, Instant::now(), &scratch).await {
+                Ok(report) => {
+                    for r in &report.done {
+                        println!(
+                            "cluster: REPAIRED {} gone={} from={} to={}",
+                            r.name, r.gone, r.from, r.to
+                        );
+                    }
+                    for (r, why) in &report.failed {
+                        println!("cluster: UNREPAIRED {} gone={}: {why}", r.name, r.gone);
+                    }
+                }
+                Err(e) => tracing::warn!(%e, "cluster: a repair round failed; trying again"),
+            }
+            tokio::time::sleep(Duration::from_secs(self.repair_every_secs.max(1))).await;
+        }
     }
 }
 

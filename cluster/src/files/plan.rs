@@ -191,11 +191,20 @@ pub struct Repair {
 /// A node counts as gone from the first time a call saw it absent while a record names
 /// it; it is forgiven as soon as it is listed again (a restart within the grace period
 /// costs no copy).
+///
+/// Inside a cluster's servers, every node runs a planner of its own
+/// ([`for_node`](Self::for_node)) and carries out only the copies *to* itself: the
+/// target is chosen by rendezvous hashing over the live nodes, which every node computes
+/// alike, so each copy has one repairer without any election, and the new replica's
+/// node is the one that wants it. The file's lock and the revision fence still guard
+/// the moments when two nodes' views of who is live differ.
 #[derive(Debug)]
 pub struct RepairPlanner {
     grace: Duration,
     live: Vec<String>,
     absent_since: HashMap<String, Instant>,
+    /// Only the copies to this node (`None`: every copy).
+    only_to: Option<String>,
 }
 
 impl RepairPlanner {
@@ -205,6 +214,16 @@ impl RepairPlanner {
             grace,
             live: Vec::new(),
             absent_since: HashMap::new(),
+            only_to: None,
+        }
+    }
+
+    /// Like [`new`](Self::new), but names only the copies whose new replica goes to
+    /// `node`: the planner of a server that repairs onto itself.
+    pub fn for_node(grace: Duration, node: &str) -> RepairPlanner {
+        RepairPlanner {
+            only_to: Some(node.to_owned()),
+            ..RepairPlanner::new(grace)
         }
     }
 
@@ -235,7 +254,8 @@ impl RepairPlanner {
             let to = replica_order(name, &self.live)
                 .into_iter()
                 .find(|n| !record.nodes.contains(n));
-            if let Some(to) = to {
+            let mine = |to: &String| self.only_to.as_ref().is_none_or(|me| me == to);
+            if let Some(to) = to.filter(|to| mine(to)) {
                 due.push(Repair {
                     name: name.clone(),
                     gone: gone.clone(),

@@ -23,7 +23,7 @@ use anyhow::{bail, Context as _, Result};
 use clap::{Parser, ValueEnum};
 use rdmactor::memory::PoolConfig;
 use rdmactor::runtime::{
-    ConnectionConfig, NodeConfig, OobPort, OobTransport, PollMode, ReceiveConfig, Server,
+    Client, ConnectionConfig, NodeConfig, OobPort, OobTransport, PollMode, ReceiveConfig, Server,
     SharedRecvConfig, TransportConfig,
 };
 use rdmactor::verbs::Mtu;
@@ -392,6 +392,18 @@ fn main() -> Result<()> {
             ..defaults.connection
         },
     });
+    // Repairs copy through a client of the server's own, on the same device.
+    let repair_config = args.transport.apply(NodeConfig {
+        transport: TransportConfig {
+            device: args.device.clone(),
+            ..NodeConfig::default().transport
+        },
+        ..NodeConfig::default()
+    });
+    anyhow::ensure!(
+        args.cluster.repair_after_secs.is_none() || args.files_dir.is_some(),
+        "--repair-after-secs needs --files-dir: a server repairs onto its own store"
+    );
     let listeners = args
         .listen
         .iter()
@@ -515,9 +527,23 @@ fn main() -> Result<()> {
                 tokio::time::sleep(std::time::Duration::from_secs(1)).await;
             }
         };
+        let repair_client = match args.cluster.repair_after_secs {
+            Some(_) => Some(Client::start(repair_config).context("starting the repairs' client")?),
+            None => None,
+        };
+        let repairs = async {
+            match &repair_client {
+                Some(client) => args.cluster.repairs(server.local_addrs(), client).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             r = wait_for_signal() => r?,
             () = sample => {}
+            r = repairs => r?,
+        }
+        if let Some(client) = repair_client {
+            client.shutdown().await;
         }
         tracing::info!("signal received; shutting down");
         // First out of the registry (draining, then the lease revoked), so that clients

@@ -182,3 +182,54 @@ fn no_source_or_no_spare_node_means_no_repair() {
         .poll_repairs(t0, &[("f".into(), record(&["a", "b"]))])
         .is_empty());
 }
+
+#[test]
+fn planners_for_each_node_share_the_copies_out_with_none_twice() {
+    let t0 = Instant::now();
+    let grace = Duration::from_secs(5);
+    let all = ids(5);
+    let gone = all[0].clone();
+    let live: Vec<String> = all[1..].to_vec();
+    // 40 files, each on two nodes, every one of them on the node that goes.
+    let files: Vec<(String, FileRecord)> = (0..40)
+        .map(|i| {
+            let name = format!("f{i}");
+            let other = &live[i % live.len()];
+            (name, record(&[&gone, other]))
+        })
+        .collect();
+    let mut whole = RepairPlanner::new(grace);
+    let mut each: Vec<RepairPlanner> = live
+        .iter()
+        .map(|n| RepairPlanner::for_node(grace, n))
+        .collect();
+    for p in std::iter::once(&mut whole).chain(each.iter_mut()) {
+        p.handle_live(live.clone());
+        assert!(
+            p.poll_repairs(t0, &files).is_empty(),
+            "within the grace period"
+        );
+    }
+    let mut expected = whole.poll_repairs(t0 + grace, &files);
+    assert_eq!(expected.len(), 40, "every file is due");
+    let mut shared: Vec<Repair> = Vec::new();
+    for (node, p) in live.iter().zip(each.iter_mut()) {
+        let mine = p.poll_repairs(t0 + grace, &files);
+        assert!(
+            mine.iter().all(|r| &r.to == node),
+            "{node} plans only copies to itself"
+        );
+        shared.extend(mine);
+    }
+    let key = |r: &Repair| r.name.clone();
+    expected.sort_by_key(key);
+    shared.sort_by_key(key);
+    assert_eq!(shared, expected, "each copy planned once, by its target");
+    assert!(
+        live.iter()
+            .filter(|n| shared.iter().any(|r| &r.to == *n))
+            .count()
+            > 1,
+        "the copies spread over the nodes"
+    );
+}
