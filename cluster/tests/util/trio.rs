@@ -65,8 +65,24 @@ fn free_port() -> u16 {
 impl Trio {
     /// Starts three members with their proxies and waits until all three are healthy
     /// (`None`, said on stderr, without an etcd binary and `RDMACTOR_SKIP_ETCD=1`).
+    ///
+    /// A free port is only free until someone else binds it (the tests start etcds in
+    /// parallel): a member that exits saying its address is in use has the three
+    /// started again on new ports, as the single-member fixture does.
     pub fn start() -> Option<Trio> {
         let binary = rdmactor_testkit::etcd::binary()?;
+        for _ in 0..4 {
+            match Trio::try_start(&binary) {
+                Ok(trio) => return Some(trio),
+                Err(log) => eprintln!("etcd trio: a port was taken; starting again:\n{log}"),
+            }
+        }
+        panic!("etcd trio: ports taken four times over");
+    }
+
+    /// One attempt of [`start`](Self::start): `Err` with the logs if a member could not
+    /// bind its ports.
+    fn try_start(binary: &std::path::Path) -> Result<Trio, String> {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let client_ports = [free_port(), free_port(), free_port()];
         let peer_ports = [free_port(), free_port(), free_port()];
@@ -91,7 +107,7 @@ impl Trio {
         for i in 0..3 {
             let client = format!("http://127.0.0.1:{}", client_ports[i]);
             let log = std::fs::File::create(dir.path().join(format!("m{i}.log"))).expect("log");
-            let child = Command::new(&binary)
+            let child = Command::new(binary)
                 .arg(format!("--name=m{i}"))
                 .arg(format!(
                     "--data-dir={}",
@@ -117,7 +133,7 @@ impl Trio {
                 .unwrap_or_else(|e| panic!("starting {}: {e}", binary.display()));
             children.push(child);
         }
-        let trio = Trio {
+        let mut trio = Trio {
             dir,
             client_ports,
             proxy_ports,
@@ -126,6 +142,18 @@ impl Trio {
         };
         let deadline = Instant::now() + Duration::from_secs(30);
         while !(0..3).all(|i| trio.healthy(i)) {
+            let exited = trio
+                .children
+                .iter_mut()
+                .any(|c| c.try_wait().ok().flatten().is_some());
+            if exited {
+                let logs = trio.logs();
+                assert!(
+                    logs.contains("address already in use"),
+                    "an etcd member of the trio exited:\n{logs}"
+                );
+                return Err(logs);
+            }
             assert!(
                 Instant::now() < deadline,
                 "etcd trio not healthy after 30 s:\n{}",
@@ -133,7 +161,7 @@ impl Trio {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-        Some(trio)
+        Ok(trio)
     }
 
     /// Member `i`'s client URL.
