@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 use rdmactor::runtime::{Client, ClientConnection, NodeConfig, Server};
 use rdmactor_services::read::layout::FIRST_VERSION;
 use rdmactor_services::read::{self, ReadError, ReadRegions, ReadService, RegionHandle};
+use rdmactor_testkit::rng::Rng;
+use rdmactor_testkit::versioned::{consistent, uniform, LEN, WORDS};
 use rdmactor_tests::{
     actix_run, assert_released, pattern, rdma_context, resource_counts, serve, test_addr, wait_idle,
 };
@@ -20,41 +22,6 @@ fn env_or(name: &str, default: u64) -> u64 {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-/// The region the writer updates: `WORDS` little-endian u64 words, all equal to
-/// `version / 2`, so every byte says which version it belongs to.
-const WORDS: usize = 512;
-const LEN: usize = WORDS * 8;
-
-/// True when `data`, read at byte `offset` of the region, is entirely version `version`.
-fn consistent(offset: u64, data: &[u8], version: u64) -> bool {
-    let word = (version / 2).to_le_bytes();
-    data.iter()
-        .enumerate()
-        .all(|(i, &b)| b == word[(offset as usize + i) % 8])
-}
-
-/// True when `data`, read at byte `offset`, could be one version: each byte equals the
-/// others at the same position within a word.
-fn uniform(offset: u64, data: &[u8]) -> bool {
-    let mut word: [Option<u8>; 8] = [None; 8];
-    data.iter().enumerate().all(|(i, &b)| {
-        let at = (offset as usize + i) % 8;
-        *word[at].get_or_insert(b) == b
-    })
-}
-
-/// Deterministic xorshift.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
 }
 
 #[derive(Default)]

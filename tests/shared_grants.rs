@@ -17,6 +17,7 @@ use rdmactor::runtime::{
     SessionCx, SessionError,
 };
 use rdmactor::verbs::{Access, RemoteRegion, SharedRegion};
+use rdmactor_testkit::remote_region::{decode, encode};
 use rdmactor_tests::{
     actix_run, assert_released, rdma_context, resource_counts, test_addr, wait_idle,
 };
@@ -41,24 +42,6 @@ impl Service for Grants {
 struct GrantSession {
     regions: Regions,
     grant: Option<GrantId>,
-}
-
-fn encode(r: RemoteRegion) -> Vec<u8> {
-    [
-        r.addr.to_le_bytes(),
-        r.len.to_le_bytes(),
-        u64::from(r.rkey).to_le_bytes(),
-    ]
-    .concat()
-}
-
-fn decode(b: &[u8]) -> RemoteRegion {
-    let word = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
-    RemoteRegion {
-        addr: word(0),
-        len: word(1),
-        rkey: word(2) as u32,
-    }
 }
 
 impl Session for GrantSession {

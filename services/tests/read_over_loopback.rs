@@ -26,46 +26,14 @@ use rdmactor_services::read::{
     self, ReadError, ReadRegions, ReadService, RegionHandle, RegionWriter,
 };
 use rdmactor_testkit::pattern;
+use rdmactor_testkit::remote_region::{decode, encode};
+use rdmactor_testkit::rng::Rng;
+use rdmactor_testkit::versioned::{consistent, uniform, LEN, WORDS};
 
 const AT: SocketAddr = SocketAddr::new(
     std::net::IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 2)),
     7472,
 );
-
-/// The region the writer updates: `WORDS` little-endian u64 words, all equal to
-/// `version / 2`, so every byte says which version it belongs to.
-const WORDS: usize = 512;
-const LEN: usize = WORDS * 8;
-
-/// True when `data`, read at byte `offset` of the region, is entirely version `version`.
-fn consistent(offset: u64, data: &[u8], version: u64) -> bool {
-    let word = (version / 2).to_le_bytes();
-    data.iter()
-        .enumerate()
-        .all(|(i, &b)| b == word[(offset as usize + i) % 8])
-}
-
-/// True when `data`, read at byte `offset`, could be one version: each byte equals the
-/// others at the same position within a word.
-fn uniform(offset: u64, data: &[u8]) -> bool {
-    let mut word: [Option<u8>; 8] = [None; 8];
-    data.iter().enumerate().all(|(i, &b)| {
-        let at = (offset as usize + i) % 8;
-        *word[at].get_or_insert(b) == b
-    })
-}
-
-/// Deterministic xorshift.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
 
 /// A server of `service` on its own device of `fabric` (returned, for its fault hooks),
 /// and a client on another.
@@ -462,24 +430,6 @@ impl Service<Loopback> for Grants {
 struct GrantSession {
     regions: Regions,
     grant: Option<GrantId>,
-}
-
-fn encode(r: RemoteRegion) -> Vec<u8> {
-    [
-        r.addr.to_le_bytes(),
-        r.len.to_le_bytes(),
-        u64::from(r.rkey).to_le_bytes(),
-    ]
-    .concat()
-}
-
-fn decode(b: &[u8]) -> RemoteRegion {
-    let word = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
-    RemoteRegion {
-        addr: word(0),
-        len: word(1),
-        rkey: word(2) as u32,
-    }
 }
 
 impl Session<Loopback> for GrantSession {

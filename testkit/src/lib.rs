@@ -12,9 +12,11 @@
 //!   condition holds, a blocking client on its own thread.
 //! - [`pair`]: a client/server pair of blocking endpoints over rdma_cm.
 //! - [`etcd`]: a real etcd on free loopback ports, for the cluster's tests.
+//! - [`rng`]: a seeded generator; [`versioned`]: telling a consistent read of a
+//!   versioned shared region from a torn one; [`remote_region`]: a grant in 24 bytes.
 //!
-//! Only [`pattern`] is useful without an RDMA device; the rest needs one (the Soft-RoCE
-//! VM of `scripts/test`).
+//! [`pattern`], [`rng`], [`versioned`], [`remote_region`] and [`etcd`] need no RDMA
+//! device; the rest needs one (the Soft-RoCE VM of `scripts/test`).
 //!
 //! This crate is never published and never a dependency of the framework or of the
 //! services' library.
@@ -26,7 +28,10 @@ pub mod device;
 pub mod etcd;
 pub mod pair;
 mod pattern;
+pub mod remote_region;
+pub mod rng;
 pub mod server;
+pub mod versioned;
 
 pub use client::{actix_run, connect_n, eventually, off_thread};
 pub use device::{rdma_context, second_peer_ip, test_addr};

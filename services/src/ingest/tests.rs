@@ -5,6 +5,7 @@ use std::collections::VecDeque;
 
 use super::ring::{ClientRing, ServerRing};
 use super::*;
+use rdmactor_testkit::rng::Rng;
 
 #[test]
 fn immediates_carry_slot_and_length() {
@@ -129,18 +130,6 @@ fn the_client_refuses_bad_credits_and_oversized_records() {
     assert_eq!(client.take_slot(8), Ok(None), "both slots with the server");
     client.handle_credits(&[slot]).unwrap();
     assert_eq!(client.free_slots(), 1);
-}
-
-/// Deterministic xorshift.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
 }
 
 /// A client pushing `records` numbered records through a ring into a server, with the
