@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 use rdmactor::runtime::{Client, ClientConnection};
-use rdmactor_cluster::files::{ClusterFiles, RdmaFiles, RepairPlanner};
+use rdmactor_cluster::files::{ClusterFiles, RdmaFiles, RepairPlanner, RepairReport};
 use rdmactor_cluster::{
     ClusterClient, EtcdConfig, Idempotent as _, Placement, Registrar, RegistrationConfig,
 };
@@ -135,17 +135,7 @@ impl ServerClusterArgs {
         println!("cluster: repairing onto node {node} the files gone from a node for {grace} s");
         loop {
             match files.repair(&mut planner, Instant::now(), &scratch).await {
-                Ok(report) => {
-                    for r in &report.done {
-                        println!(
-                            "cluster: REPAIRED {} gone={} from={} to={}",
-                            r.name, r.gone, r.from, r.to
-                        );
-                    }
-                    for (r, why) in &report.failed {
-                        println!("cluster: UNREPAIRED {} gone={}: {why}", r.name, r.gone);
-                    }
-                }
+                Ok(report) => print_repairs("cluster: ", &report),
                 Err(e) => tracing::warn!(%e, "cluster: a repair round failed; trying again"),
             }
             tokio::time::sleep(Duration::from_secs(self.repair_every_secs.max(1))).await;
@@ -216,6 +206,20 @@ impl<'c> Dial<'c> {
                 node.with_context(|| format!("no live node of {service:?} in the registry"))
             }
         }
+    }
+}
+
+/// One line per copy of a repair round, `prefix` first: `REPAIRED NAME gone= from= to=`,
+/// or `UNREPAIRED NAME gone=: why` (the tests and the wire run read these lines).
+pub fn print_repairs(prefix: &str, report: &RepairReport) {
+    for r in &report.done {
+        println!(
+            "{prefix}REPAIRED {} gone={} from={} to={}",
+            r.name, r.gone, r.from, r.to
+        );
+    }
+    for (r, why) in &report.failed {
+        println!("{prefix}UNREPAIRED {} gone={}: {why}", r.name, r.gone);
     }
 }
 

@@ -29,7 +29,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use rdmactor::runtime::{Client, ClientConnection, NodeConfig};
 use rdmactor_cluster::files::{ClusterFiles, RdmaFiles, RepairPlanner};
-use rdmactor_examples::cluster::ClusterArgs;
+use rdmactor_examples::cluster::{self, ClusterArgs};
 use rdmactor_examples::{logs, transport};
 use rdmactor_services::file_transfer::{
     fetch_file, send_file, Auth, ClientError, Digest, FetchOptions, HashAlg, Outcome, Progress,
@@ -368,17 +368,7 @@ async fn run_cluster(files: &ClusterFiles<RdmaFiles<'_>>, cmd: &Cmd) -> Result<b
             while *rounds == 0 || round < *rounds {
                 round += 1;
                 match files.repair(&mut planner, Instant::now(), scratch).await {
-                    Ok(report) => {
-                        for r in &report.done {
-                            println!(
-                                "REPAIRED {} gone={} from={} to={}",
-                                r.name, r.gone, r.from, r.to
-                            );
-                        }
-                        for (r, why) in &report.failed {
-                            println!("UNREPAIRED {} gone={}: {why}", r.name, r.gone);
-                        }
-                    }
+                    Ok(report) => cluster::print_repairs("", &report),
                     Err(e) => eprintln!("ft repair: {e} (next round in {every_secs} s)"),
                 }
                 tokio::time::sleep(Duration::from_secs(*every_secs)).await;
