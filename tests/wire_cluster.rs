@@ -673,6 +673,12 @@ fn a_cluster_of_three_serves_d_through_a_killed_host_and_a_partition() {
             std::thread::sleep(Duration::from_millis(200));
         }
         let (acked_before_kill, _) = parse_uploads(&wire.stdout_so_far(Host::D, &uploads));
+        // Counted now: the servers start repairing once b has been gone for the grace
+        // period, while the fetches below still run.
+        let on_b_files = records(&wire, &all_urls())
+            .values()
+            .filter(|nodes| nodes.iter().any(|n| n == "b"))
+            .count();
         wire.kill(Host::B);
         let killed = Instant::now();
         cluster.servers.remove(&Host::B);
@@ -787,10 +793,6 @@ fn a_cluster_of_three_serves_d_through_a_killed_host_and_a_partition() {
 
         // Repair, by the servers: after the grace period each of b's files is copied by
         // the node it goes to (a or c), which records it.
-        let on_b_files = records(&wire, &ac)
-            .values()
-            .filter(|nodes| nodes.iter().any(|n| n == "b"))
-            .count();
         let deadline = Instant::now() + Duration::from_secs(1800);
         loop {
             let recs = records(&wire, &ac);
@@ -815,7 +817,7 @@ fn a_cluster_of_three_serves_d_through_a_killed_host_and_a_partition() {
                 .count()
         };
         println!(
-            "[3] repair by the servers (grace {REPAIR_GRACE_SECS} s): {on_b_files} records named b; all at R = 2 on a and c {} after the kill (copies made by a: {}, by c: {})",
+            "[3] repair by the servers (grace {REPAIR_GRACE_SECS} s): {on_b_files} records named b when it was killed; all at R = 2 on a and c when checked, {} after the kill, after the fetches above (copies made by a: {}, by c: {})",
             secs(killed.elapsed()),
             repaired_by(Host::A),
             repaired_by(Host::C)
