@@ -1021,7 +1021,7 @@ fn cluster_client_setup_and_round_trip_next_to_a_direct_connect() {
         assert_eq!(d["connections"], "60");
         assert_eq!(c["connections"], "60");
         println!(
-            "| connection setup, 60 one after another (round {}) | {:.1} ms each ({} s with the process) | {:.1} ms each ({} s with the process) |",
+            "| connection setup, 60 one after another (round {}) | {:.1} ms each ({} with the process) | {:.1} ms each ({} with the process) |",
             round + 1,
             1000.0 / d_rate,
             secs(d_wall),
