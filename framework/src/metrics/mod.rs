@@ -36,7 +36,7 @@
 //! | `rdmactor_lambda_runs_total` | counter | kind (`module`, `native`), outcome | lambda invocations by result (`ok`, `trap`, `out_of_fuel`, `timeout`, `memory_limit`, `error`) |
 //! | `rdmactor_lambda_module_loads_total` | counter | result (`cached`, `compiled`, `refused`) | lambda module uploads: already compiled (now held for the client too), compiled, or refused (invalid, too large, no room) |
 //! | `rdmactor_lambda_module_evictions_total` | counter | | compiled modules that left the lambda cache: evicted for a client's quota or the cache's bounds, or let go by their last holder (its connection closed) |
-//! | `rdmactor_echo_handling_seconds` | histogram | | echo service: the server's handling time only, from a request's delivery to its reply being queued (not the client's round trip, which the server cannot see); only after [`set_timing`]`(true)` |
+//! | `rdmactor_echo_handling_seconds` | histogram | | echo service: the server's handling time only, from a request's delivery to its reply being queued (not the client's round trip, which the server cannot see); one request in [`TIMING_SAMPLE`] per poller thread, only after [`set_timing`]`(true)` |
 //! | `rdmactor_device_events_total` | counter | event (`IBV_EVENT_PORT_ERR`, ...) | the device's asynchronous events |
 //!
 //! `side` is `server` or `client`: one process may be both (the integration tests are).
@@ -255,8 +255,32 @@ pub fn timing() -> bool {
     TIMING.load(Ordering::Relaxed)
 }
 
+/// One message in this many is timed by [`sample_timing`].
+pub const TIMING_SAMPLE: u32 = 8;
+
+thread_local! {
+    /// Messages this thread asked [`sample_timing`] about, modulo [`TIMING_SAMPLE`].
+    static SAMPLED: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// True for one call in [`TIMING_SAMPLE`] on each thread while [`timing`] is on: a
+/// service times that message only. Two clock reads per message were the largest part
+/// of what `--metrics` cost an echo round trip in the native A/B (about 10% of the 64 B
+/// echo's p50, bench/notes/2026-11-27-metrics-ab.md); a histogram of handling times
+/// keeps its shape with a sample, and the number of messages is in the message
+/// counters.
+pub fn sample_timing() -> bool {
+    timing()
+        && SAMPLED.with(|n| {
+            let i = n.get();
+            n.set(if i + 1 >= TIMING_SAMPLE { 0 } else { i + 1 });
+            i == 0
+        })
+}
+
 /// The echo service answered a request `since` it was delivered: its handling time on
-/// the server, not a round trip. Taken only while [`timing`] is on.
+/// the server, not a round trip. Taken only while [`timing`] is on, for one request in
+/// [`TIMING_SAMPLE`] ([`sample_timing`]).
 pub fn echo_handled(since: Instant) {
     let secs = since.elapsed().as_secs_f64();
     ECHO_HANDLING.with(|h| h.record(secs));
