@@ -190,6 +190,34 @@ pub async fn floor_p99(like: &Stretch) -> Result<Stretch> {
     })
 }
 
+/// What the scheduler did with each group of `known` between the two snapshots, and
+/// with every other thread alive at the end, one line each.
+pub fn describe_all(
+    known: &[(&str, &Threads)],
+    before: &std::collections::BTreeMap<u32, Sched>,
+    after: &std::collections::BTreeMap<u32, Sched>,
+    secs: f64,
+) -> Vec<String> {
+    let known_tids: std::collections::BTreeSet<u32> = known
+        .iter()
+        .flat_map(|(_, t)| t.members.iter().map(|(tid, _)| *tid))
+        .collect();
+    let others = Threads {
+        members: after
+            .keys()
+            .filter(|tid| !known_tids.contains(tid))
+            .map(|&tid| (tid, cpu::name(tid)))
+            .collect(),
+    };
+    let other = "every other thread still alive (System, registrars, ...)";
+    known
+        .iter()
+        .copied()
+        .chain(std::iter::once((other, &others)))
+        .map(|(what, threads)| describe(what, &threads.sched_between(before, after), secs))
+        .collect()
+}
+
 /// One line of what the scheduler did, for stderr and the note.
 pub fn describe(what: &str, s: &Sched, secs: f64) -> String {
     format!(

@@ -438,33 +438,14 @@ async fn fairness(
         shares(&floor)
     );
     eprintln!("round trips split by run-queue wait on their path (small client's poller, busy server's threads): quiet {quiet_splits:.1?}; loaded {splits:.1?}");
-    let mut known: Vec<(&str, &cpu::Threads)> = vec![
+    let known = [
         ("small client", &small_threads),
         ("busy server", &server.threads),
         ("idle server", &control.threads),
         ("big clients", &big_threads),
     ];
-    let known_tids: std::collections::BTreeSet<u32> = known
-        .iter()
-        .flat_map(|(_, t)| t.members.iter().map(|(tid, _)| *tid))
-        .collect();
-    let others = cpu::Threads {
-        members: sched_after
-            .keys()
-            .filter(|tid| !known_tids.contains(tid))
-            .map(|&tid| (tid, cpu::name(tid)))
-            .collect(),
-    };
-    known.push((
-        "every other thread still alive (System, registrars, ...)",
-        &others,
-    ));
-    for (what, threads) in known {
-        let s = threads.sched_between(&sched_before, &sched_after);
-        eprintln!(
-            "  loaded stretch, {}",
-            bulk::describe(what, &s, loaded_secs)
-        );
+    for line in bulk::describe_all(&known, &sched_before, &sched_after, loaded_secs) {
+        eprintln!("  loaded stretch, {line}");
     }
     anyhow::ensure!(
         counts.iter().all(|&n| n > 0),
