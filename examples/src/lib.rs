@@ -13,6 +13,8 @@
 //!   nodes found in the registry).
 //! - [`bench_native`]: the figures of `bench_native` (`scripts/bench --native`): rdmactor's
 //!   own cost over the loopback transport, each beside its floor.
+//! - [`prometheus`]: the Prometheus recorder of `server --metrics` and
+//!   `bench_native --metrics`.
 //! - [`kv`]: the key-value service written as a request handler, and its client;
 //!   [`kv_session`]: the same service as a raw session, for comparison.
 //!
@@ -29,5 +31,6 @@ pub mod kv;
 pub mod kv_session;
 pub mod lambdas;
 pub mod logs;
+pub mod prometheus;
 pub mod report;
 pub mod transport;

@@ -78,3 +78,80 @@ impl Threads {
         names.join(", ")
     }
 }
+
+/// What the scheduler did with a thread (`schedstat`'s three fields): time on a CPU,
+/// time runnable but waiting for one, and how many times it got one. The wait is the
+/// evidence the fairness figures need: a round trip that is slow because its threads
+/// queue for a CPU behind busy ones shows there, not in any code of ours.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sched {
+    /// Nanoseconds on a CPU.
+    pub run_ns: u64,
+    /// Nanoseconds runnable on a run queue, waiting for a CPU.
+    pub wait_ns: u64,
+    /// Times it was given a CPU.
+    pub slices: u64,
+}
+
+impl Sched {
+    fn parse(s: &str) -> Option<Sched> {
+        let mut f = s.split_whitespace().map(|f| f.parse::<u64>().ok());
+        Some(Sched {
+            run_ns: f.next()??,
+            wait_ns: f.next()??,
+            slices: f.next()??,
+        })
+    }
+
+    /// What happened between `before` and this.
+    pub fn since(&self, before: &Sched) -> Sched {
+        Sched {
+            run_ns: self.run_ns.saturating_sub(before.run_ns),
+            wait_ns: self.wait_ns.saturating_sub(before.wait_ns),
+            slices: self.slices.saturating_sub(before.slices),
+        }
+    }
+
+    /// Both summed.
+    pub fn plus(&self, other: &Sched) -> Sched {
+        Sched {
+            run_ns: self.run_ns + other.run_ns,
+            wait_ns: self.wait_ns + other.wait_ns,
+            slices: self.slices + other.slices,
+        }
+    }
+}
+
+/// Thread `tid`'s [`Sched`]; `None` once it is gone or without schedstats.
+pub fn sched(tid: u32) -> Option<Sched> {
+    Sched::parse(&std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?)
+}
+
+/// The calling thread's [`Sched`].
+pub fn sched_self() -> Option<Sched> {
+    Sched::parse(&std::fs::read_to_string("/proc/thread-self/schedstat").ok()?)
+}
+
+/// Every thread of this process's [`Sched`] now, by id.
+pub fn sched_all() -> std::collections::BTreeMap<u32, Sched> {
+    tids()
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|tid| Some((tid, sched(tid)?)))
+        .collect()
+}
+
+impl Threads {
+    /// What the scheduler did with these threads between `before` and `after` (from
+    /// [`sched_all`]), summed.
+    pub fn sched_between(
+        &self,
+        before: &std::collections::BTreeMap<u32, Sched>,
+        after: &std::collections::BTreeMap<u32, Sched>,
+    ) -> Sched {
+        self.members
+            .iter()
+            .filter_map(|(tid, _)| Some(after.get(tid)?.since(before.get(tid)?)))
+            .fold(Sched::default(), |a, b| a.plus(&b))
+    }
+}

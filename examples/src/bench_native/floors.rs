@@ -17,6 +17,7 @@ use rdmactor::transport::loopback::{connect_pair, Cq, Device, Fabric, Mr, Qp};
 use rdmactor::transport::{RecvWr, SendWr};
 use rdmactor::verbs::{Access, ConnParam, QpCaps, SendOp, WcOpcode, WcStatus, WorkCompletion};
 
+use super::cpu::{self, Sched};
 use super::stats;
 
 /// Round trips a latency repetition measures even when its time is up: fewer make a p99
@@ -98,13 +99,25 @@ fn check(wcs: &[WorkCompletion]) -> Result<()> {
 /// `rounds` round trips or `limit` (at least [`MIN_ROUNDS`]), after up to 1,000
 /// unmeasured ones (at most a fifth of `limit` of them).
 pub fn ping_pong(len: usize, rounds: usize, limit: Duration) -> Result<Histogram<u64>> {
+    Ok(ping_pong_sched(len, rounds, limit)?.0)
+}
+
+/// [`ping_pong`], and what the scheduler did with its two threads meanwhile (summed,
+/// warm-up included): the fairness figures set it beside the runtime's under the same
+/// load.
+pub fn ping_pong_sched(
+    len: usize,
+    rounds: usize,
+    limit: Duration,
+) -> Result<(Histogram<u64>, Sched)> {
     let (_fabric, a, b) = pair(len.max(64))?;
     post_recv(&a, 0, 0..len)?;
     post_recv(&b, 0, 0..len)?;
     let stop = AtomicBool::new(false);
     std::thread::scope(|scope| {
         // The responder: answers every message it receives.
-        let responder = scope.spawn(|| -> Result<()> {
+        let responder = scope.spawn(|| -> Result<Sched> {
+            let from = cpu::sched_self().unwrap_or_default();
             let mut wcs = Vec::with_capacity(32);
             let mut i = 0u64;
             while !stop.load(Ordering::Relaxed) {
@@ -119,7 +132,7 @@ pub fn ping_pong(len: usize, rounds: usize, limit: Duration) -> Result<Histogram
                     b.qp.post_send(&wr)?;
                 }
             }
-            Ok(())
+            Ok(cpu::sched_self().unwrap_or_default().since(&from))
         });
         let run = || -> Result<Histogram<u64>> {
             let mut h = stats::histogram();
@@ -158,10 +171,12 @@ pub fn ping_pong(len: usize, rounds: usize, limit: Duration) -> Result<Histogram
             }
             Ok(h)
         };
+        let from = cpu::sched_self().unwrap_or_default();
         let h = run();
+        let mine = cpu::sched_self().unwrap_or_default().since(&from);
         stop.store(true, Ordering::Relaxed);
-        responder.join().expect("the responder thread")?;
-        h
+        let theirs = responder.join().expect("the responder thread")?;
+        Ok((h?, mine.plus(&theirs)))
     })
 }
 

@@ -7,6 +7,7 @@
 //! bench_native --only latency,cpu       # some groups
 //! bench_native --table rows.md          # also the markdown rows, with the spread
 //! bench_native --profile 10             # only 64 B session echoes for 10 s (for perf)
+//! bench_native --metrics                # with the Prometheus recorder of server --metrics
 //! ```
 //!
 //! Each figure prints `RESULT metric=NAME value=V unit=U floor=F ratio=R` (`-` where it
@@ -70,6 +71,12 @@ struct Args {
     /// With `--profile`: profile the echo load of 16 connections, window 16.
     #[arg(long)]
     profile_load: bool,
+    /// Record metrics as `server --metrics` does: the same Prometheus recorder, and the
+    /// per-message timings on (for the A/B of `scripts/lib/bench-native-metrics-ab`).
+    /// Nothing scrapes it; a thread drains its histograms every 5 s, as the exporter's
+    /// own `install` would.
+    #[arg(long)]
+    metrics: bool,
 }
 
 fn main() -> Result<()> {
@@ -81,6 +88,17 @@ fn main() -> Result<()> {
         }
     }
     anyhow::ensure!(args.reps > 0, "--reps must be at least 1");
+    if args.metrics {
+        // Before any server or client: handles registered earlier stay no-ops.
+        let handle = rdmactor_examples::prometheus::install()?;
+        std::thread::Builder::new()
+            .name("metrics-upkeep".into())
+            .spawn(move || loop {
+                std::thread::sleep(Duration::from_secs(5));
+                handle.run_upkeep();
+            })
+            .context("starting the metrics upkeep thread")?;
+    }
     let started = Instant::now();
     let report = actix::System::new().block_on(run(&args))?;
     if let Some(path) = &args.table {
@@ -322,7 +340,9 @@ async fn run(args: &Args) -> Result<Report> {
 }
 
 /// The small client's p99: quiet, then next to two 8 MiB echo clients through the same
-/// server, taking turns with the same client through an idle second server.
+/// server, taking turns with the same client through an idle second server and with the
+/// bare loopback ping-pong (the control that says how much of the loaded tail is the
+/// machine's CPUs being shared, which any program would meet, and how much is rdmactor's).
 async fn fairness(
     fabric: &Fabric,
     server: &Host,
@@ -332,56 +352,175 @@ async fn fairness(
     plan: Plan,
     report: &mut Report,
 ) -> Result<()> {
+    let before = cpu::tids()?;
     let small = Client::<Loopback>::on(fabric.device("small"), config())?;
+    let small_threads = cpu::Threads::new_since(&before, &cpu::tids()?);
+    let before = cpu::tids()?;
     let bigs = vec![
         Client::<Loopback>::on(fabric.device("big-1"), config())?,
         Client::<Loopback>::on(fabric.device("big-2"), config())?,
     ];
+    let big_threads = cpu::Threads::new_since(&before, &cpu::tids()?);
+    let busy_path = [&small_threads, &server.threads];
+    let idle_path = [&small_threads, &control.threads];
     let (rounds, limit) = plan.latency_budget();
-    let mut quiet = Vec::with_capacity(plan.reps);
+    let (mut quiet, mut quiet_floor, mut quiet_splits) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..plan.reps {
-        quiet.push(bulk::small_p99(&small, server.addr, small_req, rounds, limit).await?);
+        quiet_splits.push(
+            bulk::split_by_wait(
+                &small,
+                server.addr,
+                small_req,
+                &server.threads,
+                rounds,
+                limit,
+            )
+            .await?,
+        );
+        let run = bulk::small_p99(&small, server.addr, small_req, rounds, limit);
+        let stretch = bulk::traced(&busy_path, run).await?;
+        quiet_floor.push(bulk::floor_p99(&stretch).await?);
+        quiet.push(stretch);
     }
     let big_req = echo_request(big - 8);
+    let load_started = Instant::now();
+    let sched_before = cpu::sched_all();
     let (counts, measured) = bulk::under_load(&bigs, server.addr, &big_req, async {
         bulk::settle(Duration::from_millis(300)).await;
-        let (mut busy, mut idle) = (Vec::new(), Vec::new());
+        let (mut busy, mut idle, mut floor) = (Vec::new(), Vec::new(), Vec::new());
+        let mut splits = Vec::new();
         for _ in 0..plan.reps {
-            busy.push(bulk::small_p99(&small, server.addr, small_req, rounds, limit).await?);
-            idle.push(bulk::small_p99(&small, control.addr, small_req, rounds, limit).await?);
+            let run = bulk::small_p99(&small, server.addr, small_req, rounds, limit);
+            let stretch = bulk::traced(&busy_path, run).await?;
+            busy.push(stretch);
+            let run = bulk::small_p99(&small, control.addr, small_req, rounds, limit);
+            idle.push(bulk::traced(&idle_path, run).await?);
+            floor.push(bulk::floor_p99(&stretch).await?);
+            let split = bulk::split_by_wait(
+                &small,
+                server.addr,
+                small_req,
+                &server.threads,
+                rounds,
+                limit,
+            )
+            .await?;
+            splits.push(split);
         }
-        anyhow::Ok((busy, idle))
+        anyhow::Ok((busy, idle, floor, splits))
     })
     .await?;
-    let (busy, idle) = measured?;
+    let (busy, idle, floor, splits) = measured?;
+    let loaded_secs = load_started.elapsed().as_secs_f64();
+    let sched_after = cpu::sched_all();
+    let p99s = |s: &[bulk::Stretch]| s.iter().map(|s| s.p99).collect::<Vec<_>>();
+    let waits = |s: &[bulk::Stretch]| s.iter().map(|s| s.wait_per_rtt_us()).collect::<Vec<_>>();
+    let shares = |s: &[bulk::Stretch]| s.iter().map(|s| s.wait_ms_per_s()).collect::<Vec<_>>();
+    let (quiet_p, quiet_floor_p) = (p99s(&quiet), p99s(&quiet_floor));
+    let (busy_p, idle_p, floor_p) = (p99s(&busy), p99s(&idle), p99s(&floor));
     eprintln!(
-        "small p99 (us): quiet {quiet:.1?}, loaded through the busy server {busy:.1?}, through an idle one {idle:.1?}; big echoes completed {counts:?}"
+        "small p99 (us): quiet {quiet_p:.1?}, loaded through the busy server {busy_p:.1?}, through an idle one {idle_p:.1?}; bare ping-pong quiet {quiet_floor_p:.1?}, loaded {floor_p:.1?}; big echoes completed {counts:?}"
     );
+    eprintln!(
+        "run-queue wait per round trip (us), the path's threads: quiet {:.1?} (floor {:.1?}); loaded busy server {:.1?}, idle server {:.1?}, floor {:.1?}",
+        waits(&quiet),
+        waits(&quiet_floor),
+        waits(&busy),
+        waits(&idle),
+        waits(&floor)
+    );
+    eprintln!(
+        "run-queue wait, ms per s, the path's threads: quiet {:.0?} (floor {:.0?}); loaded busy server {:.0?}, idle server {:.0?}, floor {:.0?}",
+        shares(&quiet),
+        shares(&quiet_floor),
+        shares(&busy),
+        shares(&idle),
+        shares(&floor)
+    );
+    eprintln!("round trips split by run-queue wait on their path (small client's poller, busy server's threads): quiet {quiet_splits:.1?}; loaded {splits:.1?}");
+    let known = [
+        ("small client", &small_threads),
+        ("busy server", &server.threads),
+        ("idle server", &control.threads),
+        ("big clients", &big_threads),
+    ];
+    for line in bulk::describe_all(&known, &sched_before, &sched_after, loaded_secs) {
+        eprintln!("  loaded stretch, {line}");
+    }
     anyhow::ensure!(
         counts.iter().all(|&n| n > 0),
         "a big client completed no echo while the small client ran: {counts:?}"
     );
     let ratios = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(a, b)| a / b).collect::<Vec<_>>();
-    report.add(Figure::new(
-        "small_p99_under_bulk_x",
-        "x",
-        ratios(&busy, &quiet),
-        format!(
-            "64 B client's p99 (async API) next to two clients echoing 8 MiB through the same server, over its p99 alone (per repetition): {:.1} us loaded vs {:.1} us quiet (medians); target <= 2.0",
-            median(&busy),
-            median(&quiet)
-        ),
-    ));
+    let wait = |s: &[bulk::Stretch]| median(&waits(s));
+    let share = |s: &[bulk::Stretch]| median(&shares(s));
+    report.add(
+        Figure::new(
+            "small_p99_under_bulk_x",
+            "x",
+            ratios(&busy_p, &quiet_p),
+            format!(
+                "64 B client's p99 (async API) next to two clients echoing 8 MiB through the same server, over its p99 alone (per repetition): {:.1} us loaded vs {:.1} us quiet (medians); target <= 2.0; floor: the same ratio for the bare loopback SEND ping-pong (64 B, two spinning threads) measured under the same load, taking turns with the small client: {:.1} us loaded vs {:.1} us quiet; ratio: how much more the small client's tail grows than the bare transport's",
+                median(&busy_p),
+                median(&quiet_p),
+                median(&floor_p),
+                median(&quiet_floor_p)
+            ),
+        )
+        .with_floor(ratios(&floor_p, &quiet_floor_p)),
+    );
     report.add(Figure::new(
         "small_p99_loaded_over_idle_x",
         "x",
-        ratios(&busy, &idle),
+        ratios(&busy_p, &idle_p),
         format!(
             "the same loaded p99 through the busy server, over the small client's p99 through an idle second server of the same process under the same load, taking turns: {:.1} us vs {:.1} us (medians); target <= 1.2",
-            median(&busy),
-            median(&idle)
+            median(&busy_p),
+            median(&idle_p)
         ),
     ));
+    report.add(
+        Figure::new(
+            "small_p99_under_bulk_us",
+            "us",
+            busy_p.clone(),
+            format!(
+                "the small client's loaded p99 through the busy server; floor: the bare loopback SEND ping-pong's p99 under the same load, taking turns, for as long as the small client's repetition took; ratio: what rdmactor adds over the bare transport under that load. Time the round trip's threads spent runnable but waiting for a CPU (schedstat, warm-up included), medians, per round trip and in ms per s: small client and busy server {:.1} us, {:.0} ms/s loaded ({:.1} us, {:.0} ms/s quiet); small client and idle server {:.1} us, {:.0} ms/s; the floor's two threads {:.2} us, {:.0} ms/s loaded ({:.2} us, {:.0} ms/s quiet)",
+                wait(&busy),
+                share(&busy),
+                wait(&quiet),
+                share(&quiet),
+                wait(&idle),
+                share(&idle),
+                wait(&floor),
+                share(&floor),
+                wait(&quiet_floor),
+                share(&quiet_floor)
+            ),
+        )
+        .with_floor(floor_p.clone()),
+    );
+    let unwaited = |s: &[bulk::Split]| s.iter().map(|s| s.unwaited_p99).collect::<Vec<_>>();
+    let kept = |s: &[bulk::Split]| {
+        let shares: Vec<String> = s
+            .iter()
+            .map(|s| format!("{} of {}", s.unwaited, s.rounds))
+            .collect();
+        shares.join(", ")
+    };
+    report.add(
+        Figure::new(
+            "small_p99_under_bulk_unwaited_us",
+            "us",
+            unwaited(&splits),
+            format!(
+                "the small client's p99 under the same load through the busy server, over only the round trips during which neither its poller thread nor any of the server's threads waited on a run queue (schedstat read before and after each; round trips kept: {}): what rdmactor's own path costs under bulk, the server's turns behind bulk chunks included, with the 2-core machine's scheduling taken out; floor: the same split measured quiet (kept: {})",
+                kept(&splits),
+                kept(&quiet_splits)
+            ),
+        )
+        .with_floor(unwaited(&quiet_splits)),
+    );
     small.shutdown().await;
     for b in bigs {
         b.shutdown().await;

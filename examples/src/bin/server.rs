@@ -228,31 +228,11 @@ fn metrics_addr(s: &str) -> std::result::Result<SocketAddr, String> {
     }
 }
 
-/// Installs the Prometheus exporter's recorder for the `metrics` facade and serves its
+/// Installs the Prometheus recorder (`rdmactor_examples::prometheus`) and serves its
 /// text through `rdmactor::metrics::serve`, whose limits the exporter's own listener
-/// lacks. Latencies and sizes become histograms with buckets that fit them (the
-/// exporter's default would be summaries).
+/// lacks.
 fn install_metrics(addr: SocketAddr) -> Result<()> {
-    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
-    let seconds = |name: &str| Matcher::Full(name.to_string());
-    let handle = PrometheusBuilder::new()
-        .set_buckets_for_metric(
-            seconds("rdmactor_echo_handling_seconds"),
-            &[1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 1e-3],
-        )?
-        .set_buckets_for_metric(
-            seconds("rdmactor_connection_lifetime_seconds"),
-            &[0.01, 0.1, 1.0, 10.0, 60.0, 600.0, 3600.0, 86400.0],
-        )?
-        .set_buckets_for_metric(
-            seconds("rdmactor_cq_poll_batch"),
-            &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0],
-        )?
-        .install_recorder()
-        .context("installing the metrics recorder")?;
-    // The per-message timings (the echo handling histogram) cost a clock read per
-    // request, so they are taken only once a recorder keeps them.
-    rdmactor::metrics::set_timing(true);
+    let handle = rdmactor_examples::prometheus::install()?;
     if !addr.ip().is_loopback() {
         eprintln!("warning: --metrics {addr} is not loopback: keep it off the clients' network");
     }

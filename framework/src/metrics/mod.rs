@@ -5,7 +5,8 @@
 //! `metrics-exporter-prometheus` (the server example does with `--metrics ADDR:PORT`).
 //! Without one, every call here costs a load of the facade's global and nothing else.
 //! Install the recorder **before** starting servers and clients: connections register
-//! their labelled handles when they are set up, and a handle registered without a
+//! their labelled handles when they are set up, each thread the handles of the
+//! per-poll and per-message metrics on its first use, and a handle registered without a
 //! recorder stays a no-op. Then call [`set_timing`]`(true)` for the histograms that
 //! need a clock read per message (`rdmactor_echo_handling_seconds`): they stay off
 //! otherwise, since the facade cannot tell whether a recorder is there.
@@ -35,7 +36,7 @@
 //! | `rdmactor_lambda_runs_total` | counter | kind (`module`, `native`), outcome | lambda invocations by result (`ok`, `trap`, `out_of_fuel`, `timeout`, `memory_limit`, `error`) |
 //! | `rdmactor_lambda_module_loads_total` | counter | result (`cached`, `compiled`, `refused`) | lambda module uploads: already compiled (now held for the client too), compiled, or refused (invalid, too large, no room) |
 //! | `rdmactor_lambda_module_evictions_total` | counter | | compiled modules that left the lambda cache: evicted for a client's quota or the cache's bounds, or let go by their last holder (its connection closed) |
-//! | `rdmactor_echo_handling_seconds` | histogram | | echo service: the server's handling time only, from a request's delivery to its reply being queued (not the client's round trip, which the server cannot see); only after [`set_timing`]`(true)` |
+//! | `rdmactor_echo_handling_seconds` | histogram | | echo service: the server's handling time only, from a request's delivery to its reply being queued (not the client's round trip, which the server cannot see); one request in [`TIMING_SAMPLE`] per poller thread, only after [`set_timing`]`(true)` |
 //! | `rdmactor_device_events_total` | counter | event (`IBV_EVENT_PORT_ERR`, ...) | the device's asynchronous events |
 //!
 //! `side` is `server` or `client`: one process may be both (the integration tests are).
@@ -147,10 +148,22 @@ pub(crate) fn rejected(code: RejectCode) {
     counter!("rdmactor_connections_rejected_total", "reason" => reason).increment(1);
 }
 
+thread_local! {
+    /// The handles of the unlabelled metrics recorded per poll or per message, taken
+    /// once per thread: `histogram!` and `counter!` look their key up in the recorder's
+    /// registry on every call (a hash, a map lookup, a handle made and dropped), which was
+    /// a third of what recording cost in the native bench's profile with `--metrics`
+    /// (bench/notes/2026-11-27-metrics-ab.md). Taken on a thread's first use: like the
+    /// connections' handles, they are live only if the recorder was installed before.
+    static CQ_BATCH: Histogram = histogram!("rdmactor_cq_poll_batch");
+    static SEND_STALLS: Counter = counter!("rdmactor_send_stalls_total");
+    static ECHO_HANDLING: Histogram = histogram!("rdmactor_echo_handling_seconds");
+}
+
 /// A CQ poll returned `wcs` (not empty): records the batch size and counts error
 /// statuses.
 pub(crate) fn cq_batch(wcs: &[crate::verbs::WorkCompletion]) {
-    histogram!("rdmactor_cq_poll_batch").record(wcs.len() as f64);
+    CQ_BATCH.with(|h| h.record(wcs.len() as f64));
     for wc in wcs.iter().filter(|wc| !wc.is_ok()) {
         counter!("rdmactor_completion_errors_total", "status" => format!("{:?}", wc.status))
             .increment(1);
@@ -159,7 +172,7 @@ pub(crate) fn cq_batch(wcs: &[crate::verbs::WorkCompletion]) {
 
 /// A connection's send pump stopped with work still queued.
 pub(crate) fn send_stalled() {
-    counter!("rdmactor_send_stalls_total").increment(1);
+    SEND_STALLS.with(|c| c.increment(1));
 }
 
 /// `n` completions named a QP no connection is registered for (see `poller::route`).
@@ -242,10 +255,35 @@ pub fn timing() -> bool {
     TIMING.load(Ordering::Relaxed)
 }
 
+/// One message in this many is timed by [`sample_timing`].
+pub const TIMING_SAMPLE: u32 = 8;
+
+thread_local! {
+    /// Messages this thread asked [`sample_timing`] about, modulo [`TIMING_SAMPLE`].
+    static SAMPLED: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// True for one call in [`TIMING_SAMPLE`] on each thread while [`timing`] is on: a
+/// service times that message only. Two clock reads per message were the largest part
+/// of what `--metrics` cost an echo round trip in the native A/B (about 10% of the 64 B
+/// echo's p50, bench/notes/2026-11-27-metrics-ab.md); a histogram of handling times
+/// keeps its shape with a sample, and the number of messages is in the message
+/// counters.
+pub fn sample_timing() -> bool {
+    timing()
+        && SAMPLED.with(|n| {
+            let i = n.get();
+            n.set(if i + 1 >= TIMING_SAMPLE { 0 } else { i + 1 });
+            i == 0
+        })
+}
+
 /// The echo service answered a request `since` it was delivered: its handling time on
-/// the server, not a round trip. Taken only while [`timing`] is on.
+/// the server, not a round trip. Taken only while [`timing`] is on, for one request in
+/// [`TIMING_SAMPLE`] ([`sample_timing`]).
 pub fn echo_handled(since: Instant) {
-    histogram!("rdmactor_echo_handling_seconds").record(since.elapsed().as_secs_f64());
+    let secs = since.elapsed().as_secs_f64();
+    ECHO_HANDLING.with(|h| h.record(secs));
 }
 
 /// A lambda module upload ended: `result` is `cached` (compiled before: now held for

@@ -32,6 +32,7 @@ mod registrar;
 mod server;
 mod service;
 mod srq;
+mod turns;
 
 pub use client::{Client, ClientConnection, ClientError};
 pub use client_session::RequestError;

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 
 use crate::runtime::srq::{OrphanedRecv, SharedRecv};
+use crate::runtime::turns::{Backlog, LetOthersRun, PASSES_PER_TURN};
 use crate::transport::{
     CompletionChannel as _, CompletionQueue as _, Domain as _, Transport, Verbs,
 };
@@ -425,6 +426,7 @@ async fn poll_task<T: Transport>(
     let mut last_activity = Instant::now();
     let mut idle_passes = 0u32;
     let mut since_yield = 0u32;
+    let mut backlog = Backlog::default();
     while !shared.stop.load(Ordering::Acquire) {
         let generation = shared.generation.load(Ordering::Acquire);
         if generation != seen {
@@ -439,7 +441,7 @@ async fn poll_task<T: Transport>(
         }
         let mut found = 0;
         for cq in &cqs {
-            found += drain::<T>(cq, &mut wcs, &mut last_activity);
+            found += drain::<T>(cq, &mut wcs, &mut last_activity, &mut backlog);
         }
         end_pass();
         if found > 0 {
@@ -473,9 +475,9 @@ async fn poll_task<T: Transport>(
             if let Err(e) = cq.req_notify(false) {
                 tracing::error!(error = %e, "arming a CQ failed");
             }
-            found += drain::<T>(cq, &mut wcs, &mut last_activity);
+            found += drain::<T>(cq, &mut wcs, &mut last_activity, &mut backlog);
         }
-        if found > 0 {
+        if found > 0 || !backlog.is_empty() {
             continue;
         }
         // Consumes the channel's events, so that it is not ready again until a CQ fires.
@@ -486,63 +488,42 @@ async fn poll_task<T: Transport>(
     }
 }
 
-/// Poller passes between turns for the arbiter's other tasks: the connection actors'
-/// mailboxes (CM notices, client calls, wake-ups) and tasks spawned on this thread. A pass
-/// is about a microsecond under emulation.
-const PASSES_PER_TURN: u32 = 4;
-
-/// Lets the arbiter's other ready tasks run, then resumes the poller.
-///
-/// Not `tokio::task::yield_now`: that defers the task until the runtime has polled its I/O
-/// driver, an `epoll_wait` system call per turn. Waking itself puts the poller at the back
-/// of the arbiter's ready queue instead, so the actors run in between and the driver is
-/// polled only every few dozen turns (tokio's event interval). Measured under Soft-RoCE:
-/// the echo round trip went from 70-100 us to 60-70 us.
-#[derive(Default)]
-struct LetOthersRun {
-    yielded: bool,
-}
-
-impl std::future::Future for LetOthersRun {
-    type Output = ();
-
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<()> {
-        if self.yielded {
-            return std::task::Poll::Ready(());
-        }
-        self.yielded = true;
-        cx.waker().wake_by_ref();
-        std::task::Poll::Pending
-    }
-}
-
 /// Polls `cq` empty, routing completions; returns how many there were. Reads the
 /// clock once per batch that is not empty, and leaves the time of the last one in
-/// `polled_at`: the poller's spin window counts from it.
+/// `polled_at`: the poller's spin window counts from it. Bulk work goes through
+/// `backlog` a step at a time, with the CQ polled again between steps, so that the
+/// small messages behind it do not wait for all of it (see `turns.rs`); it
+/// returns once both are empty.
 fn drain<T: Transport>(
     cq: &T::Cq,
     wcs: &mut Vec<WorkCompletion>,
     polled_at: &mut Instant,
+    backlog: &mut Backlog,
 ) -> usize {
     let mut total = 0;
     loop {
         wcs.clear();
         match cq.poll(wcs) {
-            Ok(0) => return total,
+            Ok(0) if backlog.is_empty() => return total,
+            Ok(0) => {}
             Ok(n) => {
                 total += n;
                 crate::metrics::cq_batch(wcs);
+                *polled_at = Instant::now();
+                let now = *polled_at;
+                backlog.admit(wcs, |run| {
+                    route(run, now);
+                });
             }
             Err(e) => {
                 tracing::error!(error = %e, "ibv_poll_cq failed");
                 return total;
             }
         }
-        *polled_at = Instant::now();
-        route(wcs, *polled_at);
+        let now = *polled_at;
+        backlog.step(|run| {
+            route(run, now);
+        });
     }
 }
 
