@@ -90,6 +90,20 @@ fn server_echo(text: &str, name: &str) -> f64 {
     value(text, name, &[("side", "server"), ("service", "echo")]).unwrap_or(0.0)
 }
 
+/// Scrapes until `done` holds of the text (at most 15 s), and returns the last scrape.
+/// A connection adds its message counts to the shared counters every 64 messages and on
+/// its keepalive timer (5 s by default), so the last few show up that late at most.
+async fn settled(addr: SocketAddr, done: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let text = scrape(addr);
+        if done(&text) || Instant::now() >= deadline {
+            return text;
+        }
+        actix_rt::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 #[test]
 fn counters_match_what_the_test_did() {
     let Some(_ctx) = rdma_context() else { return };
@@ -199,8 +213,16 @@ fn counters_match_what_the_test_did() {
         stop.store(true, Ordering::Release);
         scraper.join().expect("scraper");
 
-        let text = scrape(metrics);
         let requests = sent.load(Ordering::Relaxed) as f64;
+        let text = settled(metrics, |t| {
+            server_echo(t, "rdmactor_messages_out_total") >= requests
+                && value(
+                    t,
+                    "rdmactor_messages_in_total",
+                    &[("side", "client"), ("service", "echo")],
+                ) >= Some(requests)
+        })
+        .await;
         println!(
             "{} scrapes during the load; after it: {requests} requests",
             during.lock().unwrap().len()
@@ -276,7 +298,16 @@ fn counters_match_what_the_test_did() {
             None
         );
         assert!(value(&text, "rdmactor_cq_poll_batch_count", &[]).unwrap_or(0.0) > 0.0);
-        assert!(value(&text, "rdmactor_echo_handling_seconds_count", &[]) == Some(requests));
+        // The handling time is taken for one request in TIMING_SAMPLE on each poller
+        // thread, the first of each run of that many: between requests / TIMING_SAMPLE
+        // and one more per thread.
+        let timed = value(&text, "rdmactor_echo_handling_seconds_count", &[]).unwrap_or(0.0);
+        let sample = f64::from(rdmactor::metrics::TIMING_SAMPLE);
+        let pollers = NodeConfig::default().transport.pollers as f64;
+        assert!(
+            timed >= (requests / sample).floor() && timed <= (requests / sample).ceil() + pollers,
+            "{timed} echo handling times for {requests} requests, one in {sample} on {pollers} threads"
+        );
         // No access error so far, and nothing waited: every request waited for its reply.
         // (The refused connect's receives were flushed: that is counted, see below.)
         let completion_errors = |text: &str, status| {
@@ -314,7 +345,14 @@ fn counters_match_what_the_test_did() {
             || async { sunk.load(Ordering::Relaxed) == BURST },
         )
         .await;
-        let text = scrape(metrics);
+        let text = settled(metrics, |t| {
+            value(
+                t,
+                "rdmactor_messages_in_total",
+                &[("side", "server"), ("service", "slow")],
+            ) >= Some(BURST as f64)
+        })
+        .await;
         let stalls = value(&text, "rdmactor_send_stalls_total", &[]).unwrap_or(0.0);
         println!("{BURST} one-way messages to a slow service: {stalls} send stalls");
         assert!(stalls >= 1.0, "no send stall counted");

@@ -19,12 +19,12 @@
 //! | `rdmactor_connections_accepted_total` | counter | service | connect requests the server accepted |
 //! | `rdmactor_connections_rejected_total` | counter | reason (`unknown_service`, `version_mismatch`, `server_full`, `bad_hello`, `shutting_down`, `internal`) | connect requests the server refused |
 //! | `rdmactor_connection_lifetime_seconds` | histogram | side, service | from QP creation to teardown |
-//! | `rdmactor_messages_in_total`, `rdmactor_messages_out_total` | counter | side, service | whole messages delivered to / sent by sessions |
+//! | `rdmactor_messages_in_total`, `rdmactor_messages_out_total` | counter | side, service | whole messages delivered to / sent by sessions; each connection adds its count every 64 messages, on its keepalive timer and when it closes |
 //! | `rdmactor_bytes_in_total`, `rdmactor_bytes_out_total` | counter | side, service | their payload bytes |
 //! | `rdmactor_completion_errors_total` | counter | status | work completions with an error status (flushes included) |
-//! | `rdmactor_send_stalls_total` | counter | | times a connection's queued sends had to wait for credits, send-queue slots or rendezvous budget |
+//! | `rdmactor_send_stalls_total` | counter | | times a connection's queued sends had to wait for credits, send-queue slots or rendezvous budget; each poller thread adds its count every 64 and before it sleeps |
 //! | `rdmactor_completions_unrouted_total` | counter | | completions for a QP with no registered connection, dropped (late flushes of a released connection; anything else is a bug) |
-//! | `rdmactor_cq_poll_batch` | histogram | | completions returned by each non-empty CQ poll |
+//! | `rdmactor_cq_poll_batch` | histogram | | completions returned by a non-empty CQ poll, one poll in [`TIMING_SAMPLE`] per thread |
 //! | `rdmactor_pool_registered_bytes`, `rdmactor_pool_leased_chunks` | gauge | | the memory pool, sampled by [`record_pool`] |
 //! | `rdmactor_pool_exhausted_total` | counter | | leases refused because the pool reached its cap, sampled by [`record_pool`] (the pool counts them itself, so `memory` does not depend on this module) |
 //! | `rdmactor_pool_waits_total` | counter | | times a connection refused at one of the pool's limits took a place in its line (a rendezvous offer, an incoming message's heap share, a READ chunk) instead of closing |
@@ -72,9 +72,17 @@ impl Side {
 }
 
 /// One connection's labelled handles, registered once when it is set up so that
-/// counting a message is an atomic add, not a registry lookup. Dropping it (with the
-/// connection) closes the connection's account: the open gauge goes down and its
-/// lifetime is recorded.
+/// counting is no registry lookup. Dropping it (with the connection) closes the
+/// connection's account: what it still holds is counted, the open gauge goes down and
+/// its lifetime is recorded.
+///
+/// Messages and bytes are counted here, in plain integers, and added to the shared
+/// counters once per [`FLUSH_EVERY`] messages, on every [`flush`](Self::flush) (the
+/// connection's timer: once per keepalive period while keepalive is on) and at the end. Four atomic adds
+/// per message and side were most of what `--metrics` still cost a 64 B echo natively
+/// (bench/notes/2026-11-27-metrics-ab.md); a scrape sees a connection's counts at most
+/// that many messages or one keepalive period late, which Prometheus's own scrape
+/// interval (15 s or so) mostly hides.
 pub(crate) struct ConnectionMetrics {
     messages_in: Counter,
     bytes_in: Counter,
@@ -83,7 +91,12 @@ pub(crate) struct ConnectionMetrics {
     open: Gauge,
     lifetime: Histogram,
     since: Instant,
+    /// Counted here and not yet added: messages in, bytes in, messages out, bytes out.
+    held: [u64; 4],
 }
+
+/// Messages a connection counts before adding them to the shared counters.
+const FLUSH_EVERY: u64 = 64;
 
 impl ConnectionMetrics {
     /// Counts a new connection of `service` on `side`.
@@ -102,24 +115,47 @@ impl ConnectionMetrics {
             open,
             lifetime: histogram!("rdmactor_connection_lifetime_seconds", &labels),
             since: Instant::now(),
+            held: [0; 4],
         }
     }
 
     /// A message of `bytes` was delivered to the session.
-    pub(crate) fn message_in(&self, bytes: usize) {
-        self.messages_in.increment(1);
-        self.bytes_in.increment(bytes as u64);
+    pub(crate) fn message_in(&mut self, bytes: usize) {
+        self.held[0] += 1;
+        self.held[1] += bytes as u64;
+        self.maybe_flush();
     }
 
     /// The session sent a message of `bytes`.
-    pub(crate) fn message_out(&self, bytes: usize) {
-        self.messages_out.increment(1);
-        self.bytes_out.increment(bytes as u64);
+    pub(crate) fn message_out(&mut self, bytes: usize) {
+        self.held[2] += 1;
+        self.held[3] += bytes as u64;
+        self.maybe_flush();
+    }
+
+    fn maybe_flush(&mut self) {
+        if self.held[0] + self.held[2] >= FLUSH_EVERY {
+            self.flush();
+        }
+    }
+
+    /// Adds what this connection counted since the last flush to the shared counters.
+    pub(crate) fn flush(&mut self) {
+        let [m_in, b_in, m_out, b_out] = std::mem::take(&mut self.held);
+        if m_in > 0 {
+            self.messages_in.increment(m_in);
+            self.bytes_in.increment(b_in);
+        }
+        if m_out > 0 {
+            self.messages_out.increment(m_out);
+            self.bytes_out.increment(b_out);
+        }
     }
 }
 
 impl Drop for ConnectionMetrics {
     fn drop(&mut self) {
+        self.flush();
         self.open.decrement(1.0);
         self.lifetime.record(self.since.elapsed().as_secs_f64());
     }
@@ -160,19 +196,58 @@ thread_local! {
     static ECHO_HANDLING: Histogram = histogram!("rdmactor_echo_handling_seconds");
 }
 
-/// A CQ poll returned `wcs` (not empty): records the batch size and counts error
-/// statuses.
+thread_local! {
+    /// Polls this thread has made since its last sampled one, modulo [`TIMING_SAMPLE`].
+    static POLLS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    /// Send stalls counted on this thread and not yet added to the shared counter.
+    static STALLS_HELD: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Send stalls a thread counts before adding them to the shared counter (it also adds
+/// them whenever its poller goes to sleep: [`flush_thread`]).
+const STALLS_FLUSH_EVERY: u64 = 64;
+
+/// A CQ poll returned `wcs` (not empty): counts error statuses, and records the batch
+/// size of one poll in [`TIMING_SAMPLE`] per thread. Every poller thread pushing every
+/// batch size into the one shared histogram made its buckets a cache line the cores
+/// passed back and forth on each poll; a sample keeps the distribution's shape.
 pub(crate) fn cq_batch(wcs: &[crate::verbs::WorkCompletion]) {
-    CQ_BATCH.with(|h| h.record(wcs.len() as f64));
+    let sampled = POLLS.with(|n| {
+        let i = n.get();
+        n.set(if i + 1 >= TIMING_SAMPLE { 0 } else { i + 1 });
+        i == 0
+    });
+    if sampled {
+        CQ_BATCH.with(|h| h.record(wcs.len() as f64));
+    }
     for wc in wcs.iter().filter(|wc| !wc.is_ok()) {
         counter!("rdmactor_completion_errors_total", "status" => format!("{:?}", wc.status))
             .increment(1);
     }
 }
 
-/// A connection's send pump stopped with work still queued.
+/// A connection's send pump stopped with work still queued. Counted per thread and
+/// added to the shared counter every [`STALLS_FLUSH_EVERY`] and whenever the thread's
+/// poller goes to sleep: a windowed load stalls on most turns, and one shared atomic
+/// incremented from every poller thread was the largest part of what `--metrics` still
+/// cost it (bench/notes/2026-11-27-metrics-ab.md).
 pub(crate) fn send_stalled() {
-    SEND_STALLS.with(|c| c.increment(1));
+    let full = STALLS_HELD.with(|n| {
+        n.set(n.get() + 1);
+        n.get() >= STALLS_FLUSH_EVERY
+    });
+    if full {
+        flush_thread();
+    }
+}
+
+/// Adds what this thread counted and has not added yet to the shared metrics: the
+/// pollers call it before they sleep.
+pub(crate) fn flush_thread() {
+    let held = STALLS_HELD.with(std::cell::Cell::take);
+    if held > 0 {
+        SEND_STALLS.with(|c| c.increment(held));
+    }
 }
 
 /// `n` completions named a QP no connection is registered for (see `poller::route`).

@@ -480,6 +480,8 @@ async fn poll_task<T: Transport>(
         if found > 0 || !backlog.is_empty() {
             continue;
         }
+        // About to sleep: what this thread counted goes to the shared metrics now.
+        crate::metrics::flush_thread();
         // Consumes the channel's events, so that it is not ready again until a CQ fires.
         if let Ok(Err(e)) = tokio::time::timeout(Duration::from_millis(50), ch.ready(fd)).await {
             tracing::warn!(error = %e, "waiting on the completion channel failed");

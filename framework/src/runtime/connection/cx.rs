@@ -27,7 +27,7 @@ impl<'a, T: Transport> SessionCx<'a, T> {
     pub fn send(&mut self, tag: u32, data: Vec<u8>) -> Result<(), SessionError> {
         self.core
             .metrics
-            .iter()
+            .iter_mut()
             .for_each(|c| c.message_out(data.len()));
         if self.core.credits.is_none() {
             return Err(SessionError::new("send on a raw connection; use send_raw"));
@@ -65,7 +65,7 @@ impl<'a, T: Transport> SessionCx<'a, T> {
     pub fn send_raw(&mut self, data: &[u8], imm: Option<u32>) -> Result<(), SessionError> {
         self.core
             .metrics
-            .iter()
+            .iter_mut()
             .for_each(|c| c.message_out(data.len()));
         if self.core.credits.is_some() {
             return Err(SessionError::new(

@@ -224,7 +224,9 @@ impl<T: Transport> Core<T> {
             Some(Delivery::Ready(_)) => match self.deliveries.pop_front() {
                 Some(Delivery::Ready(m)) => {
                     self.last_message = self.now;
-                    self.metrics.iter().for_each(|c| c.message_in(m.data.len()));
+                    self.metrics
+                        .iter_mut()
+                        .for_each(|c| c.message_in(m.data.len()));
                     Some(m)
                 }
                 _ => None,

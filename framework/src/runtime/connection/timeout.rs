@@ -64,6 +64,9 @@ impl<T: Transport> Core<T> {
         now: Instant,
     ) -> Result<Timeout, CloseReason> {
         self.now = now;
+        // The timer fires at least once per keepalive period: counts reach the shared
+        // counters that late at most (see `metrics::ConnectionMetrics`).
+        self.metrics.iter_mut().for_each(|m| m.flush());
         if self.closing.is_some() {
             return Ok(match self.close_deadline {
                 Some(at) if at <= now => {
