@@ -330,8 +330,13 @@ pub fn timing() -> bool {
     TIMING.load(Ordering::Relaxed)
 }
 
-/// One message in this many is timed by [`sample_timing`].
-pub const TIMING_SAMPLE: u32 = 8;
+/// One message in this many is timed by [`sample_timing`] (and one CQ poll in this many
+/// sizes the batch histogram). Under 1% of requests: a timed request pays two clock
+/// reads and a histogram push, and at 1 in 8 those requests made the native echo's p99
+/// 10 to 15% longer with metrics on (bench/notes/2026-11-27-metrics-ab.md); at 1 in
+/// 128 they are beyond the p99, and a server busy enough to care still records
+/// hundreds a second.
+pub const TIMING_SAMPLE: u32 = 128;
 
 thread_local! {
     /// Messages this thread asked [`sample_timing`] about, modulo [`TIMING_SAMPLE`].
