@@ -506,9 +506,26 @@ fn client_and_ft_find_the_servers_through_the_registry_and_echo_moves_off_a_kill
         .spawn()
         .expect("client");
     let mut lines = BufReader::new(client.stdout.take().unwrap()).lines();
-    let first = lines.next().expect("a line").expect("stdout");
-    assert_eq!(first, "connected 2");
-    let killed = servers.remove(0);
+    // `session C on node N (ADDR)` for each, then `connected 2`. Least loaded spreads
+    // the two over a and b unless a report lags: the victim is a node that holds one.
+    let placed: Vec<String> = lines
+        .by_ref()
+        .map(|l| l.expect("stdout"))
+        .take_while(|l| l != "connected 2")
+        .collect();
+    let on = |node: &str| {
+        placed
+            .iter()
+            .any(|l| l.contains(&format!(" on node {node} (")))
+    };
+    let victim_name = if on("a") { "a" } else { "b" };
+    assert!(on(victim_name), "no session placed: {placed:?}");
+    println!("sessions placed: {placed:?}; killing {victim_name}");
+    let at = servers
+        .iter()
+        .position(|(n, _, _)| *n == victim_name)
+        .unwrap();
+    let killed = servers.remove(at);
     let mut victim = killed.1;
     signal(&victim, "-KILL");
     let _ = victim.wait();
@@ -518,8 +535,10 @@ fn client_and_ft_find_the_servers_through_the_registry_and_echo_moves_off_a_kill
     let moved: Vec<&String> = rest.iter().filter(|l| l.starts_with("MOVED")).collect();
     println!("client echo through the cluster, a SIGKILLed under it: {rest:?}");
     assert!(
-        moved.iter().any(|l| l.starts_with("MOVED node a (")),
-        "no move off a: {rest:?}"
+        moved
+            .iter()
+            .any(|l| l.starts_with(&format!("MOVED node {victim_name} ("))),
+        "no move off {victim_name}: {rest:?}"
     );
     assert!(
         rest.iter()

@@ -234,8 +234,12 @@ pub async fn echo_sessions(
     forever: bool,
 ) -> Result<()> {
     let mut sessions = Vec::with_capacity(connections);
-    for _ in 0..connections {
-        sessions.push(cluster.session(service, Placement::LeastLoaded).await?);
+    for c in 0..connections {
+        let session = cluster.session(service, Placement::LeastLoaded).await?;
+        if let Some(node) = session.node() {
+            println!("session {c} on node {} ({})", node.node, node.record.addr);
+        }
+        sessions.push(session);
     }
     println!("connected {connections}");
     let tasks = sessions
