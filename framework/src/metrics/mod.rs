@@ -212,12 +212,7 @@ const STALLS_FLUSH_EVERY: u64 = 64;
 /// batch size into the one shared histogram made its buckets a cache line the cores
 /// passed back and forth on each poll; a sample keeps the distribution's shape.
 pub(crate) fn cq_batch(wcs: &[crate::verbs::WorkCompletion]) {
-    let sampled = POLLS.with(|n| {
-        let i = n.get();
-        n.set(if i + 1 >= TIMING_SAMPLE { 0 } else { i + 1 });
-        i == 0
-    });
-    if sampled {
+    if first_of_sample(&POLLS) {
         CQ_BATCH.with(|h| h.record(wcs.len() as f64));
     }
     for wc in wcs.iter().filter(|wc| !wc.is_ok()) {
@@ -343,6 +338,16 @@ thread_local! {
     static SAMPLED: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
+/// Counts one more call on `calls` (a thread's count, modulo [`TIMING_SAMPLE`]) and
+/// says whether it is the first of its run of [`TIMING_SAMPLE`]: the one sampled.
+fn first_of_sample(calls: &'static std::thread::LocalKey<std::cell::Cell<u32>>) -> bool {
+    calls.with(|n| {
+        let i = n.get();
+        n.set(if i + 1 >= TIMING_SAMPLE { 0 } else { i + 1 });
+        i == 0
+    })
+}
+
 /// True for one call in [`TIMING_SAMPLE`] on each thread while [`timing`] is on: a
 /// service times that message only. Two clock reads per message were the largest part
 /// of what `--metrics` cost an echo round trip in the native A/B (about 10% of the 64 B
@@ -350,12 +355,7 @@ thread_local! {
 /// keeps its shape with a sample, and the number of messages is in the message
 /// counters.
 pub fn sample_timing() -> bool {
-    timing()
-        && SAMPLED.with(|n| {
-            let i = n.get();
-            n.set(if i + 1 >= TIMING_SAMPLE { 0 } else { i + 1 });
-            i == 0
-        })
+    timing() && first_of_sample(&SAMPLED)
 }
 
 /// The echo service answered a request `since` it was delivered: its handling time on
