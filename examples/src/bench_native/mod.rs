@@ -62,7 +62,8 @@ pub fn listen_addr(n: u8) -> SocketAddr {
 /// `BENCH_NATIVE_POLL=busy` makes every poller spin for ever, and `BENCH_NATIVE_POLL=0`
 /// sleep as soon as its CQs are empty; `BENCH_NATIVE_CHUNKS=N` lets each connection
 /// have N rendezvous READs in flight instead of 4 (how much bulk work one poller turn
-/// can hold, for the fairness figures).
+/// can hold, for the fairness figures), and `BENCH_NATIVE_CHUNK_KIB=K` makes each of
+/// them K KiB instead of 64 (a poller's step of bulk work is one chunk at least).
 pub fn config() -> NodeConfig {
     let mut config = NodeConfig::default();
     if let Some(n) = std::env::var("BENCH_NATIVE_CHUNKS")
@@ -70,6 +71,12 @@ pub fn config() -> NodeConfig {
         .and_then(|v| v.parse().ok())
     {
         config.connection.rendezvous_chunks = n;
+    }
+    if let Some(kib) = std::env::var("BENCH_NATIVE_CHUNK_KIB")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        config.connection.rendezvous_chunk = kib << 10;
     }
     match std::env::var("BENCH_NATIVE_POLL").as_deref() {
         Ok("busy") => config.transport.poll_mode = PollMode::Busy,

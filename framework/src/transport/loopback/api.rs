@@ -47,6 +47,9 @@ impl t::Domain<Loopback> for Device {
     fn register(&self, len: usize, access: Access) -> Result<Mr> {
         Device::register(self, len, access)
     }
+    fn register_vec(&self, bytes: Vec<u8>, access: Access) -> Result<Mr> {
+        Mr::register_bytes(&self.core, &bytes, access)
+    }
     fn alloc_window(&self) -> Result<Mw> {
         Device::alloc_window(self)
     }

@@ -51,6 +51,30 @@ impl Storage {
         }
     }
 
+    /// A copy of `bytes` at address `base`, made word by word in one pass.
+    pub(super) fn from_bytes(bytes: &[u8], base: u64, access: Access, key: u32) -> Storage {
+        let mut words = Vec::with_capacity(bytes.len().div_ceil(8));
+        let mut chunks = bytes.chunks_exact(8);
+        words.extend(
+            (&mut chunks)
+                .map(|c| AtomicU64::new(u64::from_le_bytes(c.try_into().expect("8 bytes")))),
+        );
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut last = [0u8; 8];
+            last[..rest.len()].copy_from_slice(rest);
+            words.push(AtomicU64::new(u64::from_le_bytes(last)));
+        }
+        Storage {
+            words: words.into_boxed_slice(),
+            len: bytes.len(),
+            base,
+            access,
+            key,
+            live: AtomicBool::new(true),
+        }
+    }
+
     /// Length in bytes.
     pub(super) fn len(&self) -> usize {
         self.len
@@ -72,13 +96,13 @@ impl Storage {
         let head = ((8 - offset % 8) % 8).min(out.len());
         let (first, rest) = out.split_at_mut(head);
         self.read_partial(offset, first);
-        let mut word = (offset + head) / 8;
+        let start = (offset + head) / 8;
         let mut chunks = rest.chunks_exact_mut(8);
-        for chunk in &mut chunks {
-            chunk.copy_from_slice(&self.words[word].load(Relaxed).to_le_bytes());
-            word += 1;
+        let words = &self.words[start..start + chunks.len()];
+        for (chunk, word) in (&mut chunks).zip(words) {
+            chunk.copy_from_slice(&word.load(Relaxed).to_le_bytes());
         }
-        self.read_partial(word * 8, chunks.into_remainder());
+        self.read_partial((start + words.len()) * 8, chunks.into_remainder());
     }
 
     /// Bytes within one word.
@@ -98,14 +122,16 @@ impl Storage {
         let head = ((8 - offset % 8) % 8).min(data.len());
         let (first, rest) = data.split_at(head);
         self.write_partial(offset, first);
-        let mut word = (offset + head) / 8;
+        let start = (offset + head) / 8;
         let mut chunks = rest.chunks_exact(8);
-        for chunk in &mut chunks {
-            let value = u64::from_le_bytes(chunk.try_into().expect("8 bytes"));
-            self.words[word].store(value, Relaxed);
-            word += 1;
+        let words = &self.words[start..start + chunks.len()];
+        for (chunk, word) in (&mut chunks).zip(words) {
+            word.store(
+                u64::from_le_bytes(chunk.try_into().expect("8 bytes")),
+                Relaxed,
+            );
         }
-        self.write_partial(word * 8, chunks.remainder());
+        self.write_partial((start + words.len()) * 8, chunks.remainder());
     }
 
     /// Bytes within one word, its other bytes left alone.
@@ -178,6 +204,18 @@ pub(super) fn copy(src: &Storage, src_offset: usize, dst: &Storage, dst_offset: 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_copy_made_in_one_pass_reads_back_whole_with_its_tail() {
+        for len in [1, 7, 8, 9, 64, 1021] {
+            let bytes: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+            let s = Storage::from_bytes(&bytes, 0x1000, Access::LOCAL_WRITE, 1);
+            assert_eq!(s.len(), len);
+            let mut out = vec![0u8; len];
+            s.read(0, &mut out);
+            assert_eq!(out, bytes, "{len} bytes");
+        }
+    }
 
     #[test]
     fn unaligned_writes_leave_their_neighbours_alone() {

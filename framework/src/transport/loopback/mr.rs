@@ -43,6 +43,26 @@ impl Mr {
     /// Registers `len` zeroed bytes on `device` (remote write or atomics imply local
     /// write, as the verbs wrapper does).
     pub(super) fn register(device: &Arc<DeviceCore>, len: usize, access: Access) -> Result<Mr> {
+        Mr::register_filled(device, len, access, None)
+    }
+
+    /// Registers a copy of `bytes`, made in one pass: a message offered for the peer's
+    /// READ (`Domain::register_vec`), whose registration the pool's default (zeroed
+    /// bytes, then the copy written over them) paid for twice.
+    pub(super) fn register_bytes(
+        device: &Arc<DeviceCore>,
+        bytes: &[u8],
+        access: Access,
+    ) -> Result<Mr> {
+        Mr::register_filled(device, bytes.len(), access, Some(bytes))
+    }
+
+    fn register_filled(
+        device: &Arc<DeviceCore>,
+        len: usize,
+        access: Access,
+        bytes: Option<&[u8]>,
+    ) -> Result<Mr> {
         if device.removed.load(Relaxed) {
             return Err(LoopbackError::DeviceRemoved(device.name.clone()));
         }
@@ -59,9 +79,10 @@ impl Mr {
             access |= Access::LOCAL_WRITE;
         }
         let base = device.next_addr(len);
-        let storage = device
-            .keys
-            .insert_region(|key| Storage::new(len, base, access, key));
+        let storage = device.keys.insert_region(|key| match bytes {
+            Some(bytes) => Storage::from_bytes(bytes, base, access, key),
+            None => Storage::new(len, base, access, key),
+        });
         Ok(Mr {
             reg: Arc::new(Registration {
                 storage,
