@@ -439,10 +439,7 @@ async fn poll_task<T: Transport>(
                 .map(|s| s.cq.clone())
                 .collect();
         }
-        let mut found = 0;
-        for cq in &cqs {
-            found += drain::<T>(cq, &mut wcs, &mut last_activity, &mut backlog);
-        }
+        let mut found = drain::<T>(&cqs, &mut wcs, &mut last_activity, &mut backlog);
         end_pass();
         if found > 0 {
             idle_passes = 0;
@@ -475,8 +472,8 @@ async fn poll_task<T: Transport>(
             if let Err(e) = cq.req_notify(false) {
                 tracing::error!(error = %e, "arming a CQ failed");
             }
-            found += drain::<T>(cq, &mut wcs, &mut last_activity, &mut backlog);
         }
+        found += drain::<T>(&cqs, &mut wcs, &mut last_activity, &mut backlog);
         if found > 0 || !backlog.is_empty() {
             continue;
         }
@@ -490,13 +487,37 @@ async fn poll_task<T: Transport>(
     }
 }
 
-/// Polls `cq` empty, routing completions; returns how many there were. Reads the
+/// Polls `cqs` empty, routing completions; returns how many there were. Reads the
 /// clock once per batch that is not empty, and leaves the time of the last one in
 /// `polled_at`: the poller's spin window counts from it. Bulk work goes through
-/// `backlog` a step at a time, with the CQ polled again between steps, so that the
-/// small messages behind it do not wait for all of it (see `turns.rs`); it
-/// returns once both are empty.
+/// `backlog` a step at a time, with every CQ polled again between steps, so that the
+/// small messages behind it, on any of this thread's CQs, do not wait for all of it (see
+/// `turns.rs`); it returns once all are empty.
 fn drain<T: Transport>(
+    cqs: &[T::Cq],
+    wcs: &mut Vec<WorkCompletion>,
+    polled_at: &mut Instant,
+    backlog: &mut Backlog,
+) -> usize {
+    let mut total = 0;
+    loop {
+        let mut polled = 0;
+        for cq in cqs {
+            polled += poll_cq::<T>(cq, wcs, polled_at, backlog);
+        }
+        total += polled;
+        let now = *polled_at;
+        let stepped = backlog.step(|run| {
+            route(run, now);
+        });
+        if polled == 0 && !stepped {
+            return total;
+        }
+    }
+}
+
+/// Polls `cq` empty, routing what goes at once and leaving bulk work in `backlog`.
+fn poll_cq<T: Transport>(
     cq: &T::Cq,
     wcs: &mut Vec<WorkCompletion>,
     polled_at: &mut Instant,
@@ -506,8 +527,7 @@ fn drain<T: Transport>(
     loop {
         wcs.clear();
         match cq.poll(wcs) {
-            Ok(0) if backlog.is_empty() => return total,
-            Ok(0) => {}
+            Ok(0) => return total,
             Ok(n) => {
                 total += n;
                 crate::metrics::cq_batch(wcs);
@@ -522,10 +542,6 @@ fn drain<T: Transport>(
                 return total;
             }
         }
-        let now = *polled_at;
-        backlog.step(|run| {
-            route(run, now);
-        });
     }
 }
 
