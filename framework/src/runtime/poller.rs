@@ -60,7 +60,11 @@ pub(crate) trait Inbox {
     /// A batch of the connection's completions, in CQ order, polled at `now` (read once
     /// per polled batch, shared by every connection in it: a clock read per connection
     /// and per pass was a visible share of the poller's time under load).
-    fn completions(&self, wcs: &[WorkCompletion], now: Instant);
+    ///
+    /// `hold_posts`: more of this connection's completions follow in this drain (the
+    /// poller's bulk steps, see `turns.rs`), so it may leave its posts to the last of them
+    /// and ring one doorbell for all.
+    fn completions(&self, wcs: &[WorkCompletion], now: Instant, hold_posts: bool);
 }
 
 thread_local! {
@@ -507,8 +511,8 @@ fn drain<T: Transport>(
         }
         total += polled;
         let now = *polled_at;
-        let stepped = backlog.step(|run| {
-            route(run, now);
+        let stepped = backlog.step(|run, more| {
+            route(run, now, more && !T::POSTS_MOVE_BYTES);
         });
         if polled == 0 && !stepped {
             return total;
@@ -534,7 +538,7 @@ fn poll_cq<T: Transport>(
                 *polled_at = Instant::now();
                 let now = *polled_at;
                 backlog.admit(wcs, |run| {
-                    route(run, now);
+                    route(run, now, false);
                 });
             }
             Err(e) => {
@@ -556,7 +560,7 @@ fn poll_cq<T: Transport>(
 /// is already gone), or a completion of a QP this process never handed to a connection
 /// (a framework bug, which is why it is counted). Neither has anyone to tell; nothing
 /// else on the CQ is affected.
-fn route(wcs: &[WorkCompletion], now: Instant) -> usize {
+fn route(wcs: &[WorkCompletion], now: Instant, hold_posts: bool) -> usize {
     let mut unrouted = 0;
     let mut rest = wcs;
     while let Some(first) = rest.first() {
@@ -566,7 +570,7 @@ fn route(wcs: &[WorkCompletion], now: Instant) -> usize {
             .unwrap_or(rest.len());
         let (batch, tail) = rest.split_at(run);
         match inbox(first.qp_num) {
-            Some(inbox) => inbox.completions(batch, now),
+            Some(inbox) => inbox.completions(batch, now, hold_posts),
             None => {
                 let dropped = return_orphans(batch);
                 unrouted += dropped;
@@ -596,7 +600,7 @@ mod tests {
     struct Recorder(RefCell<Vec<u64>>);
 
     impl Inbox for Recorder {
-        fn completions(&self, wcs: &[WorkCompletion], _now: Instant) {
+        fn completions(&self, wcs: &[WorkCompletion], _now: Instant, _hold: bool) {
             self.0.borrow_mut().extend(wcs.iter().map(|wc| wc.wr_id));
         }
     }
@@ -624,7 +628,11 @@ mod tests {
     fn a_batch_is_split_per_connection_in_order() {
         let (a, b) = (registered(7), registered(8));
         assert_eq!(
-            route(&[wc(7, 1), wc(7, 2), wc(8, 3), wc(7, 4)], Instant::now()),
+            route(
+                &[wc(7, 1), wc(7, 2), wc(8, 3), wc(7, 4)],
+                Instant::now(),
+                false
+            ),
             0
         );
         assert_eq!(*a.0.borrow(), [1, 2, 4]);
@@ -640,14 +648,15 @@ mod tests {
         assert_eq!(
             route(
                 &[wc(12, 1), wc(99, 2), wc(99, 3), wc(12, 4)],
-                Instant::now()
+                Instant::now(),
+                false
             ),
             2
         );
         assert_eq!(*a.0.borrow(), [1, 4]);
         unregister(12);
         // Unregistered (the connection released everything): dropped too.
-        assert_eq!(route(&[wc(12, 5)], Instant::now()), 1);
+        assert_eq!(route(&[wc(12, 5)], Instant::now(), false), 1);
         assert_eq!(*a.0.borrow(), [1, 4]);
     }
 
@@ -657,7 +666,7 @@ mod tests {
         let old = registered(13);
         unregister(13);
         let new = registered(13);
-        assert_eq!(route(&[wc(13, 1)], Instant::now()), 0);
+        assert_eq!(route(&[wc(13, 1)], Instant::now(), false), 0);
         assert!(old.0.borrow().is_empty());
         assert_eq!(*new.0.borrow(), [1]);
         unregister(13);
@@ -709,7 +718,7 @@ mod tests {
     fn a_dropped_connection_gets_nothing_and_nothing_breaks() {
         let rec = registered(11);
         drop(rec);
-        assert_eq!(route(&[wc(11, 1)], Instant::now()), 1);
+        assert_eq!(route(&[wc(11, 1)], Instant::now(), false), 1);
         unregister(11);
     }
 
@@ -725,7 +734,7 @@ mod tests {
         /// Sends what it is handed to the test's thread.
         struct Forward(std::sync::mpsc::Sender<(u64, WcOpcode, u32)>);
         impl Inbox for Forward {
-            fn completions(&self, wcs: &[WorkCompletion], _now: Instant) {
+            fn completions(&self, wcs: &[WorkCompletion], _now: Instant, _hold: bool) {
                 for wc in wcs {
                     let _ = self.0.send((wc.wr_id, wc.opcode, wc.byte_len));
                 }

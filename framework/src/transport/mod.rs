@@ -101,6 +101,14 @@ pub struct RecvWr<L> {
 /// A family of RDMA objects that work together: the types a runtime generic over the
 /// transport names, so that nothing on the data path is dispatched dynamically.
 pub trait Transport: Sized + Send + Sync + 'static {
+    /// True when posting a work request moves its bytes on the posting thread (loopback,
+    /// which has no NIC), false when a device moves them later (verbs). What a post
+    /// costs the poster differs: over verbs a doorbell (under Soft-RoCE a system call
+    /// and a run of the kernel's requester), worth sharing among a connection's posts;
+    /// over loopback the bytes, which one turn should not gather. A poller stepping a
+    /// connection's bulk completions (`runtime::turns`) lets it hold its posts until its
+    /// last step only where this is false.
+    const POSTS_MOVE_BYTES: bool = false;
     /// What every fallible call reports.
     type Error: std::error::Error + Send + Sync + 'static;
     /// A device opened with one protection domain: what objects are created on.

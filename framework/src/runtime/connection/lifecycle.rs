@@ -312,7 +312,7 @@ impl<T: Transport, S: Session<T>> Connection<S, T> {
     /// Handles a batch of this connection's completions, in CQ order: operation results
     /// and received messages go to the session, then whatever it queued is posted, once
     /// for the whole batch.
-    fn on_completions(&mut self, wcs: &[WorkCompletion], now: Instant) {
+    fn on_completions(&mut self, wcs: &[WorkCompletion], now: Instant, hold_posts: bool) {
         if let Some(core) = self.core.as_mut() {
             core.set_now(now);
             core.liveness.heard();
@@ -349,6 +349,11 @@ impl<T: Transport, S: Session<T>> Connection<S, T> {
                 Err(reason) => self.begin_close(reason),
             }
             self.deliver();
+        }
+        // Held: the poller hands this connection more of its completions in this drain,
+        // and the last of them pumps (one doorbell for all their posts, see `Inbox`).
+        if hold_posts && self.core.as_ref().is_some_and(|c| c.closing.is_none()) {
+            return;
         }
         self.pump();
         if let Some(core) = &self.core {
@@ -427,7 +432,7 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 }
 
 impl<T: Transport, S: Session<T>> Inbox for RefCell<Connection<S, T>> {
-    fn completions(&self, wcs: &[WorkCompletion], now: Instant) {
-        self.borrow_mut().on_completions(wcs, now);
+    fn completions(&self, wcs: &[WorkCompletion], now: Instant, hold_posts: bool) {
+        self.borrow_mut().on_completions(wcs, now, hold_posts);
     }
 }

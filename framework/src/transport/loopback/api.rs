@@ -20,6 +20,7 @@ use crate::verbs::{Access, CmEventKind, ConnParam, QpCaps, RemoteRegion, WorkCom
 pub struct Loopback;
 
 impl Transport for Loopback {
+    const POSTS_MOVE_BYTES: bool = true;
     type Error = LoopbackError;
     type Domain = Device;
     type Region = Mr;
