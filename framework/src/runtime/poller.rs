@@ -593,6 +593,7 @@ fn route(wcs: &[WorkCompletion], now: Instant, hold_posts: bool) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::turns::STEP_BYTES;
     use crate::verbs::{WcOpcode, WcStatus};
 
     /// Records the wr_ids it is handed.
@@ -720,6 +721,84 @@ mod tests {
         drop(rec);
         assert_eq!(route(&[wc(11, 1)], Instant::now(), false), 1);
         unregister(11);
+    }
+
+    /// A poller with two CQs: bulk READ completions on one, a small message on the
+    /// other. The small message is routed before the READs' steps, not after the first
+    /// CQ's whole backlog, and the READs arrive in order, one step each.
+    #[test]
+    fn a_small_message_on_another_cq_goes_before_the_bulk_steps() {
+        use crate::transport::loopback::{connect_pair, Config, Fabric, Loopback};
+        use crate::transport::{RecvWr, SendWr};
+        use crate::verbs::{Access, ConnParam, QpCaps, SendOp};
+
+        /// Logs (qp, wr_id) of everything routed to it, in one log shared by all.
+        struct Log(Rc<RefCell<Vec<(u32, u64)>>>);
+        impl Inbox for Log {
+            fn completions(&self, wcs: &[WorkCompletion], _now: Instant, _hold: bool) {
+                self.0
+                    .borrow_mut()
+                    .extend(wcs.iter().map(|wc| (wc.qp_num, wc.wr_id)));
+            }
+        }
+
+        let fabric = Fabric::new(Config::default());
+        let (server, client) = (fabric.device("s2"), fabric.device("c2"));
+        let caps = QpCaps::default();
+        let (bulk_cq, small_cq) = (
+            server.create_cq(64, None).unwrap(),
+            server.create_cq(64, None).unwrap(),
+        );
+        let ccq = client.create_cq(64, None).unwrap();
+        let bulk = server.create_qp(&bulk_cq, &bulk_cq, caps, None).unwrap();
+        let small = server.create_qp(&small_cq, &small_cq, caps, None).unwrap();
+        let (bulk_peer, small_peer) = (
+            client.create_qp(&ccq, &ccq, caps, None).unwrap(),
+            client.create_qp(&ccq, &ccq, caps, None).unwrap(),
+        );
+        connect_pair(&bulk, &bulk_peer, &ConnParam::default()).unwrap();
+        connect_pair(&small, &small_peer, &ConnParam::default()).unwrap();
+        let log = Rc::new(RefCell::new(Vec::new()));
+        let inboxes: Vec<Rc<dyn Inbox>> =
+            vec![Rc::new(Log(log.clone())), Rc::new(Log(log.clone()))];
+        register(bulk.qp_num(), Rc::downgrade(&inboxes[0]));
+        register(small.qp_num(), Rc::downgrade(&inboxes[1]));
+
+        // Three READs of 64 KiB (a step each): loopback executes them as they are posted.
+        let chunk = STEP_BYTES as usize;
+        let source = client.register(3 * chunk, Access::REMOTE_READ).unwrap();
+        let into = server.register(3 * chunk, Access::LOCAL_WRITE).unwrap();
+        for i in 0..3 {
+            let mut remote = source.remote();
+            remote.addr += (i * chunk) as u64;
+            remote.len = chunk as u64;
+            let sge = into.sge(i * chunk..(i + 1) * chunk).unwrap();
+            let read = SendWr::new(10 + i as u64, SendOp::Read(remote), Some(sge));
+            bulk.post_send(&read).unwrap();
+        }
+        // Then one small message lands on the other CQ.
+        let inbox = server.register(64, Access::LOCAL_WRITE).unwrap();
+        small
+            .post_recv(&[RecvWr {
+                wr_id: 7,
+                local: Some(inbox.sge_all()),
+            }])
+            .unwrap();
+        let mut hello = client.register(5, Access::LOCAL_WRITE).unwrap();
+        hello.write(0, b"hello").unwrap();
+        small_peer
+            .post_send(&SendWr::new(1, SendOp::Send, Some(hello.sge_all())))
+            .unwrap();
+
+        let (mut wcs, mut polled_at, mut backlog) =
+            (Vec::new(), Instant::now(), Backlog::default());
+        let n = drain::<Loopback>(&[bulk_cq, small_cq], &mut wcs, &mut polled_at, &mut backlog);
+        assert_eq!(n, 4);
+        let (b, s) = (bulk.qp_num(), small.qp_num());
+        assert_eq!(*log.borrow(), [(s, 7), (b, 10), (b, 11), (b, 12)]);
+        assert!(backlog.is_empty());
+        unregister(b);
+        unregister(s);
     }
 
     /// The pollers are the transport's: over loopback, an event-mode poller sleeps on
