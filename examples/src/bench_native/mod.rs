@@ -66,16 +66,10 @@ pub fn listen_addr(n: u8) -> SocketAddr {
 /// them K KiB instead of 64 (a poller's step of bulk work is one chunk at least).
 pub fn config() -> NodeConfig {
     let mut config = NodeConfig::default();
-    if let Some(n) = std::env::var("BENCH_NATIVE_CHUNKS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
+    if let Some(n) = env_number("BENCH_NATIVE_CHUNKS") {
         config.connection.rendezvous_chunks = n;
     }
-    if let Some(kib) = std::env::var("BENCH_NATIVE_CHUNK_KIB")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-    {
+    if let Some(kib) = env_number::<usize>("BENCH_NATIVE_CHUNK_KIB") {
         config.connection.rendezvous_chunk = kib << 10;
     }
     match std::env::var("BENCH_NATIVE_POLL").as_deref() {
@@ -88,6 +82,11 @@ pub fn config() -> NodeConfig {
         _ => {}
     }
     config
+}
+
+/// The number in environment variable `name`, if it is set and parses.
+fn env_number<N: std::str::FromStr>(name: &str) -> Option<N> {
+    std::env::var(name).ok()?.parse().ok()
 }
 
 /// The encoded `EchoRequest` of `size` bytes (and, byte for byte, the `EchoResponse`

@@ -184,7 +184,8 @@ mod tests {
 
     /// The same, for `step`.
     fn stepper(calls: &mut Vec<Vec<(u32, u64)>>) -> impl FnMut(&[WorkCompletion], bool) + '_ {
-        |wcs, _more| calls.push(wcs.iter().map(|w| (w.qp_num, w.wr_id)).collect())
+        let mut record = recorder(calls);
+        move |wcs, _more| record(wcs)
     }
 
     #[test]
