@@ -30,6 +30,8 @@
 //! | `rdmactor_pool_waits_total` | counter | | times a connection refused at one of the pool's limits took a place in its line (a rendezvous offer, an incoming message's heap share, a READ chunk) instead of closing |
 //! | `rdmactor_pool_waiting` | gauge | `line` (`smallest`, `bulk`, `heap`) | places in the pool's lines now, sampled by [`record_pool`] |
 //! | `rdmactor_pool_heap_bytes` | gauge | | heap held by incoming messages (the budget of `PoolConfig::heap_bytes`), sampled by [`record_pool`] |
+//! | `rdmactor_blocking_started` | gauge | | closures of sessions and handlers started on the blocking pool and not finished (running or waiting for their connection's or service's turn) |
+//! | `rdmactor_handler_calls` | gauge | service | handler calls running or waiting, across the service's connections (bounded by `HandlerService::max_calls`) |
 //! | `rdmactor_file_transfers_total` | counter | result (`good`, `bad`) | finished uploads, by hash verdict |
 //! | `rdmactor_file_transfer_bytes_total` | counter | result | their bytes |
 //! | `rdmactor_file_fetch_digests_total` | counter | source (`cached`, `hashed`) | fetches whose file's digest was known (stored or served before, unchanged since), or had to be read whole |
@@ -282,6 +284,16 @@ pub fn record_shared_reserve(queue: usize, free: u32, lowest: u32) {
     let queue = queue.to_string();
     gauge!("rdmactor_shared_reserve_free", "queue" => queue.clone()).set(f64::from(free));
     gauge!("rdmactor_shared_reserve_lowest", "queue" => queue).set(f64::from(lowest));
+}
+
+/// A blocking closure started (`+1.0`) or finished (`-1.0`).
+pub(crate) fn blocking_started(delta: f64) {
+    gauge!("rdmactor_blocking_started").increment(delta);
+}
+
+/// Handler calls of `service` running or waiting, as a gauge.
+pub(crate) fn handler_calls(service: &str, now: usize) {
+    gauge!("rdmactor_handler_calls", "service" => service.to_owned()).set(now as f64);
 }
 
 /// A file upload finished with the hash verdict `good` (or not) after `bytes`.

@@ -188,6 +188,7 @@ impl<T: Transport> CmActor<T> {
             core.set_peer_recv_size(recv_size);
         }
         core.count_as(crate::metrics::Side::Server, &service_name);
+        node.gate_blocking(&mut core, &service_name);
         if let Some(max) = service.max_message() {
             core.limit_message(max);
         }

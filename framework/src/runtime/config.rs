@@ -197,6 +197,18 @@ pub struct ConnectionConfig {
     /// Most work items (messages, one-sided operations) a connection may hold queued;
     /// bounds the per-item overhead of many small messages the same way.
     pub max_queued_sends: usize,
+    /// Most closures of one connection running on the blocking pool at once
+    /// ([`SessionCx::spawn_blocking`](crate::runtime::SessionCx::spawn_blocking),
+    /// [`RequestCx::spawn_blocking`](crate::runtime::RequestCx::spawn_blocking)); the
+    /// next ones wait in order. tokio's blocking pool is one for the whole process, so
+    /// without this one client's requests could take every thread of it.
+    pub blocking_per_connection: usize,
+    /// Most closures one connection may have started and not finished (running and
+    /// waiting); past it `spawn_blocking` answers [`BlockingError::Busy`](crate::runtime::BlockingError::Busy)
+    /// at once, so waiting closures (and what they captured) are bounded too.
+    pub blocking_queued_per_connection: usize,
+    /// Most closures of all connections of one service running at once.
+    pub blocking_per_service: usize,
 }
 
 impl Default for ConnectionConfig {
@@ -217,6 +229,9 @@ impl Default for ConnectionConfig {
             rendezvous_chunks: 4,
             max_queued_bytes: 16 << 20,
             max_queued_sends: 4096,
+            blocking_per_connection: 4,
+            blocking_queued_per_connection: 64,
+            blocking_per_service: 64,
         }
     }
 }
@@ -347,8 +362,21 @@ impl NodeConfig {
         if c.ack_timeout > 31 {
             return Err(ConfigError::AckTimeout(c.ack_timeout));
         }
-        if c.send_depth == 0 {
-            return Err(ConfigError::Zero("connection.send_depth"));
+        for (field, n) in [
+            ("connection.send_depth", c.send_depth as usize),
+            (
+                "connection.blocking_per_connection",
+                c.blocking_per_connection,
+            ),
+            (
+                "connection.blocking_queued_per_connection",
+                c.blocking_queued_per_connection,
+            ),
+            ("connection.blocking_per_service", c.blocking_per_service),
+        ] {
+            if n == 0 {
+                return Err(ConfigError::Zero(field));
+            }
         }
         if c.max_message == 0 || c.max_message > MAX_MESSAGE {
             return Err(ConfigError::MaxMessage(c.max_message));

@@ -22,6 +22,7 @@ mod connection;
 mod device_watch;
 mod handler;
 mod handshakes;
+mod heap;
 mod machine;
 mod node;
 mod oob;
@@ -49,6 +50,7 @@ pub use connection::{
 pub use handler::{
     Answer, CallError, HandlerService, OneSidedError, Refusal, RequestCx, RequestHandler,
 };
+pub use heap::{HeapBudget, HeapError, Held};
 pub use machine::{Driver, Flow, MachineCx, MachineSession, StateMachine};
 pub use oob::{OobOptions, OobPort, OobStats, OobTransport};
 pub use poller::PollMode;

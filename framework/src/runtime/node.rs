@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::config::NodeConfig;
-use super::connection::{Core, CoreParts};
+use super::connection::{Core, CoreParts, ServiceGates};
 use super::poller::Pollers;
 use super::recv_groups::{RecvGroups, ReserveStats};
 use super::service::Framing;
@@ -21,6 +21,8 @@ pub(crate) struct Node<T: Transport = Verbs> {
     pub pool: MrPool<T>,
     pub pd: T::Domain,
     pub config: NodeConfig,
+    /// Each service's bound on its connections' blocking closures.
+    blocking: ServiceGates,
 }
 
 /// Logs the locked-memory limit and registers (then frees) one pool arena, so that a
@@ -71,7 +73,16 @@ impl<T: Transport> Node<T> {
             pool,
             pd,
             config,
+            blocking: ServiceGates::default(),
         }))
+    }
+
+    /// Counts `core`'s blocking closures under `service`'s bound
+    /// (`ConnectionConfig::blocking_per_service`) as well as its own.
+    pub fn gate_blocking(&self, core: &mut Core<T>, service: &str) {
+        let permits = self.config.connection.blocking_per_service;
+        core.blocking
+            .under_service(self.blocking.of(service, permits));
     }
 
     /// The credits a framed connection of this node advertises to its peer.

@@ -112,6 +112,18 @@ pub struct HeapCharge<S: ChunkSource = RegisteredChunks> {
     pool: Arc<Shared<S>>,
 }
 
+impl<S: ChunkSource> HeapCharge<S> {
+    /// Bytes counted.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a charge of nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
 impl<S: ChunkSource> std::fmt::Debug for HeapCharge<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HeapCharge")

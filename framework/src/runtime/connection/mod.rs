@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use slab::Slab;
 
 mod actor;
+mod blocking;
 mod buf;
 mod cx;
 mod doorbell;
@@ -62,6 +63,7 @@ pub use harness::{fuzz_connection, Checked};
 pub use wake::{AskError, Asked, Blocking, BlockingError, SessionWaker};
 pub use wr::Op;
 
+pub(crate) use self::blocking::{BlockingGate, ServiceGates};
 use self::buf::{Buf, BufEntry, Chunk, GrantEntry};
 use self::liveness::Liveness;
 use self::mailbox::Mailbox;
@@ -241,6 +243,8 @@ pub(crate) struct Core<T: Transport = Verbs> {
     pool_waits: PoolWaits<T>,
     /// Metric handles, set by `count_as` once the service is known.
     metrics: Option<crate::metrics::ConnectionMetrics>,
+    /// Where the session's blocking closures wait their turn (see `blocking.rs`).
+    pub(crate) blocking: BlockingGate,
 }
 
 /// What [`Core::new`] needs: the connection's resources, and its configuration whole.
@@ -319,6 +323,10 @@ impl<T: Transport> Core<T> {
             mailbox: None,
             pool_waits: PoolWaits::new(c.pool_wait),
             metrics: None,
+            blocking: BlockingGate::new(
+                c.blocking_per_connection,
+                c.blocking_queued_per_connection,
+            ),
         }
     }
 

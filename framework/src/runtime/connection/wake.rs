@@ -61,6 +61,20 @@ pub enum BlockingError {
     /// The task was dropped before it ran (the runtime is shutting down).
     #[error("blocking task was dropped before it finished")]
     Lost,
+    /// The connection already had as many closures started and not finished as it may
+    /// (`ConnectionConfig::blocking_queued_per_connection`); this one was not started.
+    #[error(
+        "blocking task refused: {started} of this connection's {max} are started and not finished"
+    )]
+    Busy {
+        /// Closures of this connection started and not finished.
+        started: usize,
+        /// The bound.
+        max: usize,
+    },
+    /// The connection closed while the closure waited for its turn; it was not run.
+    #[error("blocking task skipped: its connection closed before its turn")]
+    Skipped,
 }
 
 /// The result of a closure started with [`SessionCx::spawn_blocking`]; take it in
@@ -166,8 +180,14 @@ impl<T: Transport> SessionCx<'_, T> {
 
     /// Runs `f` on the runtime's blocking pool (never on the poller thread that hosts
     /// this connection and many others), then calls [`Session::on_wake`] with `token`;
-    /// take the result there with [`Blocking::try_take`]. If the connection closed in the
-    /// meantime, `f` still runs to the end and its result is dropped.
+    /// take the result there with [`Blocking::try_take`].
+    ///
+    /// Bounded (`ConnectionConfig::blocking_per_connection` of this connection and
+    /// `blocking_per_service` of its service run at once; the others wait in order): past
+    /// `blocking_queued_per_connection` started and not finished, the result is
+    /// [`BlockingError::Busy`] at once, on the token's wake-up. A closure whose
+    /// connection closed while it waited is not run; one already running runs to the end
+    /// and its result is dropped.
     pub fn spawn_blocking<R, F>(&mut self, token: u64, f: F) -> Blocking<R>
     where
         R: Send + 'static,
@@ -175,13 +195,25 @@ impl<T: Transport> SessionCx<'_, T> {
     {
         let (tx, rx) = mpsc::sync_channel(1);
         let waker = self.waker();
-        tokio::task::spawn_blocking(move || {
-            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
-                .map_err(|p| BlockingError::Panicked(super::lifecycle::panic_message(&*p)));
-            let _ = tx.send(result);
-            waker.wake(token);
+        let gate = self.core.blocking.clone();
+        let place = gate.start();
+        actix::spawn(async move {
+            let result = match place {
+                Ok(place) => gate.run(place, || waker.is_connected(), f).await,
+                Err(busy) => Err(busy),
+            };
+            if !matches!(result, Err(BlockingError::Skipped)) {
+                let _ = tx.send(result);
+                waker.wake(token);
+            }
         });
         Blocking { rx }
+    }
+
+    /// The server's heap budget (`PoolConfig::heap_bytes`), for what this connection's
+    /// peer makes the session hold: count bytes a client chose before allocating them.
+    pub fn heap_budget(&self) -> crate::runtime::HeapBudget {
+        crate::runtime::HeapBudget::new(self.core.pool.clone())
     }
 }
 
