@@ -81,6 +81,7 @@ trait Source: Send + Sync {
     fn limit(&self) -> usize;
     fn in_use(&self) -> usize;
     fn try_hold(&self, len: usize) -> Result<Held, HeapError>;
+    fn count(&self, len: usize) -> Result<Held, HeapError>;
     fn hold(&self, len: usize, wait: Duration) -> Waiting;
 }
 
@@ -101,10 +102,19 @@ impl HeapBudget {
         self.source.in_use()
     }
 
-    /// Counts `len` bytes now, or says why not. Never waits: for a caller that already
-    /// holds what it would count (a delivered request) and can refuse instead.
+    /// Counts `len` bytes about to be made, now, or says why not. Never waits, and never
+    /// overtakes those waiting in line: room kept for the head of the line is not
+    /// given.
     pub fn try_hold(&self, len: usize) -> Result<Held, HeapError> {
         self.source.try_hold(len)
+    }
+
+    /// Counts `len` bytes that exist already (a delivered request the session keeps,
+    /// bytes made to send) against the limit alone, or says why not, so the caller
+    /// drops them. Room kept for the head of the line does not refuse them: turning
+    /// away memory that exists would not give the head any, only the client an error.
+    pub fn count(&self, len: usize) -> Result<Held, HeapError> {
+        self.source.count(len)
     }
 
     /// Counts `len` bytes, waiting in the heap line (behind incoming messages and other
@@ -126,6 +136,12 @@ impl<T: Transport> Source for MrPool<T> {
 
     fn try_hold(&self, len: usize) -> Result<Held, HeapError> {
         self.charge_heap(len)
+            .map(Held::new)
+            .map_err(|e| refusal(self, len, e))
+    }
+
+    fn count(&self, len: usize) -> Result<Held, HeapError> {
+        self.charge_heap_existing(len)
             .map(Held::new)
             .map_err(|e| refusal(self, len, e))
     }

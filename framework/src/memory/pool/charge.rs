@@ -27,6 +27,28 @@ impl<S: ChunkSource> Pool<S> {
         self.charge_heap_in_turn(len, None)
     }
 
+    /// Counts `len` heap bytes that exist already (a delivered request a session keeps,
+    /// bytes a handler made to send) against the same budget, checked against its limit
+    /// only: not against what the head of the heap line is owed. Refusing them frees
+    /// them, so the bound holds either way, and a waiting 16 MiB READ does not get to
+    /// turn away a polite client's 2-byte request.
+    pub fn charge_heap_existing(&self, len: usize) -> Result<HeapCharge<S>, PoolError> {
+        let limit = self.shared.config.heap_bytes;
+        let mut state = self.shared.state.lock().expect("pool lock");
+        if state.heap.saturating_add(len) > limit {
+            return Err(PoolError::HeapFull {
+                len,
+                in_use: state.heap,
+                limit,
+            });
+        }
+        state.heap += len;
+        Ok(HeapCharge {
+            len,
+            pool: self.shared.clone(),
+        })
+    }
+
     /// [`charge`](Self::charge) as the waiter holding `place` (if any).
     pub fn charge_in_turn(
         &self,

@@ -210,6 +210,12 @@ impl<T: Transport> SessionCx<'_, T> {
         Blocking { rx }
     }
 
+    /// Where this connection's blocking closures wait their turn (for the handler
+    /// adapter's calls, which run them from futures).
+    pub(crate) fn blocking_gate(&self) -> super::BlockingGate {
+        self.core.blocking.clone()
+    }
+
     /// The server's heap budget (`PoolConfig::heap_bytes`), for what this connection's
     /// peer makes the session hold: count bytes a client chose before allocating them.
     pub fn heap_budget(&self) -> crate::runtime::HeapBudget {

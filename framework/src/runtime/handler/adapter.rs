@@ -5,16 +5,19 @@ use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use tokio::task::AbortHandle;
 
 use super::api::{RequestCx, RequestHandler};
-use super::one_sided::{Link, Transfers, TRANSFERS};
+use super::one_sided::{Link, LinkParts, Transfers, TRANSFERS};
 use super::wire::{encode_refusal, Answer, Refusal};
 use crate::proto::budget::BudgetError;
 use crate::runtime::connection::{panic_message, SessionCx, SessionWaker};
+use crate::runtime::heap::Held;
 use crate::runtime::service::{Incoming, OpId, PeerInfo, Service, Session, SessionError};
 use crate::runtime::CloseReason;
 use crate::transport::Transport;
@@ -29,11 +32,18 @@ pub struct HandlerService<H> {
     max_waiting_bytes: usize,
     max_message: Option<usize>,
     max_transfer: u64,
+    budget_wait: Duration,
+    calls: Arc<Calls>,
 }
 
+/// Most calls of one service running at once across all its connections, by default.
+const MAX_CALLS: usize = 1024;
+
 impl<H: RequestHandler> HandlerService<H> {
-    /// `handler`, with at most 64 calls running per connection, 1024 requests or 4 MiB
-    /// of them waiting, and transfers of the client's memory of at most 16 MiB.
+    /// `handler`, with at most 64 calls running per connection and 1024 across the
+    /// service, 1024 requests or 4 MiB of them waiting per connection, transfers of
+    /// the client's memory of at most 16 MiB, and READs waiting up to 30 s for room in
+    /// the server's heap budget.
     pub fn new(handler: H) -> Self {
         HandlerService {
             handler: Arc::new(handler),
@@ -42,7 +52,29 @@ impl<H: RequestHandler> HandlerService<H> {
             max_waiting_bytes: 4 << 20,
             max_message: None,
             max_transfer: 16 << 20,
+            budget_wait: Duration::from_secs(30),
+            calls: Arc::new(Calls::new(MAX_CALLS)),
         }
+    }
+
+    /// How many calls may run at once across every connection of the service (at least
+    /// 1). Each connection's own bound ([`max_in_flight`](Self::max_in_flight)) keeps
+    /// one client from taking them all from a single connection; this one keeps many
+    /// connections together from making the server hold more futures than planned. A
+    /// request that finds them all taken waits in its connection's line while that
+    /// connection has calls running (one of them finishing lets it try again), and is
+    /// refused with [`Refusal::Overloaded`] otherwise.
+    pub fn max_calls(mut self, n: usize) -> Self {
+        self.calls = Arc::new(Calls::new(n.max(1)));
+        self
+    }
+
+    /// How long a [`RequestCx::read`] waits, in line, for room for its bytes in the
+    /// server's heap budget (`PoolConfig::heap_bytes`) before it fails with
+    /// [`OneSidedError::NoRoom`](super::OneSidedError::NoRoom).
+    pub fn budget_wait(mut self, wait: Duration) -> Self {
+        self.budget_wait = wait;
+        self
     }
 
     /// The most bytes one [`RequestCx::read`] or [`RequestCx::write`] of the client's
@@ -93,6 +125,7 @@ impl<H: RequestHandler, T: Transport> Service<T> for HandlerService<H> {
     }
 
     fn session(&self, peer: &PeerInfo) -> Box<dyn Session<T>> {
+        self.calls.name_once(&peer.service);
         Box::new(HandlerSession {
             handler: Arc::clone(&self.handler),
             peer: Arc::new(peer.clone()),
@@ -108,8 +141,79 @@ impl<H: RequestHandler, T: Transport> Service<T> for HandlerService<H> {
             link: None,
             transfers: Transfers::default(),
             max_transfer: self.max_transfer,
+            budget_wait: self.budget_wait,
+            calls: Arc::clone(&self.calls),
         })
     }
+}
+
+/// The calls running across one service's connections, against its bound.
+#[derive(Debug)]
+struct Calls {
+    running: AtomicUsize,
+    max: usize,
+    /// The service's name, for the gauge (known once its first session is made).
+    name: std::sync::OnceLock<String>,
+}
+
+impl Calls {
+    fn new(max: usize) -> Calls {
+        Calls {
+            running: AtomicUsize::new(0),
+            max,
+            name: std::sync::OnceLock::new(),
+        }
+    }
+
+    fn name_once(&self, service: &str) {
+        let _ = self.name.set(service.to_owned());
+    }
+
+    /// A slot for one more call, if the service has one.
+    fn take(self: &Arc<Self>) -> Option<CallSlot> {
+        let taken = self
+            .running
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.max).then_some(n + 1)
+            })
+            .ok()?;
+        self.gauge(taken + 1);
+        Some(CallSlot {
+            calls: Arc::clone(self),
+        })
+    }
+
+    fn gauge(&self, now: usize) {
+        if let Some(name) = self.name.get() {
+            crate::metrics::handler_calls(name, now);
+        }
+    }
+}
+
+/// One running call's place among its service's; given back when dropped.
+struct CallSlot {
+    calls: Arc<Calls>,
+}
+
+impl Drop for CallSlot {
+    fn drop(&mut self) {
+        let before = self.calls.running.fetch_sub(1, Ordering::AcqRel);
+        self.calls.gauge(before - 1);
+    }
+}
+
+/// A call running on its task: dropped (aborted) when the connection closes, and the
+/// service slot and heap its request holds with it.
+struct Running {
+    task: AbortHandle,
+    _slot: CallSlot,
+    _request: Held,
+}
+
+/// A request waiting for a running slot, its bytes counted.
+struct Waiting {
+    msg: Incoming,
+    held: Held,
 }
 
 /// The wake-up token of a finished call: the session drains every finished call on it.
@@ -133,9 +237,9 @@ struct HandlerSession<H> {
     waiting_bytes: usize,
     /// Calls running as local tasks, by call number, to drop them when the connection
     /// closes.
-    running: HashMap<u64, AbortHandle>,
+    running: HashMap<u64, Running>,
     /// Requests that found every running slot taken, in arrival order.
-    waiting: VecDeque<Incoming>,
+    waiting: VecDeque<Waiting>,
     /// Answers of calls that finished on their task, for the next `on_wake`.
     finished: Arc<Mutex<Vec<Finished>>>,
     next_call: u64,
@@ -145,6 +249,8 @@ struct HandlerSession<H> {
     /// Those transfers, being posted and completed.
     transfers: Transfers,
     max_transfer: u64,
+    budget_wait: Duration,
+    calls: Arc<Calls>,
 }
 
 impl<H: RequestHandler> HandlerSession<H> {
@@ -154,6 +260,8 @@ impl<H: RequestHandler> HandlerSession<H> {
         &mut self,
         cx: &mut SessionCx<'_, T>,
         msg: Incoming,
+        slot: CallSlot,
+        request: Held,
     ) -> Result<(), SessionError> {
         let tag = msg.tag;
         let req = match msg.decode::<H::Req>() {
@@ -162,14 +270,25 @@ impl<H: RequestHandler> HandlerSession<H> {
         };
         let handler = Arc::clone(&self.handler);
         let waker = self.waker.get_or_insert_with(|| cx.waker()).clone();
-        let max_transfer = self.max_transfer;
-        let link = self
-            .link
-            .get_or_insert_with(|| Arc::new(Link::new(waker.clone(), max_transfer)));
+        let link = match &self.link {
+            Some(link) => Arc::clone(link),
+            None => {
+                let link = Arc::new(Link::new(LinkParts {
+                    waker: waker.clone(),
+                    max_transfer: self.max_transfer,
+                    budget: cx.heap_budget(),
+                    budget_wait: self.budget_wait,
+                    blocking: cx.blocking_gate(),
+                }));
+                self.link = Some(Arc::clone(&link));
+                link
+            }
+        };
         let rcx = RequestCx {
             peer: Arc::clone(&self.peer),
             tag,
-            link: Arc::clone(link),
+            link,
+            holds: Arc::default(),
         };
         let mut call = CatchPanic(Box::pin(async move {
             let result = handler.call(req, &rcx).await;
@@ -197,7 +316,14 @@ impl<H: RequestHandler> HandlerSession<H> {
             // The connection may be gone: the answer is then dropped with `finished`.
             waker.wake(FINISHED);
         });
-        self.running.insert(id, task.abort_handle());
+        self.running.insert(
+            id,
+            Running {
+                task: task.abort_handle(),
+                _slot: slot,
+                _request: request,
+            },
+        );
         Ok(())
     }
 
@@ -211,13 +337,29 @@ impl<H: RequestHandler> HandlerSession<H> {
 
 impl<H: RequestHandler, T: Transport> Session<T> for HandlerSession<H> {
     fn on_message(&mut self, cx: &mut SessionCx<'_, T>, msg: Incoming) -> Result<(), SessionError> {
+        // A delivered request no longer counts against the budget for incoming
+        // messages; it counts again here, for as long as this session holds it.
+        let held = match cx.heap_budget().count(msg.data.len()) {
+            Ok(held) => held,
+            Err(e) => {
+                let why = Refusal::Overloaded(format!("the request's {} B: {e}", msg.data.len()));
+                return answer(cx, msg.tag, encode_refusal(why));
+            }
+        };
         if self.running.len() < self.max_in_flight && self.waiting.is_empty() {
-            return self.start(cx, msg);
+            match self.calls.take() {
+                Some(slot) => return self.start(cx, msg, slot, held),
+                // Nothing of this connection's would finish and let it try again.
+                None if self.running.is_empty() => {
+                    return answer(cx, msg.tag, encode_refusal(self.overloaded()));
+                }
+                None => {}
+            }
         }
         let bytes = self.waiting_bytes.saturating_add(msg.data.len());
         if self.waiting.len() < self.max_waiting && bytes <= self.max_waiting_bytes {
             self.waiting_bytes = bytes;
-            self.waiting.push_back(msg);
+            self.waiting.push_back(Waiting { msg, held });
             return Ok(());
         }
         let busy = Refusal::Busy {
@@ -246,12 +388,23 @@ impl<H: RequestHandler, T: Transport> Session<T> for HandlerSession<H> {
                 answer(cx, tag, bytes)?;
             }
         }
-        while self.running.len() < self.max_in_flight {
-            let Some(next) = self.waiting.pop_front() else {
+        while self.running.len() < self.max_in_flight && !self.waiting.is_empty() {
+            let Some(slot) = self.calls.take() else {
                 break;
             };
-            self.waiting_bytes -= next.data.len();
-            self.start(cx, next)?;
+            let Some(Waiting { msg, held }) = self.waiting.pop_front() else {
+                break;
+            };
+            self.waiting_bytes = self.waiting_bytes.saturating_sub(msg.data.len());
+            self.start(cx, msg, slot, held)?;
+        }
+        // The service's calls are all taken and none of this connection's runs: nothing
+        // would wake what waits here, so it is told now rather than left waiting.
+        if self.running.is_empty() {
+            while let Some(Waiting { msg, .. }) = self.waiting.pop_front() {
+                self.waiting_bytes = self.waiting_bytes.saturating_sub(msg.data.len());
+                answer(cx, msg.tag, encode_refusal(self.overloaded()))?;
+            }
         }
         Ok(())
     }
@@ -293,12 +446,19 @@ impl<H: RequestHandler, T: Transport> Session<T> for HandlerSession<H> {
 }
 
 impl<H> HandlerSession<H> {
+    fn overloaded(&self) -> Refusal {
+        Refusal::Overloaded(format!(
+            "the service's {} calls are all running",
+            self.calls.max
+        ))
+    }
+
     /// Nobody can be answered any more: drops the running futures (what they hold is
     /// given back at once, not when they would have finished) and the requests that
     /// waited for them.
     fn drop_calls(&mut self) {
-        for (_, task) in self.running.drain() {
-            task.abort();
+        for (_, call) in self.running.drain() {
+            call.task.abort();
         }
         self.waiting.clear();
         self.waiting_bytes = 0;

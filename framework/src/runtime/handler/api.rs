@@ -1,13 +1,14 @@
 //! What an application implements ([`RequestHandler`]) and what each call is handed
 //! ([`RequestCx`]).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::one_sided::{Link, OneSidedError};
-use crate::runtime::connection::{panic_message, BlockingError};
+use crate::runtime::connection::BlockingError;
+use crate::runtime::heap::{HeapBudget, Held};
 use crate::runtime::service::PeerInfo;
 use crate::verbs::RemoteRegion;
 
@@ -131,6 +132,8 @@ pub struct RequestCx {
     pub(super) peer: Arc<PeerInfo>,
     pub(super) tag: u32,
     pub(super) link: Arc<Link>,
+    /// Heap the call holds (the bytes its READs returned), counted until the call ends.
+    pub(super) holds: Arc<Mutex<Vec<Held>>>,
 }
 
 impl RequestCx {
@@ -146,18 +149,30 @@ impl RequestCx {
 
     /// Runs `f` on the runtime's blocking pool (file I/O, hashing, anything that would
     /// stall the poller thread) and resumes the call with its result. A panic in `f`
-    /// comes back as [`BlockingError::Panicked`]. If the connection closes meanwhile,
-    /// `f` still runs to the end and its result is dropped.
+    /// comes back as [`BlockingError::Panicked`].
+    ///
+    /// Bounded as [`SessionCx::spawn_blocking`](crate::runtime::SessionCx::spawn_blocking)
+    /// is: a few closures of this connection and of its service run at once, the next
+    /// ones wait their turn in order, and past `blocking_queued_per_connection` started
+    /// ones this answers [`BlockingError::Busy`] at once. When the connection closes,
+    /// the call is dropped, and a closure still waiting for its turn never runs.
     pub async fn spawn_blocking<T, F>(&self, f: F) -> Result<T, BlockingError>
     where
         T: Send + 'static,
         F: FnOnce() -> T + Send + 'static,
     {
-        match tokio::task::spawn_blocking(f).await {
-            Ok(value) => Ok(value),
-            Err(e) if e.is_panic() => Err(BlockingError::Panicked(panic_message(&*e.into_panic()))),
-            Err(_) => Err(BlockingError::Lost),
-        }
+        let gate = &self.link.blocking;
+        let place = gate.start()?;
+        let waker = self.link.waker.clone();
+        gate.run(place, move || waker.is_connected(), f).await
+    }
+
+    /// The server's heap budget, for memory a handler makes because a client asked
+    /// (a buffer sized by the request, a copy to send): count it before making it, and
+    /// keep the [`Held`] beside it. The framework counts the request itself, and every
+    /// [`read`](Self::read) and [`write`](Self::write), already.
+    pub fn heap_budget(&self) -> &HeapBudget {
+        &self.link.budget
     }
 
     /// RDMA READs all `src.len` bytes of the client's memory at `src` (an address and
@@ -169,8 +184,18 @@ impl RequestCx {
     /// range the client's NIC refuses completes with a remote access error: the call
     /// gets [`OneSidedError::Failed`] and the connection closes with that reason, since
     /// RDMA leaves its QP in the error state. Other connections are not affected.
+    ///
+    /// The bytes count against the server's heap budget from before they are allocated
+    /// until the call returns: the READ waits its turn for room (up to
+    /// [`HandlerService::budget_wait`](super::HandlerService::budget_wait)) and fails
+    /// with [`OneSidedError::NoRoom`] past it.
     pub async fn read(&self, src: RemoteRegion) -> Result<Vec<u8>, OneSidedError> {
-        self.link.transfer(src, None).await
+        let (data, held) = self.link.read(src).await?;
+        self.holds
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(held);
+        Ok(data)
     }
 
     /// RDMA WRITEs `data` to the client's memory at `dst` (from a region the client
@@ -179,7 +204,11 @@ impl RequestCx {
     /// call then sends (RC delivers a WRITE before a later SEND). More bytes than
     /// `dst.len` fail with [`OneSidedError::OutsideRegion`] and nothing is posted; the
     /// rest is as for [`read`](Self::read).
+    ///
+    /// `data` counts against the server's heap budget until the WRITE is done; if the
+    /// budget is full it is dropped at once and the call gets [`OneSidedError::NoRoom`]
+    /// (bytes that exist already are not held uncounted while they wait).
     pub async fn write(&self, dst: RemoteRegion, data: Vec<u8>) -> Result<(), OneSidedError> {
-        self.link.transfer(dst, Some(data)).await.map(drop)
+        self.link.write(dst, data).await
     }
 }

@@ -11,11 +11,13 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
 
 use slab::Slab;
 use tokio::sync::oneshot;
 
-use crate::runtime::connection::{BufId, Op, SessionCx, SessionWaker};
+use crate::runtime::connection::{BlockingGate, BufId, Op, SessionCx, SessionWaker};
+use crate::runtime::heap::{HeapBudget, HeapError, Held};
 use crate::runtime::service::{OpId, SessionError};
 use crate::transport::Transport;
 use crate::verbs::RemoteRegion;
@@ -54,6 +56,12 @@ pub enum OneSidedError {
     /// No pool buffer for a chunk: the server's registered memory is used up for now.
     #[error("no buffer for the transfer: {0}")]
     NoBuffer(String),
+    /// The server's heap budget had no room for the transfer's bytes: a READ waited
+    /// its turn for [`HandlerService::budget_wait`](super::HandlerService::budget_wait)
+    /// in vain, or a WRITE's bytes (already made by the handler) found it full, so they
+    /// were dropped rather than held uncounted while waiting.
+    #[error("no room for the transfer: {0}")]
+    NoRoom(#[from] HeapError),
     /// The READ or WRITE completed with an error (a remote access error for an rkey
     /// that is not the client's to give, say). The QP is in the error state then, and
     /// the connection closes with this reason.
@@ -66,13 +74,18 @@ pub enum OneSidedError {
 
 type Reply = oneshot::Sender<Result<Vec<u8>, OneSidedError>>;
 
-/// What a call's futures and its session share: transfers asked for and not yet seen by
-/// the session, and the way to wake it.
+/// What a connection's calls and its session share: transfers asked for and not yet
+/// seen by the session, the way to wake it, and what bounds the memory and threads the
+/// calls take.
 #[derive(Debug)]
 pub(super) struct Link {
     queue: Mutex<VecDeque<Asked>>,
-    waker: SessionWaker,
+    pub(super) waker: SessionWaker,
     max_transfer: u64,
+    pub(super) budget: HeapBudget,
+    /// How long a READ waits for its bytes' room in the heap budget.
+    budget_wait: Duration,
+    pub(super) blocking: BlockingGate,
 }
 
 /// A transfer a future asked for.
@@ -81,26 +94,63 @@ struct Asked {
     remote: RemoteRegion,
     /// The bytes to WRITE, or `None` for a READ of all of `remote`.
     write: Option<Vec<u8>>,
+    /// The WRITE's bytes, counted until the transfer is done with them.
+    held: Option<Held>,
     reply: Reply,
 }
 
+/// What a [`Link`] is made of (the session's, taken on its first call).
+pub(super) struct LinkParts {
+    pub waker: SessionWaker,
+    pub max_transfer: u64,
+    pub budget: HeapBudget,
+    pub budget_wait: Duration,
+    pub blocking: BlockingGate,
+}
+
 impl Link {
-    pub(super) fn new(waker: SessionWaker, max_transfer: u64) -> Link {
+    pub(super) fn new(p: LinkParts) -> Link {
         Link {
             queue: Mutex::default(),
-            waker,
-            max_transfer,
+            waker: p.waker,
+            max_transfer: p.max_transfer,
+            budget: p.budget,
+            budget_wait: p.budget_wait,
+            blocking: p.blocking,
         }
     }
 
-    /// Queues a transfer and waits for its result. Errors the session would only find
-    /// later (too large, outside the region) are returned at once.
-    pub(super) async fn transfer(
+    /// READs all of `remote`: its length is counted against the heap budget first
+    /// (waiting in line up to `budget_wait`), and the count is handed back with the
+    /// bytes, for the call to hold as long as it may hold them.
+    pub(super) async fn read(
         &self,
         remote: RemoteRegion,
-        write: Option<Vec<u8>>,
-    ) -> Result<Vec<u8>, OneSidedError> {
-        let len = write.as_ref().map_or(remote.len, |w| w.len() as u64);
+    ) -> Result<(Vec<u8>, Held), OneSidedError> {
+        let len = self.check(remote.len, &remote)?;
+        let held = self.budget.hold(len, self.budget_wait).await?;
+        let data = self.transfer(remote, None, None).await?;
+        Ok((data, held))
+    }
+
+    /// WRITEs `data` to `remote`. Its bytes exist already: counted now or refused, never
+    /// held uncounted while waiting.
+    pub(super) async fn write(
+        &self,
+        remote: RemoteRegion,
+        data: Vec<u8>,
+    ) -> Result<(), OneSidedError> {
+        let len = u64::try_from(data.len()).unwrap_or(u64::MAX);
+        let len = self.check(len, &remote)?;
+        let held = self.budget.count(len)?;
+        self.transfer(remote, Some(data), Some(held))
+            .await
+            .map(drop)
+    }
+
+    /// Errors the session would only find later (too large, outside the region),
+    /// found at once; the length as a `usize` otherwise.
+    fn check(&self, len: u64, remote: &RemoteRegion) -> Result<usize, OneSidedError> {
         if len > self.max_transfer {
             return Err(OneSidedError::TooLarge {
                 len,
@@ -113,6 +163,20 @@ impl Link {
                 granted: remote.len,
             });
         }
+        usize::try_from(len).map_err(|_| OneSidedError::TooLarge {
+            len,
+            max: self.max_transfer,
+        })
+    }
+
+    /// Queues a checked transfer and waits for its result.
+    async fn transfer(
+        &self,
+        remote: RemoteRegion,
+        write: Option<Vec<u8>>,
+        held: Option<Held>,
+    ) -> Result<Vec<u8>, OneSidedError> {
+        let len = write.as_ref().map_or(remote.len, |w| w.len() as u64);
         if len == 0 {
             return Ok(Vec::new());
         }
@@ -122,6 +186,7 @@ impl Link {
             queue.push_back(Asked {
                 remote,
                 write,
+                held,
                 reply,
             });
             queue.len() == 1
@@ -151,6 +216,8 @@ struct Transfer {
     /// Chunks posted and not yet completed.
     outstanding: usize,
     reply: Option<Reply>,
+    /// A WRITE's bytes counted against the heap budget; they go with the transfer.
+    _held: Option<Held>,
 }
 
 impl Transfer {
@@ -185,9 +252,15 @@ impl Transfers {
     pub(super) fn take_from<T: Transport>(&mut self, link: &Link, cx: &mut SessionCx<'_, T>) {
         for asked in link.take() {
             let is_write = asked.write.is_some();
-            let data = asked
-                .write
-                .unwrap_or_else(|| vec![0; asked.remote.len as usize]);
+            // A READ's length was checked against `max_transfer` and counted against the
+            // heap budget by `Link::read` before it was queued.
+            let data = match asked.write {
+                Some(data) => data,
+                None => match usize::try_from(asked.remote.len) {
+                    Ok(len) => vec![0; len],
+                    Err(_) => continue,
+                },
+            };
             let id = self.transfers.insert(Transfer {
                 remote: asked.remote,
                 len: data.len(),
@@ -196,6 +269,7 @@ impl Transfers {
                 next: 0,
                 outstanding: 0,
                 reply: Some(asked.reply),
+                _held: asked.held,
             });
             self.unposted.push_back(id);
         }
