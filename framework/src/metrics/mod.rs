@@ -29,7 +29,7 @@
 //! | `rdmactor_pool_exhausted_total` | counter | | leases refused because the pool reached its cap, sampled by [`record_pool`] (the pool counts them itself, so `memory` does not depend on this module) |
 //! | `rdmactor_pool_waits_total` | counter | | times a connection refused at one of the pool's limits took a place in its line (a rendezvous offer, an incoming message's heap share, a READ chunk) instead of closing |
 //! | `rdmactor_pool_waiting` | gauge | `line` (`smallest`, `bulk`, `heap`) | places in the pool's lines now, sampled by [`record_pool`] |
-//! | `rdmactor_pool_heap_bytes` | gauge | | heap held by incoming messages (the budget of `PoolConfig::heap_bytes`), sampled by [`record_pool`] |
+//! | `rdmactor_pool_heap_bytes` | gauge | | heap counted against `PoolConfig::heap_bytes` (incoming messages, handler calls and transfers, lambda inputs), sampled by [`record_pool`] |
 //! | `rdmactor_blocking_started` | gauge | | closures of sessions and handlers started on the blocking pool and not finished (running or waiting for their connection's or service's turn) |
 //! | `rdmactor_handler_calls` | gauge | service | handler calls running or waiting, across the service's connections (bounded by `HandlerService::max_calls`) |
 //! | `rdmactor_file_transfers_total` | counter | result (`good`, `bad`) | finished uploads, by hash verdict |
