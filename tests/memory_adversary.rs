@@ -1,0 +1,164 @@
+//! Issue 45: a hostile client against `kv serve` on its defaults, as issue 45 measured
+//! it at 1b2f80a (the OOM killer ended the server at 3.8 GB within 25 s): a 16 MiB value
+//! is put, then 32 connections keep 64 `GetInto` of it in flight each, for
+//! `RDMACTOR_ADVERSARY_SECS` (60). The server's RSS is sampled all along and must stay
+//! within its heap budget (`PoolConfig::heap_bytes`, 512 MiB) plus a stated margin; a
+//! polite client beside it must be answered within 1 s every time; and once the hostile
+//! client is gone, the server's connections are back to none.
+
+use std::process::{Child, Command};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use rdmactor::prelude::*;
+use rdmactor::runtime::Refusal;
+use rdmactor_examples::kv::{KvClient, KvError};
+use rdmactor_tests::{actix_run, eventually, rdma_context, resource_counts, target_bin, test_addr};
+
+/// What the server may hold beyond its heap budget: its registered pool's WRITE chunks
+/// (8 of 1 MiB per connection in flight: 256 MiB for 32 connections), the stored value
+/// (16 MiB), each thread's transient copy of it before the budget refuses it (2 × 16
+/// MiB), and the binary, its receive buffers and allocator slack (80 MiB).
+const MARGIN_MIB: u64 = 256 + 16 + 32 + 80;
+const HEAP_MIB: u64 = 512;
+
+struct Serving(Child);
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn rss_mib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kib| kib / 1024)
+}
+
+#[test]
+fn get_into_flood_keeps_kv_serve_within_its_heap_budget_and_a_polite_client_served() {
+    let Some(_ctx) = rdma_context() else { return };
+    let secs: u64 = std::env::var("RDMACTOR_ADVERSARY_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
+    let addr = test_addr();
+    let server = Serving(
+        Command::new(target_bin("kv"))
+            .args(["serve", "--listen", &addr.to_string()])
+            .spawn()
+            .expect("kv serve"),
+    );
+    let pid = server.0.id();
+    actix_run(async move {
+        let client = Client::start(NodeConfig::default()).expect("client");
+        // The server is up once a connect goes through.
+        let started = Instant::now();
+        let polite = loop {
+            match client.connect(addr, "kv").await {
+                Ok(conn) => break KvClient(conn),
+                Err(e) => {
+                    assert!(
+                        started.elapsed() < Duration::from_secs(30),
+                        "kv serve never listened: {e}"
+                    );
+                    actix::clock::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        };
+        let value = rdmactor_testkit::pattern(16 << 20, 45);
+        polite.put("big", value).await.expect("put 16 MiB");
+        polite
+            .put("small", b"ok".to_vec())
+            .await
+            .expect("put small");
+        let into = Rc::new(
+            client
+                .register(16 << 20, Access::REMOTE_WRITE)
+                .expect("register"),
+        );
+        let baseline = rss_mib(pid);
+        let qps = resource_counts().get("qp");
+
+        let until = Instant::now() + Duration::from_secs(secs);
+        let mut hostile = Vec::new();
+        for _ in 0..32 {
+            hostile.push(Rc::new(KvClient(
+                client.connect(addr, "kv").await.expect("hostile"),
+            )));
+        }
+        let tally = Rc::new(std::cell::RefCell::new([0u64; 4]));
+        let mut tasks = Vec::new();
+        for conn in &hostile {
+            for _ in 0..64 {
+                let (conn, into, tally) = (Rc::clone(conn), Rc::clone(&into), Rc::clone(&tally));
+                tasks.push(actix::spawn(async move {
+                    while Instant::now() < until {
+                        let slot = match conn.get_into("big", into.remote()).await {
+                            Ok(n) => {
+                                assert_eq!(n, 16 << 20);
+                                0
+                            }
+                            Err(CallError::Handler(KvError::Transfer(why)))
+                                if why.contains("no room") =>
+                            {
+                                1
+                            }
+                            Err(CallError::Refused(
+                                Refusal::Busy { .. } | Refusal::Overloaded(_),
+                            )) => 2,
+                            Err(other) => panic!("a hostile GetInto answered {other}"),
+                        };
+                        tally.borrow_mut()[slot] += 1;
+                    }
+                }));
+            }
+        }
+        // The polite client and the RSS samples, side by side, until the flood ends.
+        let (mut most, mut polite_worst, mut polite_n) = (0, Duration::ZERO, 0u64);
+        while Instant::now() < until {
+            let asked = Instant::now();
+            let got = actix::clock::timeout(Duration::from_secs(1), polite.get("small"))
+                .await
+                .expect("the polite client is answered within 1 s");
+            assert_eq!(got.expect("polite get"), b"ok");
+            polite_worst = polite_worst.max(asked.elapsed());
+            polite_n += 1;
+            let rss = rss_mib(pid);
+            most = most.max(rss);
+            assert!(
+                rss <= HEAP_MIB + MARGIN_MIB,
+                "kv serve holds {rss} MiB, past its budget of {HEAP_MIB} MiB + {MARGIN_MIB} MiB"
+            );
+            actix::clock::sleep(Duration::from_millis(100)).await;
+        }
+        for t in tasks {
+            t.await.expect("a hostile task");
+        }
+        let [written, no_room, refused, _] = *tally.borrow();
+        println!(
+            "adversary {secs} s: kv serve RSS {baseline} MiB at start, at most {most} MiB (bound {} MiB); \
+             {written} GetInto written, {no_room} NoRoom, {refused} Busy/Overloaded; \
+             polite: {polite_n} answered, slowest {polite_worst:?}",
+            HEAP_MIB + MARGIN_MIB
+        );
+        assert!(written > 0, "the flood moved nothing");
+        // Dropping a connection closes it: the server's QPs go back to what they were.
+        drop(hostile);
+        drop(into);
+        eventually(
+            "the hostile connections' QPs released",
+            Duration::from_secs(30),
+            || async { resource_counts().get("qp") <= qps },
+        )
+        .await;
+        polite.0.close().await;
+        client.shutdown().await;
+    });
+    drop(server);
+}
