@@ -10,6 +10,7 @@
 //! service's (`blocking_per_service`), in order, and looks once more whether anyone still
 //! waits for it before it starts.
 
+use std::cell::OnceCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -18,36 +19,24 @@ use tokio::sync::Semaphore;
 
 use super::wake::BlockingError;
 
-/// Where a connection's blocking closures wait their turn.
-#[derive(Debug, Clone)]
+/// A connection's bounds on its blocking closures. Nothing is allocated until its
+/// session first runs one: most connections never do, and an idle connection's every
+/// byte counts (ARCHITECTURE.md, "What an idle framed connection costs").
+#[derive(Debug)]
 pub(crate) struct BlockingGate {
-    /// Running closures of this connection.
-    running: Arc<Semaphore>,
-    /// Closures started and not finished (running or waiting), against `max_started`.
-    started: Arc<AtomicUsize>,
+    shared: OnceCell<BlockingHandle>,
+    per_connection: usize,
     max_started: usize,
-    /// Running closures of every connection of the service, when the connection's
-    /// service is known (`None` for a client's connection: its application bounds it).
+    /// The service's bound, once the connection's service is known (`None` for a
+    /// client's connection: its application bounds it).
     service: Option<Arc<Semaphore>>,
-}
-
-/// A closure's place: counted as started until dropped.
-pub(crate) struct Started {
-    started: Arc<AtomicUsize>,
-}
-
-impl Drop for Started {
-    fn drop(&mut self) {
-        self.started.fetch_sub(1, Ordering::AcqRel);
-        crate::metrics::blocking_started(-1.0);
-    }
 }
 
 impl BlockingGate {
     pub(crate) fn new(per_connection: usize, max_started: usize) -> Self {
         BlockingGate {
-            running: Arc::new(Semaphore::new(per_connection)),
-            started: Arc::default(),
+            shared: OnceCell::new(),
+            per_connection,
             max_started,
             service: None,
         }
@@ -58,17 +47,63 @@ impl BlockingGate {
         self.service = Some(service);
     }
 
+    /// The handle closures of this connection share, made on first use.
+    pub(crate) fn handle(&self) -> BlockingHandle {
+        self.shared
+            .get_or_init(|| BlockingHandle {
+                inner: Arc::new(Inner {
+                    running: Semaphore::new(self.per_connection),
+                    started: AtomicUsize::new(0),
+                    max_started: self.max_started,
+                    service: self.service.clone(),
+                }),
+            })
+            .clone()
+    }
+}
+
+/// Where one connection's blocking closures wait their turn; cheap to clone into the
+/// futures that run them.
+#[derive(Debug, Clone)]
+pub(crate) struct BlockingHandle {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// Running closures of this connection.
+    running: Semaphore,
+    /// Closures started and not finished (running or waiting), against `max_started`.
+    started: AtomicUsize,
+    max_started: usize,
+    /// Running closures of every connection of the service.
+    service: Option<Arc<Semaphore>>,
+}
+
+/// A closure's place: counted as started until dropped.
+pub(crate) struct Started {
+    gate: Arc<Inner>,
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        self.gate.started.fetch_sub(1, Ordering::AcqRel);
+        crate::metrics::blocking_started(-1.0);
+    }
+}
+
+impl BlockingHandle {
     /// Takes a place for one more closure, or says the connection has too many.
     pub(crate) fn start(&self) -> Result<Started, BlockingError> {
-        let started = self.started.fetch_add(1, Ordering::AcqRel);
+        let started = self.inner.started.fetch_add(1, Ordering::AcqRel);
         let place = Started {
-            started: Arc::clone(&self.started),
+            gate: Arc::clone(&self.inner),
         };
         crate::metrics::blocking_started(1.0);
-        if started >= self.max_started {
+        if started >= self.inner.max_started {
             return Err(BlockingError::Busy {
                 started,
-                max: self.max_started,
+                max: self.inner.max_started,
             });
         }
         Ok(place)
@@ -88,13 +123,14 @@ impl BlockingGate {
         F: FnOnce() -> R + Send + 'static,
     {
         let _place = place;
-        // Semaphores are closed by nobody: an error here cannot happen, but say so.
+        // Nobody closes these semaphores: an error here cannot happen, but say so.
         let _conn = self
+            .inner
             .running
             .acquire()
             .await
             .map_err(|_| BlockingError::Lost)?;
-        let _service = match &self.service {
+        let _service = match &self.inner.service {
             Some(s) => Some(s.acquire().await.map_err(|_| BlockingError::Lost)?),
             None => None,
         };
@@ -143,7 +179,7 @@ mod tests {
 
     #[test]
     fn past_the_started_bound_a_closure_is_refused_at_once() {
-        let gate = BlockingGate::new(1, 2);
+        let gate = BlockingGate::new(1, 2).handle();
         let a = gate.start().expect("first");
         let _b = gate.start().expect("second");
         assert_eq!(
@@ -156,7 +192,7 @@ mod tests {
 
     #[test]
     fn a_closure_whose_connection_is_gone_is_skipped() {
-        let gate = BlockingGate::new(1, 4);
+        let gate = BlockingGate::new(1, 4).handle();
         let ran = Arc::new(AtomicUsize::new(0));
         let r = Arc::clone(&ran);
         let place = gate.start().unwrap();
@@ -173,7 +209,7 @@ mod tests {
 
     #[test]
     fn closures_of_one_connection_run_at_most_n_at_once() {
-        let gate = BlockingGate::new(2, 64);
+        let gate = BlockingGate::new(2, 64).handle();
         let now = Arc::new(AtomicUsize::new(0));
         let most = Arc::new(AtomicUsize::new(0));
         rt().block_on(async {

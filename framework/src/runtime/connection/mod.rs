@@ -63,7 +63,7 @@ pub use harness::{fuzz_connection, Checked};
 pub use wake::{AskError, Asked, Blocking, BlockingError, SessionWaker};
 pub use wr::Op;
 
-pub(crate) use self::blocking::{BlockingGate, ServiceGates};
+pub(crate) use self::blocking::{BlockingGate, BlockingHandle, ServiceGates};
 use self::buf::{Buf, BufEntry, Chunk, GrantEntry};
 use self::liveness::Liveness;
 use self::mailbox::Mailbox;

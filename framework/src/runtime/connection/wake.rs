@@ -195,7 +195,7 @@ impl<T: Transport> SessionCx<'_, T> {
     {
         let (tx, rx) = mpsc::sync_channel(1);
         let waker = self.waker();
-        let gate = self.core.blocking.clone();
+        let gate = self.core.blocking.handle();
         let place = gate.start();
         actix::spawn(async move {
             let result = match place {
@@ -212,8 +212,8 @@ impl<T: Transport> SessionCx<'_, T> {
 
     /// Where this connection's blocking closures wait their turn (for the handler
     /// adapter's calls, which run them from futures).
-    pub(crate) fn blocking_gate(&self) -> super::BlockingGate {
-        self.core.blocking.clone()
+    pub(crate) fn blocking_gate(&self) -> super::BlockingHandle {
+        self.core.blocking.handle()
     }
 
     /// The server's heap budget (`PoolConfig::heap_bytes`), for what this connection's

@@ -16,7 +16,7 @@ use std::time::Duration;
 use slab::Slab;
 use tokio::sync::oneshot;
 
-use crate::runtime::connection::{BlockingGate, BufId, Op, SessionCx, SessionWaker};
+use crate::runtime::connection::{BlockingHandle, BufId, Op, SessionCx, SessionWaker};
 use crate::runtime::heap::{HeapBudget, HeapError, Held};
 use crate::runtime::service::{OpId, SessionError};
 use crate::transport::Transport;
@@ -85,7 +85,7 @@ pub(super) struct Link {
     pub(super) budget: HeapBudget,
     /// How long a READ waits for its bytes' room in the heap budget.
     budget_wait: Duration,
-    pub(super) blocking: BlockingGate,
+    pub(super) blocking: BlockingHandle,
 }
 
 /// A transfer a future asked for.
@@ -105,7 +105,7 @@ pub(super) struct LinkParts {
     pub max_transfer: u64,
     pub budget: HeapBudget,
     pub budget_wait: Duration,
-    pub blocking: BlockingGate,
+    pub blocking: BlockingHandle,
 }
 
 impl Link {
