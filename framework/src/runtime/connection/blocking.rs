@@ -201,7 +201,7 @@ mod tests {
         assert_eq!(got, Err(BlockingError::Skipped));
         assert_eq!(ran.load(Ordering::SeqCst), 0);
         assert_eq!(
-            gate.started.load(Ordering::SeqCst),
+            gate.inner.started.load(Ordering::SeqCst),
             0,
             "its place is given back"
         );
