@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use rdmactor::prelude::*;
 use rdmactor::runtime::Answer;
-use rdmactor_examples::kv::{run_clients, Kv, KvClient, KvError};
+use rdmactor_examples::kv::{run_clients, Kv, KvClient, KvError, KvLimits};
 use rdmactor_examples::kv_session::KvSessions;
 use rdmactor_tests::{
     actix_run, assert_released, eventually, rdma_context, resource_counts, test_addr, wait_idle,
@@ -115,9 +115,10 @@ fn kv_values_moved_by_the_servers_reads_and_writes_of_client_memory() {
             len: 1 << 30,
             ..src.remote()
         };
+        // Refused by the store's largest value before any READ (issue 45).
         match kv.put_from("huge", claim).await {
-            Err(CallError::Handler(KvError::Transfer(why))) => {
-                assert!(why.contains("larger than"), "{why}")
+            Err(CallError::Handler(KvError::ValueTooLarge { len, max })) => {
+                assert_eq!((len, max), (1 << 30, KvLimits::DEFAULT_MAX_VALUE))
             }
             other => panic!("a READ of 1 GiB answered {other:?}"),
         }
@@ -351,4 +352,48 @@ fn handler_errors_refusals_limits_and_a_close_mid_call() {
         server.shutdown().await;
     });
     assert_released(&base);
+}
+
+/// Issue 45: the store is bounded. A Put past its bytes is refused with
+/// `KvError::StoreFull`, a value past its largest with `ValueTooLarge`; nothing is
+/// replaced, the connection and the service go on, and a Delete makes room again.
+#[test]
+fn kv_a_put_past_the_stores_bound_is_refused_and_the_service_goes_on() {
+    let Some(_ctx) = rdma_context() else { return };
+    actix_run(async {
+        let limits = KvLimits {
+            max_bytes: 1 << 20,
+            max_value: 600 << 10,
+        };
+        let server = Server::builder()
+            .listen(test_addr(), None)
+            .handler("kv", Kv::with_limits(limits))
+            .start()
+            .expect("server");
+        let addr = server.local_addrs()[0];
+        let client = Client::start(NodeConfig::default()).expect("client");
+        let kv = KvClient(client.connect(addr, "kv").await.expect("connect"));
+        assert!(!kv.put("a", vec![1; 500 << 10]).await.expect("fits"));
+        assert!(!kv.put("b", vec![2; 500 << 10]).await.expect("fits"));
+        match kv.put("c", vec![3; 100 << 10]).await {
+            Err(CallError::Handler(KvError::StoreFull { limit, .. })) => {
+                assert_eq!(limit, 1 << 20)
+            }
+            other => panic!("a put past the bound answered {other:?}"),
+        }
+        assert!(matches!(
+            kv.put("d", vec![4; 700 << 10]).await,
+            Err(CallError::Handler(KvError::ValueTooLarge { .. }))
+        ));
+        assert!(matches!(
+            kv.get("c").await,
+            Err(CallError::Handler(KvError::NotFound))
+        ));
+        assert_eq!(kv.get("a").await.expect("still served").len(), 500 << 10);
+        kv.delete("b").await.expect("delete");
+        assert!(!kv.put("c", vec![3; 100 << 10]).await.expect("room again"));
+        kv.0.close().await;
+        client.shutdown().await;
+        server.shutdown().await;
+    });
 }

@@ -102,17 +102,115 @@ pub enum KvError {
     /// PutFrom or GetInto could not move the value: the READ or WRITE's reason.
     #[error("moving the value failed: {0}")]
     Transfer(String),
+    /// A Put or PutFrom of a value larger than [`KvLimits::max_value`]; nothing read or
+    /// stored.
+    #[error("value of {len} bytes is larger than the store takes ({max})")]
+    ValueTooLarge {
+        /// The value's length.
+        len: u64,
+        /// [`KvLimits::max_value`].
+        max: u64,
+    },
+    /// The Put would take the store past [`KvLimits::max_bytes`] (keys and values of
+    /// every client): refused, nothing replaced; it succeeds once others are deleted.
+    #[error("the store is full: {used} of {limit} bytes held, the put needs {len} more")]
+    StoreFull {
+        /// Bytes (key and value) the put would add.
+        len: u64,
+        /// Bytes held now.
+        used: u64,
+        /// [`KvLimits::max_bytes`].
+        limit: u64,
+    },
 }
 
 /// The longest key the service takes.
 pub const MAX_KEY: usize = 256;
 
+/// How much the store holds (issue 45: it kept every value with no cap, so clients
+/// could grow the server's heap until the kernel killed it). Both bounds are checked
+/// before a value is stored, and `max_value` before a PutFrom's READ too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvLimits {
+    /// Bytes of keys and values held at once, over every key.
+    pub max_bytes: u64,
+    /// The largest value.
+    pub max_value: u64,
+}
+
+impl KvLimits {
+    /// 256 MiB in all: half the server's default heap budget, leaving the rest to
+    /// messages and READs in flight.
+    pub const DEFAULT_MAX_BYTES: u64 = 256 << 20;
+    /// 16 MiB: the largest value a GetInto writes in one request.
+    pub const DEFAULT_MAX_VALUE: u64 = 16 << 20;
+}
+
+impl Default for KvLimits {
+    fn default() -> Self {
+        KvLimits {
+            max_bytes: KvLimits::DEFAULT_MAX_BYTES,
+            max_value: KvLimits::DEFAULT_MAX_VALUE,
+        }
+    }
+}
+
 // ---- the server ----------------------------------------------------------------------
 
 /// The map every connection shares, owned by one actor: its messages are handled one
-/// at a time, so no lock is taken and no request sees another half done.
+/// at a time, so no lock is taken and no request sees another half done. Bounded by
+/// [`KvLimits`].
 #[derive(Default)]
-pub struct KvStore(HashMap<String, Vec<u8>>);
+pub struct KvStore {
+    map: HashMap<String, Vec<u8>>,
+    /// Bytes of keys and values in `map`.
+    used: u64,
+    limits: KvLimits,
+}
+
+impl KvStore {
+    /// An empty store within `limits`.
+    pub fn new(limits: KvLimits) -> KvStore {
+        KvStore {
+            limits,
+            ..KvStore::default()
+        }
+    }
+
+    /// Stores `value` under `key` if the limits allow it.
+    fn put(&mut self, key: String, value: Vec<u8>) -> Result<bool, KvError> {
+        let size = |k: &str, v: &[u8]| (k.len() as u64).saturating_add(v.len() as u64);
+        check_value(value.len() as u64, &self.limits)?;
+        let len = size(&key, &value);
+        let freed = self.map.get(&key).map_or(0, |old| size(&key, old));
+        let after = self.used.saturating_sub(freed).saturating_add(len);
+        if after > self.limits.max_bytes {
+            return Err(KvError::StoreFull {
+                len,
+                used: self.used,
+                limit: self.limits.max_bytes,
+            });
+        }
+        self.used = after;
+        Ok(self.map.insert(key, value).is_some())
+    }
+
+    /// Bytes of keys and values held.
+    pub fn used(&self) -> u64 {
+        self.used
+    }
+}
+
+/// Refuses a value larger than `limits.max_value`.
+fn check_value(len: u64, limits: &KvLimits) -> Result<(), KvError> {
+    if len > limits.max_value {
+        return Err(KvError::ValueTooLarge {
+            len,
+            max: limits.max_value,
+        });
+    }
+    Ok(())
+}
 
 impl Actor for KvStore {
     type Context = Context<Self>;
@@ -135,11 +233,17 @@ impl Handler<StoreOp> for KvStore {
 
     fn handle(&mut self, op: StoreOp, _: &mut Context<Self>) -> Self::Result {
         match op {
-            StoreOp::Put(key, value) => Some(KvResponse::Stored {
-                replaced: self.0.insert(key, value).is_some(),
+            StoreOp::Put(key, value) => {
+                return self
+                    .put(key, value)
+                    .map(|replaced| KvResponse::Stored { replaced })
+            }
+            StoreOp::Get(key) => self.map.get(&key).cloned().map(KvResponse::Value),
+            StoreOp::Delete(key) => self.map.remove_entry(&key).map(|(k, v)| {
+                let size = (k.len() as u64).saturating_add(v.len() as u64);
+                self.used = self.used.saturating_sub(size);
+                KvResponse::Deleted
             }),
-            StoreOp::Get(key) => self.0.get(&key).cloned().map(KvResponse::Value),
-            StoreOp::Delete(key) => self.0.remove(&key).map(|_| KvResponse::Deleted),
         }
         .ok_or(KvError::NotFound)
     }
@@ -149,6 +253,18 @@ impl Handler<StoreOp> for KvStore {
 #[derive(Default)]
 pub struct Kv {
     store: Owner<KvStore>,
+    limits: KvLimits,
+}
+
+impl Kv {
+    /// The service with its store bounded by `limits` (`Kv::default()` has
+    /// [`KvLimits::default`]).
+    pub fn with_limits(limits: KvLimits) -> Kv {
+        Kv {
+            store: Owner::default(),
+            limits,
+        }
+    }
 }
 
 impl RequestHandler for Kv {
@@ -165,13 +281,16 @@ impl RequestHandler for Kv {
         if key.len() > MAX_KEY {
             return Err(KvError::KeyTooLong(key.len()));
         }
-        let store = &self.store.get_or_start(KvStore::default);
+        let limits = self.limits;
+        let store = &self.store.get_or_start(move || KvStore::new(limits));
         let moved = |e: OneSidedError| KvError::Transfer(e.to_string());
         match req {
             KvRequest::Put { key, value } => ask(store, StoreOp::Put(key, value)).await,
             KvRequest::Get { key } => ask(store, StoreOp::Get(key)).await,
             KvRequest::Delete { key } => ask(store, StoreOp::Delete(key)).await,
             KvRequest::PutFrom { key, from } => {
+                // Refused before the READ: the value would be held in the heap first.
+                check_value(from.len, &self.limits)?;
                 let value = cx.read(from).await.map_err(moved)?;
                 ask(store, StoreOp::Put(key, value)).await
             }
@@ -323,4 +442,63 @@ async fn one_connection(kv: &KvClient, c: usize, requests: usize) -> anyhow::Res
         round_trips.push(sent.elapsed());
     }
     Ok(round_trips)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> KvLimits {
+        KvLimits {
+            max_bytes: 100,
+            max_value: 60,
+        }
+    }
+
+    /// Issue 45: Puts past the store's bound are refused with the typed error, nothing
+    /// replaced, and the store goes on; a replaced or deleted value gives its bytes back.
+    #[test]
+    fn puts_past_the_bound_are_refused_and_the_store_goes_on() {
+        let mut store = KvStore::new(limits());
+        assert_eq!(store.put("a".into(), vec![0; 49]), Ok(false));
+        assert_eq!(store.used(), 50);
+        assert_eq!(
+            store.put("b".into(), vec![0; 61]),
+            Err(KvError::ValueTooLarge { len: 61, max: 60 })
+        );
+        assert_eq!(store.put("b".into(), vec![0; 49]), Ok(false));
+        assert_eq!(
+            store.put("c".into(), vec![0; 1]),
+            Err(KvError::StoreFull {
+                len: 2,
+                used: 100,
+                limit: 100
+            })
+        );
+        assert_eq!(store.used(), 100, "nothing counted for the refused put");
+        // Replacing a value counts the new one instead of the old.
+        assert_eq!(store.put("a".into(), vec![1; 9]), Ok(true));
+        assert_eq!(store.used(), 60);
+        assert_eq!(store.put("c".into(), vec![0; 20]), Ok(false));
+        assert_eq!(store.used(), 81);
+    }
+
+    #[test]
+    fn a_delete_through_the_actor_makes_room() {
+        actix::System::new().block_on(async {
+            let store = KvStore::new(limits()).start();
+            let put = |k: &str, n: usize| store.send(StoreOp::Put(k.into(), vec![0; n]));
+            put("a", 59).await.unwrap().expect("fits");
+            assert!(matches!(
+                put("b", 59).await.unwrap(),
+                Err(KvError::StoreFull { .. })
+            ));
+            store
+                .send(StoreOp::Delete("a".into()))
+                .await
+                .unwrap()
+                .expect("deleted");
+            put("b", 59).await.unwrap().expect("room again");
+        });
+    }
 }

@@ -9,17 +9,29 @@ use std::collections::HashMap;
 use rdmactor::prelude::*;
 use rdmactor::runtime::{Answer, Asked};
 
-use crate::kv::{KvError, KvRequest, KvResponse, KvStore, StoreOp, MAX_KEY};
+use crate::kv::{KvError, KvLimits, KvRequest, KvResponse, KvStore, StoreOp, MAX_KEY};
 
 /// The service: makes a session per connection, holding the store's address.
 #[derive(Default)]
 pub struct KvSessions {
     store: Owner<KvStore>,
+    limits: KvLimits,
+}
+
+impl KvSessions {
+    /// The service with its store bounded by `limits`.
+    pub fn with_limits(limits: KvLimits) -> KvSessions {
+        KvSessions {
+            store: Owner::default(),
+            limits,
+        }
+    }
 }
 
 impl Service for KvSessions {
     fn session(&self, _peer: &PeerInfo) -> Box<dyn Session> {
-        let store = self.store.get_or_start(KvStore::default);
+        let limits = self.limits;
+        let store = self.store.get_or_start(move || KvStore::new(limits));
         Box::new(KvSession {
             store: store.recipient(),
             asked: HashMap::new(),

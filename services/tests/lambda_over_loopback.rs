@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use rdmactor::memory::PoolConfig;
 use rdmactor::runtime::{Client, ClientConnection, NodeConfig, Server};
 use rdmactor::transport::loopback::{Fabric, Loopback, Mr};
 use rdmactor::verbs::Access;
@@ -41,6 +42,11 @@ fn cap() -> Limits {
 
 /// A server of `lambda` (with the native `checksum`) on `fabric`, and a client.
 fn serve(fabric: &Fabric) -> (Server<Loopback>, Client<Loopback>) {
+    serve_with(fabric, NodeConfig::default())
+}
+
+/// [`serve`] with the server's `node` configuration.
+fn serve_with(fabric: &Fabric, node: NodeConfig) -> (Server<Loopback>, Client<Loopback>) {
     let natives = NativeLambdas::new();
     natives.register("checksum", Arc::new(|i: &[u8]| Ok(checksum_native(i))));
     let config = LambdaConfig {
@@ -49,6 +55,7 @@ fn serve(fabric: &Fabric) -> (Server<Loopback>, Client<Loopback>) {
     };
     let service = LambdaService::new(Arc::new(Sandbox::new()), Arc::new(natives), config);
     let server = Server::over(Loopback)
+        .config(node)
         .domain(fabric.device("server"))
         .listen(AT, None)
         .service("lambda", service)
@@ -244,6 +251,52 @@ fn a_region_without_the_access_a_request_needs_costs_only_its_connection() {
         let stats = server.stats().await;
         assert_eq!(stats.connections, 1, "only the third connection is left");
         client.shutdown().await;
+        server.shutdown().await;
+    });
+}
+
+/// Issue 45: an invocation's input and output are counted against the server's heap
+/// budget before the input is allocated or READ; past it the invocation fails with
+/// `HeapFull`, nothing is held, and the connection goes on.
+#[test]
+fn an_invocation_past_the_heap_budget_is_refused_and_the_connection_goes_on() {
+    actix::System::new().block_on(async {
+        const BUDGET: usize = 1 << 20;
+        let fabric = Fabric::default();
+        let node = NodeConfig {
+            pool: PoolConfig {
+                heap_bytes: BUDGET,
+                ..PoolConfig::default()
+            },
+            ..NodeConfig::default()
+        };
+        let (server, client) = serve_with(&fabric, node);
+        let conn = client.connect(AT, "lambda").await.unwrap();
+
+        let input = pattern(2 * BUDGET, 5);
+        let big = Regions::new(&client, &input, 64);
+        let refused = big.invocation(LambdaRef::Native("checksum".into()), input.len(), None);
+        match lambda::invoke(&conn, &refused).await {
+            Err(CallError::Failed(f)) if f.kind == FailureKind::HeapFull => {
+                assert!(f.message.contains("heap budget"), "{}", f.message);
+            }
+            other => panic!("expected HeapFull, got {other:?}"),
+        }
+
+        let small = pattern(1000, 6);
+        let fits = Regions::new(&client, &small, 64);
+        let len = lambda::invoke(
+            &conn,
+            &fits.invocation(LambdaRef::Native("checksum".into()), small.len(), None),
+        )
+        .await
+        .expect("the connection goes on");
+        assert_eq!(fits.output(len), checksum_native(&small));
+        assert_eq!(
+            server.stats().await.pool.heap_bytes,
+            0,
+            "every hold came back"
+        );
         server.shutdown().await;
     });
 }

@@ -8,10 +8,10 @@
 
 use std::net::SocketAddr;
 
-use anyhow::{ensure, Result};
+use anyhow::{ensure, Context as _, Result};
 use clap::{Parser, Subcommand};
 use rdmactor::prelude::*;
-use rdmactor_examples::kv::{run_clients, Kv};
+use rdmactor_examples::kv::{run_clients, Kv, KvLimits};
 use rdmactor_examples::kv_session::KvSessions;
 use rdmactor_examples::{logs, report};
 
@@ -32,6 +32,13 @@ enum Mode {
         /// Serve the same service written as a raw session (`kv_session`), to compare.
         #[arg(long)]
         session: bool,
+        /// Bytes of keys and values the store holds at once, in MiB; a Put past it is
+        /// refused with `StoreFull` (the store kept everything before issue 45).
+        #[arg(long, default_value_t = KvLimits::DEFAULT_MAX_BYTES >> 20)]
+        max_mib: u64,
+        /// The largest value, in bytes; a larger Put is refused with `ValueTooLarge`.
+        #[arg(long, default_value_t = KvLimits::DEFAULT_MAX_VALUE)]
+        max_value: u64,
     },
     /// Run CONNECTIONS connections of REQUESTS requests each and check every answer.
     Client {
@@ -50,11 +57,24 @@ enum Mode {
 fn main() -> Result<()> {
     logs::init("info");
     match Args::parse().mode {
-        Mode::Serve { listen, session } => {
+        Mode::Serve {
+            listen,
+            session,
+            max_mib,
+            max_value,
+        } => {
+            let limits = KvLimits {
+                max_bytes: max_mib
+                    .checked_mul(1 << 20)
+                    .context("--max-mib too large")?,
+                max_value,
+            };
             let server = Server::builder().listen(listen, None);
             match session {
-                false => Ok(server.handler("kv", Kv::default()).run()?),
-                true => Ok(server.service("kv", KvSessions::default()).run()?),
+                false => Ok(server.handler("kv", Kv::with_limits(limits)).run()?),
+                true => Ok(server
+                    .service("kv", KvSessions::with_limits(limits))
+                    .run()?),
             }
         }
         Mode::Client {

@@ -135,6 +135,11 @@ struct Args {
     /// is known (stored or served before, unchanged since) do not count.
     #[arg(long, default_value_t = FilesConfig::DEFAULT_FETCH_PREPARATIONS)]
     files_fetch_preparations: u32,
+    /// Uploads the `files` service stages at once over every client (temporary file,
+    /// disk reserved, window); more are refused with a "server is full" reason. Bounds
+    /// what many client hosts, each within --files-client-uploads, hold together.
+    #[arg(long, default_value_t = FilesConfig::DEFAULT_MAX_UPLOADS)]
+    files_max_uploads: u32,
     /// Digests of stored and served files kept in memory, so that fetching them again
     /// does not read them whole. 0 keeps none.
     #[arg(long, default_value_t = rdmactor_services::file_transfer::DigestCache::DEFAULT_CAPACITY)]
@@ -327,6 +332,7 @@ fn files_service(args: &Args) -> Result<Option<FileTransfer>> {
         .with_public_fetch(args.files_public_fetch)
         .with_overwrite_others(args.files_overwrite_others)
         .with_fetch_preparations(args.files_fetch_preparations)
+        .with_max_uploads(args.files_max_uploads)
         .with_digest_cache(args.files_digest_cache)
         .with_stall(
             Some(std::time::Duration::from_secs(args.files_stall_secs)).filter(|d| !d.is_zero()),

@@ -56,6 +56,13 @@ pub struct Config {
     /// [`RejectReason::Quota`](super::RejectReason::Quota). A fetch of a file whose
     /// digest is known needs no preparation and does not count.
     pub fetch_preparations: u32,
+    /// How many uploads the service admits at once over every client (each stages a
+    /// temporary file with disk reserved by `fallocate`, an open descriptor and a
+    /// receiver's window); one more is refused with
+    /// [`RejectReason::ServerFull`](super::RejectReason::ServerFull). The per-client
+    /// [`client_quota`](Self::client_quota) alone let many addresses stage without
+    /// bound (issue 45).
+    pub max_uploads: u32,
 }
 
 impl Config {
@@ -76,6 +83,9 @@ impl Config {
     /// 2: a client fetching two new files at once is served; one opening a connection
     /// per file to keep the disk and the blocking pool busy is not.
     pub const DEFAULT_FETCH_PREPARATIONS: u32 = 2;
+    /// 256 uploads at once over every client: four clients at their default share of
+    /// 64, about 256 open descriptors and windows.
+    pub const DEFAULT_MAX_UPLOADS: u32 = 256;
 
     /// The defaults, storing into `dir`, with no secrets.
     pub fn new(dir: impl Into<PathBuf>) -> Config {
@@ -92,6 +102,7 @@ impl Config {
             stall: Some(Config::DEFAULT_STALL),
             digest_cache: super::DigestCache::DEFAULT_CAPACITY,
             fetch_preparations: Config::DEFAULT_FETCH_PREPARATIONS,
+            max_uploads: Config::DEFAULT_MAX_UPLOADS,
         }
     }
 
@@ -106,6 +117,13 @@ impl Config {
     /// [`fetch_preparations`](Self::fetch_preparations)).
     pub fn with_fetch_preparations(mut self, limit: u32) -> Config {
         self.fetch_preparations = limit;
+        self
+    }
+
+    /// Sets how many uploads the service admits at once over every client (see
+    /// [`max_uploads`](Self::max_uploads)).
+    pub fn with_max_uploads(mut self, limit: u32) -> Config {
+        self.max_uploads = limit;
         self
     }
 
@@ -181,6 +199,11 @@ impl Config {
         if self.fetch_preparations == 0 {
             return Err(TransferError::Invalid(
                 "0 fetch preparations per client (no new file could be fetched)".into(),
+            ));
+        }
+        if self.max_uploads == 0 {
+            return Err(TransferError::Invalid(
+                "0 uploads at once on the server (no file could be received)".into(),
             ));
         }
         if self.stall.is_some_and(|d| d.is_zero()) {

@@ -209,6 +209,15 @@ pub trait Endpoint {
         let _ = reason;
     }
 
+    /// One of this transfer's own jobs (a chunk's read or its consumption) could not
+    /// run: the server refused it (`BlockingError::Busy`, the connection's blocking
+    /// work at its bound). End the transfer now as [`give_up`](Self::give_up) does,
+    /// telling the peer `reason`, whether or not it waits on the peer; the connection
+    /// goes on. Does nothing once the transfer ended.
+    fn handle_job_refused(&mut self, reason: RejectReason) {
+        self.give_up(reason);
+    }
+
     /// Sender: true once no more chunks may be posted (the transfer aborted or
     /// ended). A driver checks it after [`fill_chunk`](Self::fill_chunk) and
     /// [`handle_read`](Self::handle_read): a read that failed aborts the transfer, and

@@ -31,6 +31,14 @@ impl QuotaOwner {
         }
     }
 
+    /// Admits at most `max` uploads at once over every client (see
+    /// [`Ledger::with_max_uploads`]).
+    #[must_use]
+    pub fn with_max_uploads(mut self, max: u64) -> QuotaOwner {
+        self.ledger = self.ledger.with_max_uploads(max);
+        self
+    }
+
     fn publish(&self) {
         self.uploads.store(self.ledger.uploads(), Ordering::Relaxed);
     }

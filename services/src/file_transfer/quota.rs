@@ -66,6 +66,8 @@ struct Admitted {
 #[derive(Debug)]
 pub struct Ledger {
     quota: ClientQuota,
+    /// Uploads admitted at once over every client (see [`Ledger::with_max_uploads`]).
+    max_uploads: u64,
     clients: HashMap<String, Use>,
     admitted: HashMap<AdmissionId, Admitted>,
     /// Admitted bytes no `fallocate` reserved (yet).
@@ -78,11 +80,22 @@ impl Ledger {
     pub fn new(quota: ClientQuota) -> Ledger {
         Ledger {
             quota,
+            max_uploads: u64::MAX,
             clients: HashMap::new(),
             admitted: HashMap::new(),
             promised: 0,
             next: 0,
         }
+    }
+
+    /// Admits at most `max` uploads at once over every client: each admitted upload
+    /// stages a temporary file (an open descriptor, disk reserved by `fallocate`, a
+    /// receiver's window), and the per-client share alone let many addresses stage
+    /// without bound. Past it an offer is refused with [`RejectReason::ServerFull`].
+    #[must_use]
+    pub fn with_max_uploads(mut self, max: u64) -> Ledger {
+        self.max_uploads = max;
+        self
     }
 
     /// Admits an upload of `len` bytes for `client` when the file system reports `free`
@@ -92,16 +105,24 @@ impl Ledger {
     ///
     /// # Errors
     ///
-    /// [`RejectReason::Quota`] naming the limit; [`RejectReason::NoSpace`] when `free`
-    /// less what is promised already cannot hold `len`.
+    /// [`RejectReason::ServerFull`] when the service has its
+    /// [`max_uploads`](Self::with_max_uploads) admitted; [`RejectReason::Quota`] naming
+    /// the client's limit; [`RejectReason::NoSpace`] when `free` less what is promised
+    /// already cannot hold `len`.
     pub fn handle_admit(
         &mut self,
         client: &str,
         len: u64,
         free: u64,
     ) -> Result<AdmissionId, RejectReason> {
+        if self.uploads() >= self.max_uploads {
+            return Err(RejectReason::ServerFull {
+                what: "uploads at once on this server".into(),
+                limit: self.max_uploads,
+            });
+        }
         let (uploads, bytes) = self.usage(client);
-        let uploads = uploads + 1;
+        let uploads = uploads.saturating_add(1);
         if uploads > self.quota.uploads {
             return Err(RejectReason::Quota {
                 what: "uploads at once".into(),
@@ -279,6 +300,26 @@ mod tests {
     use super::*;
 
     const LOTS: u64 = u64::MAX;
+
+    /// Issue 45: many clients, each within its share, are bounded together.
+    #[test]
+    fn uploads_are_limited_over_every_client_and_given_back_on_release() {
+        let mut ledger = Ledger::new(ClientQuota::default()).with_max_uploads(2);
+        let a = ledger.handle_admit("10.0.0.1", 1, LOTS).unwrap();
+        let _b = ledger.handle_admit("10.0.0.2", 1, LOTS).unwrap();
+        assert_eq!(
+            ledger.handle_admit("10.0.0.3", 1, LOTS),
+            Err(RejectReason::ServerFull {
+                what: "uploads at once on this server".into(),
+                limit: 2,
+            })
+        );
+        assert_eq!(ledger.usage("10.0.0.3"), (0, 0), "nothing counted for it");
+        ledger.handle_release(a);
+        ledger
+            .handle_admit("10.0.0.3", 1, LOTS)
+            .expect("admitted once another upload ended");
+    }
 
     #[test]
     fn uploads_and_bytes_are_limited_per_client_and_given_back_on_release() {

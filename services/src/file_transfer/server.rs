@@ -258,6 +258,12 @@ impl Endpoint for Server {
         }
     }
 
+    fn handle_job_refused(&mut self, reason: RejectReason) {
+        if let Some(ep) = self.role_mut() {
+            ep.handle_job_refused(reason);
+        }
+    }
+
     fn handle_admitted(
         &mut self,
         answer: std::result::Result<super::Admission, RejectReason>,

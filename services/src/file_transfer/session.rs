@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 
 use actix::{Addr, Recipient};
 use rdmactor::runtime::{
-    Asked, Blocking, BufId, CloseReason, Driver, Flow, Incoming, MachineCx, MachineSession,
-    PeerInfo, Service, Session, SessionError, StateMachine,
+    Asked, Blocking, BlockingError, BufId, CloseReason, Driver, Flow, Held, Incoming, MachineCx,
+    MachineSession, PeerInfo, Service, Session, SessionError, StateMachine,
 };
 use rdmactor::transport::Transport;
 
@@ -174,9 +174,10 @@ impl<T: Transport> Service<T> for FileTransfer {
         let client = peer
             .addr
             .map_or_else(|| format!("qp {}", peer.qp_num), |a| a.ip().to_string());
-        let owner = self
-            .owner
-            .get_or_start(|| QuotaOwner::new(self.config.client_quota, Arc::clone(&self.uploads)));
+        let owner = self.owner.get_or_start(|| {
+            QuotaOwner::new(self.config.client_quota, Arc::clone(&self.uploads))
+                .with_max_uploads(u64::from(self.config.max_uploads))
+        });
         let server = Server::new(Arc::clone(&self.config))
             .with_reaper(self.reaper.clone())
             .with_quota(client)
@@ -255,7 +256,9 @@ struct FileSession {
     /// The chunk of a download being read on the blocking pool; its WRITE is posted,
     /// and the state machine's later outputs carried out (the drain is paused till
     /// then), when the read is done.
-    reading: Option<(ChunkWrite, Blocking<ChunkRead>)>,
+    /// The chunk's bytes are counted against the heap budget until they are copied
+    /// into the staging buffer.
+    reading: Option<(ChunkWrite, Blocking<ChunkRead>, Held)>,
     /// [`Config::stall`]: how long a transfer may wait on the peer.
     stall: Option<Duration>,
     /// When the transfer last moved: a message or chunk from the peer, a WRITE
@@ -358,19 +361,31 @@ impl<T: Transport> Driver<T> for FileSession {
                 let Some(result) = self
                     .reading
                     .as_ref()
-                    .and_then(|(_, blocking)| blocking.try_take())
+                    .and_then(|(_, blocking, _)| blocking.try_take())
                 else {
                     return Ok(());
                 };
-                let (chunk, _) = self.reading.take().expect("checked above");
+                let (chunk, _, _held) = self.reading.take().expect("checked above");
                 cx.resume();
                 if cx.machine.is_finished() {
                     // The transfer was aborted while this chunk was read: it is not sent.
                     return Ok(());
                 }
-                let read = result.map_err(|e| {
-                    SessionError::new(format!("file transfer: reading chunk {}: {e}", chunk.index))
-                })?;
+                let read = match result {
+                    Ok(read) => read,
+                    // The connection's blocking work is at its bound: this transfer ends
+                    // with the reason, the connection goes on.
+                    Err(e @ BlockingError::Busy { .. }) => {
+                        cx.machine.handle_job_refused(busy(&e));
+                        return Ok(());
+                    }
+                    Err(e) => {
+                        return Err(SessionError::new(format!(
+                            "file transfer: reading chunk {}: {e}",
+                            chunk.index
+                        )))
+                    }
+                };
                 let bytes = cx.machine.handle_read(read).map_err(fail)?;
                 if cx.machine.stopped_sending() {
                     // The read failed and the transfer was aborted: nothing to post.
@@ -383,9 +398,18 @@ impl<T: Transport> Driver<T> for FileSession {
                     return Ok(());
                 };
                 self.consume = None;
-                let consumed = result.map_err(|e| {
-                    SessionError::new(format!("file transfer: consuming chunks: {e}"))
-                })?;
+                let consumed = match result {
+                    Ok(consumed) => consumed,
+                    Err(e @ BlockingError::Busy { .. }) => {
+                        server.handle_job_refused(busy(&e));
+                        return Ok(());
+                    }
+                    Err(e) => {
+                        return Err(SessionError::new(format!(
+                            "file transfer: consuming chunks: {e}"
+                        )))
+                    }
+                };
                 server.handle_consumed(consumed).map_err(fail)
             }
             ADMITTED => {
@@ -472,5 +496,14 @@ impl<T: Transport> Driver<T> for FileSession {
 
     fn error(what: String) -> SessionError {
         SessionError::new(format!("file transfer: {what}"))
+    }
+}
+
+/// Why a transfer ends when one of its jobs was refused by the connection's bound on
+/// blocking work (`BlockingError::Busy`). `Skipped` never reaches a session (its
+/// connection is gone), and the other errors end the connection as before.
+fn busy(e: &BlockingError) -> RejectReason {
+    RejectReason::Unavailable {
+        reason: format!("the server is busy: {e}"),
     }
 }

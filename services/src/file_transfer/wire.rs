@@ -242,6 +242,14 @@ pub enum RejectReason {
         /// The limit, in seconds.
         secs: u64,
     },
+    /// The server as a whole is at a limit shared by every client (each may be within
+    /// its own share): nothing was staged; ask again once others are done.
+    ServerFull {
+        /// Which limit, in words (`"uploads at once on this server"`).
+        what: String,
+        /// The limit.
+        limit: u64,
+    },
 }
 
 impl fmt::Display for RejectReason {
@@ -272,6 +280,10 @@ impl fmt::Display for RejectReason {
             RejectReason::Stalled { secs } => write!(
                 f,
                 "stalled: nothing from the peer for {secs} s while the transfer waited on it"
+            ),
+            RejectReason::ServerFull { what, limit } => write!(
+                f,
+                "the server is full: {limit} {what} (every client's), try again later"
             ),
         }
     }

@@ -78,7 +78,9 @@ pub async fn upload<T: Transport>(
 ///
 /// # Errors
 /// [`CallError::Failed`] with the kind of failure (`Trap`, `OutOfFuel`, `Timeout`,
-/// `MemoryLimit`, `UnknownLambda`, `OutputTooLarge`, ...); [`CallError::Request`] when
+/// `MemoryLimit`, `UnknownLambda`, `OutputTooLarge`, `Busy` when the service's job slots
+/// are taken, `HeapFull` when the server's heap budget has no room for the input and
+/// output, ...); [`CallError::Request`] when
 /// the connection closed (for example because a region lacked the access it needs).
 pub async fn invoke<T: Transport>(
     conn: &ClientConnection<T>,

@@ -1,8 +1,19 @@
-//! One connection's jobs as a state machine with no I/O: a request becomes READ input,
-//! run, WRITE output, reply (or a failure reply at any step). The session drives it.
+//! One connection's jobs as a state machine with no I/O: an invocation takes a job slot,
+//! then counts its bytes against the server's heap budget, then READs its input, runs,
+//! WRITEs its output and replies (or a failure reply at any step). The session drives it.
+//!
+//! The order is the point (issue 45): the input buffer is allocated, and the client's
+//! region READ, only once the service granted a job slot and the heap budget counted
+//! the bytes. Before, every connection allocated and READ up to 4 × 16 MiB of input
+//! before asking for a slot, outside any budget.
+//!
+//! The machine is generic over what the driver hands back for a granted slot (`G`, the
+//! owner's answer, which frees the slot when dropped) and for counted bytes (`H`, a
+//! [`Held`](rdmactor::runtime::Held)), so that its tests need neither an owner nor a pool.
 
 use std::collections::VecDeque;
 
+use rdmactor::runtime::HeapError;
 use rdmactor::verbs::RemoteRegion;
 use slab::Slab;
 
@@ -27,9 +38,15 @@ pub(crate) enum Outcome {
 
 /// What the driver does next, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Action {
+pub(crate) enum Action<G> {
     /// Answer request `tag`.
     Reply { tag: u32, response: LambdaResponse },
+    /// Ask the service for a job slot (and the module) for the invocation `job`
+    /// (`work` is [`Work::Module`] or [`Work::Native`]), then `handle_started`.
+    Start { job: usize, work: Work },
+    /// Count `len` bytes against the server's heap budget for `job`, then
+    /// `handle_held`. Never waits: a job holds a service-wide slot meanwhile.
+    Hold { job: usize, len: usize },
     /// RDMA READ the `len` bytes of `src` (the input's bytes from `offset`), then
     /// `handle_input`. A large input is read in chunks of
     /// [`LambdaConfig::read_chunk`], at most [`LambdaConfig::reads_in_flight`] at a time.
@@ -39,11 +56,15 @@ pub(crate) enum Action {
         src: RemoteRegion,
         len: usize,
     },
-    /// Compute off the actor, then `handle_outcome`.
+    /// Hash the uploaded `module` off the actor, ask the service to compile it, then
+    /// `handle_outcome`.
+    Load { job: usize, module: Vec<u8> },
+    /// Run `work` on `input` with its job slot off the actor, then `handle_outcome`.
     Run {
         job: usize,
         work: Work,
         input: Vec<u8>,
+        slot: G,
     },
     /// RDMA WRITE `data` to `dst`, then `handle_written`.
     WriteOutput {
@@ -54,13 +75,30 @@ pub(crate) enum Action {
 }
 
 #[derive(Debug)]
-enum Stage {
+enum Stage<G, H> {
     Loading,
+    /// Waiting for a job slot; nothing allocated for the input yet.
+    Starting {
+        work: Work,
+        output: RemoteRegion,
+        /// The whole input region (`input_len` bytes).
+        src: RemoteRegion,
+    },
+    /// The slot is granted; waiting for the heap budget to count the job's bytes.
+    Holding {
+        work: Work,
+        output: RemoteRegion,
+        src: RemoteRegion,
+        slot: G,
+    },
     Reading {
         work: Work,
         output: RemoteRegion,
         /// The whole input region (`input_len` bytes).
         src: RemoteRegion,
+        slot: G,
+        /// The bytes of `input` and of the output, counted.
+        held: Option<H>,
         /// The input so far: chunks land at their offsets.
         input: Vec<u8>,
         /// Offset of the next chunk to ask for.
@@ -76,28 +114,32 @@ enum Stage {
     },
     Running {
         output: RemoteRegion,
+        /// Counts the input (moved to the job's thread) and the output to come.
+        held: Option<H>,
     },
     Writing {
         len: u64,
+        /// Counts the output until it is written.
+        _held: Option<H>,
     },
 }
 
 #[derive(Debug)]
-struct Job {
+struct Job<G, H> {
     tag: u32,
-    stage: Stage,
+    stage: Stage<G, H>,
 }
 
 /// One connection's requests, from arrival to answer, with no I/O: the session feeds it
 /// (`handle_*`) and carries out its [`Action`]s (`poll_action`, in order).
 #[derive(Debug)]
-pub(crate) struct Invocations {
+pub(crate) struct Invocations<G, H> {
     config: LambdaConfig,
-    jobs: Slab<Job>,
-    actions: VecDeque<Action>,
+    jobs: Slab<Job<G, H>>,
+    actions: VecDeque<Action<G>>,
 }
 
-impl Invocations {
+impl<G: std::fmt::Debug, H: std::fmt::Debug> Invocations<G, H> {
     pub fn new(config: LambdaConfig) -> Self {
         Invocations {
             config,
@@ -119,6 +161,13 @@ impl Invocations {
         });
     }
 
+    /// Removes `job` (its slot and held bytes go with it) and answers it with `failure`.
+    fn end_failed(&mut self, job: usize, failure: Failure) {
+        if let Some(j) = self.jobs.try_remove(job) {
+            self.fail(j.tag, failure);
+        }
+    }
+
     /// A request arrived with `tag`.
     pub fn handle_request(&mut self, tag: u32, req: LambdaRequest) {
         if self.jobs.len() >= self.config.max_jobs_per_connection {
@@ -137,11 +186,7 @@ impl Invocations {
                     tag,
                     stage: Stage::Loading,
                 });
-                self.actions.push_back(Action::Run {
-                    job,
-                    work: Work::Load(module),
-                    input: Vec::new(),
-                });
+                self.actions.push_back(Action::Load { job, module });
             }
             LambdaRequest::Invoke {
                 lambda,
@@ -156,7 +201,7 @@ impl Invocations {
                         return self.fail(tag, Failure::new(FailureKind::BadRequest, e.to_string()))
                     }
                 };
-                let len = input_len as usize;
+                let len = usize::try_from(input_len).unwrap_or(usize::MAX);
                 if len > self.config.max_input {
                     return self.fail(
                         tag,
@@ -184,34 +229,104 @@ impl Invocations {
                         Work::Module(hash, limits)
                     }
                 };
-                if len == 0 {
-                    let job = self.jobs.insert(Job {
-                        tag,
-                        stage: Stage::Running { output },
-                    });
-                    self.actions.push_back(Action::Run {
-                        job,
-                        work,
-                        input: Vec::new(),
-                    });
-                } else {
-                    let job = self.jobs.insert(Job {
-                        tag,
-                        stage: Stage::Reading {
-                            work,
-                            output,
-                            src,
-                            input: vec![0; len],
-                            next: 0,
-                            in_flight: 0,
-                            received: 0,
-                            refused: None,
-                        },
-                    });
-                    self.request_chunks(job);
-                }
+                // The slot first: nothing is allocated for a job the service cannot run.
+                let job = self.jobs.insert(Job {
+                    tag,
+                    stage: Stage::Starting {
+                        work: work.clone(),
+                        output,
+                        src,
+                    },
+                });
+                self.actions.push_back(Action::Start { job, work });
             }
         }
+    }
+
+    /// The service answered `job`'s [`Action::Start`]: its slot, or why not.
+    pub fn handle_started(&mut self, job: usize, granted: Result<G, LambdaError>) {
+        let Some(j) = self.jobs.get_mut(job) else {
+            return;
+        };
+        if !matches!(j.stage, Stage::Starting { .. }) {
+            debug_assert!(false, "a slot for job {job} in {:?}", j.stage);
+            return;
+        }
+        let slot = match granted {
+            Ok(slot) => slot,
+            Err(e) => return self.end_failed(job, (&e).into()),
+        };
+        let Stage::Starting { work, output, src } = std::mem::replace(&mut j.stage, Stage::Loading)
+        else {
+            unreachable!("matched above");
+        };
+        let len = held_len(&self.config, &src, &output);
+        j.stage = Stage::Holding {
+            work,
+            output,
+            src,
+            slot,
+        };
+        self.actions.push_back(Action::Hold { job, len });
+    }
+
+    /// The heap budget answered `job`'s [`Action::Hold`]: the bytes are counted (then the
+    /// input is allocated and READ), or the job is refused with
+    /// [`FailureKind::HeapFull`] and its slot given back; the connection goes on.
+    pub fn handle_held(&mut self, job: usize, held: Result<H, HeapError>) {
+        let Some(j) = self.jobs.get_mut(job) else {
+            return;
+        };
+        if !matches!(j.stage, Stage::Holding { .. }) {
+            debug_assert!(false, "held bytes for job {job} in {:?}", j.stage);
+            return;
+        }
+        let held = match held {
+            Ok(held) => held,
+            Err(e) => {
+                let failure = Failure::new(
+                    FailureKind::HeapFull,
+                    format!("no room for the job's input and output: {e}"),
+                );
+                return self.end_failed(job, failure);
+            }
+        };
+        let Stage::Holding {
+            work,
+            output,
+            src,
+            slot,
+        } = std::mem::replace(&mut j.stage, Stage::Loading)
+        else {
+            unreachable!("matched above");
+        };
+        if src.len == 0 {
+            j.stage = Stage::Running {
+                output,
+                held: Some(held),
+            };
+            return self.actions.push_back(Action::Run {
+                job,
+                work,
+                input: Vec::new(),
+                slot,
+            });
+        }
+        // Within `max_input` (checked on arrival), and counted just now.
+        let len = usize::try_from(src.len).unwrap_or(usize::MAX);
+        j.stage = Stage::Reading {
+            work,
+            output,
+            src,
+            slot,
+            held: Some(held),
+            input: vec![0; len],
+            next: 0,
+            in_flight: 0,
+            received: 0,
+            refused: None,
+        };
+        self.request_chunks(job);
     }
 
     /// Asks for the next chunks of `job`'s input, up to the window.
@@ -287,24 +402,37 @@ impl Invocations {
                 work,
                 output,
                 input,
+                slot,
+                held,
                 ..
             } => {
-                j.stage = Stage::Running { output };
-                self.actions.push_back(Action::Run { job, work, input });
+                j.stage = Stage::Running { output, held };
+                self.actions.push_back(Action::Run {
+                    job,
+                    work,
+                    input,
+                    slot,
+                });
             }
             other => j.stage = other,
         }
     }
 
+    /// `job` could not be carried on for a reason of the server's (no room to run it:
+    /// its blocking work was refused): answered [`FailureKind::Busy`] with `reason`.
+    pub fn handle_busy(&mut self, job: usize, reason: &str) {
+        self.end_failed(job, Failure::new(FailureKind::Busy, reason));
+    }
+
     /// The thread of `job` finished (or could not start).
     pub fn handle_outcome(&mut self, job: usize, outcome: Outcome) {
-        let Some(j) = self.jobs.get(job) else {
+        let Some(j) = self.jobs.get_mut(job) else {
             return;
         };
         let tag = j.tag;
-        let output = match &j.stage {
-            Stage::Running { output } => Some(*output),
-            _ => None,
+        let (output, held) = match &mut j.stage {
+            Stage::Running { output, held } => (Some(*output), held.take()),
+            _ => (None, None),
         };
         match (outcome, output) {
             (Outcome::Loaded(result), None) => {
@@ -321,7 +449,7 @@ impl Invocations {
                 self.jobs.remove(job);
                 let e = LambdaError::OutputTooLarge {
                     len: data.len(),
-                    limit: output.len as usize,
+                    limit: usize::try_from(output.len).unwrap_or(usize::MAX),
                 };
                 self.fail(tag, (&e).into());
             }
@@ -334,7 +462,7 @@ impl Invocations {
             }
             (Outcome::Ran(Ok(data)), Some(output)) => {
                 let len = data.len() as u64;
-                self.jobs[job].stage = Stage::Writing { len };
+                self.jobs[job].stage = Stage::Writing { len, _held: held };
                 self.actions.push_back(Action::WriteOutput {
                     job,
                     dst: RemoteRegion { len, ..output },
@@ -402,35 +530,50 @@ impl Invocations {
     /// The output was computed; the client may ask again once the server has room.
     pub fn output_refused(&mut self, job: usize, reason: &str) {
         if let Some(Job {
-            tag,
             stage: Stage::Writing { .. },
+            ..
         }) = self.jobs.get(job)
         {
-            let tag = *tag;
-            self.jobs.remove(job);
-            self.fail(tag, no_memory("output", reason));
+            self.end_failed(job, no_memory("output", reason));
         }
     }
 
     /// The output of `job` was written.
     pub fn handle_written(&mut self, job: usize) {
         if let Some(Job {
-            tag,
-            stage: Stage::Writing { len },
-        }) = self.jobs.try_remove(job)
+            stage: Stage::Writing { .. },
+            ..
+        }) = self.jobs.get(job)
         {
-            self.actions.push_back(Action::Reply {
+            if let Some(Job {
                 tag,
-                response: LambdaResponse::Done { len },
-            });
+                stage: Stage::Writing { len, .. },
+            }) = self.jobs.try_remove(job)
+            {
+                self.actions.push_back(Action::Reply {
+                    tag,
+                    response: LambdaResponse::Done { len },
+                });
+            }
         }
     }
 
     /// The next thing to do.
     #[must_use]
-    pub fn poll_action(&mut self) -> Option<Action> {
+    pub fn poll_action(&mut self) -> Option<Action<G>> {
         self.actions.pop_front()
     }
+}
+
+/// Bytes a job makes the server hold: its input, and its output (at most the smaller of
+/// the client's output region and the service's cap; counted up front, since the lambda
+/// allocates it while it runs).
+fn held_len(config: &LambdaConfig, src: &RemoteRegion, output: &RemoteRegion) -> usize {
+    let input = usize::try_from(src.len).unwrap_or(usize::MAX);
+    let output = usize::try_from(output.len)
+        .unwrap_or(usize::MAX)
+        .min(config.cap.max_output);
+    input.saturating_add(output)
 }
 
 /// The answer to a request whose `what` (input or output) found no buffer: `Busy`, since
@@ -493,11 +636,42 @@ mod tests {
         ModuleHash::of(b"module")
     }
 
-    fn actions(inv: &mut Invocations) -> Vec<Action> {
+    /// What the driver hands back for a granted job slot.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    struct Slot;
+
+    /// Counted bytes: their number.
+    type Inv = Invocations<Slot, usize>;
+
+    fn actions(inv: &mut Inv) -> Vec<Action<Slot>> {
         std::iter::from_fn(|| inv.poll_action()).collect()
     }
 
-    fn failed(tag: u32, kind: FailureKind) -> impl Fn(&Action) -> bool {
+    /// Grants every job slot and every heap hold asked for, as a driver with room would,
+    /// and leaves the other actions queued in order.
+    fn grant(inv: &mut Inv) {
+        let mut kept = Vec::new();
+        loop {
+            let mut granted = false;
+            for a in actions(inv) {
+                match a {
+                    Action::Start { job, .. } => inv.handle_started(job, Ok(Slot)),
+                    Action::Hold { job, len } => inv.handle_held(job, Ok(len)),
+                    other => {
+                        kept.push(other);
+                        continue;
+                    }
+                }
+                granted = true;
+            }
+            if !granted {
+                break;
+            }
+        }
+        inv.actions.extend(kept);
+    }
+
+    fn failed(tag: u32, kind: FailureKind) -> impl Fn(&Action<Slot>) -> bool {
         move |a| {
             matches!(a, Action::Reply { tag: t, response: LambdaResponse::Failed(f) }
                 if *t == tag && f.kind == kind)
@@ -506,8 +680,9 @@ mod tests {
 
     #[test]
     fn an_invocation_reads_runs_writes_and_answers() {
-        let mut inv = Invocations::new(config());
+        let mut inv = Inv::new(config());
         inv.handle_request(5, invoke(LambdaRef::Module(hash()), 100, 64));
+        grant(&mut inv);
         let [Action::ReadInput {
             job,
             offset,
@@ -524,6 +699,7 @@ mod tests {
             job: j,
             work: Work::Module(h, limits),
             input,
+            ..
         }] = &acts[..]
         else {
             panic!("expected a run: {acts:?}");
@@ -559,9 +735,10 @@ mod tests {
         let mut cfg = config();
         cfg.read_chunk = 4;
         cfg.reads_in_flight = 2;
-        let mut inv = Invocations::new(cfg);
+        let mut inv = Inv::new(cfg);
         inv.handle_request(1, invoke(LambdaRef::Native("n".into()), 10, 16));
-        let reads = |acts: Vec<Action>| -> Vec<(usize, u64, usize)> {
+        grant(&mut inv);
+        let reads = |acts: Vec<Action<Slot>>| -> Vec<(usize, u64, usize)> {
             acts.into_iter()
                 .map(|a| match a {
                     Action::ReadInput {
@@ -593,7 +770,7 @@ mod tests {
 
     #[test]
     fn client_limits_are_capped_by_the_server() {
-        let mut inv = Invocations::new(config());
+        let mut inv = Inv::new(config());
         let wished = Limits {
             fuel: 5,
             max_memory_bytes: 1 << 30,
@@ -601,6 +778,7 @@ mod tests {
             max_output: 10,
         };
         inv.handle_request(1, invoke_with_limits(wished.into()));
+        grant(&mut inv);
         let acts = actions(&mut inv);
         let [Action::Run {
             work: Work::Module(_, limits),
@@ -624,7 +802,7 @@ mod tests {
     /// capped downwards), so every invocation timed out at once and freed its job slot.
     #[test]
     fn a_zero_wall_clock_is_raised_to_the_floor() {
-        let mut inv = Invocations::new(config());
+        let mut inv = Inv::new(config());
         let wished = WireLimits {
             fuel: u64::MAX,
             max_memory_bytes: 1 << 20,
@@ -632,6 +810,7 @@ mod tests {
             max_output: 10,
         };
         inv.handle_request(1, invoke_with_limits(wished));
+        grant(&mut inv);
         let acts = actions(&mut inv);
         let [Action::Run {
             work: Work::Module(_, limits),
@@ -646,8 +825,9 @@ mod tests {
 
     #[test]
     fn empty_inputs_and_outputs_skip_the_rdma() {
-        let mut inv = Invocations::new(config());
+        let mut inv = Inv::new(config());
         inv.handle_request(3, invoke(LambdaRef::Native("n".into()), 0, 16));
+        grant(&mut inv);
         let acts = actions(&mut inv);
         let [Action::Run { job, ref input, .. }] = acts[..] else {
             panic!("{acts:?}");
@@ -665,8 +845,9 @@ mod tests {
 
     #[test]
     fn an_output_without_a_buffer_is_answered_busy_and_frees_the_job() {
-        let mut inv = Invocations::new(config());
+        let mut inv = Inv::new(config());
         inv.handle_request(4, invoke(LambdaRef::Module(hash()), 0, 16));
+        grant(&mut inv);
         let Some(Action::Run { job, .. }) = inv.poll_action() else {
             panic!()
         };
@@ -692,12 +873,13 @@ mod tests {
 
     #[test]
     fn an_input_chunk_without_a_buffer_is_answered_busy_once_the_posted_chunks_are_back() {
-        let mut inv = Invocations::new(LambdaConfig {
+        let mut inv = Inv::new(LambdaConfig {
             read_chunk: 4,
             reads_in_flight: 3,
             ..config()
         });
         inv.handle_request(6, invoke(LambdaRef::Native("checksum".into()), 20, 16));
+        grant(&mut inv);
         // The driver takes one action at a time: the first chunk is posted, the second
         // finds no buffer, and the third is still queued behind it.
         let Some(Action::ReadInput { job, offset: 0, .. }) = inv.poll_action() else {
@@ -707,6 +889,7 @@ mod tests {
             panic!("the second chunk is asked for")
         };
         inv.handle_request(7, invoke(LambdaRef::Native("checksum".into()), 0, 16));
+        grant(&mut inv);
         inv.input_refused(job, "registering 4 B would pass the pool's cap");
         let acts = actions(&mut inv);
         assert!(
@@ -745,8 +928,9 @@ mod tests {
 
     #[test]
     fn an_input_refused_with_nothing_posted_is_answered_at_once() {
-        let mut inv = Invocations::new(config());
+        let mut inv = Inv::new(config());
         inv.handle_request(2, invoke(LambdaRef::Native("checksum".into()), 8, 16));
+        grant(&mut inv);
         let Some(Action::ReadInput { job, .. }) = inv.poll_action() else {
             panic!()
         };
@@ -759,8 +943,9 @@ mod tests {
 
     #[test]
     fn failures_are_answered_and_free_the_job() {
-        let mut inv = Invocations::new(config());
+        let mut inv = Inv::new(config());
         inv.handle_request(1, invoke(LambdaRef::Module(hash()), 0, 16));
+        grant(&mut inv);
         let Some(Action::Run { job, .. }) = inv.poll_action() else {
             panic!()
         };
@@ -774,6 +959,7 @@ mod tests {
 
         // A native lambda's output larger than the region.
         inv.handle_request(2, invoke(LambdaRef::Native("n".into()), 0, 4));
+        grant(&mut inv);
         let Some(Action::Run { job, .. }) = inv.poll_action() else {
             panic!()
         };
@@ -782,7 +968,7 @@ mod tests {
         assert!(failed(2, FailureKind::OutputTooLarge)(&acts[0]), "{acts:?}");
 
         inv.handle_request(3, LambdaRequest::Upload { module: vec![0] });
-        let Some(Action::Run { job, .. }) = inv.poll_action() else {
+        let Some(Action::Load { job, .. }) = inv.poll_action() else {
             panic!()
         };
         inv.handle_outcome(
@@ -796,8 +982,9 @@ mod tests {
 
     #[test]
     fn bad_requests_are_refused_up_front() {
-        let mut inv = Invocations::new(config());
+        let mut inv = Inv::new(config());
         inv.handle_request(1, invoke(LambdaRef::Native("n".into()), 5000, 16));
+        grant(&mut inv);
         inv.handle_request(2, {
             let mut r = invoke(LambdaRef::Native("n".into()), 10, 16);
             if let LambdaRequest::Invoke { input, .. } = &mut r {
@@ -818,8 +1005,9 @@ mod tests {
     fn inputs_over_the_server_limit_are_refused() {
         let mut cfg = config();
         cfg.max_input = 10;
-        let mut inv = Invocations::new(cfg);
+        let mut inv = Inv::new(cfg);
         inv.handle_request(1, invoke(LambdaRef::Native("n".into()), 11, 16));
+        grant(&mut inv);
         assert!(failed(1, FailureKind::InputTooLarge)(
             &inv.poll_action().unwrap()
         ));
@@ -827,9 +1015,10 @@ mod tests {
 
     #[test]
     fn a_connection_has_a_bounded_number_of_jobs() {
-        let mut inv = Invocations::new(config());
+        let mut inv = Inv::new(config());
         for tag in 1..=3 {
             inv.handle_request(tag, invoke(LambdaRef::Native("n".into()), 1, 16));
+            grant(&mut inv);
         }
         let acts = actions(&mut inv);
         assert!(matches!(acts[0], Action::ReadInput { .. }));
@@ -838,9 +1027,155 @@ mod tests {
         assert_eq!(inv.jobs(), 2);
     }
 
+    /// Issue 45: the input is allocated and READ only once the service granted a job slot
+    /// and the heap budget counted the input and the output.
+    #[test]
+    fn the_slot_then_the_heap_budget_then_the_input() {
+        let mut inv = Inv::new(config());
+        inv.handle_request(5, invoke(LambdaRef::Native("n".into()), 100, 64));
+        let acts = actions(&mut inv);
+        let [Action::Start {
+            job,
+            work: Work::Native(ref name),
+        }] = acts[..]
+        else {
+            panic!("a slot is asked for first, nothing read: {acts:?}");
+        };
+        assert_eq!(name, "n");
+        assert!(
+            matches!(inv.jobs[job].stage, Stage::Starting { .. }),
+            "no input buffer before the slot: {:?}",
+            inv.jobs[job].stage
+        );
+        inv.handle_started(job, Ok(Slot));
+        assert_eq!(
+            actions(&mut inv),
+            [Action::Hold { job, len: 100 + 64 }],
+            "then the input and the output are counted, still nothing read"
+        );
+        assert!(matches!(inv.jobs[job].stage, Stage::Holding { .. }));
+        inv.handle_held(job, Ok(164));
+        let acts = actions(&mut inv);
+        assert!(
+            matches!(acts[..], [Action::ReadInput { job: j, offset: 0, len: 100, .. }] if j == job),
+            "only now the READ: {acts:?}"
+        );
+        inv.handle_input(job, 0, &[1; 100]);
+        let acts = actions(&mut inv);
+        assert!(
+            matches!(&acts[..], [Action::Run { job: j, input, slot: Slot, .. }]
+                if *j == job && input.len() == 100),
+            "the run takes the slot with it: {acts:?}"
+        );
+    }
+
+    #[test]
+    fn without_a_slot_the_job_is_refused_and_nothing_is_read() {
+        let mut inv = Inv::new(config());
+        inv.handle_request(2, invoke(LambdaRef::Native("n".into()), 100, 64));
+        let Some(Action::Start { job, .. }) = inv.poll_action() else {
+            panic!("a slot is asked for");
+        };
+        inv.handle_started(job, Err(LambdaError::Busy { limit: 8 }));
+        let acts = actions(&mut inv);
+        assert!(
+            matches!(&acts[..], [a] if failed(2, FailureKind::Busy)(a)),
+            "{acts:?}"
+        );
+        assert_eq!(inv.jobs(), 0);
+    }
+
+    /// Past the server's heap budget the job is refused with its own kind, its slot given
+    /// back (dropped with the job), and the connection's next request goes on.
+    #[test]
+    fn past_the_heap_budget_the_job_is_refused_as_heap_full() {
+        let mut inv = Inv::new(config());
+        inv.handle_request(3, invoke(LambdaRef::Native("n".into()), 4000, 16));
+        let Some(Action::Start { job, .. }) = inv.poll_action() else {
+            panic!("a slot is asked for");
+        };
+        inv.handle_started(job, Ok(Slot));
+        let Some(Action::Hold { len, .. }) = inv.poll_action() else {
+            panic!("the bytes are counted");
+        };
+        inv.handle_held(
+            job,
+            Err(HeapError::Full {
+                len,
+                in_use: 1000,
+                limit: 4096,
+            }),
+        );
+        let acts = actions(&mut inv);
+        match &acts[..] {
+            [Action::Reply {
+                tag: 3,
+                response: LambdaResponse::Failed(f),
+            }] => {
+                assert_eq!(f.kind, FailureKind::HeapFull);
+                assert!(f.message.contains("heap budget is full"), "{}", f.message);
+            }
+            other => panic!("one HeapFull answer and no READ expected: {other:?}"),
+        }
+        assert_eq!(inv.jobs(), 0);
+        inv.handle_request(4, invoke(LambdaRef::Native("n".into()), 10, 16));
+        grant(&mut inv);
+        assert!(
+            matches!(inv.poll_action(), Some(Action::ReadInput { len: 10, .. })),
+            "the next request goes on"
+        );
+    }
+
+    /// The bytes stay counted while the input is read, while the lambda runs and until
+    /// its output is written.
+    #[test]
+    fn held_bytes_last_until_the_output_is_written() {
+        let counted = std::rc::Rc::new(());
+        let mut inv = Invocations::<Slot, std::rc::Rc<()>>::new(config());
+        inv.handle_request(1, invoke(LambdaRef::Native("n".into()), 8, 16));
+        let Some(Action::Start { job, .. }) = inv.poll_action() else {
+            panic!()
+        };
+        inv.handle_started(job, Ok(Slot));
+        assert!(matches!(inv.poll_action(), Some(Action::Hold { .. })));
+        inv.handle_held(job, Ok(std::rc::Rc::clone(&counted)));
+        assert!(matches!(inv.poll_action(), Some(Action::ReadInput { .. })));
+        inv.handle_input(job, 0, &[0; 8]);
+        assert!(matches!(inv.poll_action(), Some(Action::Run { .. })));
+        assert_eq!(std::rc::Rc::strong_count(&counted), 2, "held while it runs");
+        inv.handle_outcome(job, Outcome::Ran(Ok(vec![1; 4])));
+        assert!(matches!(
+            inv.poll_action(),
+            Some(Action::WriteOutput { .. })
+        ));
+        assert_eq!(
+            std::rc::Rc::strong_count(&counted),
+            2,
+            "held while it is written"
+        );
+        inv.handle_written(job);
+        assert_eq!(std::rc::Rc::strong_count(&counted), 1, "given back");
+    }
+
+    #[test]
+    fn an_upload_without_room_to_hash_is_answered_busy() {
+        let mut inv = Inv::new(config());
+        inv.handle_request(9, LambdaRequest::Upload { module: vec![0] });
+        let Some(Action::Load { job, .. }) = inv.poll_action() else {
+            panic!()
+        };
+        inv.handle_busy(job, "no room to hash the module");
+        let acts = actions(&mut inv);
+        assert!(
+            matches!(&acts[..], [a] if failed(9, FailureKind::Busy)(a)),
+            "{acts:?}"
+        );
+        assert_eq!(inv.jobs(), 0);
+    }
+
     #[test]
     fn stray_events_are_ignored() {
-        let mut inv = Invocations::new(config());
+        let mut inv = Inv::new(config());
         inv.handle_input(7, 0, &[1]);
         inv.handle_written(7);
         inv.handle_outcome(7, Outcome::Ran(Ok(vec![1])));

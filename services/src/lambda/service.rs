@@ -9,10 +9,10 @@ use rdmactor::runtime::{MachineSession, PeerInfo, Service, Session};
 use rdmactor::transport::Transport;
 
 use super::config::LambdaConfig;
-use super::job::Invocations;
 use super::native::NativeLambdas;
 use super::owner::{ClientHold, Contains, LambdaOwner, LambdaStats, Stats};
 use super::sandbox::{ClientId, ModuleHash, Sandbox};
+use super::session::Invocations;
 use super::session::LambdaSession;
 use rdmactor::shared::Owner;
 

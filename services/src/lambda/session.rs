@@ -7,13 +7,13 @@ use std::sync::{mpsc, Arc};
 
 use actix::{Addr, Recipient};
 use rdmactor::runtime::{
-    AskError, Asked, Blocking, BufId, Driver, Flow, Incoming, MachineCx, Op, SessionCx,
-    SessionError, SessionWaker, StateMachine,
+    AskError, Asked, Blocking, BlockingError, BufId, Driver, Flow, Held, Incoming, MachineCx, Op,
+    SessionCx, SessionError, SessionWaker, StateMachine,
 };
 use rdmactor::transport::Transport;
 use rdmactor::verbs::Access;
 
-use super::job::{Action, Invocations, Outcome, Work};
+use super::job::{Outcome, Work};
 use super::native::NativeLambdas;
 use super::owner::{ClientHold, Go, Insert, JobSlot, LambdaOwner, Start, Want};
 use super::sandbox::{Compiled, LambdaError, ModuleHash, Sandbox};
@@ -32,6 +32,11 @@ pub(super) enum PendingOp {
         buf: BufId,
     },
 }
+
+/// The job machine as this session drives it: a granted start holds a job slot, and
+/// counted bytes a [`Held`] of the server's heap budget.
+pub(super) type Invocations = super::job::Invocations<Go<JobSlot>, Held>;
+type Action = super::job::Action<Go<JobSlot>>;
 
 impl StateMachine for Invocations {
     type Output = Action;
@@ -62,13 +67,17 @@ pub(super) struct LambdaSession {
 
 /// A request to the service's owner, and what the session goes on with once answered.
 enum Ask {
-    /// May this job start (and with what)?
+    /// May this upload be compiled (or is it cached)?
+    Load {
+        job: usize,
+        module: Vec<u8>,
+        /// The hash of the module, computed off the poller thread.
+        hash: ModuleHash,
+        answer: Asked<Result<Go<JobSlot>, LambdaError>>,
+    },
+    /// A job slot (and the module) for this invocation: the machine gets the answer.
     Start {
         job: usize,
-        work: Work,
-        input: Vec<u8>,
-        /// The hash of an upload's module, computed off the poller thread.
-        hash: Option<ModuleHash>,
         answer: Asked<Result<Go<JobSlot>, LambdaError>>,
     },
     /// Cache the module this job compiled.
@@ -160,7 +169,23 @@ impl LambdaSession {
             match hashing.try_take() {
                 None => self.hashing.push((job, hashing)),
                 Some(Ok((hash, module))) => {
-                    self.ask_start(cx.conn, job, Work::Load(module), Vec::new(), Some(hash));
+                    let start = Start {
+                        client: self.client.id,
+                        want: Want::Load(hash),
+                    };
+                    let answer = cx.conn.ask(job as u64, &self.start, start);
+                    self.asks.push(Ask::Load {
+                        job,
+                        module,
+                        hash,
+                        answer,
+                    });
+                }
+                // The connection has as many blocking closures started as it may: this
+                // upload is refused, the connection goes on.
+                Some(Err(e @ BlockingError::Busy { .. })) => {
+                    cx.machine
+                        .handle_busy(job, &format!("no room to hash the module: {e}"));
                 }
                 Some(Err(e)) => {
                     let e = LambdaError::Trap(format!("hashing the module: {e}"));
@@ -170,24 +195,26 @@ impl LambdaSession {
         }
         for ask in std::mem::take(&mut self.asks) {
             match ask {
-                Ask::Start {
+                Ask::Load {
                     job,
-                    work,
-                    input,
+                    module,
                     hash,
                     answer,
                 } => match answer.try_take() {
-                    None => self.asks.push(Ask::Start {
+                    None => self.asks.push(Ask::Load {
                         job,
-                        work,
-                        input,
+                        module,
                         hash,
                         answer,
                     }),
                     Some(answer) => match answer.map_err(owner_gone)? {
-                        Err(e) => cx.machine.handle_outcome(job, refused(&work, e)),
-                        Ok(go) => self.go(cx, job, work, input, hash, go),
+                        Err(e) => cx.machine.handle_outcome(job, Outcome::Loaded(Err(e))),
+                        Ok(go) => self.go(cx, job, Work::Load(module), Vec::new(), Some(hash), go),
                     },
+                },
+                Ask::Start { job, answer } => match answer.try_take() {
+                    None => self.asks.push(Ask::Start { job, answer }),
+                    Some(answer) => cx.machine.handle_started(job, answer.map_err(owner_gone)?),
                 },
                 Ask::Insert { job, hash, answer } => match answer.try_take() {
                     None => self.asks.push(Ask::Insert { job, hash, answer }),
@@ -201,35 +228,22 @@ impl LambdaSession {
         Ok(())
     }
 
-    /// Asks the owner whether `job` may start (cache lookup, job slot); it starts when the
-    /// owner answers. One request per job, never per chunk.
-    fn ask_start<T: Transport>(
-        &mut self,
-        cx: &mut SessionCx<'_, T>,
-        job: usize,
-        work: Work,
-        input: Vec<u8>,
-        hash: Option<ModuleHash>,
-    ) {
-        let want = match (&work, hash) {
-            (Work::Load(_), Some(hash)) => Want::Load(hash),
-            // Not reached: uploads arrive hashed (`hashing`).
-            (Work::Load(module), None) => Want::Load(ModuleHash::of(module)),
-            (Work::Module(hash, _), _) => Want::Module(*hash),
-            (Work::Native(_), _) => Want::Native,
+    /// Asks the owner for an invocation's job slot (and its module); the machine gets
+    /// the answer. One request per job, never per chunk, and before anything is
+    /// allocated for the job's input.
+    fn ask_start<T: Transport>(&mut self, cx: &mut SessionCx<'_, T>, job: usize, work: &Work) {
+        let want = match work {
+            Work::Module(hash, _) => Want::Module(*hash),
+            Work::Native(_) => Want::Native,
+            // Not reached: uploads are `Action::Load`.
+            Work::Load(module) => Want::Load(ModuleHash::of(module)),
         };
         let start = Start {
             client: self.client.id,
             want,
         };
         let answer = cx.ask(job as u64, &self.start, start);
-        self.asks.push(Ask::Start {
-            job,
-            work,
-            input,
-            hash,
-            answer,
-        });
+        self.asks.push(Ask::Start { job, answer });
     }
 
     /// Runs `work` on a thread of its own and hands its result to this session (through
@@ -420,11 +434,16 @@ impl<T: Transport> Driver<T> for LambdaSession {
                 };
                 cx.post(write, PendingOp::Write { job, buf })?;
             }
-            Action::Run {
-                job,
-                work: Work::Load(module),
-                ..
-            } => {
+            Action::Start { job, work } => self.ask_start(cx.conn, job, &work),
+            Action::Hold { job, len } => {
+                // At once, never waiting: the job holds one of the service's slots.
+                let held = cx.conn.heap_budget().try_hold(len);
+                if let Err(e) = &held {
+                    tracing::debug!(error = %e, len, "no heap budget for a lambda job");
+                }
+                cx.machine.handle_held(job, held);
+            }
+            Action::Load { job, module } => {
                 // A module is as large as the service allows (MiBs): hashed on the
                 // runtime's blocking pool, not on the poller thread that serves every
                 // connection on it; the owner is asked once the hash is in.
@@ -433,7 +452,12 @@ impl<T: Transport> Driver<T> for LambdaSession {
                     .spawn_blocking(job as u64, move || (ModuleHash::of(&module), module));
                 self.hashing.push((job, hashing));
             }
-            Action::Run { job, work, input } => self.ask_start(cx.conn, job, work, input, None),
+            Action::Run {
+                job,
+                work,
+                input,
+                slot,
+            } => self.go(cx, job, work, input, None, slot),
         }
         Ok(Flow::Continue)
     }

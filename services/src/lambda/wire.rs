@@ -128,6 +128,10 @@ pub enum FailureKind {
     NativeError,
     /// The request does not make sense (e.g. `input_len` beyond the input region).
     BadRequest,
+    /// The server's heap budget (`PoolConfig::heap_bytes`, shared by every client) had
+    /// no room for the invocation's input and output; nothing was read or run. The
+    /// connection goes on: ask again later.
+    HeapFull,
 }
 
 impl From<&LambdaError> for FailureKind {

@@ -689,3 +689,50 @@ fn an_abort_waiting_for_the_senders_done_is_given_up_on_too() {
         vec![Output::Revoke, Output::Finished(Outcome::Aborted(reason))]
     );
 }
+
+/// Issue 45: the service admits at most `Config::max_uploads` uploads at once over every
+/// client. One more is refused with `ServerFull` on the wire before anything is staged,
+/// and served once another upload ended.
+#[actix::test]
+async fn past_the_service_wide_upload_cap_an_offer_is_refused_as_server_full() {
+    use actix::Actor;
+    let dir = tempfile::tempdir().unwrap();
+    let config = Arc::new(Config::new(dir.path()).with_max_uploads(1));
+    let uploads = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let owner = crate::file_transfer::QuotaOwner::new(config.client_quota, uploads)
+        .with_max_uploads(u64::from(config.max_uploads))
+        .start();
+    let receiver = |client: &str| {
+        let mut r = Receiver::new(Arc::clone(&config));
+        r.set_quota(client.into());
+        r
+    };
+    let mut first = receiver("10.0.0.1");
+    first.handle_msg(offer("a", b"12345678")).unwrap();
+    assert!(matches!(
+        admit(&mut first, &owner).await[..],
+        [Output::GrantWindow { .. }]
+    ));
+    // Another client, well within its own share.
+    let mut second = receiver("10.0.0.2");
+    second.handle_msg(offer("b", b"x")).unwrap();
+    let out = admit(&mut second, &owner).await;
+    assert!(
+        matches!(
+            &out[..],
+            [Output::Send(Msg::Reject { reason: RejectReason::ServerFull { limit: 1, what } }), _]
+                if what.contains("on this server")
+        ),
+        "{out:?}"
+    );
+    assert!(
+        std::fs::read_dir(dir.path()).unwrap().count() <= 1,
+        "nothing staged for the refused offer"
+    );
+    // The first upload ends: its admission is released, and a new offer is served.
+    drop(first);
+    let mut third = receiver("10.0.0.2");
+    third.handle_msg(offer("c", b"x")).unwrap();
+    let out = admit(&mut third, &owner).await;
+    assert!(matches!(out[..], [Output::GrantWindow { .. }]), "{out:?}");
+}

@@ -116,13 +116,14 @@ impl Endpoint for Sender {
         if !self.waits_on_peer() {
             return;
         }
-        self.out.retain(|o| !matches!(o, Output::WriteChunk(_)));
-        if self.state != State::Aborting {
-            self.out.push_back(Output::Send(Msg::Abort {
-                reason: reason.clone(),
-            }));
+        self.end_now(reason);
+    }
+
+    fn handle_job_refused(&mut self, reason: RejectReason) {
+        if matches!(self.state, State::Finished | State::Failed) {
+            return;
         }
-        self.finish(Outcome::Aborted(reason));
+        self.end_now(reason);
     }
 
     fn stopped_sending(&self) -> bool {

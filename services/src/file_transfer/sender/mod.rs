@@ -201,6 +201,18 @@ impl Sender {
         self.out.push_back(Output::Finished(outcome));
         self.state = State::Finished;
     }
+
+    /// Ends the transfer now: the chunks not yet written are dropped, the peer is told
+    /// `reason` (unless our Abort went out already), and it finishes aborted.
+    fn end_now(&mut self, reason: RejectReason) {
+        self.out.retain(|o| !matches!(o, Output::WriteChunk(_)));
+        if self.state != State::Aborting {
+            self.out.push_back(Output::Send(Msg::Abort {
+                reason: reason.clone(),
+            }));
+        }
+        self.finish(Outcome::Aborted(reason));
+    }
 }
 
 #[cfg(test)]

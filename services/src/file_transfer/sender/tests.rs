@@ -534,3 +534,35 @@ fn a_sender_waiting_for_the_answer_to_its_abort_stops_waiting() {
         vec![Output::Finished(Outcome::Aborted(reason))]
     );
 }
+
+/// A chunk's read job refused by the connection's bound on blocking work
+/// (`BlockingError::Busy`): the transfer ends with the reason told to the peer, though
+/// the sender waits on its own read rather than on the peer.
+#[test]
+fn a_refused_read_job_ends_the_transfer_with_the_reason() {
+    let mut s = sender(b"abcdefgh");
+    drain(&mut s);
+    s.handle_msg(grant(2, 4)).unwrap();
+    let out = drain(&mut s);
+    let [_, Output::WriteChunk(c0), ..] = out.as_slice() else {
+        panic!("{out:?}")
+    };
+    let job = s.take_read(c0).unwrap();
+    drop(job);
+    let reason = RejectReason::Unavailable {
+        reason: "the server is busy: blocking task refused".into(),
+    };
+    s.handle_job_refused(reason.clone());
+    assert_eq!(
+        drain(&mut s),
+        vec![
+            Output::Send(Msg::Abort {
+                reason: reason.clone()
+            }),
+            Output::Finished(Outcome::Aborted(reason.clone()))
+        ]
+    );
+    assert!(s.is_finished());
+    s.handle_job_refused(reason);
+    assert!(drain(&mut s).is_empty(), "once only");
+}

@@ -11,7 +11,7 @@ use rdmactor::verbs::{Access, RemoteRegion};
 use super::{fail, FileSession, ADMITTED, CHUNK_READ, COMMIT_DONE, CONSUMED, PREPARED};
 use crate::file_transfer::endpoint::{ChunkWrite, Endpoint, Outcome, Output};
 use crate::file_transfer::owner::Admit;
-use crate::file_transfer::wire::RemoteWindow;
+use crate::file_transfer::wire::{RejectReason, RemoteWindow};
 
 fn remote_window(r: RemoteRegion) -> RemoteWindow {
     RemoteWindow {
@@ -68,8 +68,23 @@ impl FileSession {
                 }
                 // Read on the blocking pool; the outputs after this one (more
                 // chunks, `Done`) wait for it, so they keep their order.
+                // The chunk's bytes are read into the heap, `slot_len` of the client's
+                // grant (up to `Config::max_window`): counted against the server's heap
+                // budget until they are copied into the staging buffer. Past it the
+                // fetch ends with the reason; the connection goes on.
+                let held = match conn.heap_budget().try_hold(chunk.len as usize) {
+                    Ok(held) => held,
+                    Err(e) => {
+                        tracing::debug!(error = %e, len = chunk.len, "no heap budget for a chunk");
+                        server.handle_job_refused(RejectReason::Unavailable {
+                            reason: format!("no room for a chunk of {} bytes: {e}", chunk.len),
+                        });
+                        return Ok(Flow::Continue);
+                    }
+                };
                 let job = server.take_read(&chunk).map_err(fail)?;
-                self.reading = Some((chunk, conn.spawn_blocking(CHUNK_READ, move || job.run())));
+                let reading = conn.spawn_blocking(CHUNK_READ, move || job.run());
+                self.reading = Some((chunk, reading, held));
                 return Ok(Flow::Pause);
             }
             Output::Consume => {
