@@ -34,7 +34,7 @@ mod service;
 mod srq;
 mod turns;
 
-pub use client::{Client, ClientConnection, ClientError};
+pub use client::{Client, ClientConnection, ClientError, ClientStats};
 pub use client_session::RequestError;
 pub use config::{
     ConfigError, ConnectionConfig, NodeConfig, ReceiveConfig, SharedRecvConfig, TransportConfig,
