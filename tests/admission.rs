@@ -124,9 +124,10 @@ fn a_client_that_sends_nothing_is_closed_by_the_idle_timeout() {
 /// Issue 26 (5): on its defaults the server had no per-peer limit and no idle timeout,
 /// so one live client that opened `max_connections` connections and said nothing held
 /// every slot for ever, and every other host was refused with `ServerFull`. Now one
-/// address gets at most half the slots by default: its next connect is refused with a
-/// reason naming the per-peer limit, another host still gets in and is served, and the
-/// silent connections go at the idle limit, after which the first host gets in again.
+/// address gets at most its per-peer limit (64 by default, 4 here): its next connect is
+/// refused with a reason naming the per-peer limit, another host still gets in and is
+/// served, and the silent connections go at the idle limit, after which the first host
+/// gets in again.
 #[test]
 fn one_silent_host_cannot_take_every_slot() {
     let Some(_ctx) = rdma_context() else { return };
@@ -134,7 +135,7 @@ fn one_silent_host_cannot_take_every_slot() {
     actix_run(async {
         let (service, reasons) = rdmactor_tests::Recorded::new(Echo);
         let idle = std::time::Duration::from_secs(3);
-        // max_connections 8 and no per-peer setting: the default limit, 4 per address.
+        // max_connections 8 and 4 per address (the default, 64, is past max_connections).
         let server = Server::builder()
             .config(NodeConfig {
                 connection: ConnectionConfig {
@@ -146,6 +147,7 @@ fn one_silent_host_cannot_take_every_slot() {
             .listen(test_addr(), None)
             .service("echo", service)
             .max_connections(8)
+            .max_connections_per_peer(4)
             .start()
             .expect("server");
         let addr = server.local_addrs()[0];

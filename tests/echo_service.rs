@@ -199,3 +199,29 @@ fn a_client_side_session_drives_its_connection() {
     });
     assert_released(&base);
 }
+
+/// Issue 45 (4): the loopback run's body (`services/tests/over_loopback.rs`) over verbs:
+/// connections whose handles are all dropped, without `close`, are closed on both sides
+/// (the server told, its connection count and every lease back after each batch of 50),
+/// and the device's objects are back to baseline at the end.
+#[test]
+fn dropped_connections_are_closed_on_both_sides() {
+    let Some(_ctx) = rdma_context() else { return };
+    let total = env_or("RDMACTOR_DROPPED_CONNECTIONS", 2000);
+    let base = resource_counts();
+    actix_run(async move {
+        let (server, addr, client) = serve("echo", Echo);
+        let payload = pattern(64, 45);
+        let request = postcard::to_allocvec(&EchoRequest {
+            payload: payload.clone(),
+        })
+        .unwrap();
+        let reply = postcard::to_allocvec(&EchoResponse { payload }).unwrap();
+        let probe = (&request[..], &reply[..]);
+        rdmactor_tests::dropped_connections_close(&server, &client, addr, "echo", probe, total, 50)
+            .await;
+        client.shutdown().await;
+        server.shutdown().await;
+    });
+    assert_released(&base);
+}

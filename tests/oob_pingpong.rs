@@ -578,6 +578,111 @@ fn out_of_band_qps_count_under_max_connections() {
     assert_released(&base);
 }
 
+/// Issue 45 (3): an out-of-band port let one host hold 1,024 clients of 255 QPs each,
+/// so `ibv_srq_pingpong` clients of one address could take the whole QP budget that
+/// rdma_cm clients share, and every rdma_cm client was refused with `ServerFull`. Now a
+/// client asks for 16 QPs at most and one address holds 64 QPs per port: five clients of
+/// one host asking for 255 QPs each are refused, five asking for 16 bring up four (64
+/// QPs) and the fifth is refused whole, and with 16 of 80 slots left the host, from
+/// both of its addresses, and so any other host, still connects over rdma_cm.
+#[test]
+fn one_host_of_srq_clients_cannot_fill_the_qp_budget() {
+    let Some(_ctx) = rdma_context() else { return };
+    let base = resource_counts();
+    actix_run(async move {
+        // The QPs stay up through the test: no idle limit to race.
+        let stock = StockConfig {
+            idle: Duration::from_secs(120),
+            ..stock(None)
+        };
+        let mut srq = OobPort::new(test_addr(), OobTransport::Srq, "stock-srq");
+        srq.options.exchange_timeout = Duration::from_secs(30);
+        let server = Server::builder()
+            .listen(test_addr(), None)
+            .service("echo", rdmactor_services::echo::Echo)
+            .service("stock-srq", StockPingPongService::shared(stock))
+            .oob(srq)
+            .max_connections(80)
+            .start()
+            .expect("server");
+        let addr = server.local_addrs()[0];
+        let srq = server.oob_addrs()[0];
+        let asking = |n: u32, first: u32| -> Vec<u8> {
+            (0..n)
+                .flat_map(|i| own_record(first + i, &own_gid()))
+                .chain(
+                    record("0000:000000:000000:00000000000000000000000000000000")
+                        .repeat(256 - n as usize),
+                )
+                .collect()
+        };
+
+        // 255 QPs each: more than one client may ask for.
+        for c in 0..5u32 {
+            let records = asking(255, 0x1000 * (c + 1));
+            let back = join(std::thread::spawn(move || exchange(srq, &records))).await;
+            assert!(back.is_empty(), "client {c} of 255 QPs answered");
+        }
+        let stats = port_stats(&server, 0).await;
+        assert_eq!(stats.refused, 5, "{stats:?}");
+        let reason = stats.last_refusal.unwrap_or_default();
+        assert!(reason.contains("255") && reason.contains("16"), "{reason}");
+        assert_eq!(server.stats().await.qps, 0);
+
+        // 16 QPs each (the most): four fit under the address's 64, the fifth is refused.
+        let mut answered = 0;
+        for c in 0..5u32 {
+            let records = asking(16, 0x10_0000 + 0x100 * c);
+            let t = std::thread::spawn(move || {
+                let mut s = TcpStream::connect(srq).expect("connect");
+                s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+                s.write_all(&records).unwrap();
+                let mut answer = vec![0u8; 256 * RECORD_LEN];
+                if s.read_exact(&mut answer).is_err() {
+                    return false;
+                }
+                s.write_all(&rdmactor::proto::oob::DONE).unwrap();
+                true
+            });
+            if join(t).await {
+                answered += 1;
+            }
+        }
+        assert_eq!(answered, 4, "four clients of 16 QPs brought up");
+        eventually(
+            "the four clients' done",
+            Duration::from_secs(20),
+            || async { port_stats(&server, 0).await.clients == 4 },
+        )
+        .await;
+        let stats = port_stats(&server, 0).await;
+        let reason = stats.last_refusal.clone().unwrap_or_default();
+        assert!(
+            reason.contains("per-peer QP limit of 64 reached"),
+            "{reason}"
+        );
+        assert_eq!((stats.refused, stats.connections), (6, 64), "{stats:?}");
+        assert_eq!(server.stats().await.qps, 64);
+
+        // The same host from its two addresses, and so any other host: still admitted.
+        let client =
+            rdmactor::runtime::Client::start(rdmactor::runtime::NodeConfig::default()).unwrap();
+        let mut conns = Vec::new();
+        for from in [test_addr().ip(), rdmactor_tests::second_peer_ip()] {
+            let conn = client
+                .connect_from(from, addr, "echo")
+                .await
+                .unwrap_or_else(|e| panic!("an rdma_cm client from {from}: {e}"));
+            rdmactor_tests::echo_ok(&conn, b"still room".to_vec()).await;
+            conns.push(conn);
+        }
+        assert_eq!(server.stats().await.qps, 66);
+        rdmactor_tests::close_all(&server, client, conns).await;
+        server.shutdown().await;
+    });
+    assert_all_released(&base);
+}
+
 /// Writes `bytes` to an out-of-band port, closes the write side, and returns whatever
 /// came back.
 fn exchange(addr: SocketAddr, bytes: &[u8]) -> Vec<u8> {

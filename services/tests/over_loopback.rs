@@ -255,3 +255,25 @@ fn ingest_hands_every_record_over_in_order_through_the_granted_ring() {
         server.shutdown().await;
     });
 }
+
+/// Issue 45: a connection whose handles are all dropped, without `close`, is closed: the
+/// server is told and both sides release it. 2,000 of them, opened and dropped in batches
+/// of 50 (under the 64 one address may hold; one echo each batch), leave nothing open and
+/// no lease held on either side.
+#[test]
+fn two_thousand_dropped_connections_are_closed_on_both_sides() {
+    actix::System::new().block_on(async {
+        let (server, client) = serve(&Fabric::default());
+        let payload = pattern(64, 45);
+        let request = postcard::to_allocvec(&EchoRequest {
+            payload: payload.clone(),
+        })
+        .unwrap();
+        let reply = postcard::to_allocvec(&EchoResponse { payload }).unwrap();
+        let probe = (&request[..], &reply[..]);
+        rdmactor_testkit::dropped_connections_close(&server, &client, AT, "echo", probe, 2000, 50)
+            .await;
+        client.shutdown().await;
+        server.shutdown().await;
+    });
+}

@@ -33,7 +33,7 @@ pub mod rng;
 pub mod server;
 pub mod versioned;
 
-pub use client::{actix_run, connect_n, eventually, off_thread};
+pub use client::{actix_run, connect_n, dropped_connections_close, eventually, off_thread};
 pub use device::{rdma_context, second_peer_ip, test_addr};
 pub use pair::{connect_pair, Pair};
 pub use pattern::pattern;

@@ -19,9 +19,10 @@ use std::time::{Duration, Instant};
 use rdmactor::blocking::Endpoint;
 
 pub use rdmactor_testkit::{
-    actix_run, assert_leases_returned, capped_pool, close_all, connect_n, connect_pair, eventually,
-    first_close_reason, pattern, rdma_context, second_peer_ip, serve, serve_with, test_addr,
-    wait_idle, Pair, Reasons, Recorded, Slow, SlowSink,
+    actix_run, assert_leases_returned, capped_pool, close_all, connect_n, connect_pair,
+    dropped_connections_close, eventually, first_close_reason, pattern, rdma_context,
+    second_peer_ip, serve, serve_with, test_addr, wait_idle, Pair, Reasons, Recorded, Slow,
+    SlowSink,
 };
 
 pub mod framed;

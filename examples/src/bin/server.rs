@@ -23,8 +23,8 @@ use anyhow::{bail, Context as _, Result};
 use clap::{Parser, ValueEnum};
 use rdmactor::memory::PoolConfig;
 use rdmactor::runtime::{
-    Client, ConnectionConfig, NodeConfig, OobPort, OobTransport, PollMode, ReceiveConfig, Server,
-    SharedRecvConfig, TransportConfig,
+    Client, ConnectionConfig, NodeConfig, OobOptions, OobPort, OobTransport, PollMode,
+    ReceiveConfig, Server, SharedRecvConfig, TransportConfig, DEFAULT_MAX_CONNECTIONS_PER_PEER,
 };
 use rdmactor::verbs::Mtu;
 use rdmactor_cluster::Load;
@@ -58,9 +58,9 @@ struct Args {
     #[arg(long, default_value_t = 1024)]
     max_connections: usize,
     /// Most connections one client address may hold at once (0: no limit); more from it
-    /// are refused with a reason naming this limit. Default: half of --max-connections.
-    #[arg(long)]
-    max_connections_per_peer: Option<usize>,
+    /// are refused with `ServerFull` and a reason naming this limit.
+    #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS_PER_PEER)]
+    max_connections_per_peer: usize,
     /// Most credits of a shared receive queue's reserve that one client address may
     /// hold borrowed at once (0: no limit): a host flooding many connections cannot take
     /// the credits every other host's busy connections borrow.
@@ -176,6 +176,17 @@ struct Args {
     /// Local GID index of out-of-band QPs (default: one of the client GID's kind).
     #[arg(long)]
     oob_gid_index: Option<u8>,
+    /// Most out-of-band clients one address may have at once on each `--oob-*` port
+    /// (0: no limit); more from it are refused (socket closed, reason logged).
+    #[arg(long, default_value_t = OobOptions::default().max_clients_per_peer)]
+    oob_max_clients_per_peer: usize,
+    /// Most QPs one `ibv_srq_pingpong` client may ask for (its `-q`).
+    #[arg(long, default_value_t = OobOptions::default().max_qps_per_client)]
+    oob_max_qps_per_client: usize,
+    /// Most QPs the clients of one address may hold at once on each `--oob-*` port (0: no
+    /// limit); a client that would go beyond it is refused whole.
+    #[arg(long, default_value_t = OobOptions::default().max_qps_per_peer)]
+    oob_max_qps_per_peer: usize,
     /// An out-of-band connection with no message for this long is closed (ms).
     #[arg(long, default_value_t = 3000)]
     oob_idle_ms: u64,
@@ -218,6 +229,9 @@ fn oob_ports(args: &Args) -> Result<Vec<OobPort>> {
         port.options.mtu = mtu;
         port.options.sl = args.oob_sl;
         port.options.gid_index = args.oob_gid_index;
+        port.options.max_clients_per_peer = args.oob_max_clients_per_peer;
+        port.options.max_qps_per_client = args.oob_max_qps_per_client;
+        port.options.max_qps_per_peer = args.oob_max_qps_per_peer;
         ports.push(port);
     }
     Ok(ports)
@@ -407,6 +421,7 @@ fn main() -> Result<()> {
         let mut builder = Server::builder()
             .config(config)
             .max_connections(args.max_connections)
+            .max_connections_per_peer(args.max_connections_per_peer)
             .service("echo", Echo)
             .service("discard", Discard)
             .service("raw-echo", RawEcho::default())
@@ -428,9 +443,6 @@ fn main() -> Result<()> {
                     }),
                 ),
             );
-        if let Some(n) = args.max_connections_per_peer {
-            builder = builder.max_connections_per_peer(n);
-        }
         // A clone shares the service's state: kept to drain it at shutdown.
         let files_drain = files.clone();
         if let Some(files) = files {

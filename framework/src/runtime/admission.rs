@@ -441,6 +441,39 @@ mod tests {
         assert!(f.decide().is_ok(), "0 lifts the limit");
     }
 
+    /// The default limit is a fixed 64 per address, not a share of `max_connections`:
+    /// one address is refused at its 65th however large the budget, and two addresses
+    /// together hold 128 of 1,024 slots, not all of them.
+    #[test]
+    fn by_default_one_address_holds_64_however_large_the_budget() {
+        use crate::runtime::DEFAULT_MAX_CONNECTIONS_PER_PEER as DEFAULT;
+        assert_eq!(DEFAULT, 64);
+        let mut f = Facts::new();
+        f.max_per_peer = DEFAULT;
+        let budget = QpBudget::new(1024);
+        let mut held = Vec::new();
+        for last in [1, 2] {
+            f.peer = Some(ip(last));
+            for _ in 0..DEFAULT {
+                let admitted = decide(f.request(), || budget.take(1)).expect("admitted");
+                held.push(admitted.slot);
+                f.per_peer.add(ip(last));
+            }
+            let refused = decide(f.request(), || budget.take(1)).err().unwrap();
+            assert_eq!(refused.code, RejectCode::ServerFull);
+            assert_eq!(
+                refused.message,
+                format!("per-peer connection limit of 64 reached (10.0.0.{last} has 64 open)")
+            );
+        }
+        assert_eq!(budget.used(), 128, "two addresses hold 128 of 1,024");
+        f.peer = Some(ip(3));
+        assert!(
+            decide(f.request(), || budget.take(1)).is_ok(),
+            "a third host gets in"
+        );
+    }
+
     #[test]
     fn a_framed_service_needs_a_hello() {
         let mut f = Facts::new();

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -28,6 +29,18 @@ use crate::verbs::{Access, RemoteRegion, VerbsError};
 pub struct Client<T: Transport = Verbs> {
     node: Arc<Node<T>>,
     cm: Addr<CmActor<T>>,
+}
+
+/// A snapshot of a client's counters ([`Client::stats`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClientStats {
+    /// Connections open now (connects under way included once their QP exists).
+    pub connections: usize,
+    /// Connections closed and released since start.
+    pub closed: u64,
+    /// Registered memory.
+    pub pool: crate::memory::PoolStats,
 }
 
 /// Why a client could not start.
@@ -155,6 +168,10 @@ impl<T: Transport> Client<T> {
         });
         let (conn, ends) = rx.await.map_err(|_| ConnectError::ShuttingDown)??;
         Ok(ClientConnection {
+            last: Arc::new(CloseOnDrop {
+                conn: conn.clone(),
+                closed: AtomicBool::new(false),
+            }),
             conn,
             inbox: Arc::new(tokio::sync::Mutex::new(ends.inbox)),
             closed: ends.closed,
@@ -182,6 +199,21 @@ impl<T: Transport> Client<T> {
             let _ = tx.send(fut.await);
         });
         rx.await.ok()
+    }
+
+    /// Current counters: connections open and closed, and the registered memory, to see
+    /// that connections given up (closed or dropped) were released.
+    pub async fn stats(&self) -> ClientStats {
+        let c = self
+            .cm
+            .send(super::cm::GetCounters)
+            .await
+            .unwrap_or_default();
+        ClientStats {
+            connections: c.connections,
+            closed: c.closed,
+            pool: c.node.unwrap_or_default().pool,
+        }
     }
 
     /// Closes every connection, waits for their release, and stops the actors.
@@ -223,6 +255,12 @@ impl<T: Transport> Dialer<T> for ClientDialer<T> {
 }
 
 /// One client connection. Cheap to clone; requests from several tasks interleave.
+///
+/// Dropping the last handle closes the connection, as [`close`](Self::close) does
+/// (the server is told goodbye if the connection still can, and everything is released
+/// on both sides), without waiting for it: a program that opens connections in a loop
+/// and drops them does not leave each open until the server's idle limit. Call `close`
+/// to wait until the resources are released.
 pub struct ClientConnection<T: Transport = Verbs> {
     conn: ClientAddr<T>,
     inbox: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Incoming>>>,
@@ -230,6 +268,31 @@ pub struct ClientConnection<T: Transport = Verbs> {
     closed: ClosedReason,
     /// The client's PD, for [`ClientConnection::register`].
     pd: T::Domain,
+    /// Shared by every clone: closes the connection when the last one goes.
+    last: Arc<CloseOnDrop<T>>,
+}
+
+/// Closes a connection when dropped, unless [`ClientConnection::close`] already did.
+///
+/// Held in an `Arc` by every clone of a [`ClientConnection`], so that the connection
+/// closes when its last handle goes, not its first.
+struct CloseOnDrop<T: Transport> {
+    conn: ClientAddr<T>,
+    /// `close` sent the close already: a second would find the connection closing (the
+    /// actor ignores it, or is gone), but it would be a message for nothing.
+    closed: AtomicBool,
+}
+
+impl<T: Transport> Drop for CloseOnDrop<T> {
+    fn drop(&mut self) {
+        if *self.closed.get_mut() {
+            return;
+        }
+        // Nobody waits for the release: the receiver goes now. A connection that
+        // already ended has no actor any more, and the message is dropped unread.
+        let (done, _) = oneshot::channel();
+        self.conn.do_send(ClientCall::Close { done });
+    }
 }
 
 impl<T: Transport> Clone for ClientConnection<T> {
@@ -239,6 +302,7 @@ impl<T: Transport> Clone for ClientConnection<T> {
             inbox: self.inbox.clone(),
             closed: self.closed.clone(),
             pd: self.pd.clone(),
+            last: self.last.clone(),
         }
     }
 }
@@ -402,8 +466,10 @@ impl<T: Transport> ClientConnection<T> {
         .await
     }
 
-    /// Closes the connection and waits until its resources are released.
+    /// Closes the connection (for every clone of this handle) and waits until its
+    /// resources are released. Dropping the last handle closes it too, without waiting.
     pub async fn close(self) {
+        self.last.closed.store(true, Ordering::Release);
         let (tx, rx) = oneshot::channel();
         self.conn.do_send(ClientCall::Close { done: tx });
         let _ = rx.await;

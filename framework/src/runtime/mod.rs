@@ -35,7 +35,7 @@ mod service;
 mod srq;
 mod turns;
 
-pub use client::{Client, ClientConnection, ClientError};
+pub use client::{Client, ClientConnection, ClientError, ClientStats};
 pub use client_session::RequestError;
 pub use config::{
     ConfigError, ConnectionConfig, NodeConfig, ReceiveConfig, SharedRecvConfig, TransportConfig,
@@ -55,7 +55,9 @@ pub use machine::{Driver, Flow, MachineCx, MachineSession, StateMachine};
 pub use oob::{OobOptions, OobPort, OobStats, OobTransport};
 pub use poller::PollMode;
 pub use recv_groups::ReserveStats;
-pub use server::{Server, ServerBuilder, ServerError, ServerStats};
+pub use server::{
+    Server, ServerBuilder, ServerError, ServerStats, DEFAULT_MAX_CONNECTIONS_PER_PEER,
+};
 pub use service::{DecodeError, Framing, Incoming, OpId, PeerInfo, Service, Session, SessionError};
 
 /// Why a connection ended.

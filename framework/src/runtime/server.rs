@@ -19,6 +19,17 @@ use crate::memory::PoolStats;
 use crate::transport::{CmId, Domain, Transport, Verbs};
 use crate::verbs::VerbsError;
 
+/// The connections one peer address may hold by default
+/// ([`ServerBuilder::max_connections_per_peer`]).
+///
+/// A small fixed number, not a share of `max_connections`: a share (it was half) lets
+/// two addresses take every slot, and a host has as many addresses as it likes to
+/// configure. 64 is more than any one client of the tools and services here opens
+/// (`client --connections 16`, a service's pool of a few), so only a host that floods
+/// meets it; a server whose clients all share one address (a NAT, a benchmark) raises
+/// it or lifts it with 0.
+pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: usize = 64;
+
 /// Builds a [`Server`] over the transport `T`: [`Server::builder`] for verbs,
 /// [`Server::over`] for another (`Server::over(Loopback)`).
 pub struct ServerBuilder<T: Transport = Verbs> {
@@ -151,9 +162,9 @@ impl<T: Transport> ServerBuilder<T> {
     /// Connections one peer address may hold at once; more from it are rejected with
     /// `ServerFull` and a reason naming this limit, while other peers still get in. 0
     /// lifts the limit (a test or a benchmark whose clients all share one address).
-    /// Default: half of [`max_connections`](Self::max_connections) (at least 1), so that
-    /// no single host, however many connections it opens and keeps silent, takes every
-    /// slot.
+    /// Default: [`DEFAULT_MAX_CONNECTIONS_PER_PEER`] (64). Below
+    /// [`max_connections`](Self::max_connections) it changes nothing: the server's own
+    /// limit refuses first.
     pub fn max_connections_per_peer(mut self, n: usize) -> Self {
         self.max_per_peer = Some(n);
         self
@@ -163,7 +174,7 @@ impl<T: Transport> ServerBuilder<T> {
     /// [`max_connections_per_peer`](Self::max_connections_per_peer)).
     fn per_peer_limit(&self) -> usize {
         self.max_per_peer
-            .unwrap_or((self.max_connections / 2).max(1))
+            .unwrap_or(DEFAULT_MAX_CONNECTIONS_PER_PEER)
     }
 
     /// Opens the device, binds every listener and starts the actors. Must be called
@@ -435,4 +446,26 @@ async fn wait_for_signal() -> Result<&'static str, ServerError> {
         _ = int.recv() => "SIGINT",
         _ = term.recv() => "SIGTERM",
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::loopback::Loopback;
+
+    #[test]
+    fn the_per_peer_limit_is_64_by_default_whatever_max_connections_is() {
+        let limit = |b: ServerBuilder<Loopback>| b.per_peer_limit();
+        assert_eq!(
+            limit(Server::over(Loopback)),
+            DEFAULT_MAX_CONNECTIONS_PER_PEER
+        );
+        assert_eq!(limit(Server::over(Loopback).max_connections(10_000)), 64);
+        assert_eq!(limit(Server::over(Loopback).max_connections(2)), 64);
+        let set = Server::over(Loopback)
+            .max_connections(10_000)
+            .max_connections_per_peer(5);
+        assert_eq!(limit(set), 5);
+        assert_eq!(limit(Server::over(Loopback).max_connections_per_peer(0)), 0);
+    }
 }

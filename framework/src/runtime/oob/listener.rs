@@ -3,7 +3,6 @@
 //! and starts a connection actor per QP. It keeps the bookkeeping the CM actor keeps for
 //! rdma_cm connections: which are open, counters, and a drain at shutdown.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,6 +12,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 
 use super::bringup::prepare;
+use super::clients::{ClientId, Clients, Limits};
 use super::{OobPort, OobStats, OobTransport};
 use crate::proto::oob::{self, ExchangeError, RECORD_LEN};
 use crate::runtime::budget::QpBudget;
@@ -36,14 +36,12 @@ pub(crate) struct OobListener {
     listener: Option<std::net::TcpListener>,
     stop_accepting: Option<oneshot::Sender<()>>,
     /// The QPs' connections, each with the client it belongs to.
-    conns: ConnSet<u64>,
-    /// Open QPs per client: its keys are the clients counted under `max_clients`
-    /// (kept as connections open and close, not recounted per accept).
-    qps_of_client: HashMap<u64, usize>,
-    /// Clients in the exchange (not yet `done`), by id.
-    exchanging: usize,
+    conns: ConnSet<ClientId>,
+    /// The clients counted under `max_clients` and the per-peer limits, kept as they
+    /// are accepted, finish their exchange and close their QPs (not recounted per
+    /// accept).
+    clients: Clients,
     next_key: usize,
-    next_client: u64,
     /// The server's connection limit, shared with the CM actor: a client's QPs are
     /// taken from it all or none.
     budget: QpBudget,
@@ -68,6 +66,7 @@ impl OobListener {
             transport: Some(port.transport),
             ..OobStats::default()
         };
+        let clients = Clients::new(Limits::from(&port.options));
         Ok((
             OobListener {
                 node: Some(node),
@@ -77,20 +76,14 @@ impl OobListener {
                 listener: Some(listener),
                 stop_accepting: None,
                 conns: ConnSet::default(),
-                qps_of_client: HashMap::new(),
-                exchanging: 0,
+                clients,
                 next_key: 1,
-                next_client: 1,
                 budget,
                 shutting_down: false,
                 stats,
             },
             bound,
         ))
-    }
-
-    fn clients_open(&self) -> usize {
-        self.qps_of_client.len() + self.exchanging
     }
 
     fn refuse(&mut self, peer: SocketAddr, reason: &str) {
@@ -102,6 +95,7 @@ impl OobListener {
     /// Brings up a client's QPs from its records and starts their connections.
     fn on_records(
         &mut self,
+        client: ClientId,
         peer: SocketAddr,
         bytes: &[u8],
         ctx: &mut Context<Self>,
@@ -119,6 +113,7 @@ impl OobListener {
         for dest in &peers {
             oob::check_peer_record(dest, peer.ip()).map_err(|e| e.to_string())?;
         }
+        self.clients.check_qps(client, peers.len())?;
         let mut slots = self
             .budget
             .take(peers.len())
@@ -128,8 +123,6 @@ impl OobListener {
             return Err("the server's RDMA device is gone".into());
         };
         let prepared = prepare(node, transport, &self.port.options, framing, &peers)?;
-        let client = self.next_client;
-        self.next_client += 1;
         let mut sessions = Vec::with_capacity(prepared.cores.len());
         let mut registered = Vec::with_capacity(prepared.cores.len());
         for core in &prepared.cores {
@@ -170,16 +163,15 @@ impl OobListener {
             let addr = self.conns.start(parts, client);
             // RTS already: the session may send as soon as its actor runs.
             addr.do_send(CmNotice::Established { peer: None });
-            *self.qps_of_client.entry(client).or_default() += 1;
+            self.clients.opened(client, 1);
         }
         Ok(Brought {
-            client,
             answer: oob::encode_records(&prepared.answer, transport.records()),
             registered,
         })
     }
 
-    fn close_client(&mut self, client: u64, reason: &str) {
+    fn close_client(&mut self, client: ClientId, reason: &str) {
         let reason = CloseReason::Protocol(reason.to_owned());
         self.conns.close_where(|&c| c == client, &reason);
     }
@@ -233,15 +225,15 @@ impl Handler<Accepted> for OobListener {
         if self.shutting_down {
             return self.refuse(msg.peer, "server is shutting down");
         }
-        if self.clients_open() >= self.port.options.max_clients {
-            let why = format!("client limit of {} reached", self.port.options.max_clients);
-            return self.refuse(msg.peer, &why);
-        }
-        self.exchanging += 1;
+        // Refused by dropping the stream: the socket closes at once.
+        let client = match self.clients.admit(msg.peer.ip()) {
+            Ok(client) => client,
+            Err(why) => return self.refuse(msg.peer, &why),
+        };
         let me = ctx.address();
         let records = self.port.transport.records();
         let timeout = self.port.options.exchange_timeout;
-        actix::spawn(exchange(msg.stream, msg.peer, me, records, timeout));
+        actix::spawn(exchange(client, msg.stream, msg.peer, me, records, timeout));
     }
 }
 
@@ -291,6 +283,7 @@ async fn write_all(stream: &TcpStream, mut bytes: &[u8]) -> std::io::Result<()> 
 /// One client's exchange: its records (within the deadline), the bring-up on the actor,
 /// our records, its `done`. Every failure is reported to the actor with the reason.
 async fn exchange(
+    client: ClientId,
     stream: TcpStream,
     peer: SocketAddr,
     me: Addr<OobListener>,
@@ -308,22 +301,31 @@ async fn exchange(
     };
     if let Some(reason) = failed {
         me.do_send(ExchangeOver {
+            client,
             peer,
             outcome: Err(reason),
         });
         return;
     }
-    let (client, answer) = match me.send(Records { peer, bytes: buf }).await {
+    let answer = match me
+        .send(Records {
+            client,
+            peer,
+            bytes: buf,
+        })
+        .await
+    {
         Ok(Ok(brought)) => {
             // A connection that ended before registering dropped its sender: nothing
             // to wait for.
             for registered in brought.registered {
                 let _ = registered.await;
             }
-            (brought.client, brought.answer)
+            brought.answer
         }
         Ok(Err(reason)) => {
             me.do_send(ExchangeOver {
+                client,
                 peer,
                 outcome: Err(reason),
             });
@@ -352,23 +354,24 @@ async fn exchange(
         });
     }
     me.do_send(ExchangeOver {
+        client,
         peer,
-        outcome: outcome.map(|()| client),
+        outcome,
     });
 }
 
 #[derive(Message)]
 #[rtype(result = "Result<Brought, String>")]
 struct Records {
+    client: ClientId,
     peer: SocketAddr,
     bytes: Vec<u8>,
 }
 
-/// A client's QPs brought up: its number, our records for it, and one receiver per QP
-/// that hears once the QP's connection is registered with its poller. The records go
-/// out only then, so the client cannot send to a QP the poller does not know yet.
+/// A client's QPs brought up: our records for it, and one receiver per QP that hears
+/// once the QP's connection is registered with its poller. The records go out only
+/// then, so the client cannot send to a QP the poller does not know yet.
 struct Brought {
-    client: u64,
     answer: Vec<u8>,
     registered: Vec<oneshot::Receiver<()>>,
 }
@@ -377,7 +380,7 @@ impl Handler<Records> for OobListener {
     type Result = Result<Brought, String>;
 
     fn handle(&mut self, msg: Records, ctx: &mut Context<Self>) -> Self::Result {
-        self.on_records(msg.peer, &msg.bytes, ctx)
+        self.on_records(msg.client, msg.peer, &msg.bytes, ctx)
     }
 }
 
@@ -385,7 +388,7 @@ impl Handler<Records> for OobListener {
 #[derive(Message)]
 #[rtype(result = "()")]
 struct Abandon {
-    client: u64,
+    client: ClientId,
     reason: String,
 }
 
@@ -401,19 +404,20 @@ impl Handler<Abandon> for OobListener {
 #[derive(Message)]
 #[rtype(result = "()")]
 struct ExchangeOver {
+    client: ClientId,
     peer: SocketAddr,
-    outcome: Result<u64, String>,
+    outcome: Result<(), String>,
 }
 
 impl Handler<ExchangeOver> for OobListener {
     type Result = ();
 
     fn handle(&mut self, msg: ExchangeOver, _: &mut Context<Self>) {
-        self.exchanging = self.exchanging.saturating_sub(1);
+        self.clients.exchange_over(msg.client);
         match msg.outcome {
-            Ok(client) => {
+            Ok(()) => {
                 self.stats.clients += 1;
-                tracing::info!(peer = %msg.peer, client, transport = %self.port.transport, "out-of-band client connected");
+                tracing::info!(peer = %msg.peer, client = msg.client, transport = %self.port.transport, "out-of-band client connected");
             }
             Err(reason) => self.refuse(msg.peer, &reason),
         }
@@ -425,12 +429,7 @@ impl Handler<ConnClosed> for OobListener {
 
     fn handle(&mut self, msg: ConnClosed, _: &mut Context<Self>) {
         if let Some(client) = self.conns.release(msg.key) {
-            if let Some(n) = self.qps_of_client.get_mut(&client) {
-                *n -= 1;
-                if *n == 0 {
-                    self.qps_of_client.remove(&client);
-                }
-            }
+            self.clients.closed(client);
         }
         tracing::debug!(reason = %msg.reason, "out-of-band connection released");
         if self.conns.answer_if_drained() {

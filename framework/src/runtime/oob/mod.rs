@@ -25,6 +25,7 @@
 //! or by a failed send (RC retries exhausted).
 
 mod bringup;
+mod clients;
 mod listener;
 
 use std::net::SocketAddr;
@@ -44,7 +45,8 @@ pub enum OobTransport {
     /// `ibv_ud_pingpong`: one UD QP per client, bound to the client's QP; every message
     /// the session sees starts with the 40-byte GRH ([`Grh`](crate::verbs::Grh)).
     Ud,
-    /// `ibv_srq_pingpong`: up to 255 RC QPs per client sharing one receive queue.
+    /// `ibv_srq_pingpong`: several RC QPs per client (its `-q`, at most
+    /// [`OobOptions::max_qps_per_client`]) sharing one receive queue.
     Srq,
 }
 
@@ -86,8 +88,28 @@ pub struct OobOptions {
     /// Clients whose exchange is under way or whose QPs are open, at most; more are
     /// refused (the socket is closed at once).
     pub max_clients: usize,
-    /// QPs one `ibv_srq_pingpong` client may ask for.
+    /// Clients one peer address (the TCP peer's IP) may have under way or open at once,
+    /// counted as `max_clients` is (0: no limit); more from it are refused the same way,
+    /// with a reason naming this limit and the address, while other addresses get in.
+    /// Default 64, as rdma_cm's per-peer limit
+    /// ([`DEFAULT_MAX_CONNECTIONS_PER_PEER`](crate::runtime::DEFAULT_MAX_CONNECTIONS_PER_PEER)):
+    /// without it one host could hold every one of the `max_clients`.
+    pub max_clients_per_peer: usize,
+    /// QPs one `ibv_srq_pingpong` client may ask for. Default 16, the tool's own
+    /// default `-q`: a client asking for more is refused whole.
     pub max_qps_per_client: usize,
+    /// QPs the clients of one peer address may hold at once on this port (0: no
+    /// limit); a client that would take it past the limit is refused whole, before any
+    /// QP is built, with a reason naming the limit.
+    ///
+    /// Needed beyond the two caps above, because their product is not small: 64 clients
+    /// × 16 QPs is 1,024 QPs, the whole default `max_connections`, which the port draws
+    /// from the budget rdma_cm clients share; one host of `ibv_srq_pingpong` clients
+    /// would leave every rdma_cm client refused with `ServerFull`. A fixed number rather
+    /// than a share of the budget, for the reason the rdma_cm limit is one: a share lets
+    /// a few addresses take it all. Default 64, so that one address holds at most 64 QPs
+    /// per port and 64 connections over rdma_cm.
+    pub max_qps_per_peer: usize,
     /// Receives posted to each client's shared receive queue (SRQ ports).
     pub srq_depth: u32,
 }
@@ -101,7 +123,9 @@ impl Default for OobOptions {
             sl: 0,
             exchange_timeout: Duration::from_secs(5),
             max_clients: 1024,
-            max_qps_per_client: 255,
+            max_clients_per_peer: 64,
+            max_qps_per_client: 16,
+            max_qps_per_peer: 64,
             srq_depth: 64,
         }
     }
