@@ -234,8 +234,7 @@ async fn connect_n(
 /// Closes connections whose calls are all done.
 async fn close_all(conns: Vec<Rc<ClientConnection<Loopback>>>) {
     for conn in conns {
-        Rc::try_unwrap(conn)
-            .ok()
+        Rc::into_inner(conn)
             .expect("no call holds it")
             .close()
             .await;
