@@ -8,7 +8,10 @@
 //! Not part of the API (hidden from the docs): the entry points fuzzers and tests share.
 
 #[doc(hidden)]
-pub use crate::runtime::{fuzz_connection, Checked};
+pub use crate::runtime::{
+    adversarial, fuzz_connection, fuzz_connection_outcome, replay_frames, Checked, Outcome,
+    EXPOSED_LEN, EXPOSED_RKEY,
+};
 
 /// A byte source for a generator: a seeded splitmix64 in tests, the fuzzer's input in
 /// `fuzz/` (zeros once it runs out).

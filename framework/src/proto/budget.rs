@@ -13,6 +13,7 @@
 //! two peers full of outgoing offers could each wait for the other forever.
 //!
 //! No I/O and no clock; the connection drives it.
+#![deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 
 use super::frame::REFUSAL_LEN;
 
@@ -72,7 +73,7 @@ impl BudgetError {
             return None;
         }
         let word = |at: usize| {
-            let v = u64::from_le_bytes(body[at..at + 8].try_into().expect("8 bytes"));
+            let v = u64::from_le_bytes(body[at..][..8].try_into().expect("8 bytes"));
             usize::try_from(v).unwrap_or(usize::MAX)
         };
         let (len, limit) = (word(1), word(9));
@@ -131,16 +132,21 @@ impl Budget {
 
     /// True when `len` more bytes fit now.
     pub fn fits(&self, len: usize) -> bool {
-        self.in_use + len <= self.limit
+        // `len` may be a peer's: a sum past `usize::MAX` does not fit either.
+        self.in_use
+            .checked_add(len)
+            .is_some_and(|n| n <= self.limit)
     }
 
     /// Counts `len` bytes as registered; false (and nothing counted) if they do not fit.
     pub fn take(&mut self, len: usize) -> bool {
-        if !self.fits(len) {
-            return false;
+        match self.in_use.checked_add(len) {
+            Some(n) if n <= self.limit => {
+                self.in_use = n;
+                true
+            }
+            _ => false,
         }
-        self.in_use += len;
-        true
     }
 
     /// A message of `len` bytes was done with (READ, or released by the peer).
@@ -155,6 +161,8 @@ impl Budget {
 }
 
 #[cfg(test)]
+// The tests' own numbers, not a peer's.
+#[allow(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 mod tests {
     use super::*;
 

@@ -22,6 +22,7 @@
 //! goes on. `Close` carries `length` bytes of UTF-8 text (at most [`CLOSE_REASON_MAX`]):
 //! the sender is ending the connection for that reason, so the peer can say why instead
 //! of seeing only a disconnect or a flushed work request.
+#![deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 
 /// Wire format version; a peer with another version is rejected at connect time.
 pub const VERSION: u8 = 1;
@@ -133,7 +134,7 @@ impl Header {
             return Err(FrameError::Version(msg[0]));
         }
         let kind = FrameKind::from_u8(msg[1]).ok_or(FrameError::Kind(msg[1]))?;
-        let word = |at: usize| u32::from_le_bytes(msg[at..at + 4].try_into().expect("4 bytes"));
+        let word = |at: usize| u32::from_le_bytes(msg[at..][..4].try_into().expect("4 bytes"));
         let header = Header {
             kind,
             credits: word(4),
@@ -152,7 +153,8 @@ impl Header {
         let too_long = kind == FrameKind::Close && expected > CLOSE_REASON_MAX;
         if body.len() != expected || too_long {
             return Err(FrameError::Length {
-                header: expected as u32,
+                // From the header's own u32, or a constant: it fits.
+                header: u32::try_from(expected).unwrap_or(u32::MAX),
                 actual: body.len(),
             });
         }
@@ -183,12 +185,15 @@ impl RendezvousOffer {
 pub fn close_reason_body(reason: &str) -> &[u8] {
     let mut end = reason.len().min(CLOSE_REASON_MAX);
     while !reason.is_char_boundary(end) {
-        end -= 1;
+        // Stops at 0 at the latest: it is always a boundary.
+        end = end.saturating_sub(1);
     }
     &reason.as_bytes()[..end]
 }
 
 #[cfg(test)]
+// The tests' own numbers, not a peer's.
+#[allow(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 mod tests {
     use super::*;
 

@@ -6,6 +6,7 @@
 //! and arrives zero-padded, so the layout is fixed and hand-encoded. A request that does
 //! not start with the magic is from a plain rdma_cm client (rping, rdma_client, ...):
 //! those reach the listener's default service.
+#![deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 
 use crate::verbs::{MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA};
 
@@ -132,10 +133,12 @@ impl Hello {
         if self.service.len() > MAX_SERVICE_NAME {
             return Err(HelloError::NameTooLong(self.service.len()));
         }
-        let mut v = Vec::with_capacity(HELLO_FIXED + self.service.len());
+        let name_len = u8::try_from(self.service.len())
+            .map_err(|_| HelloError::NameTooLong(self.service.len()))?;
+        let mut v = Vec::with_capacity(HELLO_FIXED.saturating_add(self.service.len()));
         v.extend_from_slice(&MAGIC);
         v.push(self.version);
-        v.push(self.service.len() as u8);
+        v.push(name_len);
         v.extend_from_slice(&self.recv_depth.to_le_bytes());
         v.extend_from_slice(&self.recv_size.to_le_bytes());
         v.extend_from_slice(&self.max_credits.to_le_bytes());
@@ -161,7 +164,8 @@ impl Hello {
             return Err(HelloError::NameTooLong(name_len));
         }
         let name = data
-            .get(HELLO_FIXED..HELLO_FIXED + name_len)
+            .get(HELLO_FIXED..)
+            .and_then(|rest| rest.get(..name_len))
             .ok_or(HelloError::Truncated)?;
         Ok(Some(Hello {
             version: data[4],
@@ -231,15 +235,19 @@ impl Reject {
         if msg.len() > room {
             let mut end = room;
             while !self.message.is_char_boundary(end) {
-                end -= 1;
+                // Stops at 0 at the latest: it is always a boundary.
+                end = end.saturating_sub(1);
             }
             msg = &msg[..end];
         }
-        let mut v = Vec::with_capacity(7 + msg.len());
+        // Cut to `room` above, which is below 256.
+        let len = u8::try_from(msg.len()).unwrap_or(u8::MAX);
+        let msg = &msg[..usize::from(len)];
+        let mut v = Vec::with_capacity(msg.len().saturating_add(7));
         v.extend_from_slice(&MAGIC);
         v.push(PROTOCOL_VERSION);
         v.push(self.code as u8);
-        v.push(msg.len() as u8);
+        v.push(len);
         v.extend_from_slice(msg);
         v
     }
@@ -250,7 +258,7 @@ impl Reject {
             return None;
         }
         let len = data[6] as usize;
-        let msg = data.get(7..7 + len)?;
+        let msg = data.get(7..)?.get(..len)?;
         Some(Reject {
             code: RejectCode::from_u8(data[5]),
             message: String::from_utf8_lossy(msg).into_owned(),
@@ -259,6 +267,8 @@ impl Reject {
 }
 
 #[cfg(test)]
+// The tests' own numbers, not a peer's.
+#[allow(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 mod tests {
     use super::*;
 

@@ -8,6 +8,7 @@
 //! the QPs (the TCP connection then closes). `ibv_rc_pingpong`, `ibv_uc_pingpong` and
 //! `ibv_ud_pingpong` send one record; `ibv_srq_pingpong` always sends 256, of which the
 //! first `-q` describe its QPs and the rest are all zero.
+#![deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 
 use std::net::IpAddr;
 
@@ -167,15 +168,20 @@ impl Dest {
             let s = std::str::from_utf8(field).map_err(|_| bad(what))?;
             u64::from_str_radix(s, 16).map_err(|_| bad(what))
         };
-        let lid = hex(lid, 4, "LID is not 4 hex digits")? as u16;
-        let qpn = hex(qpn, 6, "QPN is not 6 hex digits")? as u32;
-        let psn = hex(psn, 6, "PSN is not 6 hex digits")? as u32;
+        // Each field's digits were counted: the values fit their types.
+        let lid = u16::try_from(hex(lid, 4, "LID is not 4 hex digits")?)
+            .map_err(|_| bad("LID is not 4 hex digits"))?;
+        let qpn = u32::try_from(hex(qpn, 6, "QPN is not 6 hex digits")?)
+            .map_err(|_| bad("QPN is not 6 hex digits"))?;
+        let psn = u32::try_from(hex(psn, 6, "PSN is not 6 hex digits")?)
+            .map_err(|_| bad("PSN is not 6 hex digits"))?;
         if gid.len() != 32 {
             return Err(bad("GID is not 32 hex digits"));
         }
         let mut g = [0u8; 16];
         for (i, pair) in gid.chunks(2).enumerate() {
-            g[i] = hex(pair, 2, "GID is not 32 hex digits")? as u8;
+            g[i] = u8::try_from(hex(pair, 2, "GID is not 32 hex digits")?)
+                .map_err(|_| bad("GID is not 32 hex digits"))?;
         }
         Ok(Dest {
             lid,
@@ -188,10 +194,12 @@ impl Dest {
 
 /// Decodes a client's records: `bytes` holds `count` records back to back.
 pub fn decode_records(bytes: &[u8], count: usize) -> Result<Vec<Dest>, ExchangeError> {
-    if bytes.len() < count * RECORD_LEN {
+    // A count no buffer could hold is short of bytes too.
+    let want = count.saturating_mul(RECORD_LEN);
+    if bytes.len() < want {
         return Err(ExchangeError::Truncated {
             got: bytes.len(),
-            want: count * RECORD_LEN,
+            want,
         });
     }
     bytes
@@ -212,7 +220,7 @@ pub fn srq_qps(records: &[Dest], max: usize) -> Result<Vec<Dest>, ExchangeError>
     if let Some(i) = records[n..].iter().position(|d| *d != Dest::default()) {
         return Err(ExchangeError::BadQpList(format!(
             "a QP at record {} after an empty record {n}",
-            n + i
+            n.saturating_add(i)
         )));
     }
     if n > max {
@@ -223,7 +231,7 @@ pub fn srq_qps(records: &[Dest], max: usize) -> Result<Vec<Dest>, ExchangeError>
 
 /// The server's answer: one record per QP, padded with empty records to `count`.
 pub fn encode_records(dests: &[Dest], count: usize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(count.max(dests.len()) * RECORD_LEN);
+    let mut out = Vec::with_capacity(count.max(dests.len()).saturating_mul(RECORD_LEN));
     for d in dests {
         out.extend_from_slice(&d.encode());
     }
@@ -245,6 +253,8 @@ pub fn check_done(bytes: &[u8]) -> Result<(), ExchangeError> {
 }
 
 #[cfg(test)]
+// The tests' own numbers, not a peer's.
+#[allow(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 mod tests {
     use super::*;
 

@@ -43,7 +43,10 @@ pub use config::{
 };
 pub use connect::ConnectError;
 #[doc(hidden)]
-pub use connection::{fuzz_connection, Checked};
+pub use connection::{
+    adversarial, fuzz_connection, fuzz_connection_outcome, replay_frames, Checked, Outcome,
+    EXPOSED_LEN, EXPOSED_RKEY,
+};
 pub use connection::{
     AskError, Asked, Blocking, BlockingError, BufId, Grant, GrantId, Op, SessionCx, SessionWaker,
 };

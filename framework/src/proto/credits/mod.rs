@@ -26,6 +26,7 @@
 //!
 //! The window performs no I/O; the connection actor drives it (`handle_*` on input,
 //! `poll_*`/`take_*` for output).
+#![deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 
 /// The smallest receive depth the window works with: one credit is reserved, and the
 /// credit-only trigger needs two owed credits to stay quiet.
@@ -157,7 +158,7 @@ impl CreditWindow {
     /// header to carry a grant, so owed credits stay owed.
     pub fn take_for_imm(&mut self) {
         debug_assert!(self.send_credits > 0, "sending without a credit");
-        self.send_credits -= 1;
+        self.send_credits = self.send_credits.saturating_sub(1);
     }
 
     /// Credits we hold.
@@ -179,9 +180,10 @@ impl CreditWindow {
     /// (everything owed). Call only after `can_send_data` or `poll_credit_frame`.
     pub fn take_for_send(&mut self) -> u32 {
         debug_assert!(self.send_credits > 0, "sending without a credit");
-        self.send_credits -= 1;
+        self.send_credits = self.send_credits.saturating_sub(1);
         let grant = std::mem::take(&mut self.owed);
-        self.peer_credits += grant;
+        // Both count our own receives, at most our depth.
+        self.peer_credits = self.peer_credits.saturating_add(grant);
         grant
     }
 
@@ -213,7 +215,8 @@ impl CreditWindow {
 
     /// We reposted `n` receive buffers.
     pub fn handle_reposted(&mut self, n: u32) {
-        self.owed += n;
+        // Our own receives, at most our depth.
+        self.owed = self.owed.saturating_add(n);
     }
 
     /// True when a credit-only frame should go now (and can: we hold a credit).
@@ -226,6 +229,8 @@ impl CreditWindow {
 }
 
 #[cfg(test)]
+// The tests' own numbers, not a peer's.
+#[allow(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 mod tests {
     use super::*;
     use std::collections::VecDeque;

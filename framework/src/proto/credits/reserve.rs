@@ -33,6 +33,7 @@
 //! whose buffer was reposted at once.
 //!
 //! [`MIN_DEPTH`]: super::MIN_DEPTH
+#![deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -66,7 +67,7 @@ impl CreditReserve {
             .free
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |free| {
                 got = free.min(want);
-                left = free - got;
+                left = free.saturating_sub(got); // got <= free
                 Some(left)
             });
         if got > 0 {
@@ -86,7 +87,7 @@ impl CreditReserve {
     pub fn lend(&self, peer: &PeerLoan, want: u32) -> u32 {
         let allowed = peer.claim(want);
         let got = self.take(allowed);
-        peer.repay(allowed - got);
+        peer.repay(allowed.saturating_sub(got)); // got <= allowed
         got
     }
 
@@ -135,7 +136,7 @@ impl PeerLoan {
             .lent
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |lent| {
                 got = self.cap.saturating_sub(lent).min(want);
-                now = lent + got;
+                now = lent.saturating_add(got); // got <= cap - lent
                 Some(now)
             });
         self.most.fetch_max(now, Ordering::AcqRel);
@@ -164,34 +165,40 @@ impl CreditWindow {
     /// reposted): the connection's share always, borrowed ones only while the peer runs
     /// low; borrows more from `reserve` when it does (see the module comment).
     pub fn settle(&mut self, reserve: &CreditReserve, peer: &PeerLoan) {
+        // Every count here is of our own posted receives (at most `max`, a u16 depth):
+        // saturating operations say so, and cannot wrap whatever the build's profile.
         // The peer sends faster than our grants come back: it has used half its window
         // (share plus what it borrowed). A steady stream settles where the window just
         // covers a round trip: borrowed credits go back one per frame while the peer
         // holds more than half, and come again when it drops to half.
-        let running_low = self.peer_credits <= (self.share + self.borrowed) / 2;
-        let committed = self.peer_credits + self.owed;
+        let running_low = self.peer_credits <= self.share.saturating_add(self.borrowed) / 2;
+        let committed = self.peer_credits.saturating_add(self.owed);
         // Lent credits the peer used and that are not owed again go back.
         let extra = committed.saturating_sub(self.share);
         if self.borrowed > extra {
             if running_low {
                 // Keep them: re-grant what it used of them.
-                self.owed += self.borrowed - extra;
+                self.owed = self
+                    .owed
+                    .saturating_add(self.borrowed.saturating_sub(extra));
             } else {
-                reserve.repay(peer, self.borrowed - extra);
+                reserve.repay(peer, self.borrowed.saturating_sub(extra));
                 self.borrowed = extra;
             }
         }
         // The share is always given back.
-        let committed = self.peer_credits + self.owed;
+        let committed = self.peer_credits.saturating_add(self.owed);
         if committed < self.share {
-            self.owed += self.share - committed;
+            self.owed = self
+                .owed
+                .saturating_add(self.share.saturating_sub(committed));
         }
         if running_low {
-            let committed = self.peer_credits + self.owed;
+            let committed = self.peer_credits.saturating_add(self.owed);
             let room = self.max.saturating_sub(committed).min(self.share);
             let got = reserve.lend(peer, room);
-            self.owed += got;
-            self.borrowed += got;
+            self.owed = self.owed.saturating_add(got);
+            self.borrowed = self.borrowed.saturating_add(got);
         }
     }
 
@@ -208,6 +215,8 @@ impl CreditWindow {
 }
 
 #[cfg(test)]
+// The tests' own numbers, not a peer's.
+#[allow(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 mod tests {
     use super::super::Advert;
     use super::*;

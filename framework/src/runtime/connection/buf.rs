@@ -1,6 +1,7 @@
 //! The memory a connection holds for its session: the buffers of one-sided operations
 //! (leased from the pool or registered for it) and the windows that grant its peer
 //! access. The bottom of the connection's files: it names no other.
+#![deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 
 use crate::memory::{Charge, Lease, RegisteredChunks};
 use crate::transport::{Transport, Verbs};

@@ -2,6 +2,7 @@
 //! ([`Core::poll_transmit`]) and rings the QP's doorbell for each, in order, telling the
 //! core how each went ([`Core::transmitted`]). The core decides and never posts; this is
 //! the one place a connection's work reaches its QP (`post.rs` says how work is batched).
+#![deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 
 use super::{Core, Work};
 use crate::runtime::CloseReason;

@@ -1,6 +1,7 @@
 //! Shared regions granted to one connection: a memory window bound to its QP over a
 //! range of a shared region ([`SharedRegion`](crate::transport::SharedRegion)) registered
 //! once for every connection.
+#![deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 
 use std::ops::Range;
 
@@ -85,7 +86,8 @@ impl<T: Transport> SessionCx<'_, T> {
             .bind_shared_window(wr_id as u64, &window, region, range, access)
             .map_err(err)?;
         self.core.inflight.insert(Wr::Bind);
-        self.core.send_outstanding += 1;
+        // At most the send queue's depth (a u32).
+        self.core.send_outstanding = self.core.send_outstanding.saturating_add(1);
         let id = GrantId(self.core.grants.insert(GrantEntry {
             _window: window,
             _region: region.clone(),

@@ -1,6 +1,7 @@
 //! How a connection's QP gets going: the accept or connect call its actor makes once
 //! registered with its poller thread, apart from the lifecycle that follows, because the
 //! CM actor builds these parameters on its own thread and only the call itself moves.
+#![deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 
 use actix::prelude::*;
 

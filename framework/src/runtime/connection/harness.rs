@@ -20,7 +20,7 @@ use crate::transport::SendWr;
 use crate::verbs::{Access, ConnParam, QpCaps, SendOp};
 
 /// Receives per connection (and the credits each side starts with).
-const DEPTH: u32 = 8;
+pub(super) const DEPTH: u32 = 8;
 /// Receive buffer size: messages above 240 bytes go by rendezvous.
 const RECV_SIZE: usize = 256;
 
@@ -250,7 +250,7 @@ impl Pair {
 }
 
 /// Tags of the honest side's messages stay below this; the hostile frames' are above.
-const HOSTILE_TAGS: u32 = 1 << 30;
+pub(super) const HOSTILE_TAGS: u32 = 1 << 30;
 
 /// One entropy-driven sequence against a pair of cores (see [`crate::fuzz`]), also the
 /// model test of issue 29: the two cores' receive depths, send queues, READ chunking and
@@ -263,6 +263,12 @@ const HOSTILE_TAGS: u32 = 1 << 30;
 ///   neither delivered nor refused, a rendezvous budget not back to zero;
 /// - a pool chunk not back once the cores are gone.
 pub fn fuzz_connection(e: &mut impl Entropy) -> Checked {
+    fuzz_connection_outcome(e).checked
+}
+
+/// [`fuzz_connection`], and how the sequence ended: what a replay prints (the embedder
+/// check, `scripts/lib/embedder-check`, compares it between two builds).
+pub fn fuzz_connection_outcome(e: &mut impl Entropy) -> Outcome {
     let depths = [4 + e.below(13) as u32, 4 + e.below(13) as u32];
     let shape = |e: &mut dyn FnMut(u64) -> u64| ConnectionConfig {
         send_depth: 4 + e(29) as u32,
@@ -396,6 +402,7 @@ pub fn fuzz_connection(e: &mut impl Entropy) -> Checked {
             assert_eq!(posted, end.core.recv.len(), "every receive posted again");
         }
     }
+    let outcome = Outcome::of(&p, checked);
     if checked == Checked::All {
         // Every message is accounted for: delivered, or refused back to its sender.
         for (tag, _) in &sent {
@@ -417,7 +424,61 @@ pub fn fuzz_connection(e: &mut impl Entropy) -> Checked {
             "every chunk back in the pool once the cores are gone"
         );
     }
-    checked
+    outcome
+}
+
+/// How a sequence ended: each side's close reason (`None`: still open), how many of
+/// `b`'s deliveries reached its session, and how many of `a`'s messages `b` refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// Which invariants the sequence could check.
+    pub checked: Checked,
+    /// Why `a` (the side that sends the hostile frames) closed.
+    pub a: Option<String>,
+    /// Why `b` (the side that receives them) closed.
+    pub b: Option<String>,
+    /// Messages delivered to `b`'s session.
+    pub delivered: usize,
+    /// Of `a`'s messages, those `b` refused (with the reasons, as `a` heard them).
+    pub refused: Vec<String>,
+}
+
+impl Outcome {
+    pub(super) fn of(p: &Pair, checked: Checked) -> Outcome {
+        let why = |end: &End| {
+            end.closed
+                .as_ref()
+                .or(end.core.closing.as_ref())
+                .map(ToString::to_string)
+        };
+        Outcome {
+            checked,
+            a: why(&p.a),
+            b: why(&p.b),
+            delivered: p.b.got.len(),
+            refused: p
+                .a
+                .core
+                .refusals
+                .iter()
+                .map(|(_, why)| why.to_string())
+                .collect(),
+        }
+    }
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let side = |s: &Option<String>| s.clone().unwrap_or_else(|| "open".into());
+        write!(
+            f,
+            "a: {} | b: {} | delivered {} | refused [{}]",
+            side(&self.a),
+            side(&self.b),
+            self.delivered,
+            self.refused.join("; ")
+        )
+    }
 }
 
 /// Which invariants a sequence could check.
@@ -436,7 +497,7 @@ pub enum Checked {
 /// out, nor a completion coming for a while (or it closed), up to a bound; true when
 /// that was reached. (Unsignalled SENDs that completed silently still count as
 /// outstanding until a signalled one follows, so the send queue's count is no sign.)
-fn settle(p: &mut Pair) -> bool {
+pub(super) fn settle(p: &mut Pair) -> bool {
     let idle = |end: &End| {
         end.closed.is_some()
             || end.core.closing.is_some()

@@ -14,6 +14,7 @@
 //! handlers are separate turns of the same single-threaded arbiter, and nothing under a
 //! borrow calls back into the poller or the actor synchronously (messages to the actor
 //! are queued, the connection's one timer is a spawned task).
+#![deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 
 use std::cell::RefCell;
 use std::rc::Weak;

@@ -2,6 +2,7 @@
 //! (CM notices, wake-ups, pumps, its release) and the opaque handle the core keeps on
 //! that mailbox. Apart from the actor so that the core and the lifecycle can name these
 //! without knowing the actor.
+#![deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 
 use actix::prelude::*;
 use actix::WeakRecipient;

@@ -20,34 +20,51 @@
 //! work request has come back (successful or flushed), then drop the QP, the cm_id and
 //! the buffers, and tell the CM actor. The flushes are drained, never waited on blindly:
 //! a timer forces the end if a provider loses some.
+#![deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use slab::Slab;
 
+// Clocks and counters of our own, no peer's value: not under the lint above.
+#[allow(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 mod actor;
 mod blocking;
 mod buf;
+// Clocks and counters of our own, no peer's value: not under the lint above.
+#[allow(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 mod cx;
 mod doorbell;
 mod grants;
 mod handshake;
 mod lifecycle;
+// Clocks and counters of our own, no peer's value: not under the lint above.
+#[allow(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 mod liveness;
 mod mailbox;
 mod offers;
+// Clocks and counters of our own, no peer's value: not under the lint above.
+#[allow(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 mod pool_wait;
 mod post;
 mod recv;
 mod rendezvous;
 mod send;
+// Clocks and counters of our own, no peer's value: not under the lint above.
+#[allow(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 mod timeout;
 mod wake;
 mod wr;
 
+// The test driver's and the tests' own numbers, not a peer's.
+#[allow(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 mod harness;
+// Test frames built by hand, not a peer's numbers.
+#[allow(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
+mod hostile;
 #[cfg(test)]
+#[allow(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 mod tests;
 
 pub(crate) use actor::{ConnectionActor, ConnectionParts};
@@ -59,7 +76,8 @@ pub(crate) use mailbox::{CmNotice, ConnClosed};
 pub use buf::BufId;
 pub use cx::SessionCx;
 pub use grants::{Grant, GrantId};
-pub use harness::{fuzz_connection, Checked};
+pub use harness::{fuzz_connection, fuzz_connection_outcome, Checked, Outcome};
+pub use hostile::{adversarial, replay_frames, EXPOSED_LEN, EXPOSED_RKEY};
 pub use wake::{AskError, Asked, Blocking, BlockingError, SessionWaker};
 pub use wr::Op;
 
@@ -384,12 +402,15 @@ impl<T: Transport> Core<T> {
             self.handle_shared_recv(slot, wc)?;
             return Ok(None);
         }
-        let Some(wr) = self.inflight.try_remove(wc.wr_id as usize) else {
+        // A wr_id past usize (on a 32-bit host) is no slot of ours: unknown, not cut.
+        let slot = usize::try_from(wc.wr_id).ok();
+        let Some(wr) = slot.and_then(|s| self.inflight.try_remove(s)) else {
             tracing::warn!(wr_id = wc.wr_id, "completion for an unknown work request");
             return Ok(None);
         };
         if !matches!(wr, Wr::Recv(_)) {
-            self.send_outstanding -= 1;
+            // Counted up when posted: at least this one is outstanding.
+            self.send_outstanding = self.send_outstanding.saturating_sub(1);
         }
         if let Wr::Goodbye { .. } = wr {
             self.goodbye = match wc.ok() {
@@ -444,7 +465,8 @@ impl<T: Transport> Core<T> {
 
     fn release_buf(&mut self, id: BufId) {
         if let Some(e) = self.bufs.get_mut(id.0) {
-            e.inflight -= 1;
+            // Counted up when posted: at least this one is in flight.
+            e.inflight = e.inflight.saturating_sub(1);
             if e.freed && e.inflight == 0 {
                 self.bufs.remove(id.0);
             }

@@ -1,5 +1,6 @@
 //! The state of large messages moving by rendezvous (what `rendezvous.rs` does with it):
 //! ours, offered to the peer or being registered for it, and the peer's, being READ.
+#![deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 
 use std::sync::mpsc;
 use std::time::Instant;

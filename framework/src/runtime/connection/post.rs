@@ -21,6 +21,7 @@
 //! follows (the frame that carries its rkey). Its rkey is known when it is decided
 //! ([`Window::next_rkey`]), so the frame can be written at once; the driver checks that
 //! the bind gave that rkey.
+#![deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 
 use std::ops::Range;
 
@@ -104,7 +105,8 @@ impl<T: Transport> Core<T> {
     /// Queues the send-queue request recorded at `wr_id`, in the open batch (cut at
     /// [`MAX_BATCH`] requests).
     pub(super) fn queue_send(&mut self, wr_id: usize, op: SendOp, bytes: Option<Range<usize>>) {
-        self.send_outstanding += 1;
+        // At most the send queue's depth (a u32).
+        self.send_outstanding = self.send_outstanding.saturating_add(1);
         self.outbox.open.sends.push(QueuedSend { wr_id, op, bytes });
         if self.outbox.open.sends.len() >= MAX_BATCH {
             self.cut();
@@ -127,7 +129,8 @@ impl<T: Transport> Core<T> {
             ..region.remote()
         };
         let wr_id = self.inflight.insert(Wr::Bind);
-        self.send_outstanding += 1;
+        // At most the send queue's depth (a u32).
+        self.send_outstanding = self.send_outstanding.saturating_add(1);
         self.cut();
         self.outbox.open.bind = Some(QueuedBind {
             wr_id,
@@ -302,11 +305,13 @@ impl<T: Transport> Core<T> {
     }
 
     fn forget_send(&mut self, wr_id: usize) {
-        self.send_outstanding -= 1;
+        self.send_outstanding = self.send_outstanding.saturating_sub(1);
         match self.inflight.try_remove(wr_id) {
             Some(Wr::Send { seq, .. }) => self.unsignaled.retain(|&(s, _)| s != seq),
             Some(Wr::Op { buf, .. }) => self.release_buf(buf),
-            Some(Wr::RendezvousChunk { .. }) => self.read_chunks_in_flight -= 1,
+            Some(Wr::RendezvousChunk { .. }) => {
+                self.read_chunks_in_flight = self.read_chunks_in_flight.saturating_sub(1);
+            }
             Some(Wr::Probe) => self.liveness.probe_completed(),
             Some(Wr::Goodbye { .. }) => self.goodbye = Goodbye::Failed,
             _ => {}

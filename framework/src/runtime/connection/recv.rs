@@ -2,6 +2,7 @@
 //! the turn's answers for framed connections, at once for raw ones) or taken from a
 //! queue shared with other connections (reposted at once, credits settled with the
 //! queue's reserve), and the frames they carry turned into deliveries.
+#![deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 
 use std::borrow::Cow;
 
@@ -35,7 +36,8 @@ impl<T: Transport> Core<T> {
         self.reposts.clear();
         if let Some(credits) = self.credits.as_mut() {
             // Queued receives are posted before any SEND that could grant them.
-            credits.handle_reposted(n as u32);
+            // At most the receive queue's depth, a u32.
+            credits.handle_reposted(u32::try_from(n).unwrap_or(u32::MAX));
         }
         Ok(true)
     }
@@ -137,7 +139,8 @@ impl<T: Transport> Core<T> {
                     return Ok(());
                 }
                 let seq = self.next_seq;
-                self.next_seq += 1;
+                // A u64 count of offers: it never wraps in practice.
+                self.next_seq = self.next_seq.wrapping_add(1);
                 self.deliveries.push_back(Delivery::Waiting(seq));
                 self.queue(Outgoing::Read {
                     seq,
@@ -274,6 +277,8 @@ fn check_offer(offer: &RendezvousOffer, len: u32) -> Result<(), CloseReason> {
 }
 
 #[cfg(test)]
+// The tests' own numbers, not a peer's.
+#[allow(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 mod tests {
     use super::*;
 

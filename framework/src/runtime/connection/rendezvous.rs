@@ -5,6 +5,7 @@
 //! against the pool's cap: an offer's length comes from the peer, so it is checked
 //! before anything is allocated, and a peer that never says Done loses its access (and
 //! the connection) at the deadline instead of keeping our memory registered forever.
+#![deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 
 use std::time::Instant;
 
@@ -127,7 +128,8 @@ impl<T: Transport> Core<T> {
         // The bind is a batch of its own: what was decided before it goes first, the
         // offer that carries its rkey after it.
         let remote = self.queue_bind(BindOf::Offer(key), Access::REMOTE_READ);
-        let key = key as u32;
+        // A slab index of offers out, bounded by the budget: far below u32::MAX.
+        let key = u32::try_from(key).unwrap_or(u32::MAX);
         let offer = RendezvousOffer {
             addr: remote.addr,
             rkey: remote.rkey,
@@ -135,7 +137,11 @@ impl<T: Transport> Core<T> {
         };
         let mut body = [0u8; OFFER_LEN];
         offer.encode(&mut body);
-        self.post_frame(FrameKind::RendezvousOffer, tag, len as u32, &body)
+        // At most `max_message`, which the configuration bounds to a frame's u32.
+        let len = u32::try_from(len).map_err(|_| {
+            CloseReason::Session(format!("a message of {len} bytes: too large for a frame"))
+        })?;
+        self.post_frame(FrameKind::RendezvousOffer, tag, len, &body)
     }
 
     /// `take` from the pool; `None` when the pool is at a limit, and this connection is
@@ -314,9 +320,20 @@ impl<T: Transport> Core<T> {
                     return Ok(());
                 }
                 let m = &self.rendezvous_in[i];
-                let (offset, len) = (m.posted, self.rendezvous_chunk.min(m.len - m.posted));
+                // `posted < len` (checked above), and the offer's `addr + len` was checked
+                // not to wrap when it arrived; checked again here, whatever the profile.
+                let (offset, len) = (
+                    m.posted,
+                    self.rendezvous_chunk.min(m.len.saturating_sub(m.posted)),
+                );
+                let Some(addr) = m.offer.addr.checked_add(offset as u64) else {
+                    return Err(CloseReason::Protocol(format!(
+                        "a rendezvous offer at {:#x}: offset {offset} wraps around the address space",
+                        m.offer.addr
+                    )));
+                };
                 let remote = RemoteRegion {
-                    addr: m.offer.addr + offset as u64,
+                    addr,
                     len: len as u64,
                     rkey: m.offer.rkey,
                 };
@@ -331,8 +348,10 @@ impl<T: Transport> Core<T> {
                 let wr_id = self
                     .inflight
                     .insert(Wr::RendezvousChunk { lease, seq, len });
-                self.read_chunks_in_flight += 1;
-                self.rendezvous_in[i].posted += len;
+                // At most `rendezvous_chunks`; `posted + len <= len` of the message.
+                self.read_chunks_in_flight = self.read_chunks_in_flight.saturating_add(1);
+                let m = &mut self.rendezvous_in[i];
+                m.posted = m.posted.saturating_add(len);
                 self.queue_send(wr_id, SendOp::Read(remote), Some(0..len));
             }
         }
@@ -349,7 +368,7 @@ impl<T: Transport> Core<T> {
         chunk: &Chunk<T>,
         len: usize,
     ) -> Result<(), CloseReason> {
-        self.read_chunks_in_flight -= 1;
+        self.read_chunks_in_flight = self.read_chunks_in_flight.saturating_sub(1);
         let Some(at) = self.rendezvous_in.iter().position(|m| m.seq == seq) else {
             return Ok(());
         };
@@ -366,7 +385,8 @@ impl<T: Transport> Core<T> {
             Some(bytes) => m.data.extend_from_slice(&bytes[..len]),
             None => {
                 let start = m.data.len();
-                m.data.resize(start + len, 0);
+                // Reserved for the whole message above: `start + len <= m.len`.
+                m.data.resize(start.saturating_add(len), 0);
                 chunk
                     .read(0, &mut m.data[start..])
                     .map_err(CloseReason::from_verbs)?;
@@ -395,7 +415,8 @@ impl<T: Transport> Core<T> {
     /// When the oldest offer runs out of time (see [`Core::poll_timeout`]).
     pub(super) fn offers_deadline(&self) -> Option<Instant> {
         let oldest = self.rendezvous_out.iter().map(|(_, o)| o.offered).min()?;
-        Some(oldest + self.rendezvous_deadline)
+        // A configured deadline; far past any clock, an offer never expires.
+        oldest.checked_add(self.rendezvous_deadline)
     }
 
     /// Offers older than the deadline at `now` are revoked (window deallocated) and
@@ -405,7 +426,7 @@ impl<T: Transport> Core<T> {
         let expired: Vec<usize> = self
             .rendezvous_out
             .iter()
-            .filter(|(_, o)| o.offered + deadline <= now)
+            .filter(|(_, o)| o.offered.checked_add(deadline).is_some_and(|at| at <= now))
             .map(|(key, _)| key)
             .collect();
         if expired.is_empty() {
@@ -414,7 +435,7 @@ impl<T: Transport> Core<T> {
         let mut bytes = 0;
         for key in &expired {
             let out = self.rendezvous_out.remove(*key);
-            bytes += out.len;
+            bytes = out.len.saturating_add(bytes);
             self.budget_out.release(out.len);
         }
         Err(CloseReason::Protocol(format!(

@@ -1,6 +1,7 @@
 //! The send side of a connection: work decided by the session is queued, then posted as
 //! credits and send-queue room allow (frames, rendezvous offers and reads, one-sided
 //! operations), SENDs batched under one doorbell per turn and signalled selectively.
+#![deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 
 use super::pool_wait::Waiting;
 use super::{
@@ -18,7 +19,10 @@ impl<T: Transport> Core<T> {
     /// Largest message sent inline in a frame: it must fit the peer's receive buffers
     /// as well as ours (a frame larger than the receive it lands in fails the peer's QP).
     pub(super) fn eager_limit(&self) -> usize {
-        self.recv_size.min(self.peer_recv_size) - HEADER_LEN
+        // The peer's size is raised to more than a header when it is set.
+        self.recv_size
+            .min(self.peer_recv_size)
+            .saturating_sub(HEADER_LEN)
     }
 
     /// Decides and posts as much queued work as credits and the send queue allow, then
@@ -41,14 +45,15 @@ impl<T: Transport> Core<T> {
 
     /// Queues work for [`Core::pump`], counting its bytes.
     pub(super) fn queue(&mut self, item: Outgoing<T>) {
-        self.pending_bytes += item.bytes();
+        // Bytes held in this process: they fit a usize.
+        self.pending_bytes = self.pending_bytes.saturating_add(item.bytes());
         self.pending.push_back(item);
     }
 
     /// Takes the next queued work item.
     pub(super) fn dequeue(&mut self) -> Option<Outgoing<T>> {
         let item = self.pending.pop_front()?;
-        self.pending_bytes -= item.bytes();
+        self.pending_bytes = self.pending_bytes.saturating_sub(item.bytes());
         Some(item)
     }
 
@@ -108,7 +113,7 @@ impl<T: Transport> Core<T> {
             let allowed = match (next, &self.credits) {
                 // A rendezvous offer also binds a window: two send-queue slots.
                 (Outgoing::Offer(_), Some(c)) => {
-                    c.can_send_data() && self.send_outstanding + 1 < self.send_depth
+                    c.can_send_data() && self.send_outstanding.saturating_add(1) < self.send_depth
                 }
                 // A READ of an offer waits for earlier READs to free the budget.
                 (Outgoing::Read { len, .. }, _) => self.budget_in.fits(*len),
@@ -181,7 +186,7 @@ impl<T: Transport> Core<T> {
         len: u32,
         body: &[u8],
     ) -> Result<(Chunk<T>, usize), CloseReason> {
-        let total = HEADER_LEN + body.len();
+        let total = HEADER_LEN.saturating_add(body.len());
         let mut lease = self.send_buffer(total)?;
         let grant = self.credits.as_mut().expect("framed").take_for_send();
         let header = Header {
@@ -209,10 +214,12 @@ impl<T: Transport> Core<T> {
     ) -> Result<(), CloseReason> {
         // Signal every SIGNAL_EVERY-th SEND, and always when the send queue is filling
         // up, so a signalled completion is always on its way while slots are scarce.
-        let signaled = self.unsignaled.len() + 1 >= SIGNAL_EVERY
-            || self.send_outstanding as usize + SIGNAL_EVERY >= self.send_depth as usize;
+        let signaled = self.unsignaled.len().saturating_add(1) >= SIGNAL_EVERY
+            || (self.send_outstanding as usize).saturating_add(SIGNAL_EVERY)
+                >= self.send_depth as usize;
         let seq = self.send_seq;
-        self.send_seq += 1;
+        // A u64 count of SENDs: it never wraps in practice.
+        self.send_seq = self.send_seq.wrapping_add(1);
         let wr_id = self.inflight.insert(Wr::Send {
             lease: Some(lease),
             seq,
@@ -271,7 +278,7 @@ impl<T: Transport> Core<T> {
             // gone already; its slot may even hold a newer request, so check the seq.
             if matches!(self.inflight.get(wr_id), Some(Wr::Send { seq: q, .. }) if *q == s) {
                 let wr = self.inflight.remove(wr_id);
-                self.send_outstanding -= 1;
+                self.send_outstanding = self.send_outstanding.saturating_sub(1);
                 self.recycle(wr);
             }
         }
@@ -285,7 +292,8 @@ impl<T: Transport> Core<T> {
             return;
         }
         let seq = self.send_seq;
-        self.send_seq += 1;
+        // A u64 count of SENDs: it never wraps in practice.
+        self.send_seq = self.send_seq.wrapping_add(1);
         let wr_id = self.inflight.insert(Wr::Send {
             lease: None,
             seq,
@@ -298,7 +306,9 @@ impl<T: Transport> Core<T> {
     pub(super) fn post_outgoing(&mut self, item: Outgoing<T>) -> Result<(), CloseReason> {
         match item {
             Outgoing::Data { tag, bytes } => {
-                let posted = self.post_frame(FrameKind::Data, tag, bytes.len() as u32, &bytes);
+                // Inline data is within the eager limit, below a receive buffer's size.
+                let len = u32::try_from(bytes.len()).unwrap_or(u32::MAX);
+                let posted = self.post_frame(FrameKind::Data, tag, len, &bytes);
                 self.recycle_body(bytes);
                 posted
             }
@@ -360,7 +370,7 @@ impl<T: Transport> Core<T> {
                     compare: *compare,
                     swap: *swap,
                 },
-                *offset..offset + 8,
+                atomic_range(*offset)?,
             ),
             Op::FetchAdd {
                 offset,
@@ -372,7 +382,7 @@ impl<T: Transport> Core<T> {
                     remote: *remote,
                     add: *add,
                 },
-                *offset..offset + 8,
+                atomic_range(*offset)?,
             ),
         };
         // The range is checked now, as the session's mistake, rather than when posted.
@@ -385,7 +395,8 @@ impl<T: Transport> Core<T> {
                 c.take_for_imm();
             }
         }
-        self.bufs[buf_id.0].inflight += 1;
+        // Operations in flight on one buffer: at most the send queue's depth.
+        self.bufs[buf_id.0].inflight = self.bufs[buf_id.0].inflight.saturating_add(1);
         self.queue_send(wr_id, send_op, Some(bytes));
         Ok(())
     }
@@ -410,8 +421,13 @@ impl<T: Transport> Core<T> {
         }
         let text = reason.to_string();
         let body = close_reason_body(&text);
-        let Ok((lease, total)) = self.frame_in_buffer(FrameKind::Close, 0, body.len() as u32, body)
-        else {
+        let Ok((lease, total)) = self.frame_in_buffer(
+            FrameKind::Close,
+            0,
+            // Cut to CLOSE_REASON_MAX bytes.
+            u32::try_from(body.len()).unwrap_or(u32::MAX),
+            body,
+        ) else {
             return false;
         };
         let wr_id = self.inflight.insert(Wr::Goodbye { lease });
@@ -458,4 +474,13 @@ fn qp_still_works(reason: &CloseReason) -> bool {
             | CloseReason::HandshakeTimeout(_)
             | CloseReason::DeviceLost(_)
     )
+}
+
+/// The 8 bytes of an atomic at `offset` of a session's buffer; an offset whose end is
+/// past the address space is the session's mistake, as a range past its buffer is.
+fn atomic_range(offset: usize) -> Result<std::ops::Range<usize>, CloseReason> {
+    offset
+        .checked_add(8)
+        .map(|end| offset..end)
+        .ok_or_else(|| CloseReason::Session(format!("an atomic at offset {offset}: out of range")))
 }

@@ -149,6 +149,28 @@ fn hostile_frame_sequences_never_panic_lose_order_or_leak_chunks() {
     assert!(counts[0] >= 20, "{counts:?}");
 }
 
+/// Issue 45 (5): frames whose lengths, credits and addresses sit where sums wrap end
+/// in a refusal or a close with a reason, never a panic, and the same in any profile
+/// (`scripts/lib/embedder-check` replays them with overflow-checks off).
+#[test]
+fn adversarial_frames_are_refused_with_a_reason() {
+    for (name, frames) in super::hostile::adversarial() {
+        let outcome = super::hostile::replay_frames(&frames);
+        assert!(
+            outcome.a.is_some() || outcome.b.is_some() || !outcome.refused.is_empty(),
+            "{name}: neither refused nor closed: {outcome}"
+        );
+        if name.contains("wraps") || name == "offer at u64::MAX" {
+            let b = outcome.b.as_deref().unwrap_or("open");
+            assert!(b.contains("wraps around the address space"), "{name}: {b}");
+        }
+        if name.contains("exposed region") && !name.contains("whole") {
+            let b = outcome.b.as_deref().unwrap_or("open");
+            assert!(b.contains("RemoteAccessError"), "{name}: {b}");
+        }
+    }
+}
+
 #[test]
 fn an_offer_over_the_peers_limit_is_refused_and_handed_back_and_the_connection_goes_on() {
     let mut p = pair();

@@ -1,6 +1,7 @@
 //! Work done away from the connection's thread reaching its session: a waker any
 //! thread can hold, closures run on the blocking pool, and requests to other actors
 //! (a service's own actor), whose results come back through it.
+#![deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 
 use std::sync::mpsc;
 

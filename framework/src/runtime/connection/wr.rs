@@ -2,6 +2,7 @@
 //! its wr_id), what waits to be posted, and a session's one-sided operations. Apart from
 //! `Core` because every file of the connection speaks it, while the core's state and
 //! completion handling are one concern of their own.
+#![deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 
 use std::collections::VecDeque;
 use std::ops::Range;

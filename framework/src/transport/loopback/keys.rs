@@ -5,6 +5,7 @@
 //! them: rebinding a memory window bumps its tag, so rkeys from earlier binds stop
 //! working while the slot stays the window's. Lookups take a read lock and clone an
 //! `Arc`; the copy that follows holds no lock.
+#![deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::{Arc, RwLock};
@@ -53,7 +54,10 @@ pub(super) struct KeyTable {
 }
 
 fn key_of(index: usize, tag: u32) -> u32 {
-    ((index as u32 + 1) << 8) | (tag & 0xff)
+    // The table's own slab index, not a peer's: 24 bits of the key, as in a NIC's.
+    #[allow(clippy::cast_possible_truncation)]
+    let index = index as u32;
+    (index.wrapping_add(1) << 8) | (tag & 0xff)
 }
 
 fn index_of(key: u32) -> Option<usize> {
@@ -123,9 +127,12 @@ impl KeyTable {
             .and_then(|i| slots.get(i))
             .ok_or(Refusal::UnknownKey)?;
         let (storage, lo, hi, access) = match entry {
-            Entry::Region(s) if s.key == rkey => {
-                (s, s.base, s.base + s.len() as u64, s.access.remote_part())
-            }
+            Entry::Region(s) if s.key == rkey => (
+                s,
+                s.base,
+                s.base.saturating_add(s.len() as u64),
+                s.access.remote_part(),
+            ),
             Entry::Window {
                 key,
                 binding: Some(b),
@@ -133,7 +140,7 @@ impl KeyTable {
                 if b.qp_num != qp_num {
                     return Err(Refusal::OtherQp);
                 }
-                (&b.storage, b.addr, b.addr + b.len, b.access)
+                (&b.storage, b.addr, b.addr.saturating_add(b.len), b.access)
             }
             _ => return Err(Refusal::UnknownKey),
         };
@@ -147,6 +154,11 @@ impl KeyTable {
         if addr < lo || end > hi {
             return Err(Refusal::Bounds);
         }
-        Ok((storage.clone(), (addr - storage.base) as usize))
+        // Checked, not assumed: the bounds are a window's as well as the storage's.
+        let offset = addr
+            .checked_sub(storage.base)
+            .and_then(|o| usize::try_from(o).ok())
+            .ok_or(Refusal::Bounds)?;
+        Ok((storage.clone(), offset))
     }
 }

@@ -2,6 +2,7 @@
 //! consumes receives, checks rkeys, bounds and access, moves the bytes and completes
 //! receives; what it cannot do it answers with a NAK, which the requester (`qp.rs`)
 //! turns into a retry, a wait or an error completion.
+#![deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::Arc;
@@ -112,7 +113,8 @@ impl Responder {
             wr_id,
             status,
             opcode,
-            byte_len: len as u32,
+            // What landed in a receive or was READ: within a registration's u32 SGE.
+            byte_len: u32::try_from(len).unwrap_or(u32::MAX),
             imm_data: imm,
             qp_num: self.num,
             vendor_err: 0,
