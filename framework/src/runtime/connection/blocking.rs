@@ -17,7 +17,31 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::Semaphore;
 
-use super::wake::BlockingError;
+/// Why a [`Blocking`](super::Blocking) task has no result.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BlockingError {
+    /// The closure panicked; the message is the panic's, when it was a string.
+    #[error("blocking task panicked: {0}")]
+    Panicked(String),
+    /// The task was dropped before it ran (the runtime is shutting down).
+    #[error("blocking task was dropped before it finished")]
+    Lost,
+    /// The connection already had as many closures started and not finished as it may
+    /// (`ConnectionConfig::blocking_queued_per_connection`); this one was not started.
+    #[error(
+        "blocking task refused: {started} of this connection's {max} are started and not finished"
+    )]
+    Busy {
+        /// Closures of this connection started and not finished.
+        started: usize,
+        /// The bound.
+        max: usize,
+    },
+    /// The connection closed while the closure waited for its turn; it was not run.
+    #[error("blocking task skipped: its connection closed before its turn")]
+    Skipped,
+}
 
 /// A connection's bounds on its blocking closures. Nothing is allocated until its
 /// session first runs one: most connections never do, and an idle connection's every

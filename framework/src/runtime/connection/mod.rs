@@ -73,12 +73,13 @@ pub(crate) use handshake::{CmCall, Handshake, HandshakeFailed};
 pub(crate) use lifecycle::panic_message;
 pub(crate) use mailbox::{CmNotice, ConnClosed};
 
+pub use blocking::BlockingError;
 pub use buf::BufId;
 pub use cx::SessionCx;
 pub use grants::{Grant, GrantId};
 pub use harness::{fuzz_connection, fuzz_connection_outcome, Checked, Outcome};
 pub use hostile::{adversarial, replay_frames, EXPOSED_LEN, EXPOSED_RKEY};
-pub use wake::{AskError, Asked, Blocking, BlockingError, SessionWaker};
+pub use wake::{AskError, Asked, Blocking, SessionWaker};
 pub use wr::Op;
 
 pub(crate) use self::blocking::{BlockingGate, BlockingHandle, ServiceGates};

@@ -8,6 +8,7 @@ use std::sync::mpsc;
 use actix::prelude::*;
 use actix::{Recipient, WeakRecipient};
 
+use super::blocking::BlockingError;
 use super::mailbox::Wake;
 use super::{ConnectionActor, SessionCx};
 use crate::runtime::Session;
@@ -50,32 +51,6 @@ impl SessionWaker {
             .and_then(WeakRecipient::upgrade)
             .is_some_and(|r| r.connected())
     }
-}
-
-/// Why a [`Blocking`] task has no result.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum BlockingError {
-    /// The closure panicked; the message is the panic's, when it was a string.
-    #[error("blocking task panicked: {0}")]
-    Panicked(String),
-    /// The task was dropped before it ran (the runtime is shutting down).
-    #[error("blocking task was dropped before it finished")]
-    Lost,
-    /// The connection already had as many closures started and not finished as it may
-    /// (`ConnectionConfig::blocking_queued_per_connection`); this one was not started.
-    #[error(
-        "blocking task refused: {started} of this connection's {max} are started and not finished"
-    )]
-    Busy {
-        /// Closures of this connection started and not finished.
-        started: usize,
-        /// The bound.
-        max: usize,
-    },
-    /// The connection closed while the closure waited for its turn; it was not run.
-    #[error("blocking task skipped: its connection closed before its turn")]
-    Skipped,
 }
 
 /// The result of a closure started with [`SessionCx::spawn_blocking`]; take it in
