@@ -1,6 +1,7 @@
 //! The messages of the file-transfer protocol and the plain data they carry. Every
 //! control message is one [`Msg`], postcard-encoded, travelling as one framed message;
 //! chunk data never travels in a message (it is RDMA-written into the granted window).
+#![deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 
 use std::fmt;
 
@@ -143,9 +144,10 @@ pub(crate) fn chunk_count(len: u64, slot_len: u32) -> u64 {
 
 /// Length of chunk `index` of a `len`-byte file cut into `slot_len`-byte chunks.
 pub(crate) fn chunk_len(len: u64, slot_len: u32, index: u64) -> u32 {
-    let start = index * u64::from(slot_len);
+    // A chunk that would start past u64::MAX starts past any file: it is empty.
+    let start = index.saturating_mul(u64::from(slot_len));
     // Never more than slot_len, so it fits in u32.
-    len.saturating_sub(start).min(u64::from(slot_len)) as u32
+    u32::try_from(len.saturating_sub(start).min(u64::from(slot_len))).unwrap_or(slot_len)
 }
 
 /// What the sender proposes to transfer.

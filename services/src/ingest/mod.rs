@@ -58,11 +58,14 @@
 //! The service is shared by every connection's actor; the sink may be called from
 //! several poller threads at once. [`Ingest`] is one writer (`push` takes `&mut self`);
 //! use one per task.
+#![deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 
 mod client;
 pub mod ring;
 mod session;
 #[cfg(test)]
+// The tests' own numbers, not a peer's.
+#[allow(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 mod tests;
 mod wire;
 

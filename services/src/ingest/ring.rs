@@ -54,7 +54,8 @@ impl ServerRing {
 
     /// Bytes of the whole ring.
     pub fn ring_len(&self) -> usize {
-        self.granted.len() * self.slot_len as usize
+        // Our own ring, allocated at this size: no overflow.
+        self.granted.len().saturating_mul(self.slot_len as usize)
     }
 
     /// A WRITE_WITH_IMM arrived with `imm`: the slot must be granted and the length fit.
@@ -67,7 +68,7 @@ impl ServerRing {
         let Some(granted) = self.granted.get_mut(slot as usize) else {
             return Err(IngestError::SlotOutOfRange {
                 slot,
-                slots: self.granted.len() as u32,
+                slots: u32::try_from(self.granted.len()).unwrap_or(u32::MAX),
             });
         };
         if !*granted {
@@ -80,10 +81,11 @@ impl ServerRing {
             });
         }
         *granted = false;
-        let start = slot as usize * self.slot_len as usize;
+        // Slot and length checked above: within our own ring (`ring_len`).
+        let start = (slot as usize).saturating_mul(self.slot_len as usize);
         Ok(Arrival {
             slot,
-            range: start..start + len as usize,
+            range: start..start.saturating_add(len as usize),
         })
     }
 
@@ -141,7 +143,8 @@ impl ClientRing {
 
     /// The largest record a slot holds.
     pub fn max_record(&self) -> usize {
-        self.slot_len as usize - CHECKSUM_LEN
+        // `ImmCodec::new` refused slots that cannot hold the checksum.
+        (self.slot_len as usize).saturating_sub(CHECKSUM_LEN)
     }
 
     /// Slots the client may write now.
@@ -163,7 +166,9 @@ impl ClientRing {
         }
         Ok(self.free.pop_front().map(|slot| {
             self.granted[slot as usize] = false;
-            (slot, self.codec.encode(slot, sealed_len as u32))
+            // At most `slot_len` (checked above), a u32.
+            let len = u32::try_from(sealed_len).unwrap_or(self.slot_len);
+            (slot, self.codec.encode(slot, len))
         }))
     }
 

@@ -112,7 +112,8 @@ impl IngestSession {
             seq: self.records,
             data,
         });
-        self.records += 1;
+        // Our own count of records.
+        self.records = self.records.wrapping_add(1);
         ring.handle_processed(arrival.slot);
         if let Some(slots) = ring.poll_credits() {
             cx.send(0, encode(&Credits { slots })?)?;

@@ -44,7 +44,8 @@ pub struct RingInfo {
 impl RingInfo {
     /// Where slot `slot` starts in the registration.
     pub fn slot_offset(&self, slot: u32) -> u64 {
-        u64::from(slot) * u64::from(self.slot_len)
+        // Two u32s: the product fits u64.
+        u64::from(slot).saturating_mul(u64::from(self.slot_len))
     }
 }
 
@@ -76,8 +77,9 @@ impl ImmCodec {
         if (slot_len as usize) < CHECKSUM_LEN {
             return Err(bad("a slot must hold the 8-byte checksum"));
         }
-        let len_bits = u32::BITS - slot_len.leading_zeros();
-        let slot_bits = u32::BITS - len_bits;
+        // `leading_zeros` of a u32 is at most 32, and `len_bits` at most 32 too.
+        let len_bits = u32::BITS.saturating_sub(slot_len.leading_zeros());
+        let slot_bits = u32::BITS.saturating_sub(len_bits);
         if slot_bits < u32::BITS && u64::from(slots) > 1u64 << slot_bits {
             return Err(bad(&format!(
                 "{slot_bits} bits left for the slot index in the immediate"
@@ -89,15 +91,21 @@ impl ImmCodec {
     /// The immediate for `len` bytes written into `slot`.
     pub fn encode(&self, slot: u32, len: u32) -> u32 {
         debug_assert!(u64::from(len) < 1u64 << self.len_bits);
-        ((u64::from(slot) << self.len_bits) | u64::from(len)) as u32
+        // The codec left `32 - len_bits` bits for the slot: the immediate is its low
+        // 32 bits by design.
+        #[allow(clippy::cast_possible_truncation)]
+        let imm = ((u64::from(slot) << self.len_bits) | u64::from(len)) as u32;
+        imm
     }
 
     /// `(slot, len)` from an immediate.
     pub fn decode(&self, imm: u32) -> (u32, u32) {
         let imm = u64::from(imm);
+        // `len_bits` is 4..=32: both halves fit u32 (and `1 << len_bits` is at least 16).
+        let mask = (1u64 << self.len_bits).saturating_sub(1);
         (
-            (imm >> self.len_bits) as u32,
-            (imm & ((1u64 << self.len_bits) - 1)) as u32,
+            u32::try_from(imm >> self.len_bits).unwrap_or(0),
+            u32::try_from(imm & mask).unwrap_or(u32::MAX),
         )
     }
 }
@@ -137,7 +145,8 @@ pub fn checksum(payload: &[u8]) -> [u8; CHECKSUM_LEN] {
 
 /// `payload` followed by its checksum: what the client writes into a slot.
 pub fn seal(payload: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(payload.len() + CHECKSUM_LEN);
+    // A payload already in memory: its length plus 8 does not overflow.
+    let mut out = Vec::with_capacity(payload.len().saturating_add(CHECKSUM_LEN));
     out.extend_from_slice(payload);
     out.extend_from_slice(&checksum(payload));
     out

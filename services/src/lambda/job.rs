@@ -10,6 +10,7 @@
 //! The machine is generic over what the driver hands back for a granted slot (`G`, the
 //! owner's answer, which frees the slot when dropped) and for counted bytes (`H`, a
 //! [`Held`](rdmactor::runtime::Held)), so that its tests need neither an owner nor a pool.
+#![deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 
 use std::collections::VecDeque;
 
@@ -350,7 +351,9 @@ impl<G: std::fmt::Debug, H: std::fmt::Debug> Invocations<G, H> {
             return;
         };
         while *in_flight < window && *next < input.len() {
-            let len = chunk.min(input.len() - *next);
+            // Below `input.len()` (the loop's condition): our own buffer, sized to the
+            // checked input region.
+            let len = chunk.min(input.len().saturating_sub(*next));
             let piece = src
                 .slice(*next as u64, len as u64)
                 .expect("chunks lie within the checked input region");
@@ -360,8 +363,9 @@ impl<G: std::fmt::Debug, H: std::fmt::Debug> Invocations<G, H> {
                 src: piece,
                 len,
             });
-            *next += len;
-            *in_flight += 1;
+            // At most `input.len()`; at most `window` in flight.
+            *next = next.saturating_add(len);
+            *in_flight = in_flight.saturating_add(1);
         }
     }
 
@@ -380,8 +384,9 @@ impl<G: std::fmt::Debug, H: std::fmt::Debug> Invocations<G, H> {
         else {
             return;
         };
+        // Every chunk that completes was counted in `in_flight` when posted.
         if refused.is_some() {
-            *in_flight -= 1;
+            *in_flight = in_flight.saturating_sub(1);
             return self.finish_refused(job);
         }
         let Some(slot) = offset
@@ -392,8 +397,9 @@ impl<G: std::fmt::Debug, H: std::fmt::Debug> Invocations<G, H> {
             return;
         };
         slot.copy_from_slice(data);
-        *in_flight -= 1;
-        *received += data.len();
+        *in_flight = in_flight.saturating_sub(1);
+        // Within the input (the slot above), so at most `input.len()` in all.
+        *received = received.saturating_add(data.len());
         if *received < input.len() {
             return self.request_chunks(job);
         }
@@ -498,7 +504,9 @@ impl<G: std::fmt::Debug, H: std::fmt::Debug> Invocations<G, H> {
         let before = self.actions.len();
         self.actions
             .retain(|a| !matches!(a, Action::ReadInput { job: j, .. } if *j == job));
-        *in_flight -= 1 + (before - self.actions.len());
+        // Those chunks were all counted in `in_flight`; `retain` only removes.
+        let dropped = before.saturating_sub(self.actions.len());
+        *in_flight = in_flight.saturating_sub(dropped.saturating_add(1));
         self.finish_refused(job);
     }
 
@@ -586,6 +594,8 @@ fn no_memory(what: &str, reason: &str) -> Failure {
 }
 
 #[cfg(test)]
+// The tests' own numbers, not a peer's.
+#[allow(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 mod tests {
     use std::time::Duration;
 

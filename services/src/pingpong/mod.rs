@@ -5,6 +5,7 @@
 //!
 //! [`stock`] serves rdma-core's unmodified `ibv_{rc,uc,ud,srq}_pingpong` clients on the
 //! framework's out-of-band ports.
+#![deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 
 pub mod stock;
 
@@ -44,7 +45,10 @@ impl PingPongState {
     pub fn handle_ping(&mut self, msg: PingPong) -> Result<PingPong, String> {
         match msg {
             PingPong::Ping { seq, payload } if seq == self.next => {
-                self.next += 1;
+                // The client's count: after ping u64::MAX there is no next one.
+                self.next = seq
+                    .checked_add(1)
+                    .ok_or_else(|| format!("ping {seq}: no sequence number after it"))?;
                 Ok(PingPong::Pong { seq, payload })
             }
             PingPong::Ping { seq, .. } => {
@@ -86,6 +90,8 @@ impl<T: Transport> Session<T> for PingPongSession {
 }
 
 #[cfg(test)]
+// The tests' own numbers, not a peer's.
+#[allow(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 mod tests {
     use super::*;
 
@@ -136,5 +142,17 @@ mod tests {
                 payload: vec![]
             })
             .is_err());
+    }
+
+    #[test]
+    fn the_last_sequence_number_is_refused_not_wrapped() {
+        let mut s = PingPongState { next: u64::MAX };
+        assert!(s
+            .handle_ping(PingPong::Ping {
+                seq: u64::MAX,
+                payload: vec![]
+            })
+            .is_err());
+        assert_eq!(s.next, u64::MAX);
     }
 }

@@ -101,9 +101,11 @@ impl RegionHandle {
     /// deliberately not checked against the region: the server's grant is the
     /// authority, and the NIC refuses what lies outside.
     pub fn data_range(&self, version: u64, offset: u64, len: u64) -> RemoteRegion {
+        // Wrapping, like the address below: `len` and `copies` are the server's word, and
+        // whatever address they make, the NIC checks it against the grant's rkey.
         let header = if self.info.mutable {
-            HEADER_LEN as u64
-                + rdmactor::transport::copy_of(version, self.copies()) as u64 * self.info.len
+            let copy = rdmactor::transport::copy_of(version, self.copies()) as u64;
+            (HEADER_LEN as u64).wrapping_add(copy.wrapping_mul(self.info.len))
         } else {
             0
         };

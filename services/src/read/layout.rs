@@ -184,7 +184,8 @@ impl VersionedRead {
 
     /// One attempt failed; start the next one from `version` when it is usable.
     fn retry(&mut self, version: Option<u64>) -> State {
-        self.attempts += 1;
+        // Our own count, stopped at `max_attempts` below.
+        self.attempts = self.attempts.saturating_add(1);
         if self.attempts >= self.max_attempts {
             return State::Done(Some(Err(Contended {
                 attempts: self.attempts,

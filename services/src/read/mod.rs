@@ -67,12 +67,15 @@
 //! any thread while sessions serve. Updates of one region take turns; sessions take the
 //! region's lock only to register it on first lookup. A catalogue serves one server (its
 //! regions are registered on that server's protection domain).
+#![deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 
 mod client;
 pub mod layout;
 mod regions;
 mod session;
 #[cfg(test)]
+// The tests' own numbers, not a peer's.
+#[allow(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 mod tests;
 mod wire;
 

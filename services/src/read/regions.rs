@@ -497,7 +497,8 @@ impl<T: Transport> RegionWriter<T> {
                 version,
                 source: Source::Bytes(bytes),
             } => {
-                *version += 2;
+                // Our own version count: 2^63 updates do not happen.
+                *version = version.wrapping_add(2);
                 f(*version, bytes);
                 *version
             }
@@ -517,16 +518,16 @@ impl<T: Transport> RegionWriter<T> {
     /// [`RegionError::OutOfRange`] (nothing is written).
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<u64, RegionError<T::Error>> {
         let region_len = self.len();
-        if offset
+        let Some(end) = offset
             .checked_add(data.len())
-            .is_none_or(|end| end > region_len)
-        {
+            .filter(|&end| end <= region_len)
+        else {
             return Err(RegionError::OutOfRange {
                 offset,
                 len: data.len(),
                 region_len,
             });
-        }
-        Ok(self.update(|_, bytes| bytes[offset..offset + data.len()].copy_from_slice(data)))
+        };
+        Ok(self.update(|_, bytes| bytes[offset..end].copy_from_slice(data)))
     }
 }

@@ -156,7 +156,8 @@ impl<T: Transport> ReadSession<T> {
             len: region.len() as u64,
             version: region.version() & !1,
             mutable: region.is_mutable(),
-            copies: region.copies() as u32,
+            // Our own region's copies, few by construction.
+            copies: u32::try_from(region.copies()).unwrap_or(u32::MAX),
             name,
         }))
     }

@@ -370,6 +370,31 @@ fn handles_address_data_after_the_version_word_of_mutable_regions_only() {
 }
 
 #[test]
+fn a_server_claiming_a_huge_region_costs_no_panic_in_data_range() {
+    // A hostile server's lookup answer: the copy offset `copy * len` overflows u64.
+    let handle = RegionHandle::from_info(RegionInfo {
+        name: "r".into(),
+        grant: rdmactor::verbs::RemoteRegion {
+            addr: 0x1000,
+            len: 8,
+            rkey: 9,
+        },
+        len: u64::MAX,
+        version: 2,
+        mutable: true,
+        copies: 3,
+    });
+    // Copy 2 of 3: the address wraps (the NIC refuses it against the grant), no panic.
+    let r = handle.data_range(4, u64::MAX, u64::MAX);
+    let header = 8u64.wrapping_add(2u64.wrapping_mul(u64::MAX));
+    assert_eq!(
+        r.addr,
+        0x1000u64.wrapping_add(header).wrapping_add(u64::MAX)
+    );
+    assert_eq!((r.len, r.rkey), (u64::MAX, 9));
+}
+
+#[test]
 fn requests_round_trip() {
     for req in [ReadRequest::Lookup { name: "x".into() }, ReadRequest::List] {
         let bytes = postcard::to_allocvec(&req).unwrap();

@@ -2,6 +2,7 @@
 //! so it can be tested byte for byte against a simulated `rping -c` client and
 //! driven by any connection actor. The protocol itself is described in the
 //! parent module.
+#![deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -337,7 +338,10 @@ impl RpingSession {
                 let echo_len = read
                     .iter()
                     .position(|&b| b == 0)
-                    .map_or(len, |nul| nul as u32 + 1);
+                    // The NUL lies within the first `len` bytes, so `nul + 1 <= len`.
+                    .map_or(len, |nul| {
+                        u32::try_from(nul).map_or(len, |nul| nul.saturating_add(1))
+                    });
                 self.read_finished(echo_len);
                 Ok(())
             }
@@ -353,7 +357,8 @@ impl RpingSession {
     pub fn handle_write_done(&mut self) -> Result<(), RpingError> {
         match self.state {
             State::Writing => {
-                self.iterations += 1;
+                // Our own count of pings.
+                self.iterations = self.iterations.wrapping_add(1);
                 self.state = State::AwaitSource;
                 self.queue_go_ahead();
                 Ok(())
@@ -374,7 +379,8 @@ impl RpingSession {
                 state: self.state.name(),
             });
         }
-        self.sends_in_flight -= 1;
+        // Not zero (checked above).
+        self.sends_in_flight = self.sends_in_flight.saturating_sub(1);
         Ok(())
     }
 
@@ -404,7 +410,8 @@ impl RpingSession {
     }
 
     fn queue_go_ahead(&mut self) {
-        self.sends_in_flight += 1;
+        // Our own SENDs, at most two outstanding in the cycle.
+        self.sends_in_flight = self.sends_in_flight.saturating_add(1);
         self.actions
             .push_back(RpingAction::Send { bytes: GO_AHEAD });
     }
@@ -417,6 +424,8 @@ impl RpingSession {
 }
 
 #[cfg(test)]
+// The simulated client's and the tests' own numbers, not a peer's.
+#[allow(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 mod tests {
     use super::*;
 

@@ -174,10 +174,11 @@ impl Calls {
         let taken = self
             .running
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < self.max).then_some(n + 1)
+                // Below `max`, so one more fits: our own count, no peer's value.
+                (n < self.max).then(|| n.saturating_add(1))
             })
             .ok()?;
-        self.gauge(taken + 1);
+        self.gauge(taken.saturating_add(1));
         Some(CallSlot {
             calls: Arc::clone(self),
         })
@@ -198,7 +199,8 @@ struct CallSlot {
 impl Drop for CallSlot {
     fn drop(&mut self) {
         let before = self.calls.running.fetch_sub(1, Ordering::AcqRel);
-        self.calls.gauge(before - 1);
+        // This slot was counted in `before`, so it is at least 1.
+        self.calls.gauge(before.saturating_sub(1));
     }
 }
 
@@ -304,7 +306,8 @@ impl<H: RequestHandler> HandlerSession<H> {
         // A transfer the first poll asked for is posted now, not a wake-up later.
         self.post_transfers(cx);
         let id = self.next_call;
-        self.next_call += 1;
+        // Our own call ids: 2^64 calls on one connection do not happen.
+        self.next_call = self.next_call.wrapping_add(1);
         let finished = Arc::clone(&self.finished);
         let task = actix::spawn(async move {
             let answer = call.await;

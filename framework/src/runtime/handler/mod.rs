@@ -7,6 +7,7 @@
 //! [`Session`](super::Session) that runs the futures, `one_sided.rs` the futures' READs
 //! and WRITEs of the client's memory, `wire.rs` the answer's envelope and the client's
 //! error.
+#![deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 
 mod adapter;
 mod api;

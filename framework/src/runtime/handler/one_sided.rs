@@ -285,7 +285,9 @@ impl Transfers {
             };
             let t = &mut self.transfers[id];
             // At least a byte a chunk: a pool without classes fails the lease, not the loop.
-            let len = (t.len - t.next).min(cx.largest_buffer().max(1));
+            // `next` never passes `len`, the length of our own buffer (checked against
+            // the client's region before it was queued).
+            let len = t.len.saturating_sub(t.next).min(cx.largest_buffer().max(1));
             match post_chunk(cx, t, len) {
                 Ok((op, buf)) => {
                     self.chunks.insert(
@@ -297,8 +299,10 @@ impl Transfers {
                             len,
                         },
                     );
-                    t.next += len;
-                    t.outstanding += 1;
+                    // Within `t.len` (`len` is at most what is left); at most
+                    // MAX_CHUNKS outstanding.
+                    t.next = t.next.saturating_add(len);
+                    t.outstanding = t.outstanding.saturating_add(1);
                     if t.next == t.len {
                         self.unposted.pop_front();
                     }
@@ -327,12 +331,14 @@ impl Transfers {
             return false;
         };
         let t = &mut self.transfers[chunk.transfer];
-        t.outstanding -= 1;
+        // This chunk was counted when posted.
+        t.outstanding = t.outstanding.saturating_sub(1);
         match result {
             // A READ chunk lands in the transfer, unless it failed already (its bytes
             // went with the answer).
             Ok(()) if !t.is_write && t.reply.is_some() => {
-                let into = &mut t.data[chunk.at..chunk.at + chunk.len];
+                // A chunk lies within the transfer's own buffer (`post`).
+                let into = &mut t.data[chunk.at..chunk.at.saturating_add(chunk.len)];
                 if let Err(e) = cx.copy_out(chunk.buf, 0, into) {
                     t.finish(Err(OneSidedError::Failed(e.to_string())));
                 }
@@ -374,7 +380,8 @@ fn post_chunk<T: Transport>(
         ..remote
     };
     let op = if t.is_write {
-        cx.copy_in(buf, 0, &t.data[t.next..t.next + len])
+        // `len` is at most what is left of our own buffer after `next` (`post`).
+        cx.copy_in(buf, 0, &t.data[t.next..t.next.saturating_add(len)])
             .map_err(no_buffer)?;
         Op::Write {
             buf,

@@ -161,8 +161,14 @@ impl Endpoint for Receiver {
                 expected: inc.next,
             });
         }
-        let start = (index % inc.slots) as usize * inc.slot_len as usize;
-        Ok(start..start + chunk_len(inc.offer.len, inc.slot_len, i) as usize)
+        // Within our own window (slot `index % slots` of `slots` × `slot_len` bytes, which
+        // we registered), whatever the offer's length: a chunk is at most `slot_len`.
+        let slot = u64::from(index.checked_rem(inc.slots).unwrap_or(0));
+        let start = slot.saturating_mul(u64::from(inc.slot_len));
+        let end = start.saturating_add(u64::from(chunk_len(inc.offer.len, inc.slot_len, i)));
+        let start = usize::try_from(start).unwrap_or(usize::MAX);
+        let end = usize::try_from(end).unwrap_or(usize::MAX);
+        Ok(start..end)
     }
 
     fn handle_chunk(&mut self, index: u32, bytes: &[u8]) -> Result<()> {
@@ -181,7 +187,7 @@ impl Endpoint for Receiver {
             return self.fail(e);
         }
         let expected = chunk_len(inc.offer.len, inc.slot_len, inc.next);
-        if bytes.len() != expected as usize {
+        if u64::try_from(bytes.len()).ok() != Some(u64::from(expected)) {
             let e = TransferError::ChunkLength {
                 index,
                 got: bytes.len(),
@@ -192,7 +198,8 @@ impl Endpoint for Receiver {
         // Copied out (cheap next to hashing), so the job owns its bytes and a peer
         // writing into the window meanwhile cannot change what is hashed.
         inc.queued.push((index, bytes.to_vec()));
-        inc.next += 1;
+        // Below `chunks` (checked above), so one more fits.
+        inc.next = inc.next.saturating_add(1);
         release_early(inc, &mut self.out);
         if inc.sink.is_some() && inc.queued.len() == 1 {
             self.out.push_back(Output::Consume);
@@ -245,7 +252,8 @@ impl Endpoint for Receiver {
         // (in order: consumption follows arrival), and queued ones may go early again.
         for index in done {
             if u64::from(index) < inc.released {
-                inc.early -= 1;
+                // Released early, so counted in `early`.
+                inc.early = inc.early.saturating_sub(1);
             } else {
                 release(inc, index, &mut self.out);
             }

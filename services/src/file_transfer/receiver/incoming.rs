@@ -44,9 +44,13 @@ pub(super) fn release(inc: &mut Incoming, index: u32, out: &mut VecDeque<Output>
         inc.released,
         "slots are released in order"
     );
-    inc.released = u64::from(index) + 1;
-    if u64::from(index) + u64::from(inc.slots) < inc.chunks {
-        out.push_back(Output::Send(Msg::Ack { next: index + 1 }));
+    // Chunk indices fit u32 (at most MAX_CHUNKS chunks), so in u64 one more fits.
+    inc.released = u64::from(index).saturating_add(1);
+    // A later chunk needs the slot, so `index + 1` is a chunk index too: it fits u32.
+    if u64::from(index).saturating_add(u64::from(inc.slots)) < inc.chunks {
+        if let Some(next) = index.checked_add(1) {
+            out.push_back(Output::Send(Msg::Ack { next }));
+        }
     }
 }
 
@@ -54,14 +58,19 @@ pub(super) fn release(inc: &mut Incoming, index: u32, out: &mut VecDeque<Output>
 /// fewer than `slots` released copies wait.
 pub(super) fn release_early(inc: &mut Incoming, out: &mut VecDeque<Output>) {
     while inc.early < inc.slots && inc.released < inc.next {
-        let index = inc.released as u32;
+        // Below `next`, a chunk index: fits u32.
+        let Ok(index) = u32::try_from(inc.released) else {
+            return;
+        };
         release(inc, index, out);
-        inc.early += 1;
+        // Below `slots` (the loop's condition).
+        inc.early = inc.early.saturating_add(1);
     }
 }
 
 impl Incoming {
     pub(super) fn window_len(&self) -> u64 {
-        u64::from(self.slots) * u64::from(self.slot_len)
+        // Two u32s: the product fits u64.
+        u64::from(self.slots).saturating_mul(u64::from(self.slot_len))
     }
 }

@@ -2,6 +2,7 @@
 //! in order (hash and temporary file), verifies on DONE, answers GOOD or BAD, and then
 //! one `Identify`. Plays the server for uploads ([`Receiver::new`]) and the client for
 //! downloads ([`Receiver::fetch`]).
+#![deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 
 mod consume;
 mod events;

@@ -29,14 +29,18 @@ impl Receiver {
             });
         }
         // Small files get one slot of their own size; larger ones the configured slots.
-        let slot_len = u64::from(config.slot_len.max(1)).min(offer.len.max(1)) as u32;
+        let slot_len = u32::try_from(offer.len.max(1)).map_or(config.slot_len.max(1), |len| {
+            len.min(config.slot_len.max(1))
+        });
         let chunks = chunk_count(offer.len, slot_len);
         if chunks > MAX_CHUNKS {
             return self.reject(RejectReason::TooLarge {
                 max: MAX_CHUNKS * u64::from(slot_len),
             });
         }
-        let slots = u64::from(config.slots.max(1)).min(chunks.max(1)) as u32;
+        let slots = u32::try_from(chunks.max(1)).map_or(config.slots.max(1), |chunks| {
+            chunks.min(config.slots.max(1))
+        });
         // Room first (cheap, and no file is created for an offer that cannot fit).
         let free = match free_space(&config.dir) {
             Ok(free) => free,

@@ -23,7 +23,10 @@ impl Endpoint for Sender {
                     if let Some(p) = &pipe {
                         // Slot `s` stages at `s * slot_len`; with fewer chunks than
                         // slots the last one ends at the file's end.
-                        let slots = p.slots.len() as u64 * u64::from(p.grant.slot_len);
+                        // A window `check_grant` found addressable: no overflow.
+                        let slots = u64::try_from(p.slots.len())
+                            .unwrap_or(u64::MAX)
+                            .saturating_mul(u64::from(p.grant.slot_len));
                         self.out.push_back(Output::Stage {
                             len: slots.min(self.offer.len),
                         });
@@ -218,7 +221,9 @@ impl Endpoint for Sender {
         let ok_state = !matches!(self.state, State::Offered | State::Failed);
         let slot = self.pipe.as_mut().filter(|_| ok_state).and_then(|p| {
             let i = u64::from(index);
-            let slot = (i % u64::from(p.grant.slots)) as usize;
+            // `check_grant` refused a grant of no slots.
+            let slot = i.checked_rem(u64::from(p.grant.slots))?;
+            let slot = usize::try_from(slot).ok()?;
             // The index is the driver's word: with fewer chunks than granted slots, a
             // slot past the file's chunks has no state at all.
             p.slots

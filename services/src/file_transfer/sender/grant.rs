@@ -38,7 +38,8 @@ impl Sender {
                 grant.slot_len
             ));
         }
-        let window_len = u64::from(grant.slots) * u64::from(grant.slot_len);
+        // Two u32s: the product fits u64.
+        let window_len = u64::from(grant.slots).saturating_mul(u64::from(grant.slot_len));
         if grant.region.len != window_len {
             return Err(format!(
                 "region of {} bytes for {} slots of {} bytes",
@@ -66,7 +67,8 @@ impl Sender {
         // Only this many slots ever hold a chunk (chunk `n` uses slot `n % slots`, and
         // with fewer chunks than slots that is `n` itself): the slot state and the
         // staging buffer are sized by it, not by the grant.
-        let in_flight = u64::from(grant.slots).min(chunks) as usize;
+        let in_flight = usize::try_from(u64::from(grant.slots).min(chunks))
+            .map_err(|_| format!("{} slots do not fit this machine", grant.slots))?;
         Ok(Some(Pipeline {
             grant,
             chunks,

@@ -2,6 +2,7 @@
 //! up to `slots` chunk WRITEs in flight, says DONE, takes the verdict and, if it has an
 //! ID, identifies itself. Plays the client for uploads ([`Sender::new`],
 //! [`Sender::from_file`]) and the server for downloads ([`Sender::for_fetch`]).
+#![deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 
 mod events;
 mod grant;
@@ -189,7 +190,9 @@ impl Sender {
 
     /// Chunks written but not yet known to be consumed (at most `slots`).
     pub fn chunks_in_flight(&self) -> u64 {
-        self.pipe.as_ref().map_or(0, |p| p.issued - p.acked)
+        self.pipe
+            .as_ref()
+            .map_or(0, |p| p.issued.saturating_sub(p.acked))
     }
 
     fn fail<T>(&mut self, e: TransferError) -> Result<T> {
@@ -216,4 +219,6 @@ impl Sender {
 }
 
 #[cfg(test)]
+// The tests' own numbers, not a peer's.
+#[allow(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 mod tests;

@@ -36,9 +36,14 @@ pub(super) struct Pipeline {
 
 impl Pipeline {
     fn slot_free_for(&self, n: u64) -> bool {
-        match self.slots[(n % u64::from(self.grant.slots)) as usize] {
-            None => true,
-            Some(u) => u.written && u.index < self.acked,
+        // `check_grant` refused a grant of no slots, and sized `slots` to the ones used.
+        let slot = n
+            .checked_rem(u64::from(self.grant.slots))
+            .and_then(|s| usize::try_from(s).ok());
+        match slot.and_then(|s| self.slots.get(s)) {
+            Some(None) => true,
+            Some(Some(u)) => u.written && u.index < self.acked,
+            None => false,
         }
     }
 }
@@ -57,22 +62,30 @@ impl Sender {
         if let Some(p) = &mut self.pipe {
             while p.issued < p.chunks && p.slot_free_for(p.issued) {
                 let index = p.issued;
-                let slot = (index % u64::from(p.grant.slots)) as u32;
-                let offset = u64::from(slot) * u64::from(p.grant.slot_len);
+                // `check_grant` refused a grant of no slots; the remainder fits u32, the
+                // product of two u32s fits u64, and chunk indices fit u32 (MAX_CHUNKS).
+                let slot = index.checked_rem(u64::from(p.grant.slots)).unwrap_or(0);
+                let slot = u32::try_from(slot).unwrap_or(u32::MAX);
+                let offset = u64::from(slot).saturating_mul(u64::from(p.grant.slot_len));
                 let len = chunk_len(self.offer.len, p.grant.slot_len, index);
-                let Some(remote) = p.grant.region.slice(offset, u64::from(len)) else {
+                let (Some(remote), Ok(index32), Some(at)) = (
+                    p.grant.region.slice(offset, u64::from(len)),
+                    u32::try_from(index),
+                    usize::try_from(slot).ok().filter(|&s| s < p.slots.len()),
+                ) else {
                     let e = TransferError::BadGrant(format!(
                         "chunk {index} ({len} bytes at offset {offset}) outside the window"
                     ));
                     return self.fail(e);
                 };
-                p.slots[slot as usize] = Some(SlotUse {
+                p.slots[at] = Some(SlotUse {
                     index,
                     written: false,
                 });
-                p.issued += 1;
+                // Below `chunks`, so one more fits.
+                p.issued = p.issued.saturating_add(1);
                 self.out.push_back(Output::WriteChunk(ChunkWrite {
-                    index: index as u32,
+                    index: index32,
                     slot,
                     offset,
                     len,
@@ -105,21 +118,23 @@ impl Sender {
             return self.fail(e);
         }
         let expected = chunk_len(self.offer.len, p.grant.slot_len, index);
-        if len != expected as usize || chunk.len != expected {
+        if u64::try_from(len).ok() != Some(u64::from(expected)) || chunk.len != expected {
             let e = TransferError::Driver(format!(
                 "chunk {} is {expected} bytes, given {len} to fill",
                 chunk.index,
             ));
             return self.fail(e);
         }
-        Ok(index * u64::from(p.grant.slot_len))
+        // Below `chunks`, so within the file: no overflow.
+        Ok(index.saturating_mul(u64::from(p.grant.slot_len)))
     }
 
     /// Counts the next chunk as filled (so it may be acknowledged), or fails with the
     /// source's error.
     pub(super) fn filled(&mut self, at: u64, result: io::Result<()>) -> Result<()> {
         if let Some(p) = self.pipe.as_mut() {
-            p.filled += 1;
+            // Only after a `check_fill` below `issued`.
+            p.filled = p.filled.saturating_add(1);
         }
         if let Err(e) = result {
             let e = match e.kind() {
