@@ -360,6 +360,7 @@ fn handler_errors_refusals_limits_and_a_close_mid_call() {
 #[test]
 fn kv_a_put_past_the_stores_bound_is_refused_and_the_service_goes_on() {
     let Some(_ctx) = rdma_context() else { return };
+    let base = resource_counts();
     actix_run(async {
         let limits = KvLimits {
             max_bytes: 1 << 20,
@@ -393,7 +394,14 @@ fn kv_a_put_past_the_stores_bound_is_refused_and_the_service_goes_on() {
         kv.delete("b").await.expect("delete");
         assert!(!kv.put("c", vec![3; 100 << 10]).await.expect("room again"));
         kv.0.close().await;
+        wait_idle(
+            &server,
+            "the kv connection released",
+            Duration::from_secs(10),
+        )
+        .await;
         client.shutdown().await;
         server.shutdown().await;
     });
+    assert_released(&base);
 }

@@ -47,7 +47,9 @@ fn get_into_flood_keeps_kv_serve_within_its_heap_budget_and_a_polite_client_serv
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(60);
-    let addr = test_addr();
+    // A port of its own: the server is another process, so port 0 would not tell us
+    // which one it took.
+    let addr = std::net::SocketAddr::new(test_addr().ip(), 7495);
     let server = Serving(
         Command::new(target_bin("kv"))
             .args(["serve", "--listen", &addr.to_string()])
