@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 
 use super::admission::{self, PeerCounts};
+use super::auth::{self, AuthPolicy, AuthReport, AuthSetup, Door, Gate, KeySet, KeysError};
 use super::budget::QpBudget;
 use super::conn_set::{self, fmt_addr, ConnSet, Drain};
 use super::connect::{Connect, ConnectError, Dialing, Reports};
@@ -30,7 +31,7 @@ use super::device_watch::DeviceNotice;
 use super::handshakes::{HandshakeTick, Handshakes, HANDSHAKE_TICK};
 use super::node::Node;
 use super::recovery::{self, OobReleased, Recovery, Relisten};
-use super::service::{Framing, PeerInfo, Service};
+use super::service::{Framing, Identity, PeerInfo, Service, Session};
 use super::CloseReason;
 use crate::proto::hello::{Reject, RejectCode, Welcome};
 use crate::transport::{CmEvent, CmEventKind, CmId, EventChannel, Transport, Verbs};
@@ -55,6 +56,8 @@ pub(crate) struct CmCounters {
     pub device_losses: u64,
     /// Whether the device serves now.
     pub device_present: bool,
+    /// Open connections proved with a key.
+    pub authenticated: usize,
     /// The node's counters, while it exists.
     pub node: Option<NodeStats>,
 }
@@ -96,6 +99,8 @@ pub(crate) struct CmActor<T: Transport = Verbs> {
     shutting_down: bool,
     /// `accepted` and `rejected`; the rest is read from where it is kept.
     counters: CmCounters,
+    /// Which services need a proof of identity, and what the proofs did (`auth/door.rs`).
+    door: Door<T::CmIdKey>,
 }
 
 impl<T: Transport> CmActor<T> {
@@ -121,7 +126,13 @@ impl<T: Transport> CmActor<T> {
             per_peer: PeerCounts::default(),
             shutting_down: false,
             counters: CmCounters::default(),
+            door: Door::new(None),
         }
+    }
+
+    /// Makes authenticated-only every service not marked anonymous in `setup`.
+    pub fn authenticate(&mut self, setup: AuthSetup) {
+        self.door = Door::new(Some(setup));
     }
 
     /// Makes this a server's actor: it watches the device's async events and, when the
@@ -179,6 +190,14 @@ impl<T: Transport> CmActor<T> {
         let (node, service, framing) = (admitted.node, admitted.service, admitted.framing);
         let (service_name, peer_depth) = (admitted.service_name, admitted.peer_depth);
         let slot = admitted.slot;
+        // An address that failed to authenticate too often is turned away here, before
+        // any QP is made: it costs this actor one lookup, and no other address waits.
+        let policy = self.door.policy(&service_name);
+        if policy == AuthPolicy::Authenticated && !self.door.allows(peer_ip, begun) {
+            drop(slot);
+            let why = "too many failed authentications from this address; try again later";
+            return self.reject(&id, Reject::new(RejectCode::Throttled, why));
+        }
         let mut core = match node.prepare(&id, framing, peer_depth.map(|(a, _)| a)) {
             Ok(core) => core,
             Err(e) => return self.reject(&id, Reject::new(RejectCode::Internal, e)),
@@ -197,12 +216,33 @@ impl<T: Transport> CmActor<T> {
             addr: id.peer_addr(),
             qp_num,
             service: service_name.clone(),
+            identity: Identity::Anonymous,
+        };
+        let key = id.key();
+        // An authenticated-only service's session is made only once the proof is good:
+        // until then the connection runs a gate holding this connection's fresh nonce.
+        let gate = match (policy, self.door.keys()) {
+            (AuthPolicy::Authenticated, Some(keys)) => match auth::random32() {
+                Ok(nonce) => Some((nonce, keys.clone())),
+                Err(e) => {
+                    return self.reject(&id, Reject::new(RejectCode::Internal, e.to_string()))
+                }
+            },
+            _ => None,
         };
         // The service's code, on the CM actor's thread: a panic here would end the actor
         // that accepts every connection. Refused with the reason instead (the prepared
         // QP and buffers are released as `core` drops).
-        let session = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            service.session(&peer)
+        let session = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &gate {
+            Some((nonce, keys)) => Box::new(Gate::new(
+                *nonce,
+                service.clone(),
+                peer.clone(),
+                keys.clone(),
+                key,
+                ctx.address().recipient(),
+            )) as Box<dyn Session<T>>,
+            None => service.session(&peer),
         })) {
             Ok(session) => session,
             Err(payload) => {
@@ -219,7 +259,6 @@ impl<T: Transport> CmActor<T> {
             }
         };
         let label = format!("{}/qp{}/{}", fmt_addr(peer.addr), qp_num, service_name);
-        let key = id.key();
         let private_data = match framing {
             Framing::Framed => {
                 let ours = node.advert();
@@ -227,6 +266,7 @@ impl<T: Transport> CmActor<T> {
                     recv_depth: ours.initial as u16,
                     recv_size: node.config.receives.size,
                     max_credits: ours.max as u16,
+                    nonce: gate.as_ref().map(|(nonce, _)| *nonce),
                 }
                 .encode()
             }
@@ -257,6 +297,9 @@ impl<T: Transport> CmActor<T> {
         }
         self.counters.accepted += 1;
         self.handshaking.begin(key, Instant::now());
+        if gate.is_some() {
+            self.door.begin(key, peer_ip, &service_name, Instant::now());
+        }
         crate::metrics::accepted(&service_name);
         tracing::debug!(
             target: "rdmactor::setup",
@@ -393,6 +436,10 @@ impl<T: Transport> Handler<HandshakeTick> for CmActor<T> {
             let reason = CloseReason::HandshakeTimeout(limit);
             self.conns.notify(key, CmNotice::Close(reason));
         }
+        for (key, why) in self.door.expired(tick.0) {
+            self.conns
+                .notify(key, CmNotice::Close(CloseReason::Local(why)));
+        }
     }
 }
 
@@ -403,6 +450,7 @@ impl<T: Transport> Handler<ConnClosed<T::CmIdKey>> for CmActor<T> {
             self.per_peer.remove(ip);
         }
         self.handshaking.done(msg.key);
+        self.door.released(msg.key);
         tracing::debug!(reason = %msg.reason, "connection released");
         self.conns.answer_if_drained();
         self.recovery.try_release(!self.conns.is_empty());
@@ -444,6 +492,49 @@ impl<T: Transport> Handler<Drain> for CmActor<T> {
     }
 }
 
+impl<T: Transport> Handler<AuthReport<T::CmIdKey>> for CmActor<T> {
+    type Result = ();
+    fn handle(&mut self, msg: AuthReport<T::CmIdKey>, _ctx: &mut Context<Self>) {
+        if let Some(why) = self
+            .door
+            .report(msg.key, &msg.service, msg.outcome, Instant::now())
+        {
+            self.conns
+                .notify(msg.key, CmNotice::Close(CloseReason::Local(why)));
+        }
+    }
+}
+
+/// Reloads the authorized keys (from their file, or `Some` set given), and closes the
+/// connections whose key is gone with "key removed". Answers how many it closed.
+#[derive(Message)]
+#[rtype(result = "Result<usize, KeysError>")]
+pub(crate) struct ReloadKeys(pub Option<KeySet>);
+
+impl<T: Transport> Handler<ReloadKeys> for CmActor<T> {
+    type Result = Result<usize, KeysError>;
+    fn handle(&mut self, msg: ReloadKeys, _ctx: &mut Context<Self>) -> Self::Result {
+        let Some(keys) = self.door.keys().cloned() else {
+            return Err(KeysError::NotAuthenticating);
+        };
+        let set = match msg.0 {
+            Some(set) => keys.replace(set),
+            None => keys.reload()?,
+        };
+        let gone = self.door.swept(&set);
+        tracing::info!(
+            identities = set.len(),
+            closed = gone.len(),
+            "authorized keys reloaded"
+        );
+        for key in &gone {
+            let why = CloseReason::Local("key removed".into());
+            self.conns.notify(*key, CmNotice::Close(why));
+        }
+        Ok(gone.len())
+    }
+}
+
 /// Stops the actor and its event thread (after `Drain`).
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -474,6 +565,7 @@ impl<T: Transport> Handler<GetCounters> for CmActor<T> {
         c.qps = self.budget.used();
         c.device_losses = self.recovery.losses();
         c.device_present = self.recovery.node().is_some();
+        c.authenticated = self.door.proved();
         c.node = self.recovery.any_node().map(|n| NodeStats {
             pool: n.pool_stats(),
             cqs: n.cq_count(),

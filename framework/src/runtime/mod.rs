@@ -11,6 +11,7 @@
 //! ```
 
 mod admission;
+mod auth;
 mod budget;
 mod client;
 mod client_session;
@@ -35,6 +36,11 @@ mod service;
 mod srq;
 mod turns;
 
+pub use auth::{
+    AuthPolicy, AuthRefusal, Authenticated, AuthorizedKey, Credential, CredentialError, KeySet,
+    Keys, KeysError, Proof, ProofKind, Secret, AUTH_TAG, DEFAULT_AUTH_TIMEOUT, FAILURE_BURST,
+    FAILURE_REFILL_PER_SEC, KEY_FILE_HEADER, MAX_IDENTITY, MAX_PROOF, NONCE_LEN,
+};
 pub use client::{Client, ClientConnection, ClientError};
 pub use client_session::RequestError;
 pub use config::{
@@ -56,7 +62,9 @@ pub use oob::{OobOptions, OobPort, OobStats, OobTransport};
 pub use poller::PollMode;
 pub use recv_groups::ReserveStats;
 pub use server::{Server, ServerBuilder, ServerError, ServerStats};
-pub use service::{DecodeError, Framing, Incoming, OpId, PeerInfo, Service, Session, SessionError};
+pub use service::{
+    DecodeError, Framing, Identity, Incoming, OpId, PeerInfo, Service, Session, SessionError,
+};
 
 /// Why a connection ended.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -1,0 +1,182 @@
+//! The CM actor's side of authentication: which services need a proof, which addresses
+//! failed too often to try again yet, which gates are still waiting for their proof
+//! (closed after the timeout), and which key proved each open connection (so that a
+//! reload that removes a key closes its connections). No I/O: the CM actor applies what
+//! this decides, and passes the time in.
+
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::keys::{KeySet, Keys};
+use super::proof::{AuthRefusal, Verified};
+use super::throttle::{FailureBuckets, RateLimitedLog};
+
+/// Whether a service takes anonymous clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AuthPolicy {
+    /// Anyone who reaches the port (stock rdma-core tools, clients without a key).
+    Anonymous,
+    /// Only clients that prove an identity of the authorized keys.
+    Authenticated,
+}
+
+/// Time a client has, from its accept, to prove its identity.
+pub const DEFAULT_AUTH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A server's authentication settings.
+#[derive(Debug, Clone)]
+pub(crate) struct AuthSetup {
+    pub keys: Arc<Keys>,
+    /// Services that take anonymous clients although keys are configured.
+    pub anonymous: HashSet<String>,
+    pub timeout: Duration,
+}
+
+struct Waiting {
+    since: Instant,
+    ip: Option<IpAddr>,
+    service: String,
+}
+
+/// See the module's doc. `K` is the transport's connection key.
+pub(crate) struct Door<K> {
+    setup: Option<AuthSetup>,
+    buckets: FailureBuckets,
+    log: RateLimitedLog,
+    waiting: HashMap<K, Waiting>,
+    /// The open connections proved with a key: identity and key fingerprint.
+    proved: HashMap<K, (String, [u8; 32])>,
+}
+
+impl<K: Copy + Eq + std::hash::Hash> Door<K> {
+    /// A door with `setup` (`None`: every service anonymous, as without keys).
+    pub fn new(setup: Option<AuthSetup>) -> Self {
+        Door {
+            setup,
+            buckets: FailureBuckets::default(),
+            log: RateLimitedLog::default(),
+            waiting: HashMap::new(),
+            proved: HashMap::new(),
+        }
+    }
+
+    /// The keys, when configured.
+    pub fn keys(&self) -> Option<&Arc<Keys>> {
+        self.setup.as_ref().map(|s| &s.keys)
+    }
+
+    /// `service`'s policy.
+    pub fn policy(&self, service: &str) -> AuthPolicy {
+        match &self.setup {
+            Some(s) if !s.anonymous.contains(service) => AuthPolicy::Authenticated,
+            _ => AuthPolicy::Anonymous,
+        }
+    }
+
+    /// Whether `ip` has a failure left to spend (else it is rejected at connect).
+    pub fn allows(&self, ip: Option<IpAddr>, now: Instant) -> bool {
+        ip.is_none_or(|ip| self.buckets.allows(ip, now))
+    }
+
+    /// A gate started for connection `key` from `ip`.
+    pub fn begin(&mut self, key: K, ip: Option<IpAddr>, service: &str, now: Instant) {
+        let w = Waiting {
+            since: now,
+            ip,
+            service: service.to_owned(),
+        };
+        self.waiting.insert(key, w);
+    }
+
+    /// A gate ended. A success is remembered with its key; a failure charges the
+    /// address and is logged (rate-limited) and counted. Returns a reason to close the
+    /// connection when its key was removed while it was being checked.
+    pub fn report(
+        &mut self,
+        key: K,
+        service: &str,
+        outcome: Result<Verified, AuthRefusal>,
+        now: Instant,
+    ) -> Option<String> {
+        let waited = self.waiting.remove(&key);
+        let ip = waited.as_ref().and_then(|w| w.ip);
+        match outcome {
+            Ok(v) => {
+                tracing::info!(identity = %v.identity, service, peer = ?ip, "authenticated");
+                let still = self
+                    .keys()
+                    .is_some_and(|k| k.current().holds(&v.identity, &v.fingerprint));
+                if waited.is_none() || !still {
+                    return Some("key removed".into());
+                }
+                self.proved.insert(key, (v.identity, v.fingerprint));
+                None
+            }
+            Err(why) => {
+                self.refused(ip, service, &why, now);
+                None
+            }
+        }
+    }
+
+    fn refused(&mut self, ip: Option<IpAddr>, service: &str, why: &AuthRefusal, now: Instant) {
+        if let Some(ip) = ip {
+            self.buckets.charge(ip, now);
+        }
+        crate::metrics::auth_refused(service, why.label());
+        if let Some(held_back) = self.log.note(why.label(), now, Duration::from_secs(1)) {
+            tracing::warn!(service, peer = ?ip, reason = %why, held_back, "authentication refused");
+        }
+    }
+
+    /// The gates that waited past the timeout, forgotten here and charged to their
+    /// addresses: the caller closes them with the returned reason.
+    pub fn expired(&mut self, now: Instant) -> Vec<(K, String)> {
+        let Some(limit) = self.setup.as_ref().map(|s| s.timeout) else {
+            return Vec::new();
+        };
+        let late: Vec<K> = self
+            .waiting
+            .iter()
+            .filter(|(_, w)| now.saturating_duration_since(w.since) >= limit)
+            .map(|(k, _)| *k)
+            .collect();
+        let mut out = Vec::with_capacity(late.len());
+        for key in late {
+            let w = self.waiting.remove(&key).expect("listed");
+            let why = AuthRefusal::TimedOut(limit);
+            self.refused(w.ip, &w.service, &why, now);
+            out.push((key, format!("{}{why}", super::gate::REFUSED_PREFIX)));
+        }
+        out
+    }
+
+    /// Connection `key` was released.
+    pub fn released(&mut self, key: K) {
+        self.waiting.remove(&key);
+        self.proved.remove(&key);
+    }
+
+    /// The keys are now `set`: the open connections whose key it no longer holds,
+    /// forgotten here, for the caller to close ("key removed").
+    pub fn swept(&mut self, set: &KeySet) -> Vec<K> {
+        let gone: Vec<K> = self
+            .proved
+            .iter()
+            .filter(|(_, (id, fp))| !set.holds(id, fp))
+            .map(|(k, _)| *k)
+            .collect();
+        for k in &gone {
+            self.proved.remove(k);
+        }
+        gone
+    }
+
+    /// Connections proved with a key, open now.
+    pub fn proved(&self) -> usize {
+        self.proved.len()
+    }
+}
