@@ -11,7 +11,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::auth::{Credential, DEFAULT_AUTH_TIMEOUT};
 use super::client_session::{
-    AtomicOp, ClientCall, ClientEnds, ClientSession, ClosedReason, NonceSlot, Reply, RequestError,
+    AtomicOp, ClientCall, ClientEnds, ClientSession, ClosedReason, NonceSlot, Prover, RawProof,
+    Reply, RequestError,
 };
 use super::cm::CmActor;
 use super::config::NodeConfig;
@@ -31,7 +32,7 @@ pub struct Client<T: Transport = Verbs> {
     node: Arc<Node<T>>,
     cm: Addr<CmActor<T>>,
     /// What every connect proves, when the service asks (see [`Client::with_identity`]).
-    credential: Option<Arc<Credential>>,
+    credential: Option<Prover>,
 }
 
 /// Why a client could not start.
@@ -109,7 +110,17 @@ impl<T: Transport> Client<T> {
     /// Without a credential, a connect to an authenticated-only service fails with
     /// [`ConnectError::Auth`]("service needs authentication").
     pub fn with_identity(mut self, credential: Credential) -> Self {
-        self.credential = Some(Arc::new(credential));
+        self.credential = Some(Prover::Credential(Arc::new(credential)));
+        self
+    }
+
+    /// Sends `make(nonce, service)` as the proof, whatever it holds: for tests that
+    /// play a hostile client (a proof captured on one connection and replayed on
+    /// another, truncated, oversized). Not for real clients: use
+    /// [`with_identity`](Self::with_identity).
+    #[doc(hidden)]
+    pub fn with_raw_proof(mut self, make: RawProof) -> Self {
+        self.credential = Some(Prover::Raw(make));
         self
     }
 
@@ -237,7 +248,7 @@ struct ClientDialer<T: Transport> {
     /// The application's own session, if any (see [`Client::connect_session`]).
     user: Option<Box<dyn Session<T>>>,
     started: Option<(ClientAddr<T>, ClientEnds)>,
-    credential: Option<Arc<Credential>>,
+    credential: Option<Prover>,
     service: String,
     /// Shared with the session: the welcome's nonce, put here before the connection
     /// hears it is established.

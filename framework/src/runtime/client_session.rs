@@ -113,9 +113,22 @@ pub(super) struct ClientEnds {
 /// its identity over when the connection is established.
 pub(super) type NonceSlot = Arc<std::sync::Mutex<Option<[u8; NONCE_LEN]>>>;
 
+/// What a client proves with.
+#[derive(Clone)]
+pub(super) enum Prover {
+    /// Its credential.
+    Credential(Arc<Credential>),
+    /// Bytes of the caller's own making, from the nonce and the service: for tests that
+    /// play a hostile client (a replayed, truncated or oversized proof).
+    Raw(RawProof),
+}
+
+/// See [`Client::with_raw_proof`](super::Client::with_raw_proof).
+pub type RawProof = Arc<dyn Fn(&[u8; NONCE_LEN], &str) -> Vec<u8> + Send + Sync>;
+
 /// A client connection's part in authentication.
 struct ClientAuth {
-    credential: Option<Arc<Credential>>,
+    credential: Option<Prover>,
     service: String,
     nonce: NonceSlot,
     /// Answered once: at establishment (no proof asked), on the server's answer to the
@@ -162,7 +175,7 @@ impl<Tr: Transport> ClientSession<Tr> {
     /// welcome asks for it (a nonce in `nonce`, put there by the dialer).
     pub fn new(
         user: Option<Box<dyn Session<Tr>>>,
-        credential: Option<Arc<Credential>>,
+        credential: Option<Prover>,
         service: String,
         nonce: NonceSlot,
     ) -> (ClientSession<Tr>, ClientEnds) {
@@ -203,7 +216,8 @@ impl<Tr: Transport> ClientSession<Tr> {
             return Ok(());
         };
         let proof = match &self.auth.credential {
-            Some(c) => auth::encode_proof(&c.prove(&nonce, &self.auth.service)),
+            Some(Prover::Credential(c)) => auth::encode_proof(&c.prove(&nonce, &self.auth.service)),
+            Some(Prover::Raw(make)) => make(&nonce, &self.auth.service),
             None => Vec::new(),
         };
         cx.send(AUTH_TAG, proof)

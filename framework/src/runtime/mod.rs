@@ -42,7 +42,7 @@ pub use auth::{
     FAILURE_REFILL_PER_SEC, KEY_FILE_HEADER, MAX_IDENTITY, MAX_PROOF, NONCE_LEN,
 };
 pub use client::{Client, ClientConnection, ClientError};
-pub use client_session::RequestError;
+pub use client_session::{RawProof, RequestError};
 pub use config::{
     ConfigError, ConnectionConfig, NodeConfig, ReceiveConfig, SharedRecvConfig, TransportConfig,
     MAX_MESSAGE,

@@ -277,7 +277,7 @@ mod tests {
             ("\n# c\nalice rsa AAAA\n", 3, "unknown key kind"),
             ("alice ed25519 !!!\n", 1, "bad base64"),
             ("alice psk AAAA\n", 1, "key of 3 bytes"),
-            ("al ice psk AAAA\n", 1, "bad base64"),
+            ("al ice psk AAAA\n", 1, "unknown key kind"),
             ("al/ice psk AAAA\n", 1, "identity"),
         ];
         for (text, line, want) in cases {
