@@ -32,6 +32,9 @@ enum Mode {
         /// Serve the same service written as a raw session (`kv_session`), to compare.
         #[arg(long)]
         session: bool,
+        /// Take only clients that prove an identity of this authorized keys file.
+        #[arg(long, value_name = "FILE")]
+        authorized_keys: Option<std::path::PathBuf>,
     },
     /// Run CONNECTIONS connections of REQUESTS requests each and check every answer.
     Client {
@@ -44,14 +47,23 @@ enum Mode {
         /// Requests per connection, one after the other.
         #[arg(long, default_value_t = 400)]
         requests: usize,
+        #[command(flatten)]
+        key: rdmactor_examples::identity::Key,
     },
 }
 
 fn main() -> Result<()> {
     logs::init("info");
     match Args::parse().mode {
-        Mode::Serve { listen, session } => {
-            let server = Server::builder().listen(listen, None);
+        Mode::Serve {
+            listen,
+            session,
+            authorized_keys,
+        } => {
+            let mut server = Server::builder().listen(listen, None);
+            if let Some(path) = authorized_keys {
+                server = server.authorized_keys(rdmactor::runtime::Keys::load(&path)?);
+            }
             match session {
                 false => Ok(server.handler("kv", Kv::default()).run()?),
                 true => Ok(server.service("kv", KvSessions::default()).run()?),
@@ -61,8 +73,9 @@ fn main() -> Result<()> {
             server,
             connections,
             requests,
+            key,
         } => actix::System::new().block_on(async move {
-            let client = Client::start(NodeConfig::default())?;
+            let client = key.apply(Client::start(NodeConfig::default())?)?;
             let checked = run_clients(&client, server, connections, requests).await;
             client.shutdown().await;
             let round_trips = checked?;

@@ -180,11 +180,25 @@ struct Args {
     /// be answered, `GET /metrics` only).
     #[arg(long, value_name = "PORT|ADDR:PORT", value_parser = metrics_addr)]
     metrics: Option<SocketAddr>,
+    /// Authenticate clients: an authorized keys file of `IDENTITY ed25519|psk BASE64`
+    /// lines (`keygen` prints them). Every service then takes only clients that prove an
+    /// identity, except the anonymous ones (--anonymous, and the stock-tool services
+    /// raw-echo, rping and stock-*, whose clients cannot authenticate). SIGHUP reloads
+    /// the file: connections proved with a removed key close, the others go on.
+    #[arg(long, value_name = "FILE")]
+    authorized_keys: Option<std::path::PathBuf>,
+    /// With --authorized-keys, let anonymous clients use SERVICE too (repeatable).
+    #[arg(long, value_name = "SERVICE")]
+    anonymous: Vec<String>,
     #[command(flatten)]
     transport: transport::Transport,
     #[command(flatten)]
     cluster: ServerClusterArgs,
 }
+
+/// Services for stock rdma-core tools (rping, `ibv_*_pingpong`), which cannot
+/// authenticate: anonymous on a server with keys too.
+const STOCK_TOOL_SERVICES: [&str; 5] = ["raw-echo", "rping", "stock-rc", "stock-ud", "stock-srq"];
 
 /// The out-of-band ports the `--oob-*` flags ask for.
 fn oob_ports(args: &Args) -> Result<Vec<OobPort>> {
@@ -446,6 +460,20 @@ fn main() -> Result<()> {
         for (addr, default) in &listeners {
             builder = builder.listen(*addr, default.as_deref());
         }
+        if let Some(path) = &args.authorized_keys {
+            let keys = rdmactor::runtime::Keys::load(path)
+                .with_context(|| format!("--authorized-keys {}", path.display()))?;
+            builder = builder.authorized_keys(keys);
+            for name in STOCK_TOOL_SERVICES
+                .iter()
+                .copied()
+                .chain(args.anonymous.iter().map(String::as_str))
+            {
+                builder = builder.anonymous(name);
+            }
+        } else if !args.anonymous.is_empty() {
+            bail!("--anonymous needs --authorized-keys: without keys every service is anonymous");
+        }
         let server = builder.start().context("starting the server")?;
         // Files given with --region are pinned now, not on the poller at first lookup.
         // The PD is not kept: what is registered on it would keep the device open if it
@@ -517,10 +545,26 @@ fn main() -> Result<()> {
                 None => std::future::pending().await,
             }
         };
+        // SIGHUP reloads the authorized keys; a file that does not parse leaves the old
+        // keys in force and says why.
+        let reload = async {
+            use tokio::signal::unix::{signal, SignalKind};
+            let mut hup = signal(SignalKind::hangup()).context("listening for SIGHUP")?;
+            while hup.recv().await.is_some() {
+                match server.reload_keys().await {
+                    Ok(closed) => println!(
+                        "authorized keys reloaded: {closed} connections of removed keys closed"
+                    ),
+                    Err(e) => eprintln!("authorized keys not reloaded (the old ones stay): {e}"),
+                }
+            }
+            Ok::<(), anyhow::Error>(())
+        };
         tokio::select! {
             r = wait_for_signal() => r?,
             () = sample => {}
             r = repairs => r?,
+            r = reload => r?,
         }
         if let Some(client) = repair_client {
             client.shutdown().await;
