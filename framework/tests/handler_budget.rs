@@ -235,7 +235,6 @@ async fn connect_n(
 async fn close_all(conns: Vec<Rc<ClientConnection<Loopback>>>) {
     for conn in conns {
         Rc::try_unwrap(conn)
-            .ok()
             .expect("no call holds it")
             .close()
             .await;
