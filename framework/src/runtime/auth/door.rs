@@ -109,7 +109,11 @@ impl<K: Copy + Eq + std::hash::Hash> Door<K> {
                 let still = self
                     .keys()
                     .is_some_and(|k| k.current().holds(&v.identity, &v.fingerprint));
-                if waited.is_none() || !still {
+                if waited.is_none() {
+                    // Released already (the report crossed its close): nothing to keep.
+                    return None;
+                }
+                if !still {
                     return Some("key removed".into());
                 }
                 self.proved.insert(key, (v.identity, v.fingerprint));
@@ -178,5 +182,74 @@ impl<K: Copy + Eq + std::hash::Hash> Door<K> {
     /// Connections proved with a key, open now.
     pub fn proved(&self) -> usize {
         self.proved.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::auth::credential::Credential;
+
+    fn door(keys: &KeySet, timeout: Duration) -> Door<u32> {
+        Door::new(Some(AuthSetup {
+            keys: Arc::new(Keys::from_set(keys.clone())),
+            anonymous: ["rping".to_owned()].into(),
+            timeout,
+        }))
+    }
+
+    fn verified(set: &KeySet, who: &str) -> Verified {
+        Verified {
+            identity: who.into(),
+            fingerprint: set.get(who).unwrap()[0].fingerprint(),
+        }
+    }
+
+    #[test]
+    fn policy_follows_the_keys_and_the_anonymous_list() {
+        assert_eq!(Door::<u32>::new(None).policy("kv"), AuthPolicy::Anonymous);
+        let d = door(&KeySet::default(), DEFAULT_AUTH_TIMEOUT);
+        assert_eq!(d.policy("kv"), AuthPolicy::Authenticated);
+        assert_eq!(d.policy("rping"), AuthPolicy::Anonymous);
+    }
+
+    #[test]
+    fn a_reload_sweeps_exactly_the_connections_of_removed_keys() {
+        let (a, b) = (
+            Credential::generate_ed25519("alice").unwrap(),
+            Credential::generate_psk("jobs").unwrap(),
+        );
+        let both =
+            KeySet::parse(&format!("{}\n{}", a.authorized_line(), b.authorized_line())).unwrap();
+        let mut d = door(&both, DEFAULT_AUTH_TIMEOUT);
+        let now = Instant::now();
+        for (key, who) in [(1, "alice"), (2, "jobs"), (3, "alice")] {
+            d.begin(key, None, "kv", now);
+            assert_eq!(d.report(key, "kv", Ok(verified(&both, who)), now), None);
+        }
+        assert_eq!(d.proved(), 3);
+        let jobs_only = KeySet::parse(&b.authorized_line()).unwrap();
+        let mut gone = d.swept(&jobs_only);
+        gone.sort();
+        assert_eq!(gone, vec![1, 3]);
+        assert_eq!(d.proved(), 1);
+        d.released(2);
+        assert_eq!(d.proved(), 0);
+    }
+
+    #[test]
+    fn a_silent_gate_times_out_and_charges_its_address() {
+        let mut d = door(&KeySet::default(), Duration::from_secs(10));
+        let ip: IpAddr = [10, 0, 0, 9].into();
+        let t0 = Instant::now();
+        for key in 0..10 {
+            d.begin(key, Some(ip), "kv", t0);
+        }
+        assert!(d.expired(t0 + Duration::from_secs(9)).is_empty());
+        let late = d.expired(t0 + Duration::from_secs(10));
+        assert_eq!(late.len(), 10);
+        assert_eq!(late[0].1, "authentication refused: no proof within 10s");
+        assert!(!d.allows(Some(ip), t0 + Duration::from_secs(10)));
+        assert!(d.allows(Some([10, 0, 0, 8].into()), t0));
     }
 }
