@@ -407,3 +407,37 @@ fn a_raw_service_must_be_marked_anonymous_on_a_keyed_server() {
         server.shutdown().await;
     });
 }
+
+#[test]
+fn a_client_that_does_not_prove_in_time_is_closed_with_the_reason() {
+    with_system(|fabric| async move {
+        let team = team();
+        let server = Server::over(Loopback)
+            .domain(fabric.device("server"))
+            .listen(addr(0), None)
+            .service("whoami", WhoAmI)
+            .authorized_keys(Keys::from_set(keys_of(&[&team.alice])))
+            .auth_timeout(Duration::from_secs(1))
+            .start()
+            .expect("server starts");
+        let at = server.local_addrs()[0];
+        let alice = team.alice.clone();
+        // A client that dawdles: its proof is made only after the server's timeout
+        // (the hook holds the client's connection thread; a test's liberty).
+        let slow = raw(
+            &fabric,
+            "slow",
+            Arc::new(move |nonce: &[u8; NONCE_LEN], service: &str| {
+                std::thread::sleep(Duration::from_millis(2500));
+                postcard::to_allocvec(&alice.prove(nonce, service)).unwrap()
+            }),
+        );
+        assert_eq!(
+            refused(slow.connect(at, "whoami").await),
+            "no proof within 1s"
+        );
+        drained(&server).await;
+        slow.shutdown().await;
+        server.shutdown().await;
+    });
+}
