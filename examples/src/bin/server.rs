@@ -196,10 +196,6 @@ struct Args {
     cluster: ServerClusterArgs,
 }
 
-/// Services for stock rdma-core tools (rping, `ibv_*_pingpong`), which cannot
-/// authenticate: anonymous on a server with keys too.
-const STOCK_TOOL_SERVICES: [&str; 5] = ["raw-echo", "rping", "stock-rc", "stock-ud", "stock-srq"];
-
 /// The out-of-band ports the `--oob-*` flags ask for.
 fn oob_ports(args: &Args) -> Result<Vec<OobPort>> {
     let mtu = Mtu::from_bytes(args.oob_mtu).with_context(|| {
@@ -460,20 +456,11 @@ fn main() -> Result<()> {
         for (addr, default) in &listeners {
             builder = builder.listen(*addr, default.as_deref());
         }
-        if let Some(path) = &args.authorized_keys {
-            let keys = rdmactor::runtime::Keys::load(path)
-                .with_context(|| format!("--authorized-keys {}", path.display()))?;
-            builder = builder.authorized_keys(keys);
-            for name in STOCK_TOOL_SERVICES
-                .iter()
-                .copied()
-                .chain(args.anonymous.iter().map(String::as_str))
-            {
-                builder = builder.anonymous(name);
-            }
-        } else if !args.anonymous.is_empty() {
-            bail!("--anonymous needs --authorized-keys: without keys every service is anonymous");
-        }
+        let builder = rdmactor_examples::identity::keyed(
+            builder,
+            args.authorized_keys.as_deref(),
+            &args.anonymous,
+        )?;
         let server = builder.start().context("starting the server")?;
         // Files given with --region are pinned now, not on the poller at first lookup.
         // The PD is not kept: what is registered on it would keep the device open if it
@@ -545,21 +532,7 @@ fn main() -> Result<()> {
                 None => std::future::pending().await,
             }
         };
-        // SIGHUP reloads the authorized keys; a file that does not parse leaves the old
-        // keys in force and says why.
-        let reload = async {
-            use tokio::signal::unix::{signal, SignalKind};
-            let mut hup = signal(SignalKind::hangup()).context("listening for SIGHUP")?;
-            while hup.recv().await.is_some() {
-                match server.reload_keys().await {
-                    Ok(closed) => println!(
-                        "authorized keys reloaded: {closed} connections of removed keys closed"
-                    ),
-                    Err(e) => eprintln!("authorized keys not reloaded (the old ones stay): {e}"),
-                }
-            }
-            Ok::<(), anyhow::Error>(())
-        };
+        let reload = rdmactor_examples::identity::reload_on_sighup(&server);
         tokio::select! {
             r = wait_for_signal() => r?,
             () = sample => {}

@@ -20,8 +20,9 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 
 use super::admission::{self, PeerCounts};
-use super::auth::{self, AuthPolicy, AuthReport, AuthSetup, Door, Gate, KeySet, KeysError};
+use super::auth::Door;
 use super::budget::QpBudget;
+use super::cm_counters::{CmCounters, NodeStats};
 use super::conn_set::{self, fmt_addr, ConnSet, Drain};
 use super::connect::{Connect, ConnectError, Dialing, Reports};
 use super::connection::{
@@ -31,7 +32,7 @@ use super::device_watch::DeviceNotice;
 use super::handshakes::{HandshakeTick, Handshakes, HANDSHAKE_TICK};
 use super::node::Node;
 use super::recovery::{self, OobReleased, Recovery, Relisten};
-use super::service::{Framing, Identity, PeerInfo, Service, Session};
+use super::service::{Framing, Identity, PeerInfo, Service};
 use super::CloseReason;
 use crate::proto::hello::{Reject, RejectCode, Welcome};
 use crate::transport::{CmEvent, CmEventKind, CmId, EventChannel, Transport, Verbs};
@@ -41,36 +42,6 @@ pub(crate) type Services<T = Verbs> = Arc<HashMap<String, Arc<dyn Service<T>>>>;
 struct Listening<T: Transport> {
     _id: T::CmId,
     default_service: Option<String>,
-}
-
-/// Counters the CM actor keeps.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct CmCounters {
-    pub connections: usize,
-    /// QPs under the connection limit, rdma_cm and out-of-band together.
-    pub qps: usize,
-    pub accepted: u64,
-    pub rejected: u64,
-    pub closed: u64,
-    /// Times the device was lost (removed or failed).
-    pub device_losses: u64,
-    /// Whether the device serves now.
-    pub device_present: bool,
-    /// Open connections proved with a key.
-    pub authenticated: usize,
-    /// The node's counters, while it exists.
-    pub node: Option<NodeStats>,
-}
-
-/// Counters of the node's device resources.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct NodeStats {
-    pub pool: crate::memory::PoolStats,
-    pub cqs: usize,
-    pub shared_queues: Vec<u32>,
-    pub shared_receives_posted: Vec<usize>,
-    pub shared_reserves: Vec<super::ReserveStats>,
-    pub shared_recv_buffers: usize,
 }
 
 pub(crate) struct CmActor<T: Transport = Verbs> {
@@ -84,7 +55,7 @@ pub(crate) struct CmActor<T: Transport = Verbs> {
     services: Services<T>,
     /// Every connection, passive and active, with the peer address a passive one is
     /// counted under in `per_peer`.
-    conns: ConnSet<Option<IpAddr>, T::CmIdKey>,
+    pub(super) conns: ConnSet<Option<IpAddr>, T::CmIdKey>,
     /// Passive connections accepted but not yet established.
     handshaking: Handshakes<T::CmIdKey>,
     /// Active connects under way.
@@ -100,7 +71,7 @@ pub(crate) struct CmActor<T: Transport = Verbs> {
     /// `accepted` and `rejected`; the rest is read from where it is kept.
     counters: CmCounters,
     /// Which services need a proof of identity, and what the proofs did (`auth/door.rs`).
-    door: Door<T::CmIdKey>,
+    pub(super) door: Door<T::CmIdKey>,
 }
 
 impl<T: Transport> CmActor<T> {
@@ -128,11 +99,6 @@ impl<T: Transport> CmActor<T> {
             counters: CmCounters::default(),
             door: Door::new(None),
         }
-    }
-
-    /// Makes authenticated-only every service not marked anonymous in `setup`.
-    pub fn authenticate(&mut self, setup: AuthSetup) {
-        self.door = Door::new(Some(setup));
     }
 
     /// Makes this a server's actor: it watches the device's async events and, when the
@@ -192,8 +158,7 @@ impl<T: Transport> CmActor<T> {
         let slot = admitted.slot;
         // An address that failed to authenticate too often is turned away here, before
         // any QP is made: it costs this actor one lookup, and no other address waits.
-        let policy = self.door.policy(&service_name);
-        if policy == AuthPolicy::Authenticated && !self.door.allows(peer_ip, begun) {
+        if !self.door.allows(&service_name, peer_ip, begun) {
             drop(slot);
             let why = "too many failed authentications from this address; try again later";
             return self.reject(&id, Reject::new(RejectCode::Throttled, why));
@@ -221,27 +186,15 @@ impl<T: Transport> CmActor<T> {
         let key = id.key();
         // An authenticated-only service's session is made only once the proof is good:
         // until then the connection runs a gate holding this connection's fresh nonce.
-        let gate = match (policy, self.door.keys()) {
-            (AuthPolicy::Authenticated, Some(keys)) => match auth::random32() {
-                Ok(nonce) => Some((nonce, keys.clone())),
-                Err(e) => {
-                    return self.reject(&id, Reject::new(RejectCode::Internal, e.to_string()))
-                }
-            },
-            _ => None,
+        let gate = match self.door.gate(&service_name) {
+            Ok(gate) => gate,
+            Err(e) => return self.reject(&id, Reject::new(RejectCode::Internal, e)),
         };
         // The service's code, on the CM actor's thread: a panic here would end the actor
         // that accepts every connection. Refused with the reason instead (the prepared
         // QP and buffers are released as `core` drops).
         let session = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &gate {
-            Some((nonce, keys)) => Box::new(Gate::new(
-                *nonce,
-                service.clone(),
-                peer.clone(),
-                keys.clone(),
-                key,
-                ctx.address().recipient(),
-            )) as Box<dyn Session<T>>,
+            Some(g) => g.session(&service, &peer, key, ctx.address().recipient()),
             None => service.session(&peer),
         })) {
             Ok(session) => session,
@@ -266,7 +219,7 @@ impl<T: Transport> CmActor<T> {
                     recv_depth: ours.initial as u16,
                     recv_size: node.config.receives.size,
                     max_credits: ours.max as u16,
-                    nonce: gate.as_ref().map(|(nonce, _)| *nonce),
+                    nonce: gate.as_ref().map(|g| g.nonce),
                 }
                 .encode()
             }
@@ -489,49 +442,6 @@ impl<T: Transport> Handler<Drain> for CmActor<T> {
         let why = CloseReason::Local(ConnectError::ShuttingDown.to_string());
         drop(self.dialing.fail_all(&why, || ConnectError::ShuttingDown));
         self.conns.drain(msg.0);
-    }
-}
-
-impl<T: Transport> Handler<AuthReport<T::CmIdKey>> for CmActor<T> {
-    type Result = ();
-    fn handle(&mut self, msg: AuthReport<T::CmIdKey>, _ctx: &mut Context<Self>) {
-        if let Some(why) = self
-            .door
-            .report(msg.key, &msg.service, msg.outcome, Instant::now())
-        {
-            self.conns
-                .notify(msg.key, CmNotice::Close(CloseReason::Local(why)));
-        }
-    }
-}
-
-/// Reloads the authorized keys (from their file, or `Some` set given), and closes the
-/// connections whose key is gone with "key removed". Answers how many it closed.
-#[derive(Message)]
-#[rtype(result = "Result<usize, KeysError>")]
-pub(crate) struct ReloadKeys(pub Option<KeySet>);
-
-impl<T: Transport> Handler<ReloadKeys> for CmActor<T> {
-    type Result = Result<usize, KeysError>;
-    fn handle(&mut self, msg: ReloadKeys, _ctx: &mut Context<Self>) -> Self::Result {
-        let Some(keys) = self.door.keys().cloned() else {
-            return Err(KeysError::NotAuthenticating);
-        };
-        let set = match msg.0 {
-            Some(set) => keys.replace(set),
-            None => keys.reload()?,
-        };
-        let gone = self.door.swept(&set);
-        tracing::info!(
-            identities = set.len(),
-            closed = gone.len(),
-            "authorized keys reloaded"
-        );
-        for key in &gone {
-            let why = CloseReason::Local("key removed".into());
-            self.conns.notify(*key, CmNotice::Close(why));
-        }
-        Ok(gone.len())
     }
 }
 

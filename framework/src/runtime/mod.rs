@@ -16,6 +16,8 @@ mod budget;
 mod client;
 mod client_session;
 mod cm;
+mod cm_auth;
+mod cm_counters;
 mod config;
 mod conn_set;
 mod connect;

@@ -9,7 +9,8 @@ use actix::prelude::*;
 
 use super::auth::{AuthSetup, KeySet, Keys, KeysError, DEFAULT_AUTH_TIMEOUT};
 use super::budget::QpBudget;
-use super::cm::{CmActor, GetCounters, GetPd, ReloadKeys, Services};
+use super::cm::{CmActor, GetCounters, GetPd, Services};
+use super::cm_auth::ReloadKeys;
 use super::config::NodeConfig;
 use super::handler::{HandlerService, RequestHandler};
 use super::node::Node;
@@ -237,9 +238,8 @@ impl<T: Transport> ServerBuilder<T> {
             .create_event_channel()
             .map_err(ServerError::transport)?;
         let mut cm = CmActor::new(node.clone(), channel.clone(), services, budget, per_peer);
-        if let Some(auth) = auth {
-            cm.authenticate(auth);
-        }
+        // Every service not marked anonymous in `auth` is authenticated-only.
+        cm.door = super::auth::Door::new(auth);
         let mut addrs = Vec::new();
         let mut relisten = Vec::new();
         for (addr, default) in self.listeners {

@@ -9,9 +9,16 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use actix::Recipient;
+
+use super::credential::random32;
+use super::gate::{AuthReport, Gate};
 use super::keys::{KeySet, Keys};
+use super::proof::NONCE_LEN;
 use super::proof::{AuthRefusal, Verified};
 use super::throttle::{FailureBuckets, RateLimitedLog};
+use crate::runtime::service::{PeerInfo, Service, Session};
+use crate::transport::Transport;
 
 /// Whether a service takes anonymous clients.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +40,33 @@ pub(crate) struct AuthSetup {
     /// Services that take anonymous clients although keys are configured.
     pub anonymous: HashSet<String>,
     pub timeout: Duration,
+}
+
+/// A gate's makings: the nonce its accept carries, and the keys it checks against.
+pub(crate) struct GateSeed {
+    pub nonce: [u8; NONCE_LEN],
+    keys: Arc<Keys>,
+}
+
+impl GateSeed {
+    /// The gate session for connection `key` to `service` (see `gate.rs`).
+    pub fn session<T: Transport, K: Copy + Send + Unpin + 'static>(
+        &self,
+        service: &Arc<dyn Service<T>>,
+        peer: &PeerInfo,
+        key: K,
+        report: Recipient<AuthReport<K>>,
+    ) -> Box<dyn Session<T>> {
+        let gate = Gate::new(
+            self.nonce,
+            service.clone(),
+            peer.clone(),
+            self.keys.clone(),
+            key,
+            report,
+        );
+        Box::new(gate)
+    }
 }
 
 struct Waiting {
@@ -76,9 +110,23 @@ impl<K: Copy + Eq + std::hash::Hash> Door<K> {
         }
     }
 
-    /// Whether `ip` has a failure left to spend (else it is rejected at connect).
-    pub fn allows(&self, ip: Option<IpAddr>, now: Instant) -> bool {
-        ip.is_none_or(|ip| self.buckets.allows(ip, now))
+    /// What a connection to `service` starts with: a gate's fresh nonce and
+    /// the keys, or `None` (no proof asked). Fails only when the OS has no random bytes.
+    pub fn gate(&self, service: &str) -> Result<Option<GateSeed>, String> {
+        match (self.policy(service), self.keys()) {
+            (AuthPolicy::Authenticated, Some(keys)) => Ok(Some(GateSeed {
+                nonce: random32().map_err(|e| e.to_string())?,
+                keys: keys.clone(),
+            })),
+            _ => Ok(None),
+        }
+    }
+
+    /// Whether `ip` may ask for `service` now: always for an anonymous service, else
+    /// while it has a failure left to spend (else it is rejected at connect).
+    pub fn allows(&self, service: &str, ip: Option<IpAddr>, now: Instant) -> bool {
+        self.policy(service) == AuthPolicy::Anonymous
+            || ip.is_none_or(|ip| self.buckets.allows(ip, now))
     }
 
     /// A gate started for connection `key` from `ip`.
@@ -109,10 +157,8 @@ impl<K: Copy + Eq + std::hash::Hash> Door<K> {
                 let still = self
                     .keys()
                     .is_some_and(|k| k.current().holds(&v.identity, &v.fingerprint));
-                if waited.is_none() {
-                    // Released already (the report crossed its close): nothing to keep.
-                    return None;
-                }
+                // Released already (the report crossed its close): nothing to keep.
+                waited.as_ref()?;
                 if !still {
                     return Some("key removed".into());
                 }
@@ -249,7 +295,11 @@ mod tests {
         let late = d.expired(t0 + Duration::from_secs(10));
         assert_eq!(late.len(), 10);
         assert_eq!(late[0].1, "authentication refused: no proof within 10s");
-        assert!(!d.allows(Some(ip), t0 + Duration::from_secs(10)));
-        assert!(d.allows(Some([10, 0, 0, 8].into()), t0));
+        assert!(!d.allows("kv", Some(ip), t0 + Duration::from_secs(10)));
+        assert!(
+            d.allows("rping", Some(ip), t0),
+            "anonymous services are not throttled"
+        );
+        assert!(d.allows("kv", Some([10, 0, 0, 8].into()), t0));
     }
 }

@@ -21,7 +21,8 @@ use base64::Engine;
 use ed25519_dalek::VerifyingKey;
 use sha2::{Digest, Sha256};
 
-use super::proof::MAX_IDENTITY;
+/// Longest identity name, in bytes.
+pub const MAX_IDENTITY: usize = 64;
 
 /// One authorized key of an identity.
 #[derive(Clone, PartialEq, Eq)]

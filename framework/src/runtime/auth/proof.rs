@@ -13,15 +13,13 @@ use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
-use super::keys::{AuthorizedKey, KeySet};
+use super::keys::{AuthorizedKey, KeySet, MAX_IDENTITY};
 
 /// The request tag a proof travels under, and its answer. Reserved: a client's own tag
 /// allocator never hands it out.
 pub const AUTH_TAG: u32 = u32::MAX;
 /// Bytes of the server's nonce.
 pub const NONCE_LEN: usize = 32;
-/// Longest identity name, in bytes.
-pub const MAX_IDENTITY: usize = 64;
 /// Largest encoded proof the server reads: an Ed25519 proof of the longest identity is
 /// about 135 bytes; anything past this bound is refused unread.
 pub const MAX_PROOF: usize = 256;
