@@ -35,7 +35,8 @@ type HmacSha256 = Hmac<Sha256>;
 pub struct Proof {
     /// The identity claimed (at most [`MAX_IDENTITY`] bytes).
     pub identity: String,
-    /// The signature or MAC over the [`transcript`].
+    /// The signature or MAC over the transcript: `"rdmactor-auth-v1\0" || nonce ||
+    /// service || 0 || identity`.
     pub kind: ProofKind,
 }
 
