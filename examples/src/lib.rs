@@ -15,6 +15,7 @@
 //!   own cost over the loopback transport, each beside its floor.
 //! - [`prometheus`]: the Prometheus recorder of `server --metrics` and
 //!   `bench_native --metrics`.
+//! - [`identity`]: `--key FILE`, the credential a client tool proves its identity with.
 //! - [`kv`]: the key-value service written as a request handler, and its client;
 //!   [`kv_session`]: the same service as a raw session, for comparison.
 //!
@@ -27,10 +28,12 @@
 
 pub mod bench_native;
 pub mod cluster;
+pub mod identity;
 pub mod kv;
 pub mod kv_session;
 pub mod lambdas;
 pub mod logs;
 pub mod prometheus;
 pub mod report;
+pub mod signals;
 pub mod transport;

@@ -49,6 +49,8 @@ struct Args {
     run: Run,
     #[command(flatten)]
     transport: transport::Transport,
+    #[command(flatten)]
+    key: rdmactor_examples::identity::Key,
 }
 
 #[derive(Subcommand)]
@@ -274,6 +276,7 @@ async fn run(args: Args) -> Result<()> {
         },
         ..NodeConfig::default()
     }))?;
+    let client = args.key.apply(client)?;
     let dial = Dial::new(&client, args.addr, &args.cluster)?;
     match args.run {
         Run::Latency {

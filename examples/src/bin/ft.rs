@@ -69,6 +69,8 @@ struct Args {
     cmd: Cmd,
     #[command(flatten)]
     transport: transport::Transport,
+    #[command(flatten)]
+    key: rdmactor_examples::identity::Key,
 }
 
 #[derive(Subcommand)]
@@ -235,6 +237,7 @@ async fn connection(
 async fn run(args: Args) -> Result<bool> {
     let client = Client::start(args.transport.apply(NodeConfig::default()))
         .context("starting the client")?;
+    let client = args.key.apply(client)?;
     if let Some((cluster, etcd)) = args.cluster.etcd()? {
         let files = ClusterFiles::new(RdmaFiles::new(&client), etcd, &cluster)?
             .with_replicas(args.replicas);

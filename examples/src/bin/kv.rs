@@ -39,6 +39,9 @@ enum Mode {
         /// The largest value, in bytes; a larger Put is refused with `ValueTooLarge`.
         #[arg(long, default_value_t = KvLimits::DEFAULT_MAX_VALUE)]
         max_value: u64,
+        /// Take only clients that prove an identity of this authorized keys file.
+        #[arg(long, value_name = "FILE")]
+        authorized_keys: Option<std::path::PathBuf>,
     },
     /// Run CONNECTIONS connections of REQUESTS requests each and check every answer.
     Client {
@@ -51,6 +54,8 @@ enum Mode {
         /// Requests per connection, one after the other.
         #[arg(long, default_value_t = 400)]
         requests: usize,
+        #[command(flatten)]
+        key: rdmactor_examples::identity::Key,
     },
 }
 
@@ -62,6 +67,7 @@ fn main() -> Result<()> {
             session,
             max_mib,
             max_value,
+            authorized_keys,
         } => {
             let limits = KvLimits {
                 max_bytes: max_mib
@@ -69,7 +75,10 @@ fn main() -> Result<()> {
                     .context("--max-mib too large")?,
                 max_value,
             };
-            let server = Server::builder().listen(listen, None);
+            let mut server = Server::builder().listen(listen, None);
+            if let Some(path) = authorized_keys {
+                server = server.authorized_keys(rdmactor::runtime::Keys::load(&path)?);
+            }
             match session {
                 false => Ok(server.handler("kv", Kv::with_limits(limits)).run()?),
                 true => Ok(server
@@ -81,8 +90,9 @@ fn main() -> Result<()> {
             server,
             connections,
             requests,
+            key,
         } => actix::System::new().block_on(async move {
-            let client = Client::start(NodeConfig::default())?;
+            let client = key.apply(Client::start(NodeConfig::default())?)?;
             let checked = run_clients(&client, server, connections, requests).await;
             client.shutdown().await;
             let round_trips = checked?;

@@ -196,6 +196,16 @@ struct Args {
     /// be answered, `GET /metrics` only).
     #[arg(long, value_name = "PORT|ADDR:PORT", value_parser = metrics_addr)]
     metrics: Option<SocketAddr>,
+    /// Authenticate clients: an authorized keys file of `IDENTITY ed25519|psk BASE64`
+    /// lines (`keygen` prints them). Every service then takes only clients that prove an
+    /// identity, except the anonymous ones (--anonymous, and the stock-tool services
+    /// raw-echo, rping and stock-*, whose clients cannot authenticate). SIGHUP reloads
+    /// the file: connections proved with a removed key close, the others go on.
+    #[arg(long, value_name = "FILE")]
+    authorized_keys: Option<std::path::PathBuf>,
+    /// With --authorized-keys, let anonymous clients use SERVICE too (repeatable).
+    #[arg(long, value_name = "SERVICE")]
+    anonymous: Vec<String>,
     #[command(flatten)]
     transport: transport::Transport,
     #[command(flatten)]
@@ -464,6 +474,11 @@ fn main() -> Result<()> {
         for (addr, default) in &listeners {
             builder = builder.listen(*addr, default.as_deref());
         }
+        let builder = rdmactor_examples::identity::keyed(
+            builder,
+            args.authorized_keys.as_deref(),
+            &args.anonymous,
+        )?;
         let server = builder.start().context("starting the server")?;
         // Files given with --region are pinned now, not on the poller at first lookup.
         // The PD is not kept: what is registered on it would keep the device open if it
@@ -535,10 +550,12 @@ fn main() -> Result<()> {
                 None => std::future::pending().await,
             }
         };
+        let reload = rdmactor_examples::identity::reload_on_sighup(&server);
         tokio::select! {
-            r = wait_for_signal() => r?,
+            r = rdmactor_examples::signals::shutdown_requested() => r?,
             () = sample => {}
             r = repairs => r?,
+            r = reload => r?,
         }
         if let Some(client) = repair_client {
             client.shutdown().await;
@@ -572,15 +589,4 @@ fn main() -> Result<()> {
         );
         Ok(())
     })
-}
-
-async fn wait_for_signal() -> Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    tokio::select! {
-        _ = term.recv() => Ok(()),
-        _ = int.recv() => Ok(()),
-        else => bail!("signal streams closed"),
-    }
 }

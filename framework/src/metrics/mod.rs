@@ -168,6 +168,13 @@ pub(crate) fn accepted(service: &str) {
     counter!("rdmactor_connections_accepted_total", "service" => service.to_string()).increment(1);
 }
 
+/// A connection to `service` was refused at authentication for `reason` (a fixed
+/// label: no identity, whose values are unbounded).
+pub(crate) fn auth_refused(service: &str, reason: &'static str) {
+    counter!("rdmactor_auth_refused_total", "service" => service.to_string(), "reason" => reason)
+        .increment(1);
+}
+
 /// The device reported an asynchronous event (`IBV_EVENT_*`).
 pub(crate) fn device_event(event: &'static str) {
     counter!("rdmactor_device_events_total", "event" => event).increment(1);
@@ -182,6 +189,7 @@ pub(crate) fn rejected(code: RejectCode) {
         RejectCode::BadHello => "bad_hello",
         RejectCode::ShuttingDown => "shutting_down",
         RejectCode::Internal => "internal",
+        RejectCode::Throttled => "throttled",
     };
     counter!("rdmactor_connections_rejected_total", "reason" => reason).increment(1);
 }

@@ -191,8 +191,8 @@ pub fn close_reason_body(reason: &str) -> &[u8] {
     &reason.as_bytes()[..end]
 }
 
-#[cfg(test)]
 // The tests' own numbers, not a peer's.
+#[cfg(test)]
 #[allow(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 mod tests {
     use super::*;

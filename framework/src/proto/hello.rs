@@ -24,6 +24,11 @@ pub const MAX_SERVICE_NAME: usize = MAX_CONNECT_PRIVATE_DATA - HELLO_FIXED;
 const HELLO_FIXED: usize = 14;
 /// Bytes of a welcome.
 const WELCOME_LEN: usize = 14;
+/// Flag in a welcome's byte 5 (zero before authentication existed): a 32-byte nonce
+/// follows the fixed part, and the service wants a proof of identity over it.
+const WELCOME_NONCE: u8 = 1;
+/// Bytes of the nonce.
+const NONCE_LEN: usize = 32;
 
 /// The client's connect request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,6 +57,11 @@ pub struct Welcome {
     pub recv_size: u32,
     /// Most credits the server may grant.
     pub max_credits: u16,
+    /// A fresh nonce, when the service is authenticated-only: the client proves its
+    /// identity over it in its first message (see `runtime::auth`). An optional trailing
+    /// field flagged in the byte older welcomes kept zero, so the version is unchanged:
+    /// a welcome without it decodes as before.
+    pub nonce: Option<[u8; NONCE_LEN]>,
 }
 
 impl Hello {
@@ -91,6 +101,9 @@ pub enum RejectCode {
     ShuttingDown = 5,
     /// The server could not set the connection up (resources).
     Internal = 6,
+    /// The peer address failed to authenticate too often lately; it may try again once
+    /// its failures refill (about one a second).
+    Throttled = 7,
 }
 
 /// A reject with its reason.
@@ -182,23 +195,38 @@ impl Hello {
 impl Welcome {
     /// Encodes for `rdma_accept`.
     pub fn encode(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(WELCOME_LEN);
+        let mut v = Vec::with_capacity(WELCOME_LEN + NONCE_LEN);
         v.extend_from_slice(&MAGIC);
         v.push(PROTOCOL_VERSION);
-        v.push(0);
+        v.push(if self.nonce.is_some() {
+            WELCOME_NONCE
+        } else {
+            0
+        });
         v.extend_from_slice(&self.recv_depth.to_le_bytes());
         v.extend_from_slice(&self.recv_size.to_le_bytes());
         v.extend_from_slice(&self.max_credits.to_le_bytes());
+        if let Some(nonce) = &self.nonce {
+            v.extend_from_slice(nonce);
+        }
         debug_assert!(v.len() <= MAX_ACCEPT_PRIVATE_DATA);
         v
     }
 
-    /// Decodes the accept's private data (seen in the client's ESTABLISHED event).
+    /// Decodes the accept's private data (seen in the client's ESTABLISHED event). A
+    /// welcome whose flag announces a nonce the data does not hold is no welcome.
     pub fn decode(data: &[u8]) -> Option<Welcome> {
         if !starts_with_magic(data) || data.len() < WELCOME_LEN {
             return None;
         }
+        let nonce = if data[5] & WELCOME_NONCE != 0 {
+            let bytes = data.get(WELCOME_LEN..WELCOME_LEN + NONCE_LEN)?;
+            Some(bytes.try_into().expect("32 bytes"))
+        } else {
+            None
+        };
         Some(Welcome {
+            nonce,
             recv_depth: u16::from_le_bytes([data[6], data[7]]),
             recv_size: u32::from_le_bytes(data[8..12].try_into().expect("4 bytes")),
             max_credits: u16::from_le_bytes([data[12], data[13]]),
@@ -214,6 +242,7 @@ impl RejectCode {
             3 => RejectCode::ServerFull,
             4 => RejectCode::BadHello,
             5 => RejectCode::ShuttingDown,
+            7 => RejectCode::Throttled,
             _ => RejectCode::Internal,
         }
     }
@@ -266,8 +295,8 @@ impl Reject {
     }
 }
 
-#[cfg(test)]
 // The tests' own numbers, not a peer's.
+#[cfg(test)]
 #[allow(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 mod tests {
     use super::*;
@@ -333,8 +362,22 @@ mod tests {
             recv_depth: 16,
             recv_size: 8192,
             max_credits: 48,
+            nonce: None,
         };
         assert_eq!(Welcome::decode(&w.encode()), Some(w));
+        assert_eq!(
+            w.encode().len(),
+            WELCOME_LEN,
+            "the old layout, byte for byte"
+        );
+        let keyed = Welcome {
+            nonce: Some([0xa5; NONCE_LEN]),
+            ..w
+        };
+        let mut wire = keyed.encode();
+        wire.resize(MAX_ACCEPT_PRIVATE_DATA, 0); // the transport pads
+        assert_eq!(Welcome::decode(&wire), Some(keyed));
+        assert_eq!(Welcome::decode(&keyed.encode()[..WELCOME_LEN + 5]), None);
         let r = Reject::new(RejectCode::ServerFull, "limit of 10 connections reached");
         let mut wire = r.encode();
         wire.resize(MAX_REJECT_PRIVATE_DATA, 0);

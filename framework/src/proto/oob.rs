@@ -252,8 +252,8 @@ pub fn check_done(bytes: &[u8]) -> Result<(), ExchangeError> {
     }
 }
 
-#[cfg(test)]
 // The tests' own numbers, not a peer's.
+#[cfg(test)]
 #[allow(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 mod tests {
     use super::*;

@@ -10,8 +10,10 @@ use std::sync::Arc;
 use actix::prelude::*;
 use tokio::sync::{mpsc, oneshot};
 
+use super::auth::{Credential, DEFAULT_AUTH_TIMEOUT};
 use super::client_session::{
-    AtomicOp, ClientCall, ClientEnds, ClientSession, ClosedReason, Reply, RequestError,
+    AtomicOp, ClientCall, ClientEnds, ClientSession, ClosedReason, NonceSlot, Prover, RawProof,
+    Reply, RequestError,
 };
 use super::cm::CmActor;
 use super::config::NodeConfig;
@@ -19,8 +21,9 @@ use super::connect::{with_session, Connect, ConnectError, Dialer};
 use super::connection::{CmNotice, ConnectionActor, ConnectionParts};
 use super::handler::{Answer, CallError};
 use super::node::Node;
-use super::service::{Incoming, Session};
+use super::service::{Identity, Incoming, Session};
 use super::CloseReason;
+use crate::proto::hello::Welcome;
 use crate::transport::{Domain, Transport, Verbs};
 use crate::verbs::{Access, RemoteRegion, VerbsError};
 
@@ -29,6 +32,8 @@ use crate::verbs::{Access, RemoteRegion, VerbsError};
 pub struct Client<T: Transport = Verbs> {
     node: Arc<Node<T>>,
     cm: Addr<CmActor<T>>,
+    /// What every connect proves, when the service asks (see [`Client::with_identity`]).
+    credential: Option<Prover>,
 }
 
 /// A snapshot of a client's counters ([`Client::stats`]).
@@ -104,7 +109,32 @@ impl<T: Transport> Client<T> {
             0,
         )
         .start();
-        Ok(Client { node, cm })
+        Ok(Client {
+            node,
+            cm,
+            credential: None,
+        })
+    }
+
+    /// Proves `credential`'s identity on every connect to a service that asks for it
+    /// (the server's accept carries a nonce; the proof is the connection's first
+    /// message, and `connect` returns once the server accepted it, one round trip
+    /// later). Services that take anonymous clients ask nothing, and get nothing.
+    /// Without a credential, a connect to an authenticated-only service fails with
+    /// [`ConnectError::Auth`]("service needs authentication").
+    pub fn with_identity(mut self, credential: Credential) -> Self {
+        self.credential = Some(Prover::Credential(Arc::new(credential)));
+        self
+    }
+
+    /// Sends `make(nonce, service)` as the proof, whatever it holds: for tests that
+    /// play a hostile client (a proof captured on one connection and replayed on
+    /// another, truncated, oversized). Not for real clients: use
+    /// [`with_identity`](Self::with_identity).
+    #[doc(hidden)]
+    pub fn with_raw_proof(mut self, make: RawProof) -> Self {
+        self.credential = Some(Prover::Raw(make));
+        self
     }
 
     /// Connects to `service` at `addr`.
@@ -164,10 +194,13 @@ impl<T: Transport> Client<T> {
                 reply: tx,
                 user: session,
                 started: None,
+                credential: self.credential.clone(),
+                service: service.to_owned(),
+                nonce: NonceSlot::default(),
             }),
         });
         let (conn, ends) = rx.await.map_err(|_| ConnectError::ShuttingDown)??;
-        Ok(ClientConnection {
+        let mut handle = ClientConnection {
             last: Arc::new(CloseOnDrop {
                 conn: conn.clone(),
                 closed: AtomicBool::new(false),
@@ -176,7 +209,23 @@ impl<T: Transport> Client<T> {
             inbox: Arc::new(tokio::sync::Mutex::new(ends.inbox)),
             closed: ends.closed,
             pd: self.node.pd.clone(),
-        })
+            identity: Identity::Anonymous,
+        };
+        // The server answers the proof, or closes with its reason, within its own
+        // authentication timeout; this bound only covers a server that does neither.
+        let wait = self.node.config.connection.handshake_timeout + DEFAULT_AUTH_TIMEOUT;
+        let refused = match tokio::time::timeout(wait, ends.authenticated).await {
+            Ok(Ok(Ok(identity))) => {
+                handle.identity = identity;
+                return Ok(handle);
+            }
+            Ok(Ok(Err(why))) => why,
+            Ok(Err(_)) => "the connection ended before authentication".to_owned(),
+            Err(_) => format!("no answer to the proof within {wait:?}"),
+        };
+        // Released before the error returns, so that nothing of it outlives the connect.
+        handle.close().await;
+        Err(ConnectError::Auth(refused))
     }
 
     /// Registers `len` bytes on the client's PD with `access`, for regions a server reads
@@ -231,16 +280,30 @@ struct ClientDialer<T: Transport> {
     /// The application's own session, if any (see [`Client::connect_session`]).
     user: Option<Box<dyn Session<T>>>,
     started: Option<(ClientAddr<T>, ClientEnds)>,
+    credential: Option<Prover>,
+    service: String,
+    /// Shared with the session: the welcome's nonce, put here before the connection
+    /// hears it is established.
+    nonce: NonceSlot,
 }
 
 type ClientAddr<T> = Addr<ConnectionActor<ClientSession<T>, T>>;
 
 impl<T: Transport> Dialer<T> for ClientDialer<T> {
     fn start(&mut self, parts: ConnectionParts<(), T>) -> Recipient<CmNotice> {
-        let (session, ends) = ClientSession::new(self.user.take());
+        let (session, ends) = ClientSession::new(
+            self.user.take(),
+            self.credential.clone(),
+            self.service.clone(),
+            self.nonce.clone(),
+        );
         let addr = ConnectionActor::start(with_session(parts, session));
         self.started = Some((addr.clone(), ends));
         addr.recipient()
+    }
+
+    fn welcomed(&mut self, welcome: &Welcome) {
+        *self.nonce.lock().expect("not poisoned") = welcome.nonce;
     }
 
     fn established(self: Box<Self>) {
@@ -270,6 +333,8 @@ pub struct ClientConnection<T: Transport = Verbs> {
     pd: T::Domain,
     /// Shared by every clone: closes the connection when the last one goes.
     last: Arc<CloseOnDrop<T>>,
+    /// Who the server knows this connection as.
+    identity: Identity,
 }
 
 /// Closes a connection when dropped, unless [`ClientConnection::close`] already did.
@@ -303,6 +368,7 @@ impl<T: Transport> Clone for ClientConnection<T> {
             closed: self.closed.clone(),
             pd: self.pd.clone(),
             last: self.last.clone(),
+            identity: self.identity.clone(),
         }
     }
 }
@@ -324,6 +390,12 @@ impl<T: Transport> ClientConnection<T> {
             let reason = self.closed.lock().expect("not poisoned").clone();
             RequestError::Closed(reason.unwrap_or(CloseReason::Local("connection gone".into())))
         })?
+    }
+
+    /// Who the server knows this connection as: the identity it proved, or anonymous
+    /// on a service that asked no proof.
+    pub fn identity(&self) -> &Identity {
+        &self.identity
     }
 
     /// Why the connection closed, once it has (the server's own reason when it said

@@ -10,8 +10,9 @@ use std::sync::Arc;
 use actix::prelude::*;
 use tokio::sync::{mpsc, oneshot};
 
+use super::auth::{self, Authenticated, Credential, AUTH_TAG, NONCE_LEN, REFUSED_PREFIX};
 use super::connection::{BufId, ConnectionActor, Op};
-use super::service::{Incoming, OpId, Session, SessionError};
+use super::service::{Identity, Incoming, OpId, Session, SessionError};
 use super::{CloseReason, SessionCx};
 use crate::transport::{Transport, Verbs};
 use crate::verbs::{RemoteRegion, VerbsError};
@@ -103,6 +104,54 @@ pub(super) type ClosedReason = Arc<std::sync::Mutex<Option<CloseReason>>>;
 pub(super) struct ClientEnds {
     pub inbox: mpsc::UnboundedReceiver<Incoming>,
     pub closed: ClosedReason,
+    /// Who the server knows this connection as once it is established (anonymous when
+    /// the service asked no proof), or the server's reason for refusing the proof.
+    pub authenticated: oneshot::Receiver<Result<Identity, String>>,
+}
+
+/// Where the dialer puts the nonce of the server's welcome, for the session to prove
+/// its identity over when the connection is established.
+pub(super) type NonceSlot = Arc<std::sync::Mutex<Option<[u8; NONCE_LEN]>>>;
+
+/// What a client proves with.
+#[derive(Clone)]
+pub(super) enum Prover {
+    /// Its credential.
+    Credential(Arc<Credential>),
+    /// Bytes of the caller's own making, from the nonce and the service: for tests that
+    /// play a hostile client (a replayed, truncated or oversized proof).
+    Raw(RawProof),
+}
+
+/// See [`Client::with_raw_proof`](super::Client::with_raw_proof).
+pub type RawProof = Arc<dyn Fn(&[u8; NONCE_LEN], &str) -> Vec<u8> + Send + Sync>;
+
+/// A client connection's part in authentication.
+struct ClientAuth {
+    credential: Option<Prover>,
+    service: String,
+    nonce: NonceSlot,
+    /// Answered once: at establishment (no proof asked), on the server's answer to the
+    /// proof, or at close.
+    done: Option<oneshot::Sender<Result<Identity, String>>>,
+}
+
+impl ClientAuth {
+    fn answer(&mut self, outcome: Result<Identity, String>) {
+        if let Some(done) = self.done.take() {
+            let _ = done.send(outcome);
+        }
+    }
+}
+
+/// The server's reason in a close reason: what follows "authentication refused: " in
+/// its `Close` frame, or the whole reason when it closed for something else.
+fn refusal_text(reason: &CloseReason) -> String {
+    let text = reason.to_string();
+    match text.find(REFUSED_PREFIX) {
+        Some(at) => text[at + REFUSED_PREFIX.len()..].to_owned(),
+        None => text,
+    }
 }
 
 /// The session behind a [`ClientConnection`](super::ClientConnection): matches replies
@@ -117,12 +166,21 @@ pub(super) struct ClientSession<Tr: Transport = Verbs> {
     /// [`Client::connect_session`](super::Client::connect_session)), which then gets every
     /// message and the completions of its own operations.
     user: Option<Box<dyn Session<Tr>>>,
+    auth: ClientAuth,
 }
 
 impl<Tr: Transport> ClientSession<Tr> {
     /// A session and the ends its [`ClientConnection`](super::ClientConnection) reads.
-    pub fn new(user: Option<Box<dyn Session<Tr>>>) -> (ClientSession<Tr>, ClientEnds) {
+    /// `credential` proves the connection's identity to `service` when the server's
+    /// welcome asks for it (a nonce in `nonce`, put there by the dialer).
+    pub fn new(
+        user: Option<Box<dyn Session<Tr>>>,
+        credential: Option<Prover>,
+        service: String,
+        nonce: NonceSlot,
+    ) -> (ClientSession<Tr>, ClientEnds) {
         let (tx, rx) = mpsc::unbounded_channel();
+        let (auth_tx, auth_rx) = oneshot::channel();
         let closed = ClosedReason::default();
         let session = ClientSession {
             // Tag 0 is reserved for one-way messages in both directions.
@@ -132,13 +190,50 @@ impl<Tr: Transport> ClientSession<Tr> {
             inbox: tx,
             closed: closed.clone(),
             user,
+            auth: ClientAuth {
+                credential,
+                service,
+                nonce,
+                done: Some(auth_tx),
+            },
         };
-        (session, ClientEnds { inbox: rx, closed })
+        let ends = ClientEnds {
+            inbox: rx,
+            closed,
+            authenticated: auth_rx,
+        };
+        (session, ends)
+    }
+
+    /// The connection is established: proves the identity as its first message when
+    /// the welcome carried a nonce (an empty proof, when this client has no
+    /// credential: the server then refuses with its reason, rather than waiting for a
+    /// proof that will not come), else it is anonymous now.
+    fn prove(&mut self, cx: &mut SessionCx<'_, Tr>) -> Result<(), SessionError> {
+        let nonce = self.auth.nonce.lock().expect("not poisoned").take();
+        let Some(nonce) = nonce else {
+            self.auth.answer(Ok(Identity::Anonymous));
+            return Ok(());
+        };
+        let proof = match &self.auth.credential {
+            Some(Prover::Credential(c)) => auth::encode_proof(&c.prove(&nonce, &self.auth.service)),
+            Some(Prover::Raw(make)) => make(&nonce, &self.auth.service),
+            None => Vec::new(),
+        };
+        cx.send(AUTH_TAG, proof)
+    }
+
+    /// The server's answer to the proof.
+    fn proved(&mut self, msg: &Incoming) -> Result<(), SessionError> {
+        let answer: Authenticated = msg.decode()?;
+        self.auth.answer(Ok(Identity::Key(answer.identity)));
+        Ok(())
     }
 }
 
 impl<Tr: Transport> Session<Tr> for ClientSession<Tr> {
     fn on_established(&mut self, cx: &mut SessionCx<'_, Tr>) -> Result<(), SessionError> {
+        self.prove(cx)?;
         match &mut self.user {
             Some(user) => user.on_established(cx),
             None => Ok(()),
@@ -150,6 +245,9 @@ impl<Tr: Transport> Session<Tr> for ClientSession<Tr> {
         cx: &mut SessionCx<'_, Tr>,
         msg: Incoming,
     ) -> Result<(), SessionError> {
+        if msg.tag == AUTH_TAG && self.auth.done.is_some() {
+            return self.proved(&msg);
+        }
         if let Some(user) = &mut self.user {
             return user.on_message(cx, msg);
         }
@@ -248,6 +346,7 @@ impl<Tr: Transport> Session<Tr> for ClientSession<Tr> {
 
     fn on_close(&mut self, reason: &CloseReason) {
         *self.closed.lock().expect("not poisoned") = Some(reason.clone());
+        self.auth.answer(Err(refusal_text(reason)));
         if let Some(user) = &mut self.user {
             user.on_close(reason);
         }
@@ -281,7 +380,11 @@ impl<Tr: Transport> ClientSession<Tr> {
             }
             ClientCall::Request { data, reply } => {
                 let tag = self.next_tag;
-                self.next_tag = self.next_tag.checked_add(1).unwrap_or(1);
+                // Wraps to 1 before AUTH_TAG: that tag is the proof's, never a request's.
+                self.next_tag = match self.next_tag.checked_add(1) {
+                    Some(next) if next != AUTH_TAG => next,
+                    _ => 1,
+                };
                 match cx.send(tag, data) {
                     Ok(()) => {
                         self.requests.insert(tag, reply);

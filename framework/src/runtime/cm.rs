@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 
 use super::admission::{self, PeerCounts};
+use super::auth::Door;
 use super::budget::QpBudget;
+use super::cm_counters::{CmCounters, NodeStats};
 use super::conn_set::{self, fmt_addr, ConnSet, Drain};
 use super::connect::{Connect, ConnectError, Dialing, Reports};
 use super::connection::{
@@ -30,7 +32,7 @@ use super::device_watch::DeviceNotice;
 use super::handshakes::{HandshakeTick, Handshakes, HANDSHAKE_TICK};
 use super::node::Node;
 use super::recovery::{self, OobReleased, Recovery, Relisten};
-use super::service::{Framing, PeerInfo, Service};
+use super::service::{Framing, Identity, PeerInfo, Service};
 use super::CloseReason;
 use crate::proto::hello::{Reject, RejectCode, Welcome};
 use crate::transport::{CmEvent, CmEventKind, CmId, EventChannel, Transport, Verbs};
@@ -40,34 +42,6 @@ pub(crate) type Services<T = Verbs> = Arc<HashMap<String, Arc<dyn Service<T>>>>;
 struct Listening<T: Transport> {
     _id: T::CmId,
     default_service: Option<String>,
-}
-
-/// Counters the CM actor keeps.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct CmCounters {
-    pub connections: usize,
-    /// QPs under the connection limit, rdma_cm and out-of-band together.
-    pub qps: usize,
-    pub accepted: u64,
-    pub rejected: u64,
-    pub closed: u64,
-    /// Times the device was lost (removed or failed).
-    pub device_losses: u64,
-    /// Whether the device serves now.
-    pub device_present: bool,
-    /// The node's counters, while it exists.
-    pub node: Option<NodeStats>,
-}
-
-/// Counters of the node's device resources.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct NodeStats {
-    pub pool: crate::memory::PoolStats,
-    pub cqs: usize,
-    pub shared_queues: Vec<u32>,
-    pub shared_receives_posted: Vec<usize>,
-    pub shared_reserves: Vec<super::ReserveStats>,
-    pub shared_recv_buffers: usize,
 }
 
 pub(crate) struct CmActor<T: Transport = Verbs> {
@@ -81,7 +55,7 @@ pub(crate) struct CmActor<T: Transport = Verbs> {
     services: Services<T>,
     /// Every connection, passive and active, with the peer address a passive one is
     /// counted under in `per_peer`.
-    conns: ConnSet<Option<IpAddr>, T::CmIdKey>,
+    pub(super) conns: ConnSet<Option<IpAddr>, T::CmIdKey>,
     /// Passive connections accepted but not yet established.
     handshaking: Handshakes<T::CmIdKey>,
     /// Active connects under way.
@@ -96,6 +70,8 @@ pub(crate) struct CmActor<T: Transport = Verbs> {
     shutting_down: bool,
     /// `accepted` and `rejected`; the rest is read from where it is kept.
     counters: CmCounters,
+    /// Which services need a proof of identity, and what the proofs did (`auth/door.rs`).
+    pub(super) door: Door<T::CmIdKey>,
 }
 
 impl<T: Transport> CmActor<T> {
@@ -121,6 +97,7 @@ impl<T: Transport> CmActor<T> {
             per_peer: PeerCounts::default(),
             shutting_down: false,
             counters: CmCounters::default(),
+            door: Door::new(None),
         }
     }
 
@@ -179,6 +156,13 @@ impl<T: Transport> CmActor<T> {
         let (node, service, framing) = (admitted.node, admitted.service, admitted.framing);
         let (service_name, peer_depth) = (admitted.service_name, admitted.peer_depth);
         let slot = admitted.slot;
+        // An address that failed to authenticate too often is turned away here, before
+        // any QP is made: it costs this actor one lookup, and no other address waits.
+        if !self.door.allows(&service_name, peer_ip, begun) {
+            drop(slot);
+            let why = "too many failed authentications from this address; try again later";
+            return self.reject(&id, Reject::new(RejectCode::Throttled, why));
+        }
         let mut core = match node.prepare(&id, framing, peer_depth.map(|(a, _)| a)) {
             Ok(core) => core,
             Err(e) => return self.reject(&id, Reject::new(RejectCode::Internal, e)),
@@ -197,12 +181,21 @@ impl<T: Transport> CmActor<T> {
             addr: id.peer_addr(),
             qp_num,
             service: service_name.clone(),
+            identity: Identity::Anonymous,
+        };
+        let key = id.key();
+        // An authenticated-only service's session is made only once the proof is good:
+        // until then the connection runs a gate holding this connection's fresh nonce.
+        let gate = match self.door.gate(&service_name) {
+            Ok(gate) => gate,
+            Err(e) => return self.reject(&id, Reject::new(RejectCode::Internal, e)),
         };
         // The service's code, on the CM actor's thread: a panic here would end the actor
         // that accepts every connection. Refused with the reason instead (the prepared
         // QP and buffers are released as `core` drops).
-        let session = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            service.session(&peer)
+        let session = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &gate {
+            Some(g) => g.session(&service, &peer, key, ctx.address().recipient()),
+            None => service.session(&peer),
         })) {
             Ok(session) => session,
             Err(payload) => {
@@ -219,7 +212,6 @@ impl<T: Transport> CmActor<T> {
             }
         };
         let label = format!("{}/qp{}/{}", fmt_addr(peer.addr), qp_num, service_name);
-        let key = id.key();
         let private_data = match framing {
             Framing::Framed => {
                 let ours = node.advert();
@@ -227,6 +219,7 @@ impl<T: Transport> CmActor<T> {
                     recv_depth: ours.initial as u16,
                     recv_size: node.config.receives.size,
                     max_credits: ours.max as u16,
+                    nonce: gate.as_ref().map(|g| g.nonce),
                 }
                 .encode()
             }
@@ -257,6 +250,9 @@ impl<T: Transport> CmActor<T> {
         }
         self.counters.accepted += 1;
         self.handshaking.begin(key, Instant::now());
+        if gate.is_some() {
+            self.door.begin(key, peer_ip, &service_name, Instant::now());
+        }
         crate::metrics::accepted(&service_name);
         tracing::debug!(
             target: "rdmactor::setup",
@@ -393,6 +389,10 @@ impl<T: Transport> Handler<HandshakeTick> for CmActor<T> {
             let reason = CloseReason::HandshakeTimeout(limit);
             self.conns.notify(key, CmNotice::Close(reason));
         }
+        for (key, why) in self.door.expired(tick.0) {
+            self.conns
+                .notify(key, CmNotice::Close(CloseReason::Local(why)));
+        }
     }
 }
 
@@ -403,6 +403,7 @@ impl<T: Transport> Handler<ConnClosed<T::CmIdKey>> for CmActor<T> {
             self.per_peer.remove(ip);
         }
         self.handshaking.done(msg.key);
+        self.door.released(msg.key);
         tracing::debug!(reason = %msg.reason, "connection released");
         self.conns.answer_if_drained();
         self.recovery.try_release(!self.conns.is_empty());
@@ -474,6 +475,7 @@ impl<T: Transport> Handler<GetCounters> for CmActor<T> {
         c.qps = self.budget.used();
         c.device_losses = self.recovery.losses();
         c.device_present = self.recovery.node().is_some();
+        c.authenticated = self.door.proved();
         c.node = self.recovery.any_node().map(|n| NodeStats {
             pool: n.pool_stats(),
             cqs: n.cq_count(),

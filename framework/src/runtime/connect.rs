@@ -57,6 +57,11 @@ pub enum ConnectError {
     /// The client is shutting down.
     #[error("client is shutting down")]
     ShuttingDown,
+    /// The service is authenticated-only and refused this client's proof (or its lack
+    /// of one); the text is the server's reason ("unknown identity", "bad proof",
+    /// "service needs authentication", ...).
+    #[error("authentication refused: {0}")]
+    Auth(String),
 }
 
 /// The side that asked for an active connection: it makes the connection's session and
@@ -65,6 +70,11 @@ pub(crate) trait Dialer<T: Transport = Verbs>: Send + 'static {
     /// Starts the connection's actor on `parts` with a session of its own (see
     /// [`with_session`]); returns where the CM actor's notices for it go.
     fn start(&mut self, parts: ConnectionParts<(), T>) -> Recipient<CmNotice>;
+
+    /// The server's welcome arrived (after `start`), before the connection hears it is
+    /// established: what it carries for the session (an authentication nonce) is in
+    /// place when the session's `on_established` runs.
+    fn welcomed(&mut self, _welcome: &Welcome) {}
 
     /// The connection is established (after `start`).
     fn established(self: Box<Self>);
@@ -210,18 +220,20 @@ impl<T: Transport> Dialing<T> {
             }
             CmEventKind::RouteResolved => self.on_route_resolved(key, node, reports, conns),
             CmEventKind::Established => {
-                let depth = Welcome::decode(ev.private_data()).map(|w| (w.advert(), w.recv_size));
-                let Some(c) = self.connecting.remove(&key) else {
+                let welcome = Welcome::decode(ev.private_data());
+                let Some(mut c) = self.connecting.remove(&key) else {
                     return;
                 };
-                let Some(conn) = &c.conn else {
+                let Some(conn) = c.conn.clone() else {
                     return;
                 };
-                if depth.is_none() {
+                let Some(welcome) = welcome else {
                     let why = CloseReason::Protocol("accept without a welcome".into());
                     drop(c.fail(why, ConnectError::NotRdmactor));
                     return;
-                }
+                };
+                c.dialer.welcomed(&welcome);
+                let depth = Some((welcome.advert(), welcome.recv_size));
                 conn.do_send(CmNotice::Established { peer: depth });
                 c.dialer.established();
             }

@@ -11,10 +11,13 @@
 //! ```
 
 mod admission;
+mod auth;
 mod budget;
 mod client;
 mod client_session;
 mod cm;
+mod cm_auth;
+mod cm_counters;
 mod config;
 mod conn_set;
 mod connect;
@@ -35,8 +38,13 @@ mod service;
 mod srq;
 mod turns;
 
+pub use auth::{
+    AuthPolicy, AuthRefusal, Authenticated, AuthorizedKey, Credential, CredentialError, KeySet,
+    Keys, KeysError, Proof, ProofKind, Secret, AUTH_TAG, DEFAULT_AUTH_TIMEOUT, FAILURE_BURST,
+    FAILURE_REFILL_PER_SEC, KEY_FILE_HEADER, MAX_IDENTITY, MAX_PROOF, NONCE_LEN,
+};
 pub use client::{Client, ClientConnection, ClientError, ClientStats};
-pub use client_session::RequestError;
+pub use client_session::{RawProof, RequestError};
 pub use config::{
     ConfigError, ConnectionConfig, NodeConfig, ReceiveConfig, SharedRecvConfig, TransportConfig,
     MAX_MESSAGE,
@@ -61,7 +69,9 @@ pub use recv_groups::ReserveStats;
 pub use server::{
     Server, ServerBuilder, ServerError, ServerStats, DEFAULT_MAX_CONNECTIONS_PER_PEER,
 };
-pub use service::{DecodeError, Framing, Incoming, OpId, PeerInfo, Service, Session, SessionError};
+pub use service::{
+    DecodeError, Framing, Identity, Incoming, OpId, PeerInfo, Service, Session, SessionError,
+};
 
 /// Why a connection ended.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

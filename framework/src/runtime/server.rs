@@ -1,14 +1,16 @@
 //! The server: listeners, registered services, admission limits; a handle to read
 //! counters and to shut down cleanly.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use actix::prelude::*;
 
+use super::auth::{AuthSetup, KeySet, Keys, KeysError, DEFAULT_AUTH_TIMEOUT};
 use super::budget::QpBudget;
 use super::cm::{CmActor, GetCounters, GetPd, Services};
+use super::cm_auth::ReloadKeys;
 use super::config::NodeConfig;
 use super::handler::{HandlerService, RequestHandler};
 use super::node::Node;
@@ -41,6 +43,11 @@ pub struct ServerBuilder<T: Transport = Verbs> {
     max_connections: usize,
     max_per_peer: Option<usize>,
     oob: Vec<OobStarter<T>>,
+    /// The authorized keys, when the server authenticates.
+    keys: Option<Keys>,
+    /// Services that take anonymous clients although keys are configured.
+    anonymous: HashSet<String>,
+    auth_timeout: std::time::Duration,
 }
 
 /// Starts one out-of-band port on the node (verbs only: see [`ServerBuilder::oob`]).
@@ -95,6 +102,9 @@ impl<T: Transport> Default for ServerBuilder<T> {
             max_connections: 1024,
             max_per_peer: None,
             oob: Vec::new(),
+            keys: None,
+            anonymous: HashSet::new(),
+            auth_timeout: DEFAULT_AUTH_TIMEOUT,
         }
     }
 }
@@ -151,6 +161,31 @@ impl<T: Transport> ServerBuilder<T> {
         self
     }
 
+    /// Authenticates clients against `keys` ([`Keys::load`] reads an authorized keys
+    /// file): every service becomes authenticated-only (its sessions see the client's
+    /// [`Identity`](super::Identity)), except those marked [`anonymous`](Self::anonymous).
+    /// Without keys every client is anonymous, and the server says so once at start.
+    pub fn authorized_keys(mut self, keys: Keys) -> Self {
+        self.keys = Some(keys);
+        self
+    }
+
+    /// Lets anonymous clients use `service` although keys are configured: what a
+    /// service for stock rdma-core tools (rping, `ibv_*_pingpong`) needs, as they cannot
+    /// authenticate. A raw service must be marked so on a server with keys.
+    pub fn anonymous(mut self, service: &str) -> Self {
+        self.anonymous.insert(service.to_owned());
+        self
+    }
+
+    /// Time a client of an authenticated-only service has, from its accept, to prove
+    /// its identity (default [`DEFAULT_AUTH_TIMEOUT`], 10 s); then it is closed with the
+    /// reason and its address charged a failure.
+    pub fn auth_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.auth_timeout = timeout;
+        self
+    }
+
     /// Connections (QPs) served at once, rdma_cm clients and out-of-band ones together;
     /// more are rejected with `ServerFull` (an out-of-band client, whose QPs are taken
     /// all or none, is refused with the same reason).
@@ -179,7 +214,7 @@ impl<T: Transport> ServerBuilder<T> {
 
     /// Opens the device, binds every listener and starts the actors. Must be called
     /// inside an actix `System`.
-    pub fn start(self) -> Result<Server<T>, ServerError> {
+    pub fn start(mut self) -> Result<Server<T>, ServerError> {
         self.config.validate()?;
         for (addr, default) in &self.listeners {
             if let Some(name) = default {
@@ -190,6 +225,7 @@ impl<T: Transport> ServerBuilder<T> {
                 }
             }
         }
+        let auth = self.auth_setup()?;
         let config = self.config.clone();
         let per_peer = self.per_peer_limit();
         let budget = QpBudget::new(self.max_connections);
@@ -213,6 +249,8 @@ impl<T: Transport> ServerBuilder<T> {
             .create_event_channel()
             .map_err(ServerError::transport)?;
         let mut cm = CmActor::new(node.clone(), channel.clone(), services, budget, per_peer);
+        // Every service not marked anonymous in `auth` is authenticated-only.
+        cm.door = super::auth::Door::new(auth);
         let mut addrs = Vec::new();
         let mut relisten = Vec::new();
         for (addr, default) in self.listeners {
@@ -243,6 +281,41 @@ impl<T: Transport> ServerBuilder<T> {
             oob,
             oob_threads,
         })
+    }
+}
+
+impl<T: Transport> ServerBuilder<T> {
+    /// The authentication settings, checked: a raw service cannot carry a proof, so on
+    /// a server with keys it must be marked anonymous, and a service marked anonymous
+    /// must exist (a typo would leave the real one authenticated-only, or the other way).
+    fn auth_setup(&mut self) -> Result<Option<AuthSetup>, ServerError> {
+        for name in &self.anonymous {
+            if !self.services.contains_key(name) {
+                return Err(ServerError::Config(format!(
+                    "service {name:?} marked anonymous is not registered"
+                )));
+            }
+        }
+        let Some(keys) = self.keys.take() else {
+            tracing::warn!(
+                "no authorized keys configured: every client is anonymous, and every service open to anyone who reaches the port"
+            );
+            return Ok(None);
+        };
+        for (name, service) in &self.services {
+            if matches!(service.framing(), Framing::Raw { .. }) && !self.anonymous.contains(name) {
+                return Err(ServerError::Config(format!(
+                    "raw service {name:?} cannot authenticate its clients: mark it anonymous"
+                )));
+            }
+        }
+        let identities = keys.current().len();
+        tracing::info!(identities, anonymous = ?self.anonymous, "authenticating clients");
+        Ok(Some(AuthSetup {
+            keys: Arc::new(keys),
+            anonymous: std::mem::take(&mut self.anonymous),
+            timeout: self.auth_timeout,
+        }))
     }
 }
 
@@ -335,6 +408,8 @@ pub struct ServerStats {
     pub device_present: bool,
     /// Times the device went (removed or failed) since start.
     pub device_losses: u64,
+    /// Open connections whose client proved an identity.
+    pub authenticated: usize,
     /// Registered memory.
     pub pool: PoolStats,
     /// CQs the pollers own.
@@ -413,6 +488,7 @@ impl<T: Transport> Server<T> {
             closed: c.closed,
             device_present: c.device_present,
             device_losses: c.device_losses,
+            authenticated: c.authenticated,
             pool: node.pool,
             cqs: node.cqs,
             shared_queues: node.shared_queues,
@@ -420,6 +496,25 @@ impl<T: Transport> Server<T> {
             shared_receives_posted: node.shared_receives_posted,
             shared_reserves: node.shared_reserves,
         }
+    }
+
+    /// Reads the authorized keys file again and swaps the keys in whole (on an error
+    /// the old keys stay and the error says why): connections proved with a key that is
+    /// gone close with "key removed"; every other connection goes on. What the server
+    /// binary does on SIGHUP. Answers how many connections it closed.
+    pub async fn reload_keys(&self) -> Result<usize, KeysError> {
+        self.cm
+            .send(ReloadKeys(None))
+            .await
+            .unwrap_or(Err(KeysError::NotAuthenticating))
+    }
+
+    /// [`reload_keys`](Self::reload_keys) with keys given in memory.
+    pub async fn replace_keys(&self, set: KeySet) -> Result<usize, KeysError> {
+        self.cm
+            .send(ReloadKeys(Some(set)))
+            .await
+            .unwrap_or(Err(KeysError::NotAuthenticating))
     }
 
     /// Stops accepting, disconnects every client, waits until every connection released

@@ -593,8 +593,8 @@ fn no_memory(what: &str, reason: &str) -> Failure {
     )
 }
 
-#[cfg(test)]
 // The tests' own numbers, not a peer's.
+#[cfg(test)]
 #[allow(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 mod tests {
     use std::time::Duration;

@@ -89,8 +89,8 @@ impl<T: Transport> Session<T> for PingPongSession {
     }
 }
 
-#[cfg(test)]
 // The tests' own numbers, not a peer's.
+#[cfg(test)]
 #[allow(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 mod tests {
     use super::*;

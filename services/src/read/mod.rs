@@ -73,8 +73,8 @@ mod client;
 pub mod layout;
 mod regions;
 mod session;
-#[cfg(test)]
 // The tests' own numbers, not a peer's.
+#[cfg(test)]
 #[allow(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 mod tests;
 mod wire;

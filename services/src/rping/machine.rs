@@ -423,8 +423,8 @@ impl RpingSession {
     }
 }
 
-#[cfg(test)]
 // The simulated client's and the tests' own numbers, not a peer's.
+#[cfg(test)]
 #[allow(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 mod tests {
     use super::*;

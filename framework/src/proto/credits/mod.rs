@@ -228,8 +228,8 @@ impl CreditWindow {
     }
 }
 
-#[cfg(test)]
 // The tests' own numbers, not a peer's.
+#[cfg(test)]
 #[allow(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 mod tests {
     use super::*;

@@ -276,8 +276,8 @@ fn check_offer(offer: &RendezvousOffer, len: u32) -> Result<(), CloseReason> {
     Ok(())
 }
 
-#[cfg(test)]
 // The tests' own numbers, not a peer's.
+#[cfg(test)]
 #[allow(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 mod tests {
     use super::*;

@@ -130,6 +130,9 @@ impl OobListener {
                 addr: Some(peer),
                 qp_num: core.qp_num(),
                 service: self.port.service.clone(),
+                // Stock ibv_*_pingpong clients cannot authenticate: out-of-band
+                // services are anonymous (the server refuses to start otherwise).
+                identity: crate::runtime::service::Identity::Anonymous,
             };
             // The service's code on this actor: a panic must not end the listener.
             match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

@@ -5,7 +5,7 @@
 
 mod types;
 
-pub use types::{DecodeError, Framing, Incoming, OpId, PeerInfo, SessionError};
+pub use types::{DecodeError, Framing, Identity, Incoming, OpId, PeerInfo, SessionError};
 
 use super::connection::SessionCx;
 use crate::transport::{Transport, Verbs};

@@ -29,6 +29,39 @@ pub struct PeerInfo {
     pub qp_num: u32,
     /// The service name this connection was admitted to.
     pub service: String,
+    /// Who the peer proved to be: a key's identity on an authenticated-only service,
+    /// anonymous on any other (see `runtime::auth`). A session or handler authorizes by
+    /// this, never by the address, which anyone on the fabric can take.
+    pub identity: Identity,
+}
+
+/// Who a connection's peer is.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Identity {
+    /// The peer proved nothing: a service that takes anonymous clients.
+    Anonymous,
+    /// The peer proved it holds a key of this identity of the server's authorized keys.
+    Key(String),
+}
+
+impl Identity {
+    /// The identity's name, when it proved one.
+    pub fn name(&self) -> Option<&str> {
+        match self {
+            Identity::Anonymous => None,
+            Identity::Key(name) => Some(name),
+        }
+    }
+}
+
+impl std::fmt::Display for Identity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Identity::Anonymous => f.write_str("anonymous"),
+            Identity::Key(name) => f.write_str(name),
+        }
+    }
 }
 
 /// A message from the peer, as a [`Session`](super::Session) receives it. (Named apart from
