@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use rdmactor::memory::PoolConfig;
 use rdmactor::prelude::*;
-use rdmactor::runtime::{NodeConfig, Refusal};
+use rdmactor::runtime::NodeConfig;
 use rdmactor::transport::loopback::{Fabric, Loopback};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
@@ -160,7 +160,7 @@ fn reads_in_flight_never_pass_the_heap_budget_and_a_polite_client_is_served() {
 }
 
 #[test]
-fn the_service_wide_call_bound_refuses_what_no_running_call_would_free() {
+fn past_the_service_wide_call_bound_calls_wait_and_a_connections_first_call_still_runs() {
     actix::System::new().block_on(async {
         let fabric = Fabric::default();
         let gate = Arc::new(Semaphore::new(0));
@@ -181,37 +181,42 @@ fn the_service_wide_call_bound_refuses_what_no_running_call_would_free() {
         let region = client
             .register(4096, Access::REMOTE_READ)
             .expect("register");
-        let busy = connect_n(&client, addr(7101), 2).await;
-        let mut held = Vec::new();
-        for conn in &busy {
-            let (conn, remote) = (Rc::clone(conn), region.remote());
-            held.push(actix::spawn(async move {
-                conn.call_typed::<_, u64, String>(&Req::Hold(remote)).await
-            }));
-        }
-        // Both slots taken: wait until the service says so to a third connection.
-        let third = client.connect(addr(7101), "hog").await.expect("third");
-        let refused = loop {
-            match third.call_typed::<_, u64, String>(&Req::Ping(1)).await {
-                Err(CallError::Refused(Refusal::Overloaded(why))) => break why,
-                Ok(_) => tokio::task::yield_now().await,
-                Err(other) => panic!("answered {other}"),
+        let hogs = connect_n(&client, addr(7101), 2).await;
+        let (tx, mut held) = tokio::sync::mpsc::unbounded_channel();
+        // Three calls on each: the first of each and one more fill the bound (2 beyond
+        // the firsts); the rest wait in their connections' lines.
+        for conn in &hogs {
+            for _ in 0..3 {
+                let (conn, remote, tx) = (Rc::clone(conn), region.remote(), tx.clone());
+                actix::spawn(async move {
+                    let got = conn.call_typed::<_, u64, String>(&Req::Hold(remote)).await;
+                    let _ = tx.send(got);
+                });
             }
-        };
-        assert!(refused.contains("2 calls"), "{refused}");
-        gate.add_permits(2);
-        for call in held {
-            assert_eq!(call.await.expect("joined").expect("served"), 4096);
         }
-        assert_eq!(
-            third
-                .call_typed::<_, u64, String>(&Req::Ping(5))
-                .await
-                .expect("served again"),
-            5
-        );
-        close_all(busy).await;
-        third.close().await;
+        drop(tx);
+        // A polite connection's one call runs at once, bound or not.
+        let polite = client.connect(addr(7101), "hog").await.expect("polite");
+        for n in 0..5 {
+            assert_eq!(
+                polite
+                    .call_typed::<_, u64, String>(&Req::Ping(n))
+                    .await
+                    .expect("a first call always runs"),
+                u64::from(n)
+            );
+        }
+        assert!(held.try_recv().is_err(), "nothing held was answered yet");
+        // Let them go: every waiting call runs in its turn, none is refused.
+        gate.add_permits(64);
+        let mut answered = 0;
+        while let Some(got) = held.recv().await {
+            assert_eq!(got.expect("served in its turn"), 4096);
+            answered += 1;
+        }
+        assert_eq!(answered, 6);
+        close_all(hogs).await;
+        polite.close().await;
         wait_for(&server, |s| s.connections == 0).await;
         client.shutdown().await;
         server.shutdown().await;

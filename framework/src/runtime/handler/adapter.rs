@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::task::AbortHandle;
 
 use super::api::{RequestCx, RequestHandler};
-use super::one_sided::{Link, LinkParts, Transfers, TRANSFERS};
+use super::one_sided::{Link, LinkParts, ServiceChunks, Transfers, TRANSFERS};
 use super::wire::{encode_refusal, Answer, Refusal};
 use crate::proto::budget::BudgetError;
 use crate::runtime::connection::{panic_message, SessionCx, SessionWaker};
@@ -34,7 +34,12 @@ pub struct HandlerService<H> {
     max_transfer: u64,
     budget_wait: Duration,
     calls: Arc<Calls>,
+    chunks: Arc<ServiceChunks>,
 }
+
+/// Most READ and WRITE chunks of a service's calls in flight at once, by default (16 MiB
+/// with the pool's 1 MiB class).
+const MAX_SERVICE_CHUNKS: usize = 16;
 
 /// Most calls of one service running at once across all its connections, by default.
 const MAX_CALLS: usize = 1024;
@@ -54,16 +59,28 @@ impl<H: RequestHandler> HandlerService<H> {
             max_transfer: 16 << 20,
             budget_wait: Duration::from_secs(30),
             calls: Arc::new(Calls::new(MAX_CALLS)),
+            chunks: ServiceChunks::new(MAX_SERVICE_CHUNKS),
         }
     }
 
-    /// How many calls may run at once across every connection of the service (at least
-    /// 1). Each connection's own bound ([`max_in_flight`](Self::max_in_flight)) keeps
-    /// one client from taking them all from a single connection; this one keeps many
-    /// connections together from making the server hold more futures than planned. A
-    /// request that finds them all taken waits in its connection's line while that
-    /// connection has calls running (one of them finishing lets it try again), and is
-    /// refused with [`Refusal::Overloaded`] otherwise.
+    /// How many chunks of the calls' READs and WRITEs of client memory may be in flight
+    /// across every connection of the service (at least 1; 16 by default, each at most
+    /// the pool's largest class). Each connection has 8 at most; this bounds what all
+    /// of them queue at the NIC together, ahead of everyone's small messages. More
+    /// moves bulk data faster and makes small requests wait longer behind it.
+    pub fn max_chunks_in_flight(mut self, n: usize) -> Self {
+        self.chunks = ServiceChunks::new(n);
+        self
+    }
+
+    /// How many calls beyond each connection's first may run at once across every
+    /// connection of the service (at least 1). Each connection's own bound
+    /// ([`max_in_flight`](Self::max_in_flight)) keeps one client from taking them all
+    /// from a single connection; this one keeps many connections together from making
+    /// the server hold more futures than planned. A connection's first call always
+    /// runs, so that clients holding many calls cannot lock out one that asks one at a
+    /// time; a further request that finds the service's calls all taken waits in its
+    /// connection's line until one of that connection's calls finishes.
     pub fn max_calls(mut self, n: usize) -> Self {
         self.calls = Arc::new(Calls::new(n.max(1)));
         self
@@ -139,7 +156,7 @@ impl<H: RequestHandler, T: Transport> Service<T> for HandlerService<H> {
             next_call: 0,
             waker: None,
             link: None,
-            transfers: Transfers::default(),
+            transfers: Transfers::new(Arc::clone(&self.chunks)),
             max_transfer: self.max_transfer,
             budget_wait: self.budget_wait,
             calls: Arc::clone(&self.calls),
@@ -174,14 +191,26 @@ impl Calls {
         let taken = self
             .running
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                // Below `max`, so one more fits: our own count, no peer's value.
-                (n < self.max).then(|| n.saturating_add(1))
+                (n < self.max).then_some(n.saturating_add(1))
             })
             .ok()?;
         self.gauge(taken.saturating_add(1));
         Some(CallSlot {
             calls: Arc::clone(self),
         })
+    }
+
+    /// A slot for the only call of a connection that has none running: always given,
+    /// past the bound if need be. The bound is on calls beyond each connection's first,
+    /// so that many connections each holding many calls cannot lock a polite client
+    /// (one call at a time) out of the service: calls then number at most `max` plus
+    /// one per connection, and what each holds is on the heap budget anyway.
+    fn take_first(self: &Arc<Self>) -> CallSlot {
+        let before = self.running.fetch_add(1, Ordering::AcqRel);
+        self.gauge(before.saturating_add(1));
+        CallSlot {
+            calls: Arc::clone(self),
+        }
     }
 
     fn gauge(&self, now: usize) {
@@ -350,13 +379,8 @@ impl<H: RequestHandler, T: Transport> Session<T> for HandlerSession<H> {
             }
         };
         if self.running.len() < self.max_in_flight && self.waiting.is_empty() {
-            match self.calls.take() {
-                Some(slot) => return self.start(cx, msg, slot, held),
-                // Nothing of this connection's would finish and let it try again.
-                None if self.running.is_empty() => {
-                    return answer(cx, msg.tag, encode_refusal(self.overloaded()));
-                }
-                None => {}
+            if let Some(slot) = self.call_slot() {
+                return self.start(cx, msg, slot, held);
             }
         }
         let bytes = self.waiting_bytes.saturating_add(msg.data.len());
@@ -392,7 +416,7 @@ impl<H: RequestHandler, T: Transport> Session<T> for HandlerSession<H> {
             }
         }
         while self.running.len() < self.max_in_flight && !self.waiting.is_empty() {
-            let Some(slot) = self.calls.take() else {
+            let Some(slot) = self.call_slot() else {
                 break;
             };
             let Some(Waiting { msg, held }) = self.waiting.pop_front() else {
@@ -400,14 +424,6 @@ impl<H: RequestHandler, T: Transport> Session<T> for HandlerSession<H> {
             };
             self.waiting_bytes = self.waiting_bytes.saturating_sub(msg.data.len());
             self.start(cx, msg, slot, held)?;
-        }
-        // The service's calls are all taken and none of this connection's runs: nothing
-        // would wake what waits here, so it is told now rather than left waiting.
-        if self.running.is_empty() {
-            while let Some(Waiting { msg, .. }) = self.waiting.pop_front() {
-                self.waiting_bytes = self.waiting_bytes.saturating_sub(msg.data.len());
-                answer(cx, msg.tag, encode_refusal(self.overloaded()))?;
-            }
         }
         Ok(())
     }
@@ -449,11 +465,13 @@ impl<H: RequestHandler, T: Transport> Session<T> for HandlerSession<H> {
 }
 
 impl<H> HandlerSession<H> {
-    fn overloaded(&self) -> Refusal {
-        Refusal::Overloaded(format!(
-            "the service's {} calls are all running",
-            self.calls.max
-        ))
+    /// A slot among the service's calls for the next call of this connection: its
+    /// first always, the others while the service has room.
+    fn call_slot(&self) -> Option<CallSlot> {
+        match self.running.is_empty() {
+            true => Some(self.calls.take_first()),
+            false => self.calls.take(),
+        }
     }
 
     /// Nobody can be answered any more: drops the running futures (what they hold is

@@ -10,7 +10,8 @@
 //! [`RequestCx::read`]: super::RequestCx::read
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use slab::Slab;
@@ -235,21 +236,112 @@ struct Chunk {
     buf: BufId,
     at: usize,
     len: usize,
+    /// Its place among the service's chunks in flight, given back with it.
+    _room: ChunkRoom,
+}
+
+/// Chunks in flight across every connection of one service, against a bound.
+///
+/// Each connection keeps at most [`MAX_CHUNKS`] in flight, but many connections
+/// together could still queue hundreds of MiB of READs and WRITEs at the NIC, and every
+/// other packet (a polite client's 2-byte request, its answer) waits behind them: in
+/// issue 45's flood, 32 connections × 8 chunks of 1 MiB made a small request wait 14 s
+/// on Soft-RoCE. So the service bounds the chunks in flight too, and a connection that
+/// finds no room waits in line (first in, first out) to be woken when a chunk completes.
+#[derive(Debug)]
+pub(super) struct ServiceChunks {
+    state: Mutex<ChunkLine>,
+    max: usize,
+}
+
+#[derive(Debug, Default)]
+struct ChunkLine {
+    in_flight: usize,
+    waiting: VecDeque<Waiter>,
+}
+
+/// A connection waiting for room, woken with [`TRANSFERS`]; `queued` keeps it in line
+/// once.
+#[derive(Debug, Clone)]
+struct Waiter {
+    waker: SessionWaker,
+    queued: Arc<AtomicBool>,
+}
+
+/// One chunk's place among the service's; the next in line is woken when it goes.
+struct ChunkRoom {
+    chunks: Arc<ServiceChunks>,
+}
+
+impl Drop for ChunkRoom {
+    fn drop(&mut self) {
+        let mut line = lock(&self.chunks.state);
+        line.in_flight = line.in_flight.saturating_sub(1);
+        // A connection gone from the line's head wakes nobody: try the next.
+        while let Some(next) = line.waiting.pop_front() {
+            next.queued.store(false, Ordering::Release);
+            if next.waker.wake(TRANSFERS) {
+                break;
+            }
+        }
+    }
+}
+
+impl ServiceChunks {
+    pub(super) fn new(max: usize) -> Arc<ServiceChunks> {
+        Arc::new(ServiceChunks {
+            state: Mutex::default(),
+            max: max.max(1),
+        })
+    }
+
+    /// Room for one more chunk, or `waiter` takes a place in line (once).
+    fn take(self: &Arc<Self>, waiter: &Waiter) -> Option<ChunkRoom> {
+        let mut line = lock(&self.state);
+        if line.in_flight < self.max {
+            line.in_flight = line.in_flight.saturating_add(1);
+            return Some(ChunkRoom {
+                chunks: Arc::clone(self),
+            });
+        }
+        if !waiter.queued.swap(true, Ordering::AcqRel) {
+            line.waiting.push_back(waiter.clone());
+        }
+        None
+    }
 }
 
 /// One connection's transfers, kept by its session.
-#[derive(Default)]
 pub(super) struct Transfers {
     transfers: Slab<Transfer>,
     /// Transfers with bytes left to post, oldest first.
     unposted: VecDeque<usize>,
     chunks: HashMap<OpId, Chunk>,
+    service: Arc<ServiceChunks>,
+    /// This connection in the service's line (set with the first transfer).
+    waiter: Option<Waiter>,
 }
 
 impl Transfers {
+    pub(super) fn new(service: Arc<ServiceChunks>) -> Transfers {
+        Transfers {
+            transfers: Slab::new(),
+            unposted: VecDeque::new(),
+            chunks: HashMap::new(),
+            service,
+            waiter: None,
+        }
+    }
+
     /// Takes what the futures queued on `link` and posts as many chunks as the bound
     /// allows.
     pub(super) fn take_from<T: Transport>(&mut self, link: &Link, cx: &mut SessionCx<'_, T>) {
+        if self.waiter.is_none() {
+            self.waiter = Some(Waiter {
+                waker: link.waker.clone(),
+                queued: Arc::default(),
+            });
+        }
         for asked in link.take() {
             let is_write = asked.write.is_some();
             // A READ's length was checked against `max_transfer` and counted against the
@@ -283,6 +375,13 @@ impl Transfers {
             let Some(&id) = self.unposted.front() else {
                 return;
             };
+            let Some(waiter) = &self.waiter else {
+                return;
+            };
+            // Woken (TRANSFERS) when another chunk of the service completes.
+            let Some(room) = self.service.take(waiter) else {
+                return;
+            };
             let t = &mut self.transfers[id];
             // At least a byte a chunk: a pool without classes fails the lease, not the loop.
             // `next` never passes `len`, the length of our own buffer (checked against
@@ -297,6 +396,7 @@ impl Transfers {
                             buf,
                             at: t.next,
                             len,
+                            _room: room,
                         },
                     );
                     // Within `t.len` (`len` is at most what is left); at most

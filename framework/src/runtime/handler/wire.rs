@@ -51,9 +51,8 @@ pub enum Refusal {
     #[error("the answer could not be delivered: {0}")]
     Undeliverable(String),
     /// The server as a whole had no room for the call: its heap budget
-    /// (`PoolConfig::heap_bytes`) could not count the request's bytes, or every call the
-    /// service allows across its connections was running
-    /// (`HandlerService::max_calls`). Retry later; the connection goes on.
+    /// (`PoolConfig::heap_bytes`) could not count the request's bytes. Retry later; the
+    /// connection goes on.
     #[error("the server is overloaded: {0}")]
     Overloaded(String),
 }
