@@ -15,10 +15,11 @@ use rdmactor::runtime::Refusal;
 use rdmactor_examples::kv::{KvClient, KvError};
 use rdmactor_tests::{actix_run, eventually, rdma_context, resource_counts, target_bin, test_addr};
 
-/// What the server may hold beyond its heap budget: its registered pool's WRITE chunks
-/// (8 of 1 MiB per connection in flight: 256 MiB for 32 connections), the stored value
-/// (16 MiB), each thread's transient copy of it before the budget refuses it (2 × 16
-/// MiB), and the binary, its receive buffers and allocator slack (80 MiB).
+/// What the server may hold beyond its heap budget: its registered pool (WRITE chunks:
+/// 16 of 1 MiB in flight across the service, and arenas kept for reuse up to
+/// `PoolConfig::keep_bytes`, 64 MiB), the stored value (16 MiB; `GetInto` shares it,
+/// no copies), and the binary, its receive buffers and allocator slack (80 MiB), with
+/// room to spare: 384 MiB in all.
 const MARGIN_MIB: u64 = 256 + 16 + 32 + 80;
 const HEAP_MIB: u64 = 512;
 

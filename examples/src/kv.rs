@@ -163,9 +163,9 @@ impl Default for KvLimits {
 /// [`KvLimits`].
 #[derive(Default)]
 pub struct KvStore {
-    /// Values shared, not copied, with the calls that WRITE them (`Share`): a copy is
-    /// made only where the heap budget counts it at once (`RequestCx::write`).
-    map: HashMap<String, Arc<Vec<u8>>>,
+    /// Values shared, not copied, with the calls that WRITE them (`Share`,
+    /// `RequestCx::write_shared`): a flood of `GetInto` costs no copies.
+    map: HashMap<String, Arc<[u8]>>,
     /// Bytes of keys and values in `map`.
     used: u64,
     limits: KvLimits,
@@ -195,7 +195,7 @@ impl KvStore {
             });
         }
         self.used = after;
-        Ok(self.map.insert(key, Arc::new(value)).is_some())
+        Ok(self.map.insert(key, Arc::from(value)).is_some())
     }
 
     /// Bytes of keys and values held.
@@ -241,10 +241,7 @@ impl Handler<StoreOp> for KvStore {
                     .put(key, value)
                     .map(|replaced| KvResponse::Stored { replaced })
             }
-            StoreOp::Get(key) => self
-                .map
-                .get(&key)
-                .map(|v| KvResponse::Value(v.as_ref().clone())),
+            StoreOp::Get(key) => self.map.get(&key).map(|v| KvResponse::Value(v.to_vec())),
             StoreOp::Delete(key) => self.map.remove_entry(&key).map(|(k, v)| {
                 let size = (k.len() as u64).saturating_add(v.len() as u64);
                 self.used = self.used.saturating_sub(size);
@@ -257,11 +254,11 @@ impl Handler<StoreOp> for KvStore {
 
 /// Asks the store for the value under a key, shared: the answer costs no copy.
 #[derive(actix::Message)]
-#[rtype(result = "Result<Arc<Vec<u8>>, KvError>")]
+#[rtype(result = "Result<Arc<[u8]>, KvError>")]
 pub struct Share(pub String);
 
 impl Handler<Share> for KvStore {
-    type Result = Result<Arc<Vec<u8>>, KvError>;
+    type Result = Result<Arc<[u8]>, KvError>;
 
     fn handle(&mut self, Share(key): Share, _: &mut Context<Self>) -> Self::Result {
         self.map.get(&key).cloned().ok_or(KvError::NotFound)
@@ -319,12 +316,10 @@ impl RequestHandler for Kv {
                     .await
                     .map_err(|_| KvError::StoreGone)??;
                 let len = value.len() as u64;
-                // The copy to send is made here and counted by `write` in the same poll:
-                // a flood of GetInto cannot pile up copies no budget sees (issue 45: 32
-                // connections x 64 of them, each a 16 MiB copy, once ended `kv serve`).
-                cx.write(into, value.as_ref().clone())
-                    .await
-                    .map_err(moved)?;
+                // Shared, not copied: 32 connections x 64 GetInto of a 16 MiB value once
+                // made `kv serve` hold a copy for each, until the OOM killer ended it
+                // (issue 45).
+                cx.write_shared(into, value).await.map_err(moved)?;
                 Ok(KvResponse::Written(len))
             }
         }

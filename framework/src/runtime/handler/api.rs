@@ -211,4 +211,16 @@ impl RequestCx {
     pub async fn write(&self, dst: RemoteRegion, data: Vec<u8>) -> Result<(), OneSidedError> {
         self.link.write(dst, data).await
     }
+
+    /// RDMA WRITEs bytes the service keeps anyway (a stored value) to the client's
+    /// memory at `dst`, shared rather than copied: nothing new is held, so nothing is
+    /// counted against the heap budget, and a flood of calls for the same value costs
+    /// no copies. Otherwise as [`write`](Self::write).
+    pub async fn write_shared(
+        &self,
+        dst: RemoteRegion,
+        data: std::sync::Arc<[u8]>,
+    ) -> Result<(), OneSidedError> {
+        self.link.write_shared(dst, data).await
+    }
 }

@@ -89,12 +89,29 @@ pub(super) struct Link {
     pub(super) blocking: BlockingHandle,
 }
 
+/// The bytes of a WRITE: made for it (counted against the heap budget), or shared with
+/// whoever keeps them (a store's value: no copy, nothing new held).
+#[derive(Debug)]
+pub(super) enum Out {
+    Owned(Vec<u8>),
+    Shared(Arc<[u8]>),
+}
+
+impl Out {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Out::Owned(v) => v,
+            Out::Shared(a) => a,
+        }
+    }
+}
+
 /// A transfer a future asked for.
 #[derive(Debug)]
 struct Asked {
     remote: RemoteRegion,
     /// The bytes to WRITE, or `None` for a READ of all of `remote`.
-    write: Option<Vec<u8>>,
+    write: Option<Out>,
     /// The WRITE's bytes, counted until the transfer is done with them.
     held: Option<Held>,
     reply: Reply,
@@ -144,7 +161,22 @@ impl Link {
         let len = u64::try_from(data.len()).unwrap_or(u64::MAX);
         let len = self.check(len, &remote)?;
         let held = self.budget.count(len)?;
-        self.transfer(remote, Some(data), Some(held))
+        self.transfer(remote, Some(Out::Owned(data)), Some(held))
+            .await
+            .map(drop)
+    }
+
+    /// WRITEs bytes someone else keeps (and counts), shared: no copy is made and
+    /// nothing new is held, so nothing is counted; the service's chunks in flight bound
+    /// how fast they go.
+    pub(super) async fn write_shared(
+        &self,
+        remote: RemoteRegion,
+        data: Arc<[u8]>,
+    ) -> Result<(), OneSidedError> {
+        let len = u64::try_from(data.len()).unwrap_or(u64::MAX);
+        self.check(len, &remote)?;
+        self.transfer(remote, Some(Out::Shared(data)), None)
             .await
             .map(drop)
     }
@@ -174,10 +206,12 @@ impl Link {
     async fn transfer(
         &self,
         remote: RemoteRegion,
-        write: Option<Vec<u8>>,
+        write: Option<Out>,
         held: Option<Held>,
     ) -> Result<Vec<u8>, OneSidedError> {
-        let len = write.as_ref().map_or(remote.len, |w| w.len() as u64);
+        let len = write.as_ref().map_or(remote.len, |w| {
+            u64::try_from(w.bytes().len()).unwrap_or(u64::MAX)
+        });
         if len == 0 {
             return Ok(Vec::new());
         }
@@ -207,8 +241,10 @@ impl Link {
 /// One transfer being posted and completed chunk by chunk.
 struct Transfer {
     remote: RemoteRegion,
-    /// WRITE: the bytes to send; READ: where the chunks land.
+    /// READ: where the chunks land; an owned WRITE: the bytes to send.
     data: Vec<u8>,
+    /// A shared WRITE's bytes (`data` is empty then).
+    shared: Option<Arc<[u8]>>,
     /// Bytes to move (`data` goes with the answer, so its length cannot say).
     len: usize,
     is_write: bool,
@@ -346,17 +382,19 @@ impl Transfers {
             let is_write = asked.write.is_some();
             // A READ's length was checked against `max_transfer` and counted against the
             // heap budget by `Link::read` before it was queued.
-            let data = match asked.write {
-                Some(data) => data,
+            let (data, shared) = match asked.write {
+                Some(Out::Owned(data)) => (data, None),
+                Some(Out::Shared(bytes)) => (Vec::new(), Some(bytes)),
                 None => match usize::try_from(asked.remote.len) {
-                    Ok(len) => vec![0; len],
+                    Ok(len) => (vec![0; len], None),
                     Err(_) => continue,
                 },
             };
             let id = self.transfers.insert(Transfer {
                 remote: asked.remote,
-                len: data.len(),
+                len: shared.as_ref().map_or(data.len(), |b| b.len()),
                 data,
+                shared,
                 is_write,
                 next: 0,
                 outstanding: 0,
@@ -481,7 +519,8 @@ fn post_chunk<T: Transport>(
     };
     let op = if t.is_write {
         // `len` is at most what is left of our own buffer after `next` (`post`).
-        cx.copy_in(buf, 0, &t.data[t.next..t.next.saturating_add(len)])
+        let out = t.shared.as_deref().unwrap_or(&t.data);
+        cx.copy_in(buf, 0, &out[t.next..t.next.saturating_add(len)])
             .map_err(no_buffer)?;
         Op::Write {
             buf,
