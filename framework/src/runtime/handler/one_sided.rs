@@ -302,6 +302,8 @@ struct ChunkLine {
 struct Waiter {
     waker: SessionWaker,
     queued: Arc<AtomicBool>,
+    /// Its transfers are closed: it will never use room, so it is passed over.
+    gone: Arc<AtomicBool>,
 }
 
 /// One chunk's place among the service's; the next in line is woken when it goes.
@@ -313,13 +315,7 @@ impl Drop for ChunkRoom {
     fn drop(&mut self) {
         let mut line = lock(&self.chunks.state);
         line.in_flight = line.in_flight.saturating_sub(1);
-        // A connection gone from the line's head wakes nobody: try the next.
-        while let Some(next) = line.waiting.pop_front() {
-            next.queued.store(false, Ordering::Release);
-            if next.waker.wake(TRANSFERS) {
-                break;
-            }
-        }
+        ServiceChunks::wake_next(&mut line, self.chunks.max);
     }
 }
 
@@ -329,6 +325,27 @@ impl ServiceChunks {
             state: Mutex::default(),
             max: max.max(1),
         })
+    }
+
+    /// While there is room, wakes the first connection in line that is still there.
+    fn wake_next(line: &mut ChunkLine, max: usize) {
+        while line.in_flight < max {
+            let Some(next) = line.waiting.pop_front() else {
+                return;
+            };
+            next.queued.store(false, Ordering::Release);
+            if !next.gone.load(Ordering::Acquire) && next.waker.wake(TRANSFERS) {
+                return;
+            }
+        }
+    }
+
+    /// Passes a wake-up on: a connection woken for room that had nothing left to post
+    /// (its transfers failed, or its connection is closing) would otherwise keep the
+    /// room from everyone behind it, and with every chunk completed nobody would be
+    /// woken again.
+    fn kick(&self) {
+        ServiceChunks::wake_next(&mut lock(&self.state), self.max);
     }
 
     /// Room for one more chunk, or `waiter` takes a place in line (once).
@@ -376,6 +393,7 @@ impl Transfers {
             self.waiter = Some(Waiter {
                 waker: link.waker.clone(),
                 queued: Arc::default(),
+                gone: Arc::default(),
             });
         }
         for asked in link.take() {
@@ -409,6 +427,11 @@ impl Transfers {
     /// Posts chunks, oldest transfer first, while fewer than [`MAX_CHUNKS`] are in
     /// flight. A transfer whose chunk finds no buffer fails; the others go on.
     fn post<T: Transport>(&mut self, cx: &mut SessionCx<'_, T>) {
+        self.post_chunks(cx);
+        self.service.kick();
+    }
+
+    fn post_chunks<T: Transport>(&mut self, cx: &mut SessionCx<'_, T>) {
         while self.chunks.len() < MAX_CHUNKS {
             let Some(&id) = self.unposted.front() else {
                 return;
@@ -500,7 +523,12 @@ impl Transfers {
             t.finish(Err(OneSidedError::Closed));
         }
         self.unposted.clear();
+        if let Some(waiter) = &self.waiter {
+            waiter.gone.store(true, Ordering::Release);
+        }
+        // Their rooms go back, waking whoever is next in line.
         self.chunks.clear();
+        self.service.kick();
     }
 }
 
