@@ -72,6 +72,9 @@ impl DemoServer {
             .listen(addr, None)
             .listen(rping_addr, Some("rping"))
             .max_connections(1024)
+            // Every client of the demo runs on one host (two in --serve mode): no cap per
+            // address, or its 100 echo clients would pass the default of 64.
+            .max_connections_per_peer(0)
             .service("echo", Echo)
             .service("rping", Rping::default())
             .service("files", FileTransfer::new(files)?)
