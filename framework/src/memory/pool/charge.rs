@@ -33,20 +33,8 @@ impl<S: ChunkSource> Pool<S> {
     /// them, so the bound holds either way, and a waiting 16 MiB READ does not get to
     /// turn away a polite client's 2-byte request.
     pub fn charge_heap_existing(&self, len: usize) -> Result<HeapCharge<S>, PoolError> {
-        let limit = self.shared.config.heap_bytes;
-        let mut state = self.shared.state.lock().expect("pool lock");
-        if state.heap.saturating_add(len) > limit {
-            return Err(PoolError::HeapFull {
-                len,
-                in_use: state.heap,
-                limit,
-            });
-        }
-        state.heap += len;
-        Ok(HeapCharge {
-            len,
-            pool: self.shared.clone(),
-        })
+        let state = self.shared.state.lock().expect("pool lock");
+        self.count_heap(state, len, 0)
     }
 
     /// [`charge`](Self::charge) as the waiter holding `place` (if any).
@@ -87,12 +75,22 @@ impl<S: ChunkSource> Pool<S> {
         place: Option<&PlaceInLine<S>>,
     ) -> Result<HeapCharge<S>, PoolError> {
         let who = self.who(place);
-        let limit = self.shared.config.heap_bytes;
         let mut state = self.shared.state.lock().expect("pool lock");
         if let Some(id) = who {
             state.lines.retrying(Line::Heap, id);
         }
         let reserved = state.lines.reserved(Line::Heap, who).bytes;
+        self.count_heap(state, len, reserved)
+    }
+
+    /// Counts `len` heap bytes if they fit under the budget with `reserved` left over.
+    fn count_heap(
+        &self,
+        mut state: std::sync::MutexGuard<'_, super::state::State<S::Chunk>>,
+        len: usize,
+        reserved: usize,
+    ) -> Result<HeapCharge<S>, PoolError> {
+        let limit = self.shared.config.heap_bytes;
         if state.heap.saturating_add(len).saturating_add(reserved) > limit {
             return Err(PoolError::HeapFull {
                 len,
