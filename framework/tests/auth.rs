@@ -441,3 +441,67 @@ fn a_client_that_does_not_prove_in_time_is_closed_with_the_reason() {
         server.shutdown().await;
     });
 }
+
+#[test]
+fn the_per_peer_cap_follows_identity_once_proved() {
+    with_system(|fabric| async move {
+        let team = team();
+        let server = Server::over(Loopback)
+            .domain(fabric.device("server"))
+            .listen(addr(0), None)
+            .service("whoami", WhoAmI)
+            .service("open", WhoAmI)
+            .anonymous("open")
+            .authorized_keys(Keys::from_set(keys_of(&[&team.alice, &team.jobs])))
+            .max_connections_per_peer(2)
+            .start()
+            .expect("server starts");
+        let at = server.local_addrs()[0];
+        // One client host (one address), two users on it, and one more host.
+        let host: IpAddr = [10, 0, 0, 5].into();
+        let other: IpAddr = [10, 0, 0, 6].into();
+        let alice = client(&fabric, "alice").with_identity(team.alice.clone());
+        let jobs = client(&fabric, "jobs").with_identity(team.jobs.clone());
+        let anon = client(&fabric, "anon");
+        let mut held = Vec::new();
+        // Each identity holds the cap (2), from one address that holds 4 in all: proved
+        // connections count against their identity, not their address.
+        for c in [&alice, &alice, &jobs, &jobs] {
+            held.push(c.connect_from(host, at, "whoami").await.expect("served"));
+        }
+        // A third for alice, from the same host or from another, is refused by name;
+        // a refusal of a good key is no failed guess, so it does not throttle.
+        for from in [host, other, host, other] {
+            let why = refused(alice.connect_from(from, at, "whoami").await);
+            assert_eq!(
+                why,
+                "identity already holds 2 connections, the most one identity may"
+            );
+        }
+        // The address's own count (anonymous connections) is untouched by the four.
+        for _ in 0..2 {
+            held.push(anon.connect_from(host, at, "open").await.expect("served"));
+        }
+        match anon.connect_from(host, at, "open").await {
+            Err(ConnectError::Rejected(r)) => assert_eq!(r.code, RejectCode::ServerFull, "{r}"),
+            other => panic!("a third anonymous connection from one host: {other:?}"),
+        }
+        // Closing one of alice's gives her slot back.
+        let first = held.remove(0);
+        first.close().await;
+        let again = alice
+            .connect_from(other, at, "whoami")
+            .await
+            .expect("served again");
+        assert_eq!(again.request(vec![0]).await.unwrap(), b"alice");
+        held.push(again);
+        for conn in held {
+            conn.close().await;
+        }
+        drained(&server).await;
+        for c in [alice, jobs, anon] {
+            c.shutdown().await;
+        }
+        server.shutdown().await;
+    });
+}

@@ -399,3 +399,138 @@ fn a_connection_fetches_and_replaces_only_its_own_files_and_bad_names_are_refuse
     assert_eq!(names(&store), set(&["a", "a2", "alice"]));
     assert!(!dir.path().join("x").exists());
 }
+
+/// A `files` server at `at` whose clients must prove a key of `keys` (as
+/// `server --authorized-keys FILE` on every node of a cluster sharing one file).
+fn keyed_files_server(
+    fabric: &Fabric,
+    device: &str,
+    at: SocketAddr,
+    config: Config,
+    keys: &rdmactor::runtime::KeySet,
+) -> Server<Loopback> {
+    Server::over(Loopback)
+        .domain(fabric.device(device))
+        .listen(at, None)
+        .service("files", FileTransfer::new(config).expect("files service"))
+        .authorized_keys(rdmactor::runtime::Keys::from_set(keys.clone()))
+        .start()
+        .expect("server")
+}
+
+#[test]
+fn an_identity_owns_its_files_on_every_connection_and_every_server() {
+    use rdmactor::runtime::{Credential, KeySet};
+    let dir = tempfile::tempdir().unwrap();
+    let (one, two, out) = (
+        dir.path().join("node1"),
+        dir.path().join("node2"),
+        dir.path().join("out"),
+    );
+    for d in [&one, &two, &out] {
+        fs::create_dir_all(d).unwrap();
+    }
+    let (report, forged) = (pattern(300_000, 7), pattern(1000, 8));
+    fs::write(dir.path().join("report"), &report).unwrap();
+    fs::write(dir.path().join("forged"), &forged).unwrap();
+    let alice = Credential::generate_ed25519("alice").unwrap();
+    let bob = Credential::generate_psk("bob").unwrap();
+    let keys = KeySet::parse(&format!(
+        "{}\n{}",
+        alice.authorized_line(),
+        bob.authorized_line()
+    ))
+    .unwrap();
+    actix::System::new().block_on(async {
+        let fabric = Fabric::default();
+        // Two servers sharing one key file, neither with public fetch, each with a
+        // secret for both IDs.
+        let config = |d: &Path| {
+            Config::new(d)
+                .with_secret("alice", "a-key")
+                .with_secret("bob", "b-key")
+        };
+        let node1 = keyed_files_server(&fabric, "n1", addr(7311), config(&one), &keys);
+        let node2 = keyed_files_server(&fabric, "n2", addr(7312), config(&two), &keys);
+        let a = client(&fabric, "a").with_identity(alice.clone());
+        let b = client(&fabric, "b").with_identity(bob.clone());
+        // Alice stores "report" on both nodes (as a cluster client puts each replica),
+        // each on a connection she closes at once.
+        for at in [addr(7311), addr(7312)] {
+            let conn = a.connect(at, "files").await.unwrap();
+            uploaded(&conn, &dir.path().join("report"), "report").await;
+            conn.close().await;
+        }
+        // New connections, both nodes: alice fetches her file, bob is refused, and is
+        // told only what a missing file would tell him.
+        for (at, node) in [(addr(7311), &one), (addr(7312), &two)] {
+            let conn = a.connect(at, "files").await.unwrap();
+            let got = out.join("report");
+            let _ = fs::remove_file(&got);
+            let outcome = fetch(&conn, &a, "report", &out, &FetchOptions::default()).await;
+            assert!(matches!(outcome, Outcome::Stored { .. }), "{outcome:?}");
+            assert!(fs::read(&got).unwrap() == report);
+            conn.close().await;
+            let conn = b.connect(at, "files").await.unwrap();
+            let outcome = fetch(&conn, &b, "report", &out, &FetchOptions::default()).await;
+            assert_eq!(outcome, Outcome::Rejected(RejectReason::NotFound));
+            // Nor may bob replace it, even asking to overwrite.
+            let opts = SendOptions {
+                overwrite: true,
+                ..SendOptions::default()
+            };
+            let outcome = upload(&conn, &dir.path().join("forged"), "report", &opts).await;
+            assert_eq!(outcome, Outcome::Rejected(RejectReason::Exists));
+            assert!(fs::read(node.join("report")).unwrap() == report);
+            assert_eq!(
+                rdmactor_services::file_transfer::ownership::owner_at(&node.join("report"))
+                    .unwrap()
+                    .as_deref(),
+                Some("alice")
+            );
+            conn.close().await;
+        }
+        // Alice replaces her own file from yet another connection.
+        let conn = a.connect(addr(7312), "files").await.unwrap();
+        let opts = SendOptions {
+            overwrite: true,
+            ..SendOptions::default()
+        };
+        let outcome = upload(&conn, &dir.path().join("forged"), "report", &opts).await;
+        assert!(delivered(&outcome), "{outcome:?}");
+        assert!(fs::read(two.join("report")).unwrap() == forged);
+        // The Identify secret follows the identity, not the file's name: bob stores a
+        // file named "alice" and asks for alice's secret, and is refused; he gets his.
+        let conn_b = b.connect(addr(7311), "files").await.unwrap();
+        let as_alice = SendOptions {
+            identity: Some("alice".into()),
+            ..SendOptions::default()
+        };
+        let outcome = upload(&conn_b, &dir.path().join("forged"), "alice", &as_alice).await;
+        assert_eq!(
+            outcome,
+            Outcome::Delivered {
+                auth: Some(Auth::Refused)
+            }
+        );
+        let as_bob = SendOptions {
+            identity: Some("bob".into()),
+            ..SendOptions::default()
+        };
+        let outcome = upload(&conn_b, &dir.path().join("forged"), "b1", &as_bob).await;
+        let Outcome::Delivered {
+            auth: Some(Auth::Secret(key)),
+        } = outcome
+        else {
+            panic!("{outcome:?}")
+        };
+        assert_eq!(key.expose(), "b-key");
+        for c in [a, b] {
+            c.shutdown().await;
+        }
+        node1.shutdown().await;
+        node2.shutdown().await;
+    });
+    assert_eq!(names(&one), set(&["report", "alice", "b1"]));
+    assert_eq!(names(&two), set(&["report"]));
+}

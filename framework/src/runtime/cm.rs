@@ -66,7 +66,7 @@ pub(crate) struct CmActor<T: Transport = Verbs> {
     /// host cannot take every slot under `max_connections`.
     max_per_peer: usize,
     /// Accepted connections open per peer address.
-    per_peer: PeerCounts,
+    pub(super) per_peer: PeerCounts,
     shutting_down: bool,
     /// `accepted` and `rejected`; the rest is read from where it is kept.
     counters: CmCounters,

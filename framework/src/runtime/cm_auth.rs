@@ -15,12 +15,19 @@ use crate::transport::Transport;
 impl<T: Transport> Handler<AuthReport<T::CmIdKey>> for CmActor<T> {
     type Result = ();
     fn handle(&mut self, msg: AuthReport<T::CmIdKey>, _ctx: &mut Context<Self>) {
+        let proved = msg.outcome.is_ok();
         if let Some(why) = self
             .door
             .report(msg.key, &msg.service, msg.outcome, Instant::now())
         {
             self.conns
                 .notify(msg.key, CmNotice::Close(CloseReason::Local(why)));
+        } else if proved {
+            // From now on the connection counts against its identity (the gate holds
+            // that slot), no longer against its address: see `auth/identities.rs`.
+            if let Some(Some(ip)) = self.conns.retag(msg.key, None) {
+                self.per_peer.remove(ip);
+            }
         }
     }
 }

@@ -111,6 +111,14 @@ impl<T, K: Copy + Eq + std::hash::Hash + std::fmt::Debug> ConnSet<T, K> {
         self.close_where(|_| true, reason);
     }
 
+    /// Gives connection `key` the tag `tag`, handing back the one it had (`None`: not
+    /// one of this set's).
+    pub fn retag(&mut self, key: K, tag: T) -> Option<T> {
+        self.open
+            .get_mut(&key)
+            .map(|open| std::mem::replace(&mut open.tag, tag))
+    }
+
     /// Connection `key` has released everything: forgets it and hands back its tag
     /// (`None`: not one of this set's). Then [`answer_if_drained`](Self::answer_if_drained).
     pub fn release(&mut self, key: K) -> Option<T> {

@@ -39,9 +39,10 @@ mod srq;
 mod turns;
 
 pub use auth::{
-    AuthPolicy, AuthRefusal, Authenticated, AuthorizedKey, Credential, CredentialError, KeySet,
-    Keys, KeysError, Proof, ProofKind, Secret, AUTH_TAG, DEFAULT_AUTH_TIMEOUT, FAILURE_BURST,
-    FAILURE_REFILL_PER_SEC, KEY_FILE_HEADER, MAX_IDENTITY, MAX_PROOF, NONCE_LEN,
+    valid_identity, AuthPolicy, AuthRefusal, Authenticated, AuthorizedKey, Credential,
+    CredentialError, KeySet, Keys, KeysError, Proof, ProofKind, Secret, AUTH_TAG,
+    DEFAULT_AUTH_TIMEOUT, FAILURE_BURST, FAILURE_REFILL_PER_SEC, KEY_FILE_HEADER, MAX_IDENTITY,
+    MAX_PROOF, NONCE_LEN,
 };
 pub use client::{Client, ClientConnection, ClientError, ClientStats};
 pub use client_session::{RawProof, RequestError};

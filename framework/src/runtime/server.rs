@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 
-use super::auth::{AuthSetup, KeySet, Keys, KeysError, DEFAULT_AUTH_TIMEOUT};
+use super::auth::{AuthSetup, IdentityCounts, KeySet, Keys, KeysError, DEFAULT_AUTH_TIMEOUT};
 use super::budget::QpBudget;
 use super::cm::{CmActor, GetCounters, GetPd, Services};
 use super::cm_auth::ReloadKeys;
@@ -197,6 +197,10 @@ impl<T: Transport> ServerBuilder<T> {
     /// Connections one peer address may hold at once; more from it are rejected with
     /// `ServerFull` and a reason naming this limit, while other peers still get in. 0
     /// lifts the limit (a test or a benchmark whose clients all share one address).
+    /// With [authorized keys](Self::authorized_keys), an address's count holds its
+    /// anonymous connections and those still proving who they are: a proved connection
+    /// counts against its identity instead, which may hold as many (more are refused
+    /// "authentication refused: identity already holds N connections").
     /// Default: [`DEFAULT_MAX_CONNECTIONS_PER_PEER`] (64). Below
     /// [`max_connections`](Self::max_connections) it changes nothing: the server's own
     /// limit refuses first.
@@ -315,6 +319,7 @@ impl<T: Transport> ServerBuilder<T> {
             keys: Arc::new(keys),
             anonymous: std::mem::take(&mut self.anonymous),
             timeout: self.auth_timeout,
+            identities: Arc::new(IdentityCounts::new(self.per_peer_limit())),
         }))
     }
 }

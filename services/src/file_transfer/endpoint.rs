@@ -372,6 +372,10 @@ pub struct PrepareFetch {
     /// The fetching client's share of preparations, and the client; `None` is
     /// unlimited.
     pub limit: Option<(Arc<PreparationLimit>, String)>,
+    /// Serve the file only if this identity owns it (see `ownership.rs`); any other
+    /// file is `NotFound`, as a missing one, so that a fetch learns nothing of others'
+    /// files. `None`: no owner asked for.
+    pub owner: Option<String>,
 }
 
 impl PrepareFetch {
@@ -383,6 +387,7 @@ impl PrepareFetch {
             alg,
             digests: None,
             limit: None,
+            owner: None,
         }
     }
 
@@ -411,6 +416,13 @@ impl PrepareFetch {
     /// As [`run`](Self::run), and `Unavailable` once cancelled.
     pub fn run_cancellable(self, cancel: &AtomicBool) -> std::result::Result<Sender, RejectReason> {
         let file = open_fetched(&self.dir, &self.name)?;
+        if let Some(who) = &self.owner {
+            // An attribute we cannot read is no proof of ownership either.
+            let owner = super::ownership::owner_of(&file).ok().flatten();
+            if owner.as_deref() != Some(who.as_str()) {
+                return Err(RejectReason::NotFound);
+            }
+        }
         // The key, if the file system tells: without one, the file is just hashed.
         let key = file.metadata().ok().map(|m| FileKey::of(&m));
         if let (Some(cache), Some(key)) = (&self.digests, key) {

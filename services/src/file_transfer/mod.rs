@@ -119,6 +119,7 @@ pub mod fuzz;
 mod hash;
 mod name;
 mod owner;
+pub mod ownership;
 mod quota;
 mod receiver;
 mod sender;

@@ -41,9 +41,13 @@ enum Role {
 pub struct Server {
     config: Arc<Config>,
     role: Role,
-    /// Names this connection stored: the files it may fetch and overwrite unless
-    /// [`Config::public_fetch`] / [`Config::overwrite_others`] say anyone may.
+    /// Names this connection stored: the files an anonymous connection may fetch and
+    /// overwrite unless [`Config::public_fetch`] / [`Config::overwrite_others`] say
+    /// anyone may.
     owned: HashSet<String>,
+    /// The identity the connection proved at connect: it owns the files it stores, on
+    /// every connection and every server (see `ownership.rs`), in place of `owned`.
+    identity: Option<String>,
     /// Outputs of a role that was replaced, and fetch refusals.
     out: VecDeque<Output>,
     /// Given to every upload's receiver (see [`Receiver::set_reaper`]).
@@ -66,6 +70,7 @@ impl Server {
             config,
             role: Role::Idle,
             owned: HashSet::new(),
+            identity: None,
             out: VecDeque::new(),
             reaper: None,
             quota: None,
@@ -107,6 +112,14 @@ impl Server {
     /// `client`'s share (see [`Config::client_quota`] and [`Output::Admit`]).
     pub fn with_quota(mut self, client: String) -> Server {
         self.quota = Some(client);
+        self
+    }
+
+    /// Serves a connection that proved `identity`: its uploads are stored as its own,
+    /// and it fetches and replaces the files it owns, whichever connection or server
+    /// stored them.
+    pub fn with_identity(mut self, identity: String) -> Server {
+        self.identity = Some(identity);
         self
     }
 
@@ -169,10 +182,17 @@ impl Endpoint for Server {
                 self.retire();
                 // Overwriting someone else's file is asked for as if it were not:
                 // the receiver then answers `Exists` if the file is there.
-                if !self.config.overwrite_others && !self.owned.contains(&offer.name) {
+                // (An identity's files are told apart by their owner, in the store.)
+                if !self.config.overwrite_others
+                    && self.identity.is_none()
+                    && !self.owned.contains(&offer.name)
+                {
                     offer.overwrite = false;
                 }
                 let mut r = Receiver::new(Arc::clone(&self.config));
+                if let Some(who) = &self.identity {
+                    r.set_owner(who.clone());
+                }
                 if let Some(reaper) = &self.reaper {
                     r.set_reaper(reaper.clone());
                 }
@@ -187,7 +207,9 @@ impl Endpoint for Server {
                 if between
                     && super::name::validate_name(&name).is_ok()
                     && (name.starts_with('.')
-                        || !(self.config.public_fetch || self.owned.contains(&name))) =>
+                        || !(self.config.public_fetch
+                            || self.identity.is_some()
+                            || self.owned.contains(&name))) =>
             {
                 // Hidden files are never served; others' files only when public. The
                 // answer is the one for a missing file, so it says nothing about them.
@@ -205,6 +227,9 @@ impl Endpoint for Server {
                 let mut job = PrepareFetch::new(self.config.dir.clone(), name, alg);
                 job.digests = self.digests.clone();
                 job.limit = self.preparations.clone().zip(self.quota.clone());
+                // An identity's fetch is served if the file is its own: told by the
+                // opened file's owner, in the preparation.
+                job.owner = self.identity.clone().filter(|_| !self.config.public_fetch);
                 self.role = Role::Preparing(Some(job));
                 self.out.push_back(Output::Prepare);
                 Ok(())

@@ -170,15 +170,25 @@ impl<T: Transport> Service<T> for FileTransfer {
     }
 
     fn session(&self, peer: &PeerInfo) -> Box<dyn Session<T>> {
-        // Quotas are per client host: its connections share one share.
-        let client = peer
-            .addr
-            .map_or_else(|| format!("qp {}", peer.qp_num), |a| a.ip().to_string());
+        // Quotas are per identity when the client proved one, else per client host:
+        // its connections share one share. (An identity name holds no space, so the
+        // two kinds of key never meet.)
+        let identity = peer.identity.name().map(str::to_owned);
+        let client = match &identity {
+            Some(who) => format!("identity {who}"),
+            None => peer
+                .addr
+                .map_or_else(|| format!("qp {}", peer.qp_num), |a| a.ip().to_string()),
+        };
         let owner = self.owner.get_or_start(|| {
             QuotaOwner::new(self.config.client_quota, Arc::clone(&self.uploads))
                 .with_max_uploads(u64::from(self.config.max_uploads))
         });
-        let server = Server::new(Arc::clone(&self.config))
+        let mut server = Server::new(Arc::clone(&self.config));
+        if let Some(who) = identity {
+            server = server.with_identity(who);
+        }
+        let server = server
             .with_reaper(self.reaper.clone())
             .with_quota(client)
             .with_drain_flag(Arc::clone(&self.draining))

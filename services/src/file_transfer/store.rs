@@ -119,6 +119,9 @@ pub struct TempFile {
     abandoned: bool,
     /// Where Drop sends the temporary file to be removed; `None`: removed in Drop.
     reaper: Option<Reaper>,
+    /// With `overwrite`: the identity whose file alone may be replaced (see
+    /// [`owned_by`](TempFile::owned_by)).
+    replaces_only: Option<String>,
 }
 
 /// A thread that closes and removes abandoned temporary files, so that whoever drops a
@@ -190,7 +193,43 @@ impl TempFile {
             temp_exists: true,
             abandoned: false,
             reaper: None,
+            replaces_only: None,
         })
+    }
+
+    /// Makes `identity` the file's owner (see `ownership.rs`), set on the temporary file
+    /// so that it arrives with the bytes. With `only_own`, an overwrite replaces only a
+    /// file `identity` owns: another's is [`StoreError::Exists`], now and again at
+    /// [`commit`](Self::commit).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Exists`] for another's file, or the failing call (a file system
+    /// without user extended attributes fails here, before any byte is sent).
+    pub fn owned_by(&mut self, identity: &str, only_own: bool) -> Result<(), StoreError> {
+        let file = self.file.as_ref().expect("open until commit");
+        super::ownership::set_owner(file, identity).map_err(io_err("setxattr", &self.temp))?;
+        if self.overwrite && only_own {
+            self.replaces_only = Some(identity.to_owned());
+            self.check_replaceable()?;
+        }
+        Ok(())
+    }
+
+    /// An overwrite limited to its owner's files: the file under the final name, if
+    /// any, is that owner's.
+    fn check_replaceable(&self) -> Result<(), StoreError> {
+        let Some(who) = &self.replaces_only else {
+            return Ok(());
+        };
+        if fs::symlink_metadata(&self.target).is_err() {
+            return Ok(());
+        }
+        match super::ownership::owner_at(&self.target) {
+            Ok(Some(owner)) if owner == *who => Ok(()),
+            Ok(_) => Err(StoreError::Exists(self.target.clone())),
+            Err(e) => Err(io_err("getxattr", &self.target)(e)),
+        }
     }
 
     /// Reserves `len` bytes of disk for this file with `fallocate(FALLOC_FL_KEEP_SIZE)`,
@@ -302,6 +341,7 @@ impl TempFile {
         file.sync_all().map_err(io_err("fsync", &self.temp))?;
         let written = file.metadata().ok().map(|m| FileKey::of(&m));
         if self.overwrite {
+            self.check_replaceable()?;
             fs::rename(&self.temp, &self.target).map_err(io_err("rename", &self.target))?;
             self.temp_exists = false;
         } else {

@@ -13,6 +13,7 @@ use actix::Recipient;
 
 use super::credential::random32;
 use super::gate::{AuthReport, Gate};
+use super::identities::IdentityCounts;
 use super::keys::{KeySet, Keys};
 use super::proof::NONCE_LEN;
 use super::proof::{AuthRefusal, Verified};
@@ -40,12 +41,15 @@ pub(crate) struct AuthSetup {
     /// Services that take anonymous clients although keys are configured.
     pub anonymous: HashSet<String>,
     pub timeout: Duration,
+    /// Connections open per identity, against the per-peer cap.
+    pub identities: Arc<IdentityCounts>,
 }
 
 /// A gate's makings: the nonce its accept carries, and the keys it checks against.
 pub(crate) struct GateSeed {
     pub nonce: [u8; NONCE_LEN],
     keys: Arc<Keys>,
+    identities: Arc<IdentityCounts>,
 }
 
 impl GateSeed {
@@ -62,6 +66,7 @@ impl GateSeed {
             service.clone(),
             peer.clone(),
             self.keys.clone(),
+            self.identities.clone(),
             key,
             report,
         );
@@ -113,10 +118,11 @@ impl<K: Copy + Eq + std::hash::Hash> Door<K> {
     /// What a connection to `service` starts with: a gate's fresh nonce and
     /// the keys, or `None` (no proof asked). Fails only when the OS has no random bytes.
     pub fn gate(&self, service: &str) -> Result<Option<GateSeed>, String> {
-        match (self.policy(service), self.keys()) {
-            (AuthPolicy::Authenticated, Some(keys)) => Ok(Some(GateSeed {
+        match (self.policy(service), &self.setup) {
+            (AuthPolicy::Authenticated, Some(setup)) => Ok(Some(GateSeed {
                 nonce: random32().map_err(|e| e.to_string())?,
-                keys: keys.clone(),
+                keys: setup.keys.clone(),
+                identities: setup.identities.clone(),
             })),
             _ => Ok(None),
         }
@@ -173,7 +179,9 @@ impl<K: Copy + Eq + std::hash::Hash> Door<K> {
     }
 
     fn refused(&mut self, ip: Option<IpAddr>, service: &str, why: &AuthRefusal, now: Instant) {
-        if let Some(ip) = ip {
+        // A good proof over the identity's cap is no guess at a key: not charged.
+        let failed = !matches!(why, AuthRefusal::TooManyConnections { .. });
+        if let Some(ip) = ip.filter(|_| failed) {
             self.buckets.charge(ip, now);
         }
         crate::metrics::auth_refused(service, why.label());
@@ -241,6 +249,7 @@ mod tests {
             keys: Arc::new(Keys::from_set(keys.clone())),
             anonymous: ["rping".to_owned()].into(),
             timeout,
+            identities: Arc::new(IdentityCounts::new(0)),
         }))
     }
 

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 
+use super::identities::{IdentityCounts, IdentitySlot};
 use super::keys::Keys;
 use super::proof::{self, AuthRefusal, Authenticated, Verified, AUTH_TAG, NONCE_LEN};
 use crate::runtime::service::{Identity, Incoming, OpId, PeerInfo, Service, Session, SessionError};
@@ -42,9 +43,14 @@ enum State<T: Transport> {
         service: Arc<dyn Service<T>>,
         peer: PeerInfo,
         keys: Arc<Keys>,
+        identities: Arc<IdentityCounts>,
     },
-    /// Proved: the service's session.
-    Open(Box<dyn Session<T>>),
+    /// Proved: the service's session, and the identity's slot it holds until the
+    /// connection is dropped.
+    Open(
+        Box<dyn Session<T>>,
+        #[allow(dead_code, reason = "held for its drop, which gives the slot back")] IdentitySlot,
+    ),
     /// Refused, closing.
     Refused,
 }
@@ -67,6 +73,7 @@ impl<T: Transport, K: Copy + Send + 'static> Gate<T, K> {
         service: Arc<dyn Service<T>>,
         peer: PeerInfo,
         keys: Arc<Keys>,
+        identities: Arc<IdentityCounts>,
         key: K,
         report: Recipient<AuthReport<K>>,
     ) -> Self {
@@ -76,6 +83,7 @@ impl<T: Transport, K: Copy + Send + 'static> Gate<T, K> {
                 service,
                 peer,
                 keys,
+                identities,
             },
             established: false,
             key,
@@ -100,6 +108,7 @@ impl<T: Transport, K: Copy + Send + 'static> Gate<T, K> {
             service,
             peer,
             keys,
+            identities,
         } = std::mem::replace(&mut self.state, State::Refused)
         else {
             unreachable!("admit only while waiting");
@@ -112,17 +121,16 @@ impl<T: Transport, K: Copy + Send + 'static> Gate<T, K> {
         }
         let verified = proof::decode(&msg.data)
             .and_then(|p| proof::verify(&p, &keys.current(), &nonce, &name));
-        let verified = match verified {
+        let (verified, slot) = match verified.and_then(|v| {
+            let slot = identities.take(&v.identity)?;
+            Ok((v, slot))
+        }) {
             Ok(v) => v,
             Err(why) => {
                 self.refuse(cx, name, why);
                 return Ok(());
             }
         };
-        let answer = Authenticated {
-            identity: verified.identity.clone(),
-        };
-        cx.reply_typed(&msg, &answer)?;
         let peer = PeerInfo {
             identity: Identity::Key(verified.identity.clone()),
             ..peer
@@ -130,17 +138,23 @@ impl<T: Transport, K: Copy + Send + 'static> Gate<T, K> {
         // The service's code, on the connection's thread: a panic ends this connection
         // only (the caller catches it), with the panic's message as the reason.
         let mut session = service.session(&peer);
+        let answer = Authenticated {
+            identity: verified.identity.clone(),
+        };
+        // The CM actor hears first, so that the connection counts against its identity
+        // (and no longer its address) before the client can know it was served.
         self.report.do_send(AuthReport {
             key: self.key,
             service: name,
             outcome: Ok(verified),
         });
+        cx.reply_typed(&msg, &answer)?;
         let started = if self.established {
             session.on_established(cx)
         } else {
             Ok(())
         };
-        self.state = State::Open(session);
+        self.state = State::Open(session, slot);
         started
     }
 }
@@ -149,14 +163,14 @@ impl<T: Transport, K: Copy + Send + Unpin + 'static> Session<T> for Gate<T, K> {
     fn on_established(&mut self, cx: &mut SessionCx<'_, T>) -> Result<(), SessionError> {
         self.established = true;
         match &mut self.state {
-            State::Open(s) => s.on_established(cx),
+            State::Open(s, _) => s.on_established(cx),
             _ => Ok(()),
         }
     }
 
     fn on_message(&mut self, cx: &mut SessionCx<'_, T>, msg: Incoming) -> Result<(), SessionError> {
         match &mut self.state {
-            State::Open(s) => s.on_message(cx, msg),
+            State::Open(s, _) => s.on_message(cx, msg),
             State::Waiting { .. } => self.admit(cx, msg),
             State::Refused => Ok(()),
         }
@@ -169,7 +183,7 @@ impl<T: Transport, K: Copy + Send + Unpin + 'static> Session<T> for Gate<T, K> {
         result: crate::verbs::Result<()>,
     ) -> Result<(), SessionError> {
         match &mut self.state {
-            State::Open(s) => s.on_op(cx, op, result),
+            State::Open(s, _) => s.on_op(cx, op, result),
             _ => Err(SessionError::new(format!(
                 "completion of {op:?} before authentication"
             ))),
@@ -183,7 +197,7 @@ impl<T: Transport, K: Copy + Send + Unpin + 'static> Session<T> for Gate<T, K> {
         why: crate::proto::budget::BudgetError,
     ) -> Result<(), SessionError> {
         match &mut self.state {
-            State::Open(s) => s.on_refused(cx, tag, why),
+            State::Open(s, _) => s.on_refused(cx, tag, why),
             // The answer to a proof (a few bytes) refused: nothing to tell anyone.
             _ => Ok(()),
         }
@@ -191,13 +205,13 @@ impl<T: Transport, K: Copy + Send + Unpin + 'static> Session<T> for Gate<T, K> {
 
     fn on_wake(&mut self, cx: &mut SessionCx<'_, T>, token: u64) -> Result<(), SessionError> {
         match &mut self.state {
-            State::Open(s) => s.on_wake(cx, token),
+            State::Open(s, _) => s.on_wake(cx, token),
             _ => Ok(()),
         }
     }
 
     fn on_close(&mut self, reason: &CloseReason) {
-        if let State::Open(s) = &mut self.state {
+        if let State::Open(s, _) = &mut self.state {
             s.on_close(reason);
         }
     }

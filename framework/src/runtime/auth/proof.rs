@@ -87,6 +87,13 @@ pub enum AuthRefusal {
     /// No proof came within the server's authentication timeout.
     #[error("no proof within {0:?}")]
     TimedOut(std::time::Duration),
+    /// The proof is good, and its identity already holds the server's per-identity
+    /// connection cap (`ServerBuilder::max_connections_per_peer`).
+    #[error("identity already holds {max} connections, the most one identity may")]
+    TooManyConnections {
+        /// The cap.
+        max: usize,
+    },
 }
 
 impl AuthRefusal {
@@ -98,6 +105,7 @@ impl AuthRefusal {
             AuthRefusal::UnknownIdentity => "unknown_identity",
             AuthRefusal::BadProof => "bad_proof",
             AuthRefusal::TimedOut(_) => "timeout",
+            AuthRefusal::TooManyConnections { .. } => "too_many_connections",
         }
     }
 }

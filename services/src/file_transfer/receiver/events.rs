@@ -296,7 +296,10 @@ impl Endpoint for Receiver {
                     self.verdict(Err(BadReason::Mismatch { got }));
                     return Ok(());
                 }
-                if result.is_ok() && c.len > 0 && !c.overwrite {
+                if let (Ok(_), Some(who)) = (&result, &self.owner) {
+                    // Bound to the identity proved at connect, not to the file.
+                    self.proved_id = Some(who.clone());
+                } else if result.is_ok() && c.len > 0 && !c.overwrite {
                     self.proved_id = Some(c.name.clone());
                 }
                 self.verdict(

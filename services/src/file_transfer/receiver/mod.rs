@@ -41,9 +41,13 @@ pub struct Receiver {
     config: Arc<Config>,
     state: State,
     out: VecDeque<Output>,
-    /// The ID the last GOOD upload proved: its file name, if the file was new and not
-    /// empty. Taken by the one `Identify` that may follow.
+    /// The ID the last GOOD upload proved: the connection's identity when it proved
+    /// one at connect, else the file's name if the file was new and not empty. Taken by
+    /// the one `Identify` that may follow.
     proved_id: Option<String>,
+    /// The identity the connection proved at connect (server side): it owns what it
+    /// stores, and may replace only its own files (see `ownership.rs`).
+    owner: Option<String>,
     /// Given to each temporary file (see [`TempFile::set_reaper`](super::TempFile::set_reaper)).
     reaper: Option<Reaper>,
     /// This connection's client, whose share the service's quota owner keeps (server
@@ -59,6 +63,7 @@ impl Receiver {
             state: State::AwaitOffer,
             out: VecDeque::new(),
             proved_id: None,
+            owner: None,
             reaper: None,
             quota: None,
         }
@@ -69,6 +74,12 @@ impl Receiver {
     /// client side of a download) the receiver checks the free space alone.
     pub fn set_quota(&mut self, client: String) {
         self.quota = Some(client);
+    }
+
+    /// Stores every file as `identity`'s, replacing only files it owns unless
+    /// [`Config::overwrite_others`]; `Identify` then answers for `identity` alone.
+    pub fn set_owner(&mut self, identity: String) {
+        self.owner = Some(identity);
     }
 
     /// Hands the temporary files this receiver abandons (a failure, a dropped receiver)

@@ -98,6 +98,17 @@ impl Receiver {
         if let Some(reaper) = &self.reaper {
             temp.set_reaper(reaper.clone());
         }
+        if let Some(who) = &self.owner {
+            match temp.owned_by(who, !config.overwrite_others) {
+                Ok(()) => {}
+                Err(StoreError::Exists(_)) => return self.reject(RejectReason::Exists),
+                Err(e) => {
+                    return self.reject(RejectReason::Unavailable {
+                        reason: e.to_string(),
+                    })
+                }
+            }
+        }
         match temp.reserve(offer.len) {
             Ok(true) => {
                 if let Some(a) = admission.as_mut() {
