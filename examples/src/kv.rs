@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use anyhow::{bail, Context as _};
 use rdmactor::prelude::*;
+use rdmactor::transport::{Transport, Verbs};
 use serde::{Deserialize, Serialize};
 
 // ---- the protocol --------------------------------------------------------------------
@@ -298,7 +299,11 @@ impl RequestHandler for Kv {
             return Err(KvError::KeyTooLong(key.len()));
         }
         let limits = self.limits;
-        let store = &self.store.get_or_start(move || KvStore::new(limits));
+        // Its own thread: asked on every request, it must not wait for turns on a poller
+        // thread busy with the connections it polls (issue 45).
+        let store = &self
+            .store
+            .get_or_start_dedicated(move || KvStore::new(limits));
         let moved = |e: OneSidedError| KvError::Transfer(e.to_string());
         match req {
             KvRequest::Put { key, value } => ask(store, StoreOp::Put(key, value)).await,
@@ -333,10 +338,11 @@ async fn ask(store: &Addr<KvStore>, op: StoreOp) -> Result<KvResponse, KvError> 
 
 // ---- the client ----------------------------------------------------------------------
 
-/// A connection to the `kv` service, with one typed method per request.
-pub struct KvClient(pub ClientConnection);
+/// A connection to the `kv` service, with one typed method per request (over verbs, or
+/// any other transport, as the native tests' loopback).
+pub struct KvClient<T: Transport = Verbs>(pub ClientConnection<T>);
 
-impl KvClient {
+impl<T: Transport> KvClient<T> {
     /// Stores `value` under `key`; true if it replaced a value.
     pub async fn put(&self, key: &str, value: Vec<u8>) -> Result<bool, CallError<KvError>> {
         let key = key.to_owned();

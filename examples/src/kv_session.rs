@@ -31,7 +31,9 @@ impl KvSessions {
 impl Service for KvSessions {
     fn session(&self, _peer: &PeerInfo) -> Box<dyn Session> {
         let limits = self.limits;
-        let store = self.store.get_or_start(move || KvStore::new(limits));
+        let store = self
+            .store
+            .get_or_start_dedicated(move || KvStore::new(limits));
         Box::new(KvSession {
             store: store.recipient(),
             asked: HashMap::new(),

@@ -7,7 +7,7 @@
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use actix::{Actor, Addr, ArbiterHandle, Context};
+use actix::{Actor, Addr, Arbiter, ArbiterHandle, Context};
 
 /// The address of a service's owner actor: the one actor that holds what the service's
 /// connections share (a map, quotas, a cache, job slots), so that no lock is held on
@@ -30,20 +30,42 @@ use actix::{Actor, Addr, ArbiterHandle, Context};
 ///   started the server (with [`ServerBuilder::run`], the thread that called `run`). From
 ///   a request handler or a session callback it is that connection's poller thread,
 ///   which the owner then shares with the connections it polls.
-/// - [`get_or_start_in`](Self::get_or_start_in) starts it on an arbiter you choose, for
-///   example a dedicated `actix::Arbiter::new()`, so that its work competes with no
-///   connection's.
+/// - [`get_or_start_dedicated`](Self::get_or_start_dedicated) starts it on a thread of
+///   its own, stopped with the last clone of the `Owner`. Choose it for an owner asked on
+///   every request (a store, a cache): on a poller thread its mailbox takes turns with
+///   every handler call and connection that thread runs, and under a flood a polite
+///   client's request waited seconds there (issue 45); on its own thread it answers in
+///   microseconds whatever the pollers carry.
+/// - [`get_or_start_in`](Self::get_or_start_in) starts it on an arbiter you choose.
 ///
 /// A request from a connection on another thread costs two cross-thread hops; one on the
 /// same thread, two mailbox turns (the figures are in the guide).
 ///
 /// [`ServerBuilder::run`]: crate::runtime::ServerBuilder::run
-pub struct Owner<A: Actor<Context = Context<A>>>(Arc<Mutex<Option<Addr<A>>>>);
+pub struct Owner<A: Actor<Context = Context<A>>>(Arc<Mutex<Slot<A>>>);
+
+/// The address, and the thread of a [dedicated](Owner::get_or_start_dedicated) owner,
+/// stopped when the last `Owner` clone goes.
+struct Slot<A: Actor<Context = Context<A>>> {
+    addr: Option<Addr<A>>,
+    thread: Option<Arbiter>,
+}
+
+impl<A: Actor<Context = Context<A>>> Drop for Slot<A> {
+    fn drop(&mut self) {
+        if let Some(thread) = self.thread.take() {
+            thread.stop();
+        }
+    }
+}
 
 impl<A: Actor<Context = Context<A>>> Owner<A> {
     /// No actor yet: the first [`get_or_start`](Self::get_or_start) starts it.
     pub fn new() -> Self {
-        Owner(Arc::new(Mutex::new(None)))
+        Owner(Arc::new(Mutex::new(Slot {
+            addr: None,
+            thread: None,
+        })))
     }
 
     /// The running owner, started with `start` on the calling thread's arbiter if there
@@ -66,11 +88,33 @@ impl<A: Actor<Context = Context<A>>> Owner<A> {
         self.get_or(|| A::start_in_arbiter(arbiter, move |_| start()))
     }
 
+    /// As [`get_or_start`](Self::get_or_start), but a new actor starts on a thread of its
+    /// own (an arbiter of the calling thread's actix system), which stops with the last
+    /// clone of this `Owner` (or when that system stops, after which the next call starts
+    /// both again).
+    pub fn get_or_start_dedicated(&self, start: impl FnOnce() -> A + Send + 'static) -> Addr<A>
+    where
+        A: Send,
+    {
+        let mut slot = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(addr) = slot.addr.as_ref().filter(|a| a.connected()) {
+            return addr.clone();
+        }
+        if let Some(old) = slot.thread.take() {
+            old.stop();
+        }
+        let thread = Arbiter::new();
+        let addr = A::start_in_arbiter(&thread.handle(), move |_| start());
+        slot.thread = Some(thread);
+        slot.addr = Some(addr.clone());
+        addr
+    }
+
     fn get_or(&self, start: impl FnOnce() -> Addr<A>) -> Addr<A> {
         let mut slot = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        match slot.as_ref() {
+        match slot.addr.as_ref() {
             Some(addr) if addr.connected() => addr.clone(),
-            _ => slot.insert(start()).clone(),
+            _ => slot.addr.insert(start()).clone(),
         }
     }
 
@@ -80,6 +124,7 @@ impl<A: Actor<Context = Context<A>>> Owner<A> {
         self.0
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+            .addr
             .clone()
     }
 }
@@ -130,6 +175,40 @@ mod tests {
             let again = owner.get_or_start(|| Counter);
             assert_ne!(again, first);
             assert!(again.connected());
+        });
+    }
+
+    #[test]
+    fn a_dedicated_owner_runs_on_its_own_thread_until_the_last_clone_goes() {
+        struct Where;
+        impl Actor for Where {
+            type Context = Context<Self>;
+        }
+        #[derive(actix::Message)]
+        #[rtype(result = "std::thread::ThreadId")]
+        struct Which;
+        impl actix::Handler<Which> for Where {
+            type Result = actix::MessageResult<Which>;
+            fn handle(&mut self, _: Which, _: &mut Context<Self>) -> Self::Result {
+                actix::MessageResult(std::thread::current().id())
+            }
+        }
+        actix::System::new().block_on(async {
+            let owner = Owner::<Where>::new();
+            let addr = owner.get_or_start_dedicated(|| Where);
+            let there = addr.send(Which).await.unwrap();
+            assert_ne!(there, std::thread::current().id());
+            let clone = owner.clone();
+            assert_eq!(clone.get_or_start_dedicated(|| unreachable!()), addr);
+            drop(owner);
+            assert!(addr.send(Which).await.is_ok(), "a clone still holds it");
+            drop(clone);
+            // The thread stops: the actor's mailbox closes.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while addr.connected() {
+                assert!(std::time::Instant::now() < deadline, "still running");
+                actix::clock::sleep(std::time::Duration::from_millis(5)).await;
+            }
         });
     }
 }

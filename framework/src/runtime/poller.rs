@@ -26,7 +26,9 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 
 use crate::runtime::srq::{OrphanedRecv, SharedRecv};
-use crate::runtime::turns::{Backlog, LetOthersRun, PASSES_PER_TURN};
+use crate::runtime::turns::{
+    Backlog, LetOthersRun, DRAIN_ROUNDS, PASSES_PER_TURN, POLLS_PER_ROUND,
+};
 use crate::transport::{
     CompletionChannel as _, CompletionQueue as _, Domain as _, Transport, Verbs,
 };
@@ -496,7 +498,9 @@ async fn poll_task<T: Transport>(
 /// `polled_at`: the poller's spin window counts from it. Bulk work goes through
 /// `backlog` a step at a time, with every CQ polled again between steps, so that the
 /// small messages behind it, on any of this thread's CQs, do not wait for all of it (see
-/// `turns.rs`); it returns once all are empty.
+/// `turns.rs`); it returns once all are empty, or after [`DRAIN_ROUNDS`] rounds, so that
+/// a flood that never lets the CQs empty cannot keep the thread's other tasks from
+/// their turn (the handlers' calls, the service actors living here).
 fn drain<T: Transport>(
     cqs: &[T::Cq],
     wcs: &mut Vec<WorkCompletion>,
@@ -504,7 +508,7 @@ fn drain<T: Transport>(
     backlog: &mut Backlog,
 ) -> usize {
     let mut total = 0;
-    loop {
+    for _ in 0..DRAIN_ROUNDS {
         let mut polled = 0;
         for cq in cqs {
             polled += poll_cq::<T>(cq, wcs, polled_at, backlog);
@@ -515,12 +519,14 @@ fn drain<T: Transport>(
             route(run, now, more && !T::POSTS_MOVE_BYTES);
         });
         if polled == 0 && !stepped {
-            return total;
+            break;
         }
     }
+    total
 }
 
-/// Polls `cq` empty, routing what goes at once and leaving bulk work in `backlog`.
+/// Polls `cq` empty (or [`POLLS_PER_ROUND`] batches of it), routing what goes at once and
+/// leaving bulk work in `backlog`.
 fn poll_cq<T: Transport>(
     cq: &T::Cq,
     wcs: &mut Vec<WorkCompletion>,
@@ -528,7 +534,7 @@ fn poll_cq<T: Transport>(
     backlog: &mut Backlog,
 ) -> usize {
     let mut total = 0;
-    loop {
+    for _ in 0..POLLS_PER_ROUND {
         wcs.clear();
         match cq.poll(wcs) {
             Ok(0) => return total,
@@ -547,6 +553,7 @@ fn poll_cq<T: Transport>(
             }
         }
     }
+    total
 }
 
 /// Hands each run of one connection's completions in this batch to that connection in

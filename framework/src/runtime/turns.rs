@@ -36,6 +36,16 @@ use crate::verbs::{WcOpcode, WorkCompletion};
 /// is about a microsecond under emulation.
 pub(crate) const PASSES_PER_TURN: u32 = 4;
 
+/// Rounds of one pass: each polls every CQ and steps the backlog once. A pass ends
+/// sooner when all is empty; this bound is for the flood that never lets them empty, so
+/// that the thread's other tasks still get their turn every [`PASSES_PER_TURN`] passes.
+/// (Without it, a `GetInto` flood starved the service actor living on a poller thread:
+/// a polite client's request waited seconds for a turn, issue 45.)
+pub(crate) const DRAIN_ROUNDS: u32 = 16;
+
+/// Batches one round polls from one CQ at most (each up to `POLL_BATCH` completions).
+pub(crate) const POLLS_PER_ROUND: u32 = 4;
+
 /// Lets the arbiter's other ready tasks run, then resumes the poller.
 ///
 /// Not `tokio::task::yield_now`: that defers the task until the runtime has polled its I/O
