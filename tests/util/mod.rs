@@ -92,6 +92,25 @@ pub fn assert_released(baseline: &ResourceCounts) {
     }
 }
 
+/// The QPs process `pid` holds on the test device now (`rdma resource show qp pid PID`):
+/// what a server run as a child process gave back is seen in its count alone, whatever
+/// the test process itself holds.
+pub fn qps_of(pid: u32) -> usize {
+    let out = Command::new("rdma")
+        .args(["resource", "show", "qp", "pid", &pid.to_string()])
+        .output()
+        .expect("run `rdma resource show qp` (iproute2)");
+    assert!(
+        out.status.success(),
+        "rdma resource show qp failed: {out:?}"
+    );
+    let owner = format!(" pid {pid} ");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with("link ") && l.contains(&owner))
+        .count()
+}
+
 /// A path next to the test binary's `target/<profile>/` (for example the examples'
 /// binaries, which `scripts/test` builds first).
 pub fn target_bin(name: &str) -> std::path::PathBuf {

@@ -101,8 +101,8 @@ pub enum RejectCode {
     ShuttingDown = 5,
     /// The server could not set the connection up (resources).
     Internal = 6,
-    /// The peer address failed to authenticate too often lately; it may try again once
-    /// its failures refill (about one a second).
+    /// The peer address has too many unproven authentications (failed lately, or in
+    /// flight); it may try again once its tokens refill (about one a second).
     Throttled = 7,
 }
 

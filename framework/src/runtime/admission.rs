@@ -18,8 +18,9 @@
 //! 7. a framed service asked for without a hello, by a plain client (`BadHello`).
 //!
 //! The CM actor then makes one more check, on state of its own (`auth/door.rs`): an
-//! authenticated-only service asked for from an address that spent its failed
-//! authentications is rejected (`Throttled`), still before any QP is made.
+//! authenticated-only service asked for from an address out of authentication tokens
+//! (too many attempts failed lately or in flight) is rejected (`Throttled`), still before
+//! any QP is made.
 
 use std::collections::HashMap;
 use std::net::IpAddr;

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 
 use super::admission::{self, PeerCounts};
-use super::auth::Door;
+use super::auth::{Door, MAX_PROOF};
 use super::budget::QpBudget;
 use super::cm_counters::{CmCounters, NodeStats};
 use super::conn_set::{self, fmt_addr, ConnSet, Drain};
@@ -156,11 +156,14 @@ impl<T: Transport> CmActor<T> {
         let (node, service, framing) = (admitted.node, admitted.service, admitted.framing);
         let (service_name, peer_depth) = (admitted.service_name, admitted.peer_depth);
         let slot = admitted.slot;
-        // An address that failed to authenticate too often is turned away here, before
-        // any QP is made: it costs this actor one lookup, and no other address waits.
+        // An address out of tokens (too many unproven attempts, failed or in flight) is
+        // turned away here, before any QP is made: it costs this actor one lookup, and
+        // no other address waits. An accepted attempt takes its token below
+        // (`door.begin`, in this same call: no other request passes on it meanwhile).
         if !self.door.allows(&service_name, peer_ip, begun) {
             drop(slot);
-            let why = "too many failed authentications from this address; try again later";
+            let why =
+                "too many failed or unfinished authentications from this address; try again later";
             return self.reject(&id, Reject::new(RejectCode::Throttled, why));
         }
         let mut core = match node.prepare(&id, framing, peer_depth.map(|(a, _)| a)) {
@@ -190,6 +193,12 @@ impl<T: Transport> CmActor<T> {
             Ok(gate) => gate,
             Err(e) => return self.reject(&id, Reject::new(RejectCode::Internal, e)),
         };
+        // Until the proof is good the connection reads no message larger than a proof,
+        // so a peer that proved nothing cannot make the server hold the service's
+        // largest message; the gate opens it to the service's limit once proved.
+        if gate.is_some() {
+            core.gate_messages(MAX_PROOF);
+        }
         // The service's code, on the CM actor's thread: a panic here would end the actor
         // that accepts every connection. Refused with the reason instead (the prepared
         // QP and buffers are released as `core` drops).

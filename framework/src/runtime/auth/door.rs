@@ -1,8 +1,9 @@
 //! The CM actor's side of authentication: which services need a proof, which addresses
-//! failed too often to try again yet, which gates are still waiting for their proof
-//! (closed after the timeout), and which key proved each open connection (so that a
-//! reload that removes a key closes its connections). No I/O: the CM actor applies what
-//! this decides, and passes the time in.
+//! spent their tokens (`throttle.rs`) and may not try again yet, which gates are still
+//! waiting for their proof (each holding its address's token; closed after the
+//! timeout), and which key proved each open connection (so that a reload that removes a
+//! key closes its connections). No I/O: the CM actor applies what this decides, and
+//! passes the time in.
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -77,6 +78,9 @@ impl GateSeed {
 struct Waiting {
     since: Instant,
     ip: Option<IpAddr>,
+    /// The address whose token this attempt took at connect: given back if its proof
+    /// is good, spent otherwise (a failure, the timeout, or a close before any proof).
+    token: Option<IpAddr>,
     service: String,
 }
 
@@ -129,25 +133,31 @@ impl<K: Copy + Eq + std::hash::Hash> Door<K> {
     }
 
     /// Whether `ip` may ask for `service` now: always for an anonymous service, else
-    /// while it has a failure left to spend (else it is rejected at connect).
+    /// while it has a token left (else it is rejected at connect). The attempt takes
+    /// the token in [`begin`](Self::begin), in the same CONNECT_REQUEST's handling, so
+    /// no other attempt can pass on it meanwhile.
     pub fn allows(&self, service: &str, ip: Option<IpAddr>, now: Instant) -> bool {
         self.policy(service) == AuthPolicy::Anonymous
             || ip.is_none_or(|ip| self.buckets.allows(ip, now))
     }
 
-    /// A gate started for connection `key` from `ip`.
+    /// A gate started for connection `key` from `ip`: it takes one of the address's
+    /// tokens, held until its proof is checked (see `throttle.rs`).
     pub fn begin(&mut self, key: K, ip: Option<IpAddr>, service: &str, now: Instant) {
+        let token = ip.filter(|ip| self.buckets.take(*ip, now));
         let w = Waiting {
             since: now,
             ip,
+            token,
             service: service.to_owned(),
         };
         self.waiting.insert(key, w);
     }
 
-    /// A gate ended. A success is remembered with its key; a failure charges the
-    /// address and is logged (rate-limited) and counted. Returns a reason to close the
-    /// connection when its key was removed while it was being checked.
+    /// A gate ended. A success is remembered with its key, and gives its address's
+    /// token back; a failure keeps the token spent, and is logged (rate-limited) and
+    /// counted. Returns a reason to close the connection when its key was removed while
+    /// it was being checked.
     pub fn report(
         &mut self,
         key: K,
@@ -157,6 +167,12 @@ impl<K: Copy + Eq + std::hash::Hash> Door<K> {
     ) -> Option<String> {
         let waited = self.waiting.remove(&key);
         let ip = waited.as_ref().and_then(|w| w.ip);
+        // A good key costs nothing, nor does a good proof over its identity's cap (no
+        // guess at a key): the token back. Any other refusal keeps it spent.
+        let good_key = matches!(outcome, Ok(_) | Err(AuthRefusal::TooManyConnections { .. }));
+        if let Some(token) = waited.as_ref().and_then(|w| w.token).filter(|_| good_key) {
+            self.buckets.give_back(token, now);
+        }
         match outcome {
             Ok(v) => {
                 tracing::info!(identity = %v.identity, service, peer = ?ip, "authenticated");
@@ -178,20 +194,16 @@ impl<K: Copy + Eq + std::hash::Hash> Door<K> {
         }
     }
 
+    /// Counts and logs a refusal (its token was settled by the caller).
     fn refused(&mut self, ip: Option<IpAddr>, service: &str, why: &AuthRefusal, now: Instant) {
-        // A good proof over the identity's cap is no guess at a key: not charged.
-        let failed = !matches!(why, AuthRefusal::TooManyConnections { .. });
-        if let Some(ip) = ip.filter(|_| failed) {
-            self.buckets.charge(ip, now);
-        }
         crate::metrics::auth_refused(service, why.label());
         if let Some(held_back) = self.log.note(why.label(), now, Duration::from_secs(1)) {
             tracing::warn!(service, peer = ?ip, reason = %why, held_back, "authentication refused");
         }
     }
 
-    /// The gates that waited past the timeout, forgotten here and charged to their
-    /// addresses: the caller closes them with the returned reason.
+    /// The gates that waited past the timeout, forgotten here (their tokens stay spent):
+    /// the caller closes them with the returned reason.
     pub fn expired(&mut self, now: Instant) -> Vec<(K, String)> {
         let Some(limit) = self.setup.as_ref().map(|s| s.timeout) else {
             return Vec::new();
@@ -212,7 +224,8 @@ impl<K: Copy + Eq + std::hash::Hash> Door<K> {
         out
     }
 
-    /// Connection `key` was released.
+    /// Connection `key` was released. One still waiting for its proof was an unproven
+    /// attempt: its token stays spent.
     pub fn released(&mut self, key: K) {
         self.waiting.remove(&key);
         self.proved.remove(&key);
@@ -243,6 +256,7 @@ impl<K: Copy + Eq + std::hash::Hash> Door<K> {
 mod tests {
     use super::*;
     use crate::runtime::auth::credential::Credential;
+    use crate::runtime::auth::throttle::FAILURE_BURST;
 
     fn door(keys: &KeySet, timeout: Duration) -> Door<u32> {
         Door::new(Some(AuthSetup {
@@ -293,22 +307,121 @@ mod tests {
     }
 
     #[test]
-    fn a_silent_gate_times_out_and_charges_its_address() {
-        let mut d = door(&KeySet::default(), Duration::from_secs(10));
+    fn a_silent_gate_times_out_and_its_token_stays_spent() {
+        let mut d = door(&KeySet::default(), Duration::from_secs(1));
         let ip: IpAddr = [10, 0, 0, 9].into();
         let t0 = Instant::now();
-        for key in 0..10 {
+        for key in 0..FAILURE_BURST as u32 {
+            assert!(d.allows("kv", Some(ip), t0));
             d.begin(key, Some(ip), "kv", t0);
         }
-        assert!(d.expired(t0 + Duration::from_secs(9)).is_empty());
-        let late = d.expired(t0 + Duration::from_secs(10));
-        assert_eq!(late.len(), 10);
-        assert_eq!(late[0].1, "authentication refused: no proof within 10s");
-        assert!(!d.allows("kv", Some(ip), t0 + Duration::from_secs(10)));
+        assert!(
+            !d.allows("kv", Some(ip), t0),
+            "ten attempts waiting hold the address's ten tokens"
+        );
+        assert!(d.expired(t0 + Duration::from_millis(900)).is_empty());
+        let t1 = t0 + Duration::from_secs(1);
+        let late = d.expired(t1);
+        assert_eq!(late.len(), FAILURE_BURST as usize);
+        assert_eq!(late[0].1, "authentication refused: no proof within 1s");
+        // Not given back: the second earned one token, and only one.
+        assert!(d.allows("kv", Some(ip), t1));
+        d.begin(10, Some(ip), "kv", t1);
+        assert!(!d.allows("kv", Some(ip), t1));
         assert!(
             d.allows("rping", Some(ip), t0),
             "anonymous services are not throttled"
         );
         assert!(d.allows("kv", Some([10, 0, 0, 8].into()), t0));
+    }
+
+    /// `K` attempts from one address in flight at once, each failing 50 ms after its
+    /// connect: the address gets its burst, then one proof check a second, not `K`.
+    #[test]
+    fn parallel_failures_are_held_to_the_bucket() {
+        const K: usize = 16;
+        let mut d = door(&KeySet::default(), DEFAULT_AUTH_TIMEOUT);
+        let ip: IpAddr = [10, 0, 0, 10].into();
+        let t0 = Instant::now();
+        let mut in_flight: Vec<(u32, Instant)> = Vec::new();
+        let (mut next_key, mut checked, mut throttled) = (0u32, 0, 0);
+        let mut now = t0;
+        while now < t0 + Duration::from_secs(10) {
+            for (key, _) in in_flight.iter().filter(|(_, until)| *until <= now) {
+                assert_eq!(d.report(*key, "kv", Err(AuthRefusal::BadProof), now), None);
+                checked += 1;
+            }
+            in_flight.retain(|(_, until)| *until > now);
+            while in_flight.len() < K {
+                if !d.allows("kv", Some(ip), now) {
+                    throttled += 1;
+                    break;
+                }
+                d.begin(next_key, Some(ip), "kv", now);
+                in_flight.push((next_key, now + Duration::from_millis(50)));
+                next_key += 1;
+            }
+            now += Duration::from_millis(10);
+        }
+        let (began, burst) = (next_key as usize, FAILURE_BURST as usize);
+        assert!(began <= burst + 10, "{began} attempts began in 10 s");
+        assert!(checked >= burst + 9 - K, "{checked} checked");
+        assert!(throttled > 900, "{throttled} throttled");
+    }
+
+    #[test]
+    fn a_good_key_costs_nothing_and_a_close_before_proof_keeps_its_token() {
+        let alice = Credential::generate_ed25519("alice").unwrap();
+        let set = KeySet::parse(&alice.authorized_line()).unwrap();
+        let mut d = door(&set, DEFAULT_AUTH_TIMEOUT);
+        let ip: IpAddr = [10, 0, 0, 11].into();
+        let now = Instant::now();
+        // Sixteen good connections at once, twice over: the first ten take the
+        // address's tokens, and each proof gives its token back for the next.
+        let mut key = 0;
+        for _ in 0..2 {
+            let mut open = Vec::new();
+            for _ in 0..16 {
+                if !d.allows("kv", Some(ip), now) {
+                    let first = open.remove(0);
+                    assert_eq!(
+                        d.report(first, "kv", Ok(verified(&set, "alice")), now),
+                        None
+                    );
+                }
+                d.begin(key, Some(ip), "kv", now);
+                open.push(key);
+                key += 1;
+            }
+            for k in open {
+                assert_eq!(d.report(k, "kv", Ok(verified(&set, "alice")), now), None);
+            }
+        }
+        // A good proof over its identity's cap gives its token back too.
+        for _ in 0..FAILURE_BURST as usize {
+            d.begin(key, Some(ip), "kv", now);
+            let over = AuthRefusal::TooManyConnections { max: 1 };
+            assert_eq!(d.report(key, "kv", Err(over), now), None);
+            key += 1;
+        }
+        assert!(d.allows("kv", Some(ip), now));
+        // Ten attempts that close before proving spend the ten tokens.
+        for _ in 0..FAILURE_BURST as usize {
+            assert!(d.allows("kv", Some(ip), now));
+            d.begin(key, Some(ip), "kv", now);
+            d.released(key);
+            key += 1;
+        }
+        assert!(!d.allows("kv", Some(ip), now));
+        // A proof whose connection was released first (its report crossed the close)
+        // gives nothing back: the token was settled at the close.
+        let later = now + Duration::from_secs(1);
+        d.begin(key, Some(ip), "kv", later);
+        d.released(key);
+        assert_eq!(
+            d.report(key, "kv", Ok(verified(&set, "alice")), later),
+            None
+        );
+        assert!(!d.allows("kv", Some(ip), later));
     }
 }

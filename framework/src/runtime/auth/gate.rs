@@ -5,7 +5,10 @@
 //! that fails, closes the connection with the reason (a `Close` frame the client reads);
 //! the service never sees a message of an unauthenticated peer.
 //!
-//! The connection core is unchanged: this is one more [`Session`]. The CM actor hears
+//! The connection core is unchanged but for one limit: this is one more [`Session`],
+//! and while it waits the connection reads no message larger than a proof (the CM actor
+//! shuts that gate, `Core::gate_messages`; this session opens it once the proof is
+//! good, and hears of a larger first message as a refusal). The CM actor hears
 //! how it ended ([`AuthReport`]) to count failures per address, to time out a gate that
 //! never hears a proof, and to close connections whose key a reload removed.
 
@@ -16,6 +19,7 @@ use actix::prelude::*;
 use super::identities::{IdentityCounts, IdentitySlot};
 use super::keys::Keys;
 use super::proof::{self, AuthRefusal, Authenticated, Verified, AUTH_TAG, NONCE_LEN};
+use crate::proto::budget::BudgetError;
 use crate::runtime::service::{Identity, Incoming, OpId, PeerInfo, Service, Session, SessionError};
 use crate::runtime::{CloseReason, SessionCx};
 use crate::transport::{Transport, Verbs};
@@ -131,6 +135,8 @@ impl<T: Transport, K: Copy + Send + 'static> Gate<T, K> {
                 return Ok(());
             }
         };
+        // Proved: the service's own message limit from now on.
+        cx.open_gate();
         let peer = PeerInfo {
             identity: Identity::Key(verified.identity.clone()),
             ..peer
@@ -194,12 +200,22 @@ impl<T: Transport, K: Copy + Send + Unpin + 'static> Session<T> for Gate<T, K> {
         &mut self,
         cx: &mut SessionCx<'_, T>,
         tag: u32,
-        why: crate::proto::budget::BudgetError,
+        why: BudgetError,
     ) -> Result<(), SessionError> {
         match &mut self.state {
             State::Open(s, _) => s.on_refused(cx, tag, why),
-            // The answer to a proof (a few bytes) refused: nothing to tell anyone.
-            _ => Ok(()),
+            // This session sent nothing yet: the refusal is the connection's, of the
+            // peer's first message, offered larger than any proof and not read.
+            State::Waiting { peer, .. } => {
+                let service = peer.service.clone();
+                let why = match why {
+                    BudgetError::TooLarge { len, .. } => proof::oversized(len),
+                    other => AuthRefusal::Malformed(other.to_string()),
+                };
+                self.refuse(cx, service, why);
+                Ok(())
+            }
+            State::Refused => Ok(()),
         }
     }
 

@@ -21,7 +21,10 @@ pub const AUTH_TAG: u32 = u32::MAX;
 /// Bytes of the server's nonce.
 pub const NONCE_LEN: usize = 32;
 /// Largest encoded proof the server reads: an Ed25519 proof of the longest identity is
-/// about 135 bytes; anything past this bound is refused unread.
+/// about 135 bytes; anything past this bound is refused unread. Until the proof is good,
+/// it is the largest message the connection reads at all: a larger first message offered
+/// by rendezvous is refused at the offer, before any memory is taken for it, and only a
+/// proved connection has the service's own limit.
 pub const MAX_PROOF: usize = 256;
 
 /// What every signed or MACed message starts with, so that a signature made for
@@ -155,10 +158,7 @@ pub fn encode(proof: &Proof) -> Vec<u8> {
 /// before any key is looked at.
 pub fn decode(bytes: &[u8]) -> Result<Proof, AuthRefusal> {
     if bytes.len() > MAX_PROOF {
-        return Err(AuthRefusal::Malformed(format!(
-            "{} bytes, at most {MAX_PROOF}",
-            bytes.len()
-        )));
+        return Err(oversized(bytes.len()));
     }
     let (proof, rest): (Proof, &[u8]) =
         postcard::take_from_bytes(bytes).map_err(|e| AuthRefusal::Malformed(e.to_string()))?;
@@ -184,6 +184,12 @@ pub fn decode(bytes: &[u8]) -> Result<Proof, AuthRefusal> {
         )));
     }
     Ok(proof)
+}
+
+/// The refusal of a proof of `len` bytes, more than [`MAX_PROOF`]: read (it came inline)
+/// or refused at its offer, the same reason.
+pub fn oversized(len: usize) -> AuthRefusal {
+    AuthRefusal::Malformed(format!("{len} bytes, at most {MAX_PROOF}"))
 }
 
 /// A proof checked: who the connection is, and which of its keys proved it (the key's

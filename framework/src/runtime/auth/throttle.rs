@@ -1,15 +1,28 @@
-//! What failed authentications cost: a token bucket of failures per peer address,
-//! checked at CONNECT_REQUEST (an address out of tokens is rejected before any QP is
-//! made, and no other address waits for it), and a log that says each reason at most
-//! once per second, counting the rest. No I/O and no clock: the caller passes `now`.
+//! What failed authentications cost: a token bucket per peer address, and a log that
+//! says each reason at most once per second, counting the rest. No I/O and no clock: the
+//! caller passes `now`.
+//!
+//! An attempt takes its token when it is accepted, at CONNECT_REQUEST, and holds it
+//! while its proof is awaited; a good proof gives it back, a failure (or a timeout, or a
+//! connection that closes before proving) keeps it spent. An address with no token left
+//! is rejected at CONNECT_REQUEST, before any QP is made, and no other address waits for
+//! it. Taking the token up front is what holds an address to its bucket however many
+//! attempts it has in flight: were it spent only once a proof failed, every attempt
+//! accepted before the first failure came back would pass.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-/// Failures an address may have before it is throttled.
-pub const FAILURE_BURST: f64 = 10.0;
-/// Failures per second an address earns back.
+/// Unproven attempts an address may make at once (in flight, or failed lately) before it
+/// is throttled: the size of its bucket. As many as the connections one address may hold
+/// by default (`DEFAULT_MAX_CONNECTIONS_PER_PEER`), because a token is held from the
+/// connect until the proof is checked: a client that opens all its connections at once,
+/// every one with a good key, is not throttled, and a guesser gets 64 checks (a few
+/// milliseconds of CPU) and then one a second.
+pub const FAILURE_BURST: f64 = 64.0;
+/// Tokens per second an address earns back: once its burst is spent, the most attempts
+/// per second that reach a proof check, however many it has in flight.
 pub const FAILURE_REFILL_PER_SEC: f64 = 1.0;
 /// Addresses tracked before full buckets are forgotten (a bucket that refilled is the
 /// same as none), so that a spray of addresses cannot grow the map without bound.
@@ -28,18 +41,22 @@ impl Bucket {
     }
 }
 
-/// The failure buckets of every address that failed lately.
+/// The buckets of every address that spent tokens lately (a full bucket is forgotten).
 #[derive(Debug, Default)]
 pub struct FailureBuckets(HashMap<IpAddr, Bucket>);
 
 impl FailureBuckets {
-    /// Whether `ip` may try to authenticate now (it has a failure to spend).
+    /// Whether `ip` may start an attempt now (it has a token to take).
     pub fn allows(&self, ip: IpAddr, now: Instant) -> bool {
         self.0.get(&ip).is_none_or(|b| b.refilled(now) >= 1.0)
     }
 
-    /// `ip` failed to authenticate: one token spent.
-    pub fn charge(&mut self, ip: IpAddr, now: Instant) {
+    /// `ip` starts an attempt: one token taken, held until its proof is checked.
+    /// False, and nothing taken, when it has none (see [`allows`](Self::allows)).
+    pub fn take(&mut self, ip: IpAddr, now: Instant) -> bool {
+        if !self.allows(ip, now) {
+            return false;
+        }
         if self.0.len() >= PRUNE_ABOVE && !self.0.contains_key(&ip) {
             self.0.retain(|_, b| b.refilled(now) < FAILURE_BURST);
         }
@@ -49,6 +66,20 @@ impl FailureBuckets {
         });
         b.tokens = (b.refilled(now) - 1.0).max(0.0);
         b.at = now;
+        true
+    }
+
+    /// An attempt of `ip` proved a key: the token it took is given back (a full bucket
+    /// is forgotten, as one never taken from).
+    pub fn give_back(&mut self, ip: IpAddr, now: Instant) {
+        let Some(b) = self.0.get_mut(&ip) else {
+            return;
+        };
+        b.tokens = (b.refilled(now) + 1.0).min(FAILURE_BURST);
+        b.at = now;
+        if b.tokens >= FAILURE_BURST {
+            self.0.remove(&ip);
+        }
     }
 }
 
@@ -90,17 +121,72 @@ mod tests {
         let t0 = Instant::now();
         let (a, b): (IpAddr, IpAddr) = ([10, 0, 0, 1].into(), [10, 0, 0, 2].into());
         let mut buckets = FailureBuckets::default();
-        for _ in 0..10 {
-            assert!(buckets.allows(a, t0));
-            buckets.charge(a, t0);
+        for _ in 0..FAILURE_BURST as usize {
+            assert!(buckets.take(a, t0));
         }
         assert!(!buckets.allows(a, t0));
+        assert!(!buckets.take(a, t0), "nothing left to take");
         assert!(buckets.allows(b, t0), "another address is not throttled");
         assert!(!buckets.allows(a, t0 + Duration::from_millis(900)));
-        assert!(buckets.allows(a, t0 + Duration::from_secs(1)));
-        buckets.charge(a, t0 + Duration::from_secs(1));
+        assert!(buckets.take(a, t0 + Duration::from_secs(1)));
         assert!(!buckets.allows(a, t0 + Duration::from_secs(1)));
         assert!(buckets.allows(a, t0 + Duration::from_secs(60)));
+    }
+
+    /// The bug this shape fixes: with `K` attempts in flight, a token checked at connect
+    /// but spent only when the proof failed let every attempt accepted before the first
+    /// failure through (about `K` proof checks a second instead of 1). Taken at connect,
+    /// the address gets its burst, then one a second, whatever `K` is.
+    #[test]
+    fn parallel_attempts_are_held_to_the_bucket() {
+        const K: usize = 16;
+        let t0 = Instant::now();
+        let ip: IpAddr = [10, 0, 0, 3].into();
+        let mut buckets = FailureBuckets::default();
+        // Each attempt takes 50 ms to fail; K are kept in flight, retried as they end.
+        let step = Duration::from_millis(50);
+        let mut in_flight: Vec<Instant> = Vec::new();
+        let mut checked = 0;
+        let mut now = t0;
+        while now < t0 + Duration::from_secs(20) {
+            in_flight.retain(|until| *until > now);
+            while in_flight.len() < K && buckets.take(ip, now) {
+                in_flight.push(now + step);
+                checked += 1;
+            }
+            now += Duration::from_millis(10);
+        }
+        let allowed = FAILURE_BURST + 20.0 * FAILURE_REFILL_PER_SEC;
+        assert!(
+            checked as f64 <= allowed,
+            "{checked} checks, at most {allowed}"
+        );
+        assert!(checked as f64 >= allowed - 1.0, "{checked} checks");
+    }
+
+    #[test]
+    fn a_good_proof_gives_its_token_back() {
+        let t0 = Instant::now();
+        let ip: IpAddr = [10, 0, 0, 4].into();
+        let mut buckets = FailureBuckets::default();
+        // 100 good connections, 4 at a time: none throttled, the bucket full after.
+        for round in 0..100 / 4 {
+            for _ in 0..4 {
+                assert!(buckets.take(ip, t0), "round {round}");
+            }
+            for _ in 0..4 {
+                buckets.give_back(ip, t0);
+            }
+        }
+        assert!(buckets.0.is_empty(), "a full bucket is forgotten");
+        // Ten attempts in flight spend the bucket; the one that proves gives its token
+        // back, for one attempt more.
+        for _ in 0..FAILURE_BURST as usize {
+            assert!(buckets.take(ip, t0));
+        }
+        buckets.give_back(ip, t0);
+        assert!(buckets.take(ip, t0));
+        assert!(!buckets.take(ip, t0));
     }
 
     #[test]

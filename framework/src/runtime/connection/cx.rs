@@ -265,6 +265,15 @@ impl<'a, T: Transport> SessionCx<'a, T> {
         self.core.qp_num()
     }
 
+    /// Opens the gate that [`Core::gate_messages`] shut: from now on only the
+    /// connection's own message limit applies. Refusals still queued for the session are
+    /// the gate's (the session sent nothing while it was shut), and go with it.
+    pub(crate) fn open_gate(&mut self) {
+        if self.core.gated.take().is_some() {
+            self.core.refusals.clear();
+        }
+    }
+
     /// Closes the connection after this callback returns. What is still queued is
     /// dropped; on a raw connection the SENDs already posted complete first (for a
     /// moment at most); a framed one tells the peer why with a `Close` frame when it can.

@@ -229,6 +229,8 @@ pub(crate) struct Core<T: Transport = Verbs> {
     pd: T::Domain,
     /// Bytes registered for rendezvous messages being READ from the peer.
     budget_in: Budget,
+    /// While shut (see [`Core::gate_messages`]): the largest message read from the peer.
+    gated: Option<usize>,
     /// The heap charge taken for the READ about to be posted (see `pump`), moved into
     /// its incoming message.
     heap_charge: Option<crate::memory::HeapCharge<RegisteredChunks<T>>>,
@@ -326,6 +328,7 @@ impl<T: Transport> Core<T> {
             pool: p.pool,
             pd: p.pd,
             budget_in: Budget::new(c.rendezvous_budget, c.max_message),
+            gated: None,
             heap_charge: None,
             budget_out: Budget::new(c.rendezvous_budget, c.max_message),
             rendezvous_deadline: c.rendezvous_deadline,
@@ -353,6 +356,17 @@ impl<T: Transport> Core<T> {
     /// the node's): larger offers are refused with the reason.
     pub(crate) fn limit_message(&mut self, max: usize) {
         self.budget_in.limit_message(max);
+    }
+
+    /// Until the session opens the gate ([`SessionCx::open_gate`]), reads no message of
+    /// more than `max` bytes from the peer: a larger offer is refused unread (`TooLarge`,
+    /// to the peer as any refusal) and handed to the session too, as a refusal of its tag
+    /// ([`Session::on_refused`](crate::runtime::Session::on_refused)). For the
+    /// authentication gate, which sends nothing while it waits for the proof, so that no
+    /// such refusal can be taken for one of its own messages. The limit of
+    /// [`limit_message`](Self::limit_message) applies as well, and alone once open.
+    pub(crate) fn gate_messages(&mut self, max: usize) {
+        self.gated = Some(max);
     }
 
     /// Counts this connection in the metrics as a `side` connection of `service`.

@@ -130,7 +130,16 @@ impl<T: Transport> Core<T> {
                 let offer = RendezvousOffer::decode(&body);
                 check_offer(&offer, header.len)?;
                 // Before anything is allocated for it; refused, the connection goes on.
-                if let Err(why) = self.budget_in.check(len) {
+                let checked = match self.gated {
+                    // Not read while the gate is shut, and the session hears of it.
+                    Some(max) if len > max => {
+                        let why = BudgetError::TooLarge { len, max };
+                        self.refusals.push_back((header.tag, why.clone()));
+                        Err(why)
+                    }
+                    _ => self.budget_in.check(len),
+                };
+                if let Err(why) = checked {
                     tracing::info!(qp = self.qp.qp_num(), %why, "rendezvous offer refused");
                     self.queue(Outgoing::Refuse {
                         key: offer.key,
