@@ -23,8 +23,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use rdmactor::prelude::*;
-use rdmactor::runtime::Refusal;
-use rdmactor_examples::kv::{KvClient, KvError};
+use rdmactor_examples::kv::{get_into_until, KvClient};
 use rdmactor_tests::{actix_run, eventually, rdma_context, resource_counts, target_bin, test_addr};
 
 /// What the server may hold beyond its heap budget: its registered pool (WRITE chunks:
@@ -121,30 +120,13 @@ fn get_into_flood_keeps_kv_serve_within_its_heap_budget_and_a_polite_client_serv
                 client.connect(addr, "kv").await.expect("hostile"),
             )));
         }
-        let tally = Rc::new(std::cell::RefCell::new([0u64; 4]));
+        let tally = Rc::new(std::cell::RefCell::new([0u64; 3]));
         let mut tasks = Vec::new();
         for conn in &hostile {
             for _ in 0..64 {
                 let (conn, into, tally) = (Rc::clone(conn), Rc::clone(&into), Rc::clone(&tally));
                 tasks.push(actix::spawn(async move {
-                    while Instant::now() < until {
-                        let slot = match conn.get_into("big", into.remote()).await {
-                            Ok(n) => {
-                                assert_eq!(n, 16 << 20);
-                                0
-                            }
-                            Err(CallError::Handler(KvError::Transfer(why)))
-                                if why.contains("no room") =>
-                            {
-                                1
-                            }
-                            Err(CallError::Refused(
-                                Refusal::Busy { .. } | Refusal::Overloaded(_),
-                            )) => 2,
-                            Err(other) => panic!("a hostile GetInto answered {other}"),
-                        };
-                        tally.borrow_mut()[slot] += 1;
-                    }
+                    get_into_until(&conn, "big", 16 << 20, into.remote(), until, &tally).await;
                 }));
             }
         }
@@ -180,7 +162,7 @@ fn get_into_flood_keeps_kv_serve_within_its_heap_budget_and_a_polite_client_serv
         for t in tasks {
             t.await.expect("a hostile task");
         }
-        let [written, no_room, refused, _] = *tally.borrow();
+        let [written, no_room, refused] = *tally.borrow();
         println!(
             "adversary {secs} s: kv serve RSS {baseline} MiB at start, at most {most} MiB (bound {} MiB); \
              {written} GetInto written, {no_room} NoRoom, {refused} Busy/Overloaded; \

@@ -405,6 +405,37 @@ impl<T: Transport> KvClient<T> {
     }
 }
 
+/// How a hostile client's `GetInto` calls ended: written whole, refused for want of
+/// room (the server's heap budget), or refused busy or overloaded.
+pub type FloodTally = std::cell::RefCell<[u64; 3]>;
+
+/// One hostile stream of the memory adversary tests (issue 45): `GetInto` of `key`
+/// (`len` bytes) into `into`, again and again until `until`, each outcome counted in
+/// `tally`. Any other answer is a failure of the test.
+pub async fn get_into_until<T: Transport>(
+    conn: &KvClient<T>,
+    key: &str,
+    len: u64,
+    into: RemoteRegion,
+    until: Instant,
+    tally: &FloodTally,
+) {
+    while Instant::now() < until {
+        let slot = match conn.get_into(key, into).await {
+            Ok(n) => {
+                assert_eq!(n, len, "a GetInto wrote {n} bytes");
+                0
+            }
+            Err(CallError::Handler(KvError::Transfer(why))) if why.contains("no room") => 1,
+            Err(CallError::Refused(
+                rdmactor::runtime::Refusal::Busy { .. } | rdmactor::runtime::Refusal::Overloaded(_),
+            )) => 2,
+            Err(other) => panic!("a hostile GetInto answered {other}"),
+        };
+        tally.borrow_mut()[slot] += 1;
+    }
+}
+
 fn unexpected(answer: KvResponse) -> CallError<KvError> {
     CallError::BadAnswer(format!("the answer to another request: {answer:?}"))
 }
