@@ -80,9 +80,12 @@ impl Job {
     }
 }
 
+/// A job name no other test uses: the suite runs each test in its own process, and all of
+/// them share the wire's job directories, so the process id is part of the name.
 fn unique(prefix: &str) -> String {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
-    format!("{prefix}-{}", NEXT.fetch_add(1, Ordering::Relaxed))
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}-{}-{n}", std::process::id())
 }
 
 impl Wire {
