@@ -426,7 +426,6 @@ async fn flood_ended(flooding: std::thread::JoinHandle<Flooded>) -> Flooded {
 }
 
 #[test]
-#[ignore = "open (issue 46): with the burst at 64, one refusal in this flood reached the client as \"peer disconnected\" instead of \"bad proof\" (the Close frame lost to the disconnect); run with --ignored"]
 fn a_flood_of_bad_attempts_from_one_address_does_not_delay_another() {
     // 2,000 attempts, four at a time.
     const STREAMS: usize = 4;

@@ -296,6 +296,44 @@ fn every_goodbye_reaches_the_peer_with_the_servers_reason() {
     });
 }
 
+#[test]
+fn a_close_frame_overtaken_by_the_disconnect_still_names_the_close() {
+    with_system(|fabric| async move {
+        let mut config = NodeConfig::default();
+        config.connection.idle_timeout = Some(Duration::from_millis(200));
+        let server = Server::over(Loopback)
+            .domain(fabric.device("server"))
+            .config(config)
+            .listen(addr(7501), None)
+            .service("reverse", Reverse)
+            .start()
+            .unwrap();
+        // The client's completions lag its CM events by more than the server waits for
+        // a goodbye to be read (3 s): the server's Close frame sits unseen in the CQ when
+        // its DISCONNECTED arrives, as on a busy host.
+        let device = fabric.device("client");
+        device.delay_completions(Duration::from_secs(4));
+        let client = Client::<Loopback>::on(device, NodeConfig::default()).unwrap();
+        let conn = client.connect(addr(7501), "reverse").await.unwrap();
+        let why = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                if let Some(reason) = conn.close_reason() {
+                    return reason;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("the idle connection closed");
+        match why {
+            CloseReason::PeerClosed(why) => assert!(why.starts_with("idle"), "{why}"),
+            other => panic!("the server's reason was lost to its disconnect: {other:?}"),
+        }
+        client.shutdown().await;
+        server.shutdown().await;
+    });
+}
+
 /// Answers every request with `len` bytes of 7: replies sent by rendezvous, each
 /// registered out of the pool until the client has READ it.
 struct Big {

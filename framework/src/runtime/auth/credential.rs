@@ -15,6 +15,7 @@ use std::path::Path;
 
 use base64::Engine;
 use ed25519_dalek::SigningKey;
+use zeroize::Zeroizing;
 
 use super::keys::{key_bytes, valid_identity};
 use super::proof::{self, Proof, NONCE_LEN};
@@ -29,7 +30,7 @@ pub enum Secret {
     /// An Ed25519 private key (the server holds its public half).
     Ed25519(SigningKey),
     /// A 32-byte secret the server holds too.
-    Psk([u8; 32]),
+    Psk(Zeroizing<[u8; 32]>),
 }
 
 /// An identity and the secret that proves it, for
@@ -103,22 +104,25 @@ impl Credential {
 
     /// A new Ed25519 key pair for `identity`, from the OS's random source.
     pub fn generate_ed25519(identity: &str) -> Result<Credential, CredentialError> {
-        let seed = random32()?;
+        let seed = Zeroizing::new(random32()?);
         Credential::new(identity, Secret::Ed25519(SigningKey::from_bytes(&seed)))
     }
 
     /// A new random pre-shared key for `identity`.
     pub fn generate_psk(identity: &str) -> Result<Credential, CredentialError> {
-        Credential::new(identity, Secret::Psk(random32()?))
+        Credential::new(identity, Secret::Psk(Zeroizing::new(random32()?)))
     }
 
     /// Reads a key file.
     pub fn load(path: impl AsRef<Path>) -> Result<Credential, CredentialError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| CredentialError::Io {
-            path: path.to_owned(),
-            source,
-        })?;
+        // A private key or a shared secret: the text is wiped once parsed.
+        let text = Zeroizing::new(std::fs::read_to_string(path).map_err(|source| {
+            CredentialError::Io {
+                path: path.to_owned(),
+                source,
+            }
+        })?);
         Credential::parse(&text)
     }
 
@@ -178,7 +182,7 @@ impl Credential {
         let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
         let secret = match &self.secret {
             Secret::Ed25519(k) => format!("ed25519 {}", b64(k.as_bytes())),
-            Secret::Psk(s) => format!("psk {}", b64(s)),
+            Secret::Psk(s) => format!("psk {}", b64(s.as_slice())),
         };
         format!("{KEY_FILE_HEADER}\nidentity {}\n{secret}\n", self.identity)
     }
@@ -193,7 +197,7 @@ impl Credential {
                 self.identity,
                 b64(k.verifying_key().as_bytes())
             ),
-            Secret::Psk(s) => format!("{} psk {}", self.identity, b64(s)),
+            Secret::Psk(s) => format!("{} psk {}", self.identity, b64(s.as_slice())),
         }
     }
 

@@ -20,6 +20,7 @@ use std::sync::{Arc, RwLock};
 use base64::Engine;
 use ed25519_dalek::VerifyingKey;
 use sha2::{Digest, Sha256};
+use zeroize::Zeroizing;
 
 /// Longest identity name, in bytes.
 pub const MAX_IDENTITY: usize = 64;
@@ -30,8 +31,9 @@ pub const MAX_IDENTITY: usize = 64;
 pub enum AuthorizedKey {
     /// An Ed25519 public key: the client holds the private half.
     Ed25519(VerifyingKey),
-    /// A 32-byte secret both sides hold.
-    Psk([u8; 32]),
+    /// A 32-byte secret both sides hold, wiped from memory when dropped (a reload
+    /// drops the old set).
+    Psk(Zeroizing<[u8; 32]>),
 }
 
 impl std::fmt::Debug for AuthorizedKey {
@@ -61,7 +63,7 @@ impl AuthorizedKey {
             }
             AuthorizedKey::Psk(s) => {
                 h.update(b"psk\0");
-                h.update(s);
+                h.update(s.as_slice());
             }
         }
         h.finalize().into()
@@ -112,15 +114,20 @@ pub fn valid_identity(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"._@-".contains(&b))
 }
 
-/// Decodes standard base64 into exactly 32 bytes.
-pub(crate) fn key_bytes(b64: &str) -> Result<[u8; 32], String> {
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(b64)
-        .map_err(|e| format!("bad base64: {e}"))?;
-    bytes
-        .as_slice()
-        .try_into()
-        .map_err(|_| format!("key of {} bytes, not 32", bytes.len()))
+/// Decodes standard base64 into exactly 32 bytes; the bytes may be a secret, so no
+/// copy of them outlives its use unwiped.
+pub(crate) fn key_bytes(b64: &str) -> Result<Zeroizing<[u8; 32]>, String> {
+    let bytes = Zeroizing::new(
+        base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .map_err(|e| format!("bad base64: {e}"))?,
+    );
+    let mut key = Zeroizing::new([0u8; 32]);
+    if bytes.len() != key.len() {
+        return Err(format!("key of {} bytes, not 32", bytes.len()));
+    }
+    key.copy_from_slice(&bytes);
+    Ok(key)
 }
 
 impl KeySet {
@@ -238,10 +245,13 @@ impl Keys {
 }
 
 fn read(path: &Path) -> Result<KeySet, KeysError> {
-    let text = std::fs::read_to_string(path).map_err(|source| KeysError::Io {
-        path: path.to_owned(),
-        source,
-    })?;
+    // The file may hold pre-shared secrets: its text is wiped once parsed.
+    let text = Zeroizing::new(
+        std::fs::read_to_string(path).map_err(|source| KeysError::Io {
+            path: path.to_owned(),
+            source,
+        })?,
+    );
     KeySet::parse(&text)
 }
 
@@ -264,7 +274,10 @@ mod tests {
             2,
             "two keys for a rotation"
         );
-        assert_eq!(set.get("jobs").unwrap()[0], AuthorizedKey::Psk([1; 32]));
+        assert_eq!(
+            set.get("jobs").unwrap()[0],
+            AuthorizedKey::Psk(Zeroizing::new([1; 32]))
+        );
         assert!(set.get("bob").is_none());
         let fp = set.get("alice").unwrap()[0].fingerprint();
         assert!(set.holds("alice", &fp));

@@ -224,7 +224,8 @@ pub fn verify(
             public.verify_strict(&message, &sig).is_ok()
         }
         (AuthorizedKey::Psk(secret), ProofKind::Psk { mac }) => {
-            let mut m = HmacSha256::new_from_slice(secret).expect("HMAC takes any key length");
+            let mut m =
+                HmacSha256::new_from_slice(secret.as_slice()).expect("HMAC takes any key length");
             m.update(&message);
             m.verify_slice(mac).is_ok()
         }

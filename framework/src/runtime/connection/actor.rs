@@ -67,6 +67,7 @@ impl<T: Transport, S: Session<T>> ConnectionActor<S, T> {
                     label,
                     reason: None,
                     torn_down: false,
+                    hung_up: false,
                     released: Vec::new(),
                     this: this.clone(),
                     actor: ctx.address().recipient::<Released>().downgrade(),

@@ -41,6 +41,10 @@ pub(crate) struct Connection<S: Session<T>, T: Transport = Verbs> {
     pub(super) reason: Option<CloseReason>,
     /// Disconnected and draining (after the goodbye, if one was sent).
     pub(super) torn_down: bool,
+    /// The peer hung up while we were open. Its last frames (a Close naming its reason)
+    /// may still be in the CQ behind the CM's event, which travels another way: the QP
+    /// is flushed and they are read before the close is named (see [`Self::hang_up`]).
+    pub(super) hung_up: bool,
     pub(super) released: Vec<tokio::sync::oneshot::Sender<()>>,
     /// Itself, for its timer.
     pub(super) this: Weak<RefCell<Connection<S, T>>>,
@@ -223,7 +227,33 @@ impl<T: Transport, S: Session<T>> Connection<S, T> {
             self.arm_timer();
             return;
         }
+        let drained_before = self.torn_down;
         self.tear_down();
+        // Named while already torn down (the peer hung up, see `hang_up`): the flush
+        // may have come back whole.
+        if drained_before && self.core.as_ref().is_some_and(|c| c.inflight.is_empty()) {
+            self.finish();
+        }
+    }
+
+    /// The peer disconnected while we were open. Flushes the QP rather than closing at
+    /// once: completions come back in CQ order, so a Close frame it sent before hanging
+    /// up is read (and names the close) before the flushed receives behind it. Without
+    /// one, the close is [`CloseReason::PeerDisconnected`].
+    fn hang_up(&mut self) {
+        self.hung_up = true;
+        self.tear_down();
+    }
+
+    /// While hung up and not yet closing, the failure of a flushed work request says
+    /// only that the peer is gone; a Close frame from it keeps its reason.
+    fn hung_up_reason(&self, reason: CloseReason) -> CloseReason {
+        let open = self.core.as_ref().is_some_and(|c| c.closing.is_none());
+        match reason {
+            CloseReason::PeerClosed(_) => reason,
+            _ if self.hung_up && open => CloseReason::PeerDisconnected,
+            _ => reason,
+        }
     }
 
     /// Disconnects, moves the QP to the error state and waits (bounded) for every posted
@@ -243,7 +273,13 @@ impl<T: Transport, S: Session<T>> Connection<S, T> {
         core.forget_queued();
         match core.qp().to_error() {
             Ok(()) => {
-                core.flush_unsignaled();
+                if self.hung_up {
+                    // Whatever the peer sent before hanging up is in the CQ ahead of
+                    // this marker's flush (see `hang_up`).
+                    core.post_flush_marker();
+                } else {
+                    core.flush_unsignaled();
+                }
                 if let Err(e) = ring(core) {
                     tracing::warn!(conn = %self.label, error = %e, "posting the flush marker failed");
                 }
@@ -261,6 +297,11 @@ impl<T: Transport, S: Session<T>> Connection<S, T> {
     }
 
     fn finish(&mut self) {
+        if self.hung_up && self.core.as_ref().is_some_and(|c| c.closing.is_none()) {
+            // Flushed whole (or given up on) without a Close frame: the session hears
+            // the plain hang-up. Torn down already, so this does not come back here.
+            self.begin_close(CloseReason::PeerDisconnected);
+        }
         let Some(core) = self.core.take() else {
             return;
         };
@@ -340,14 +381,17 @@ impl<T: Transport, S: Session<T>> Connection<S, T> {
                     let failed = result
                         .as_ref()
                         .err()
-                        .map(|e| CloseReason::from_failed_op(op, e));
+                        .map(|e| self.hung_up_reason(CloseReason::from_failed_op(op, e)));
                     self.call_session(|s, cx| s.on_op(cx, op, result));
                     if let Some(reason) = failed {
                         self.begin_close(reason);
                     }
                 }
                 Ok(None) => {}
-                Err(reason) => self.begin_close(reason),
+                Err(reason) => {
+                    let reason = self.hung_up_reason(reason);
+                    self.begin_close(reason)
+                }
             }
             self.deliver();
         }
@@ -366,6 +410,9 @@ impl<T: Transport, S: Session<T>> Connection<S, T> {
                 } else if core.inflight.is_empty() {
                     self.finish();
                 }
+            } else if self.hung_up && core.inflight.is_empty() {
+                // The flush came back with no Close frame in it.
+                self.finish();
             }
         }
     }
@@ -398,7 +445,7 @@ impl<T: Transport, S: Session<T>> Connection<S, T> {
                 if closing {
                     self.tear_down();
                 } else {
-                    self.begin_close(CloseReason::PeerDisconnected);
+                    self.hang_up();
                 }
             }
             CmNotice::Close(reason) => self.begin_close(reason),

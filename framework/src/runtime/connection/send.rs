@@ -291,6 +291,14 @@ impl<T: Transport> Core<T> {
         if self.unsignaled.is_empty() {
             return;
         }
+        self.post_flush_marker();
+    }
+
+    /// Posts the signalled, empty SEND that the QP (in the error state) flushes: its
+    /// completion comes after every completion already in the CQ, receives included
+    /// (one CQ serves both queues), which is what a shared receive queue, whose
+    /// receives are not flushed with the QP, gives no other way to know.
+    pub(super) fn post_flush_marker(&mut self) {
         let seq = self.send_seq;
         // A u64 count of SENDs: it never wraps in practice.
         self.send_seq = self.send_seq.wrapping_add(1);

@@ -44,7 +44,9 @@ impl<T: Transport> Core<T> {
     /// The earliest instant [`handle_timeout`](Self::handle_timeout) has something to
     /// do; `None` when nothing is timed.
     pub(in crate::runtime) fn poll_timeout(&self) -> Option<Instant> {
-        if self.closing.is_some() {
+        // Closing, or draining the flush after the peer hung up (not yet closing then):
+        // only the drain's bound is timed.
+        if self.closing.is_some() || self.close_deadline.is_some() {
             return self.close_deadline;
         }
         let liveness = if self.established {
@@ -67,7 +69,7 @@ impl<T: Transport> Core<T> {
         // The timer fires at least once per keepalive period: counts reach the shared
         // counters that late at most (see `metrics::ConnectionMetrics`).
         self.metrics.iter_mut().for_each(|m| m.flush());
-        if self.closing.is_some() {
+        if self.closing.is_some() || self.close_deadline.is_some() {
             return Ok(match self.close_deadline {
                 Some(at) if at <= now => {
                     self.close_deadline = None;

@@ -94,6 +94,9 @@ pub(super) struct DeviceCore {
     pub(super) removed: AtomicBool,
     /// Registrations fail (fault hook).
     pub(super) refuse_registrations: AtomicBool,
+    /// Nanoseconds before a completion of a CQ created from now on becomes visible
+    /// (fault hook).
+    pub(super) completion_delay_ns: AtomicU64,
     members: Mutex<Vec<Weak<dyn Member>>>,
 }
 
@@ -107,6 +110,7 @@ impl DeviceCore {
             vanished: AtomicBool::new(false),
             removed: AtomicBool::new(false),
             refuse_registrations: AtomicBool::new(false),
+            completion_delay_ns: AtomicU64::new(0),
             members: Mutex::new(Vec::new()),
         }
     }

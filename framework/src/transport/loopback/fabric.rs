@@ -108,7 +108,12 @@ impl Device {
     /// Creates a CQ of `capacity` entries, attached to `channel` if given.
     pub fn create_cq(&self, capacity: u32, channel: Option<&Channel>) -> Result<Cq> {
         self.usable()?;
-        Ok(Cq::new(&self.core.fabric, capacity, channel))
+        let cq = Cq::new(&self.core.fabric, capacity, channel);
+        let delay = self.core.completion_delay_ns.load(std::sync::atomic::Ordering::Relaxed);
+        if delay > 0 {
+            cq.delay_completions(std::time::Duration::from_nanos(delay));
+        }
+        Ok(cq)
     }
 
     /// Creates a shared receive queue of `max_wr` receives.

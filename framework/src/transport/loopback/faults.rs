@@ -7,6 +7,7 @@
 //! | [`Device::refuse_registrations`] | `ibv_reg_mr` failing (memory lock limit, pinned memory exhausted) |
 //! | [`Qp::stall`] / [`Qp::resume`] | a QP that stops making progress (a hung host or a congested link): its requests wait, requests to it go unanswered and time out if the stall outlasts the peer's retries |
 //! | [`Cq::delay_completions`] | a slow NIC or a busy PCIe link: completions become visible to `poll` (and raise the channel) only after the delay, in order |
+//! | [`Device::delay_completions`] | the same for every CQ the device makes from then on (the runtime's own): completions lag the CM's events |
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
@@ -33,6 +34,15 @@ impl Device {
     /// While `refuse` holds, registrations fail with `RegistrationRefused`.
     pub fn refuse_registrations(&self, refuse: bool) {
         self.core.refuse_registrations.store(refuse, Relaxed);
+    }
+
+    /// Every CQ created on this device from now on shows its completions `delay` late
+    /// (see [`Cq::delay_completions`]): a host whose completions lag its CM events, as a
+    /// busy one's can, when the runtime makes the CQs itself.
+    pub fn delay_completions(&self, delay: Duration) {
+        self.core
+            .completion_delay_ns
+            .store(delay.as_nanos().min(u64::MAX as u128) as u64, Relaxed);
     }
 }
 
