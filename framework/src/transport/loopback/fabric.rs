@@ -109,7 +109,10 @@ impl Device {
     pub fn create_cq(&self, capacity: u32, channel: Option<&Channel>) -> Result<Cq> {
         self.usable()?;
         let cq = Cq::new(&self.core.fabric, capacity, channel);
-        let delay = self.core.completion_delay_ns.load(std::sync::atomic::Ordering::Relaxed);
+        let delay = self
+            .core
+            .completion_delay_ns
+            .load(std::sync::atomic::Ordering::Relaxed);
         if delay > 0 {
             cq.delay_completions(std::time::Duration::from_nanos(delay));
         }
