@@ -7,6 +7,7 @@
 //! and once the server exits the device's counts are back to the test's start.
 //! The native twins over loopback: framework/tests/auth.rs.
 
+use std::ffi::{OsStr, OsString};
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -50,8 +51,8 @@ struct Keyed {
     /// What it prints after its addresses.
     log: Arc<Mutex<Vec<String>>>,
     reader: Option<std::thread::JoinHandle<()>>,
-    /// The key files.
-    dir: tempfile::TempDir,
+    /// The key files (shared by servers that read one authorized keys file).
+    dir: Arc<tempfile::TempDir>,
 }
 
 /// Runs `keygen` for `identity`, writing `dir/file`; the authorized keys line it prints.
@@ -81,17 +82,31 @@ fn text(out: &Output) -> String {
 
 impl Keyed {
     fn start() -> Keyed {
-        let dir = tempfile::tempdir().expect("a key directory");
-        let alice = keygen(dir.path(), "alice", "alice.key", false);
-        let jobs = keygen(dir.path(), "jobs", "jobs.key", true);
+        Keyed::start_with(None, &[])
+    }
+
+    /// A server with `extra` arguments, reading the authorized keys file of `keys_of`
+    /// (two servers sharing one key file) or of a key directory of its own.
+    fn start_with(keys_of: Option<&Keyed>, extra: &[OsString]) -> Keyed {
+        let dir = match keys_of {
+            Some(other) => other.dir.clone(),
+            None => {
+                let dir = tempfile::tempdir().expect("a key directory");
+                let alice = keygen(dir.path(), "alice", "alice.key", false);
+                let jobs = keygen(dir.path(), "jobs", "jobs.key", true);
+                let keys = dir.path().join("authorized_keys");
+                std::fs::write(&keys, format!("{alice}\n{jobs}\n")).unwrap();
+                Arc::new(dir)
+            }
+        };
         let keys = dir.path().join("authorized_keys");
-        std::fs::write(&keys, format!("{alice}\n{jobs}\n")).unwrap();
         let ip = test_addr().ip();
         let child = Command::new(target_bin("server"))
             .args(["--listen", &format!("{ip}:0")])
             .args(["--listen", &format!("{ip}:0=rping")])
             .args(["--anonymous", "discard", "--authorized-keys"])
             .arg(&keys)
+            .args(extra)
             .stdout(Stdio::piped())
             .spawn()
             .expect("start the server binary (build the examples' binaries)");
@@ -345,15 +360,20 @@ fn an_anonymous_client_is_refused_on_a_protected_service_and_served_on_an_open_o
     });
 }
 
-/// What a flood saw: refusals at the proof, throttled rejects, and how long it ran.
+/// What a flood saw: refusals at the proof, throttled rejects, connects the transport
+/// failed before the server decided anything, and how long it ran.
 struct Flooded {
     bad_proof: usize,
     throttled: usize,
+    /// librdmacm's own CONNECT_ERROR (status -1: the QP's move to RTR/RTS or the RTU
+    /// failed on this side), seen about once in a thousand connects of a flood in the
+    /// VM; not a refusal, so counted apart, printed, and bounded by the tests.
+    transport: usize,
     took: Duration,
 }
 
 impl Flooded {
-    /// The most proof checks the address's bucket allows over the flood (10, refilled
+    /// The most proof checks the address's bucket allows over the flood (64, refilled
     /// at 1/s, one more for the second begun), plus one per stream in flight when the
     /// bucket runs dry.
     fn allowed(&self, streams: usize) -> usize {
@@ -381,12 +401,16 @@ fn flood(
             let begun = Instant::now();
             let (c, throttled) = (&client, &throttled);
             let stream = move || async move {
-                let mut bad_proof = 0;
+                let (mut bad_proof, mut transport) = (0, 0);
                 for _ in 0..each {
                     match c.connect_from(from, at, "echo").await {
                         Err(ConnectError::Auth(why)) => {
                             assert_eq!(why, "bad proof");
                             bad_proof += 1;
+                        }
+                        Err(e @ ConnectError::Failed { .. }) => {
+                            println!("a flood attempt failed in the transport: {e}");
+                            transport += 1;
                         }
                         Err(ConnectError::Rejected(r)) => {
                             assert_eq!(r.code, RejectCode::Throttled, "{r}");
@@ -396,7 +420,7 @@ fn flood(
                         Ok(_) => panic!("an impostor served"),
                     }
                 }
-                bad_proof
+                (bad_proof, transport)
             };
             let counts = futures::future::join_all((0..streams).map(|_| stream())).await;
             let took = begun.elapsed();
@@ -409,8 +433,9 @@ fn flood(
             .await;
             client.shutdown().await;
             Flooded {
-                bad_proof: counts.iter().sum(),
+                bad_proof: counts.iter().map(|c| c.0).sum(),
                 throttled: throttled.load(Ordering::Relaxed),
+                transport: counts.iter().map(|c| c.1).sum(),
                 took,
             }
         })
@@ -459,9 +484,10 @@ fn a_flood_of_bad_attempts_from_one_address_does_not_delay_another() {
         let f = flood_ended(flooding).await;
         println!(
             "polite connect + echo: {took:?} ({seen} throttled before); flood: {} bad proof, \
-             {} throttled in {:?} (the bucket allows {})",
+             {} throttled, {} failed in the transport in {:?} (the bucket allows {})",
             f.bad_proof,
             f.throttled,
+            f.transport,
             f.took,
             f.allowed(STREAMS)
         );
@@ -470,7 +496,12 @@ fn a_flood_of_bad_attempts_from_one_address_does_not_delay_another() {
             "the flood ended before the polite client was served"
         );
         assert!(took < Duration::from_secs(1), "served in {took:?}");
-        assert_eq!(f.bad_proof + f.throttled, 2000);
+        assert_eq!(f.bad_proof + f.throttled + f.transport, 2000);
+        assert!(
+            f.transport <= 20,
+            "{} of 2,000 connects failed in the transport",
+            f.transport
+        );
         s.left_nothing_and_serves(vec![polite]).await;
     });
 }
@@ -484,14 +515,19 @@ fn failures_in_parallel_from_one_address_are_held_to_its_bucket() {
         let flooding = flood(s.addr, (STREAMS, 75), Arc::default(), Arc::default());
         let f = flood_ended(flooding).await;
         println!(
-            "{} bad proof, {} throttled in {:?}",
-            f.bad_proof, f.throttled, f.took
+            "{} bad proof, {} throttled, {} failed in the transport in {:?}",
+            f.bad_proof, f.throttled, f.transport, f.took
         );
-        assert_eq!(f.bad_proof + f.throttled, STREAMS * 75);
+        assert_eq!(f.bad_proof + f.throttled + f.transport, STREAMS * 75);
+        assert!(
+            f.transport <= 12,
+            "{} of 1,200 connects failed in the transport",
+            f.transport
+        );
         assert!(
             f.bad_proof <= f.allowed(STREAMS),
             "{} attempts from one address reached a proof check in {:?}: its bucket \
-             (10, 1/s) allows {}",
+             (64, 1/s) allows {}",
             f.bad_proof,
             f.took,
             f.allowed(STREAMS)
@@ -566,4 +602,96 @@ fn the_client_binary_is_served_with_its_key_and_refused_with_an_impostors() {
         }
         s.left_nothing_and_serves(vec![]).await;
     });
+}
+
+/// Command-line arguments of mixed kinds (words and paths).
+fn os(parts: &[&dyn AsRef<OsStr>]) -> Vec<OsString> {
+    parts.iter().map(|p| p.as_ref().to_owned()).collect()
+}
+
+/// Runs `ft` against `at` with `key` (if any), `args` after the options: whether it
+/// exited 0, and what it printed.
+fn ft(at: SocketAddr, key: Option<&Path>, args: &[OsString]) -> (bool, String) {
+    let mut cmd = Command::new(target_bin("ft"));
+    cmd.args(["--addr", &at.to_string()]);
+    if let Some(key) = key {
+        cmd.arg("--key").arg(key);
+    }
+    let out = cmd
+        .args(args)
+        .env("RUST_LIB_BACKTRACE", "0")
+        .output()
+        .expect("run ft");
+    (out.status.success(), text(&out))
+}
+
+#[test]
+fn an_identitys_files_are_its_own_on_two_servers_sharing_one_key_file() {
+    let Some(_ctx) = rdma_context() else { return };
+    let base = resource_counts();
+    // Under the target directory, not /tmp: the owner is a user extended attribute, which
+    // the VM's tmpfs lacks before Linux 6.6 (bookworm's kernel is 6.1), and the
+    // repository's 9p mount passes to the host's filesystem.
+    let work = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let path = |name: &str| work.path().join(name);
+    for d in ["node1", "node2", "out", "forged"] {
+        std::fs::create_dir_all(path(d)).unwrap();
+    }
+    // Neither server has --files-public-fetch.
+    let one = Keyed::start_with(None, &os(&[&"--files-dir", &path("node1")]));
+    let two = Keyed::start_with(Some(&one), &os(&[&"--files-dir", &path("node2")]));
+    let report: Vec<u8> = (0..300_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(path("report"), &report).unwrap();
+    // Another file under the same name (ft stores a file under its own name).
+    std::fs::write(path("forged").join("report"), b"not alice's report").unwrap();
+    let (alice, jobs) = (one.key_file("alice.key"), one.key_file("jobs.key"));
+    // Alice puts "report" on both servers (as a cluster client places its replicas).
+    for at in [one.addr, two.addr] {
+        let (ok, out) = ft(at, Some(&alice), &os(&[&"send", &path("report")]));
+        assert!(
+            ok && out.contains("GOOD report"),
+            "alice's upload to {at}: {out}"
+        );
+    }
+    let fetch = os(&[&"fetch", &"--out", &path("out"), &"report"]);
+    let forge = os(&[&"send", &"--overwrite", &path("forged").join("report")]);
+    for at in [one.addr, two.addr] {
+        // Alice fetches it from either, on a connection of its own.
+        let _ = std::fs::remove_file(path("out").join("report"));
+        let (ok, out) = ft(at, Some(&alice), &fetch);
+        assert!(
+            ok && out.contains("GOOD report"),
+            "alice's fetch from {at}: {out}"
+        );
+        let fetched = std::fs::read(path("out").join("report")).unwrap();
+        assert!(fetched == report, "the bytes alice fetched from {at}");
+        // jobs (a PSK identity) is told only what a missing file would tell it, and may
+        // not replace alice's file even asking to overwrite.
+        let _ = std::fs::remove_file(path("out").join("report"));
+        let (ok, out) = ft(at, Some(&jobs), &fetch);
+        assert!(
+            !ok && out.contains("REJECTED report: no such file"),
+            "jobs's fetch from {at}: {out}"
+        );
+        let (ok, out) = ft(at, Some(&jobs), &forge);
+        assert!(
+            !ok && out.contains("REJECTED report: file exists"),
+            "jobs's overwrite on {at}: {out}"
+        );
+        // An anonymous client is not let in at all.
+        let (ok, out) = ft(at, None, &fetch);
+        assert!(
+            !ok && out.contains("service needs authentication"),
+            "anonymous fetch from {at}: {out}"
+        );
+    }
+    for (node, at) in [("node1", one.addr), ("node2", two.addr)] {
+        let stored = std::fs::read(path(node).join("report")).unwrap();
+        assert!(stored == report, "the report stored on {at} is alice's");
+    }
+    println!("{}", two.stop());
+    println!("{}", one.stop());
+    assert_released(&base);
 }
