@@ -14,12 +14,19 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 
-use rdmactor::fuzz::{adversarial, fuzz_connection_outcome, replay_frames, Bytes, Outcome, SplitMix};
+use rdmactor::fuzz::{
+    adversarial, fuzz_connection_outcome, replay_frames, Bytes, Outcome, SplitMix,
+};
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let corpus = PathBuf::from(args.next().expect("usage: embedder-check <corpus dir> [seeds]"));
-    let seeds: u64 = args.next().map_or(40, |s| s.parse().expect("a number of seeds"));
+    let corpus = PathBuf::from(
+        args.next()
+            .expect("usage: embedder-check <corpus dir> [seeds]"),
+    );
+    let seeds: u64 = args
+        .next()
+        .map_or(40, |s| s.parse().expect("a number of seeds"));
     // The panic's message goes on the input's line, not to stderr.
     std::panic::set_hook(Box::new(|_| {}));
     // Which profile this is, for the script to check it compared what it meant to: an
@@ -30,23 +37,23 @@ fn main() {
         if wrapped.is_err() { "on" } else { "off" }
     );
     let mut panics = 0;
-    let mut report = |name: &str, whole: bool, run: &mut dyn FnMut() -> Outcome| {
-        match catch_unwind(AssertUnwindSafe(run)) {
-            Ok(outcome) if whole => println!("{name}: {outcome}"),
-            Ok(o) => println!(
-                "{name}: a: {} | b: {}",
-                o.a.as_deref().unwrap_or("open"),
-                o.b.as_deref().unwrap_or("open")
-            ),
-            Err(e) => {
-                panics += 1;
-                let msg = e
-                    .downcast_ref::<String>()
-                    .map(String::as_str)
-                    .or_else(|| e.downcast_ref::<&str>().copied())
-                    .unwrap_or("(not a string)");
-                println!("{name}: PANIC {msg}");
-            }
+    let mut report = |name: &str, whole: bool, run: &mut dyn FnMut() -> Outcome| match catch_unwind(
+        AssertUnwindSafe(run),
+    ) {
+        Ok(outcome) if whole => println!("{name}: {outcome}"),
+        Ok(o) => println!(
+            "{name}: a: {} | b: {}",
+            o.a.as_deref().unwrap_or("open"),
+            o.b.as_deref().unwrap_or("open")
+        ),
+        Err(e) => {
+            panics += 1;
+            let msg = e
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| e.downcast_ref::<&str>().copied())
+                .unwrap_or("(not a string)");
+            println!("{name}: PANIC {msg}");
         }
     };
     let mut files: Vec<PathBuf> = std::fs::read_dir(&corpus)
@@ -56,14 +63,23 @@ fn main() {
     files.sort();
     for file in &files {
         let data = std::fs::read(file).expect("a corpus file");
-        let name = format!("corpus {}", file.file_name().unwrap_or_default().to_string_lossy());
-        report(&name, false, &mut || fuzz_connection_outcome(&mut Bytes(&data)));
+        let name = format!(
+            "corpus {}",
+            file.file_name().unwrap_or_default().to_string_lossy()
+        );
+        report(&name, false, &mut || {
+            fuzz_connection_outcome(&mut Bytes(&data))
+        });
     }
     for seed in 0..seeds {
-        report(&format!("seed {seed}"), false, &mut || fuzz_connection_outcome(&mut SplitMix(seed)));
+        report(&format!("seed {seed}"), false, &mut || {
+            fuzz_connection_outcome(&mut SplitMix(seed))
+        });
     }
     for (name, frames) in adversarial() {
-        report(&format!("adversarial {name}"), true, &mut || replay_frames(&frames));
+        report(&format!("adversarial {name}"), true, &mut || {
+            replay_frames(&frames)
+        });
     }
     if panics > 0 {
         eprintln!("embedder-check: {panics} input(s) panicked");
