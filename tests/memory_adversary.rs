@@ -17,6 +17,18 @@
 //! past 30 s, with no `GetInto` finished yet (all 2,048 progress together, chunk by
 //! chunk). Next to look at: rxe's own work on the VM's two CPUs, and the one server
 //! poller that posts every chunk.
+//!
+//! Found since (2026-11-28, printed by this test: rxe's counters that moved, and
+//! `RDMACTOR_ADVERSARY_CONNS`/`_CALLS` to shape the flood):
+//! - rxe retransmits under the flood (`completer_retry_err`, `duplicate_request`; no
+//!   drops in the kernel's input queues), each after the 1 s ACK timeout (18);
+//! - the polite client waits seconds even behind 2 connections × 4 calls (slowest
+//!   4.6 s; 34 GetInto moved in 15 s, 36 MB/s);
+//! - the service's chunk line is first-in-first-out in name only: a connection whose
+//!   chunk completes wakes the next in line, then takes the freed room itself before
+//!   the woken one runs (`Transfers::complete` drops the room, then posts); with the
+//!   line at 2 chunks, the 32 × 64 flood stopped moving altogether, and the server
+//!   closed the hostile connections as idle 10 minutes later.
 
 use std::process::{Child, Command};
 use std::rc::Rc;
@@ -24,7 +36,21 @@ use std::time::{Duration, Instant};
 
 use rdmactor::prelude::*;
 use rdmactor_examples::kv::{get_into_until, KvClient};
-use rdmactor_tests::{actix_run, eventually, rdma_context, resource_counts, target_bin, test_addr};
+use rdmactor_tests::{
+    actix_run, eventually, hw_counters, rdma_context, resource_counts, target_bin, test_addr,
+};
+
+/// What rxe's counters did since `before`: the ones that moved.
+fn counters_since(before: &std::collections::BTreeMap<String, u64>) -> String {
+    hw_counters()
+        .into_iter()
+        .filter_map(|(name, now)| {
+            let was = before.get(&name).copied().unwrap_or(0);
+            (now != was).then(|| format!("{name}+{}", now.saturating_sub(was)))
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
 
 /// What the server may hold beyond its heap budget: its registered pool (WRITE chunks:
 /// 16 of 1 MiB in flight across the service, and arenas kept for reuse up to
@@ -112,10 +138,22 @@ fn get_into_flood_keeps_kv_serve_within_its_heap_budget_and_a_polite_client_serv
         );
         let baseline = rss_mib(pid);
         let qps = resource_counts().get("qp");
+        let fabric_before = hw_counters();
 
         let until = Instant::now() + Duration::from_secs(secs);
         let mut hostile = Vec::new();
-        for _ in 0..32 {
+        // The flood's shape can be changed by hand (to see where a polite request waits).
+        let knob = |name: &str, default: usize| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(default)
+        };
+        let (conns, calls) = (
+            knob("RDMACTOR_ADVERSARY_CONNS", 32),
+            knob("RDMACTOR_ADVERSARY_CALLS", 64),
+        );
+        for _ in 0..conns {
             hostile.push(Rc::new(KvClient(
                 client.connect(addr, "kv").await.expect("hostile"),
             )));
@@ -123,7 +161,7 @@ fn get_into_flood_keeps_kv_serve_within_its_heap_budget_and_a_polite_client_serv
         let tally = Rc::new(std::cell::RefCell::new([0u64; 3]));
         let mut tasks = Vec::new();
         for conn in &hostile {
-            for _ in 0..64 {
+            for _ in 0..calls {
                 let (conn, into, tally) = (Rc::clone(conn), Rc::clone(&into), Rc::clone(&tally));
                 tasks.push(actix::spawn(async move {
                     get_into_until(&conn, "big", 16 << 20, into.remote(), until, &tally).await;
@@ -136,7 +174,12 @@ fn get_into_flood_keeps_kv_serve_within_its_heap_budget_and_a_polite_client_serv
             let asked = Instant::now();
             let got = actix::clock::timeout(Duration::from_secs(30), polite.get("small"))
                 .await
-                .expect("the polite client is answered");
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "the polite client was not answered within 30 s; rxe: {}",
+                        counters_since(&fabric_before)
+                    )
+                });
             assert_eq!(got.expect("polite get"), b"ok");
             polite_worst = polite_worst.max(asked.elapsed());
             polite_n += 1;
@@ -145,12 +188,13 @@ fn get_into_flood_keeps_kv_serve_within_its_heap_budget_and_a_polite_client_serv
             if polite_n % 10 == 1 {
                 let t = tally.borrow();
                 println!(
-                    "  {:>5.1} s: RSS {rss} MiB, polite {:?}, GetInto {} written {} no room {} busy",
+                    "  {:>5.1} s: RSS {rss} MiB, polite {:?}, GetInto {} written {} no room {} busy; rxe: {}",
                     secs as f64 - until.saturating_duration_since(Instant::now()).as_secs_f64(),
                     asked.elapsed(),
                     t[0],
                     t[1],
-                    t[2]
+                    t[2],
+                    counters_since(&fabric_before)
                 );
             }
             assert!(

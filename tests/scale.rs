@@ -11,19 +11,9 @@ use std::time::{Duration, Instant};
 use rdmactor::runtime::{Client, ConnectionConfig, NodeConfig, Server};
 use rdmactor_services::echo::Echo;
 use rdmactor_tests::{
-    actix_run, assert_leases_returned, assert_released, pattern, rdma_context, resource_counts,
-    target_bin, test_addr, wait_idle,
+    actix_run, assert_leases_returned, assert_released, hw_counter, pattern, rdma_context,
+    resource_counts, target_bin, test_addr, wait_idle,
 };
-
-/// rxe's port counter `name` (RNR NAKs sent and retries given up, say).
-fn hw_counter(name: &str) -> u64 {
-    let path = format!("/sys/class/infiniband/rxe0/ports/1/hw_counters/{name}");
-    std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{path}: {e}"))
-        .trim()
-        .parse()
-        .expect("a counter")
-}
 
 #[test]
 fn two_hundred_senders_flood_a_slow_service_without_rnr_through_shared_receives() {

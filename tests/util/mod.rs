@@ -111,6 +111,44 @@ pub fn qps_of(pid: u32) -> usize {
         .count()
 }
 
+/// rxe's port counter `name` (RNR NAKs sent, retries given up, packets dropped, ...).
+pub fn hw_counter(name: &str) -> u64 {
+    let path = format!("/sys/class/infiniband/rxe0/ports/1/hw_counters/{name}");
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{path}: {e}"))
+        .trim()
+        .parse()
+        .expect("a counter")
+}
+
+/// Every rxe port counter, by name, and the packets the kernel's input queues dropped
+/// (`softnet_dropped`, from /proc/net/softnet_stat): what a test prints to say what the
+/// fabric did.
+pub fn hw_counters() -> std::collections::BTreeMap<String, u64> {
+    let dir = "/sys/class/infiniband/rxe0/ports/1/hw_counters";
+    let mut counters: std::collections::BTreeMap<String, u64> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let value = std::fs::read_to_string(e.path())
+                .ok()?
+                .trim()
+                .parse()
+                .ok()?;
+            Some((e.file_name().to_string_lossy().into_owned(), value))
+        })
+        .collect();
+    let softnet = std::fs::read_to_string("/proc/net/softnet_stat").unwrap_or_default();
+    let dropped = softnet
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .filter_map(|hex| u64::from_str_radix(hex, 16).ok())
+        .sum();
+    counters.insert("softnet_dropped".into(), dropped);
+    counters
+}
+
 /// A path next to the test binary's `target/<profile>/` (for example the examples'
 /// binaries, which `scripts/test` builds first).
 pub fn target_bin(name: &str) -> std::path::PathBuf {
