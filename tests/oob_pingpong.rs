@@ -148,24 +148,12 @@ fn many_at_once(transport: OobTransport, tool: &str, n: usize, args: &[&str], qp
 
 #[test]
 fn sixteen_rc_clients_at_once() {
-    many_at_once(
-        OobTransport::Rc,
-        "rc",
-        16,
-        &["-g", "1", "-s", "4096"],
-        1,
-    );
+    many_at_once(OobTransport::Rc, "rc", 16, &["-g", "1", "-s", "4096"], 1);
 }
 
 #[test]
 fn sixteen_uc_clients_at_once() {
-    many_at_once(
-        OobTransport::Uc,
-        "uc",
-        16,
-        &["-g", "1", "-s", "4096"],
-        1,
-    );
+    many_at_once(OobTransport::Uc, "uc", 16, &["-g", "1", "-s", "4096"], 1);
 }
 
 #[test]
@@ -175,13 +163,7 @@ fn eight_ud_clients_at_once() {
 
 #[test]
 fn eight_srq_clients_of_four_qps_at_once() {
-    many_at_once(
-        OobTransport::Srq,
-        "srq",
-        8,
-        &["-g", "1", "-q", "4"],
-        4,
-    );
+    many_at_once(OobTransport::Srq, "srq", 8, &["-g", "1", "-q", "4"], 4);
 }
 
 /// Writes `bytes` to the port, then reads whatever comes back until EOF (the server
