@@ -19,15 +19,28 @@
 //! 6. **hostile**: a client asks to store `../escape`, one uses another connection's rkey,
 //!    one names a service that does not exist: each is refused with its reason, and the
 //!    connection that owns the rkey keeps reading.
+//! 7. **identity**: the server authenticates (issue 46). At start it makes an Ed25519 key
+//!    for one identity, `demo-user`, and an authorized keys file with its public half,
+//!    in its work directory; every service above is anonymous on purpose (their clients,
+//!    here and on other hosts, need no key), and one more, `whoami`, is
+//!    authenticated-only and answers with the caller's identity. `demo-user`'s key is
+//!    served and named; an impostor (`demo-user`, another key) is refused as a bad proof,
+//!    a client without a key as needing authentication, each with the framework's reason.
 //!
 //! Run it with `scripts/demo` (inside the Soft-RoCE VM); on a host with an RDMA device,
-//! `demo --ip <address of the RDMA interface>`. The exit status is 0 only when every
-//! operation was verified and the server shut down cleanly.
+//! `demo --ip <address of the RDMA interface>`. The exit status is 0 only when no
+//! step failed and the server shut down cleanly.
 //!
 //! With `--cluster NAME --etcd URL[,URL..]` the demo runs only its clients, like
 //! `--server`, against the node the cluster's registry lists as least loaded for
 //! `echo` (rping on `--rping-port` there); `demo --serve --cluster ..` is such a node:
 //! it registers its services, and withdraws before it shuts down.
+//!
+//! Against another host's server (`--server`, `--cluster`) the identity step needs that
+//! server's `demo-user` key: `demo --serve` prints where it wrote it; copy it over and
+//! pass `--key FILE`. Without `--key` the step is skipped, and says so: its row reads
+//! `SKIPPED: no --key given`, it prints no `RESULT` line, and the run's last line names
+//! it; a skip never fails the run and never passes for verified (see [`verify`]).
 //!
 //! The launcher is this file (options, the server, the steps in order, shutdown); each
 //! step is a module of [`scenarios`], run by the [`verify::Verifier`]; [`server`] is the
@@ -42,9 +55,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, Result};
+use anyhow::{bail, Context as _, Result};
 use clap::Parser;
-use rdmactor::runtime::{Client, NodeConfig};
+use rdmactor::runtime::{Client, Credential, NodeConfig};
 use rdmactor_cluster::{pick, EtcdConfig, Membership};
 use rdmactor_examples::cluster::ClusterArgs;
 use rdmactor_examples::{logs, transport};
@@ -98,6 +111,11 @@ struct Args {
     /// `--serve`: serve, and register there).
     #[command(flatten)]
     cluster: ClusterArgs,
+    /// With `--server` or `--cluster`: the key file of the `demo-user` identity of the
+    /// `demo --serve` there (it prints where it wrote it), for the identity step, which
+    /// is skipped without it. The demo's own server makes its own key.
+    #[arg(long, value_name = "FILE", conflicts_with = "serve")]
+    key: Option<PathBuf>,
     /// Where `--serve` stores uploads (default: a temporary directory, removed at exit).
     #[arg(long, requires = "serve")]
     store: Option<PathBuf>,
@@ -131,7 +149,7 @@ async fn run(args: Args) -> Result<()> {
 /// `demo --serve`: the server alone, until SIGINT or SIGTERM.
 async fn serve(args: &Args, config: NodeConfig, work: &Path) -> Result<()> {
     let store = args.store.clone().unwrap_or_else(|| work.join("store"));
-    let server = DemoServer::start(args, config, store, true).await?;
+    let server = DemoServer::start(args, config, work, store, true).await?;
     println!("ready: serving until SIGINT or SIGTERM");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
@@ -155,17 +173,33 @@ async fn demo(args: &Args, config: NodeConfig, work: &Path, started: Instant) ->
     };
     let local = match (args.server, found) {
         (None, None) => {
-            Some(DemoServer::start(args, config.clone(), work.join("store"), false).await?)
+            if args.key.is_some() {
+                bail!(
+                    "--key is for another host's server (--server or --cluster): the \
+                     demo's own server makes its own key"
+                );
+            }
+            let store = work.join("store");
+            Some(DemoServer::start(args, config.clone(), work, store, false).await?)
         }
         _ => None,
+    };
+    // The identity step's key: our server's, or the one given for the other host's (a
+    // file that does not load ends the run here, rather than pass for "not given").
+    let key = match (&local, &args.key) {
+        (Some(server), _) => Some(server.user.clone()),
+        (None, Some(path)) => {
+            Some(Credential::load(path).with_context(|| format!("--key {}", path.display()))?)
+        }
+        (None, None) => None,
     };
     let addr = found.unwrap_or_else(|| SocketAddr::new(args.server.unwrap_or(args.ip), args.port));
     let rping_addr = SocketAddr::new(addr.ip(), args.rping_port);
     let store = local.as_ref().map(|s| s.store.clone());
-    let client = Client::start(config).context("starting the client node")?;
+    let client = Client::start(config.clone()).context("starting the client node")?;
 
     // --- The clients, one step at a time; a failed step is reported, the rest run. ---
-    let mut steps = Verifier::new(6, Duration::from_secs(args.step_secs));
+    let mut steps = Verifier::new(7, Duration::from_secs(args.step_secs));
     steps
         .step(
             "echo",
@@ -196,6 +230,21 @@ async fn demo(args: &Args, config: NodeConfig, work: &Path, started: Instant) ->
             scenarios::hostile::run(&client, addr, store.as_deref()),
         )
         .await;
+    match &key {
+        Some(key) => {
+            steps
+                .step(
+                    "identity",
+                    scenarios::identity::run(&config, &client, addr, key),
+                )
+                .await
+        }
+        None => steps.skip(
+            "identity",
+            "no --key given",
+            "copy over the key file `demo --serve` printed, and pass --key FILE",
+        ),
+    }
 
     // --- Shutdown: clients first, then the server; everything must come back. --------
     client.shutdown().await;
@@ -207,6 +256,9 @@ async fn demo(args: &Args, config: NodeConfig, work: &Path, started: Instant) ->
     table::print(steps.rows());
     println!();
     println!("done in {:.1} s", started.elapsed().as_secs_f64());
+    if let Some(skipped) = steps.skipped() {
+        println!("{skipped}");
+    }
     steps.verdict()
 }
 

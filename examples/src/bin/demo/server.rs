@@ -1,15 +1,20 @@
 //! The demo's server: every service behind one CM actor, the `read` service's live
-//! region and the thread that keeps it changing.
+//! region and the thread that keeps it changing, and the one identity it knows
+//! (`demo-user`, whose key it makes at start) for its authenticated-only `whoami`.
 
+use std::io::Write as _;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::os::unix::fs::OpenOptionsExt as _;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
-use rdmactor::runtime::{NodeConfig, Server};
+use rdmactor::runtime::{
+    Credential, Identity, Keys, NodeConfig, RequestCx, RequestHandler, Server,
+};
 use rdmactor_cluster::{Registrar, RegistrationConfig};
 use rdmactor_services::echo::Echo;
 use rdmactor_services::file_transfer::{Config as FilesConfig, FileTransfer};
@@ -26,6 +31,14 @@ use crate::Args;
 /// The services `demo --serve --cluster` registers (rping has a port of its own, which
 /// `demo --cluster` takes from `--rping-port`).
 const DEMO_SERVICES: [&str; 5] = ["echo", "files", "read", "lambda", "ingest"];
+
+/// Every service the demo served before it authenticated, open to anonymous clients on
+/// purpose: its steps, `demo --server` clients on another host and the cluster's clients
+/// reach them without a key, as they always did. Only `whoami` asks for one.
+const ANONYMOUS: [&str; 6] = ["echo", "rping", "files", "read", "lambda", "ingest"];
+
+/// The one identity in the demo server's authorized keys.
+pub const DEMO_USER: &str = "demo-user";
 
 /// The ID whose secret the demo's upload earns: the `files` service releases a secret
 /// only to the connection whose GOOD upload created the file of that name.
@@ -44,18 +57,23 @@ pub struct DemoServer {
     registrar: Option<Registrar>,
     /// Where the `files` service stores uploads.
     pub store: PathBuf,
+    /// `demo-user`'s credential: the only key `whoami` takes.
+    pub user: Credential,
 }
 
 impl DemoServer {
     /// `public_fetch`: any client may fetch any stored file (a client on another host
-    /// fetches its upload back on a new connection to compare it).
+    /// fetches its upload back on a new connection to compare it). `work` gets the
+    /// server's authorized keys file and `demo-user`'s key file.
     pub async fn start(
         args: &Args,
         config: NodeConfig,
+        work: &Path,
         store: PathBuf,
         public_fetch: bool,
     ) -> Result<Self> {
         std::fs::create_dir_all(&store).with_context(|| format!("creating {}", store.display()))?;
+        let (user, keys) = make_keys(work)?;
         let regions = ReadRegions::new();
         let live = regions.add_buffer_with_copies(
             "live",
@@ -84,6 +102,13 @@ impl DemoServer {
                 "ingest",
                 IngestService::new(IngestConfig::default(), Arc::new(|_: Record| {})),
             )
+            .handler("whoami", WhoAmI)
+            .authorized_keys(
+                Keys::load(&keys).with_context(|| format!("loading {}", keys.display()))?,
+            );
+        let server = ANONYMOUS
+            .iter()
+            .fold(server, |server, name| server.anonymous(name))
             .start()
             .context("starting the server (is there an RDMA device? run scripts/demo)")?;
         // Register the read regions now, on this thread, not on the poller at first lookup.
@@ -94,9 +119,18 @@ impl DemoServer {
         regions.register_all(&pd)?;
         drop(pd);
         println!(
-            "server: echo, files, read, lambda, ingest on {addr}; rping on {rping_addr} (pid {})",
+            "server: echo, files, read, lambda, ingest, whoami ({DEMO_USER} only) on {addr}; \
+             rping on {rping_addr} (pid {})",
             std::process::id()
         );
+        if args.serve {
+            // For the clients on another host: their identity step needs this key.
+            println!(
+                "server: {DEMO_USER}'s key is {} (for `demo --server {} --key FILE` elsewhere)",
+                work.join(KEY_FILE).display(),
+                args.ip
+            );
+        }
         let updater = Updater::start(live);
         let registrar = match args.cluster.etcd()? {
             Some((cluster, etcd)) if args.serve => {
@@ -112,6 +146,7 @@ impl DemoServer {
             updater,
             registrar,
             store,
+            user,
         })
     }
 
@@ -134,6 +169,51 @@ impl DemoServer {
              updated {updates} times; shut down cleanly",
             stats.accepted, stats.rejected, stats.closed,
         );
+    }
+}
+
+/// `demo-user`'s key file in the work directory (for `demo --server .. --key` on another
+/// host: copy it there).
+const KEY_FILE: &str = "demo-user.key";
+
+/// A fresh Ed25519 key for `demo-user`: its key file (mode 0600, as `keygen` writes one)
+/// and the authorized keys file holding its public half, both in `work`. Returns the
+/// credential and the authorized keys file's path. A new key every start: no secret of
+/// the demo's is ever shipped or reused.
+fn make_keys(work: &Path) -> Result<(Credential, PathBuf)> {
+    let user = Credential::generate_ed25519(DEMO_USER).context("making demo-user's key")?;
+    let key_file = work.join(KEY_FILE);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&key_file)
+        .with_context(|| format!("creating {}", key_file.display()))?;
+    file.write_all(user.to_key_file().as_bytes())
+        .with_context(|| format!("writing {}", key_file.display()))?;
+    let keys = work.join("authorized_keys");
+    std::fs::write(&keys, format!("{}\n", user.authorized_line()))
+        .with_context(|| format!("writing {}", keys.display()))?;
+    Ok((user, keys))
+}
+
+/// `whoami`: answers with the identity the caller proved. Authenticated-only (not in
+/// [`ANONYMOUS`]), so the framework ran the proof before the first call: the handler
+/// only reads what the door established, as a service that authorizes by identity
+/// would.
+struct WhoAmI;
+
+impl RequestHandler for WhoAmI {
+    type Req = ();
+    type Resp = String;
+    type Error = String;
+
+    async fn call(&self, _: (), cx: &RequestCx) -> Result<String, String> {
+        match &cx.peer().identity {
+            Identity::Key(name) => Ok(name.clone()),
+            // Unreachable while whoami is authenticated-only; said, not assumed.
+            other => Err(format!("no proved identity ({other})")),
+        }
     }
 }
 

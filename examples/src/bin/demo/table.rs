@@ -1,4 +1,5 @@
-//! The table the demo ends with: a row per step that passed.
+//! The table the demo ends with: a row per step that passed or was skipped (a failed
+//! step has its `FAILED` line and the verdict instead).
 
 /// One line of the final table.
 pub struct Row {

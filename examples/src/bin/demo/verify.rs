@@ -1,6 +1,16 @@
 //! How the demo judges: each step runs under a deadline and passes only when its
 //! scenario verified what it did (a step that fails is reported and the others still
 //! run); a child process passes when it exits 0.
+//!
+//! A step may also be skipped, when what it needs was not given (the identity step
+//! against another host's server without `--key`). The skip is decided before the step
+//! runs, from the options alone: once a step runs, whatever goes wrong is a failure,
+//! never a skip. A skipped step counts as neither verified nor failed: it prints
+//! `SKIPPED: why` where a verified step prints its `RESULT` line and a failed one
+//! `FAILED: why` (so a script that counts `RESULT` lines counts verified steps only),
+//! its row in the table says it was skipped and why, and the run's last line names it.
+//! The verdict fails when any step failed, skipped steps or not; a run with skips and
+//! no failure exits 0, since nothing it checked was wrong.
 
 use std::future::Future;
 use std::process::Child;
@@ -10,13 +20,14 @@ use anyhow::{bail, Result};
 
 use crate::table::Row;
 
-/// Runs the steps one after another and keeps their rows and failures.
+/// Runs the steps one after another and keeps their rows, failures and skips.
 pub struct Verifier {
     steps: usize,
     limit: Duration,
     started: usize,
     rows: Vec<Row>,
     failures: Vec<String>,
+    skipped: Vec<String>,
 }
 
 impl Verifier {
@@ -28,6 +39,7 @@ impl Verifier {
             started: 0,
             rows: Vec::new(),
             failures: Vec::new(),
+            skipped: Vec::new(),
         }
     }
 
@@ -65,12 +77,41 @@ impl Verifier {
         }
     }
 
-    /// The rows of the steps that passed, in order.
+    /// Counts the next step, `name`, as skipped because `why` (short: it goes in the
+    /// table), without running it; `how` says what would run it. See the module's doc
+    /// for how a skip is counted.
+    pub fn skip(&mut self, name: &'static str, why: &str, how: &str) {
+        self.started += 1;
+        println!("[{}/{}] {}", self.started, self.steps, name);
+        println!("      SKIPPED: {why} ({how})");
+        self.rows.push(Row {
+            service: name,
+            clients: 0,
+            operations: "not run".into(),
+            verified: format!("SKIPPED: {why}"),
+            secs: 0.0,
+        });
+        self.skipped.push(format!("{name} ({why})"));
+    }
+
+    /// The rows of the steps that passed or were skipped, in order.
     pub fn rows(&self) -> &[Row] {
         &self.rows
     }
 
-    /// Ok only when every step passed.
+    /// What was skipped, for the run's last line: `None` when every step ran.
+    pub fn skipped(&self) -> Option<String> {
+        (!self.skipped.is_empty()).then(|| {
+            format!(
+                "{} step(s) skipped, not verified: {}",
+                self.skipped.len(),
+                self.skipped.join("; ")
+            )
+        })
+    }
+
+    /// Ok only when no step failed (skipped steps are named by
+    /// [`skipped`](Self::skipped), and do not fail the run).
     pub fn verdict(self) -> Result<()> {
         if !self.failures.is_empty() {
             bail!(
@@ -126,4 +167,49 @@ pub async fn wait_all(mut procs: Vec<Proc>, limit: Duration) -> Result<(usize, V
         actix_rt::time::sleep(Duration::from_millis(20)).await;
     }
     Ok((ok, failed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(service: &'static str) -> Row {
+        Row {
+            service,
+            clients: 1,
+            operations: "one".into(),
+            verified: "1/1".into(),
+            secs: 0.0,
+        }
+    }
+
+    /// A skip is neither verified nor failed: alone it does not fail the run, beside a
+    /// failure it does not hide it, and either way the run names it.
+    #[test]
+    fn a_skip_passes_for_nothing_and_hides_no_failure() {
+        actix::System::new().block_on(async {
+            let mut steps = Verifier::new(2, Duration::from_secs(5));
+            steps.step("echo", async { Ok(row("echo")) }).await;
+            steps.skip("identity", "no --key given", "pass --key");
+            let rows: Vec<_> = steps.rows().iter().map(|r| r.verified.as_str()).collect();
+            assert_eq!(rows, ["1/1", "SKIPPED: no --key given"]);
+            assert_eq!(
+                steps.skipped().as_deref(),
+                Some("1 step(s) skipped, not verified: identity (no --key given)")
+            );
+            assert!(steps.verdict().is_ok());
+
+            let mut steps = Verifier::new(2, Duration::from_secs(5));
+            steps
+                .step("echo", async { Err(anyhow::anyhow!("reply differs")) })
+                .await;
+            steps.skip("identity", "no --key given", "pass --key");
+            let err = steps.verdict().unwrap_err().to_string();
+            assert_eq!(err, "1 step(s) failed: echo: reply differs");
+
+            let mut steps = Verifier::new(1, Duration::from_secs(5));
+            steps.step("echo", async { Ok(row("echo")) }).await;
+            assert_eq!(steps.skipped(), None);
+        });
+    }
 }

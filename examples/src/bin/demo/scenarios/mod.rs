@@ -4,6 +4,7 @@
 pub mod echo;
 pub mod files;
 pub mod hostile;
+pub mod identity;
 pub mod lambda;
 pub mod read;
 pub mod rping;
