@@ -17,9 +17,13 @@ use std::time::{Duration, Instant};
 /// Unproven attempts an address may make at once (in flight, or failed lately) before it
 /// is throttled: the size of its bucket. As many as the connections one address may hold
 /// by default (`DEFAULT_MAX_CONNECTIONS_PER_PEER`), because a token is held from the
-/// connect until the proof is checked: a client that opens all its connections at once,
+/// connect until the proof is checked: a client that opens up to 64 connections at once,
 /// every one with a good key, is not throttled, and a guesser gets 64 checks (a few
-/// milliseconds of CPU) and then one a second.
+/// milliseconds of CPU) and then one a second. Like OpenSSH's `MaxStartups`, this bounds
+/// the attempts still proving, not the connections: an authenticated client may hold
+/// more (its identity's cap counts them), but more than 64 connects in flight at once
+/// from one address are refused `Throttled` until proofs come back (200 at once with
+/// good keys: about two in three refused, bench/notes/2026-11-28-auth.md).
 pub const FAILURE_BURST: f64 = 64.0;
 /// Tokens per second an address earns back: once its burst is spent, the most attempts
 /// per second that reach a proof check, however many it has in flight.
