@@ -19,7 +19,8 @@
 //! poller that posts every chunk.
 //!
 //! Found since (2026-11-28, printed by this test: rxe's counters that moved, and
-//! `RDMACTOR_ADVERSARY_CONNS`/`_CALLS` to shape the flood):
+//! `RDMACTOR_ADVERSARY_CONNS`/`_CALLS` to shape the flood; these runs shared the host's
+//! two CPUs with another VM and builds, so the times are to be taken again alone):
 //! - rxe retransmits under the flood (`completer_retry_err`, `duplicate_request`; no
 //!   drops in the kernel's input queues), each after the 1 s ACK timeout (18);
 //! - the polite client waits seconds even behind 2 connections × 4 calls (slowest
@@ -28,7 +29,8 @@
 //!   chunk completes wakes the next in line, then takes the freed room itself before
 //!   the woken one runs (`Transfers::complete` drops the room, then posts); with the
 //!   line at 2 chunks, the 32 × 64 flood stopped moving altogether, and the server
-//!   closed the hostile connections as idle 10 minutes later.
+//!   closed the hostile connections as idle 10 minutes later (the guest's clock, and the
+//!   log, jumped those 10 minutes at once: the VM may have been starved of CPU).
 
 use std::process::{Child, Command};
 use std::rc::Rc;
