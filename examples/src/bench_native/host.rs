@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 
 use anyhow::{anyhow, Context as _, Result};
-use rdmactor::runtime::{NodeConfig, Server};
+use rdmactor::runtime::{KeySet, Keys, NodeConfig, Server};
 use rdmactor::transport::loopback::{Fabric, Loopback};
 use rdmactor_services::echo::{Discard, Echo};
 
@@ -35,6 +35,18 @@ impl Host {
         addr: SocketAddr,
         config: NodeConfig,
     ) -> Result<Host> {
+        Host::start_keyed(fabric, name, addr, config, None)
+    }
+
+    /// [`start`](Self::start), authenticating clients with `keys` when given (then
+    /// `echo` and `discard` are authenticated-only).
+    pub fn start_keyed(
+        fabric: &Fabric,
+        name: &str,
+        addr: SocketAddr,
+        config: NodeConfig,
+        keys: Option<KeySet>,
+    ) -> Result<Host> {
         let before = cpu::tids().context("listing the process's threads")?;
         let device = fabric.device(name);
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<SocketAddr, String>>();
@@ -43,7 +55,7 @@ impl Host {
             .name(format!("srv-{name}"))
             .spawn(move || {
                 actix::System::new().block_on(async move {
-                    let started = Server::over(Loopback)
+                    let mut builder = Server::over(Loopback)
                         .domain(device)
                         .config(config)
                         .listen(addr, None)
@@ -52,8 +64,11 @@ impl Host {
                         // Every client of the bench is one peer; the idle-heap figure
                         // holds 10,000 connections.
                         .max_connections(MAX_CONNECTIONS)
-                        .max_connections_per_peer(0)
-                        .start();
+                        .max_connections_per_peer(0);
+                    if let Some(keys) = keys {
+                        builder = builder.authorized_keys(Keys::from_set(keys));
+                    }
+                    let started = builder.start();
                     let server = match started {
                         Ok(server) => server,
                         Err(e) => {

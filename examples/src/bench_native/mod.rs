@@ -13,11 +13,13 @@
 //! - [`bulk`]: 8 MiB echoes, and what they do to a small client's p99.
 //! - [`setup`]: connection setup, and the heap an idle connection holds (in a process of
 //!   its own, `bench_native_heap`, whose counting allocator would tax the other figures).
+//! - [`auth`]: what proving an identity costs a connect and a round trip.
 //!
 //! Around them: [`host`] runs a server in an actix System on a thread of its own and
 //! knows that server's threads; [`cpu`] reads a thread's CPU time; [`stats`] holds a
 //! figure's repetitions and prints its `RESULT` line and table row.
 
+pub mod auth;
 pub mod bulk;
 pub mod cpu;
 pub mod floors;

@@ -25,12 +25,13 @@ use rdmactor::runtime::{Client, PollMode};
 use rdmactor::transport::loopback::{Fabric, Loopback};
 use rdmactor_examples::bench_native::stats::{median, quantile_us, Figure, Report};
 use rdmactor_examples::bench_native::{
-    bulk, config, cpu, echo_request, floors, host::Host, latency, listen_addr, rate, setup, Plan,
+    auth, bulk, config, cpu, echo_request, floors, host::Host, latency, listen_addr, rate, setup,
+    Plan,
 };
 use rdmactor_examples::logs;
 
 /// The groups of figures, in the order they run.
-const GROUPS: [&str; 8] = [
+const GROUPS: [&str; 9] = [
     "latency",
     "cpu",
     "conns1000",
@@ -38,6 +39,7 @@ const GROUPS: [&str; 8] = [
     "bulk",
     "fairness",
     "setup",
+    "auth",
     "heap",
 ];
 
@@ -54,7 +56,7 @@ struct Args {
     #[arg(long, default_value_t = 20_000)]
     rounds: usize,
     /// Comma-separated groups to run (latency, cpu, conns1000, oneway, bulk, fairness,
-    /// setup, heap); all by default.
+    /// setup, auth, heap); all by default.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Write the markdown rows of every figure (with its spread) to this file.
@@ -328,6 +330,11 @@ async fn run(args: &Args) -> Result<Report> {
     server.stop();
     control.stop();
     sleeper.stop();
+
+    if wants(args, "auth") {
+        eprintln!("== authentication: setup and echo round trip, anonymous, Ed25519, PSK");
+        auth::run(&fabric, &plan, &small, &mut report).await?;
+    }
 
     if wants(args, "heap") {
         eprintln!(
