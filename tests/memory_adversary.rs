@@ -37,7 +37,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use rdmactor::prelude::*;
-use rdmactor_examples::kv::{get_into_until, KvClient};
+use rdmactor_examples::kv::{get_into_until, stock_flood, KvClient, FLOOD_KEY, FLOOD_LEN};
 use rdmactor_tests::{
     actix_run, eventually, hw_counters, rdma_context, resource_counts, target_bin, test_addr,
 };
@@ -117,25 +117,10 @@ fn get_into_flood_keeps_kv_serve_within_its_heap_budget_and_a_polite_client_serv
                 }
             }
         };
-        // 16 MiB and its encoding is more than one message may carry: the server READs
-        // it from the client's memory instead.
-        let mut src = polite_node
-            .register(16 << 20, Access::REMOTE_READ)
-            .expect("register");
-        src.as_mut_slice()
-            .copy_from_slice(&rdmactor_testkit::pattern(16 << 20, 45));
-        polite
-            .put_from("big", src.remote())
-            .await
-            .expect("put 16 MiB");
-        drop(src);
-        polite
-            .put("small", b"ok".to_vec())
-            .await
-            .expect("put small");
+        stock_flood(&polite_node, &polite).await;
         let into = Rc::new(
             client
-                .register(16 << 20, Access::REMOTE_WRITE)
+                .register(FLOOD_LEN, Access::REMOTE_WRITE)
                 .expect("register"),
         );
         let baseline = rss_mib(pid);
@@ -166,7 +151,15 @@ fn get_into_flood_keeps_kv_serve_within_its_heap_budget_and_a_polite_client_serv
             for _ in 0..calls {
                 let (conn, into, tally) = (Rc::clone(conn), Rc::clone(&into), Rc::clone(&tally));
                 tasks.push(actix::spawn(async move {
-                    get_into_until(&conn, "big", 16 << 20, into.remote(), until, &tally).await;
+                    get_into_until(
+                        &conn,
+                        FLOOD_KEY,
+                        FLOOD_LEN as u64,
+                        into.remote(),
+                        until,
+                        &tally,
+                    )
+                    .await;
                 }));
             }
         }

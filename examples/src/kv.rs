@@ -405,6 +405,29 @@ impl<T: Transport> KvClient<T> {
     }
 }
 
+/// The key of the value the memory adversary tests (issue 45) flood with `GetInto`.
+pub const FLOOD_KEY: &str = "big";
+/// That value's length: the largest a `GetInto` writes (its encoding is more than one
+/// message may carry, so it is put by the server's READ of the client's memory).
+pub const FLOOD_LEN: usize = 16 << 20;
+
+/// Stocks a `kv` server for the memory adversary tests through `conn`, a connection of
+/// `node`: [`FLOOD_LEN`] bytes under [`FLOOD_KEY`] (put from `node`'s memory), and
+/// `"small"` holding `ok`, what the polite client asks for.
+pub async fn stock_flood<T: Transport>(node: &Client<T>, conn: &KvClient<T>) {
+    use rdmactor::transport::Region as _;
+    let mut src = node
+        .register(FLOOD_LEN, Access::REMOTE_READ)
+        .expect("register");
+    src.write(0, &rdmactor_testkit::pattern(FLOOD_LEN, 45))
+        .expect("fill");
+    conn.put_from(FLOOD_KEY, src.remote())
+        .await
+        .expect("put 16 MiB");
+    drop(src);
+    conn.put("small", b"ok".to_vec()).await.expect("put small");
+}
+
 /// How a hostile client's `GetInto` calls ended: written whole, refused for want of
 /// room (the server's heap budget), or refused busy or overloaded.
 pub type FloodTally = std::cell::RefCell<[u64; 3]>;
