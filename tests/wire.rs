@@ -36,10 +36,11 @@ impl<'w> DemoServer<'w> {
     fn start(wire: &'w Wire, extra: &[&str]) -> DemoServer<'w> {
         let store = format!("/tmp/store-{}", std::process::id());
         let demo = bin("demo");
-        // Warnings name why the server closed a connection.
+        // Warnings name why the server closed a connection; the connection module's debug
+        // lines say when each probe went out and each connection was released.
         let mut cmd = vec![
             "env",
-            "RUST_LOG=rdmactor=warn",
+            "RUST_LOG=rdmactor=warn,rdmactor::runtime::connection=debug",
             demo.as_str(),
             "--serve",
             "--ip",

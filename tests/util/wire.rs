@@ -102,10 +102,29 @@ impl Wire {
         let repo = Path::new(env!("CARGO_MANIFEST_DIR"))
             .parent()
             .expect("repo");
-        Some(Wire {
+        let wire = Wire {
             script: repo.join("scripts/wire"),
             dir: PathBuf::from(dir),
-        })
+        };
+        wire.restore();
+        Some(wire)
+    }
+
+    /// Every host running, its link up and no netem on its NIC, whatever an earlier test
+    /// left: each test runs in its own process, and one that fails halfway (with b killed,
+    /// or the cable pulled) must not fail the tests after it for that.
+    fn restore(&self) {
+        let out = self.ctl(&["hosts"]);
+        let hosts = String::from_utf8_lossy(&out.stdout).into_owned();
+        for name in hosts.split_whitespace() {
+            if !self.ctl(&["alive", name]).status.success() {
+                eprintln!("wire: host {name} was down (left so by an earlier test): booting it");
+                self.ctl_ok(&["boot", name]);
+            }
+            self.ctl_ok(&["link", name, "up"]);
+            // Fails when there is no qdisc to delete, which is the state wanted.
+            let _ = self.ctl(&["netem", name, "off"]);
+        }
     }
 
     fn ctl(&self, args: &[&str]) -> Output {
@@ -255,6 +274,26 @@ impl Wire {
         self.ctl_ok(&["boot", host.name()]);
     }
 
+    /// Where each thread of `host`'s rdmactor processes is (name, kernel wait channel and
+    /// kernel stack): what a test prints when something on the host stopped moving, so a
+    /// thread blocked in a verbs call shows which call.
+    pub fn threads(&self, host: Host) -> String {
+        const DUMP: &str = r#"for p in $(pgrep -f "^/[^ ]*/target/release/"); do
+  echo "== process $p: $(tr '\0' ' ' </proc/$p/cmdline | cut -c1-120)"
+  for t in /proc/$p/task/*; do
+    echo "-- thread ${t##*/} $(cat $t/comm) wchan=$(cat $t/wchan 2>/dev/null)"
+    cat $t/stack 2>/dev/null | head -12
+  done
+done
+rdma resource show qp 2>&1 | head -40
+rdma resource show cm_id 2>&1 | head -40"#;
+        let job = self.run(host, &["bash", "-c", DUMP], Duration::from_secs(60));
+        format!(
+            "--- threads and resources on {host:?}\n{}{}",
+            job.stdout, job.stderr
+        )
+    }
+
     /// `rdma resource show` on `host`.
     pub fn resources(&self, host: Host) -> ResourceCounts {
         ResourceCounts::parse(&self.sh(host, "rdma resource show"))
@@ -279,10 +318,12 @@ impl Wire {
             if differ.is_empty() {
                 return t.elapsed();
             }
-            assert!(
-                t.elapsed() < limit,
-                "{host:?}: resources not back to baseline after {limit:?}: {differ:?}"
-            );
+            if t.elapsed() >= limit {
+                panic!(
+                    "{host:?}: resources not back to baseline after {limit:?}: {differ:?}\n{}",
+                    self.threads(host)
+                );
+            }
             std::thread::sleep(Duration::from_millis(250));
         }
     }
