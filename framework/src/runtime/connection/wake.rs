@@ -44,6 +44,12 @@ impl SessionWaker {
         }
     }
 
+    /// A waker of no connection (its wake-ups go nowhere), for tests of what holds one.
+    #[cfg(test)]
+    pub(crate) fn detached() -> SessionWaker {
+        SessionWaker { target: None }
+    }
+
     /// False once the connection's actor is gone.
     pub fn is_connected(&self) -> bool {
         self.target

@@ -37,9 +37,13 @@ pub struct HandlerService<H> {
     chunks: Arc<ServiceChunks>,
 }
 
-/// Most READ and WRITE chunks of a service's calls in flight at once, by default (16 MiB
-/// with the pool's 1 MiB class).
-const MAX_SERVICE_CHUNKS: usize = 16;
+/// Most READ and WRITE chunks of a service's calls in flight at once, by default (4 MiB
+/// with the pool's 1 MiB class). Far more than a link's bandwidth-delay product (200
+/// Gb/s × 5 µs is 125 KB), so bulk transfers still fill it; and every small answer of
+/// the service waits behind at most this much at the NIC. Under Soft-RoCE in the VM, 16
+/// made a polite request wait up to 1 s behind a flood of 16 MiB `GetInto`s, 4 about
+/// a quarter of that (tests/memory_adversary.rs).
+const MAX_SERVICE_CHUNKS: usize = 4;
 
 /// Most calls of one service running at once across all its connections, by default.
 const MAX_CALLS: usize = 1024;
@@ -64,7 +68,7 @@ impl<H: RequestHandler> HandlerService<H> {
     }
 
     /// How many chunks of the calls' READs and WRITEs of client memory may be in flight
-    /// across every connection of the service (at least 1; 16 by default, each at most
+    /// across every connection of the service (at least 1; 4 by default, each at most
     /// the pool's largest class). Each connection has 8 at most; this bounds what all
     /// of them queue at the NIC together, ahead of everyone's small messages. More
     /// moves bulk data faster and makes small requests wait longer behind it.
