@@ -372,7 +372,9 @@ impl ServiceChunks {
         let mut line = lock(&self.state);
         let granted = waiter.granted.load(Ordering::Acquire);
         if granted > 0 {
-            waiter.granted.store(granted.saturating_sub(1), Ordering::Release);
+            waiter
+                .granted
+                .store(granted.saturating_sub(1), Ordering::Release);
             return Some(ChunkRoom {
                 chunks: Arc::clone(self),
             });
