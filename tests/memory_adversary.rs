@@ -31,7 +31,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use rdmactor::prelude::*;
-use rdmactor_examples::kv::{get_into_until, stock_flood, KvClient, FLOOD_KEY, FLOOD_LEN};
+use rdmactor_examples::kv::{spawn_flood, stock_flood, KvClient, FLOOD_LEN};
 use rdmactor_tests::{
     actix_run, eventually, hw_counters, rdma_context, resource_counts, target_bin, test_addr,
 };
@@ -112,11 +112,10 @@ fn get_into_flood_keeps_kv_serve_within_its_heap_budget_and_a_polite_client_serv
             }
         };
         stock_flood(&polite_node, &polite).await;
-        let into = Rc::new(
-            client
-                .register(FLOOD_LEN, Access::REMOTE_WRITE)
-                .expect("register"),
-        );
+        // Registered as long as the flood's streams may write into it (dropped below).
+        let into = client
+            .register(FLOOD_LEN, Access::REMOTE_WRITE)
+            .expect("register");
         let baseline = rss_mib(pid);
         let qps = resource_counts().get("qp");
         let fabric_before = hw_counters();
@@ -139,24 +138,7 @@ fn get_into_flood_keeps_kv_serve_within_its_heap_budget_and_a_polite_client_serv
                 client.connect(addr, "kv").await.expect("hostile"),
             )));
         }
-        let tally = Rc::new(std::cell::RefCell::new([0u64; 3]));
-        let mut tasks = Vec::new();
-        for conn in &hostile {
-            for _ in 0..calls {
-                let (conn, into, tally) = (Rc::clone(conn), Rc::clone(&into), Rc::clone(&tally));
-                tasks.push(actix::spawn(async move {
-                    get_into_until(
-                        &conn,
-                        FLOOD_KEY,
-                        FLOOD_LEN as u64,
-                        into.remote(),
-                        until,
-                        &tally,
-                    )
-                    .await;
-                }));
-            }
-        }
+        let (tally, tasks) = spawn_flood(&hostile, calls, into.remote(), until);
         // The polite client and the RSS samples, side by side, until the flood ends.
         let (mut most, mut polite_worst, mut polite_n) = (0, Duration::ZERO, 0u64);
         while Instant::now() < until {

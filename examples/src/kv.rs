@@ -459,6 +459,29 @@ pub async fn get_into_until<T: Transport>(
     }
 }
 
+/// The memory adversary tests' flood: `calls` [`get_into_until`] streams of
+/// [`FLOOD_KEY`] on each connection of `hostile`, all writing into `into` until `until`,
+/// spawned on the current System. Returns the tally they share and their handles; the
+/// caller keeps `into`'s registration alive while they run.
+pub fn spawn_flood<T: Transport>(
+    hostile: &[std::rc::Rc<KvClient<T>>],
+    calls: usize,
+    into: RemoteRegion,
+    until: Instant,
+) -> (std::rc::Rc<FloodTally>, Vec<tokio::task::JoinHandle<()>>) {
+    let tally = std::rc::Rc::new(FloodTally::new([0; 3]));
+    let mut tasks = Vec::new();
+    for conn in hostile {
+        for _ in 0..calls {
+            let (conn, tally) = (std::rc::Rc::clone(conn), std::rc::Rc::clone(&tally));
+            tasks.push(actix::spawn(async move {
+                get_into_until(&conn, FLOOD_KEY, FLOOD_LEN as u64, into, until, &tally).await;
+            }));
+        }
+    }
+    (tally, tasks)
+}
+
 fn unexpected(answer: KvResponse) -> CallError<KvError> {
     CallError::BadAnswer(format!("the answer to another request: {answer:?}"))
 }
