@@ -548,10 +548,11 @@ fn failures_in_parallel_from_one_address_are_held_to_its_bucket() {
         f.assert_few_unexplained();
         assert!(
             f.bad_proof + f.lost_reason <= f.allowed(STREAMS),
-            "{} attempts from one address reached a proof check in {:?}: its bucket \
-             (64, 1/s) allows {}",
-            f.bad_proof,
+            "{} attempts from one address reached a proof check in {:?} ({} of them lost \
+             their reason): its bucket (64, 1/s) allows {}",
+            f.bad_proof + f.lost_reason,
             f.took,
+            f.lost_reason,
             f.allowed(STREAMS)
         );
         s.left_nothing_and_serves(vec![]).await;

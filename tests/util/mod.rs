@@ -111,9 +111,12 @@ pub fn qps_of(pid: u32) -> usize {
         .count()
 }
 
+/// Where the VM's rxe device keeps its port counters, one file each.
+const HW_COUNTERS: &str = "/sys/class/infiniband/rxe0/ports/1/hw_counters";
+
 /// rxe's port counter `name` (RNR NAKs sent, retries given up, packets dropped, ...).
 pub fn hw_counter(name: &str) -> u64 {
-    let path = format!("/sys/class/infiniband/rxe0/ports/1/hw_counters/{name}");
+    let path = format!("{HW_COUNTERS}/{name}");
     std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("{path}: {e}"))
         .trim()
@@ -125,8 +128,7 @@ pub fn hw_counter(name: &str) -> u64 {
 /// (`softnet_dropped`, from /proc/net/softnet_stat): what a test prints to say what the
 /// fabric did.
 pub fn hw_counters() -> std::collections::BTreeMap<String, u64> {
-    let dir = "/sys/class/infiniband/rxe0/ports/1/hw_counters";
-    let mut counters: std::collections::BTreeMap<String, u64> = std::fs::read_dir(dir)
+    let mut counters: std::collections::BTreeMap<String, u64> = std::fs::read_dir(HW_COUNTERS)
         .into_iter()
         .flatten()
         .filter_map(Result::ok)
