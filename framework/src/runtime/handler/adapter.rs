@@ -13,7 +13,8 @@ use std::time::Duration;
 use tokio::task::AbortHandle;
 
 use super::api::{RequestCx, RequestHandler};
-use super::one_sided::{Link, LinkParts, ServiceChunks, Transfers, TRANSFERS};
+use super::chunk_line::ServiceChunks;
+use super::one_sided::{Link, LinkParts, Transfers, TRANSFERS};
 use super::wire::{encode_refusal, Answer, Refusal};
 use crate::proto::budget::BudgetError;
 use crate::runtime::connection::{panic_message, SessionCx, SessionWaker};

@@ -11,6 +11,7 @@
 
 mod adapter;
 mod api;
+mod chunk_line;
 mod one_sided;
 mod wire;
 
