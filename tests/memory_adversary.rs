@@ -32,8 +32,12 @@ use std::time::{Duration, Instant};
 
 use rdmactor::prelude::*;
 use rdmactor_examples::kv::{spawn_flood, stock_flood, KvClient, FLOOD_LEN};
+use rdmactor_services::lambda::{
+    self, checksum_native, CallError, FailureKind, Invocation, LambdaRef,
+};
 use rdmactor_tests::{
-    actix_run, eventually, hw_counters, rdma_context, resource_counts, target_bin, test_addr,
+    actix_run, eventually, hw_counters, pattern, rdma_context, resource_counts, second_peer_ip,
+    target_bin, test_addr,
 };
 
 /// What rxe's counters did since `before`: the ones that moved.
@@ -202,6 +206,178 @@ fn get_into_flood_keeps_kv_serve_within_its_heap_budget_and_a_polite_client_serv
         )
         .await;
         polite.0.close().await;
+        client.shutdown().await;
+        polite_node.shutdown().await;
+    });
+    drop(server);
+}
+
+/// The lambda round: 512 connections keep 4 invocations each of the native `checksum`
+/// over a 16 MiB input in flight against the `server` binary, re-asking at once when
+/// refused, for `RDMACTOR_ADVERSARY_SECS` (60). The per-address cap is lifted
+/// (`--max-connections-per-peer 0`): one host stands for a hostile client with many
+/// hosts. Each input is counted (the service's 256 MiB of inputs running, within the
+/// heap budget) before it is read, and the jobs beyond the slots wait in a line served
+/// in turn by tenant, so the polite client, from another address, runs a 4 KiB checksum
+/// (verified) within 1 s every time, and the server's RSS stays within its budget.
+#[test]
+fn lambda_input_flood_keeps_the_server_within_its_heap_budget_and_a_polite_client_served() {
+    let Some(_ctx) = rdma_context() else { return };
+    let secs: u64 = std::env::var("RDMACTOR_ADVERSARY_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
+    let addr = std::net::SocketAddr::new(test_addr().ip(), 7496);
+    let server = Serving(
+        Command::new(target_bin("server"))
+            .args([
+                "--listen",
+                &addr.to_string(),
+                "--max-connections-per-peer",
+                "0",
+            ])
+            .spawn()
+            .expect("server"),
+    );
+    let pid = server.0.id();
+    actix_run(async move {
+        let client = Client::start(NodeConfig::default()).expect("client");
+        let polite_node = Client::start(NodeConfig::default()).expect("client");
+        let started = Instant::now();
+        let polite = loop {
+            match polite_node
+                .connect_from(second_peer_ip(), addr, "lambda")
+                .await
+            {
+                Ok(conn) => break conn,
+                Err(e) => {
+                    assert!(
+                        started.elapsed() < Duration::from_secs(30),
+                        "the server never listened: {e}"
+                    );
+                    actix::clock::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        };
+        let small = pattern(4096, 7);
+        let mut polite_in = polite_node
+            .register(small.len(), Access::REMOTE_READ)
+            .expect("register");
+        polite_in.as_mut_slice().copy_from_slice(&small);
+        let polite_out = polite_node
+            .register(4096, Access::REMOTE_WRITE)
+            .expect("register");
+        let polite_call = Invocation {
+            lambda: LambdaRef::Native("checksum".into()),
+            input: polite_in.remote(),
+            input_len: small.len() as u64,
+            output: polite_out.remote(),
+            limits: None,
+        };
+        let want = checksum_native(&small);
+        let baseline = rss_mib(pid);
+        let qps = resource_counts().get("qp");
+
+        let mut big = client
+            .register(16 << 20, Access::REMOTE_READ)
+            .expect("register");
+        big.as_mut_slice().copy_from_slice(&pattern(16 << 20, 3));
+        let out = client
+            .register(4096, Access::REMOTE_WRITE)
+            .expect("register");
+        let flood_call = Invocation {
+            lambda: LambdaRef::Native("checksum".into()),
+            input: big.remote(),
+            input_len: 16 << 20,
+            output: out.remote(),
+            limits: None,
+        };
+        let conns = std::env::var("RDMACTOR_ADVERSARY_CONNS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(512usize);
+        let mut hostile = Vec::new();
+        for _ in 0..conns.div_ceil(32) {
+            let batch = (0..32).map(|_| client.connect(addr, "lambda"));
+            for conn in futures::future::join_all(batch).await {
+                hostile.push(Rc::new(conn.expect("hostile connect")));
+            }
+        }
+        hostile.truncate(conns);
+        let until = Instant::now() + Duration::from_secs(secs);
+        // Ran, refused Busy, failed otherwise.
+        let tally = Rc::new(std::cell::RefCell::new([0u64; 3]));
+        let mut tasks = Vec::new();
+        for conn in &hostile {
+            for _ in 0..4 {
+                let (conn, tally, call) = (conn.clone(), tally.clone(), flood_call.clone());
+                tasks.push(actix::spawn(async move {
+                    while Instant::now() < until {
+                        let slot = match lambda::invoke(&conn, &call).await {
+                            Ok(_) => 0,
+                            Err(CallError::Failed(f)) if f.kind == FailureKind::Busy => 1,
+                            Err(_) => 2,
+                        };
+                        tally.borrow_mut()[slot] += 1;
+                    }
+                }));
+            }
+        }
+        let (mut most, mut worst, mut answered) = (0, Duration::ZERO, 0u64);
+        while Instant::now() < until {
+            let asked = Instant::now();
+            let got = actix::clock::timeout(
+                Duration::from_secs(30),
+                lambda::invoke(&polite, &polite_call),
+            )
+            .await
+            .expect("the polite client was not answered within 30 s")
+            .expect("the polite invocation");
+            assert_eq!(&polite_out.as_slice()[..got as usize], &want[..]);
+            worst = worst.max(asked.elapsed());
+            answered += 1;
+            let rss = rss_mib(pid);
+            most = most.max(rss);
+            if answered % 10 == 1 {
+                let t = tally.borrow();
+                println!(
+                    "  RSS {rss} MiB, polite {:?}; flood: {} ran, {} busy, {} failed",
+                    asked.elapsed(),
+                    t[0],
+                    t[1],
+                    t[2]
+                );
+            }
+            assert!(
+                rss <= HEAP_MIB + MARGIN_MIB,
+                "the server holds {rss} MiB, past its budget of {HEAP_MIB} MiB + {MARGIN_MIB} MiB"
+            );
+            actix::clock::sleep(Duration::from_millis(100)).await;
+        }
+        for t in tasks {
+            t.abort();
+        }
+        let [ran, busy, failed] = *tally.borrow();
+        println!(
+            "lambda adversary {secs} s, {conns} connections x 4 x 16 MiB: server RSS {baseline} MiB at start, \
+             at most {most} MiB (bound {} MiB); flood {ran} ran, {busy} busy, {failed} failed; \
+             polite: {answered} answered, slowest {worst:?}",
+            HEAP_MIB + MARGIN_MIB
+        );
+        assert!(ran > 0, "the flood ran nothing");
+        assert_eq!(failed, 0, "flood calls failed other than Busy");
+        assert!(
+            worst <= Duration::from_secs(1),
+            "the polite client waited {worst:?} for an answer (at most 1 s)"
+        );
+        drop(hostile);
+        eventually(
+            "the hostile connections' QPs released",
+            Duration::from_secs(60),
+            || async { resource_counts().get("qp") <= qps },
+        )
+        .await;
+        polite.close().await;
         client.shutdown().await;
         polite_node.shutdown().await;
     });

@@ -28,12 +28,24 @@ pub struct LambdaConfig {
     pub read_chunk: usize,
     /// Chunk READs one invocation keeps in flight.
     pub reads_in_flight: usize,
+    /// Bytes of input the service's running jobs may hold together (a job alone may
+    /// always run). Kept under the server's heap budget, so that a full service refuses
+    /// in its own line, by turn, rather than at the heap, where any client's input is
+    /// refused alike.
+    pub max_input_running: usize,
+    /// Jobs that may wait for a slot (or for room for their input), served in turn by
+    /// tenant: a proved identity, else the client's address. Past it, the tenant with
+    /// the most waiting gives up its newest.
+    pub max_waiting_jobs: usize,
+    /// How long a job waits in line before it is refused `Busy`.
+    pub job_wait: Duration,
 }
 
 impl Default for LambdaConfig {
     /// [`Limits::default`] as the cap, 16 MiB inputs, 4 jobs per connection, 64 in all,
     /// at least 10 ms of wall clock per invocation, inputs read 1 MiB at a time with 4
-    /// READs in flight.
+    /// READs in flight; 256 MiB of inputs running (half the server's default heap
+    /// budget), 1,024 jobs in line, each waiting at most 2 s.
     fn default() -> Self {
         LambdaConfig {
             cap: Limits::default(),
@@ -43,6 +55,9 @@ impl Default for LambdaConfig {
             min_wall_clock: Duration::from_millis(10),
             read_chunk: 1 << 20,
             reads_in_flight: 4,
+            max_input_running: 256 << 20,
+            max_waiting_jobs: 1024,
+            job_wait: Duration::from_secs(2),
         }
     }
 }

@@ -3,9 +3,8 @@
 //! WRITEs its output and replies (or a failure reply at any step). The session drives it.
 //!
 //! The order is the point (issue 45): the input buffer is allocated, and the client's
-//! region READ, only once the service granted a job slot and the heap budget counted
-//! the bytes. Before, every connection allocated and READ up to 4 × 16 MiB of input
-//! before asking for a slot, outside any budget.
+//! region READ, only once the service granted a job slot (and room for the input) and
+//! the heap budget counted the bytes; never before, outside any budget.
 //!
 //! The machine is generic over what the driver hands back for a granted slot (`G`, the
 //! owner's answer, which frees the slot when dropped) and for counted bytes (`H`, a
@@ -42,9 +41,9 @@ pub(crate) enum Outcome {
 pub(crate) enum Action<G> {
     /// Answer request `tag`.
     Reply { tag: u32, response: LambdaResponse },
-    /// Ask the service for a job slot (and the module) for the invocation `job`
-    /// (`work` is [`Work::Module`] or [`Work::Native`]), then `handle_started`.
-    Start { job: usize, work: Work },
+    /// Ask the service for a job slot, the module and room for `len` bytes of input for
+    /// `job` (`work` is [`Work::Module`] or [`Work::Native`]), then `handle_started`.
+    Start { job: usize, work: Work, len: usize },
     /// Count `len` bytes against the server's heap budget for `job`, then
     /// `handle_held`. Never waits: a job holds a service-wide slot meanwhile.
     Hold { job: usize, len: usize },
@@ -239,7 +238,7 @@ impl<G: std::fmt::Debug, H: std::fmt::Debug> Invocations<G, H> {
                         src,
                     },
                 });
-                self.actions.push_back(Action::Start { job, work });
+                self.actions.push_back(Action::Start { job, work, len });
             }
         }
     }
@@ -620,6 +619,7 @@ mod tests {
             min_wall_clock: Duration::from_millis(10),
             read_chunk: 1 << 20,
             reads_in_flight: 4,
+            ..LambdaConfig::default()
         }
     }
 
@@ -1047,6 +1047,7 @@ mod tests {
         let [Action::Start {
             job,
             work: Work::Native(ref name),
+            ..
         }] = acts[..]
         else {
             panic!("a slot is asked for first, nothing read: {acts:?}");

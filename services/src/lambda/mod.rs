@@ -109,6 +109,7 @@
 mod client;
 mod config;
 mod job;
+mod line;
 mod native;
 mod owner;
 mod sandbox;

@@ -11,17 +11,37 @@
 //! the guest's run never go through it: the job thread runs the [`Compiled`] module it
 //! was handed, and gives its slot back ([`JobSlot`]'s drop) when it ends.
 
+use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use actix::prelude::*;
+use tokio::sync::oneshot;
 
+use super::line::{JobLine, Tenant, Waiting};
 use super::sandbox::{ClientId, Compiled, LambdaError, ModuleCache, ModuleHash, Quota, Sandbox};
+use super::LambdaConfig;
+
+/// A start's answer: what to do (with the input bytes its slot counts), and how many
+/// modules left the cache.
+pub(crate) type Started = Result<(Go<usize>, usize), LambdaError>;
 
 /// The module cache and the job slots of one lambda service.
 pub(crate) struct Budget {
     cache: ModuleCache,
     running: usize,
     max_jobs: usize,
+    /// Bytes of input the running jobs hold, and the most they may (one job alone may
+    /// always run): the service's share of the server's heap budget, so that a full
+    /// service refuses in its own line rather than at the heap, where a polite client's
+    /// small input would be refused as well.
+    input_running: usize,
+    max_input_running: usize,
+    /// Jobs waiting for a slot or for room, served in turn by tenant.
+    line: JobLine<Want>,
+    /// Answers to jobs that waited (by ticket): granted, or refused at the end of their
+    /// wait; whether it was an upload.
+    answers: Vec<(u64, bool, Started)>,
 }
 
 /// What a session wants to start.
@@ -57,9 +77,9 @@ impl std::fmt::Debug for Compiled {
 }
 
 impl Budget {
-    /// An empty cache within the sandbox's bounds and per-client quotas, and
-    /// `max_jobs` job slots.
-    pub(crate) fn new(sandbox: &Sandbox, max_jobs: usize) -> Budget {
+    /// An empty cache within the sandbox's bounds and per-client quotas, the job slots
+    /// and input bytes of `config`, and an empty line.
+    pub(crate) fn new(sandbox: &Sandbox, config: &LambdaConfig) -> Budget {
         let c = sandbox.config();
         Budget {
             cache: ModuleCache::new(
@@ -71,55 +91,145 @@ impl Budget {
                 },
             ),
             running: 0,
-            max_jobs,
+            max_jobs: config.max_jobs,
+            input_running: 0,
+            max_input_running: config.max_input_running,
+            line: JobLine::new(config.max_waiting_jobs, config.job_wait),
+            answers: Vec::new(),
         }
     }
 
-    /// Decides what `client` may start; a job slot, when one is needed, is counted as
-    /// taken (give it back with [`handle_slot_freed`](Self::handle_slot_freed)). Returns
-    /// how many modules left the cache too (a hold past the client's quota lets go of
+    /// Decides what `job` may start: at once, when a job slot and room for its input
+    /// are free and nobody waits (the slot counted as taken, given back with
+    /// [`handle_slot_freed`](Self::handle_slot_freed)); `None` when it waits in line for
+    /// its turn (its answer comes out of [`take_answers`](Self::take_answers)). Also
+    /// returns how many modules left the cache (a hold past the client's quota lets go of
     /// its oldest).
     ///
     /// # Errors
     ///
-    /// [`Busy`](LambdaError::Busy) when every job slot is taken;
+    /// [`Busy`](LambdaError::Busy) when the line is full of `tenant`'s own jobs;
     /// [`UnknownLambda`](LambdaError::UnknownLambda) for a module not cached (never
     /// uploaded, or evicted since); [`CacheFull`](LambdaError::CacheFull) when a cached
     /// module alone exceeds the client's quota.
     pub(crate) fn handle_start(
         &mut self,
-        client: ClientId,
-        want: &Want,
-    ) -> Result<(Go<()>, usize), LambdaError> {
-        match want {
+        tenant: Tenant,
+        job: Waiting<Want>,
+        now: Instant,
+    ) -> Result<Option<(Go<usize>, usize)>, LambdaError> {
+        match &job.want {
+            // A cached upload needs no slot.
+            Want::Load(hash) => {
+                if let Some(held) = self.cache.hold(job.client, hash) {
+                    return Ok(Some((Go::Held, held?)));
+                }
+            }
+            Want::Module(hash) if !self.cache.contains(hash) => {
+                return Err(LambdaError::UnknownLambda(hash.to_string()));
+            }
+            Want::Module(_) | Want::Native => {}
+        }
+        if self.line.is_empty() && self.fits(job.input) {
+            return self.begin(job.client, &job.want, job.input).map(Some);
+        }
+        match self.line.park(tenant, job, now) {
+            Ok(bumped) => {
+                if let Some(b) = bumped {
+                    let load = matches!(b.want, Want::Load(_));
+                    self.answers.push((b.ticket, load, Err(self.busy())));
+                }
+                // A small job may fit where the first in line does not.
+                self.serve();
+                Ok(None)
+            }
+            Err(_) => Err(self.busy()),
+        }
+    }
+
+    pub(crate) fn busy(&self) -> LambdaError {
+        LambdaError::Busy {
+            limit: self.max_jobs,
+        }
+    }
+
+    /// A slot is free and `input` more bytes fit (a job alone always fits).
+    fn fits(&self, input: usize) -> bool {
+        self.running < self.max_jobs
+            && (self.input_running == 0
+                || self
+                    .input_running
+                    .checked_add(input)
+                    .is_some_and(|n| n <= self.max_input_running))
+    }
+
+    /// Starts `want` on a free slot: takes the slot and the room for its input.
+    fn begin(&mut self, client: ClientId, want: &Want, input: usize) -> Started {
+        let go = match want {
             Want::Load(hash) => match self.cache.hold(client, hash) {
-                Some(held) => Ok((Go::Held, held?)),
-                None => Ok((Go::Compile(self.claim()?), 0)),
+                Some(held) => return Ok((Go::Held, held?)),
+                None => Go::Compile(input),
             },
             Want::Module(hash) => {
                 let compiled = self
                     .cache
                     .get(client, hash)
                     .ok_or_else(|| LambdaError::UnknownLambda(hash.to_string()))?;
-                Ok((Go::Run(compiled, self.claim()?), 0))
+                Go::Run(compiled, input)
             }
-            Want::Native => Ok((Go::Native(self.claim()?), 0)),
+            Want::Native => Go::Native(input),
+        };
+        self.running = self.running.saturating_add(1);
+        self.input_running = self.input_running.saturating_add(input);
+        Ok((go, 0))
+    }
+
+    /// Grants slots to the jobs in line, in turn, while they fit.
+    fn serve(&mut self) {
+        loop {
+            let (running, max_jobs) = (self.running, self.max_jobs);
+            let (held, most) = (self.input_running, self.max_input_running);
+            let Some(job) = self.line.next(|j| {
+                running < max_jobs
+                    && (held == 0 || held.checked_add(j.input).is_some_and(|n| n <= most))
+            }) else {
+                return;
+            };
+            let load = matches!(job.want, Want::Load(_));
+            let started = self.begin(job.client, &job.want, job.input);
+            self.answers.push((job.ticket, load, started));
         }
     }
 
-    fn claim(&mut self) -> Result<(), LambdaError> {
-        if self.running >= self.max_jobs {
-            return Err(LambdaError::Busy {
-                limit: self.max_jobs,
-            });
-        }
-        self.running += 1;
-        Ok(())
-    }
-
-    /// A job thread ended.
-    pub(crate) fn handle_slot_freed(&mut self) {
+    /// A job ended, with `input` bytes of input: its slot and room go to the next in
+    /// line.
+    pub(crate) fn handle_slot_freed(&mut self, input: usize) {
         self.running = self.running.saturating_sub(1);
+        self.input_running = self.input_running.saturating_sub(input);
+        self.serve();
+    }
+
+    /// The jobs whose wait ended by `now` are refused `Busy`.
+    pub(crate) fn handle_expiry(&mut self, now: Instant) {
+        for job in self.line.expire(now) {
+            let load = matches!(job.want, Want::Load(_));
+            self.answers.push((job.ticket, load, Err(self.busy())));
+        }
+    }
+
+    /// Answers to jobs that waited, since the last call.
+    pub(crate) fn take_answers(&mut self) -> Vec<(u64, bool, Started)> {
+        std::mem::take(&mut self.answers)
+    }
+
+    /// When the first wait in line ends.
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        self.line.next_deadline()
+    }
+
+    /// Jobs waiting in line now.
+    pub(crate) fn waiting(&self) -> usize {
+        self.line.len()
     }
 
     /// Caches a module `client` uploaded and a job compiled, held for it; returns how
@@ -138,9 +248,13 @@ impl Budget {
         self.cache.insert(client, hash, compiled)
     }
 
-    /// The client's connection closed: its holds end; returns how many modules left the
-    /// cache.
+    /// The client's connection closed: its holds end, and its jobs leave the line;
+    /// returns how many modules left the cache.
     pub(crate) fn handle_release(&mut self, client: ClientId) -> usize {
+        for job in self.line.leave(client) {
+            let load = matches!(job.want, Want::Load(_));
+            self.answers.push((job.ticket, load, Err(self.busy())));
+        }
         self.cache.release(client)
     }
 
@@ -172,6 +286,11 @@ pub struct LambdaOwner {
     budget: Budget,
     /// Counts evictions and compilations for the application.
     sandbox: Arc<Sandbox>,
+    /// How each job waiting in line is answered, by ticket.
+    waiting: HashMap<u64, oneshot::Sender<Result<Go<JobSlot>, LambdaError>>>,
+    next_ticket: u64,
+    /// A wake-up for the line's first deadline is set.
+    timer: bool,
 }
 
 impl std::fmt::Debug for LambdaOwner {
@@ -179,16 +298,80 @@ impl std::fmt::Debug for LambdaOwner {
         f.debug_struct("LambdaOwner")
             .field("cached_modules", &self.budget.cached_modules())
             .field("running_jobs", &self.budget.running())
+            .field("waiting_jobs", &self.budget.waiting())
             .finish()
     }
 }
 
 impl LambdaOwner {
-    pub(crate) fn new(sandbox: Arc<Sandbox>, max_jobs: usize) -> LambdaOwner {
+    pub(crate) fn new(sandbox: Arc<Sandbox>, config: &LambdaConfig) -> LambdaOwner {
         LambdaOwner {
-            budget: Budget::new(&sandbox, max_jobs),
+            budget: Budget::new(&sandbox, config),
             sandbox,
+            waiting: HashMap::new(),
+            next_ticket: 0,
+            timer: false,
         }
+    }
+
+    /// The budget's answer made real: slots that give themselves back, evictions
+    /// counted, uploads' outcomes in the metrics.
+    fn finish(
+        &self,
+        load: bool,
+        started: Started,
+        ctx: &Context<Self>,
+    ) -> Result<Go<JobSlot>, LambdaError> {
+        if load {
+            match &started {
+                Ok((Go::Held, _)) => rdmactor::metrics::lambda_module_load("cached"),
+                Err(_) => rdmactor::metrics::lambda_module_load("refused"),
+                Ok(_) => {}
+            }
+        }
+        let (go, evicted) = started?;
+        self.evicted(evicted);
+        let slot = |input| JobSlot {
+            owner: ctx.address(),
+            input,
+        };
+        Ok(match go {
+            Go::Held => Go::Held,
+            Go::Compile(input) => Go::Compile(slot(input)),
+            Go::Run(compiled, input) => Go::Run(compiled, slot(input)),
+            Go::Native(input) => Go::Native(slot(input)),
+        })
+    }
+
+    /// Sends the answers of jobs that waited. One whose session is gone drops here,
+    /// and its slot with it (given back).
+    fn answer_waiting(&mut self, ctx: &mut Context<Self>) {
+        for (ticket, load, started) in self.budget.take_answers() {
+            let answer = self.finish(load, started, ctx);
+            if let Some(tx) = self.waiting.remove(&ticket) {
+                let _ = tx.send(answer);
+            }
+        }
+        self.wake_at_next_deadline(ctx);
+    }
+
+    /// Refuses the jobs whose wait ended, when the first of them ends.
+    fn wake_at_next_deadline(&mut self, ctx: &mut Context<Self>) {
+        if self.timer {
+            return;
+        }
+        let Some(deadline) = self.budget.next_deadline() else {
+            return;
+        };
+        self.timer = true;
+        ctx.run_later(
+            deadline.saturating_duration_since(Instant::now()),
+            |owner, ctx| {
+                owner.timer = false;
+                owner.budget.handle_expiry(Instant::now());
+                owner.answer_waiting(ctx);
+            },
+        );
     }
 }
 
@@ -201,7 +384,11 @@ impl Actor for LambdaOwner {
 #[rtype(result = "Result<Go<JobSlot>, LambdaError>")]
 pub(crate) struct Start {
     pub client: ClientId,
+    /// Whose turn it takes in line.
+    pub tenant: Tenant,
     pub want: Want,
+    /// Bytes of input the job will hold.
+    pub input: usize,
 }
 
 /// A module `client` uploaded, compiled (see [`Budget::handle_insert`]).
@@ -213,10 +400,11 @@ pub(crate) struct Insert {
     pub compiled: Compiled,
 }
 
-/// A job slot is free again (sent by [`JobSlot`]'s drop).
+/// A job slot is free again, with the input bytes it counted (sent by [`JobSlot`]'s
+/// drop).
 #[derive(Message)]
 #[rtype(result = "()")]
-struct SlotFreed;
+struct SlotFreed(usize);
 
 /// A client's holds end (sent by [`ClientHold`]'s drop).
 #[derive(Message)]
@@ -236,6 +424,8 @@ pub struct LambdaStats {
     pub cached_modules: usize,
     /// Job threads running.
     pub running_jobs: usize,
+    /// Jobs waiting in line for a slot.
+    pub waiting_jobs: usize,
 }
 
 /// `true` if a module with this hash is in the service's cache.
@@ -252,26 +442,32 @@ impl LambdaOwner {
 }
 
 impl Handler<Start> for LambdaOwner {
-    type Result = Result<Go<JobSlot>, LambdaError>;
+    type Result = ResponseFuture<Result<Go<JobSlot>, LambdaError>>;
 
     fn handle(&mut self, msg: Start, ctx: &mut Context<Self>) -> Self::Result {
-        let started = self.budget.handle_start(msg.client, &msg.want);
-        if let Want::Load(_) = msg.want {
-            match &started {
-                Ok((Go::Held, _)) => rdmactor::metrics::lambda_module_load("cached"),
-                Err(_) => rdmactor::metrics::lambda_module_load("refused"),
-                Ok(_) => {}
+        let ticket = self.next_ticket;
+        self.next_ticket = self.next_ticket.wrapping_add(1);
+        let load = matches!(msg.want, Want::Load(_));
+        let job = Waiting {
+            ticket,
+            client: msg.client,
+            want: msg.want,
+            input: msg.input,
+        };
+        let started = match self.budget.handle_start(msg.tenant, job, Instant::now()) {
+            Ok(Some(go)) => Ok(go),
+            Err(e) => Err(e),
+            Ok(None) => {
+                // In line: answered when its turn comes or its wait ends.
+                let (tx, rx) = oneshot::channel();
+                self.waiting.insert(ticket, tx);
+                self.answer_waiting(ctx);
+                let busy = self.budget.busy();
+                return Box::pin(async move { rx.await.unwrap_or(Err(busy)) });
             }
-        }
-        let (go, evicted) = started?;
-        self.evicted(evicted);
-        let slot = || JobSlot(ctx.address());
-        Ok(match go {
-            Go::Held => Go::Held,
-            Go::Compile(()) => Go::Compile(slot()),
-            Go::Run(compiled, ()) => Go::Run(compiled, slot()),
-            Go::Native(()) => Go::Native(slot()),
-        })
+        };
+        let answer = self.finish(load, started, ctx);
+        Box::pin(std::future::ready(answer))
     }
 }
 
@@ -295,17 +491,19 @@ impl Handler<Insert> for LambdaOwner {
 impl Handler<SlotFreed> for LambdaOwner {
     type Result = ();
 
-    fn handle(&mut self, _: SlotFreed, _: &mut Context<Self>) {
-        self.budget.handle_slot_freed();
+    fn handle(&mut self, msg: SlotFreed, ctx: &mut Context<Self>) {
+        self.budget.handle_slot_freed(msg.0);
+        self.answer_waiting(ctx);
     }
 }
 
 impl Handler<ReleaseClient> for LambdaOwner {
     type Result = ();
 
-    fn handle(&mut self, msg: ReleaseClient, _: &mut Context<Self>) {
+    fn handle(&mut self, msg: ReleaseClient, ctx: &mut Context<Self>) {
         let evicted = self.budget.handle_release(msg.0);
         self.evicted(evicted);
+        self.answer_waiting(ctx);
     }
 }
 
@@ -316,6 +514,7 @@ impl Handler<Stats> for LambdaOwner {
         MessageResult(LambdaStats {
             cached_modules: self.budget.cached_modules(),
             running_jobs: self.budget.running(),
+            waiting_jobs: self.budget.waiting(),
         })
     }
 }
@@ -328,8 +527,12 @@ impl Handler<Contains> for LambdaOwner {
     }
 }
 
-/// One of the service's job slots, held by a job thread; given back when dropped.
-pub(crate) struct JobSlot(Addr<LambdaOwner>);
+/// One of the service's job slots and its job's input bytes, held by a job thread;
+/// given back when dropped.
+pub(crate) struct JobSlot {
+    owner: Addr<LambdaOwner>,
+    input: usize,
+}
 
 impl std::fmt::Debug for JobSlot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -339,7 +542,7 @@ impl std::fmt::Debug for JobSlot {
 
 impl Drop for JobSlot {
     fn drop(&mut self) {
-        self.0.do_send(SlotFreed);
+        self.owner.do_send(SlotFreed(self.input));
     }
 }
 
@@ -364,6 +567,9 @@ impl Drop for ClientHold {
 
 #[cfg(test)]
 mod tests {
+    use std::net::IpAddr;
+    use std::time::Duration;
+
     use super::*;
     use crate::lambda::SandboxConfig;
 
@@ -380,26 +586,57 @@ mod tests {
         ))
     }
 
+    fn config(max_jobs: usize) -> LambdaConfig {
+        LambdaConfig {
+            max_jobs,
+            max_input_running: 32 << 20,
+            max_waiting_jobs: 8,
+            job_wait: Duration::from_secs(2),
+            ..LambdaConfig::default()
+        }
+    }
+
+    fn host(n: u8) -> Tenant {
+        Tenant::Address(IpAddr::from([10, 0, 0, n]))
+    }
+
+    /// `client` (on host `client`) asks for `want` with `input` bytes, as ticket `ticket`.
+    fn start(
+        b: &mut Budget,
+        client: u64,
+        want: Want,
+        input: usize,
+        ticket: u64,
+    ) -> Result<Option<(Go<usize>, usize)>, LambdaError> {
+        let job = Waiting {
+            ticket,
+            client: ClientId(client),
+            want,
+            input,
+        };
+        b.handle_start(host(client as u8), job, Instant::now())
+    }
+
     #[test]
     fn uploads_are_held_per_client_and_released_with_it() {
         let sandbox = Sandbox::with_config(SandboxConfig {
             max_modules_per_client: 1,
             ..SandboxConfig::default()
         });
-        let mut b = Budget::new(&sandbox, 2);
+        let mut b = Budget::new(&sandbox, &config(2));
         let (a, c) = (ClientId(1), ClientId(2));
         let (h1, m1) = sandbox.compile(&module(1)).unwrap();
         // A miss: compile on a job slot, then insert.
         assert!(matches!(
-            b.handle_start(a, &Want::Load(h1)),
-            Ok((Go::Compile(()), 0))
+            start(&mut b, 1, Want::Load(h1), 0, 0),
+            Ok(Some((Go::Compile(0), 0)))
         ));
-        b.handle_slot_freed();
+        b.handle_slot_freed(0);
         assert_eq!(b.handle_insert(a, h1, m1).unwrap(), 0);
         // A hit for another client: held at once, no slot.
         assert!(matches!(
-            b.handle_start(c, &Want::Load(h1)),
-            Ok((Go::Held, 0))
+            start(&mut b, 2, Want::Load(h1), 0, 1),
+            Ok(Some((Go::Held, 0)))
         ));
         assert_eq!((b.held_by(a), b.held_by(c), b.running()), (1, 1, 0));
         // Past its quota, a client lets go of its own oldest only.
@@ -409,7 +646,7 @@ mod tests {
         assert_eq!(b.handle_release(a), 1, "h1 had no other holder");
         assert!(!b.contains(&h1));
         assert!(matches!(
-            b.handle_start(a, &Want::Module(h1)),
+            start(&mut b, 1, Want::Module(h1), 0, 2),
             Err(LambdaError::UnknownLambda(_))
         ));
         assert_eq!(b.handle_release(c), 1);
@@ -417,40 +654,96 @@ mod tests {
     }
 
     #[test]
-    fn job_slots_are_bounded_and_given_back() {
+    fn full_slots_make_jobs_wait_and_a_freed_slot_goes_to_the_next_tenant() {
         let sandbox = Sandbox::new();
-        let mut b = Budget::new(&sandbox, 2);
-        let a = ClientId(1);
+        let mut b = Budget::new(&sandbox, &config(2));
         let (h, m) = sandbox.compile(&module(3)).unwrap();
-        b.handle_insert(a, h, m).unwrap();
+        b.handle_insert(ClientId(1), h, m).unwrap();
         assert!(matches!(
-            b.handle_start(a, &Want::Module(h)),
-            Ok((Go::Run(..), 0))
+            start(&mut b, 1, Want::Module(h), 10, 0),
+            Ok(Some((Go::Run(_, 10), 0)))
         ));
         assert!(matches!(
-            b.handle_start(a, &Want::Native),
-            Ok((Go::Native(()), 0))
+            start(&mut b, 1, Want::Native, 20, 1),
+            Ok(Some((Go::Native(20), 0)))
         ));
-        assert_eq!(
-            b.handle_start(a, &Want::Native).unwrap_err(),
-            LambdaError::Busy { limit: 2 }
-        );
-        // A miss needs a slot too; a hit does not.
-        let other = ModuleHash::of(b"not cached");
-        assert!(b.handle_start(a, &Want::Load(other)).is_err());
+        // Both slots taken: host 1 queues two more, then host 2 one.
+        assert!(matches!(start(&mut b, 1, Want::Native, 1, 2), Ok(None)));
+        assert!(matches!(start(&mut b, 1, Want::Native, 1, 3), Ok(None)));
+        assert!(matches!(start(&mut b, 2, Want::Native, 1, 4), Ok(None)));
+        // A cached upload needs no slot, even now.
         assert!(matches!(
-            b.handle_start(a, &Want::Load(h)),
-            Ok((Go::Held, 0))
+            start(&mut b, 1, Want::Load(h), 0, 5),
+            Ok(Some((Go::Held, 0)))
         ));
-        b.handle_slot_freed();
-        assert!(b.handle_start(a, &Want::Native).is_ok());
-        assert_eq!(b.running(), 2);
+        assert!(b.take_answers().is_empty());
+        assert_eq!(b.waiting(), 3);
+        // Each freed slot goes to the next tenant in turn: host 1, then host 2.
+        b.handle_slot_freed(10);
+        b.handle_slot_freed(20);
+        let answered: Vec<u64> = b.take_answers().iter().map(|a| a.0).collect();
+        assert_eq!(answered, [2, 4]);
+        assert_eq!((b.running(), b.waiting()), (2, 1));
+        // The last one's wait ends: refused Busy.
+        b.handle_expiry(Instant::now() + Duration::from_secs(3));
+        let [(3, false, Err(LambdaError::Busy { limit: 2 }))] = b.take_answers()[..] else {
+            panic!("ticket 3 refused busy");
+        };
+        assert_eq!(b.waiting(), 0);
+    }
+
+    #[test]
+    fn input_bytes_running_are_bounded_and_a_small_input_passes_a_large_one() {
+        let sandbox = Sandbox::new();
+        let mut b = Budget::new(&sandbox, &config(8));
+        // 32 MiB of room: 16 and 12 MiB run, another 16 MiB waits.
+        assert!(matches!(
+            start(&mut b, 1, Want::Native, 16 << 20, 0),
+            Ok(Some(_))
+        ));
+        assert!(matches!(
+            start(&mut b, 1, Want::Native, 12 << 20, 1),
+            Ok(Some(_))
+        ));
+        assert!(matches!(
+            start(&mut b, 1, Want::Native, 16 << 20, 2),
+            Ok(None)
+        ));
+        // Another host's 4 KiB fits beside them: it passes the large one at once.
+        assert!(matches!(start(&mut b, 2, Want::Native, 4096, 3), Ok(None)));
+        let answered: Vec<u64> = b.take_answers().iter().map(|a| a.0).collect();
+        assert_eq!(answered, [3]);
+        // The first 16 MiB job ends: the waiting one fits now.
+        b.handle_slot_freed(16 << 20);
+        let answered: Vec<u64> = b.take_answers().iter().map(|a| a.0).collect();
+        assert_eq!(answered, [2]);
+        assert_eq!((b.running(), b.waiting()), (3, 0));
+    }
+
+    #[test]
+    fn a_closed_connection_leaves_the_line() {
+        let sandbox = Sandbox::new();
+        let mut b = Budget::new(&sandbox, &config(1));
+        assert!(matches!(start(&mut b, 1, Want::Native, 1, 0), Ok(Some(_))));
+        assert!(matches!(start(&mut b, 2, Want::Native, 1, 1), Ok(None)));
+        assert_eq!(b.handle_release(ClientId(2)), 0);
+        assert_eq!(b.take_answers().len(), 1, "refused: nobody will read it");
+        b.handle_slot_freed(1);
+        assert!(b.take_answers().is_empty());
+        assert_eq!((b.running(), b.waiting()), (0, 0));
     }
 
     #[actix::test]
     async fn slots_and_holds_come_back_when_their_handles_drop() {
         let sandbox = Arc::new(Sandbox::new());
-        let owner = LambdaOwner::new(sandbox.clone(), 1).start();
+        let owner = LambdaOwner::new(
+            sandbox.clone(),
+            &LambdaConfig {
+                job_wait: Duration::from_millis(50),
+                ..config(1)
+            },
+        )
+        .start();
         let client = ClientHold::new(ClientId(1), owner.clone());
         let (h, m) = sandbox.compile(&module(4)).unwrap();
         owner
@@ -465,22 +758,36 @@ mod tests {
         let start = |want| {
             owner.send(Start {
                 client: client.id,
+                tenant: host(1),
                 want,
+                input: 1,
             })
         };
         let Go::Run(_, slot) = start(Want::Module(h)).await.unwrap().unwrap() else {
             panic!("a cached module runs");
         };
+        // The one slot is taken: this one waits its 50 ms, then is refused.
         assert!(matches!(
             start(Want::Native).await.unwrap(),
             Err(LambdaError::Busy { limit: 1 })
         ));
+        // One that waits gets the slot when it is given back.
+        let waiting = start(Want::Native);
+        let freed = async {
+            actix::clock::sleep(Duration::from_millis(10)).await;
+            drop(slot);
+        };
+        let (got, ()) = tokio::join!(waiting, freed);
+        let Ok(Go::Native(slot)) = got.unwrap() else {
+            panic!("the freed slot");
+        };
         drop(slot);
         assert!(matches!(
             start(Want::Native).await.unwrap(),
             Ok(Go::Native(_))
         ));
-        assert_eq!(owner.send(Stats).await.unwrap().running_jobs, 0);
+        let stats = owner.send(Stats).await.unwrap();
+        assert_eq!((stats.running_jobs, stats.waiting_jobs), (0, 0));
         drop(client);
         assert!(!owner.send(Contains(h)).await.unwrap());
     }

@@ -9,6 +9,7 @@ use rdmactor::runtime::{MachineSession, PeerInfo, Service, Session};
 use rdmactor::transport::Transport;
 
 use super::config::LambdaConfig;
+use super::line::Tenant;
 use super::native::NativeLambdas;
 use super::owner::{ClientHold, Contains, LambdaOwner, LambdaStats, Stats};
 use super::sandbox::{ClientId, ModuleHash, Sandbox};
@@ -113,15 +114,22 @@ impl<T: Transport> Service<T> for LambdaService {
         Some(self.sandbox.config().max_module_bytes + crate::CONTROL_MESSAGE_MAX)
     }
 
-    fn session(&self, _peer: &PeerInfo) -> Box<dyn Session<T>> {
+    fn session(&self, peer: &PeerInfo) -> Box<dyn Session<T>> {
         let owner = self
             .owner
-            .get_or_start(|| LambdaOwner::new(self.sandbox.clone(), self.config.max_jobs));
+            .get_or_start(|| LambdaOwner::new(self.sandbox.clone(), &self.config));
         let client = ClientId(self.next_client.fetch_add(1, Ordering::Relaxed));
+        // Turns in the job line follow who the client is: its identity, else its host.
+        let tenant = match (peer.identity.name(), peer.addr) {
+            (Some(name), _) => Tenant::Identity(name.to_owned()),
+            (None, Some(addr)) => Tenant::Address(addr.ip()),
+            (None, None) => Tenant::Connection(client),
+        };
         let driver = LambdaSession::new(
             self.sandbox.clone(),
             self.natives.clone(),
             ClientHold::new(client, owner.clone()),
+            tenant,
             owner,
             self.config.max_jobs,
         );

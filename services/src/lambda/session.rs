@@ -14,6 +14,7 @@ use rdmactor::transport::Transport;
 use rdmactor::verbs::Access;
 
 use super::job::{Outcome, Work};
+use super::line::Tenant;
 use super::native::NativeLambdas;
 use super::owner::{ClientHold, Go, Insert, JobSlot, LambdaOwner, Start, Want};
 use super::sandbox::{Compiled, LambdaError, ModuleHash, Sandbox};
@@ -54,6 +55,8 @@ pub(super) struct LambdaSession {
     client: ClientHold,
     /// The service's owner of the module cache and the job slots.
     start: Recipient<Start>,
+    /// Whose turn this connection's jobs take in the service's line.
+    tenant: Tenant,
     insert: Recipient<Insert>,
     /// Requests to the owner whose answers are on their way.
     asks: Vec<Ask>,
@@ -116,6 +119,7 @@ impl LambdaSession {
         sandbox: Arc<Sandbox>,
         natives: Arc<NativeLambdas>,
         client: ClientHold,
+        tenant: Tenant,
         owner: Addr<LambdaOwner>,
         max_jobs: usize,
     ) -> Self {
@@ -125,6 +129,7 @@ impl LambdaSession {
             natives,
             client,
             start: owner.clone().recipient(),
+            tenant,
             insert: owner.recipient(),
             asks: Vec::new(),
             hashing: Vec::new(),
@@ -171,7 +176,9 @@ impl LambdaSession {
                 Some(Ok((hash, module))) => {
                     let start = Start {
                         client: self.client.id,
+                        tenant: self.tenant.clone(),
                         want: Want::Load(hash),
+                        input: 0,
                     };
                     let answer = cx.conn.ask(job as u64, &self.start, start);
                     self.asks.push(Ask::Load {
@@ -228,10 +235,17 @@ impl LambdaSession {
         Ok(())
     }
 
-    /// Asks the owner for an invocation's job slot (and its module); the machine gets
-    /// the answer. One request per job, never per chunk, and before anything is
-    /// allocated for the job's input.
-    fn ask_start<T: Transport>(&mut self, cx: &mut SessionCx<'_, T>, job: usize, work: &Work) {
+    /// Asks the owner for an invocation's job slot (and its module, and room for its
+    /// `input` bytes); the machine gets the answer, which may wait for this tenant's
+    /// turn. One request per job, never per chunk, and before anything is allocated for
+    /// the job's input.
+    fn ask_start<T: Transport>(
+        &mut self,
+        cx: &mut SessionCx<'_, T>,
+        job: usize,
+        work: &Work,
+        input: usize,
+    ) {
         let want = match work {
             Work::Module(hash, _) => Want::Module(*hash),
             Work::Native(_) => Want::Native,
@@ -240,7 +254,9 @@ impl LambdaSession {
         };
         let start = Start {
             client: self.client.id,
+            tenant: self.tenant.clone(),
             want,
+            input,
         };
         let answer = cx.ask(job as u64, &self.start, start);
         self.asks.push(Ask::Start { job, answer });
@@ -434,7 +450,7 @@ impl<T: Transport> Driver<T> for LambdaSession {
                 };
                 cx.post(write, PendingOp::Write { job, buf })?;
             }
-            Action::Start { job, work } => self.ask_start(cx.conn, job, &work),
+            Action::Start { job, work, len } => self.ask_start(cx.conn, job, &work, len),
             Action::Hold { job, len } => {
                 // At once, never waiting: the job holds one of the service's slots.
                 let held = cx.conn.heap_budget().try_hold(len);
