@@ -13,6 +13,7 @@
 mod admission;
 mod auth;
 mod budget;
+mod chunk_line;
 mod client;
 mod client_session;
 mod cm;
@@ -44,6 +45,7 @@ pub use auth::{
     DEFAULT_AUTH_TIMEOUT, FAILURE_BURST, FAILURE_REFILL_PER_SEC, KEY_FILE_HEADER, MAX_IDENTITY,
     MAX_PROOF, NONCE_LEN,
 };
+pub use chunk_line::{ChunkRoom, ChunkWaiter, ServiceChunks};
 pub use client::{Client, ClientConnection, ClientError, ClientStats};
 pub use client_session::{RawProof, RequestError};
 pub use config::{

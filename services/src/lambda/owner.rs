@@ -31,12 +31,15 @@ pub(crate) struct Budget {
     cache: ModuleCache,
     running: usize,
     max_jobs: usize,
-    /// Bytes of input the running jobs hold, and the most they may (one job alone may
-    /// always run): the service's share of the server's heap budget, so that a full
+    /// Bytes of input the running jobs hold (small ones apart), and the most they may
+    /// (one job alone may always run): the service's share of the server's heap budget, so that a full
     /// service refuses in its own line rather than at the heap, where a polite client's
     /// small input would be refused as well.
     input_running: usize,
     max_input_running: usize,
+    /// Inputs this small need only a slot (a polite client's small job is never held
+    /// up by others' large inputs; the slots bound these to `max_jobs` × this).
+    small_input: usize,
     /// Jobs waiting for a slot or for room, served in turn by tenant.
     line: JobLine<Want>,
     /// Answers to jobs that waited (by ticket): granted, or refused at the end of their
@@ -53,6 +56,24 @@ pub(crate) enum Want {
     Module(ModuleHash),
     /// An invocation of a native lambda.
     Native,
+}
+
+/// The room for inputs of running jobs, as it stands.
+#[derive(Clone, Copy)]
+struct Room {
+    held: usize,
+    most: usize,
+    small: usize,
+}
+
+impl Room {
+    /// `input` more bytes fit: a small input always does (the slots bound those), and a
+    /// job alone whatever its size.
+    fn fits(self, input: usize) -> bool {
+        input <= self.small
+            || self.held == 0
+            || self.held.checked_add(input).is_some_and(|n| n <= self.most)
+    }
 }
 
 /// What the session may do, as [`Budget::handle_start`] decided.
@@ -94,6 +115,7 @@ impl Budget {
             max_jobs: config.max_jobs,
             input_running: 0,
             max_input_running: config.max_input_running,
+            small_input: config.read_chunk,
             line: JobLine::new(config.max_waiting_jobs, config.job_wait),
             answers: Vec::new(),
         }
@@ -153,14 +175,26 @@ impl Budget {
         }
     }
 
-    /// A slot is free and `input` more bytes fit (a job alone always fits).
+    /// A slot is free and `input` more bytes fit.
     fn fits(&self, input: usize) -> bool {
-        self.running < self.max_jobs
-            && (self.input_running == 0
-                || self
-                    .input_running
-                    .checked_add(input)
-                    .is_some_and(|n| n <= self.max_input_running))
+        self.running < self.max_jobs && self.room().fits(input)
+    }
+
+    /// What an input counts against `max_input_running`: nothing when small.
+    fn counted(&self, input: usize) -> usize {
+        if input <= self.small_input {
+            0
+        } else {
+            input
+        }
+    }
+
+    fn room(&self) -> Room {
+        Room {
+            held: self.input_running,
+            most: self.max_input_running,
+            small: self.small_input,
+        }
     }
 
     /// Starts `want` on a free slot: takes the slot and the room for its input.
@@ -180,19 +214,18 @@ impl Budget {
             Want::Native => Go::Native(input),
         };
         self.running = self.running.saturating_add(1);
-        self.input_running = self.input_running.saturating_add(input);
+        self.input_running = self.input_running.saturating_add(self.counted(input));
         Ok((go, 0))
     }
 
     /// Grants slots to the jobs in line, in turn, while they fit.
     fn serve(&mut self) {
         loop {
-            let (running, max_jobs) = (self.running, self.max_jobs);
-            let (held, most) = (self.input_running, self.max_input_running);
-            let Some(job) = self.line.next(|j| {
-                running < max_jobs
-                    && (held == 0 || held.checked_add(j.input).is_some_and(|n| n <= most))
-            }) else {
+            if self.running >= self.max_jobs {
+                return;
+            }
+            let room = self.room();
+            let Some(job) = self.line.next(|j| room.fits(j.input)) else {
                 return;
             };
             let load = matches!(job.want, Want::Load(_));
@@ -205,7 +238,7 @@ impl Budget {
     /// line.
     pub(crate) fn handle_slot_freed(&mut self, input: usize) {
         self.running = self.running.saturating_sub(1);
-        self.input_running = self.input_running.saturating_sub(input);
+        self.input_running = self.input_running.saturating_sub(self.counted(input));
         self.serve();
     }
 
@@ -696,28 +729,33 @@ mod tests {
     fn input_bytes_running_are_bounded_and_a_small_input_passes_a_large_one() {
         let sandbox = Sandbox::new();
         let mut b = Budget::new(&sandbox, &config(8));
-        // 32 MiB of room: 16 and 12 MiB run, another 16 MiB waits.
+        // 32 MiB of room: two 16 MiB inputs fill it, a third waits.
         assert!(matches!(
             start(&mut b, 1, Want::Native, 16 << 20, 0),
             Ok(Some(_))
         ));
         assert!(matches!(
-            start(&mut b, 1, Want::Native, 12 << 20, 1),
+            start(&mut b, 1, Want::Native, 16 << 20, 1),
             Ok(Some(_))
         ));
         assert!(matches!(
             start(&mut b, 1, Want::Native, 16 << 20, 2),
             Ok(None)
         ));
-        // Another host's 4 KiB fits beside them: it passes the large one at once.
+        // Another host's 4 KiB needs only a slot: it passes the large one at once.
         assert!(matches!(start(&mut b, 2, Want::Native, 4096, 3), Ok(None)));
         let answered: Vec<u64> = b.take_answers().iter().map(|a| a.0).collect();
         assert_eq!(answered, [3]);
-        // The first 16 MiB job ends: the waiting one fits now.
+        // A 16 MiB job ends: the waiting one fits (the small one counts no room).
         b.handle_slot_freed(16 << 20);
         let answered: Vec<u64> = b.take_answers().iter().map(|a| a.0).collect();
         assert_eq!(answered, [2]);
         assert_eq!((b.running(), b.waiting()), (3, 0));
+        // With every slot taken, a small input waits like any other.
+        for t in 4..9 {
+            assert!(matches!(start(&mut b, 2, Want::Native, 1, t), Ok(Some(_))));
+        }
+        assert!(matches!(start(&mut b, 2, Want::Native, 1, 9), Ok(None)));
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use rdmactor::runtime::{MachineSession, PeerInfo, Service, Session};
+use rdmactor::runtime::{MachineSession, PeerInfo, Service, ServiceChunks, Session};
 use rdmactor::transport::Transport;
 
 use super::config::LambdaConfig;
@@ -73,6 +73,8 @@ pub struct LambdaService {
     owner: Owner<LambdaOwner>,
     /// The next connection's client id in the cache (0 is the application's).
     next_client: AtomicU64,
+    /// The inputs' READs in flight across the service's connections.
+    reads: Arc<ServiceChunks>,
 }
 
 impl fmt::Debug for LambdaService {
@@ -97,6 +99,7 @@ impl LambdaService {
             config,
             owner: Owner::new(),
             next_client: AtomicU64::new(1),
+            reads: ServiceChunks::new(config.max_reads_in_flight),
         }
     }
 
@@ -132,6 +135,7 @@ impl<T: Transport> Service<T> for LambdaService {
             tenant,
             owner,
             self.config.max_jobs,
+            self.reads.clone(),
         );
         Box::new(MachineSession::new(Invocations::new(self.config), driver))
     }

@@ -7,8 +7,9 @@ use std::sync::{mpsc, Arc};
 
 use actix::{Addr, Recipient};
 use rdmactor::runtime::{
-    AskError, Asked, Blocking, BlockingError, BufId, Driver, Flow, Held, Incoming, MachineCx, Op,
-    SessionCx, SessionError, SessionWaker, StateMachine,
+    AskError, Asked, Blocking, BlockingError, BufId, ChunkRoom, ChunkWaiter, CloseReason, Driver,
+    Flow, Held, Incoming, MachineCx, Op, ServiceChunks, SessionCx, SessionError, SessionWaker,
+    StateMachine,
 };
 use rdmactor::transport::Transport;
 use rdmactor::verbs::Access;
@@ -20,6 +21,9 @@ use super::owner::{ClientHold, Go, Insert, JobSlot, LambdaOwner, Start, Want};
 use super::sandbox::{Compiled, LambdaError, ModuleHash, Sandbox};
 use super::wire::LambdaRequest;
 
+mod reads;
+use reads::{HeldRead, READ_ROOM};
+
 /// What a posted READ or WRITE was for.
 pub(super) enum PendingOp {
     Read {
@@ -27,6 +31,8 @@ pub(super) enum PendingOp {
         buf: BufId,
         offset: usize,
         len: usize,
+        /// Its place among the service's READs in flight, given back on completion.
+        _room: ChunkRoom,
     },
     Write {
         job: usize,
@@ -66,6 +72,12 @@ pub(super) struct LambdaSession {
     max_jobs: usize,
     done_tx: mpsc::Sender<(usize, Finished)>,
     done_rx: mpsc::Receiver<(usize, Finished)>,
+    /// The service's bound on input READs in flight, across its connections.
+    reads: Arc<ServiceChunks>,
+    /// This connection in that bound's line (set with its first READ).
+    waiter: Option<ChunkWaiter>,
+    /// The READ that found no room: the machine is paused behind it until a grant.
+    held_read: Option<HeldRead>,
 }
 
 /// A request to the service's owner, and what the session goes on with once answered.
@@ -122,6 +134,7 @@ impl LambdaSession {
         tenant: Tenant,
         owner: Addr<LambdaOwner>,
         max_jobs: usize,
+        reads: Arc<ServiceChunks>,
     ) -> Self {
         let (done_tx, done_rx) = mpsc::channel();
         LambdaSession {
@@ -136,6 +149,9 @@ impl LambdaSession {
             max_jobs,
             done_tx,
             done_rx,
+            reads,
+            waiter: None,
+            held_read: None,
         }
     }
 
@@ -153,6 +169,7 @@ impl LambdaSession {
         cx: &mut MachineCx<'_, '_, Self, T>,
     ) -> Result<(), SessionError> {
         while let Ok((job, finished)) = self.done_rx.try_recv() {
+            tracing::trace!(client = self.client.id.0, job, "job thread finished");
             match finished {
                 Finished::Outcome(outcome) => cx.machine.handle_outcome(job, outcome),
                 Finished::Compiled(Ok((hash, compiled))) => {
@@ -221,7 +238,16 @@ impl LambdaSession {
                 },
                 Ask::Start { job, answer } => match answer.try_take() {
                     None => self.asks.push(Ask::Start { job, answer }),
-                    Some(answer) => cx.machine.handle_started(job, answer.map_err(owner_gone)?),
+                    Some(answer) => {
+                        let answer = answer.map_err(owner_gone)?;
+                        tracing::trace!(
+                            client = self.client.id.0,
+                            job,
+                            granted = answer.is_ok(),
+                            "start answered"
+                        );
+                        cx.machine.handle_started(job, answer);
+                    }
                 },
                 Ask::Insert { job, hash, answer } => match answer.try_take() {
                     None => self.asks.push(Ask::Insert { job, hash, answer }),
@@ -252,6 +278,12 @@ impl LambdaSession {
             // Not reached: uploads are `Action::Load`.
             Work::Load(module) => Want::Load(ModuleHash::of(module)),
         };
+        tracing::trace!(
+            client = self.client.id.0,
+            job,
+            len = input,
+            "asking for a job slot"
+        );
         let start = Start {
             client: self.client.id,
             tenant: self.tenant.clone(),
@@ -270,6 +302,7 @@ impl LambdaSession {
         work: Box<dyn FnOnce() -> Finished + Send>,
         waker: SessionWaker,
     ) -> bool {
+        tracing::trace!(client = self.client.id.0, job, "job thread starting");
         let done = self.done_tx.clone();
         let spawned = std::thread::Builder::new()
             .name("lambda-job".into())
@@ -355,13 +388,37 @@ impl<T: Transport> Driver<T> for LambdaSession {
         self.collect(cx)
     }
 
-    /// A job thread finished (the token is its job; `collect` takes every finished one).
+    /// A job thread finished (the token is its job; `collect` takes every finished one),
+    /// or the held READ was granted room.
     fn on_wake(
         &mut self,
         cx: &mut MachineCx<'_, '_, Self, T>,
-        _job: u64,
+        token: u64,
     ) -> Result<(), SessionError> {
+        if token == READ_ROOM {
+            match self.held_read.take() {
+                Some(read) => {
+                    if self.post_read(cx, read)? == Flow::Continue {
+                        cx.resume();
+                    }
+                }
+                // Nothing left to read (its job failed meanwhile): the room goes on.
+                None => {
+                    if let Some(waiter) = &self.waiter {
+                        self.reads.return_grants(waiter);
+                    }
+                }
+            }
+        }
         self.collect(cx)
+    }
+
+    fn on_close(&mut self, _machine: Invocations, _reason: &CloseReason) {
+        // Rooms granted to us and not used go to the next connection in line.
+        if let Some(waiter) = &self.waiter {
+            waiter.leave();
+            self.reads.return_grants(waiter);
+        }
     }
 
     fn on_op(
@@ -381,6 +438,7 @@ impl<T: Transport> Driver<T> for LambdaSession {
         }
         match pending {
             PendingOp::Read { offset, len, .. } => {
+                tracing::trace!(client = self.client.id.0, job, offset, len, "READ done");
                 let machine = &mut *cx.machine;
                 cx.conn.read_with(buf, 0..len, |bytes| {
                     machine.handle_input(job, offset, bytes)
@@ -409,29 +467,21 @@ impl<T: Transport> Driver<T> for LambdaSession {
                 src,
                 len,
             } => {
-                // At the pool's cap this one request fails, not the connection.
-                let buf = match Self::buffer(cx.conn, len) {
-                    Ok(buf) => buf,
-                    Err(e) => {
-                        tracing::warn!(error = %e, len, "no buffer for a lambda's input chunk");
-                        cx.machine.input_refused(job, &e.to_string());
-                        return Ok(Flow::Continue);
-                    }
-                };
-                let read = Op::Read {
-                    buf,
-                    range: 0..len,
-                    src,
-                };
-                let pending = PendingOp::Read {
+                let read = HeldRead {
                     job,
-                    buf,
                     offset,
+                    src,
                     len,
                 };
-                cx.post(read, pending)?;
+                return self.post_read(cx, read);
             }
             Action::WriteOutput { job, dst, data } => {
+                tracing::trace!(
+                    client = self.client.id.0,
+                    job,
+                    len = data.len(),
+                    "output WRITE"
+                );
                 // At the pool's cap this one request fails, not the connection.
                 let buf = match Self::buffer(cx.conn, data.len()) {
                     Ok(buf) => buf,

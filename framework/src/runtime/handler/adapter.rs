@@ -13,10 +13,10 @@ use std::time::Duration;
 use tokio::task::AbortHandle;
 
 use super::api::{RequestCx, RequestHandler};
-use super::chunk_line::ServiceChunks;
 use super::one_sided::{Link, LinkParts, Transfers, TRANSFERS};
 use super::wire::{encode_refusal, Answer, Refusal};
 use crate::proto::budget::BudgetError;
+use crate::runtime::chunk_line::ServiceChunks;
 use crate::runtime::connection::{panic_message, SessionCx, SessionWaker};
 use crate::runtime::heap::Held;
 use crate::runtime::service::{Incoming, OpId, PeerInfo, Service, Session, SessionError};

@@ -11,7 +11,6 @@
 
 mod adapter;
 mod api;
-mod chunk_line;
 mod one_sided;
 mod wire;
 

@@ -16,7 +16,7 @@ use std::time::Duration;
 use slab::Slab;
 use tokio::sync::oneshot;
 
-use super::chunk_line::{ChunkRoom, ServiceChunks, Waiter};
+use crate::runtime::chunk_line::{ChunkRoom, ChunkWaiter, ServiceChunks};
 use crate::runtime::connection::{BlockingHandle, BufId, Op, SessionCx, SessionWaker};
 use crate::runtime::heap::{HeapBudget, HeapError, Held};
 use crate::runtime::service::{OpId, SessionError};
@@ -284,7 +284,7 @@ pub(super) struct Transfers {
     chunks: HashMap<OpId, Chunk>,
     service: Arc<ServiceChunks>,
     /// This connection in the service's line (set with the first transfer).
-    waiter: Option<Waiter>,
+    waiter: Option<ChunkWaiter>,
 }
 
 impl Transfers {
@@ -302,7 +302,7 @@ impl Transfers {
     /// allows.
     pub(super) fn take_from<T: Transport>(&mut self, link: &Link, cx: &mut SessionCx<'_, T>) {
         if self.waiter.is_none() {
-            self.waiter = Some(Waiter::new(link.waker.clone(), TRANSFERS));
+            self.waiter = Some(ChunkWaiter::new(link.waker.clone(), TRANSFERS));
         }
         for asked in link.take() {
             let is_write = asked.write.is_some();

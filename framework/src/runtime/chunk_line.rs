@@ -1,5 +1,8 @@
-//! The line for a service's chunks in flight: one bound across every connection of a
-//! handler service, and the order in which waiting connections get room.
+//! The line for a service's chunks in flight: one bound on the bytes a service's
+//! connections keep moving at the NIC at once, and the order in which waiting
+//! connections get room. Handler services use it for their calls' READs and WRITEs
+//! (`HandlerService::max_chunks_in_flight`); a session of any kind can share one across
+//! its service's connections (the `lambda` service does for its inputs' READs).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -9,8 +12,8 @@ use crate::runtime::connection::SessionWaker;
 
 /// Chunks in flight across every connection of one service, against a bound.
 ///
-/// Each connection keeps at most a few chunks in flight (`one_sided::MAX_CHUNKS`), but many connections
-/// together could still queue hundreds of MiB of READs and WRITEs at the NIC, and every
+/// Each connection keeps at most a few chunks in flight, but many connections together
+/// could still queue hundreds of MiB of READs and WRITEs at the NIC, and every
 /// other packet (a polite client's 2-byte request, its answer) waits behind them: in
 /// issue 45's flood, 32 connections × 8 chunks of 1 MiB made a small request wait 14 s
 /// on Soft-RoCE. So the service bounds the chunks in flight too, and a connection that
@@ -22,7 +25,7 @@ use crate::runtime::connection::SessionWaker;
 /// between, most often the one whose chunk just completed, still in its completion
 /// handler. The woken one would find the line full again and go to its back.
 #[derive(Debug)]
-pub(super) struct ServiceChunks {
+pub struct ServiceChunks {
     state: Mutex<ChunkLine>,
     max: usize,
 }
@@ -31,12 +34,15 @@ pub(super) struct ServiceChunks {
 struct ChunkLine {
     /// Chunks posted, and rooms granted to a waiter and not yet used.
     in_flight: usize,
-    waiting: VecDeque<Waiter>,
+    waiting: VecDeque<ChunkWaiter>,
 }
 
-/// A connection waiting for room, woken with `token`; `queued` keeps it in line once.
+/// A connection's place in the line, woken with `token` when room is granted to it;
+/// `queued` keeps it in line once. One per connection; [`leave`](Self::leave) it when
+/// the connection's transfers close, and give back what it was granted and did not use
+/// ([`ServiceChunks::return_grants`]).
 #[derive(Debug, Clone)]
-pub(super) struct Waiter {
+pub struct ChunkWaiter {
     waker: SessionWaker,
     token: u64,
     queued: Arc<AtomicBool>,
@@ -47,10 +53,10 @@ pub(super) struct Waiter {
     granted: Arc<AtomicUsize>,
 }
 
-impl Waiter {
+impl ChunkWaiter {
     /// A connection that `waker` wakes with `token` when room is granted to it.
-    pub(super) fn new(waker: SessionWaker, token: u64) -> Waiter {
-        Waiter {
+    pub fn new(waker: SessionWaker, token: u64) -> ChunkWaiter {
+        ChunkWaiter {
             waker,
             token,
             queued: Arc::default(),
@@ -60,13 +66,15 @@ impl Waiter {
     }
 
     /// Its transfers are closed: it is passed over from now on.
-    pub(super) fn leave(&self) {
+    pub fn leave(&self) {
         self.gone.store(true, Ordering::Release);
     }
 }
 
-/// One chunk's place among the service's; the next in line is woken when it goes.
-pub(super) struct ChunkRoom {
+/// One chunk's place among the service's; the next in line is woken when it goes. Keep
+/// it with the chunk until its completion.
+#[derive(Debug)]
+pub struct ChunkRoom {
     chunks: Arc<ServiceChunks>,
 }
 
@@ -77,7 +85,8 @@ impl Drop for ChunkRoom {
 }
 
 impl ServiceChunks {
-    pub(super) fn new(max: usize) -> Arc<ServiceChunks> {
+    /// A line for at most `max` chunks in flight (at least one).
+    pub fn new(max: usize) -> Arc<ServiceChunks> {
         Arc::new(ServiceChunks {
             state: Mutex::default(),
             max: max.max(1),
@@ -107,7 +116,7 @@ impl ServiceChunks {
     /// Gives back the rooms granted to `waiter` that it did not use: it had nothing left
     /// to post (its transfers failed, or its connection is closing), and the rooms would
     /// otherwise be kept from everyone behind it.
-    pub(super) fn return_grants(&self, waiter: &Waiter) {
+    pub fn return_grants(&self, waiter: &ChunkWaiter) {
         let mut line = lock(&self.state);
         let unused = waiter.granted.swap(0, Ordering::AcqRel);
         if unused > 0 {
@@ -117,7 +126,7 @@ impl ServiceChunks {
 
     /// Room for one more chunk: one granted to `waiter`, or a free one when nobody is
     /// waiting for it. Else `waiter` takes a place in line (once).
-    pub(super) fn take(self: &Arc<Self>, waiter: &Waiter) -> Option<ChunkRoom> {
+    pub fn take(self: &Arc<Self>, waiter: &ChunkWaiter) -> Option<ChunkRoom> {
         let mut line = lock(&self.state);
         let granted = waiter.granted.load(Ordering::Acquire);
         if granted > 0 {
@@ -164,8 +173,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 mod tests {
     use super::*;
 
-    fn waiter() -> Waiter {
-        Waiter::new(SessionWaker::detached(), 2)
+    fn waiter() -> ChunkWaiter {
+        ChunkWaiter::new(SessionWaker::detached(), 2)
     }
 
     fn in_flight(chunks: &ServiceChunks) -> usize {
