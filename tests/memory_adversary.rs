@@ -226,18 +226,17 @@ fn get_into_flood_keeps_kv_serve_within_its_heap_budget_and_a_polite_client_serv
 /// Ignored for now: the memory holds (RSS at most 154-337 MiB against 896 MiB, no
 /// flood call fails other than `Busy`), but the polite client's answers take 4-16 s.
 /// Its server-side trace (`RDMACTOR_ADVERSARY_SERVER_LOG=warn,rdmactor_services::lambda::session=trace`)
-/// shows where: its slot is granted, its READ posted and done within milliseconds to a
-/// second, then 4-10 s pass between its job thread starting and the session hearing
-/// that it finished, and sometimes seconds between the owner's answer being sent and
-/// the session getting it. Both arrive as actor messages from another thread (the job
-/// thread's wake-up, the owner's answer) to the connection's actor on the poller thread,
-/// which the flood keeps busy with completions; an echo over the same server in the same
-/// seconds answers in 2-160 ms (completions go straight to their connection). So the
-/// poller thread's turns for cross-thread messages under load are the next thing to fix
-/// (issue 48). With 4 hostile connections (16 inputs in flight, no line) the polite
-/// answers took about 0.4 s once the service bounded its READs in flight.
+/// shows where: its slot is granted and its READ posted and done within milliseconds to
+/// a second, then 4-10 s pass between its job thread starting and the session hearing
+/// that it finished (the thread's own run and its wake-up reaching the connection's
+/// actor are not told apart yet), and sometimes seconds between the owner's answer and
+/// the session's getting it. An echo over the same server in the same seconds answers
+/// in 2-220 ms. Tried and not kept, as they changed nothing: job threads at nice 10 (or
+/// only the large ones), the owner on a thread of its own, the poller yielding with
+/// `yield_now` every 16th turn. With 4 hostile connections (16 inputs in flight, no
+/// line) the polite answers took about 0.4 s once the service bounded its READs.
 #[test]
-#[ignore = "open (issue 45): memory holds, but the polite client waits 4-16 s for cross-thread wake-ups on the busy poller thread; run by hand with --ignored"]
+#[ignore = "open (issue 45): memory holds, but the polite client waits 4-16 s between its job thread starting and the session hearing it finished; run by hand with --ignored"]
 fn lambda_input_flood_keeps_the_server_within_its_heap_budget_and_a_polite_client_served() {
     let Some(_ctx) = rdma_context() else { return };
     let secs: u64 = std::env::var("RDMACTOR_ADVERSARY_SECS")
