@@ -32,9 +32,9 @@ pub(crate) struct Budget {
     running: usize,
     max_jobs: usize,
     /// Bytes of input the running jobs hold (small ones apart), and the most they may
-    /// (one job alone may always run): the service's share of the server's heap budget, so that a full
-    /// service refuses in its own line rather than at the heap, where a polite client's
-    /// small input would be refused as well.
+    /// (one job alone may always run): the service's share of the server's heap
+    /// budget, so that a full service refuses in its own line rather than at the heap,
+    /// where a polite client's small input would be refused as well.
     input_running: usize,
     max_input_running: usize,
     /// Inputs this small need only a slot (a polite client's small job is never held
