@@ -180,6 +180,20 @@ async fn a_client_given_every_member_leaves_the_one_cut_off_from_the_quorum() {
     transfer.cut.borrow_mut().insert(addr(1));
     let started = Instant::now();
     let reader = ClusterFiles::new(transfer, config(&trio, &every), "test").unwrap();
+    // Its first view comes from the members that answer. Once (fresh-check, trixie) c was
+    // missing from it for about a second right after the cut, with c's lease of 2 s
+    // through its own member only: the fetches began before the view was whole.
+    let whole = reader
+        .membership()
+        .wait_for(Duration::from_secs(10), |n| {
+            n.iter().map(|n| n.node.as_str()).collect::<BTreeSet<_>>() == ["b", "c"].into()
+        })
+        .await;
+    assert!(
+        whole.is_some(),
+        "the new client never listed b and c: {:?}",
+        live(reader.membership())
+    );
     let out = tempfile::tempdir().unwrap();
     let mut failed = Vec::new();
     for name in &names {
