@@ -157,16 +157,19 @@ impl Budget {
         }
         match self.line.park(tenant, job, now) {
             Ok(bumped) => {
-                if let Some(b) = bumped {
-                    let load = matches!(b.want, Want::Load(_));
-                    self.answers.push((b.ticket, load, Err(self.busy())));
-                }
+                bumped.iter().for_each(|b| self.refuse(b));
                 // A small job may fit where the first in line does not.
                 self.serve();
                 Ok(None)
             }
             Err(_) => Err(self.busy()),
         }
+    }
+
+    /// Answers a job that leaves the line without a slot: `Busy`.
+    fn refuse(&mut self, job: &Waiting<Want>) {
+        let load = matches!(job.want, Want::Load(_));
+        self.answers.push((job.ticket, load, Err(self.busy())));
     }
 
     pub(crate) fn busy(&self) -> LambdaError {
@@ -244,10 +247,7 @@ impl Budget {
 
     /// The jobs whose wait ended by `now` are refused `Busy`.
     pub(crate) fn handle_expiry(&mut self, now: Instant) {
-        for job in self.line.expire(now) {
-            let load = matches!(job.want, Want::Load(_));
-            self.answers.push((job.ticket, load, Err(self.busy())));
-        }
+        self.line.expire(now).iter().for_each(|j| self.refuse(j));
     }
 
     /// Answers to jobs that waited, since the last call.
@@ -284,10 +284,7 @@ impl Budget {
     /// The client's connection closed: its holds end, and its jobs leave the line;
     /// returns how many modules left the cache.
     pub(crate) fn handle_release(&mut self, client: ClientId) -> usize {
-        for job in self.line.leave(client) {
-            let load = matches!(job.want, Want::Load(_));
-            self.answers.push((job.ticket, load, Err(self.busy())));
-        }
+        self.line.leave(client).iter().for_each(|j| self.refuse(j));
         self.cache.release(client)
     }
 
