@@ -69,6 +69,28 @@ impl Drop for Serving {
     }
 }
 
+/// The first connection `connect` makes, retried every 50 ms while the server (another
+/// process, just started) does not listen yet, for at most 30 s.
+async fn once_listening<F, E>(mut connect: impl FnMut() -> F) -> ClientConnection
+where
+    F: std::future::Future<Output = Result<ClientConnection, E>>,
+    E: std::fmt::Display,
+{
+    let started = Instant::now();
+    loop {
+        match connect().await {
+            Ok(conn) => return conn,
+            Err(e) => {
+                assert!(
+                    started.elapsed() < Duration::from_secs(30),
+                    "the server never listened: {e}"
+                );
+                actix::clock::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
 fn rss_mib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status
@@ -102,19 +124,7 @@ fn get_into_flood_keeps_kv_serve_within_its_heap_budget_and_a_polite_client_serv
         // a process of its own: what is measured is the server's fairness.
         let polite_node = Client::start(NodeConfig::default()).expect("client");
         // The server is up once a connect goes through.
-        let started = Instant::now();
-        let polite = loop {
-            match polite_node.connect(addr, "kv").await {
-                Ok(conn) => break KvClient(conn),
-                Err(e) => {
-                    assert!(
-                        started.elapsed() < Duration::from_secs(30),
-                        "kv serve never listened: {e}"
-                    );
-                    actix::clock::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        };
+        let polite = KvClient(once_listening(|| polite_node.connect(addr, "kv")).await);
         stock_flood(&polite_node, &polite).await;
         // Registered as long as the flood's streams may write into it (dropped below).
         let into = client
@@ -377,19 +387,7 @@ fn polite_lambda_client(
 ) -> (u64, Duration, u64) {
     actix_run(async move {
         let node = Client::start(NodeConfig::default()).expect("client");
-        let started = Instant::now();
-        let conn = loop {
-            match node.connect_from(second_peer_ip(), addr, "lambda").await {
-                Ok(conn) => break conn,
-                Err(e) => {
-                    assert!(
-                        started.elapsed() < Duration::from_secs(30),
-                        "the server never listened: {e}"
-                    );
-                    actix::clock::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        };
+        let conn = once_listening(|| node.connect_from(second_peer_ip(), addr, "lambda")).await;
         let small = pattern(4096, 7);
         let mut input = node
             .register(small.len(), Access::REMOTE_READ)
