@@ -91,6 +91,28 @@ where
     }
 }
 
+/// CPU time (in clock ticks) of process `pid` (or `self`), by thread name: where a
+/// round's time went, printed with its figures.
+fn thread_cpu(pid: &str) -> String {
+    let mut by: std::collections::BTreeMap<String, u64> = Default::default();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        let (Some(a), Some(b)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let name = stat[a + 1..b].to_string();
+        let f: Vec<&str> = stat[b + 2..].split(' ').collect();
+        let ticks = f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+            + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        *by.entry(name).or_default() += ticks;
+    }
+    format!("{by:?}")
+}
+
 fn rss_mib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status
@@ -345,6 +367,8 @@ fn lambda_input_flood_keeps_the_server_within_its_heap_budget_and_a_polite_clien
         for t in tasks {
             t.abort();
         }
+        println!("CPU server {}", thread_cpu(&pid.to_string()));
+        println!("CPU test {}", thread_cpu("self"));
         let [ran, busy, failed] = *tally.borrow();
         let (most, worst, answered) = match polite.join() {
             Ok(seen) => seen,

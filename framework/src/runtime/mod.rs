@@ -27,6 +27,7 @@ mod device_watch;
 mod handler;
 mod handshakes;
 mod heap;
+mod inbox;
 mod machine;
 mod node;
 mod oob;
@@ -38,6 +39,7 @@ mod server;
 mod service;
 mod srq;
 mod turns;
+mod wake_route;
 
 pub use auth::{
     valid_identity, AuthPolicy, AuthRefusal, Authenticated, AuthorizedKey, Credential,

@@ -29,6 +29,7 @@ use crate::runtime::srq::{OrphanedRecv, SharedRecv};
 use crate::runtime::turns::{
     Backlog, LetOthersRun, DRAIN_ROUNDS, PASSES_PER_TURN, POLLS_PER_ROUND,
 };
+use crate::runtime::wake_route::WakeQueue;
 use crate::transport::{
     CompletionChannel as _, CompletionQueue as _, Domain as _, Transport, Verbs,
 };
@@ -57,17 +58,7 @@ impl PollMode {
     };
 }
 
-/// Where a poller delivers one connection's completions, on the poller's own thread.
-pub(crate) trait Inbox {
-    /// A batch of the connection's completions, in CQ order, polled at `now` (read once
-    /// per polled batch, shared by every connection in it: a clock read per connection
-    /// and per pass was a visible share of the poller's time under load).
-    ///
-    /// `hold_posts`: more of this connection's completions follow in this drain (the
-    /// poller's bulk steps, see `turns.rs`), so it may leave its posts to the last of them
-    /// and ring one doorbell for all.
-    fn completions(&self, wcs: &[WorkCompletion], now: Instant, hold_posts: bool);
-}
+pub(crate) use crate::runtime::inbox::Inbox;
 
 thread_local! {
     /// The connections this poller thread serves, by QP number. Weak: the connection's
@@ -432,6 +423,7 @@ async fn poll_task<T: Transport>(
     let mut last_activity = Instant::now();
     let mut idle_passes = 0u32;
     let mut since_yield = 0u32;
+    let wakes = WakeQueue::install();
     let mut backlog = Backlog::default();
     while !shared.stop.load(Ordering::Acquire) {
         let generation = shared.generation.load(Ordering::Acquire);
@@ -445,7 +437,8 @@ async fn poll_task<T: Transport>(
                 .map(|s| s.cq.clone())
                 .collect();
         }
-        let mut found = drain::<T>(&cqs, &mut wcs, &mut last_activity, &mut backlog);
+        let mut found = wakes.deliver();
+        found += drain::<T>(&cqs, &mut wcs, &mut last_activity, &mut backlog);
         end_pass();
         if found > 0 {
             idle_passes = 0;
@@ -486,8 +479,15 @@ async fn poll_task<T: Transport>(
         // About to sleep: what this thread counted goes to the shared metrics now.
         crate::metrics::flush_thread();
         // Consumes the channel's events, so that it is not ready again until a CQ fires.
-        if let Ok(Err(e)) = tokio::time::timeout(Duration::from_millis(50), ch.ready(fd)).await {
-            tracing::warn!(error = %e, "waiting on the completion channel failed");
+        // A wake-up queued since this pass's delivery has rung the bell (its permit is
+        // kept if nobody waited yet), so it is not slept through.
+        tokio::select! {
+            waited = tokio::time::timeout(Duration::from_millis(50), ch.ready(fd)) => {
+                if let Ok(Err(e)) = waited {
+                    tracing::warn!(error = %e, "waiting on the completion channel failed");
+                }
+            }
+            () = wakes.rung() => {}
         }
         last_activity = Instant::now();
     }
@@ -611,6 +611,7 @@ mod tests {
         fn completions(&self, wcs: &[WorkCompletion], _now: Instant, _hold: bool) {
             self.0.borrow_mut().extend(wcs.iter().map(|wc| wc.wr_id));
         }
+        fn wake(&self, _token: u64) {}
     }
 
     fn wc(qp_num: u32, wr_id: u64) -> WorkCompletion {
@@ -747,6 +748,7 @@ mod tests {
                     .borrow_mut()
                     .extend(wcs.iter().map(|wc| (wc.qp_num, wc.wr_id)));
             }
+            fn wake(&self, _token: u64) {}
         }
 
         let fabric = Fabric::new(Config::default());
@@ -825,6 +827,7 @@ mod tests {
                     let _ = self.0.send((wc.wr_id, wc.opcode, wc.byte_len));
                 }
             }
+            fn wake(&self, _token: u64) {}
         }
 
         let fabric = Fabric::new(Config::default());

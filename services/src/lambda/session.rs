@@ -304,10 +304,12 @@ impl LambdaSession {
     ) -> bool {
         tracing::trace!(client = self.client.id.0, job, "job thread starting");
         let done = self.done_tx.clone();
+        let client = self.client.id.0;
         let spawned = std::thread::Builder::new()
             .name("lambda-job".into())
             .spawn(move || {
                 let finished = work();
+                tracing::trace!(client, job, "job thread done, waking its session");
                 // The session may be gone (connection closed): nobody to tell.
                 if done.send((job, finished)).is_ok() {
                     waker.wake(job as u64);

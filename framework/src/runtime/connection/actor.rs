@@ -13,6 +13,7 @@ use super::mailbox::{CmNotice, ConnClosed, Mailbox, Pump, Released};
 use super::Core;
 use crate::runtime::poller::{self, AbortOnUnwind, Inbox};
 use crate::runtime::service::Session;
+use crate::runtime::wake_route;
 use crate::transport::{Transport, Verbs};
 
 /// What a connection is started with (built on the CM actor's thread, moved to the
@@ -75,6 +76,14 @@ impl<T: Transport, S: Session<T>> ConnectionActor<S, T> {
                 })
             });
             let inbox: Weak<dyn Inbox> = Rc::downgrade(&conn) as Weak<RefCell<Connection<S, T>>>;
+            if let Some(route) = conn
+                .borrow()
+                .core
+                .as_ref()
+                .and_then(|c| c.mailbox.as_ref()?.route.as_ref())
+            {
+                wake_route::enroll(route.key(), inbox.clone());
+            }
             poller::register(qp_num, inbox);
             let id = conn.borrow().core.as_ref().and_then(|c| c.id.clone());
             let what = handshake.name();

@@ -27,6 +27,7 @@ use super::mailbox::{CmNotice, ConnClosed, Released};
 use super::{ring, Core, SessionCx, Timeout};
 use crate::runtime::poller::{self, Inbox};
 use crate::runtime::service::{Session, SessionError};
+use crate::runtime::wake_route;
 use crate::runtime::CloseReason;
 use crate::transport::{CmId as _, QueuePair as _, Transport, Verbs};
 use crate::verbs::WorkCompletion;
@@ -306,6 +307,9 @@ impl<T: Transport, S: Session<T>> Connection<S, T> {
             return;
         };
         poller::unregister(core.qp_num());
+        if let Some(route) = core.mailbox.as_ref().and_then(|m| m.route.as_ref()) {
+            wake_route::withdraw(route.key());
+        }
         if let Some(shared) = &core.shared_recv {
             // Receives this QP consumed may still complete after it is gone.
             poller::adopt_orphan(core.qp_num(), shared.orphan());
@@ -482,5 +486,9 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 impl<T: Transport, S: Session<T>> Inbox for RefCell<Connection<S, T>> {
     fn completions(&self, wcs: &[WorkCompletion], now: Instant, hold_posts: bool) {
         self.borrow_mut().on_completions(wcs, now, hold_posts);
+    }
+
+    fn wake(&self, token: u64) {
+        self.borrow_mut().with_session(|s, cx| s.on_wake(cx, token));
     }
 }

@@ -8,6 +8,7 @@ use actix::prelude::*;
 use actix::WeakRecipient;
 
 use crate::proto::credits::Advert;
+use crate::runtime::wake_route::WakeRoute;
 use crate::runtime::CloseReason;
 use crate::verbs::CmIdKey;
 
@@ -64,6 +65,9 @@ pub(crate) struct Wake(pub(super) u64);
 pub(crate) struct Mailbox {
     pub(super) wake: WeakRecipient<Wake>,
     pump: WeakRecipient<Pump>,
+    /// The way in through the poller thread, where the actor runs on one (see
+    /// `wake_route.rs`): wake-ups take it instead of the mailbox.
+    pub(super) route: Option<WakeRoute>,
 }
 
 impl Mailbox {
@@ -76,6 +80,7 @@ impl Mailbox {
         Mailbox {
             wake: addr.clone().recipient::<Wake>().downgrade(),
             pump: addr.clone().recipient::<Pump>().downgrade(),
+            route: WakeRoute::reserve(),
         }
     }
 

@@ -3,23 +3,30 @@
 //! (a service's own actor), whose results come back through it.
 #![deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 
-use std::sync::mpsc;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{mpsc, Arc, Mutex, PoisonError};
+use std::task::{Poll, Waker};
 
 use actix::prelude::*;
-use actix::{Recipient, WeakRecipient};
+use actix::{MailboxError, Recipient, WeakRecipient};
 
 use super::blocking::BlockingError;
 use super::mailbox::Wake;
 use super::{ConnectionActor, SessionCx};
+use crate::runtime::wake_route::WakeRoute;
 use crate::runtime::Session;
 use crate::transport::Transport;
 
 /// Wakes one connection's session from any thread: [`wake`](Self::wake) makes the
-/// framework call [`Session::on_wake`] on the connection's actor. Cheap to clone; it does
-/// not keep the connection alive (waking a closed connection does nothing).
+/// framework call [`Session::on_wake`] on the connection's thread. Cheap to clone; it
+/// does not keep the connection alive (waking a closed connection does nothing).
 #[derive(Clone)]
 pub struct SessionWaker {
     target: Option<WeakRecipient<Wake>>,
+    /// Through the poller thread, where the connection runs on one (see
+    /// `wake_route.rs`); else the wake-up is a message to the actor.
+    route: Option<WakeRoute>,
 }
 
 impl std::fmt::Debug for SessionWaker {
@@ -36,10 +43,13 @@ impl SessionWaker {
     /// call.
     pub fn wake(&self, token: u64) -> bool {
         match self.target.as_ref().and_then(WeakRecipient::upgrade) {
-            Some(r) if r.connected() => {
-                r.do_send(Wake(token));
-                true
-            }
+            Some(r) if r.connected() => match &self.route {
+                Some(route) => route.wake(token),
+                None => {
+                    r.do_send(Wake(token));
+                    true
+                }
+            },
             _ => false,
         }
     }
@@ -47,7 +57,10 @@ impl SessionWaker {
     /// A waker of no connection (its wake-ups go nowhere), for tests of what holds one.
     #[cfg(test)]
     pub(crate) fn detached() -> SessionWaker {
-        SessionWaker { target: None }
+        SessionWaker {
+            target: None,
+            route: None,
+        }
     }
 
     /// False once the connection's actor is gone.
@@ -93,22 +106,80 @@ pub enum AskError {
 
 /// The answer to a request sent with [`SessionCx::ask`]; take it in
 /// [`Session::on_wake`] when the token it was sent with comes back.
-#[derive(Debug)]
 pub struct Asked<T> {
-    rx: mpsc::Receiver<Result<T, AskError>>,
+    answer: Mutex<Answer<T>>,
+    /// The session's wake-up with the request's token, as a task waker: the request is
+    /// polled on the connection's thread, and the answering thread wakes the session
+    /// through its poller, with no task in between.
+    waker: Waker,
+}
+
+enum Answer<T> {
+    /// On its way (or waiting for room in a full mailbox).
+    Waiting(Pin<Box<dyn Future<Output = Result<T, MailboxError>> + Send>>),
+    /// In, not taken yet.
+    In(Result<T, AskError>),
+    Taken,
+}
+
+impl<T> std::fmt::Debug for Asked<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let answer = self.answer.lock().unwrap_or_else(PoisonError::into_inner);
+        let state = match &*answer {
+            Answer::Waiting(_) => "waiting",
+            Answer::In(_) => "in",
+            Answer::Taken => "taken",
+        };
+        f.debug_struct("Asked").field("answer", &state).finish()
+    }
 }
 
 impl<T> Asked<T> {
     /// The actor's answer once it came; `None` while it is on its way. The answer is in
     /// before the wake-up of its token is sent, so on that wake-up this is `Some`; it is
-    /// `None` there only when several requests share one token and another's came
-    /// first. Taken once: later calls answer `Some(Err(Lost))`.
+    /// `None` there when several requests share one token and another's came first, or
+    /// when the wake-up said only that the actor's full mailbox had room for the
+    /// request. Taken once: later calls answer `Some(Err(Lost))`.
     pub fn try_take(&self) -> Option<Result<T, AskError>> {
-        match self.rx.try_recv() {
-            Ok(answer) => Some(answer),
-            Err(mpsc::TryRecvError::Empty) => None,
-            Err(mpsc::TryRecvError::Disconnected) => Some(Err(AskError::Lost)),
+        let mut answer = self.answer.lock().unwrap_or_else(PoisonError::into_inner);
+        self.poll(&mut answer);
+        match std::mem::replace(&mut *answer, Answer::Taken) {
+            Answer::In(got) => Some(got),
+            Answer::Taken => Some(Err(AskError::Lost)),
+            waiting @ Answer::Waiting(_) => {
+                *answer = waiting;
+                None
+            }
         }
+    }
+
+    /// Moves a waiting request on (sending it, once a full mailbox has room), and keeps
+    /// its answer if it came.
+    fn poll(&self, answer: &mut Answer<T>) {
+        let Answer::Waiting(request) = answer else {
+            return;
+        };
+        let mut cx = std::task::Context::from_waker(&self.waker);
+        if let Poll::Ready(got) = request.as_mut().poll(&mut cx) {
+            *answer = Answer::In(got.map_err(|_| AskError::ActorGone));
+        }
+    }
+}
+
+/// A task waker that is a session's wake-up with one token: the answering actor's
+/// thread wakes the session through its poller, with no task in between.
+struct TokenWaker {
+    session: SessionWaker,
+    token: u64,
+}
+
+impl std::task::Wake for TokenWaker {
+    fn wake(self: Arc<Self>) {
+        self.session.wake(self.token);
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.session.wake(self.token);
     }
 }
 
@@ -116,7 +187,8 @@ impl<T: Transport> SessionCx<'_, T> {
     /// Sends `msg` to another actor (a service's actor that owns what its sessions
     /// share: quotas, caches, job slots) and calls [`Session::on_wake`] with `token` when
     /// its answer is in; take it there with [`Asked::try_take`]. The connection's thread
-    /// never waits: the answer comes back as one more message to its actor.
+    /// never waits: the answering actor's thread wakes the session through its poller
+    /// (see `wake_route.rs`).
     ///
     /// One request is a few channel hops (to the actor, back, the wake-up): meant for
     /// control paths (an offer, an upload, one per request), not for every chunk or
@@ -128,23 +200,31 @@ impl<T: Transport> SessionCx<'_, T> {
         M: actix::Message + Send + 'static,
         M::Result: Send,
     {
-        let (tx, rx) = mpsc::sync_channel(1);
-        let waker = self.waker();
-        let request = to.send(msg);
-        actix::spawn(async move {
-            let answer = request.await.map_err(|_| AskError::ActorGone);
-            // The session may be gone: nobody to tell, and the answer drops here.
-            if tx.send(answer).is_ok() {
-                waker.wake(token);
-            }
-        });
-        Asked { rx }
+        let waker = Waker::from(Arc::new(TokenWaker {
+            session: self.waker(),
+            token,
+        }));
+        let asked = Asked {
+            answer: Mutex::new(Answer::Waiting(Box::pin(to.send(msg)))),
+            waker,
+        };
+        // Polled once now, so that a request to a full mailbox waits for room with the
+        // session's waker; one that fails at once (the actor is gone) is answered on a
+        // wake-up like any other answer.
+        let mut answer = asked.answer.lock().unwrap_or_else(PoisonError::into_inner);
+        asked.poll(&mut answer);
+        if matches!(*answer, Answer::In(_)) {
+            asked.waker.wake_by_ref();
+        }
+        drop(answer);
+        asked
     }
 
     /// A handle that wakes this session from any thread (see [`SessionWaker`]).
     pub fn waker(&self) -> SessionWaker {
         SessionWaker {
             target: self.core.mailbox.as_ref().map(|m| m.wake.clone()),
+            route: self.core.mailbox.as_ref().and_then(|m| m.route.clone()),
         }
     }
 
@@ -179,7 +259,8 @@ impl<T: Transport> SessionCx<'_, T> {
         let waker = self.waker();
         let gate = self.core.blocking.handle();
         let place = gate.start();
-        actix::spawn(async move {
+        // On the relay thread, for the same reason as `ask`'s answers.
+        crate::runtime::wake_route::relay(async move {
             let result = match place {
                 Ok(place) => gate.run(place, || waker.is_connected(), f).await,
                 Err(busy) => Err(busy),
