@@ -156,9 +156,18 @@ impl<W> JobLine<W> {
         None
     }
 
-    /// Takes out every job whose wait ended by `now`.
+    /// Takes out every job whose wait ended by `now`: the fronts of the tenants' queues
+    /// (a queue's deadlines come in order, every job waiting the same `wait`), so a
+    /// full line costs the tenants, not the jobs, at every expiry.
     pub(crate) fn expire(&mut self, now: Instant) -> Vec<Waiting<W>> {
-        self.take_where(|p| p.deadline <= now)
+        let mut out = Vec::new();
+        for queue in self.queues.values_mut() {
+            while queue.front().is_some_and(|p| p.deadline <= now) {
+                out.extend(queue.pop_front().map(|p| p.job));
+            }
+        }
+        self.forget_empty(out.len());
+        out
     }
 
     /// Takes out `client`'s jobs (its connection closed).
@@ -166,11 +175,11 @@ impl<W> JobLine<W> {
         self.take_where(|p| p.job.client == client)
     }
 
-    /// When the first wait ends.
+    /// When the first wait ends (each queue's first is its earliest: see `expire`).
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
         self.queues
             .values()
-            .filter_map(|q| q.iter().map(|p| p.deadline).min())
+            .filter_map(|q| q.front().map(|p| p.deadline))
             .min()
     }
 
@@ -182,11 +191,19 @@ impl<W> JobLine<W> {
             *queue = kept;
             out.extend(left.into_iter().map(|p| p.job));
         }
+        self.forget_empty(out.len());
+        out
+    }
+
+    /// After `taken` jobs left the queues: drops the tenants left with none.
+    fn forget_empty(&mut self, taken: usize) {
+        if taken == 0 {
+            return;
+        }
         self.queues.retain(|_, q| !q.is_empty());
         let queues = &self.queues;
         self.turns.retain(|t| queues.contains_key(t));
-        self.len = self.len.saturating_sub(out.len());
-        out
+        self.len = self.len.saturating_sub(taken);
     }
 }
 

@@ -379,6 +379,7 @@ impl LambdaOwner {
         for (ticket, load, started) in self.budget.take_answers() {
             let answer = self.finish(load, started, ctx);
             if let Some(tx) = self.waiting.remove(&ticket) {
+                tracing::trace!(ticket, granted = answer.is_ok(), "waiting start answered");
                 let _ = tx.send(answer);
             }
         }
@@ -472,12 +473,15 @@ impl LambdaOwner {
 }
 
 impl Handler<Start> for LambdaOwner {
-    type Result = ResponseFuture<Result<Go<JobSlot>, LambdaError>>;
+    /// An answer known at once is a plain reply: as a future it was a task that waited
+    /// behind this actor's mailbox (3.8 s in a flood, issue 45's lambda round).
+    type Result = Response<Result<Go<JobSlot>, LambdaError>>;
 
     fn handle(&mut self, msg: Start, ctx: &mut Context<Self>) -> Self::Result {
         let ticket = self.next_ticket;
         self.next_ticket = self.next_ticket.wrapping_add(1);
         let load = matches!(msg.want, Want::Load(_));
+        tracing::trace!(client = msg.client.0, ticket, "start asked");
         let job = Waiting {
             ticket,
             client: msg.client,
@@ -493,11 +497,10 @@ impl Handler<Start> for LambdaOwner {
                 self.waiting.insert(ticket, tx);
                 self.answer_waiting(ctx);
                 let busy = self.budget.busy();
-                return Box::pin(async move { rx.await.unwrap_or(Err(busy)) });
+                return Response::fut(async move { rx.await.unwrap_or(Err(busy)) });
             }
         };
-        let answer = self.finish(load, started, ctx);
-        Box::pin(std::future::ready(answer))
+        Response::reply(self.finish(load, started, ctx))
     }
 }
 

@@ -31,8 +31,9 @@ pub(super) enum PendingOp {
         buf: BufId,
         offset: usize,
         len: usize,
-        /// Its place among the service's READs in flight, given back on completion.
-        _room: ChunkRoom,
+        /// Its place among the service's READs in flight, given back on completion
+        /// (none for a small READ).
+        _room: Option<ChunkRoom>,
     },
     Write {
         job: usize,

@@ -205,7 +205,15 @@ impl<T: Transport> SessionCx<'_, T> {
             token,
         }));
         let asked = Asked {
-            answer: Mutex::new(Answer::Waiting(Box::pin(to.send(msg)))),
+            // A fresh sender each time (`Recipient::clone`): actix parks a sender that
+            // found the mailbox at its capacity, and its next `send` keeps the message
+            // back, with no waker, until it is polled again after the actor has taken
+            // every message queued before it. Sessions whose requests all share one
+            // sender (a flood's and a polite client's) then waited until some other event
+            // polled theirs: 27 s in the lambda memory round. A fresh sender always
+            // queues its message; the asking sessions bound the mailbox (each keeps a
+            // few requests out).
+            answer: Mutex::new(Answer::Waiting(Box::pin(to.clone().send(msg)))),
             waker,
         };
         // Polled once now, so that a request to a full mailbox waits for room with the
@@ -292,5 +300,57 @@ impl<T: Transport, S: Session<T>> Handler<Wake> for ConnectionActor<S, T> {
     fn handle(&mut self, msg: Wake, _: &mut Context<Self>) {
         let _guard = crate::runtime::poller::AbortOnUnwind::new("connection actor");
         self.conn().with_session(|s, cx| s.on_wake(cx, msg.0));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use actix::prelude::*;
+
+    /// Counts what it is asked.
+    struct Counter(u32);
+
+    impl Actor for Counter {
+        type Context = Context<Self>;
+    }
+
+    #[derive(Message)]
+    #[rtype(result = "u32")]
+    struct Next;
+
+    impl Handler<Next> for Counter {
+        type Result = u32;
+        fn handle(&mut self, _: Next, _: &mut Context<Self>) -> u32 {
+            self.0 = self.0.wrapping_add(1);
+            self.0
+        }
+    }
+
+    /// What `ask` relies on (see the comment there): a sender that found the mailbox at
+    /// its capacity is parked, and its next request keeps its message back until polled
+    /// again, with no waker; a clone of the recipient is a fresh sender whose request
+    /// is queued at once. If actix changes this, `ask` may take its requests back.
+    #[test]
+    fn a_parked_sender_holds_its_request_back_and_a_fresh_one_queues_it() {
+        actix::System::new().block_on(async {
+            let (tx, rx) = actix::dev::channel::channel::<Counter>(1);
+            let to: Recipient<Next> = Addr::new(tx).recipient();
+            // Fills the mailbox (capacity 1): queued, and the sender is parked.
+            let first = to.send(Next);
+            // The same sender again: held back, never queued by itself.
+            let held = to.send(Next);
+            // A fresh sender: queued.
+            let fresh = to.clone().send(Next);
+            let ctx = Context::with_receiver(rx);
+            let _counter = ctx.run(Counter(0));
+            assert_eq!(first.await.expect("first"), 1);
+            assert_eq!(
+                fresh.await.expect("fresh"),
+                2,
+                "the fresh sender's request was queued second"
+            );
+            // The held one is queued only now, polled after the others were taken.
+            assert_eq!(held.await.expect("held"), 3);
+        });
     }
 }
