@@ -64,6 +64,24 @@ pub enum Error {
         /// How that was noticed.
         why: String,
     },
+    /// A credential file for etcd (a certificate, a key, a password) cannot be read.
+    #[error("etcd credentials {}: {why}", path.display())]
+    Credentials {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        why: String,
+    },
+    /// etcd refused the call for want of permission: this process's etcd user (its
+    /// client certificate's common name, or its user name) may not do it. A client
+    /// set up as docs/operations.md says meets this when it tries to write.
+    #[error("etcd {op}: permission denied ({why})")]
+    PermissionDenied {
+        /// The call.
+        op: &'static str,
+        /// etcd's words.
+        why: String,
+    },
     /// The registrar's task has ended.
     #[error("the registrar has stopped")]
     Stopped,

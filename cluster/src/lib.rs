@@ -71,7 +71,7 @@ mod table;
 
 pub use client::{Attempt, ClusterClient, ClusterError, Connected, Connector, Placement};
 pub use error::{Error, Result};
-pub use etcd::EtcdConfig;
+pub use etcd::{EtcdConfig, EtcdTls, EtcdUser};
 pub use membership::Membership;
 pub use record::{Load, NodeRecord};
 pub use registrar::{Registrar, RegistrationConfig, RegistrationState};

@@ -15,7 +15,20 @@ pub struct Etcd {
     binary: PathBuf,
     client_port: u16,
     peer_port: u16,
+    /// Where `/health` is asked: the client port, or with TLS a plain-HTTP metrics port
+    /// (the client port then wants a client certificate).
+    health_port: u16,
+    /// With TLS and auth: the certificates' directory (see [`Etcd::start_secured`]).
+    certs: Option<PathBuf>,
     child: Option<Child>,
+}
+
+/// The script that makes the certificates and roles, as docs/operations.md runs it.
+fn secure_script() -> PathBuf {
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../scripts/etcd-secure"
+    ))
 }
 
 /// The etcd binary the tests run: `$RDMACTOR_ETCD`, else `/usr/bin/etcd`. Without one
@@ -42,6 +55,21 @@ pub fn binary() -> Option<PathBuf> {
     );
 }
 
+/// Runs scripts/etcd-secure with `args`, failing the test with its output if it fails.
+fn run_script(args: &[&std::ffi::OsStr]) {
+    let out = Command::new(secure_script())
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", secure_script().display()));
+    assert!(
+        out.status.success(),
+        "scripts/etcd-secure {args:?}: {}\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -54,12 +82,60 @@ impl Etcd {
     /// the test, saying to run scripts/setup, unless `RDMACTOR_SKIP_ETCD=1` asks to
     /// skip (then it returns `None` and says so on stderr).
     pub fn start() -> Option<Etcd> {
+        Etcd::start_with(false)
+    }
+
+    /// Starts an etcd closed as docs/operations.md ("A closed control plane") closes
+    /// it, with `scripts/etcd-secure` run as written there: TLS with client certificates
+    /// (`--client-cert-auth`), the users root, rdmactor-server and rdmactor-client, their
+    /// roles for `cluster`, and auth on. [`cert`](Self::cert) gives each user's files.
+    pub fn start_secured(cluster: &str) -> Option<Etcd> {
+        let etcd = Etcd::start_with(true)?;
+        let certs = etcd.certs.clone().expect("made at start");
+        run_script(&[
+            "roles".as_ref(),
+            etcd.url().as_ref(),
+            certs.as_os_str(),
+            cluster.as_ref(),
+        ]);
+        Some(etcd)
+    }
+
+    /// `user`'s certificate and key, and the CA's certificate: `(ca, cert, key)`.
+    ///
+    /// # Panics
+    ///
+    /// Not started with [`start_secured`](Self::start_secured).
+    pub fn cert(&self, user: &str) -> (PathBuf, PathBuf, PathBuf) {
+        let dir = self.certs.as_ref().expect("an etcd started secured");
+        (
+            dir.join("ca.pem"),
+            dir.join(format!("{user}.pem")),
+            dir.join(format!("{user}.key")),
+        )
+    }
+
+    fn start_with(secured: bool) -> Option<Etcd> {
         let binary = binary()?;
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let certs = secured.then(|| {
+            let certs = dir.path().join("certs");
+            run_script(&[
+                "certs".as_ref(),
+                certs.as_os_str(),
+                "127.0.0.1".as_ref(),
+                "localhost".as_ref(),
+            ]);
+            certs
+        });
+        let client_port = free_port();
         let mut etcd = Etcd {
-            dir: tempfile::tempdir().expect("a temporary directory"),
+            dir,
             binary,
-            client_port: free_port(),
+            client_port,
             peer_port: free_port(),
+            health_port: if secured { free_port() } else { client_port },
+            certs,
             child: None,
         };
         // A free port is only free until someone else binds it: the tests start their
@@ -72,6 +148,11 @@ impl Etcd {
                     let _ = std::fs::remove_dir_all(etcd.dir.path().join("data"));
                     etcd.client_port = free_port();
                     etcd.peer_port = free_port();
+                    etcd.health_port = if etcd.certs.is_some() {
+                        free_port()
+                    } else {
+                        etcd.client_port
+                    };
                 }
                 Err(log) => panic!("etcd exited:\n{log}"),
             }
@@ -80,9 +161,14 @@ impl Etcd {
         Some(etcd)
     }
 
-    /// The client URL.
+    /// The client URL (`https://` when secured).
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.certs.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
     }
 
     /// SIGKILL, and wait for the process to end.
@@ -114,7 +200,22 @@ impl Etcd {
             .append(true)
             .open(self.dir.path().join("etcd.log"))
             .expect("etcd's log file");
-        let child = Command::new(&self.binary)
+        let mut command = Command::new(&self.binary);
+        if let Some(certs) = &self.certs {
+            command
+                .arg("--client-cert-auth")
+                .arg(format!(
+                    "--trusted-ca-file={}",
+                    certs.join("ca.pem").display()
+                ))
+                .arg(format!("--cert-file={}", certs.join("etcd.pem").display()))
+                .arg(format!("--key-file={}", certs.join("etcd.key").display()))
+                .arg(format!(
+                    "--listen-metrics-urls=http://127.0.0.1:{}",
+                    self.health_port
+                ));
+        }
+        let child = command
             .arg("--name=test")
             .arg(format!(
                 "--data-dir={}",
@@ -160,7 +261,7 @@ impl Etcd {
 
     /// `GET /health` answers `"health":"true"` once it has a leader.
     fn healthy(&self) -> bool {
-        let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.client_port)) else {
+        let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.health_port)) else {
             return false;
         };
         let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
@@ -196,11 +297,14 @@ mod tests {
     fn a_taken_port_is_reported_as_in_use() {
         let Some(binary) = binary() else { return };
         let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client_port = free_port();
         let mut etcd = Etcd {
             dir: tempfile::tempdir().unwrap(),
             binary,
-            client_port: free_port(),
+            client_port,
             peer_port: taken.local_addr().unwrap().port(),
+            health_port: client_port,
+            certs: None,
             child: None,
         };
         let log = etcd.try_spawn().expect_err("the peer port is taken");

@@ -7,6 +7,9 @@ use std::time::Duration;
 
 use crate::{Error, Result};
 
+mod credentials;
+pub use credentials::{EtcdTls, EtcdUser};
+
 /// How to reach etcd.
 #[derive(Debug, Clone)]
 pub struct EtcdConfig {
@@ -19,6 +22,12 @@ pub struct EtcdConfig {
     /// How long one call (a read, a transaction, a lease grant) may take before it
     /// counts as failed.
     pub request_timeout: Duration,
+    /// TLS for `https://` endpoints, with this process's client certificate where etcd
+    /// asks for one (see [`EtcdTls`]).
+    pub tls: Option<EtcdTls>,
+    /// A user and password, where etcd's auth takes them instead of (or besides) a
+    /// client certificate.
+    pub user: Option<EtcdUser>,
 }
 
 impl EtcdConfig {
@@ -28,7 +37,21 @@ impl EtcdConfig {
             endpoints: endpoints.into_iter().map(Into::into).collect(),
             connect_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(3),
+            tls: None,
+            user: None,
         }
+    }
+
+    /// With TLS (see [`EtcdTls`]).
+    pub fn with_tls(mut self, tls: EtcdTls) -> EtcdConfig {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// With a user and password (see [`EtcdUser`]).
+    pub fn with_user(mut self, user: EtcdUser) -> EtcdConfig {
+        self.user = Some(user);
+        self
     }
 
     /// `URL[,URL..]`, as the tools' `--etcd` takes it.
@@ -49,12 +72,14 @@ impl EtcdConfig {
     }
 
     /// The members' clients, one per endpoint (see [`Members`]). They connect lazily:
-    /// this succeeds with etcd down, and calls fail until it is back.
+    /// this succeeds with etcd down, and calls fail until it is back. With a
+    /// [`user`](Self::user) it does not: etcd-client asks each member for a token at
+    /// once, so this fails while one is unreachable and the caller's loop tries again.
     pub(crate) async fn connect(&self) -> Result<Members> {
         if self.endpoints.is_empty() {
             return Err(Error::NoEndpoints);
         }
-        let options = etcd_client::ConnectOptions::new()
+        let mut options = etcd_client::ConnectOptions::new()
             .with_connect_timeout(self.connect_timeout)
             // HTTP/2 pings: a partitioned etcd breaks the keepalive and watch streams
             // within seconds instead of at the next TCP timeout.
@@ -67,6 +92,16 @@ impl EtcdConfig {
             // streams opened through it a few election timeouts after it lost the
             // leader, instead of keeping them open and silent.
             .with_require_leader(true);
+        if let Some(tls) = &self.tls {
+            options = options.with_tls(tls.options());
+        }
+        if let Some(user) = &self.user {
+            // A token etcd let expire (5 minutes idle by default) is fetched again
+            // instead of failing every later call.
+            options = options
+                .with_user(user.name.clone(), user.password.clone())
+                .with_auto_token_refresh(true);
+        }
         let mut clients = Vec::with_capacity(self.endpoints.len());
         for endpoint in &self.endpoints {
             clients.push(
@@ -101,9 +136,12 @@ impl EtcdConfig {
     ) -> Result<T> {
         match tokio::time::timeout(timeout, fut).await {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(source)) => Err(Error::Etcd {
-                op,
-                source: Box::new(source),
+            Ok(Err(source)) => Err(match refused_for_auth(&source) {
+                Some(why) => Error::PermissionDenied { op, why },
+                None => Error::Etcd {
+                    op,
+                    source: Box::new(source),
+                },
             }),
             Err(_) => Err(Error::Timeout {
                 op,
@@ -268,6 +306,19 @@ impl Members {
             }
         }
     }
+}
+
+/// Whether etcd refused a call for who made it: permission denied (7) by its RBAC, an
+/// unauthenticated call (16: a bad or expired token), or no user at all where auth is
+/// on (etcd answers that one as an invalid argument).
+/// Returns etcd's words then.
+fn refused_for_auth(err: &etcd_client::Error) -> Option<String> {
+    let etcd_client::Error::GRpcStatus(status) = err else {
+        return None;
+    };
+    let why = status.message();
+    (matches!(i32::from(status.code()), 7 | 16) || why.contains("user name is empty"))
+        .then(|| why.to_owned())
 }
 
 /// Whether a failed call says nothing against the request, only against the member it
