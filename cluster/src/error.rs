@@ -82,6 +82,9 @@ pub enum Error {
         /// etcd's words.
         why: String,
     },
+    /// A server's catalog recorder could not start.
+    #[error("the catalog recorder: {0}")]
+    Recorder(String),
     /// The registrar's task has ended.
     #[error("the registrar has stopped")]
     Stopped,

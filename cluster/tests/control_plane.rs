@@ -10,7 +10,7 @@ mod util;
 use std::time::Duration;
 
 use etcd_client::{Certificate, ConnectOptions, Identity, PutOptions, TlsOptions};
-use rdmactor_cluster::files::{file_key, Catalog, FileRecord};
+use rdmactor_cluster::files::{file_key, AddedCopy, Catalog, FileRecord};
 use rdmactor_cluster::record::service_prefix;
 use rdmactor_cluster::{
     Error, EtcdConfig, EtcdTls, Membership, Registrar, RegistrationConfig, RegistrationState,
@@ -52,6 +52,7 @@ fn record(nodes: &[&str]) -> FileRecord {
         digest: "ab".repeat(32),
         size: 4,
         nodes: nodes.iter().map(|n| n.to_string()).collect(),
+        owner: None,
     }
 }
 
@@ -196,4 +197,79 @@ async fn a_process_without_a_certificate_is_not_let_in() {
     config.request_timeout = Duration::from_secs(2);
     let catalog = Catalog::new(config, CLUSTER).unwrap();
     assert!(catalog.get("f").await.is_err());
+}
+
+/// What each server's recorder does with the copy it verified: the first creates the
+/// record, the others add themselves, all racing; other bytes under the name are
+/// refused, and the same bytes from another identity add a replica and keep the owner.
+#[tokio::test]
+async fn servers_racing_to_record_their_copies_all_land_and_other_bytes_are_refused() {
+    let Some(etcd) = Etcd::start_secured(CLUSTER) else {
+        return;
+    };
+    let server = config_as(&etcd, "rdmactor-server");
+    let catalog = std::sync::Arc::new(Catalog::new(server, CLUSTER).unwrap());
+    let mut copy = record(&[]);
+    copy.owner = Some("alice".into());
+    let adds = ["a", "b", "c", "d"].map(|node| {
+        let (catalog, copy) = (catalog.clone(), copy.clone());
+        tokio::spawn(async move { catalog.add_copy("f", &copy, node).await.unwrap() })
+    });
+    let mut outcomes = Vec::new();
+    for add in adds {
+        outcomes.push(add.await.unwrap());
+    }
+    assert_eq!(
+        outcomes.iter().filter(|o| **o == AddedCopy::New).count(),
+        1,
+        "{outcomes:?}"
+    );
+    assert_eq!(
+        outcomes.iter().filter(|o| **o == AddedCopy::Added).count(),
+        3,
+        "{outcomes:?}"
+    );
+    let stored = catalog.get("f").await.unwrap().unwrap().record;
+    let mut nodes = stored.nodes.clone();
+    nodes.sort();
+    assert_eq!(nodes, ["a", "b", "c", "d"]);
+    assert_eq!(stored.owner.as_deref(), Some("alice"));
+    // Again: listed already, nothing written.
+    assert_eq!(
+        catalog.add_copy("f", &copy, "b").await.unwrap(),
+        AddedCopy::Listed
+    );
+    // The same bytes from another identity: a replica, alice still owns it.
+    let mut mallory = copy.clone();
+    mallory.owner = Some("mallory".into());
+    assert_eq!(
+        catalog.add_copy("f", &mallory, "e").await.unwrap(),
+        AddedCopy::Added
+    );
+    assert_eq!(
+        catalog
+            .get("f")
+            .await
+            .unwrap()
+            .unwrap()
+            .record
+            .owner
+            .as_deref(),
+        Some("alice")
+    );
+    // Other bytes: refused, with what the name holds.
+    let mut junk = copy.clone();
+    junk.digest = "cd".repeat(32);
+    match catalog.add_copy("f", &junk, "z").await.unwrap() {
+        AddedCopy::Taken(existing) => assert_eq!(existing.digest, copy.digest),
+        other => panic!("junk under f: {other:?}"),
+    }
+    assert!(!catalog
+        .get("f")
+        .await
+        .unwrap()
+        .unwrap()
+        .record
+        .nodes
+        .contains(&"z".to_owned()));
 }

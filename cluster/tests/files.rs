@@ -156,6 +156,7 @@ async fn a_name_is_created_once_whoever_races() {
         digest: digest.into(),
         size: 1,
         nodes: vec!["a".into(), "b".into()],
+        owner: None,
     };
     let (d1, d2) = (record("d1"), record("d2"));
     let (first, second) = tokio::join!(catalog.create("race", &d1), catalog.create("race", &d2));
@@ -338,6 +339,7 @@ async fn an_update_is_fenced_by_the_revision_it_read_and_the_lock() {
         digest: "d".into(),
         size: 1,
         nodes: vec!["a".into(), "b".into()],
+        owner: None,
     };
     assert_eq!(catalog.create("f", &record).await.unwrap(), Created::New);
     let read = catalog.get("f").await.unwrap().unwrap();

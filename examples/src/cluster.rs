@@ -3,13 +3,18 @@
 //! no etcd at all.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 use rdmactor::runtime::{Client, ClientConnection};
-use rdmactor_cluster::files::{ClusterFiles, RdmaFiles, RepairPlanner, RepairReport};
+use rdmactor_cluster::files::{
+    CatalogRecorder, ClusterFiles, RdmaFiles, RepairPlanner, RepairReport,
+};
 use rdmactor_cluster::{
-    ClusterClient, EtcdConfig, Idempotent as _, Placement, Registrar, RegistrationConfig,
+    ClusterClient, EtcdConfig, EtcdTls, EtcdUser, Idempotent as _, Placement, Registrar,
+    RegistrationConfig,
 };
 use rdmactor_services::echo::{EchoRequest, EchoResponse};
 
@@ -22,6 +27,24 @@ pub struct ClusterArgs {
     /// etcd's client URLs, comma-separated (`http://10.0.0.1:2379,http://10.0.0.2:2379`).
     #[arg(long, requires = "cluster", value_name = "URL[,URL..]")]
     pub etcd: Option<String>,
+    /// With `https://` endpoints: the CA certificate (PEM) etcd's certificate must chain
+    /// to. See docs/operations.md, "A closed control plane".
+    #[arg(long, requires = "etcd", value_name = "FILE")]
+    pub etcd_ca: Option<PathBuf>,
+    /// This process's client certificate for etcd (PEM; its common name is the etcd
+    /// user: rdmactor-server for servers, rdmactor-client for read-only tools).
+    #[arg(long, requires_all = ["etcd_ca", "etcd_key"], value_name = "FILE")]
+    pub etcd_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, requires = "etcd_cert", value_name = "FILE")]
+    pub etcd_key: Option<PathBuf>,
+    /// An etcd user, where etcd takes passwords (with --etcd-password-file).
+    #[arg(long, requires_all = ["etcd", "etcd_password_file"], value_name = "NAME")]
+    pub etcd_user: Option<String>,
+    /// The file whose first line is --etcd-user's password (kept out of the command
+    /// line and the environment).
+    #[arg(long, requires = "etcd_user", value_name = "FILE")]
+    pub etcd_password_file: Option<PathBuf>,
 }
 
 impl ClusterArgs {
@@ -30,7 +53,21 @@ impl ClusterArgs {
         let (Some(cluster), Some(etcd)) = (&self.cluster, &self.etcd) else {
             return Ok(None);
         };
-        let config = EtcdConfig::parse(etcd).with_context(|| format!("--etcd {etcd:?}"))?;
+        let mut config = EtcdConfig::parse(etcd).with_context(|| format!("--etcd {etcd:?}"))?;
+        if let Some(ca) = &self.etcd_ca {
+            let mut tls = EtcdTls::from_ca(ca).context("--etcd-ca")?;
+            if let (Some(cert), Some(key)) = (&self.etcd_cert, &self.etcd_key) {
+                tls = tls
+                    .with_client_cert(cert, key)
+                    .context("--etcd-cert/--etcd-key")?;
+            }
+            config = config.with_tls(tls);
+        }
+        if let (Some(user), Some(password)) = (&self.etcd_user, &self.etcd_password_file) {
+            config = config.with_user(
+                EtcdUser::with_password_file(user, password).context("--etcd-password-file")?,
+            );
+        }
         Ok(Some((cluster.clone(), config)))
     }
 }
@@ -97,6 +134,28 @@ impl ServerClusterArgs {
         Registrar::start(etcd, config)
             .map(Some)
             .context("--cluster")
+    }
+
+    /// With --cluster: the catalog recorder that the `files` service gives each copy it
+    /// stores before its GOOD, so that servers, not clients, write the catalog. Named
+    /// with [`name_recorder`](Self::name_recorder) once the server listens.
+    pub fn recorder(&self) -> Result<Option<Arc<CatalogRecorder>>> {
+        let Some((cluster, etcd)) = self.cluster.etcd()? else {
+            return Ok(None);
+        };
+        let recorder = CatalogRecorder::start(etcd, &cluster).context("--cluster")?;
+        Ok(Some(Arc::new(recorder)))
+    }
+
+    /// Names `recorder`'s node: this server's id, listening on `listening`.
+    pub fn name_recorder(
+        &self,
+        recorder: &CatalogRecorder,
+        listening: &[SocketAddr],
+    ) -> Result<()> {
+        let (_, node) = self.node(listening)?;
+        recorder.set_node(&node);
+        Ok(())
     }
 
     /// The address clients are told, and the node's id.

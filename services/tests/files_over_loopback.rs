@@ -14,7 +14,7 @@ use rdmactor::runtime::{Client, ClientConnection, NodeConfig, Server};
 use rdmactor::transport::loopback::{Fabric, Loopback};
 use rdmactor_services::file_transfer::{
     fetch_file, hash_bytes, send_file, Auth, BadReason, Config, FetchOptions, FileOffer,
-    FileTransfer, HashAlg, Msg, Outcome, RejectReason, SendOptions,
+    FileTransfer, HashAlg, Msg, Outcome, Recorder, RejectReason, SendOptions, StoredCopy,
 };
 use rdmactor_testkit::pattern;
 
@@ -208,6 +208,68 @@ fn a_corrupted_chunk_is_bad_and_the_good_file_it_would_replace_stays() {
         server.shutdown().await;
     });
     assert!(fs::read(store.join("f")).unwrap() == newer);
+}
+
+/// A recorder that refuses names starting with `taken` and remembers the rest.
+#[derive(Debug, Default)]
+struct Catalog(std::sync::Mutex<Vec<StoredCopy>>);
+
+impl Recorder for Catalog {
+    fn record(&self, copy: &StoredCopy) -> Result<(), String> {
+        if copy.name.starts_with("taken") {
+            return Err("the name is taken by other bytes".into());
+        }
+        self.0.lock().unwrap().push(copy.clone());
+        Ok(())
+    }
+}
+
+#[test]
+fn a_stored_upload_is_recorded_before_its_good_and_one_the_recorder_refuses_is_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    fs::create_dir_all(&store).unwrap();
+    let (bytes, other) = (pattern(MIB + 7, 3), pattern(5, 4));
+    fs::write(dir.path().join("src"), &bytes).unwrap();
+    fs::write(dir.path().join("other"), &other).unwrap();
+    let catalog = std::sync::Arc::new(Catalog::default());
+    actix::System::new().block_on(async {
+        let fabric = Fabric::default();
+        let config = Config::new(&store).with_recorder(catalog.clone());
+        let server = files_server(&fabric, addr(7305), config);
+        let client = client(&fabric, "client");
+        let conn = client.connect(addr(7305), "files").await.unwrap();
+        uploaded(&conn, &dir.path().join("src"), "f").await;
+        // Recorded by the time GOOD arrived, with the digest the upload was checked
+        // against.
+        let recorded = catalog.0.lock().unwrap().clone();
+        assert_eq!(recorded.len(), 1, "{recorded:?}");
+        assert_eq!(recorded[0].name, "f");
+        assert_eq!(recorded[0].len, bytes.len() as u64);
+        assert_eq!(recorded[0].digest, hash_bytes(HashAlg::Sha256, &bytes));
+        assert_eq!(recorded[0].owner, None);
+        // Refused: BAD with the recorder's reason, and nothing left under the name.
+        let outcome = upload(&conn, &dir.path().join("src"), "taken-1", &SendOptions::default()).await;
+        assert!(
+            matches!(&outcome, Outcome::Bad(BadReason::NotStored { reason }) if reason.contains("the name is taken by other bytes")),
+            "{outcome:?}"
+        );
+        assert_eq!(names(&store), set(&["f"]), "the refused copy is gone");
+        // A mismatch is never recorded; the connection goes on serving.
+        let opts = SendOptions {
+            corrupt_chunk: Some(0),
+            ..SendOptions::default()
+        };
+        let outcome = upload(&conn, &dir.path().join("other"), "g", &opts).await;
+        assert!(matches!(outcome, Outcome::Bad(BadReason::Mismatch { .. })), "{outcome:?}");
+        uploaded(&conn, &dir.path().join("other"), "h").await;
+        let names_recorded: Vec<String> =
+            catalog.0.lock().unwrap().iter().map(|c| c.name.clone()).collect();
+        assert_eq!(names_recorded, ["f", "h"]);
+        client.shutdown().await;
+        server.shutdown().await;
+    });
+    assert!(fs::read(store.join("f")).unwrap() == bytes);
 }
 
 #[test]

@@ -29,6 +29,19 @@ pub enum Created {
     Exists(FileRecord),
 }
 
+/// How [`Catalog::add_copy`] ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AddedCopy {
+    /// The first copy: this call created the record.
+    New,
+    /// The node was added to the file's record.
+    Added,
+    /// The record listed the node already.
+    Listed,
+    /// The name is recorded with other bytes; nothing changed.
+    Taken(FileRecord),
+}
+
 /// A file's record and the etcd revision it was last written at.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stored {
@@ -126,6 +139,68 @@ impl Catalog {
         Err(Error::BadRecord {
             key,
             reason: "create failed but the key is absent".into(),
+        })
+    }
+
+    /// Records that `node` holds a verified copy of `name` (`copy`'s bytes): creates
+    /// the record if there is none, with `copy`'s owner, else adds `node` to a record of
+    /// the same bytes (its owner stays), each by a transaction fenced by what was read.
+    /// What a server's [`CatalogRecorder`](super::CatalogRecorder) calls before its
+    /// client hears GOOD, so that only servers write the catalog.
+    ///
+    /// # Errors
+    ///
+    /// etcd unreachable or slow; a bad name; an unreadable record; the record changed
+    /// under every one of a few tries.
+    pub async fn add_copy(&self, name: &str, copy: &FileRecord, node: &str) -> Result<AddedCopy> {
+        check_name("file", name)?;
+        let key = file_key(&self.cluster, name);
+        // Each round reads, then writes only if the key is as read: racing servers
+        // (the R replicas of one upload finish together) each win a round in turn.
+        for _ in 0..16 {
+            let fence = match self.get(name).await? {
+                None => {
+                    let mut first = copy.clone();
+                    first.nodes = vec![node.to_owned()];
+                    match self.create(name, &first).await? {
+                        Created::New => return Ok(AddedCopy::New),
+                        Created::Exists(_) => continue,
+                    }
+                }
+                Some(stored) if !stored.record.same_bytes(copy) => {
+                    return Ok(AddedCopy::Taken(stored.record))
+                }
+                Some(stored) if stored.record.nodes.iter().any(|n| n == node) => {
+                    return Ok(AddedCopy::Listed)
+                }
+                Some(stored) => stored,
+            };
+            let mut record = fence.record.clone();
+            record.nodes.push(node.to_owned());
+            let txn = Txn::new()
+                .when([Compare::mod_revision(
+                    key.as_str(),
+                    CompareOp::Equal,
+                    fence.mod_revision,
+                )])
+                .and_then([TxnOp::put(key.as_str(), record.to_json(), None)]);
+            // Made again after a member's failure: the compare makes a second
+            // application impossible, and the next round reads the outcome.
+            let answer = self
+                .members()
+                .await?
+                .idempotent("file add copy txn", |mut client| {
+                    let txn = txn.clone();
+                    async move { client.txn(txn).await }
+                })
+                .await?;
+            if answer.succeeded() {
+                return Ok(AddedCopy::Added);
+            }
+        }
+        Err(Error::BadRecord {
+            key,
+            reason: "changed under every one of 16 tries to add a copy".into(),
         })
     }
 

@@ -22,10 +22,14 @@ pub mod plan;
 #[cfg(feature = "rdmactor")]
 mod rdma;
 mod record;
+#[cfg(feature = "rdmactor")]
+mod recorder;
 
-pub use catalog::{Catalog, Created, RepairLock, Stored};
+pub use catalog::{AddedCopy, Catalog, Created, RepairLock, Stored};
 pub use driver::{ClusterFiles, Fetched, FileTransfer, FilesError, RepairReport, FILES_SERVICE};
 pub use plan::{PlacementError, Repair, RepairPlanner, UploadPlan, Verified};
 #[cfg(feature = "rdmactor")]
 pub use rdma::RdmaFiles;
 pub use record::{file_key, files_prefix, repair_lock, FileRecord};
+#[cfg(feature = "rdmactor")]
+pub use recorder::CatalogRecorder;

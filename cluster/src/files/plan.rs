@@ -147,6 +147,7 @@ impl UploadPlan {
                 digest: v.digest.clone(),
                 size: v.size,
                 nodes: self.good_nodes(),
+                owner: None,
             }));
         }
         if !self.queue.is_empty() {

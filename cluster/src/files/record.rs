@@ -17,6 +17,11 @@ pub struct FileRecord {
     pub size: u64,
     /// The node ids holding a verified replica, in rendezvous order when placed.
     pub nodes: Vec<String>,
+    /// The identity that uploaded the file first, if it proved one (issue 46); the
+    /// same bytes uploaded by another identity add a replica and keep this owner.
+    /// Absent in records written before owners were recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 /// `/rdmactor/<cluster>/files/`: every file of a cluster.
@@ -68,6 +73,7 @@ mod tests {
             digest: "ab".into(),
             size: 3,
             nodes: vec!["a".into(), "b".into()],
+            owner: None,
         };
         assert_eq!(FileRecord::from_json("k", &r.to_json()).unwrap(), r);
         let mut other = r.clone();

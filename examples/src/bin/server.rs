@@ -27,6 +27,7 @@ use rdmactor::runtime::{
     ReceiveConfig, Server, SharedRecvConfig, TransportConfig, DEFAULT_MAX_CONNECTIONS_PER_PEER,
 };
 use rdmactor::verbs::Mtu;
+use rdmactor_cluster::files::CatalogRecorder;
 use rdmactor_cluster::Load;
 use rdmactor_examples::{cluster::ServerClusterArgs, logs, transport};
 use rdmactor_services::echo::{Discard, Echo, RawEcho};
@@ -310,7 +311,10 @@ fn parse_listen(spec: &str) -> Result<(SocketAddr, Option<String>)> {
 }
 
 /// The `files` service, if `--files-dir` asks for it.
-fn files_service(args: &Args) -> Result<Option<FileTransfer>> {
+fn files_service(
+    args: &Args,
+    recorder: Option<Arc<CatalogRecorder>>,
+) -> Result<Option<FileTransfer>> {
     let Some(dir) = &args.files_dir else {
         if !args.secrets.is_empty() || args.secret_file.is_some() {
             bail!("--secret and --secret-file need --files-dir");
@@ -361,6 +365,9 @@ fn files_service(args: &Args) -> Result<Option<FileTransfer>> {
         .with_stall(
             Some(std::time::Duration::from_secs(args.files_stall_secs)).filter(|d| !d.is_zero()),
         );
+    if let Some(recorder) = recorder {
+        config = config.with_recorder(recorder);
+    }
     FileTransfer::new(config)
         .map(Some)
         .with_context(|| format!("files service in {}", dir.display()))
@@ -419,7 +426,12 @@ fn main() -> Result<()> {
         .iter()
         .map(|s| parse_listen(s))
         .collect::<Result<Vec<_>>>()?;
-    let files = files_service(&args)?;
+    // With --cluster, each stored copy is recorded by this server before its GOOD.
+    let recorder = match &args.files_dir {
+        Some(_) => args.cluster.recorder()?,
+        None => None,
+    };
+    let files = files_service(&args, recorder.clone())?;
     let regions = read_regions(&args)?;
     // Before the server starts: connections register their metric handles as they are
     // set up.
@@ -499,6 +511,9 @@ fn main() -> Result<()> {
             println!("listening out of band on {addr} ({transport})");
         }
         // Registered only once it listens: a client never finds a server not yet ready.
+        if let Some(recorder) = &recorder {
+            args.cluster.name_recorder(recorder, server.local_addrs())?;
+        }
         let registrar = args
             .cluster
             .start_registrar(server.local_addrs(), files_drain.is_some())?;

@@ -2,10 +2,12 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::error::{Result, TransferError};
 use super::quota::ClientQuota;
+use super::recorder::Recorder;
 use super::wire::SecretKey;
 
 /// Settings shared by every transfer of a service (wrap it in an `Arc`).
@@ -63,6 +65,10 @@ pub struct Config {
     /// [`client_quota`](Self::client_quota) alone let many addresses stage without
     /// bound (issue 45).
     pub max_uploads: u32,
+    /// Told of each verified upload before the client hears GOOD (see [`Recorder`]):
+    /// a cluster's servers record their copies in the catalog through it. `None`
+    /// records nothing.
+    pub recorder: Option<Arc<dyn Recorder>>,
 }
 
 impl Config {
@@ -103,6 +109,7 @@ impl Config {
             digest_cache: super::DigestCache::DEFAULT_CAPACITY,
             fetch_preparations: Config::DEFAULT_FETCH_PREPARATIONS,
             max_uploads: Config::DEFAULT_MAX_UPLOADS,
+            recorder: None,
         }
     }
 
@@ -117,6 +124,12 @@ impl Config {
     /// [`fetch_preparations`](Self::fetch_preparations)).
     pub fn with_fetch_preparations(mut self, limit: u32) -> Config {
         self.fetch_preparations = limit;
+        self
+    }
+
+    /// Tells `recorder` of each verified upload before its verdict (see [`Recorder`]).
+    pub fn with_recorder(mut self, recorder: Arc<dyn Recorder>) -> Config {
+        self.recorder = Some(recorder);
         self
     }
 

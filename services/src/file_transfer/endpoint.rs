@@ -348,6 +348,13 @@ pub trait Endpoint {
         None
     }
 
+    /// The copy a successful commit asked for by [`Output::Commit`] stores (`None`
+    /// when its hash did not match: the commit only removes it), for a
+    /// [`Recorder`](super::Recorder).
+    fn commit_copy(&self) -> Option<super::StoredCopy> {
+        None
+    }
+
     /// How the commit asked for by [`Output::Commit`] ended.
     fn handle_committed(&mut self, result: std::result::Result<PathBuf, StoreError>) -> Result<()> {
         let _ = result;

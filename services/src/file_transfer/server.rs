@@ -400,6 +400,10 @@ impl Endpoint for Server {
         self.role_mut().and_then(|ep| ep.take_commit())
     }
 
+    fn commit_copy(&self) -> Option<super::StoredCopy> {
+        self.role().and_then(|ep| ep.commit_copy())
+    }
+
     fn handle_committed(
         &mut self,
         result: std::result::Result<std::path::PathBuf, super::store::StoreError>,

@@ -34,6 +34,7 @@ use super::error::{Result, TransferError};
 use super::owner::{Admission, Admit, QuotaOwner};
 use super::quota::PreparationLimit;
 use super::receiver::Consumed;
+use super::recorder::Recorder;
 use super::sender::ChunkRead;
 use super::server::Server;
 use super::store::{Reaper, StoreError};
@@ -213,6 +214,7 @@ impl<T: Transport> Service<T> for FileTransfer {
             stall: self.config.stall,
             heard: Instant::now(),
             stall_armed: false,
+            recorder: self.config.recorder.clone(),
         };
         // The adapter drops the state machine when the connection closes, which hands
         // the temporary file of an unfinished upload to the reaper right away, not when
@@ -276,6 +278,8 @@ struct FileSession {
     heard: Instant,
     /// A [`STALL_CHECK`] wake-up is on its way (one at a time).
     stall_armed: bool,
+    /// [`Config::recorder`]: told of each stored upload before its verdict.
+    recorder: Option<Arc<dyn Recorder>>,
 }
 
 /// What a commit job gives back: the final path, and the stored file's key if known.

@@ -56,6 +56,15 @@ pub enum StoreError {
         /// Bytes free for it.
         available: u64,
     },
+    /// The file was stored, but its [`Recorder`](super::Recorder) refused it (a new
+    /// file is removed again).
+    #[error("{name} not recorded: {why}")]
+    NotRecorded {
+        /// The file.
+        name: String,
+        /// The recorder's reason.
+        why: String,
+    },
     /// A file-system call failed.
     #[error("{op} {} failed: {source}", path.display())]
     Io {

@@ -18,6 +18,7 @@ fn record(nodes: &[&str]) -> FileRecord {
         digest: "d".into(),
         size: 10,
         nodes: nodes.iter().map(|n| n.to_string()).collect(),
+        owner: None,
     }
 }
 

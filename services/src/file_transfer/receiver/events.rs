@@ -279,6 +279,21 @@ impl Endpoint for Receiver {
         }
     }
 
+    fn commit_copy(&self) -> Option<crate::file_transfer::StoredCopy> {
+        match &self.state {
+            State::Committing(c) if c.mismatch.is_none() => {
+                Some(crate::file_transfer::StoredCopy {
+                    name: c.name.clone(),
+                    len: c.len,
+                    digest: c.digest,
+                    owner: self.owner.clone(),
+                    overwrite: c.overwrite,
+                })
+            }
+            _ => None,
+        }
+    }
+
     fn handle_committed(
         &mut self,
         result: std::result::Result<std::path::PathBuf, StoreError>,

@@ -8,10 +8,12 @@ use rdmactor::runtime::{Flow, MachineCx, Op, SessionError};
 use rdmactor::transport::Transport;
 use rdmactor::verbs::{Access, RemoteRegion};
 
-use super::{fail, FileSession, ADMITTED, CHUNK_READ, COMMIT_DONE, CONSUMED, PREPARED};
+use super::{fail, Committed, FileSession, ADMITTED, CHUNK_READ, COMMIT_DONE, CONSUMED, PREPARED};
 use crate::file_transfer::endpoint::{ChunkWrite, Endpoint, Outcome, Output};
 use crate::file_transfer::owner::Admit;
+use crate::file_transfer::store::StoreError;
 use crate::file_transfer::wire::{RejectReason, RemoteWindow};
+use crate::file_transfer::{Recorder, StoredCopy};
 
 fn remote_window(r: RemoteRegion) -> RemoteWindow {
     RemoteWindow {
@@ -108,8 +110,14 @@ impl FileSession {
                 let temp = server.take_commit().ok_or_else(|| {
                     SessionError::new("file transfer: a commit asked for without a file")
                 })?;
-                self.commit =
-                    Some(conn.spawn_blocking(COMMIT_DONE, move || temp.commit_identified()));
+                let record = server.commit_copy().zip(self.recorder.clone());
+                self.commit = Some(conn.spawn_blocking(COMMIT_DONE, move || {
+                    let committed = temp.commit_identified()?;
+                    match record {
+                        Some((copy, recorder)) => record_copy(&*recorder, &copy, committed),
+                        None => Ok(committed),
+                    }
+                }));
             }
             Output::Finished(outcome) => {
                 self.log(&outcome);
@@ -186,4 +194,26 @@ impl FileSession {
             }
         }
     }
+}
+
+/// Records a committed copy; a new file the recorder refuses is removed again, so that
+/// the name holds nothing the catalog does not know of (see [`Recorder`]).
+fn record_copy(
+    recorder: &dyn Recorder,
+    copy: &StoredCopy,
+    committed: Committed,
+) -> std::result::Result<Committed, StoreError> {
+    let Err(why) = recorder.record(copy) else {
+        return Ok(committed);
+    };
+    tracing::warn!(name = %copy.name, %why, "stored, but not recorded");
+    if !copy.overwrite {
+        if let Err(e) = std::fs::remove_file(&committed.0) {
+            tracing::warn!(path = %committed.0.display(), error = %e, "cannot remove a copy not recorded");
+        }
+    }
+    Err(StoreError::NotRecorded {
+        name: copy.name.clone(),
+        why,
+    })
 }

@@ -1,0 +1,42 @@
+//! A hook between a verified upload's commit and its GOOD: where a cluster's servers
+//! record their copy in the file catalog (rdmactor-cluster's `CatalogRecorder`).
+//!
+//! Why here, and not in the client: a catalog that clients write lets any client
+//! record files on nodes that never stored them, or rewrite other people's records
+//! (issue 47). When each server records the copy it has just verified and made
+//! durable, before its client hears GOOD, a file is acknowledged only once a server
+//! has recorded it, and clients need no write access to the catalog at all.
+
+use std::fmt;
+
+use super::wire::Digest;
+
+/// A copy the service has verified and made durable under its final name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredCopy {
+    /// The file's name in the store.
+    pub name: String,
+    /// Its length in bytes.
+    pub len: u64,
+    /// The digest it was verified against.
+    pub digest: Digest,
+    /// The identity that uploaded it, if it proved one at connect.
+    pub owner: Option<String>,
+    /// Whether the upload replaced a file of the same name.
+    pub overwrite: bool,
+}
+
+/// Told of each upload the service verified and stored, before the client hears the
+/// verdict (see the module docs).
+pub trait Recorder: Send + Sync + fmt::Debug + 'static {
+    /// Records `copy`. Runs on the service's blocking pool, so it may wait (on etcd,
+    /// say), but every second it takes is a second the client waits for its verdict.
+    ///
+    /// # Errors
+    ///
+    /// Why the copy cannot be recorded (the name is taken by other bytes, the catalog
+    /// cannot be reached, ...): the client gets BAD with this reason, and a new file
+    /// is removed again. A file that replaced another ([`StoredCopy::overwrite`]) stays:
+    /// the old bytes are gone by then, and the new ones were verified.
+    fn record(&self, copy: &StoredCopy) -> Result<(), String>;
+}
