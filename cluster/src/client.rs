@@ -32,12 +32,13 @@ use crate::pick::{by_load, by_rendezvous};
 use crate::suspects::Suspects;
 use crate::{Error, NodeInfo};
 
-/// How long one connect to one node may take before the next node is tried: past the
-/// kernel CM's first resend of an unanswered connect request (its response timeout,
-/// 4.096 µs × 2^20, plus twice RoCE's packet lifetime, 4.096 µs × 2^16: about 4.6 s),
-/// so a live node whose first request was lost still answers in time; a live node
-/// otherwise answers within milliseconds (address and route come from the neighbour
-/// table, the reply is one round trip and an accept).
+/// How long one connect to one node may take before the next node is tried. A live node
+/// answers within milliseconds (address and route come from the neighbour table, the
+/// reply is one round trip and an accept); a dead one never does, and the kernel CM
+/// resends the request for a minute: 15 times, each after its response timeout
+/// (4.096 µs × 2^20) plus twice RoCE's packet lifetime (4.096 µs × 2^16), about 4.6 s.
+/// 5 s is one such wait and a little more: a live node whose first request was lost
+/// may still answer the resend in time, and a dead one costs a twelfth of the minute.
 pub const DEFAULT_DIAL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long a node that did not answer is tried last: longer than a lease's time to live
