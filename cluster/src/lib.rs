@@ -21,7 +21,8 @@
 //! - [`Membership`]: the nodes of one service, read and then watched.
 //! - [`pick`]: least-loaded and rendezvous-hash orders of nodes (plain functions).
 //! - [`ClusterClient`]: connects to a service through the registry, trying another node
-//!   on failure, with errors that name each node and its reason.
+//!   on failure or when one does not answer within the dial bound (it is then tried
+//!   last for a while), with errors that name each node and its reason.
 //! - [`ClusterSession`]: one connection that moves to another node when its node drains
 //!   or the connection is lost, sending again the requests marked [`Idempotency::Idempotent`].
 //!
@@ -67,9 +68,13 @@ pub mod pick;
 pub mod record;
 pub mod registrar;
 mod session;
+mod suspects;
 mod table;
 
-pub use client::{Attempt, ClusterClient, ClusterError, Connected, Connector, Placement};
+pub use client::{
+    Attempt, ClusterClient, ClusterError, Connected, Connector, Placement, DEFAULT_DIAL_TIMEOUT,
+    DEFAULT_SUSPICION,
+};
 pub use error::{Error, Result};
 pub use etcd::{EtcdConfig, EtcdTls, EtcdUser};
 pub use membership::Membership;

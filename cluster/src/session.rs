@@ -9,6 +9,11 @@
 //! caller gets [`SessionError::NotRetried`], naming the node and the reason, and decides
 //! (the next request reconnects either way).
 //!
+//! A reconnect is a connect of its [`ClusterClient`]: each node tried for at most the
+//! client's dial bound, nodes that did not answer tried last (the client's module docs),
+//! so a session whose next node is a dead host that is still listed moves on in one
+//! bound, and the client's other sessions and connects do not wait for that host again.
+//!
 //! Which errors mean "the connection is gone" is the error type's to say
 //! ([`ConnectionFault`]); the rdmactor client's `RequestError` and `CallError` say so
 //! for every close but the client's own shutdown (a peer that vanished,

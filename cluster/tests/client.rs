@@ -1,22 +1,39 @@
 //! ClusterClient against a real etcd, with a connector that stands in for the RDMA
-//! connect (refusing some addresses): picks skip draining nodes, spread by load, move
-//! on from a refused node, place by key, and name every node in their errors.
+//! connect (refusing some addresses, never answering others): picks skip draining
+//! nodes, spread by load, move on from a refused node and, at the dial bound, from one
+//! that does not answer (tried last from then on), place by key, and name every node in
+//! their errors.
 
 mod util;
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use rdmactor_cluster::{pick, ClusterClient, ClusterError, Connector, Load, NodeRecord, Placement};
+use rdmactor_cluster::{
+    pick, ClusterClient, ClusterError, Connected, Connector, Load, NodeInfo, NodeRecord, Placement,
+};
 use util::{addr, register, Etcd, EtcdExt};
 
-/// Connects to any address but those refused; remembers where it connected.
+/// Connects to any address but those refused (an answer: no) and those hung (no answer
+/// ever, as a dead host's); remembers where it tried.
 #[derive(Default)]
 struct Fake {
     refused: RefCell<HashSet<SocketAddr>>,
+    hung: RefCell<HashSet<SocketAddr>>,
     tried: RefCell<Vec<SocketAddr>>,
+    /// Hung connects not yet dropped.
+    hanging: Cell<usize>,
+}
+
+/// Counts a hung connect until its future is dropped.
+struct Hanging<'a>(&'a Cell<usize>);
+
+impl Drop for Hanging<'_> {
+    fn drop(&mut self) {
+        self.0.set(self.0.get() - 1);
+    }
 }
 
 impl Connector for Fake {
@@ -24,6 +41,11 @@ impl Connector for Fake {
     type Error = String;
     async fn connect(&self, addr: SocketAddr, service: &str) -> Result<SocketAddr, String> {
         self.tried.borrow_mut().push(addr);
+        if self.hung.borrow().contains(&addr) {
+            self.hanging.set(self.hanging.get() + 1);
+            let _held = Hanging(&self.hanging);
+            std::future::pending::<()>().await;
+        }
         if self.refused.borrow().contains(&addr) {
             Err(format!("rejected by the server: {service} is full"))
         } else {
@@ -196,4 +218,153 @@ async fn no_node_and_all_draining_are_errors_that_say_so() {
         .unwrap_err();
     assert!(err.to_string().contains("draining: d"), "{err}");
     assert!(cluster.connector().tried.borrow().is_empty());
+}
+
+/// The bound the hung-node tests dial with: short, as the fake answers at once or never.
+const BOUND: Duration = Duration::from_millis(300);
+
+/// A connect that must end: a hang past any bound fails the test instead of stalling it.
+async fn connect_key(
+    cluster: &ClusterClient<Fake>,
+    key: &str,
+) -> Result<Connected<SocketAddr>, ClusterError> {
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        cluster.connect("echo", Placement::Key(key.as_bytes())),
+    )
+    .await
+    .expect("the connect ended")
+}
+
+/// Three nodes a, b, c listed; a client with `BOUND` and `hold`; a key whose rendezvous
+/// order puts b first, and that order.
+async fn hung_b(
+    etcd: &Etcd,
+    hold: Duration,
+) -> (
+    Vec<rdmactor_cluster::Registrar>,
+    ClusterClient<Fake>,
+    String,
+    Vec<NodeInfo>,
+) {
+    let mut nodes = Vec::new();
+    for (i, name) in ["a", "b", "c"].into_iter().enumerate() {
+        nodes.push(register(etcd, name, addr(i as u8 + 1), "echo").await);
+    }
+    let cluster = client(etcd).with_dial_timeout(BOUND).with_suspicion(hold);
+    let listed = cluster
+        .membership("echo")
+        .unwrap()
+        .wait_for(Duration::from_secs(5), |n| n.len() == 3)
+        .await
+        .expect("three listed");
+    let key = (0u32..)
+        .map(|i| format!("file-{i}"))
+        .find(|k| pick::by_rendezvous(k.as_bytes(), &listed)[0].node == "b")
+        .unwrap();
+    let order = pick::by_rendezvous(key.as_bytes(), &listed)
+        .into_iter()
+        .cloned()
+        .collect();
+    cluster.connector().hung.borrow_mut().insert(addr(2));
+    (nodes, cluster, key, order)
+}
+
+#[tokio::test]
+async fn a_node_that_does_not_answer_is_given_up_at_the_bound_and_tried_last_until_it_answers() {
+    let Some(etcd) = Etcd::start() else { return };
+    let (_nodes, cluster, key, order) = hung_b(&etcd, Duration::from_secs(600)).await;
+    let fake = cluster.connector();
+    // b comes first for the key, and never answers: the connect moves on at the bound.
+    let got = connect_key(&cluster, &key).await.expect("a live node");
+    assert_eq!(got.node.node, order[1].node);
+    assert_eq!(got.failed.len(), 1, "{:?}", got.failed);
+    assert_eq!(got.failed[0].node, "b");
+    assert!(
+        got.failed[0].reason.contains("no answer within 300ms"),
+        "{}",
+        got.failed[0]
+    );
+    assert_eq!(fake.hanging.get(), 0, "the unanswered connect was dropped");
+    assert_eq!(cluster.suspected("echo"), ["b"]);
+    // From now on b is tried last: the same key goes to its second node at once, and
+    // connects by load never reach b while a and c answer.
+    fake.tried.borrow_mut().clear();
+    let got = connect_key(&cluster, &key).await.unwrap();
+    assert_eq!(got.node.node, order[1].node);
+    assert!(got.failed.is_empty(), "{:?}", got.failed);
+    for _ in 0..20 {
+        let got = cluster
+            .connect("echo", Placement::LeastLoaded)
+            .await
+            .unwrap();
+        assert_ne!(got.node.node, "b");
+    }
+    assert!(
+        !fake.tried.borrow().contains(&addr(2)),
+        "b was dialled again: {:?}",
+        fake.tried
+    );
+    // b answers again; a and c refuse. b, tried last, takes the connection and is no
+    // longer suspect.
+    fake.hung.borrow_mut().clear();
+    fake.refused.borrow_mut().extend([addr(1), addr(3)]);
+    let got = cluster
+        .connect("echo", Placement::LeastLoaded)
+        .await
+        .unwrap();
+    assert_eq!(got.node.node, "b");
+    assert_eq!(got.failed.len(), 2, "{:?}", got.failed);
+    assert!(cluster.suspected("echo").is_empty());
+    fake.refused.borrow_mut().clear();
+    let got = connect_key(&cluster, &key).await.unwrap();
+    assert_eq!(got.node.node, "b", "first for its key again");
+}
+
+#[tokio::test]
+async fn a_suspicion_expires_and_the_node_is_tried_in_its_place_again() {
+    let Some(etcd) = Etcd::start() else { return };
+    // Long enough that the first check sees it on a busy machine.
+    let hold = Duration::from_secs(5);
+    let (_nodes, cluster, key, order) = hung_b(&etcd, hold).await;
+    let fake = cluster.connector();
+    let got = connect_key(&cluster, &key).await.unwrap();
+    assert_eq!(got.node.node, order[1].node);
+    assert_eq!(cluster.suspected("echo"), ["b"]);
+    // Marked before the connect returned: past `hold` from here, it has expired.
+    tokio::time::sleep(hold).await;
+    assert!(cluster.suspected("echo").is_empty());
+    fake.tried.borrow_mut().clear();
+    let got = connect_key(&cluster, &key).await.unwrap();
+    assert_eq!(got.node.node, order[1].node);
+    assert_eq!(got.failed[0].node, "b", "b first again: {:?}", got.failed);
+    assert_eq!(fake.tried.borrow()[0], addr(2));
+    assert_eq!(cluster.suspected("echo"), ["b"], "suspect again");
+}
+
+#[tokio::test]
+async fn a_suspect_the_registry_drops_is_forgotten_when_it_registers_again() {
+    let Some(etcd) = Etcd::start() else { return };
+    let (mut nodes, cluster, key, _order) = hung_b(&etcd, Duration::from_secs(600)).await;
+    let members = cluster.membership("echo").unwrap();
+    connect_key(&cluster, &key).await.unwrap();
+    assert_eq!(cluster.suspected("echo"), ["b"]);
+    // b's server goes, and comes back (a new lease), answering this time.
+    nodes.remove(1).withdraw().await.unwrap();
+    members
+        .wait_for(Duration::from_secs(5), |n| n.len() == 2)
+        .await
+        .expect("b gone");
+    // A connect while b is unlisted forgets it.
+    connect_key(&cluster, &key).await.unwrap();
+    assert!(cluster.suspected("echo").is_empty());
+    cluster.connector().hung.borrow_mut().clear();
+    let _b = register(&etcd, "b", addr(2), "echo").await;
+    members
+        .wait_for(Duration::from_secs(5), |n| n.len() == 3)
+        .await
+        .expect("b back");
+    let got = connect_key(&cluster, &key).await.unwrap();
+    assert_eq!(got.node.node, "b");
+    assert!(got.failed.is_empty(), "{:?}", got.failed);
 }

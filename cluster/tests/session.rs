@@ -1,6 +1,7 @@
 //! ClusterSession against a real etcd, with a connector that stands in for RDMA: a
 //! lost connection moves the session to another node, idempotent requests are sent
 //! again there and others are not, a draining node is left before the next request,
+//! a reconnect moves on from a node that does not answer at the client's dial bound,
 //! and every error names the node and the reason.
 
 mod util;
@@ -16,11 +17,15 @@ use rdmactor_cluster::{
 use util::{addr, register, Etcd, EtcdExt};
 
 /// Requests on a `broken` address fail as a lost connection would; connects to a
-/// `refused` one fail. Counts what ran where, and which connections were closed.
+/// `refused` one fail, connects to a `hung` one never end (a dead host's). Counts what
+/// ran where, and which connections were closed.
 #[derive(Default)]
 struct Fake {
     broken: RefCell<HashSet<SocketAddr>>,
     refused: RefCell<HashSet<SocketAddr>>,
+    hung: RefCell<HashSet<SocketAddr>>,
+    /// Every connect, in order.
+    tried: RefCell<Vec<SocketAddr>>,
     /// Requests answered, by address.
     ran: RefCell<HashMap<SocketAddr, u32>>,
     closed: RefCell<Vec<SocketAddr>>,
@@ -53,6 +58,10 @@ impl Connector for Fake {
     type Connection = SocketAddr;
     type Error = String;
     async fn connect(&self, addr: SocketAddr, _service: &str) -> Result<SocketAddr, String> {
+        self.tried.borrow_mut().push(addr);
+        if self.hung.borrow().contains(&addr) {
+            std::future::pending::<()>().await;
+        }
         if self.refused.borrow().contains(&addr) {
             Err("rejected by the transport: no listener".into())
         } else {
@@ -293,4 +302,54 @@ async fn a_refused_reconnect_goes_on_and_losing_every_node_lists_each() {
     ] {
         assert!(text.contains(node), "{node} not in: {text}");
     }
+}
+
+#[tokio::test]
+async fn a_reconnect_moves_on_from_a_node_that_does_not_answer() {
+    let Some(etcd) = Etcd::start() else { return };
+    let (_nodes, cluster) = three(&etcd).await;
+    let cluster = cluster
+        .with_dial_timeout(Duration::from_millis(300))
+        .with_suspicion(Duration::from_secs(600));
+    let fake = cluster.connector();
+    let listed = cluster.membership("echo").unwrap().nodes();
+    let key = b"session-key";
+    let order: Vec<_> = rdmactor_cluster::pick::by_rendezvous(key, &listed)
+        .into_iter()
+        .map(|n| n.record.addr)
+        .collect();
+    let mut session = cluster.session("echo", Placement::Key(key)).await.unwrap();
+    assert_eq!(session.node().unwrap().record.addr, order[0]);
+    // The first node's host dies under the session, and the next one in the key's
+    // order is dead too, still listed: its connect never answers.
+    fake.broken.borrow_mut().insert(order[0]);
+    fake.hung.borrow_mut().insert(order[1]);
+    let at = tokio::time::timeout(
+        Duration::from_secs(60),
+        session.request(Idempotency::Idempotent, |c| fake.request(c, false)),
+    )
+    .await
+    .expect("the reconnect ended")
+    .expect("answered by the third node");
+    assert_eq!(at, order[2]);
+    let hung = listed.iter().find(|n| n.record.addr == order[1]).unwrap();
+    assert_eq!(cluster.suspected("echo"), [hung.node.as_str()]);
+    // The third breaks as well: the next reconnect tries the first node (lost longest
+    // ago) before the suspect, and gives up there without waiting on the suspect twice.
+    fake.broken.borrow_mut().insert(order[2]);
+    fake.broken.borrow_mut().remove(&order[0]);
+    let at = tokio::time::timeout(
+        Duration::from_secs(60),
+        session.request(Idempotency::Idempotent, |c| fake.request(c, false)),
+    )
+    .await
+    .expect("the reconnect ended")
+    .expect("answered by the first node again");
+    assert_eq!(at, order[0]);
+    let dialled = fake.tried.borrow();
+    assert_eq!(
+        dialled.iter().filter(|a| **a == order[1]).count(),
+        1,
+        "the suspect was dialled once: {dialled:?}"
+    );
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
-use rdmactor::runtime::{Client, ClientConnection};
+use rdmactor::runtime::{Client, ClientConnection, Session};
 use rdmactor_cluster::files::{
     CatalogRecorder, ClusterFiles, RdmaFiles, RepairPlanner, RepairReport,
 };
@@ -204,7 +204,8 @@ impl ServerClusterArgs {
 
 /// Where a client tool's connections go: the fixed `--addr`, or with `--cluster` a node
 /// of the service found in the registry (least loaded first, the next on a failed
-/// connect).
+/// connect or one that did not answer within the dial bound, a node that did not answer
+/// tried last from then on: `ClusterClient`'s module docs).
 pub enum Dial<'c> {
     /// `--addr`.
     Addr {
@@ -213,8 +214,9 @@ pub enum Dial<'c> {
         /// The server.
         addr: SocketAddr,
     },
-    /// `--cluster` and `--etcd`.
-    Cluster(ClusterClient<&'c Client>),
+    /// `--cluster` and `--etcd` (boxed: a cluster client holds its watches and
+    /// suspects, ten times an address).
+    Cluster(Box<ClusterClient<&'c Client>>),
 }
 
 impl<'c> Dial<'c> {
@@ -226,9 +228,21 @@ impl<'c> Dial<'c> {
     ) -> Result<Dial<'c>> {
         match (addr, cluster.etcd()?) {
             (Some(addr), None) => Ok(Dial::Addr { client, addr }),
-            (None, Some((name, etcd))) => Ok(Dial::Cluster(ClusterClient::new(client, etcd, name))),
+            (None, Some((name, etcd))) => Ok(Dial::Cluster(Box::new(ClusterClient::new(
+                client, etcd, name,
+            )))),
             (Some(_), Some(_)) => anyhow::bail!("give either --addr or --cluster, not both"),
             (None, None) => anyhow::bail!("give --addr, or --cluster and --etcd"),
+        }
+    }
+
+    /// With `--cluster`: gives up a connect to one node after `bound` and tries the next
+    /// (default `rdmactor_cluster::DEFAULT_DIAL_TIMEOUT`). `--addr` has no next node,
+    /// and waits for rdma_cm's own verdict.
+    pub fn with_dial_timeout(self, bound: Duration) -> Self {
+        match self {
+            Dial::Cluster(cluster) => Dial::Cluster(Box::new(cluster.with_dial_timeout(bound))),
+            addr => addr,
         }
     }
 
@@ -246,23 +260,26 @@ impl<'c> Dial<'c> {
         }
     }
 
-    /// An address serving `service`: `--addr`, or the least loaded live node's (for
-    /// connections the cluster client does not open itself, such as a client session).
-    pub async fn resolve(&self, service: &str) -> Result<SocketAddr> {
+    /// A connection to `service` driven by a session of the caller's, made by `session`
+    /// for each node tried (a failed connect consumes its session): through the cluster
+    /// it is dialled as [`connect`](Self::connect) is, bounded and past suspect nodes.
+    pub async fn connect_session<S: Session>(
+        &self,
+        service: &str,
+        mut session: impl FnMut() -> S,
+    ) -> Result<ClientConnection> {
         match self {
-            Dial::Addr { addr, .. } => Ok(*addr),
+            Dial::Addr { client, addr } => client
+                .connect_session(*addr, service, session())
+                .await
+                .with_context(|| format!("connect to {addr}")),
             Dial::Cluster(cluster) => {
-                let members = cluster.membership(service)?;
-                let listed = members
-                    .wait_for(Duration::from_secs(5), |n| {
-                        n.iter().any(|n| !n.record.draining)
-                    })
-                    .await
-                    .unwrap_or_default();
-                let node = rdmactor_cluster::pick::by_load(&listed, |_| 0, b"")
-                    .first()
-                    .map(|n| n.record.addr);
-                node.with_context(|| format!("no live node of {service:?} in the registry"))
+                let client = *cluster.connector();
+                let dial = |addr| client.connect_session(addr, service, session());
+                Ok(cluster
+                    .connect_with(service, Placement::LeastLoaded, dial)
+                    .await?
+                    .connection)
             }
         }
     }

@@ -418,3 +418,118 @@ fn replies_beyond_the_pools_cap_wait_their_turn_and_every_charge_comes_back() {
         server.shutdown().await;
     });
 }
+
+/// A host that takes connect requests and never answers them: a raw listener that
+/// nobody serves, as a dead host's requests wait (rdma_cm resends them for a minute).
+/// Its events, its listener (kept listening), and the first request, once it arrived
+/// while `client`'s connect to `at` was still waiting: the connect is then dropped, as a
+/// caller's timeout drops it.
+async fn given_up_while_unanswered(
+    fabric: &Fabric,
+    client: &Client<Loopback>,
+    at: SocketAddr,
+) -> (
+    rdmactor::transport::loopback::Device,
+    rdmactor::transport::loopback::EventChannel,
+    rdmactor::transport::loopback::CmId,
+    rdmactor::transport::loopback::CmId,
+) {
+    let silent = fabric.device("silent");
+    let events = silent.create_event_channel().unwrap();
+    let listener = silent.create_id(&events).unwrap();
+    listener.bind(at).unwrap();
+    listener.listen(16).unwrap();
+    let request = async {
+        loop {
+            if let Some(ev) = events.try_next() {
+                return ev;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    let mut ev = tokio::select! {
+        done = client.connect(at, "reverse") => panic!("nothing answers, yet: {:?}", done.err()),
+        ev = request => ev,
+    };
+    assert_eq!(ev.kind, rdmactor::verbs::CmEventKind::ConnectRequest);
+    let passive = ev.take_request().expect("a connect request");
+    (silent, events, listener, passive)
+}
+
+/// Waits until `client` holds no connection (or fails after 10 s, naming `what`).
+async fn until_released(client: &Client<Loopback>, what: &str) {
+    let released = tokio::time::timeout(Duration::from_secs(10), async {
+        while client.stats().await.connections != 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    if released.is_err() {
+        panic!("{what}: the client still holds {:?}", client.stats().await);
+    }
+}
+
+fn answer(
+    silent: &rdmactor::transport::loopback::Device,
+    passive: &rdmactor::transport::loopback::CmId,
+) -> Result<(), String> {
+    let cq = silent.create_cq(16, None).unwrap();
+    let caps = rdmactor::verbs::QpCaps::default();
+    passive.create_qp(silent, &cq, &cq, caps, None).unwrap();
+    passive
+        .accept(&rdmactor::verbs::ConnParam::default())
+        .map_err(|e| e.to_string())
+}
+
+#[test]
+fn a_connect_its_caller_gives_up_releases_its_cm_id_and_qp() {
+    with_system(|fabric| async move {
+        let client =
+            Client::<Loopback>::on(fabric.device("client"), NodeConfig::default()).unwrap();
+        let (silent, _events, _listener, passive) =
+            given_up_while_unanswered(&fabric, &client, addr(7300)).await;
+        // Without an end of its own, the connect would hold its QP until the host
+        // answered: here, never.
+        until_released(&client, "a connect given up").await;
+        // And its cm_id is gone: the host's late accept finds no one to answer.
+        let late = answer(&silent, &passive);
+        assert!(
+            late.as_ref()
+                .is_err_and(|e| e.contains("requester is gone")),
+            "{late:?}"
+        );
+        client.shutdown().await;
+    });
+}
+
+#[test]
+fn a_connect_given_up_just_before_its_answer_opens_no_connection() {
+    with_system(|fabric| async move {
+        let client =
+            Client::<Loopback>::on(fabric.device("client"), NodeConfig::default()).unwrap();
+        let (silent, events, _listener, passive) =
+            given_up_while_unanswered(&fabric, &client, addr(7301)).await;
+        // The host answers at once, most likely before the client's CM actor ends the
+        // connect: ESTABLISHED reaches a connect nobody waits for, which is closed (the
+        // CM actor sees it abandoned; before that check, dropping the unclaimed
+        // handle closed it already: this guards that path).
+        let accepted = answer(&silent, &passive);
+        until_released(&client, "a connect answered after it was given up").await;
+        if accepted.is_ok() {
+            let closed = tokio::time::timeout(Duration::from_secs(10), async {
+                loop {
+                    match events.try_next().map(|ev| ev.kind) {
+                        Some(rdmactor::verbs::CmEventKind::Disconnected) => return,
+                        _ => tokio::time::sleep(Duration::from_millis(5)).await,
+                    }
+                }
+            })
+            .await;
+            assert!(
+                closed.is_ok(),
+                "the host was never told the connection closed"
+            );
+        }
+        client.shutdown().await;
+    });
+}

@@ -12,7 +12,9 @@
 //! With `--cluster NAME --etcd URL[,URL..]` instead of `--addr`, connections go to the
 //! nodes of the service listed in etcd, least loaded first; `echo` then runs each
 //! connection as a `ClusterSession`: when a node dies or drains, its echoes (idempotent)
-//! go on on another node, and each move is printed (`MOVED node a: why`).
+//! go on on another node, and each move is printed (`MOVED node a: why`). A node that
+//! does not answer a connect within `--dial-timeout-ms` is passed over and tried last
+//! from then on (a dead host stays listed until its lease lapses).
 //! Each run ends with one `RESULT key=value ...` line for scripts (see scripts/bench).
 
 use std::net::SocketAddr;
@@ -36,6 +38,12 @@ struct Args {
     addr: Option<SocketAddr>,
     #[command(flatten)]
     cluster: ClusterArgs,
+    /// With --cluster: milliseconds a connect to one node may take before the next node
+    /// is tried (a dead host that is still listed would otherwise hold it for rdma_cm's
+    /// minute of resends); the node is then tried last for a while.
+    #[arg(long, requires = "cluster", value_name = "MS",
+        default_value_t = rdmactor_cluster::DEFAULT_DIAL_TIMEOUT.as_millis() as u64)]
+    dial_timeout_ms: u64,
     /// Service to connect to.
     #[arg(long, default_value = "echo")]
     service: String,
@@ -277,7 +285,8 @@ async fn run(args: Args) -> Result<()> {
         ..NodeConfig::default()
     }))?;
     let client = args.key.apply(client)?;
-    let dial = Dial::new(&client, args.addr, &args.cluster)?;
+    let dial = Dial::new(&client, args.addr, &args.cluster)?
+        .with_dial_timeout(Duration::from_millis(args.dial_timeout_ms));
     match args.run {
         Run::Latency {
             iters,
@@ -285,19 +294,25 @@ async fn run(args: Args) -> Result<()> {
             warmup,
             session: true,
         } => {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            let pinger = Pinger {
-                payload: vec![0x5a; size],
-                warmup,
-                left: iters,
-                sent_at: Instant::now(),
-                rtts: Vec::with_capacity(iters),
-                done: Some(tx),
+            // A session per node tried; the last one made is the connected one's.
+            let rx = std::cell::RefCell::new(None);
+            let pinger = || {
+                let (tx, done) = tokio::sync::oneshot::channel();
+                *rx.borrow_mut() = Some(done);
+                Pinger {
+                    payload: vec![0x5a; size],
+                    warmup,
+                    left: iters,
+                    sent_at: Instant::now(),
+                    rtts: Vec::with_capacity(iters),
+                    done: Some(tx),
+                }
             };
-            let conn = client
-                .connect_session(dial.resolve(&args.service).await?, &args.service, pinger)
+            let conn = dial
+                .connect_session(&args.service, pinger)
                 .await
                 .context("connect")?;
+            let rx = rx.take().expect("a session was made");
             let rtts = rx.await.context("the session ended early")??;
             conn.close().await;
             report::latency("latency", size, iters, rtts);

@@ -138,6 +138,10 @@ impl<T: Transport> Client<T> {
     }
 
     /// Connects to `service` at `addr`.
+    ///
+    /// rdma_cm resends the request to a host that does not answer for about a minute
+    /// before it reports it unreachable; to wait less, drop the future (a timeout
+    /// around it): the connect then ends within a second, its cm_id and QP released.
     pub async fn connect(
         &self,
         addr: SocketAddr,
@@ -310,6 +314,10 @@ impl<T: Transport> Dialer<T> for ClientDialer<T> {
         if let Some(started) = self.started {
             let _ = self.reply.send(Ok(started));
         }
+    }
+
+    fn abandoned(&self) -> bool {
+        self.reply.is_closed()
     }
 
     fn failed(self: Box<Self>, err: ConnectError) {

@@ -58,7 +58,6 @@ pub(crate) struct CmActor<T: Transport = Verbs> {
     pub(super) conns: ConnSet<Option<IpAddr>, T::CmIdKey>,
     /// Passive connections accepted but not yet established.
     handshaking: Handshakes<T::CmIdKey>,
-    /// Active connects under way.
     dialing: Dialing<T>,
     /// The server's connection limit, shared with its out-of-band ports.
     budget: QpBudget,
@@ -393,6 +392,7 @@ impl<T: Transport> Handler<CmEventMsg<T>> for CmActor<T> {
 impl<T: Transport> Handler<HandshakeTick> for CmActor<T> {
     type Result = ();
     fn handle(&mut self, tick: HandshakeTick, _ctx: &mut Context<Self>) {
+        self.dialing.end_abandoned();
         let limit = self.config.connection.handshake_timeout;
         for key in self.handshaking.expired(tick.0, limit) {
             let reason = CloseReason::HandshakeTimeout(limit);

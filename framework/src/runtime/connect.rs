@@ -57,6 +57,10 @@ pub enum ConnectError {
     /// The client is shutting down.
     #[error("client is shutting down")]
     ShuttingDown,
+    /// Its caller stopped waiting (the connect future was dropped): the connect was
+    /// ended and its cm_id and QP released, not left to rdma_cm's own verdict.
+    #[error("given up by its caller")]
+    Abandoned,
     /// The service is authenticated-only and refused this client's proof (or its lack
     /// of one); the text is the server's reason ("unknown identity", "bad proof",
     /// "service needs authentication", ...).
@@ -81,6 +85,15 @@ pub(crate) trait Dialer<T: Transport = Verbs>: Send + 'static {
 
     /// The connect failed; a connection already started has been told to close.
     fn failed(self: Box<Self>, err: ConnectError);
+
+    /// Whether the side that asked stopped waiting. rdma_cm gives a connect to a dead
+    /// host up only after resending its request for about a minute; a caller that
+    /// bounds its wait drops the connect sooner, and then the connect ends (its cm_id
+    /// and QP released) at the CM actor's next tick, and a connection it would have
+    /// made is closed rather than left open with no handle.
+    fn abandoned(&self) -> bool {
+        false
+    }
 }
 
 /// `parts` with the dialer's `session`.
@@ -188,6 +201,19 @@ impl<T: Transport> Dialing<T> {
         }
     }
 
+    /// Ends the connects whose dialer stopped waiting ([`Dialer::abandoned`]).
+    pub fn end_abandoned(&mut self) {
+        let gone: Vec<T::CmIdKey> = self
+            .connecting
+            .iter()
+            .filter(|(_, c)| c.dialer.abandoned())
+            .map(|(&key, _)| key)
+            .collect();
+        for key in gone {
+            self.fail(key, ConnectError::Abandoned);
+        }
+    }
+
     /// Ends every connect: started connections close for `close`, dialers hear what
     /// `err` makes. The ids are handed back, to be destroyed by the caller.
     pub fn fail_all(
@@ -224,6 +250,11 @@ impl<T: Transport> Dialing<T> {
                 let Some(mut c) = self.connecting.remove(&key) else {
                     return;
                 };
+                if c.dialer.abandoned() {
+                    let why = CloseReason::Local(ConnectError::Abandoned.to_string());
+                    drop(c.fail(why, ConnectError::Abandoned));
+                    return;
+                }
                 let Some(conn) = c.conn.clone() else {
                     return;
                 };
