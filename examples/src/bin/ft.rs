@@ -191,6 +191,9 @@ impl Tracker {
             Ok(Outcome::Bad(reason)) => (format!("BAD {name}: {reason}"), false, true),
             Ok(Outcome::Rejected(reason)) => (format!("REJECTED {name}: {reason}"), false, false),
             Ok(Outcome::Aborted(reason)) => (format!("ABORTED {name}: {reason}"), false, true),
+            Ok(Outcome::Held { .. }) => {
+                (format!("UNEXPECTED {name}: a stat's answer"), false, false)
+            }
             Err(e) => (format!("ERROR {name}: {e}"), false, false),
         };
         let first = line.lines().next().unwrap_or_default().to_owned();

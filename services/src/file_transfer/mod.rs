@@ -76,6 +76,13 @@
 //! [`RejectReason::Quota`]. The store is in memory: after a restart, the first fetch
 //! of each file hashes it.
 //!
+//! **Stat.** Between transfers a client may send `Stat{name, alg}` instead of a
+//! `Fetch`: the server prepares it as it would the fetch (same access rules, same
+//! digest cache, same limit on hashing) and answers `Held{len, digest}` or the
+//! `Reject` the fetch would get; no window, no bytes. It lets a client tell a copy of
+//! the bytes it expects from other bytes under the name without moving either (a
+//! cluster's repair asks it before copying).
+//!
 //! **Aborts.** A transfer that fails midway for a reason the peer should hear (a write
 //! that ran out of space after all, a source that cannot be read) ends with
 //! [`Msg::Abort`] and the reason, not with a closed connection: the sender stops and
@@ -128,7 +135,9 @@ mod session;
 mod store;
 mod wire;
 
-pub use client::{fetch_file, send_file, ClientError, FetchOptions, Progress, SendOptions};
+pub use client::{
+    fetch_file, send_file, stat_file, ClientError, FetchOptions, Progress, SendOptions,
+};
 pub use config::{parse_secrets, Config};
 pub use digests::{DigestCache, DigestStats, FileKey};
 pub use endpoint::{Auth, ChunkWrite, Endpoint, Outcome, Output, PrepareFetch};
