@@ -132,12 +132,11 @@ mod receiver;
 mod sender;
 mod server;
 mod session;
+mod stat;
 mod store;
 mod wire;
 
-pub use client::{
-    fetch_file, send_file, stat_file, ClientError, FetchOptions, Progress, SendOptions,
-};
+pub use client::{fetch_file, send_file, ClientError, FetchOptions, Progress, SendOptions};
 pub use config::{parse_secrets, Config};
 pub use digests::{DigestCache, DigestStats, FileKey};
 pub use endpoint::{Auth, ChunkWrite, Endpoint, Outcome, Output, PrepareFetch};
@@ -150,6 +149,7 @@ pub use receiver::{ConsumeJob, Consumed, Receiver, Sink};
 pub use sender::Sender;
 pub use server::Server;
 pub use session::FileTransfer;
+pub use stat::stat_file;
 pub use store::{free_space, open_source, sweep_temp_files, StoreError, TempFile};
 pub use wire::{
     BadReason, Digest, FileOffer, HashAlg, Msg, RejectReason, RemoteWindow, SecretKey, WindowGrant,
