@@ -3,11 +3,12 @@
 //! no etcd at all.
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 use rdmactor::runtime::{Client, ClientConnection};
-use rdmactor_cluster::files::{ClusterFiles, RdmaFiles, RepairPlanner, RepairReport};
+use rdmactor_cluster::files::{ClusterFiles, RdmaFiles, RepairPlanner, RepairReport, Staging};
 use rdmactor_cluster::{
     ClusterClient, EtcdConfig, Idempotent as _, Placement, Registrar, RegistrationConfig,
 };
@@ -115,14 +116,23 @@ impl ServerClusterArgs {
     }
 
     /// With --repair-after-secs: repair rounds for ever, copying onto this node (a
-    /// server listening on `listening`) through `client` (the server's own, on the same
-    /// device); each copy is staged in the system's temporary directory. Without it,
+    /// server listening on `listening`, whose `files` store is `store`, taking files of
+    /// at most `max_size` bytes) through `client` (the server's own, on the same
+    /// device). Each copy is fetched straight into the store (the files service's
+    /// hidden temporary file there, checked against the free space before any byte
+    /// moves, named only once verified): nothing is staged outside it. Without it,
     /// pending for ever. Every outcome is logged; nothing here ends the server.
     ///
     /// # Errors
     ///
     /// Only what stops repairs from starting: a bad `--etcd`.
-    pub async fn repairs(&self, listening: &[SocketAddr], client: &Client) -> Result<()> {
+    pub async fn repairs(
+        &self,
+        listening: &[SocketAddr],
+        client: &Client,
+        store: &Path,
+        max_size: u64,
+    ) -> Result<()> {
         let (Some(grace), Some((cluster, etcd))) = (self.repair_after_secs, self.cluster.etcd()?)
         else {
             return std::future::pending().await;
@@ -131,10 +141,14 @@ impl ServerClusterArgs {
         let files = ClusterFiles::new(RdmaFiles::new(client), etcd, &cluster)
             .context("--repair-after-secs")?;
         let mut planner = RepairPlanner::for_node(Duration::from_secs(grace), &node);
-        let scratch = std::env::temp_dir();
+        let staging = Staging::Store {
+            node: &node,
+            dir: store,
+            max_size,
+        };
         println!("cluster: repairing onto node {node} the files gone from a node for {grace} s");
         loop {
-            match files.repair(&mut planner, Instant::now(), &scratch).await {
+            match files.repair(&mut planner, Instant::now(), staging).await {
                 Ok(report) => print_repairs("cluster: ", &report),
                 Err(e) => tracing::warn!(%e, "cluster: a repair round failed; trying again"),
             }

@@ -10,6 +10,8 @@
 //! - [`ClusterFiles`]: the driver that carries out the plans through a
 //!   [`FileTransfer`] (the `files` service over RDMA with the `rdmactor` feature, a
 //!   fake in tests);
+//! - [`FileTransfer`]: what the driver needs of one node (upload, fetch bounded by a
+//!   size, stat), with the answers the rules act on typed ([`TransferError`]);
 //! - `rdma` (feature `rdmactor`): [`FileTransfer`] over `rdmactor-services`' files
 //!   client: verified uploads and fetches, SHA-256.
 //!
@@ -22,10 +24,12 @@ pub mod plan;
 #[cfg(feature = "rdmactor")]
 mod rdma;
 mod record;
+mod transfer;
 
 pub use catalog::{Catalog, Created, RepairLock, Stored};
-pub use driver::{ClusterFiles, Fetched, FileTransfer, FilesError, RepairReport, FILES_SERVICE};
-pub use plan::{PlacementError, Repair, RepairPlanner, UploadPlan, Verified};
+pub use driver::{ClusterFiles, Fetched, FilesError, RepairReport, Staging, FILES_SERVICE};
+pub use plan::{Backoff, FailureKind, PlacementError, Repair, RepairPlanner, UploadPlan, Verified};
 #[cfg(feature = "rdmactor")]
 pub use rdma::RdmaFiles;
 pub use record::{file_key, files_prefix, repair_lock, FileRecord};
+pub use transfer::{FileTransfer, TransferError};
