@@ -926,3 +926,77 @@ async fn a_get_falls_back_on_live_nodes_outside_the_record_each_checked() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn a_server_further_down_waits_for_the_one_before_it_without_queueing_on_the_lock() {
+    let Some(etcd) = Etcd::start() else { return };
+    let (nodes, files) = cluster_of(&etcd, 4).await;
+    let mut regs = by_node(nodes);
+    let (bytes, _) = put(&files, "w.bin", 8000, 17).await;
+    let order = order_of("w.bin", 4);
+    leave(&mut regs, &files, &order[0], 3).await;
+    let grace = Duration::from_secs(30);
+    let t0 = Instant::now();
+    let (first, second) = (&order[2], &order[3]);
+    let mut planners: HashMap<&String, RepairPlanner> = [first, second]
+        .into_iter()
+        .map(|n| (n, RepairPlanner::for_node(grace, n)))
+        .collect();
+    for (node, planner) in &mut planners {
+        files
+            .repair(planner, t0, store_of(&files, node))
+            .await
+            .unwrap();
+    }
+    // The first in line is copying (it holds the lock); the second asks it, learns
+    // that it holds nothing yet, and waits: it never queues on the lock.
+    let held = files
+        .catalog()
+        .lock("w.bin", Duration::from_secs(10))
+        .await
+        .unwrap()
+        .unwrap();
+    let report = files
+        .repair(
+            planners.get_mut(second).unwrap(),
+            t0 + grace,
+            store_of(&files, second),
+        )
+        .await
+        .unwrap();
+    assert_eq!(report.failed.len(), 1, "{report:?}");
+    let why = &report.failed[0].1;
+    assert!(
+        why.contains(&format!("node {first}, before this one")),
+        "{why}"
+    );
+    assert!(why.contains("next attempt in 5 s"), "{why}");
+    files.catalog().release(held).await;
+    let report = files
+        .repair(
+            planners.get_mut(first).unwrap(),
+            t0 + grace,
+            store_of(&files, first),
+        )
+        .await
+        .unwrap();
+    assert_eq!(report.done.len(), 1, "{report:?}");
+    assert_eq!(
+        std::fs::read(files.transfer().store(first).join("w.bin")).unwrap(),
+        bytes
+    );
+    // Past its wait, the second finds nothing to do.
+    let report = files
+        .repair(
+            planners.get_mut(second).unwrap(),
+            t0 + grace * 2,
+            store_of(&files, second),
+        )
+        .await
+        .unwrap();
+    assert!(
+        report.done.is_empty() && report.failed.is_empty(),
+        "{report:?}"
+    );
+    assert!(!files.transfer().store(second).join("w.bin").exists());
+}

@@ -320,7 +320,12 @@ impl RepairPlanner {
                 self.gone_for(now, n)
                     .is_some_and(|gone_for| gone_for >= self.grace)
             });
-            let Some(gone) = gone else { continue };
+            let Some(gone) = gone else {
+                // Needs no repair (any more): its next failure starts afresh.
+                self.backoff.handle_success(name);
+                self.other_bytes.remove(name);
+                continue;
+            };
             if !self.backoff.ready(now, name) {
                 continue;
             }

@@ -126,7 +126,10 @@ impl<T: FileTransfer> ClusterFiles<T> {
     }
 
     /// One copy under the file's lock, fenced by the record's revision; returns the
-    /// node recorded in place of the gone one.
+    /// node recorded in place of the gone one. The nodes before the target are asked
+    /// before the lock is taken: while the first of them copies the file (holding the
+    /// lock), the others learn that it holds nothing yet and wait, without queueing on
+    /// the lock.
     async fn copy(
         &self,
         repair: &Repair,
@@ -134,6 +137,14 @@ impl<T: FileTransfer> ClusterFiles<T> {
         staging: Staging<'_>,
         passed: &mut Vec<String>,
     ) -> Result<String, Unmade> {
+        let found = if repair.ahead.is_empty() {
+            None
+        } else {
+            let seen = self.read(repair).await?;
+            self.ask_ahead(repair, live, &seen.record, passed)
+                .await?
+                .map(|node| (node, seen.record))
+        };
         let lock = self
             .catalog
             .lock(&repair.name, self.lock_ttl)
@@ -147,24 +158,10 @@ impl<T: FileTransfer> ClusterFiles<T> {
             })?;
         let result = async {
             // Read under the lock: what the fenced update compares against.
-            let stored = self
-                .catalog
-                .get(&repair.name)
-                .await
-                .map_err(|e| Unmade::new(FailureKind::Registry, e.to_string()))?
-                .ok_or_else(|| Unmade::new(FailureKind::Changed, "the file was deleted"))?;
-            let nodes = &stored.record.nodes;
-            if !nodes.contains(&repair.gone)
-                || nodes.contains(&repair.to)
-                || repair.ahead.iter().any(|n| nodes.contains(n))
-            {
-                return Err(Unmade::new(
-                    FailureKind::Changed,
-                    "the record changed (repaired by another)",
-                ));
-            }
-            let new = match self.ask_ahead(repair, live, &stored, passed).await? {
-                Some(node) => node,
+            let stored = self.read(repair).await?;
+            let new = match found {
+                Some((node, seen)) if seen.same_bytes(&stored.record) => node,
+                Some(_) => return Err(Unmade::new(FailureKind::Changed, "the record changed")),
                 None => {
                     self.place(repair, live, &stored.record, staging, passed)
                         .await?;
@@ -179,6 +176,27 @@ impl<T: FileTransfer> ClusterFiles<T> {
         result
     }
 
+    /// The file's record, if it still needs `repair`.
+    async fn read(&self, repair: &Repair) -> Result<Stored, Unmade> {
+        let stored = self
+            .catalog
+            .get(&repair.name)
+            .await
+            .map_err(|e| Unmade::new(FailureKind::Registry, e.to_string()))?
+            .ok_or_else(|| Unmade::new(FailureKind::Changed, "the file was deleted"))?;
+        let nodes = &stored.record.nodes;
+        if !nodes.contains(&repair.gone)
+            || nodes.contains(&repair.to)
+            || repair.ahead.iter().any(|n| nodes.contains(n))
+        {
+            return Err(Unmade::new(
+                FailureKind::Changed,
+                "the record changed (repaired by another)",
+            ));
+        }
+        Ok(stored)
+    }
+
     /// Asks the nodes before the target in the name's order what they hold: the first
     /// that holds the recorded bytes is the new replica; those with other bytes are
     /// passed over; one with nothing is left to copy it itself (this copy waits).
@@ -186,7 +204,7 @@ impl<T: FileTransfer> ClusterFiles<T> {
         &self,
         repair: &Repair,
         live: &[NodeInfo],
-        stored: &Stored,
+        record: &FileRecord,
         passed: &mut Vec<String>,
     ) -> Result<Option<String>, Unmade> {
         for node in &repair.ahead {
@@ -195,7 +213,7 @@ impl<T: FileTransfer> ClusterFiles<T> {
                 Err(unmade) => return Err(unmade),
             };
             match held {
-                Ok(held) if holds(&stored.record, &held) => return Ok(Some(node.clone())),
+                Ok(held) if holds(record, &held) => return Ok(Some(node.clone())),
                 Ok(_) => passed.push(node.clone()),
                 Err(e) => {
                     return Err(Unmade::new(

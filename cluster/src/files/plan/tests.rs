@@ -379,3 +379,22 @@ fn fetches_fall_back_on_live_nodes_outside_the_record_in_rendezvous_order() {
         [order[0].clone(), order[2].clone(), order[4].clone()]
     );
 }
+
+#[test]
+fn a_file_that_needs_no_repair_any_more_forgets_its_waits() {
+    let t0 = Instant::now();
+    let all = ids(4);
+    let mut planner = RepairPlanner::new(Duration::ZERO);
+    let files = one_gone(&mut planner, &all);
+    let due = planner.poll_repairs(t0, &files);
+    planner.handle_failed(t0, &due[0], FailureKind::Changed);
+    planner.handle_other_bytes("f", &due[0].to);
+    assert!(planner.poll_repairs(t0, &files).is_empty(), "waiting");
+    // Repaired by another: not due, and what was learned goes.
+    let repaired = vec![("f".to_string(), record(&[&due[0].to, &due[0].from]))];
+    assert!(planner.poll_repairs(t0, &repaired).is_empty());
+    // Due again later (the same node gone again): at once, to the first choice.
+    let again = planner.poll_repairs(t0, &files);
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].to, due[0].to);
+}
