@@ -1000,3 +1000,59 @@ async fn a_server_further_down_waits_for_the_one_before_it_without_queueing_on_t
     );
     assert!(!files.transfer().store(second).join("w.bin").exists());
 }
+
+#[tokio::test]
+async fn a_scrub_finds_listed_replicas_lost_or_changed_and_repair_replaces_them() {
+    let Some(etcd) = Etcd::start() else { return };
+    let (_nodes, files) = cluster(&etcd).await;
+    let (bytes, _) = put(&files, "s.bin", 12_000, 18).await;
+    let order = order_of("s.bin", 3);
+    let every = Duration::from_secs(60);
+    let scrubbing =
+        |node: &str| RepairPlanner::for_node(Duration::from_secs(30), node).with_scrub(every, 8);
+    // The first replica's copy is removed by hand: no node left the registry.
+    std::fs::remove_file(files.transfer().store(&order[0]).join("s.bin")).unwrap();
+    let mut third = scrubbing(&order[2]);
+    let t0 = Instant::now();
+    let found = files.scrub(&mut third, t0).await.unwrap();
+    assert_eq!(found.asked, 2);
+    assert_eq!(found.lost.len(), 1, "{found:?}");
+    assert_eq!(
+        (found.lost[0].1.as_str(), found.lost[0].2.as_str()),
+        (order[0].as_str(), "no such file")
+    );
+    let report = files
+        .repair(&mut third, t0, store_of(&files, &order[2]))
+        .await
+        .unwrap();
+    assert_eq!(report.done.len(), 1, "{report:?}");
+    let now = files.catalog().get("s.bin").await.unwrap().unwrap().record;
+    assert_eq!(now.nodes, [order[2].clone(), order[1].clone()]);
+    assert_eq!(
+        std::fs::read(files.transfer().store(&order[2]).join("s.bin")).unwrap(),
+        bytes
+    );
+    // Then the second's copy changes under the name: the node a repair would go to now
+    // (the first, whose copy is gone) finds it and takes its place.
+    std::fs::write(files.transfer().store(&order[1]).join("s.bin"), b"changed").unwrap();
+    let mut first = scrubbing(&order[0]);
+    let found = files.scrub(&mut first, t0).await.unwrap();
+    assert_eq!(found.lost.len(), 1, "{found:?}");
+    assert!(found.lost[0].2.contains("holds other bytes"), "{found:?}");
+    let report = files
+        .repair(&mut first, t0, store_of(&files, &order[0]))
+        .await
+        .unwrap();
+    assert_eq!(report.done.len(), 1, "{report:?}");
+    let now = files.catalog().get("s.bin").await.unwrap().unwrap().record;
+    assert_eq!(now.nodes, [order[2].clone(), order[0].clone()]);
+    assert_eq!(
+        std::fs::read(files.transfer().store(&order[0]).join("s.bin")).unwrap(),
+        bytes
+    );
+    // Within the period nothing is asked again; every replica answers well after it.
+    assert_eq!(files.scrub(&mut first, t0).await.unwrap().asked, 0);
+    let mut second = scrubbing(&order[1]);
+    let found = files.scrub(&mut second, t0 + every).await.unwrap();
+    assert_eq!((found.asked, found.lost.len()), (2, 0), "{found:?}");
+}

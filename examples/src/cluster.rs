@@ -63,7 +63,16 @@ pub struct ServerClusterArgs {
     /// Seconds between repair rounds.
     #[arg(long, requires = "repair_after_secs", default_value_t = 2)]
     pub repair_every_secs: u64,
+    /// With --repair-after-secs: ask each file's listed replicas what they hold once
+    /// in this many seconds (the server a repair of the file would go to asks, at most
+    /// 32 files a round), and replace at once those without the recorded bytes. 0: no
+    /// scrub.
+    #[arg(long, requires = "repair_after_secs", default_value_t = 3600)]
+    pub scrub_every_secs: u64,
 }
+
+/// Files a server's scrub asks about per repair round, at most.
+const SCRUB_PER_ROUND: usize = 32;
 
 /// The services a server registers with --cluster: those reached through rdma_cm by
 /// name (the stock-* services serve the out-of-band ports only), and `files` when it
@@ -120,8 +129,9 @@ impl ServerClusterArgs {
     /// at most `max_size` bytes) through `client` (the server's own, on the same
     /// device). Each copy is fetched straight into the store (the files service's
     /// hidden temporary file there, checked against the free space before any byte
-    /// moves, named only once verified): nothing is staged outside it. Without it,
-    /// pending for ever. Every outcome is logged; nothing here ends the server.
+    /// moves, named only once verified): nothing is staged outside it. With
+    /// --scrub-every-secs, each round first asks a few files' listed replicas what they
+    /// hold. Without --repair-after-secs, pending for ever. Every outcome is logged; nothing here ends the server.
     ///
     /// # Errors
     ///
@@ -141,6 +151,10 @@ impl ServerClusterArgs {
         let files = ClusterFiles::new(RdmaFiles::new(client), etcd, &cluster)
             .context("--repair-after-secs")?;
         let mut planner = RepairPlanner::for_node(Duration::from_secs(grace), &node);
+        if self.scrub_every_secs > 0 {
+            let every = Duration::from_secs(self.scrub_every_secs);
+            planner = planner.with_scrub(every, SCRUB_PER_ROUND);
+        }
         let staging = Staging::Store {
             node: &node,
             dir: store,
@@ -148,6 +162,14 @@ impl ServerClusterArgs {
         };
         println!("cluster: repairing onto node {node} the files gone from a node for {grace} s");
         loop {
+            match files.scrub(&mut planner, Instant::now()).await {
+                Ok(report) => {
+                    for (name, node, why) in &report.lost {
+                        println!("cluster: LOST {name} node={node}: {why}");
+                    }
+                }
+                Err(e) => tracing::warn!(%e, "cluster: a scrub round failed; trying again"),
+            }
             match files.repair(&mut planner, Instant::now(), staging).await {
                 Ok(report) => print_repairs("cluster: ", &report),
                 Err(e) => tracing::warn!(%e, "cluster: a repair round failed; trying again"),

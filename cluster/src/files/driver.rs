@@ -15,8 +15,10 @@ use crate::membership::Membership;
 use crate::{Error, NodeInfo};
 
 mod repair;
+mod scrub;
 
 pub use repair::Staging;
+pub use scrub::ScrubReport;
 
 /// The service whose nodes hold files.
 pub const FILES_SERVICE: &str = "files";

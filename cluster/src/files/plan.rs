@@ -12,6 +12,9 @@
 //!   it has been gone for the grace period names a copy to make (from a replica still
 //!   listed to the next node in rendezvous order that holds none), backing off after
 //!   failures ([`Backoff`]) and passing over nodes that hold other bytes under the name.
+//!   With [`with_scrub`](RepairPlanner::with_scrub) it also names the files whose
+//!   listed nodes to ask what they hold ([`Scrub`]), and replaces at once a node found
+//!   without the recorded bytes.
 //! - [`fallback_order`]: the live nodes outside a record a fetch tries last.
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -21,8 +24,10 @@ use super::FileRecord;
 use crate::pick::rendezvous_order;
 
 mod backoff;
+mod scrub;
 
 pub use backoff::{Backoff, FailureKind};
+pub use scrub::{Found, Scrub};
 
 /// The node ids in rendezvous order for the file `name`.
 pub fn replica_order<'a>(name: &str, nodes: &'a [String]) -> Vec<&'a String> {
@@ -253,6 +258,10 @@ pub struct RepairPlanner {
     backoff: Backoff,
     /// Per file, the nodes seen holding other bytes under its name.
     other_bytes: HashMap<String, HashSet<String>>,
+    /// Per file, the listed nodes a scrub found without the recorded bytes: replaced
+    /// at once, as a node gone past the grace period is.
+    lost: HashMap<String, HashSet<String>>,
+    scrub: Option<scrub::Scrubbing>,
 }
 
 impl RepairPlanner {
@@ -270,6 +279,8 @@ impl RepairPlanner {
             only_to: None,
             backoff: Backoff::new(Self::BACKOFF_BASE, Self::BACKOFF_CAP),
             other_bytes: HashMap::new(),
+            lost: HashMap::new(),
+            scrub: None,
         }
     }
 
@@ -304,21 +315,30 @@ impl RepairPlanner {
     /// to copy to, or waiting after a failure, wait.
     #[must_use]
     pub fn poll_repairs(&mut self, now: Instant, files: &[(String, FileRecord)]) -> Vec<Repair> {
-        self.backoff
-            .retain(|name| files.iter().any(|(n, _)| n == name));
+        let names: HashSet<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
+        self.backoff.retain(|name| names.contains(name));
         self.other_bytes
-            .retain(|name, _| files.iter().any(|(n, _)| n == name));
+            .retain(|name, _| names.contains(name.as_str()));
+        self.lost.retain(|name, _| names.contains(name.as_str()));
         let mut due = Vec::new();
         for (name, record) in files {
-            let Some(from) = record.nodes.iter().find(|n| self.live.contains(n)) else {
+            let lost = self.lost.get(name);
+            let is_lost = |n: &String| lost.is_some_and(|l| l.contains(n));
+            let from = record
+                .nodes
+                .iter()
+                .find(|n| self.live.contains(n) && !is_lost(n));
+            let Some(from) = from else {
                 continue;
             };
             for node in record.nodes.iter().filter(|n| !self.live.contains(n)) {
                 self.absent_since.entry(node.clone()).or_insert(now);
             }
             let gone = record.nodes.iter().find(|n| {
-                self.gone_for(now, n)
-                    .is_some_and(|gone_for| gone_for >= self.grace)
+                is_lost(n)
+                    || self
+                        .gone_for(now, n)
+                        .is_some_and(|gone_for| gone_for >= self.grace)
             });
             let Some(gone) = gone else {
                 // Needs no repair (any more): its next failure starts afresh.
@@ -360,6 +380,7 @@ impl RepairPlanner {
     pub fn handle_done(&mut self, repair: &Repair) {
         self.backoff.handle_success(&repair.name);
         self.other_bytes.remove(&repair.name);
+        self.lost.remove(&repair.name);
     }
 
     /// `repair` failed with `kind` at `now`; returns how long its file waits.

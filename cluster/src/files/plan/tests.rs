@@ -398,3 +398,90 @@ fn a_file_that_needs_no_repair_any_more_forgets_its_waits() {
     assert_eq!(again.len(), 1);
     assert_eq!(again[0].to, due[0].to);
 }
+
+/// `n` files, each on node-0 and node-1.
+fn many(n: usize) -> Vec<(String, FileRecord)> {
+    (0..n)
+        .map(|i| (format!("f{i}"), record(&["node-0", "node-1"])))
+        .collect()
+}
+
+#[test]
+fn a_scrub_asks_about_each_file_once_per_period_a_few_at_a_time_oldest_first() {
+    let t0 = Instant::now();
+    let s = Duration::from_secs;
+    let mut planner = RepairPlanner::new(s(30)).with_scrub(s(60), 2);
+    planner.handle_live(ids(3));
+    let files = many(5);
+    let rounds: Vec<Vec<Scrub>> = (0..4).map(|_| planner.poll_scrubs(t0, &files)).collect();
+    let sizes: Vec<usize> = rounds.iter().map(Vec::len).collect();
+    assert_eq!(sizes, [2, 2, 1, 0]);
+    assert_eq!(rounds[0][0].nodes, ["node-0", "node-1"]);
+    let mut asked: Vec<&String> = rounds.iter().flatten().map(|s| &s.name).collect();
+    asked.sort();
+    asked.dedup();
+    assert_eq!(asked.len(), 5, "each file once");
+    assert!(planner.poll_scrubs(t0 + s(59), &files).is_empty());
+    let again = planner.poll_scrubs(t0 + s(60), &files);
+    assert_eq!(again.len(), 2);
+    // Without with_scrub: nothing is ever asked.
+    let mut plain = RepairPlanner::new(s(30));
+    plain.handle_live(ids(3));
+    assert!(plain.poll_scrubs(t0, &files).is_empty());
+}
+
+#[test]
+fn a_replica_found_without_the_recorded_bytes_is_replaced_at_once_from_another() {
+    let t0 = Instant::now();
+    let all = ids(4);
+    let order: Vec<String> = replica_order("f", &all).into_iter().cloned().collect();
+    let files = vec![("f".to_string(), record(&[&order[0], &order[1]]))];
+    let mut planner = RepairPlanner::new(Duration::from_secs(30));
+    planner.handle_live(all.clone());
+    assert!(planner.poll_repairs(t0, &files).is_empty());
+    planner.handle_scrubbed("f", &order[0], Found::Missing);
+    let due = planner.poll_repairs(t0, &files);
+    assert_eq!(
+        (
+            due[0].gone.as_str(),
+            due[0].from.as_str(),
+            due[0].to.as_str()
+        ),
+        (order[0].as_str(), order[1].as_str(), order[2].as_str()),
+        "no grace period, not copied from the lost node"
+    );
+    planner.handle_scrubbed("f", &order[0], Found::Recorded);
+    assert!(planner.poll_repairs(t0, &files).is_empty(), "found again");
+    planner.handle_scrubbed("f", &order[1], Found::OtherBytes);
+    assert_eq!(planner.poll_repairs(t0, &files)[0].from, order[0]);
+    planner.handle_scrubbed("f", &order[0], Found::OtherBytes);
+    assert!(
+        planner.poll_repairs(t0, &files).is_empty(),
+        "no source left"
+    );
+}
+
+#[test]
+fn inside_the_servers_the_node_a_repair_would_go_to_asks_about_the_file() {
+    let t0 = Instant::now();
+    let all = ids(4);
+    let s = Duration::from_secs;
+    let files = many(12);
+    let mut asked: Vec<(String, String)> = Vec::new();
+    for node in &all {
+        let mut p = RepairPlanner::for_node(s(30), node).with_scrub(s(60), 100);
+        p.handle_live(all.clone());
+        for scrub in p.poll_scrubs(t0, &files) {
+            asked.push((scrub.name, node.clone()));
+        }
+    }
+    asked.sort();
+    assert_eq!(asked.len(), files.len(), "each file by one node: {asked:?}");
+    for (name, node) in &asked {
+        let first = replica_order(name, &all)
+            .into_iter()
+            .find(|n| *n != "node-0" && *n != "node-1")
+            .unwrap();
+        assert_eq!(node, first, "{name}");
+    }
+}
