@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use rdmactor_cluster::files::{
-    plan, Catalog, ClusterFiles, Created, FileRecord, FileTransfer, FilesError, RepairPlanner,
-    Staging, TransferError, Verified,
+    plan, Catalog, ClusterFiles, Collector, Created, FileRecord, FileTransfer, FilesError,
+    RepairPlanner, Staging, TransferError, Verified,
 };
 use rdmactor_cluster::Registrar;
 use util::{addr, register, Etcd, EtcdExt};
@@ -1055,4 +1055,63 @@ async fn a_scrub_finds_listed_replicas_lost_or_changed_and_repair_replaces_them(
     let mut second = scrubbing(&order[1]);
     let found = files.scrub(&mut second, t0 + every).await.unwrap();
     assert_eq!((found.asked, found.lost.len()), (2, 0), "{found:?}");
+}
+
+/// The first name `name{i}.bin` whose first two nodes in order `include` node `node`
+/// (or leave it out).
+fn name_placed(node: &str, include: bool) -> String {
+    (0..)
+        .map(|i| format!("name{i}.bin"))
+        .find(|name| order_of(name, 3)[..2].contains(&node.to_string()) == include)
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_servers_clean_up_removes_what_no_record_lists_there_after_the_grace_period() {
+    let Some(etcd) = Etcd::start() else { return };
+    let (_nodes, files) = cluster(&etcd).await;
+    let node = NODES[2];
+    let store = files.transfer().store(node).to_owned();
+    // Its own replica, kept.
+    let mine = name_placed(node, true);
+    put(&files, &mine, 3000, 19).await;
+    // An extra replica of a file recorded elsewhere, kept.
+    let extra = name_placed(node, false);
+    let (bytes, _) = put(&files, &extra, 3000, 20).await;
+    std::fs::write(store.join(&extra), &bytes).unwrap();
+    // Other bytes under a name recorded elsewhere, and a name no record has: removed.
+    let squat = (0..)
+        .map(|i| format!("squat{i}.bin"))
+        .find(|name| !order_of(name, 3)[..2].contains(&node.to_string()))
+        .unwrap();
+    put(&files, &squat, 3000, 21).await;
+    std::fs::write(store.join(&squat), b"other bytes").unwrap();
+    std::fs::write(store.join("orphan.bin"), b"left by a failed put").unwrap();
+    // The service's temporary file, never touched.
+    std::fs::write(store.join(".orphan.bin.rdmactor-tmp-1"), b"partial").unwrap();
+    let grace = Duration::from_secs(600);
+    let mut collector = Collector::new(node, grace, Duration::from_secs(60));
+    let t0 = Instant::now();
+    let report = files
+        .clean_up(&mut collector, t0, node, &store)
+        .await
+        .unwrap();
+    assert!(report.removed.is_empty(), "{report:?}");
+    let report = files
+        .clean_up(&mut collector, t0 + grace, node, &store)
+        .await
+        .unwrap();
+    let mut removed = report.removed.clone();
+    removed.sort();
+    let mut want = vec!["orphan.bin".to_string(), squat.clone()];
+    want.sort();
+    assert_eq!(removed, want, "{report:?}");
+    let mut left: Vec<String> = std::fs::read_dir(&store)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    let mut kept = vec![mine, extra, ".orphan.bin.rdmactor-tmp-1".to_string()];
+    kept.sort();
+    assert_eq!(left, kept);
 }

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 use rdmactor::runtime::{Client, ClientConnection};
-use rdmactor_cluster::files::{ClusterFiles, RdmaFiles, RepairPlanner, RepairReport, Staging};
+use rdmactor_cluster::files::{
+    ClusterFiles, Collector, RdmaFiles, RepairPlanner, RepairReport, Staging,
+};
 use rdmactor_cluster::{
     ClusterClient, EtcdConfig, Idempotent as _, Placement, Registrar, RegistrationConfig,
 };
@@ -69,6 +71,13 @@ pub struct ServerClusterArgs {
     /// scrub.
     #[arg(long, requires = "repair_after_secs", default_value_t = 3600)]
     pub scrub_every_secs: u64,
+    /// With --repair-after-secs: remove from --files-dir the files no record lists for
+    /// this node (left by an upload that reached too few nodes, or other bytes under a
+    /// name recorded elsewhere) once seen so for this many seconds, looking once a
+    /// minute. Off unless given: files uploaded to this server outside the cluster
+    /// would be removed too.
+    #[arg(long, requires = "repair_after_secs", value_name = "SECS")]
+    pub clean_up_after_secs: Option<u64>,
 }
 
 /// Files a server's scrub asks about per repair round, at most.
@@ -131,7 +140,8 @@ impl ServerClusterArgs {
     /// hidden temporary file there, checked against the free space before any byte
     /// moves, named only once verified): nothing is staged outside it. With
     /// --scrub-every-secs, each round first asks a few files' listed replicas what they
-    /// hold. Without --repair-after-secs, pending for ever. Every outcome is logged; nothing here ends the server.
+    /// hold, and with --clean-up-after-secs it ends by removing what no record lists
+    /// here. Without --repair-after-secs, pending for ever. Every outcome is logged; nothing here ends the server.
     ///
     /// # Errors
     ///
@@ -160,6 +170,9 @@ impl ServerClusterArgs {
             dir: store,
             max_size,
         };
+        let mut collector = self
+            .clean_up_after_secs
+            .map(|secs| Collector::new(&node, Duration::from_secs(secs), Duration::from_secs(60)));
         println!("cluster: repairing onto node {node} the files gone from a node for {grace} s");
         loop {
             match files.scrub(&mut planner, Instant::now()).await {
@@ -173,6 +186,19 @@ impl ServerClusterArgs {
             match files.repair(&mut planner, Instant::now(), staging).await {
                 Ok(report) => print_repairs("cluster: ", &report),
                 Err(e) => tracing::warn!(%e, "cluster: a repair round failed; trying again"),
+            }
+            if let Some(collector) = collector.as_mut() {
+                match files
+                    .clean_up(collector, Instant::now(), &node, store)
+                    .await
+                {
+                    Ok(report) => {
+                        for name in &report.removed {
+                            println!("cluster: REMOVED {name}: no record lists it here");
+                        }
+                    }
+                    Err(e) => tracing::warn!(%e, "cluster: a clean-up round failed"),
+                }
             }
             tokio::time::sleep(Duration::from_secs(self.repair_every_secs.max(1))).await;
         }

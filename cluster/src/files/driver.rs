@@ -14,9 +14,11 @@ use crate::etcd::EtcdConfig;
 use crate::membership::Membership;
 use crate::{Error, NodeInfo};
 
+mod gc;
 mod repair;
 mod scrub;
 
+pub use gc::CleanupReport;
 pub use repair::Staging;
 pub use scrub::ScrubReport;
 
@@ -54,6 +56,14 @@ pub enum FilesError {
         name: String,
         /// The cluster.
         cluster: String,
+    },
+    /// A node's own store could not be read.
+    #[error("{}: {reason}", dir.display())]
+    Store {
+        /// The store.
+        dir: PathBuf,
+        /// Why.
+        reason: String,
     },
     /// No replica could be fetched with the recorded digest.
     #[error("{name}: no replica could be fetched: {}", attempts.iter().map(|(n, r)| format!("node {n}: {r}")).collect::<Vec<_>>().join("; "))]

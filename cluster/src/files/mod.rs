@@ -30,10 +30,12 @@ mod transfer;
 
 pub use catalog::{Catalog, Created, RepairLock, Stored};
 pub use driver::{
-    ClusterFiles, Fetched, FilesError, RepairReport, ScrubReport, Staging, FILES_SERVICE,
+    CleanupReport, ClusterFiles, Fetched, FilesError, RepairReport, ScrubReport, Staging,
+    FILES_SERVICE,
 };
 pub use plan::{
-    Backoff, FailureKind, Found, PlacementError, Repair, RepairPlanner, Scrub, UploadPlan, Verified,
+    Backoff, Collector, FailureKind, Found, PlacementError, Repair, RepairPlanner, Scrub,
+    UploadPlan, Verified,
 };
 #[cfg(feature = "rdmactor")]
 pub use rdma::RdmaFiles;

@@ -16,6 +16,8 @@
 //!   listed nodes to ask what they hold ([`Scrub`]), and replaces at once a node found
 //!   without the recorded bytes.
 //! - [`fallback_order`]: the live nodes outside a record a fetch tries last.
+//! - [`Collector`]: which files of a node's own store no record lists for it, for long
+//!   enough to remove.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -24,9 +26,11 @@ use super::FileRecord;
 use crate::pick::rendezvous_order;
 
 mod backoff;
+mod gc;
 mod scrub;
 
 pub use backoff::{Backoff, FailureKind};
+pub use gc::Collector;
 pub use scrub::{Found, Scrub};
 
 /// The node ids in rendezvous order for the file `name`.

@@ -1,3 +1,5 @@
+use std::collections::{HashMap, HashSet};
+
 use super::*;
 
 fn ids(n: usize) -> Vec<String> {
@@ -484,4 +486,56 @@ fn inside_the_servers_the_node_a_repair_would_go_to_asks_about_the_file() {
             .unwrap();
         assert_eq!(node, first, "{name}");
     }
+}
+
+#[test]
+fn a_name_no_record_lists_here_is_removed_only_once_seen_so_for_the_grace_period() {
+    let t0 = Instant::now();
+    let s = Duration::from_secs;
+    let mut c = Collector::new("me", s(100), s(10));
+    assert!(c.poll_round(t0));
+    assert!(!c.poll_round(t0 + s(9)));
+    assert!(c.poll_round(t0 + s(10)));
+    let held: Vec<String> = ["mine", "orphan", "extra", "squat"]
+        .map(String::from)
+        .to_vec();
+    let mut files: HashMap<String, FileRecord> = [
+        ("mine", record(&["me", "x"])),
+        ("extra", record(&["x", "y"])),
+        ("squat", record(&["x", "y"])),
+    ]
+    .into_iter()
+    .map(|(n, r)| (n.to_string(), r))
+    .collect();
+    assert_eq!(c.to_ask(&held, &files), ["extra", "squat"]);
+    // "extra" holds the recorded bytes, "squat" other bytes.
+    let other: HashSet<String> = ["squat".to_string()].into();
+    assert!(c.poll_removals(t0, &held, &files, &other).is_empty());
+    assert!(c
+        .poll_removals(t0 + s(99), &held, &files, &other)
+        .is_empty());
+    assert_eq!(
+        c.poll_removals(t0 + s(100), &held, &files, &other),
+        ["orphan", "squat"]
+    );
+    // Recorded here meanwhile (a put that finished): kept, and its clock starts over.
+    files.insert("orphan".into(), record(&["me", "x"]));
+    assert_eq!(
+        c.poll_removals(t0 + s(110), &held, &files, &other),
+        ["squat"]
+    );
+    files.remove("orphan");
+    assert_eq!(
+        c.poll_removals(t0 + s(120), &held, &files, &other),
+        ["squat"]
+    );
+    c.handle_removed("squat");
+    let held: Vec<String> = held.into_iter().filter(|n| n != "squat").collect();
+    assert!(c
+        .poll_removals(t0 + s(219), &held, &files, &other)
+        .is_empty());
+    assert_eq!(
+        c.poll_removals(t0 + s(220), &held, &files, &other),
+        ["orphan"]
+    );
 }
