@@ -6,7 +6,10 @@
 //! Who asks: inside the servers, the node a repair of the file would go to (the first
 //! live node in rendezvous order that the record does not list), so that each file is
 //! asked about by one node per period, and what it learns drives its own repair (the
-//! copy goes to itself). A planner of every copy asks about every file.
+//! copy goes to itself). A planner of every copy asks about every file. What one node
+//! learned stays with it: if that node itself holds other bytes under the name (so it
+//! cannot take the copy), the file stays a replica short until its next scrub after
+//! those bytes are gone (a clean-up removes them, see [`Collector`](super::Collector)).
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
