@@ -230,7 +230,10 @@ pub struct Repair {
 /// (not draining) whenever they change, then [`poll_repairs`](Self::poll_repairs) with
 /// the catalog and `now`, then for each copy one of [`handle_done`](Self::handle_done)
 /// or [`handle_failed`](Self::handle_failed), and [`handle_other_bytes`](Self::handle_other_bytes)
-/// for each node found holding other bytes under a file's name.
+/// for each node found holding other bytes under a file's name. With
+/// [`with_scrub`](Self::with_scrub), before `poll_repairs`:
+/// [`poll_scrubs`](Self::poll_scrubs), and [`handle_scrubbed`](Self::handle_scrubbed)
+/// with each answer.
 ///
 /// A node counts as gone from the first time a call saw it absent while a record names
 /// it; it is forgiven as soon as it is listed again (a restart within the grace period
