@@ -8,21 +8,30 @@ mod util;
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use rdmactor_cluster::files::{
-    plan, Catalog, ClusterFiles, Created, FileRecord, FileTransfer, FilesError, RepairPlanner,
-    Verified,
+    plan, Catalog, ClusterFiles, Collector, Created, FileRecord, FileTransfer, FilesError,
+    RepairPlanner, Staging, TransferError, Verified,
 };
 use rdmactor_cluster::Registrar;
 use util::{addr, register, Etcd, EtcdExt};
 
-/// Each node's store is a directory; a node in `dead` refuses every transfer.
+/// Each node's store is a directory; a node in `dead` refuses every transfer. Like the
+/// files service, a fetch is refused on the file's size before any byte moves, and an
+/// existing name is never replaced.
 struct Fake {
     stores: HashMap<SocketAddr, PathBuf>,
     dead: RefCell<HashSet<SocketAddr>>,
     uploads: RefCell<Vec<SocketAddr>>,
+    /// Bytes each upload or fetch moved, by the node it moved them to or from.
+    moved: RefCell<Vec<(SocketAddr, u64)>>,
+    /// The limit each fetch was given.
+    fetch_limits: RefCell<Vec<u64>>,
+    /// The directory each fetch wrote into, and its permission bits then.
+    fetch_dirs: RefCell<Vec<(PathBuf, u32)>>,
     _dir: tempfile::TempDir,
 }
 
@@ -34,64 +43,132 @@ fn verify(bytes: &[u8]) -> Verified {
     }
 }
 
-impl FileTransfer for Fake {
-    async fn upload(&self, addr: SocketAddr, path: &Path, name: &str) -> Result<Verified, String> {
+impl Fake {
+    fn alive(&self, addr: SocketAddr) -> Result<(), TransferError> {
         if self.dead.borrow().contains(&addr) {
-            return Err("connect: rejected by the transport: no listener".into());
+            return Err(TransferError::Failed(
+                "connect: rejected by the transport: no listener".into(),
+            ));
         }
+        Ok(())
+    }
+
+    /// Bytes moved to or from `node`.
+    fn moved(&self, node: &str) -> u64 {
+        let at = node_addr(node);
+        self.moved
+            .borrow()
+            .iter()
+            .filter(|(a, _)| *a == at)
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    fn store(&self, node: &str) -> &Path {
+        &self.stores[&node_addr(node)]
+    }
+}
+
+impl FileTransfer for Fake {
+    async fn upload(
+        &self,
+        addr: SocketAddr,
+        path: &Path,
+        name: &str,
+    ) -> Result<Verified, TransferError> {
+        self.alive(addr)?;
         self.uploads.borrow_mut().push(addr);
         let dest = self.stores[&addr].join(name);
         if dest.exists() {
-            return Err("rejected: the file exists".into());
+            return Err(TransferError::Exists);
         }
-        let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
-        std::fs::write(&dest, &bytes).map_err(|e| e.to_string())?;
+        let bytes = std::fs::read(path).map_err(|e| TransferError::Failed(e.to_string()))?;
+        std::fs::write(&dest, &bytes).map_err(|e| TransferError::Failed(e.to_string()))?;
+        self.moved.borrow_mut().push((addr, bytes.len() as u64));
         Ok(verify(&bytes))
     }
 
-    async fn fetch(&self, addr: SocketAddr, name: &str, dir: &Path) -> Result<Verified, String> {
-        if self.dead.borrow().contains(&addr) {
-            return Err("connect: rejected by the transport: no listener".into());
+    async fn fetch(
+        &self,
+        addr: SocketAddr,
+        name: &str,
+        dir: &Path,
+        max_size: u64,
+    ) -> Result<Verified, TransferError> {
+        self.alive(addr)?;
+        self.fetch_limits.borrow_mut().push(max_size);
+        let mode = std::fs::metadata(dir).unwrap().permissions().mode();
+        self.fetch_dirs.borrow_mut().push((dir.to_owned(), mode));
+        let src = self.stores[&addr].join(name);
+        let len = std::fs::metadata(&src)
+            .map_err(|_| TransferError::NotFound)?
+            .len();
+        if len > max_size {
+            return Err(TransferError::TooLarge { max: max_size });
         }
-        let bytes = std::fs::read(self.stores[&addr].join(name))
-            .map_err(|_| "rejected: no such file".to_string())?;
-        std::fs::write(dir.join(name), &bytes).map_err(|e| e.to_string())?;
+        if dir.join(name).exists() {
+            return Err(TransferError::Exists);
+        }
+        let bytes = std::fs::read(src).map_err(|e| TransferError::Failed(e.to_string()))?;
+        std::fs::write(dir.join(name), &bytes).map_err(|e| TransferError::Failed(e.to_string()))?;
+        self.moved.borrow_mut().push((addr, bytes.len() as u64));
+        Ok(verify(&bytes))
+    }
+
+    async fn stat(&self, addr: SocketAddr, name: &str) -> Result<Verified, TransferError> {
+        self.alive(addr)?;
+        let bytes =
+            std::fs::read(self.stores[&addr].join(name)).map_err(|_| TransferError::NotFound)?;
         Ok(verify(&bytes))
     }
 }
 
-const NODES: [&str; 3] = ["a", "b", "c"];
+/// The node ids the tests may register: the first three make [`cluster`].
+const NODES: [&str; 6] = ["a", "b", "c", "d", "e", "f"];
 
 fn fake() -> Fake {
     let dir = tempfile::tempdir().unwrap();
-    let stores = (0..3u8)
+    let stores = (0..NODES.len())
         .map(|i| {
-            let store = dir.path().join(NODES[i as usize]);
+            let store = dir.path().join(NODES[i]);
             std::fs::create_dir(&store).unwrap();
-            (addr(i + 1), store)
+            (addr(i as u8 + 1), store)
         })
         .collect();
     Fake {
         stores,
         dead: RefCell::default(),
         uploads: RefCell::default(),
+        moved: RefCell::default(),
+        fetch_limits: RefCell::default(),
+        fetch_dirs: RefCell::default(),
         _dir: dir,
     }
 }
 
 /// Nodes a, b, c registered for `files`, and a client of them that lists all three.
 async fn cluster(etcd: &Etcd) -> (Vec<Registrar>, ClusterFiles<Fake>) {
+    cluster_of(etcd, 3).await
+}
+
+/// The first `n` of [`NODES`] registered for `files`, and a client that lists them.
+async fn cluster_of(etcd: &Etcd, n: usize) -> (Vec<Registrar>, ClusterFiles<Fake>) {
     let mut nodes = Vec::new();
-    for (i, node) in NODES.into_iter().enumerate() {
+    for (i, node) in NODES.into_iter().take(n).enumerate() {
         nodes.push(register(etcd, node, addr(i as u8 + 1), "files").await);
     }
     let files = ClusterFiles::new(fake(), etcd.config(), "test").unwrap();
+    listing(&files, n).await;
+    (nodes, files)
+}
+
+/// Waits until the client lists `n` nodes.
+async fn listing(files: &ClusterFiles<Fake>, n: usize) {
     files
         .membership()
-        .wait_for(Duration::from_secs(5), |n| n.len() == 3)
+        .wait_for(Duration::from_secs(5), |nodes| nodes.len() == n)
         .await
-        .expect("three listed");
-    (nodes, files)
+        .unwrap_or_else(|| panic!("{n} listed"));
 }
 
 fn node_addr(node: &str) -> SocketAddr {
@@ -99,7 +176,28 @@ fn node_addr(node: &str) -> SocketAddr {
 }
 
 fn ids() -> Vec<String> {
-    NODES.iter().map(|n| n.to_string()).collect()
+    ids_of(3)
+}
+
+fn ids_of(n: usize) -> Vec<String> {
+    NODES.iter().take(n).map(|n| n.to_string()).collect()
+}
+
+/// `name`'s rendezvous order over the first `n` nodes.
+fn order_of(name: &str, n: usize) -> Vec<String> {
+    plan::replica_order(name, &ids_of(n))
+        .into_iter()
+        .cloned()
+        .collect()
+}
+
+/// Node `node`'s server-side repair: its own planner, its store as the staging.
+fn store_of<'a>(files: &'a ClusterFiles<Fake>, node: &'a str) -> Staging<'a> {
+    Staging::Store {
+        node,
+        dir: files.transfer().store(node),
+        max_size: u64::MAX,
+    }
 }
 
 /// A local file of `len` bytes of a pattern seeded by `seed`.
@@ -276,7 +374,7 @@ async fn repair_copies_a_replica_once_its_node_is_gone_past_the_grace_period() {
     let t0 = Instant::now();
     let scratch = tempfile::tempdir().unwrap();
     let report = files
-        .repair(&mut planner, t0, scratch.path())
+        .repair(&mut planner, t0, Staging::Through(scratch.path()))
         .await
         .unwrap();
     assert!(
@@ -294,7 +392,7 @@ async fn repair_copies_a_replica_once_its_node_is_gone_past_the_grace_period() {
         .unwrap()
         .unwrap();
     let report = files
-        .repair(&mut planner, t0 + grace, scratch.path())
+        .repair(&mut planner, t0 + grace, Staging::Through(scratch.path()))
         .await
         .unwrap();
     assert!(report.done.is_empty(), "{report:?}");
@@ -302,13 +400,32 @@ async fn repair_copies_a_replica_once_its_node_is_gone_past_the_grace_period() {
         report.failed[0].1.contains("another repairer"),
         "{report:?}"
     );
+    assert!(
+        report.failed[0].1.contains("next attempt in 5 s"),
+        "{report:?}"
+    );
     files.catalog().release(held).await;
-    // Past the grace period: copied to the spare node and recorded.
+    // Not proposed again before its wait is over.
     let report = files
-        .repair(&mut planner, t0 + grace, scratch.path())
+        .repair(&mut planner, t0 + grace, Staging::Through(scratch.path()))
+        .await
+        .unwrap();
+    assert!(
+        report.done.is_empty() && report.failed.is_empty(),
+        "{report:?}"
+    );
+    // Then: copied to the spare node and recorded, through a private directory.
+    let after = t0 + grace + RepairPlanner::BACKOFF_BASE;
+    let report = files
+        .repair(&mut planner, after, Staging::Through(scratch.path()))
         .await
         .unwrap();
     assert_eq!(report.done.len(), 1, "{report:?}");
+    let (staged, mode) = files.transfer().fetch_dirs.borrow()[0].clone();
+    assert_eq!(staged.parent(), Some(scratch.path()));
+    let staged_name = staged.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(staged_name.starts_with(".repair-"), "{staged_name}");
+    assert_eq!(mode & 0o777, 0o700, "{staged_name} is private");
     assert_eq!(
         (report.done[0].from.as_str(), report.done[0].to.as_str()),
         (kept.as_str(), spare.as_str())
@@ -320,7 +437,11 @@ async fn repair_copies_a_replica_once_its_node_is_gone_past_the_grace_period() {
     assert_eq!(now.digest, record.digest);
     // Nothing more to do; the scratch copy is gone.
     let report = files
-        .repair(&mut planner, t0 + grace * 2, scratch.path())
+        .repair(
+            &mut planner,
+            after + grace,
+            Staging::Through(scratch.path()),
+        )
         .await
         .unwrap();
     assert!(
@@ -375,4 +496,624 @@ async fn an_update_is_fenced_by_the_revision_it_read_and_the_lock() {
         ["c", "b"]
     );
     catalog.release(stale_lock).await;
+}
+
+/// The registrars of [`cluster_of`], by node.
+fn by_node(nodes: Vec<Registrar>) -> HashMap<String, Registrar> {
+    NODES.iter().map(|n| n.to_string()).zip(nodes).collect()
+}
+
+/// `node`'s server stops: it leaves the registry (and the client sees `left` nodes).
+async fn leave(
+    regs: &mut HashMap<String, Registrar>,
+    files: &ClusterFiles<Fake>,
+    node: &str,
+    left: usize,
+) {
+    regs.remove(node).unwrap().withdraw().await.unwrap();
+    listing(files, left).await;
+}
+
+/// Puts `len` bytes seeded by `seed` as `name`; returns the bytes and the record.
+async fn put(
+    files: &ClusterFiles<Fake>,
+    name: &str,
+    len: usize,
+    seed: u8,
+) -> (Vec<u8>, FileRecord) {
+    let work = tempfile::tempdir().unwrap();
+    let (path, bytes) = local(work.path(), name, len, seed);
+    let record = files.put(&path, name).await.unwrap();
+    (bytes, record)
+}
+
+/// A node that holds the recorded bytes under the name already (a copy whose record
+/// update was lost): recorded as the replica, no byte moved; through the node's own
+/// store (`store`: a server's repair) or through a scratch directory (`ft repair`).
+async fn a_leftover_replica_is_recorded_without_a_copy(store: bool) {
+    let Some(etcd) = Etcd::start() else { return };
+    let (nodes, files) = cluster(&etcd).await;
+    let mut regs = by_node(nodes);
+    let (bytes, record) = put(&files, "x.bin", 30_000, 7).await;
+    let order = order_of("x.bin", 3);
+    assert_eq!(record.nodes, order[..2]);
+    std::fs::write(files.transfer().store(&order[2]).join("x.bin"), &bytes).unwrap();
+    leave(&mut regs, &files, &order[0], 2).await;
+    let grace = Duration::from_secs(30);
+    let scratch = tempfile::tempdir().unwrap();
+    let (mut planner, staging) = if store {
+        (
+            RepairPlanner::for_node(grace, &order[2]),
+            store_of(&files, &order[2]),
+        )
+    } else {
+        (RepairPlanner::new(grace), Staging::Through(scratch.path()))
+    };
+    let t0 = Instant::now();
+    let report = files.repair(&mut planner, t0, staging).await.unwrap();
+    assert!(report.done.is_empty(), "{report:?}");
+    let moved = files.transfer().moved.borrow().len();
+    let report = files
+        .repair(&mut planner, t0 + grace, staging)
+        .await
+        .unwrap();
+    assert!(report.failed.is_empty(), "{report:?}");
+    assert_eq!(report.done.len(), 1, "{report:?}");
+    assert_eq!(report.done[0].to, order[2]);
+    let now = files.catalog().get("x.bin").await.unwrap().unwrap().record;
+    assert_eq!(now.nodes, [order[2].clone(), order[1].clone()]);
+    assert_eq!(
+        files.transfer().moved.borrow().len(),
+        moved,
+        "no byte moved"
+    );
+    // Done: the next round has nothing to do.
+    let report = files
+        .repair(&mut planner, t0 + grace * 2, staging)
+        .await
+        .unwrap();
+    assert!(
+        report.done.is_empty() && report.failed.is_empty(),
+        "{report:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_server_holding_the_recorded_bytes_already_is_recorded_without_a_copy() {
+    a_leftover_replica_is_recorded_without_a_copy(true).await;
+}
+
+#[tokio::test]
+async fn a_target_holding_the_recorded_bytes_already_is_recorded_without_a_copy() {
+    a_leftover_replica_is_recorded_without_a_copy(false).await;
+}
+
+#[tokio::test]
+async fn a_target_holding_other_bytes_is_passed_over_for_the_next_node() {
+    let Some(etcd) = Etcd::start() else { return };
+    let (nodes, files) = cluster_of(&etcd, 4).await;
+    let mut regs = by_node(nodes);
+    let (bytes, _) = put(&files, "z.bin", 20_000, 9).await;
+    let order = order_of("z.bin", 4);
+    let junk = b"not z.bin".as_slice();
+    std::fs::write(files.transfer().store(&order[2]).join("z.bin"), junk).unwrap();
+    leave(&mut regs, &files, &order[0], 3).await;
+    let grace = Duration::from_secs(30);
+    let scratch = tempfile::tempdir().unwrap();
+    let staging = Staging::Through(scratch.path());
+    let mut planner = RepairPlanner::new(grace);
+    let t0 = Instant::now();
+    assert!(files
+        .repair(&mut planner, t0, staging)
+        .await
+        .unwrap()
+        .done
+        .is_empty());
+    // The first choice answers Exists with other bytes: passed over, no wait.
+    let report = files
+        .repair(&mut planner, t0 + grace, staging)
+        .await
+        .unwrap();
+    assert!(report.done.is_empty(), "{report:?}");
+    assert_eq!(report.failed[0].0.to, order[2]);
+    assert!(report.failed[0].1.contains("passed over"), "{report:?}");
+    let report = files
+        .repair(&mut planner, t0 + grace, staging)
+        .await
+        .unwrap();
+    assert_eq!(report.done.len(), 1, "{report:?}");
+    assert_eq!(report.done[0].to, order[3]);
+    let now = files.catalog().get("z.bin").await.unwrap().unwrap().record;
+    assert_eq!(now.nodes, [order[3].clone(), order[1].clone()]);
+    assert_eq!(
+        std::fs::read(files.transfer().store(&order[3]).join("z.bin")).unwrap(),
+        bytes
+    );
+    assert_eq!(
+        std::fs::read(files.transfer().store(&order[2]).join("z.bin")).unwrap(),
+        junk,
+        "other bytes are left alone"
+    );
+}
+
+#[tokio::test]
+async fn junk_uploaded_to_the_next_nodes_in_order_does_not_stop_the_servers_repair() {
+    let Some(etcd) = Etcd::start() else { return };
+    let (nodes, files) = cluster_of(&etcd, 5).await;
+    let mut regs = by_node(nodes);
+    let (bytes, _) = put(&files, "j.bin", 20_000, 11).await;
+    let order = order_of("j.bin", 5);
+    // A client uploads junk under the name to the next two nodes in the name's order.
+    let work = tempfile::tempdir().unwrap();
+    let (junk, _) = local(work.path(), "junk", 20_000, 12);
+    for node in &order[2..4] {
+        files
+            .transfer()
+            .upload(node_addr(node), &junk, "j.bin")
+            .await
+            .unwrap();
+    }
+    leave(&mut regs, &files, &order[0], 4).await;
+    let grace = Duration::from_secs(30);
+    let t0 = Instant::now();
+    let mut planners: HashMap<String, RepairPlanner> = order[1..]
+        .iter()
+        .map(|n| (n.clone(), RepairPlanner::for_node(grace, n)))
+        .collect();
+    for (node, planner) in &mut planners {
+        let report = files
+            .repair(planner, t0, store_of(&files, node))
+            .await
+            .unwrap();
+        assert!(report.done.is_empty(), "{report:?}");
+    }
+    // The first squatted node finds its own junk and steps aside.
+    let first = &order[2];
+    let report = files
+        .repair(
+            planners.get_mut(first).unwrap(),
+            t0 + grace,
+            store_of(&files, first),
+        )
+        .await
+        .unwrap();
+    assert!(report.done.is_empty(), "{report:?}");
+    assert!(report.failed[0].1.contains("passed over"), "{report:?}");
+    // The first node past the junk copies it, having asked the two before it; the
+    // second squatted node's repair need not run.
+    let past = &order[4];
+    let moved = files.transfer().moved(past);
+    let report = files
+        .repair(
+            planners.get_mut(past).unwrap(),
+            t0 + grace,
+            store_of(&files, past),
+        )
+        .await
+        .unwrap();
+    assert_eq!(report.done.len(), 1, "{report:?}");
+    assert_eq!(report.done[0].ahead, order[2..4]);
+    let now = files.catalog().get("j.bin").await.unwrap().unwrap().record;
+    assert_eq!(now.nodes, [past.clone(), order[1].clone()]);
+    assert_eq!(
+        std::fs::read(files.transfer().store(past).join("j.bin")).unwrap(),
+        bytes
+    );
+    assert_eq!(moved, 0, "{past} held nothing before");
+    // Every server's next round: nothing to do.
+    for (node, planner) in &mut planners {
+        let report = files
+            .repair(planner, t0 + grace * 3, store_of(&files, node))
+            .await
+            .unwrap();
+        assert!(
+            report.done.is_empty() && report.failed.is_empty(),
+            "{node}: {report:?}"
+        );
+    }
+}
+
+/// R = 2 on [A, B]; A cut off from etcd past the grace period; C becomes the replica;
+/// A returns still holding the file; B dies. A ranks first for the file: its repair
+/// records it (it holds the recorded bytes) instead of meeting `Exists` every round,
+/// and once C dies too the file is still read, from A.
+#[tokio::test]
+async fn a_node_that_comes_back_holding_a_replica_is_recorded_and_the_file_survives() {
+    let Some(etcd) = Etcd::start() else { return };
+    let (nodes, files) = cluster(&etcd).await;
+    let mut regs = by_node(nodes);
+    let (bytes, record) = put(&files, "abc.bin", 40_000, 13).await;
+    let order = order_of("abc.bin", 3);
+    let (a, b, c) = (&order[0], &order[1], &order[2]);
+    assert_eq!(record.nodes, [a.clone(), b.clone()]);
+    let grace = Duration::from_secs(30);
+    let mut planner_of: HashMap<String, RepairPlanner> = order
+        .iter()
+        .map(|n| (n.clone(), RepairPlanner::for_node(grace, n)))
+        .collect();
+    // A is cut off from etcd (its lease lapses); its store keeps the file.
+    leave(&mut regs, &files, a, 2).await;
+    let t0 = Instant::now();
+    for t in [t0, t0 + grace] {
+        for node in [b, c] {
+            let planner = planner_of.get_mut(node).unwrap();
+            files
+                .repair(planner, t, store_of(&files, node))
+                .await
+                .unwrap();
+        }
+    }
+    let now = files
+        .catalog()
+        .get("abc.bin")
+        .await
+        .unwrap()
+        .unwrap()
+        .record;
+    assert_eq!(now.nodes, [c.clone(), b.clone()], "C became the replica");
+    // A returns, still holding the file; then B dies.
+    regs.insert(a.clone(), register(&etcd, a, node_addr(a), "files").await);
+    listing(&files, 3).await;
+    leave(&mut regs, &files, b, 2).await;
+    files.transfer().dead.borrow_mut().insert(node_addr(b));
+    let moved = files.transfer().moved.borrow().len();
+    let t1 = t0 + grace * 2;
+    let mut made = Vec::new();
+    for t in [t1, t1 + grace, t1 + grace * 2] {
+        for node in [a, c] {
+            let planner = planner_of.get_mut(node).unwrap();
+            let report = files
+                .repair(planner, t, store_of(&files, node))
+                .await
+                .unwrap();
+            assert!(report.failed.is_empty(), "{node}: {report:?}");
+            made.extend(report.done);
+        }
+    }
+    assert_eq!(made.len(), 1, "{made:?}");
+    assert_eq!(made[0].to, *a);
+    let now = files
+        .catalog()
+        .get("abc.bin")
+        .await
+        .unwrap()
+        .unwrap()
+        .record;
+    assert_eq!(now.nodes, [c.clone(), a.clone()], "back to R = 2, with A");
+    assert_eq!(
+        files.transfer().moved.borrow().len(),
+        moved,
+        "no copy needed"
+    );
+    // C dies: the file is still read, from A.
+    leave(&mut regs, &files, c, 1).await;
+    files.transfer().dead.borrow_mut().insert(node_addr(c));
+    let out = tempfile::tempdir().unwrap();
+    let fetched = files.get("abc.bin", out.path()).await.unwrap();
+    assert_eq!(fetched.node, *a);
+    assert_eq!(std::fs::read(&fetched.path).unwrap(), bytes);
+}
+
+#[tokio::test]
+async fn a_copy_from_a_source_with_other_bytes_backs_off_and_moves_nothing() {
+    let Some(etcd) = Etcd::start() else { return };
+    let (nodes, files) = cluster(&etcd).await;
+    let mut regs = by_node(nodes);
+    let (bytes, _) = put(&files, "bad.bin", 10_000, 14).await;
+    let order = order_of("bad.bin", 3);
+    // The only source left holds other bytes (the same length, or a record that no
+    // replica matches: the same to the repair).
+    let mut other = bytes.clone();
+    other[0] ^= 1;
+    std::fs::write(files.transfer().store(&order[1]).join("bad.bin"), &other).unwrap();
+    leave(&mut regs, &files, &order[0], 2).await;
+    let grace = Duration::from_secs(30);
+    let mut planner = RepairPlanner::for_node(grace, &order[2]);
+    let staging = store_of(&files, &order[2]);
+    let t0 = Instant::now();
+    assert!(files
+        .repair(&mut planner, t0, staging)
+        .await
+        .unwrap()
+        .failed
+        .is_empty());
+    let moved = files.transfer().moved.borrow().len();
+    let s = Duration::from_secs;
+    let mut at = t0 + grace;
+    for wait in [5, 10, 20, 40] {
+        let report = files.repair(&mut planner, at, staging).await.unwrap();
+        assert_eq!(report.failed.len(), 1, "tried at {:?}: {report:?}", at - t0);
+        let why = &report.failed[0].1;
+        assert!(why.contains("holds other bytes"), "{why}");
+        assert!(why.contains(&format!("next attempt in {wait} s")), "{why}");
+        let early = files
+            .repair(&mut planner, at + s(wait) - s(1), staging)
+            .await
+            .unwrap();
+        assert!(
+            early.failed.is_empty() && early.done.is_empty(),
+            "{early:?}"
+        );
+        at += s(wait);
+    }
+    assert_eq!(
+        files.transfer().moved.borrow().len(),
+        moved,
+        "no byte moved"
+    );
+    assert!(
+        files.transfer().fetch_limits.borrow().is_empty(),
+        "no fetch"
+    );
+    assert!(!files.transfer().store(&order[2]).join("bad.bin").exists());
+}
+
+#[tokio::test]
+async fn a_fetch_is_bounded_by_the_records_size_and_refused_before_its_bytes_move() {
+    let Some(etcd) = Etcd::start() else { return };
+    let (_nodes, files) = cluster(&etcd).await;
+    let (bytes, record) = put(&files, "o.bin", 1000, 15).await;
+    // The record's first replica now holds a much larger file under the name.
+    let big = vec![0u8; 4 << 20];
+    std::fs::write(files.transfer().store(&record.nodes[0]).join("o.bin"), &big).unwrap();
+    let moved = files.transfer().moved.borrow().len();
+    let out = tempfile::tempdir().unwrap();
+    let fetched = files.get("o.bin", out.path()).await.unwrap();
+    assert_eq!(fetched.node, record.nodes[1]);
+    assert_eq!(std::fs::read(&fetched.path).unwrap(), bytes);
+    assert_eq!(fetched.failed[0].0, record.nodes[0]);
+    assert!(
+        fetched.failed[0]
+            .1
+            .contains("larger than the 1000 bytes allowed"),
+        "{:?}",
+        fetched.failed
+    );
+    assert!(files
+        .transfer()
+        .fetch_limits
+        .borrow()
+        .iter()
+        .all(|l| *l == 1000));
+    let moved: Vec<(SocketAddr, u64)> = files.transfer().moved.borrow()[moved..].to_vec();
+    assert_eq!(
+        moved,
+        [(node_addr(&record.nodes[1]), 1000)],
+        "only the good replica moved"
+    );
+}
+
+#[tokio::test]
+async fn a_get_falls_back_on_live_nodes_outside_the_record_each_checked() {
+    let Some(etcd) = Etcd::start() else { return };
+    let (_nodes, files) = cluster_of(&etcd, 4).await;
+    let (bytes, record) = put(&files, "g.bin", 5000, 16).await;
+    let order = order_of("g.bin", 4);
+    assert_eq!(record.nodes, order[..2]);
+    // Both recorded replicas are down (still listed); the next node in order holds
+    // other bytes under the name, the one after it the file.
+    for node in &order[..2] {
+        files.transfer().dead.borrow_mut().insert(node_addr(node));
+    }
+    std::fs::write(files.transfer().store(&order[2]).join("g.bin"), b"junk").unwrap();
+    std::fs::write(files.transfer().store(&order[3]).join("g.bin"), &bytes).unwrap();
+    let moved = files.transfer().moved.borrow().len();
+    let out = tempfile::tempdir().unwrap();
+    let fetched = files.get("g.bin", out.path()).await.unwrap();
+    assert_eq!(fetched.node, order[3]);
+    assert_eq!(std::fs::read(&fetched.path).unwrap(), bytes);
+    let tried: Vec<&str> = fetched.failed.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(tried, [&order[0], &order[1], &order[2]]);
+    assert!(
+        fetched.failed[2].1.contains("holds other bytes"),
+        "{:?}",
+        fetched.failed
+    );
+    let moved: Vec<(SocketAddr, u64)> = files.transfer().moved.borrow()[moved..].to_vec();
+    assert_eq!(
+        moved,
+        [(node_addr(&order[3]), 5000)],
+        "the junk was never fetched"
+    );
+    // Nowhere to be found: the error names every node tried.
+    std::fs::remove_file(files.transfer().store(&order[3]).join("g.bin")).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let err = files
+        .get("g.bin", out.path())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(&format!("node {}: no such file", order[3])),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_server_further_down_waits_for_the_one_before_it_without_queueing_on_the_lock() {
+    let Some(etcd) = Etcd::start() else { return };
+    let (nodes, files) = cluster_of(&etcd, 4).await;
+    let mut regs = by_node(nodes);
+    let (bytes, _) = put(&files, "w.bin", 8000, 17).await;
+    let order = order_of("w.bin", 4);
+    leave(&mut regs, &files, &order[0], 3).await;
+    let grace = Duration::from_secs(30);
+    let t0 = Instant::now();
+    let (first, second) = (&order[2], &order[3]);
+    let mut planners: HashMap<&String, RepairPlanner> = [first, second]
+        .into_iter()
+        .map(|n| (n, RepairPlanner::for_node(grace, n)))
+        .collect();
+    for (node, planner) in &mut planners {
+        files
+            .repair(planner, t0, store_of(&files, node))
+            .await
+            .unwrap();
+    }
+    // The first in line is copying (it holds the lock); the second asks it, learns
+    // that it holds nothing yet, and waits: it never queues on the lock.
+    let held = files
+        .catalog()
+        .lock("w.bin", Duration::from_secs(10))
+        .await
+        .unwrap()
+        .unwrap();
+    let report = files
+        .repair(
+            planners.get_mut(second).unwrap(),
+            t0 + grace,
+            store_of(&files, second),
+        )
+        .await
+        .unwrap();
+    assert_eq!(report.failed.len(), 1, "{report:?}");
+    let why = &report.failed[0].1;
+    assert!(
+        why.contains(&format!("node {first}, before this one")),
+        "{why}"
+    );
+    assert!(why.contains("next attempt in 5 s"), "{why}");
+    files.catalog().release(held).await;
+    let report = files
+        .repair(
+            planners.get_mut(first).unwrap(),
+            t0 + grace,
+            store_of(&files, first),
+        )
+        .await
+        .unwrap();
+    assert_eq!(report.done.len(), 1, "{report:?}");
+    assert_eq!(
+        std::fs::read(files.transfer().store(first).join("w.bin")).unwrap(),
+        bytes
+    );
+    // Past its wait, the second finds nothing to do.
+    let report = files
+        .repair(
+            planners.get_mut(second).unwrap(),
+            t0 + grace * 2,
+            store_of(&files, second),
+        )
+        .await
+        .unwrap();
+    assert!(
+        report.done.is_empty() && report.failed.is_empty(),
+        "{report:?}"
+    );
+    assert!(!files.transfer().store(second).join("w.bin").exists());
+}
+
+#[tokio::test]
+async fn a_scrub_finds_listed_replicas_lost_or_changed_and_repair_replaces_them() {
+    let Some(etcd) = Etcd::start() else { return };
+    let (_nodes, files) = cluster(&etcd).await;
+    let (bytes, _) = put(&files, "s.bin", 12_000, 18).await;
+    let order = order_of("s.bin", 3);
+    let every = Duration::from_secs(60);
+    let scrubbing =
+        |node: &str| RepairPlanner::for_node(Duration::from_secs(30), node).with_scrub(every, 8);
+    // The first replica's copy is removed by hand: no node left the registry.
+    std::fs::remove_file(files.transfer().store(&order[0]).join("s.bin")).unwrap();
+    let mut third = scrubbing(&order[2]);
+    let t0 = Instant::now();
+    let found = files.scrub(&mut third, t0).await.unwrap();
+    assert_eq!(found.asked, 2);
+    assert_eq!(found.lost.len(), 1, "{found:?}");
+    assert_eq!(
+        (found.lost[0].1.as_str(), found.lost[0].2.as_str()),
+        (order[0].as_str(), "no such file")
+    );
+    let report = files
+        .repair(&mut third, t0, store_of(&files, &order[2]))
+        .await
+        .unwrap();
+    assert_eq!(report.done.len(), 1, "{report:?}");
+    let now = files.catalog().get("s.bin").await.unwrap().unwrap().record;
+    assert_eq!(now.nodes, [order[2].clone(), order[1].clone()]);
+    assert_eq!(
+        std::fs::read(files.transfer().store(&order[2]).join("s.bin")).unwrap(),
+        bytes
+    );
+    // Then the second's copy changes under the name: the node a repair would go to now
+    // (the first, whose copy is gone) finds it and takes its place.
+    std::fs::write(files.transfer().store(&order[1]).join("s.bin"), b"changed").unwrap();
+    let mut first = scrubbing(&order[0]);
+    let found = files.scrub(&mut first, t0).await.unwrap();
+    assert_eq!(found.lost.len(), 1, "{found:?}");
+    assert!(found.lost[0].2.contains("holds other bytes"), "{found:?}");
+    let report = files
+        .repair(&mut first, t0, store_of(&files, &order[0]))
+        .await
+        .unwrap();
+    assert_eq!(report.done.len(), 1, "{report:?}");
+    let now = files.catalog().get("s.bin").await.unwrap().unwrap().record;
+    assert_eq!(now.nodes, [order[2].clone(), order[0].clone()]);
+    assert_eq!(
+        std::fs::read(files.transfer().store(&order[0]).join("s.bin")).unwrap(),
+        bytes
+    );
+    // Within the period nothing is asked again; every replica answers well after it.
+    assert_eq!(files.scrub(&mut first, t0).await.unwrap().asked, 0);
+    let mut second = scrubbing(&order[1]);
+    let found = files.scrub(&mut second, t0 + every).await.unwrap();
+    assert_eq!((found.asked, found.lost.len()), (2, 0), "{found:?}");
+}
+
+/// The first name `name{i}.bin` whose first two nodes in order `include` node `node`
+/// (or leave it out).
+fn name_placed(node: &str, include: bool) -> String {
+    (0..)
+        .map(|i| format!("name{i}.bin"))
+        .find(|name| order_of(name, 3)[..2].contains(&node.to_string()) == include)
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_servers_clean_up_removes_what_no_record_lists_there_after_the_grace_period() {
+    let Some(etcd) = Etcd::start() else { return };
+    let (_nodes, files) = cluster(&etcd).await;
+    let node = NODES[2];
+    let store = files.transfer().store(node).to_owned();
+    // Its own replica, kept.
+    let mine = name_placed(node, true);
+    put(&files, &mine, 3000, 19).await;
+    // An extra replica of a file recorded elsewhere, kept.
+    let extra = name_placed(node, false);
+    let (bytes, _) = put(&files, &extra, 3000, 20).await;
+    std::fs::write(store.join(&extra), &bytes).unwrap();
+    // Other bytes under a name recorded elsewhere, and a name no record has: removed.
+    let squat = (0..)
+        .map(|i| format!("squat{i}.bin"))
+        .find(|name| !order_of(name, 3)[..2].contains(&node.to_string()))
+        .unwrap();
+    put(&files, &squat, 3000, 21).await;
+    std::fs::write(store.join(&squat), b"other bytes").unwrap();
+    std::fs::write(store.join("orphan.bin"), b"left by a failed put").unwrap();
+    // The service's temporary file, never touched.
+    std::fs::write(store.join(".orphan.bin.rdmactor-tmp-1"), b"partial").unwrap();
+    let grace = Duration::from_secs(600);
+    let mut collector = Collector::new(node, grace, Duration::from_secs(60));
+    let t0 = Instant::now();
+    let report = files
+        .clean_up(&mut collector, t0, node, &store)
+        .await
+        .unwrap();
+    assert!(report.removed.is_empty(), "{report:?}");
+    let report = files
+        .clean_up(&mut collector, t0 + grace, node, &store)
+        .await
+        .unwrap();
+    let mut removed = report.removed.clone();
+    removed.sort();
+    let mut want = vec!["orphan.bin".to_string(), squat.clone()];
+    want.sort();
+    assert_eq!(removed, want, "{report:?}");
+    let mut left: Vec<String> = std::fs::read_dir(&store)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    let mut kept = vec![mine, extra, ".orphan.bin.rdmactor-tmp-1".to_string()];
+    kept.sort();
+    assert_eq!(left, kept);
 }

@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use rdmactor_cluster::files::{ClusterFiles, FileTransfer, Verified};
+use rdmactor_cluster::files::{ClusterFiles, FileTransfer, TransferError, Verified};
 use rdmactor_cluster::{EtcdConfig, Membership, Registrar, RegistrationConfig, RegistrationState};
 use util::addr;
 use util::trio::Trio;
@@ -33,23 +33,42 @@ fn verify(bytes: &[u8]) -> Verified {
 }
 
 impl FileTransfer for Fake {
-    async fn upload(&self, addr: SocketAddr, path: &Path, name: &str) -> Result<Verified, String> {
-        if self.cut.borrow().contains(&addr) {
-            return Err("connect: no route".into());
-        }
-        let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
-        std::fs::write(self.stores[&addr].join(name), &bytes).map_err(|e| e.to_string())?;
+    async fn upload(
+        &self,
+        addr: SocketAddr,
+        path: &Path,
+        name: &str,
+    ) -> Result<Verified, TransferError> {
+        let bytes = self.read(addr, path)?;
+        std::fs::write(self.stores[&addr].join(name), &bytes)
+            .map_err(|e| TransferError::Failed(e.to_string()))?;
         Ok(verify(&bytes))
     }
 
-    async fn fetch(&self, addr: SocketAddr, name: &str, dir: &Path) -> Result<Verified, String> {
-        if self.cut.borrow().contains(&addr) {
-            return Err("connect: no route".into());
-        }
-        let bytes = std::fs::read(self.stores[&addr].join(name))
-            .map_err(|_| "rejected: no such file".to_string())?;
-        std::fs::write(dir.join(name), &bytes).map_err(|e| e.to_string())?;
+    async fn fetch(
+        &self,
+        addr: SocketAddr,
+        name: &str,
+        dir: &Path,
+        _max_size: u64,
+    ) -> Result<Verified, TransferError> {
+        let bytes = self.read(addr, &self.stores[&addr].join(name))?;
+        std::fs::write(dir.join(name), &bytes).map_err(|e| TransferError::Failed(e.to_string()))?;
         Ok(verify(&bytes))
+    }
+
+    async fn stat(&self, addr: SocketAddr, name: &str) -> Result<Verified, TransferError> {
+        Ok(verify(&self.read(addr, &self.stores[&addr].join(name))?))
+    }
+}
+
+impl Fake {
+    /// `path`'s bytes, if the node at `addr` can be reached.
+    fn read(&self, addr: SocketAddr, path: &Path) -> Result<Vec<u8>, TransferError> {
+        if self.cut.borrow().contains(&addr) {
+            return Err(TransferError::Failed("connect: no route".into()));
+        }
+        std::fs::read(path).map_err(|_| TransferError::NotFound)
     }
 }
 

@@ -3,14 +3,14 @@
 //! no etcd at all.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 use rdmactor::runtime::{Client, ClientConnection, Session};
 use rdmactor_cluster::files::{
-    CatalogRecorder, ClusterFiles, RdmaFiles, RepairPlanner, RepairReport,
+    CatalogRecorder, ClusterFiles, Collector, RdmaFiles, RepairPlanner, RepairReport, Staging,
 };
 use rdmactor_cluster::{
     ClusterClient, EtcdConfig, EtcdTls, EtcdUser, Idempotent as _, Placement, Registrar,
@@ -99,7 +99,23 @@ pub struct ServerClusterArgs {
     /// Seconds between repair rounds.
     #[arg(long, requires = "repair_after_secs", default_value_t = 2)]
     pub repair_every_secs: u64,
+    /// With --repair-after-secs: ask each file's listed replicas what they hold once
+    /// in this many seconds (the server a repair of the file would go to asks, at most
+    /// 32 files a round), and replace at once those without the recorded bytes. 0: no
+    /// scrub.
+    #[arg(long, requires = "repair_after_secs", default_value_t = 3600)]
+    pub scrub_every_secs: u64,
+    /// With --repair-after-secs: remove from --files-dir the files no record lists for
+    /// this node (left by an upload that reached too few nodes, or other bytes under a
+    /// name recorded elsewhere) once seen so for this many seconds, looking once a
+    /// minute. Off unless given: files uploaded to this server outside the cluster
+    /// would be removed too.
+    #[arg(long, requires = "repair_after_secs", value_name = "SECS")]
+    pub clean_up_after_secs: Option<u64>,
 }
+
+/// Files a server's scrub asks about per repair round, at most.
+const SCRUB_PER_ROUND: usize = 32;
 
 /// The services a server registers with --cluster: those reached through rdma_cm by
 /// name (the stock-* services serve the out-of-band ports only), and `files` when it
@@ -174,14 +190,25 @@ impl ServerClusterArgs {
     }
 
     /// With --repair-after-secs: repair rounds for ever, copying onto this node (a
-    /// server listening on `listening`) through `client` (the server's own, on the same
-    /// device); each copy is staged in the system's temporary directory. Without it,
-    /// pending for ever. Every outcome is logged; nothing here ends the server.
+    /// server listening on `listening`, whose `files` store is `store`, taking files of
+    /// at most `max_size` bytes) through `client` (the server's own, on the same
+    /// device). Each copy is fetched straight into the store (the files service's
+    /// hidden temporary file there, checked against the free space before any byte
+    /// moves, named only once verified): nothing is staged outside it. With
+    /// --scrub-every-secs, each round first asks a few files' listed replicas what they
+    /// hold, and with --clean-up-after-secs it ends by removing what no record lists
+    /// here. Without --repair-after-secs, pending for ever. Every outcome is logged; nothing here ends the server.
     ///
     /// # Errors
     ///
     /// Only what stops repairs from starting: a bad `--etcd`.
-    pub async fn repairs(&self, listening: &[SocketAddr], client: &Client) -> Result<()> {
+    pub async fn repairs(
+        &self,
+        listening: &[SocketAddr],
+        client: &Client,
+        store: &Path,
+        max_size: u64,
+    ) -> Result<()> {
         let (Some(grace), Some((cluster, etcd))) = (self.repair_after_secs, self.cluster.etcd()?)
         else {
             return std::future::pending().await;
@@ -190,12 +217,44 @@ impl ServerClusterArgs {
         let files = ClusterFiles::new(RdmaFiles::new(client), etcd, &cluster)
             .context("--repair-after-secs")?;
         let mut planner = RepairPlanner::for_node(Duration::from_secs(grace), &node);
-        let scratch = std::env::temp_dir();
+        if self.scrub_every_secs > 0 {
+            let every = Duration::from_secs(self.scrub_every_secs);
+            planner = planner.with_scrub(every, SCRUB_PER_ROUND);
+        }
+        let staging = Staging::Store {
+            node: &node,
+            dir: store,
+            max_size,
+        };
+        let mut collector = self
+            .clean_up_after_secs
+            .map(|secs| Collector::new(&node, Duration::from_secs(secs), Duration::from_secs(60)));
         println!("cluster: repairing onto node {node} the files gone from a node for {grace} s");
         loop {
-            match files.repair(&mut planner, Instant::now(), &scratch).await {
+            match files.scrub(&mut planner, Instant::now()).await {
+                Ok(report) => {
+                    for (name, node, why) in &report.lost {
+                        println!("cluster: LOST {name} node={node}: {why}");
+                    }
+                }
+                Err(e) => tracing::warn!(%e, "cluster: a scrub round failed; trying again"),
+            }
+            match files.repair(&mut planner, Instant::now(), staging).await {
                 Ok(report) => print_repairs("cluster: ", &report),
                 Err(e) => tracing::warn!(%e, "cluster: a repair round failed; trying again"),
+            }
+            if let Some(collector) = collector.as_mut() {
+                match files
+                    .clean_up(collector, Instant::now(), &node, store)
+                    .await
+                {
+                    Ok(report) => {
+                        for name in &report.removed {
+                            println!("cluster: REMOVED {name}: no record lists it here");
+                        }
+                    }
+                    Err(e) => tracing::warn!(%e, "cluster: a clean-up round failed"),
+                }
             }
             tokio::time::sleep(Duration::from_secs(self.repair_every_secs.max(1))).await;
         }

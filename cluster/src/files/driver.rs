@@ -1,42 +1,29 @@
-//! The driver: carries out [`UploadPlan`], [`fetch_order`] and [`RepairPlanner`]'s
-//! decisions with a [`FileTransfer`] and the [`Catalog`]. It decides nothing itself.
+//! The driver: carries out [`UploadPlan`], [`fetch_order`], [`fallback_order`] and
+//! [`RepairPlanner`](super::RepairPlanner)'s decisions with a [`FileTransfer`] and the
+//! [`Catalog`]. It decides nothing itself (repairs: `driver/repair.rs`).
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::catalog::{Catalog, Created};
-use super::plan::{fetch_order, PlacementError, Repair, RepairPlanner, UploadPlan, Verified};
+use super::plan::{fallback_order, fetch_order, PlacementError, Repair, UploadPlan, Verified};
+use super::transfer::FileTransfer;
 use super::FileRecord;
 use crate::etcd::EtcdConfig;
 use crate::membership::Membership;
 use crate::{Error, NodeInfo};
 
+mod gc;
+mod repair;
+mod scrub;
+
+pub use gc::CleanupReport;
+pub use repair::Staging;
+pub use scrub::ScrubReport;
+
 /// The service whose nodes hold files.
 pub const FILES_SERVICE: &str = "files";
-
-/// Moves one file to or from one node, verified by its server: the `files` service
-/// over RDMA ([`RdmaFiles`](super::RdmaFiles)), or a test's fake.
-pub trait FileTransfer {
-    /// Uploads the local file `path` as `name` to the node at `addr`; returns what the
-    /// node verified (it answered GOOD), or why not.
-    fn upload(
-        &self,
-        addr: SocketAddr,
-        path: &Path,
-        name: &str,
-    ) -> impl Future<Output = Result<Verified, String>>;
-    /// Fetches `name` from the node at `addr` into `dir/name`; returns what was
-    /// verified on arrival, or why not (then no file is left).
-    fn fetch(
-        &self,
-        addr: SocketAddr,
-        name: &str,
-        dir: &Path,
-    ) -> impl Future<Output = Result<Verified, String>>;
-}
 
 /// Why a cluster file operation failed; each names the file, and the nodes and reasons.
 #[derive(Debug, thiserror::Error)]
@@ -70,6 +57,14 @@ pub enum FilesError {
         /// The cluster.
         cluster: String,
     },
+    /// A node's own store could not be read.
+    #[error("{}: {reason}", dir.display())]
+    Store {
+        /// The store.
+        dir: PathBuf,
+        /// Why.
+        reason: String,
+    },
     /// No replica could be fetched with the recorded digest.
     #[error("{name}: no replica could be fetched: {}", attempts.iter().map(|(n, r)| format!("node {n}: {r}")).collect::<Vec<_>>().join("; "))]
     FetchFailed {
@@ -96,7 +91,8 @@ pub struct Fetched {
 /// What one repair round did.
 #[derive(Debug, Default)]
 pub struct RepairReport {
-    /// Copies made and recorded.
+    /// Copies made and recorded; `to` is the node recorded (a node that held the
+    /// recorded bytes already is recorded without a copy).
     pub done: Vec<Repair>,
     /// Copies due but not made, and why (lock held elsewhere, source failed, record
     /// changed meanwhile, ...).
@@ -113,7 +109,6 @@ pub struct ClusterFiles<T> {
     replicas: usize,
     discovery_wait: Duration,
     lock_ttl: Duration,
-    scratch: AtomicU64,
 }
 
 impl<T: FileTransfer> ClusterFiles<T> {
@@ -133,7 +128,6 @@ impl<T: FileTransfer> ClusterFiles<T> {
             replicas: 2,
             discovery_wait: Duration::from_secs(5),
             lock_ttl: Duration::from_secs(10),
-            scratch: AtomicU64::new(0),
         })
     }
 
@@ -200,7 +194,7 @@ impl<T: FileTransfer> ClusterFiles<T> {
                 Ok(verified) => plan.handle_good(node, verified),
                 Err(reason) => {
                     tracing::info!(%name, %node, %reason, "cluster files: upload failed; trying the next node");
-                    plan.handle_failed(node, reason);
+                    plan.handle_failed(node, reason.to_string());
                 }
             }
         }
@@ -231,12 +225,14 @@ impl<T: FileTransfer> ClusterFiles<T> {
     }
 
     /// Fetches `name` into `dir/name` from a replica, checked against the recorded
-    /// digest.
+    /// digest: the record's nodes first, then the other live nodes in rendezvous order
+    /// (see [`fallback_order`]), each of those asked what it holds before anything
+    /// moves. No fetch reads more than the record's size.
     ///
     /// # Errors
     ///
-    /// [`FilesError::NotFound`], [`FilesError::FetchFailed`] naming each replica and
-    /// why, [`FilesError::Registry`].
+    /// [`FilesError::NotFound`], [`FilesError::FetchFailed`] naming each node tried
+    /// and why, [`FilesError::Registry`].
     pub async fn get(&self, name: &str, dir: &Path) -> Result<Fetched, FilesError> {
         let Some(stored) = self.catalog.get(name).await? else {
             return Err(FilesError::NotFound {
@@ -244,18 +240,34 @@ impl<T: FileTransfer> ClusterFiles<T> {
                 cluster: self.cluster.clone(),
             });
         };
+        let record = &stored.record;
         let live = self.live().await;
         let ids: Vec<String> = live.iter().map(|n| n.node.clone()).collect();
+        let listed = fetch_order(record, &ids).into_iter().map(|n| (n, true));
+        let others = fallback_order(name, record, &ids)
+            .into_iter()
+            .map(|n| (n, false));
         let mut failed = Vec::new();
-        for node in fetch_order(&stored.record, &ids) {
+        for (node, in_record) in listed.chain(others) {
             let Some(info) = live.iter().find(|n| n.node == node) else {
                 failed.push((node, "not listed in the registry".to_owned()));
                 continue;
             };
-            match self
-                .fetch_checked(info.record.addr, name, dir, &stored.record)
-                .await
-            {
+            let addr = info.record.addr;
+            if !in_record {
+                match self.transfer.stat(addr, name).await {
+                    Ok(held) if holds(record, &held) => {}
+                    Ok(held) => {
+                        failed.push((node, other_bytes(&held, record)));
+                        continue;
+                    }
+                    Err(e) => {
+                        failed.push((node, e.to_string()));
+                        continue;
+                    }
+                }
+            }
+            match self.fetch_checked(addr, name, dir, record).await {
                 Ok(path) => {
                     return Ok(Fetched {
                         path,
@@ -273,7 +285,9 @@ impl<T: FileTransfer> ClusterFiles<T> {
         })
     }
 
-    /// Fetches and checks against `record`; a file with other bytes is removed.
+    /// Fetches at most the record's size and checks against `record`; a file with
+    /// other bytes is removed. A node that announces a larger file is refused before
+    /// its bytes move, so one bad replica costs a message, not a copy.
     async fn fetch_checked(
         &self,
         addr: SocketAddr,
@@ -281,118 +295,29 @@ impl<T: FileTransfer> ClusterFiles<T> {
         dir: &Path,
         record: &FileRecord,
     ) -> Result<PathBuf, String> {
-        let verified = self.transfer.fetch(addr, name, dir).await?;
+        let verified = self
+            .transfer
+            .fetch(addr, name, dir, record.size)
+            .await
+            .map_err(|e| e.to_string())?;
         let path = dir.join(name);
-        if verified.digest != record.digest || verified.size != record.size {
+        if !holds(record, &verified) {
             let _ = std::fs::remove_file(&path);
-            return Err(format!(
-                "holds other bytes: {} bytes, {} {} (the catalog says {} bytes, {})",
-                verified.size, verified.alg, verified.digest, record.size, record.digest
-            ));
+            return Err(other_bytes(&verified, record));
         }
         Ok(path)
     }
+}
 
-    /// One repair round: tells `planner` the live nodes, and carries out the copies it
-    /// names, each under its file's lock, staging through `scratch` (a local directory).
-    ///
-    /// # Errors
-    ///
-    /// The catalog cannot be listed. A failed copy is reported, not an error.
-    pub async fn repair(
-        &self,
-        planner: &mut RepairPlanner,
-        now: Instant,
-        scratch: &Path,
-    ) -> Result<RepairReport, FilesError> {
-        let live = self.members.live();
-        planner.handle_live(live.iter().map(|n| n.node.clone()).collect());
-        let files: Vec<(String, FileRecord)> = self
-            .catalog
-            .list()
-            .await?
-            .into_iter()
-            .map(|s| (s.name, s.record))
-            .collect();
-        let mut report = RepairReport::default();
-        for repair in planner.poll_repairs(now, &files) {
-            match self.copy(&repair, &live, scratch).await {
-                Ok(()) => {
-                    tracing::info!(?repair, "cluster files: replica restored");
-                    report.done.push(repair);
-                }
-                Err(why) => {
-                    tracing::warn!(?repair, %why, "cluster files: repair not made");
-                    report.failed.push((repair, why));
-                }
-            }
-        }
-        Ok(report)
-    }
+/// Whether `held` is the recorded file's bytes.
+fn holds(record: &FileRecord, held: &Verified) -> bool {
+    held.alg == record.alg && held.digest == record.digest && held.size == record.size
+}
 
-    /// One copy under the file's lock, fenced by the record's revision.
-    async fn copy(&self, repair: &Repair, live: &[NodeInfo], scratch: &Path) -> Result<(), String> {
-        let addr = |node: &str| {
-            live.iter()
-                .find(|n| n.node == node)
-                .map(|n| n.record.addr)
-                .ok_or_else(|| format!("node {node} is no longer listed"))
-        };
-        let (from, to) = (addr(&repair.from)?, addr(&repair.to)?);
-        let lock = self
-            .catalog
-            .lock(&repair.name, self.lock_ttl)
-            .await
-            .map_err(|e| e.to_string())?
-            .ok_or("another repairer holds the file's lock")?;
-        let dir = scratch.join(format!(
-            "repair-{}-{}",
-            std::process::id(),
-            self.scratch.fetch_add(1, Ordering::Relaxed)
-        ));
-        let result = async {
-            // Read under the lock: what the fenced update compares against.
-            let stored = self
-                .catalog
-                .get(&repair.name)
-                .await
-                .map_err(|e| e.to_string())?
-                .ok_or("the file was deleted")?;
-            if !stored.record.nodes.contains(&repair.gone)
-                || stored.record.nodes.contains(&repair.to)
-            {
-                return Err("the record changed (repaired by another)".to_owned());
-            }
-            std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-            let path = self
-                .fetch_checked(from, &repair.name, &dir, &stored.record)
-                .await
-                .map_err(|e| format!("fetch from node {}: {e}", repair.from))?;
-            let verified = self
-                .transfer
-                .upload(to, &path, &repair.name)
-                .await
-                .map_err(|e| format!("upload to node {}: {e}", repair.to))?;
-            if verified.digest != stored.record.digest {
-                return Err(format!("node {} verified {}", repair.to, verified.digest));
-            }
-            let mut record = stored.record.clone();
-            for node in &mut record.nodes {
-                if *node == repair.gone {
-                    node.clone_from(&repair.to);
-                }
-            }
-            match self.catalog.replace(&stored, &record, &lock).await {
-                Ok(true) => Ok(()),
-                Ok(false) => {
-                    Err("fenced: the record or the lock changed during the copy".to_owned())
-                }
-                Err(e) => Err(e.to_string()),
-            }
-        }
-        .await;
-        let _ = std::fs::remove_dir_all(&dir);
-        self.catalog.release(lock).await;
-        result
-    }
+/// Why `held` is not the record's file, in words.
+fn other_bytes(held: &Verified, record: &FileRecord) -> String {
+    format!(
+        "holds other bytes: {} bytes, {} {} (the catalog says {} bytes, {} {})",
+        held.size, held.alg, held.digest, record.size, record.alg, record.digest
+    )
 }

@@ -10,13 +10,28 @@
 //! - [`fetch_order`]: the record's nodes that are listed first, then the others.
 //! - [`RepairPlanner`]: notices when a node holding replicas left the registry, and once
 //!   it has been gone for the grace period names a copy to make (from a replica still
-//!   listed to the next node in rendezvous order that holds none).
+//!   listed to the next node in rendezvous order that holds none), backing off after
+//!   failures ([`Backoff`]) and passing over nodes that hold other bytes under the name.
+//!   With [`with_scrub`](RepairPlanner::with_scrub) it also names the files whose
+//!   listed nodes to ask what they hold ([`Scrub`]), and replaces at once a node found
+//!   without the recorded bytes.
+//! - [`fallback_order`]: the live nodes outside a record a fetch tries last.
+//! - [`Collector`]: which files of a node's own store no record lists for it, for long
+//!   enough to remove.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::FileRecord;
 use crate::pick::rendezvous_order;
+
+mod backoff;
+mod gc;
+mod scrub;
+
+pub use backoff::{Backoff, FailureKind};
+pub use gc::Collector;
+pub use scrub::{Found, Scrub};
 
 /// The node ids in rendezvous order for the file `name`.
 pub fn replica_order<'a>(name: &str, nodes: &'a [String]) -> Vec<&'a String> {
@@ -172,6 +187,26 @@ pub fn fetch_order(record: &FileRecord, live: &[String]) -> Vec<String> {
     first
 }
 
+/// The live nodes a fetch tries once the record's own failed, in rendezvous order: a
+/// replica the record lost track of (a node that was cut off and came back, a copy
+/// whose record update was fenced) may still be there; each is checked against the
+/// record's digest like any other.
+pub fn fallback_order(name: &str, record: &FileRecord, live: &[String]) -> Vec<String> {
+    replica_order(name, live)
+        .into_iter()
+        .filter(|n| !record.nodes.contains(n))
+        .cloned()
+        .collect()
+}
+
+/// How many nodes before itself in a file's rendezvous order a server's planner
+/// ([`RepairPlanner::for_node`]) asks to step aside before it copies the file to itself.
+/// Further down it leaves the copy to the nodes before it: bounds the questions each
+/// round costs, and means a client that squats other bytes under a name on more nodes
+/// than this, all in a row of the name's order, holds up its repair (a scrub or a
+/// clean-up of names no record lists would end that).
+pub const MAX_AHEAD: usize = 8;
+
 /// A copy that restores a file's replica count.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Repair {
@@ -181,24 +216,46 @@ pub struct Repair {
     pub gone: String,
     /// A listed node holding a replica, to copy from.
     pub from: String,
-    /// The node to copy to: the next in rendezvous order that holds none.
+    /// The node to copy to: the next in rendezvous order that holds no listed replica
+    /// and was not seen holding other bytes under the name.
     pub to: String,
+    /// The nodes before `to` in that order that a server's planner asks first (see
+    /// [`RepairPlanner::for_node`]): one holding the recorded bytes is recorded instead
+    /// of a copy; one holding other bytes is passed over; one holding nothing, or that
+    /// cannot be asked, makes the copy itself, so `to` waits. Empty when one planner
+    /// makes every copy.
+    pub ahead: Vec<String>,
 }
 
 /// Decides repairs. Order: [`handle_live`](Self::handle_live) with the nodes listed
 /// (not draining) whenever they change, then [`poll_repairs`](Self::poll_repairs) with
-/// the catalog and `now`.
+/// the catalog and `now`, then for each copy one of [`handle_done`](Self::handle_done)
+/// or [`handle_failed`](Self::handle_failed), and [`handle_other_bytes`](Self::handle_other_bytes)
+/// for each node found holding other bytes under a file's name. With
+/// [`with_scrub`](Self::with_scrub), before `poll_repairs`:
+/// [`poll_scrubs`](Self::poll_scrubs), and [`handle_scrubbed`](Self::handle_scrubbed)
+/// with each answer.
 ///
 /// A node counts as gone from the first time a call saw it absent while a record names
 /// it; it is forgiven as soon as it is listed again (a restart within the grace period
 /// costs no copy).
 ///
+/// A failed copy is not proposed again until its [`Backoff`] lets it: the wait grows
+/// per file and kind of failure, so a copy that cannot succeed costs a few attempts an
+/// hour, not one every round. A node seen holding other bytes under a file's name (a
+/// leftover of an older file, or a squatter) is passed over as that file's target, so
+/// the copy goes to the next node in order instead of meeting `Exists` for ever; what
+/// was learned is forgotten once the file is repaired or the node leaves.
+///
 /// Inside a cluster's servers, every node runs a planner of its own
 /// ([`for_node`](Self::for_node)) and carries out only the copies *to* itself: the
 /// target is chosen by rendezvous hashing over the live nodes, which every node computes
 /// alike, so each copy has one repairer without any election, and the new replica's
-/// node is the one that wants it. The file's lock and the revision fence still guard
-/// the moments when two nodes' views of who is live differ.
+/// node is the one that wants it. What one node learned (the node before it holds
+/// other bytes) the others cannot know, so a node further down the order asks the nodes
+/// before it ([`Repair::ahead`], at most [`MAX_AHEAD`]) and copies only once each of
+/// them holds other bytes. The file's lock and the revision fence still guard the
+/// moments when two nodes' views differ.
 #[derive(Debug)]
 pub struct RepairPlanner {
     grace: Duration,
@@ -206,9 +263,21 @@ pub struct RepairPlanner {
     absent_since: HashMap<String, Instant>,
     /// Only the copies to this node (`None`: every copy).
     only_to: Option<String>,
+    backoff: Backoff,
+    /// Per file, the nodes seen holding other bytes under its name.
+    other_bytes: HashMap<String, HashSet<String>>,
+    /// Per file, the listed nodes a scrub found without the recorded bytes: replaced
+    /// at once, as a node gone past the grace period is.
+    lost: HashMap<String, HashSet<String>>,
+    scrub: Option<scrub::Scrubbing>,
 }
 
 impl RepairPlanner {
+    /// Waits after a copy's first failure; doubled after each next one of its kind.
+    pub const BACKOFF_BASE: Duration = Duration::from_secs(5);
+    /// The longest wait after failures.
+    pub const BACKOFF_CAP: Duration = Duration::from_secs(600);
+
     /// Repairs a file once one of its nodes has been gone for `grace`.
     pub fn new(grace: Duration) -> RepairPlanner {
         RepairPlanner {
@@ -216,6 +285,10 @@ impl RepairPlanner {
             live: Vec::new(),
             absent_since: HashMap::new(),
             only_to: None,
+            backoff: Backoff::new(Self::BACKOFF_BASE, Self::BACKOFF_CAP),
+            other_bytes: HashMap::new(),
+            lost: HashMap::new(),
+            scrub: None,
         }
     }
 
@@ -228,44 +301,108 @@ impl RepairPlanner {
         }
     }
 
+    /// Waits `base` after a failed copy, doubling per failure of the same kind up to
+    /// `cap` (defaults [`BACKOFF_BASE`](Self::BACKOFF_BASE),
+    /// [`BACKOFF_CAP`](Self::BACKOFF_CAP)).
+    pub fn with_backoff(mut self, base: Duration, cap: Duration) -> Self {
+        self.backoff = Backoff::new(base, cap);
+        self
+    }
+
     /// The nodes listed now.
     pub fn handle_live(&mut self, live: Vec<String>) {
         self.absent_since.retain(|node, _| !live.contains(node));
+        for nodes in self.other_bytes.values_mut() {
+            nodes.retain(|node| live.contains(node));
+        }
         self.live = live;
     }
 
     /// The copies due now, at most one per file (the next poll, after the record
-    /// changed, names the next). Files whose every node is gone, or with no node left
-    /// to copy to, wait.
+    /// changed, names the next). Files whose every node is gone, with no node left
+    /// to copy to, or waiting after a failure, wait.
     #[must_use]
     pub fn poll_repairs(&mut self, now: Instant, files: &[(String, FileRecord)]) -> Vec<Repair> {
+        let names: HashSet<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
+        self.backoff.retain(|name| names.contains(name));
+        self.other_bytes
+            .retain(|name, _| names.contains(name.as_str()));
+        self.lost.retain(|name, _| names.contains(name.as_str()));
         let mut due = Vec::new();
         for (name, record) in files {
-            let Some(from) = record.nodes.iter().find(|n| self.live.contains(n)) else {
+            let lost = self.lost.get(name);
+            let is_lost = |n: &String| lost.is_some_and(|l| l.contains(n));
+            let from = record
+                .nodes
+                .iter()
+                .find(|n| self.live.contains(n) && !is_lost(n));
+            let Some(from) = from else {
                 continue;
             };
             for node in record.nodes.iter().filter(|n| !self.live.contains(n)) {
                 self.absent_since.entry(node.clone()).or_insert(now);
             }
             let gone = record.nodes.iter().find(|n| {
-                self.gone_for(now, n)
-                    .is_some_and(|gone_for| gone_for >= self.grace)
+                is_lost(n)
+                    || self
+                        .gone_for(now, n)
+                        .is_some_and(|gone_for| gone_for >= self.grace)
             });
-            let Some(gone) = gone else { continue };
-            let to = replica_order(name, &self.live)
-                .into_iter()
-                .find(|n| !record.nodes.contains(n));
-            let mine = |to: &String| self.only_to.as_ref().is_none_or(|me| me == to);
-            if let Some(to) = to.filter(|to| mine(to)) {
-                due.push(Repair {
-                    name: name.clone(),
-                    gone: gone.clone(),
-                    from: from.clone(),
-                    to: to.clone(),
-                });
+            let Some(gone) = gone else {
+                // Needs no repair (any more): its next failure starts afresh.
+                self.backoff.handle_success(name);
+                self.other_bytes.remove(name);
+                continue;
+            };
+            if !self.backoff.ready(now, name) {
+                continue;
             }
+            let passed = self.other_bytes.get(name);
+            let candidates: Vec<&String> = replica_order(name, &self.live)
+                .into_iter()
+                .filter(|n| !record.nodes.contains(n) && passed.is_none_or(|p| !p.contains(*n)))
+                .collect();
+            let (to, ahead) = match &self.only_to {
+                None => match candidates.first() {
+                    Some(to) => (*to, Vec::new()),
+                    None => continue,
+                },
+                Some(me) => match candidates.iter().position(|n| *n == me) {
+                    Some(at) if at <= MAX_AHEAD => (candidates[at], candidates[..at].to_vec()),
+                    _ => continue,
+                },
+            };
+            due.push(Repair {
+                name: name.clone(),
+                gone: gone.clone(),
+                from: from.clone(),
+                to: to.clone(),
+                ahead: ahead.into_iter().cloned().collect(),
+            });
         }
         due
+    }
+
+    /// `repair` was made (or the record no longer needs it): its file's waits and what
+    /// was learned about it are forgotten.
+    pub fn handle_done(&mut self, repair: &Repair) {
+        self.backoff.handle_success(&repair.name);
+        self.other_bytes.remove(&repair.name);
+        self.lost.remove(&repair.name);
+    }
+
+    /// `repair` failed with `kind` at `now`; returns how long its file waits.
+    pub fn handle_failed(&mut self, now: Instant, repair: &Repair, kind: FailureKind) -> Duration {
+        self.backoff.handle_failure(now, &repair.name, kind)
+    }
+
+    /// `node` holds other bytes than the record under `name`: it is passed over as the
+    /// file's target from now on.
+    pub fn handle_other_bytes(&mut self, name: &str, node: &str) {
+        self.other_bytes
+            .entry(name.to_owned())
+            .or_default()
+            .insert(node.to_owned());
     }
 
     /// How long `node` has been seen gone, if it is.

@@ -1,16 +1,18 @@
-//! [`FileTransfer`] over RDMA: the `files` service's own verified upload and fetch
-//! (`rdmactor-services`), one connection per transfer, SHA-256.
+//! [`FileTransfer`] over RDMA: the `files` service's own verified upload, fetch and
+//! stat (`rdmactor-services`), one connection per transfer, SHA-256.
 
 use std::net::SocketAddr;
 use std::path::Path;
 
-use rdmactor::runtime::Client;
+use rdmactor::runtime::{Client, ClientConnection};
 use rdmactor_services::file_transfer::{
-    fetch_file, send_file, FetchOptions, Outcome, Progress, SendOptions,
+    fetch_file, send_file, stat_file, Digest, FetchOptions, HashAlg, Outcome, Progress,
+    RejectReason, SendOptions,
 };
 
-use super::driver::{FileTransfer, FILES_SERVICE};
+use super::driver::FILES_SERVICE;
 use super::plan::Verified;
+use super::transfer::{FileTransfer, TransferError};
 
 /// Uploads and fetches through an rdmactor client.
 #[derive(Clone, Copy)]
@@ -29,55 +31,68 @@ impl<'c> RdmaFiles<'c> {
     pub fn new(client: &'c Client) -> RdmaFiles<'c> {
         RdmaFiles { client }
     }
+
+    async fn connect(&self, addr: SocketAddr) -> Result<ClientConnection, TransferError> {
+        self.client
+            .connect(addr, FILES_SERVICE)
+            .await
+            .map_err(|e| TransferError::Failed(format!("connect: {e}")))
+    }
 }
 
 impl FileTransfer for RdmaFiles<'_> {
-    async fn upload(&self, addr: SocketAddr, path: &Path, name: &str) -> Result<Verified, String> {
-        let conn = self
-            .client
-            .connect(addr, FILES_SERVICE)
-            .await
-            .map_err(|e| format!("connect: {e}"))?;
+    async fn upload(
+        &self,
+        addr: SocketAddr,
+        path: &Path,
+        name: &str,
+    ) -> Result<Verified, TransferError> {
+        let conn = self.connect(addr).await?;
         let mut offered = None;
         let outcome = send_file(&conn, path, name, &SendOptions::default(), |p| {
             if let Progress::Offer(offer) = p {
-                offered = Some(Verified {
-                    alg: offer.digest.alg.name().to_owned(),
-                    digest: offer.digest.to_string(),
-                    size: offer.len,
-                });
+                offered = Some(verified(offer.len, &offer.digest));
             }
         })
         .await;
         let result = match outcome {
-            Ok(Outcome::Delivered { .. }) => offered.ok_or_else(|| "GOOD without an offer".into()),
+            Ok(Outcome::Delivered { .. }) => {
+                offered.ok_or_else(|| TransferError::Failed("GOOD without an offer".into()))
+            }
             other => Err(failure(other)),
         };
         conn.close().await;
         result
     }
 
-    async fn fetch(&self, addr: SocketAddr, name: &str, dir: &Path) -> Result<Verified, String> {
-        let conn = self
-            .client
-            .connect(addr, FILES_SERVICE)
-            .await
-            .map_err(|e| format!("connect: {e}"))?;
-        let outcome = fetch_file(
-            &conn,
-            self.client,
-            name,
-            dir,
-            &FetchOptions::default(),
-            |_| {},
-        )
-        .await;
+    /// The fetch's receiver refuses an offer above `max_size` on the offer itself
+    /// (`Reject{TooLarge}`), before a window is granted.
+    async fn fetch(
+        &self,
+        addr: SocketAddr,
+        name: &str,
+        dir: &Path,
+        max_size: u64,
+    ) -> Result<Verified, TransferError> {
+        let conn = self.connect(addr).await?;
+        let opts = FetchOptions {
+            max_size,
+            ..FetchOptions::default()
+        };
+        let outcome = fetch_file(&conn, self.client, name, dir, &opts, |_| {}).await;
         let result = match outcome {
-            Ok(Outcome::Stored { len, digest, .. }) => Ok(Verified {
-                alg: digest.alg.name().to_owned(),
-                digest: digest.to_string(),
-                size: len,
-            }),
+            Ok(Outcome::Stored { len, digest, .. }) => Ok(verified(len, &digest)),
+            other => Err(failure(other)),
+        };
+        conn.close().await;
+        result
+    }
+
+    async fn stat(&self, addr: SocketAddr, name: &str) -> Result<Verified, TransferError> {
+        let conn = self.connect(addr).await?;
+        let outcome = stat_file(&conn, name, HashAlg::Sha256).await;
+        let result = match outcome {
+            Ok(Outcome::Held { len, digest }) => Ok(verified(len, &digest)),
             other => Err(failure(other)),
         };
         conn.close().await;
@@ -85,13 +100,25 @@ impl FileTransfer for RdmaFiles<'_> {
     }
 }
 
-/// Why an upload or a fetch that did not end in its success outcome failed.
-fn failure(outcome: Result<Outcome, impl std::fmt::Display>) -> String {
+fn verified(len: u64, digest: &Digest) -> Verified {
+    Verified {
+        alg: digest.alg.name().to_owned(),
+        digest: digest.to_string(),
+        size: len,
+    }
+}
+
+/// Why an upload, fetch or stat that did not end in its success outcome failed; the
+/// refusals the cluster's rules act on keep their type.
+fn failure(outcome: Result<Outcome, impl std::fmt::Display>) -> TransferError {
     match outcome {
-        Ok(Outcome::Bad(why)) => format!("BAD: {why}"),
-        Ok(Outcome::Rejected(why)) => format!("rejected: {why}"),
-        Ok(Outcome::Aborted(why)) => format!("aborted: {why}"),
-        Ok(other) => format!("unexpected outcome {other:?}"),
-        Err(e) => e.to_string(),
+        Ok(Outcome::Rejected(RejectReason::Exists)) => TransferError::Exists,
+        Ok(Outcome::Rejected(RejectReason::NotFound)) => TransferError::NotFound,
+        Ok(Outcome::Rejected(RejectReason::TooLarge { max })) => TransferError::TooLarge { max },
+        Ok(Outcome::Bad(why)) => TransferError::Failed(format!("BAD: {why}")),
+        Ok(Outcome::Rejected(why)) => TransferError::Failed(format!("rejected: {why}")),
+        Ok(Outcome::Aborted(why)) => TransferError::Failed(format!("aborted: {why}")),
+        Ok(other) => TransferError::Failed(format!("unexpected outcome {other:?}")),
+        Err(e) => TransferError::Failed(e.to_string()),
     }
 }

@@ -28,7 +28,7 @@ use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use rdmactor::runtime::{Client, ClientConnection, NodeConfig};
-use rdmactor_cluster::files::{ClusterFiles, RdmaFiles, RepairPlanner};
+use rdmactor_cluster::files::{ClusterFiles, RdmaFiles, RepairPlanner, Staging};
 use rdmactor_examples::cluster::{self, ClusterArgs};
 use rdmactor_examples::{logs, transport};
 use rdmactor_services::file_transfer::{
@@ -115,7 +115,8 @@ enum Cmd {
         /// Stop after this many rounds (0: run until killed).
         #[arg(long, default_value_t = 0)]
         rounds: u64,
-        /// Where copies are staged.
+        /// Where copies are staged: a private directory (mode 0700, a random name) is
+        /// made in it for each copy and removed after.
         #[arg(long, default_value = "/tmp")]
         scratch: PathBuf,
     },
@@ -191,6 +192,9 @@ impl Tracker {
             Ok(Outcome::Bad(reason)) => (format!("BAD {name}: {reason}"), false, true),
             Ok(Outcome::Rejected(reason)) => (format!("REJECTED {name}: {reason}"), false, false),
             Ok(Outcome::Aborted(reason)) => (format!("ABORTED {name}: {reason}"), false, true),
+            Ok(Outcome::Held { .. }) => {
+                (format!("UNEXPECTED {name}: a stat's answer"), false, false)
+            }
             Err(e) => (format!("ERROR {name}: {e}"), false, false),
         };
         let first = line.lines().next().unwrap_or_default().to_owned();
@@ -370,7 +374,10 @@ async fn run_cluster(files: &ClusterFiles<RdmaFiles<'_>>, cmd: &Cmd) -> Result<b
             let mut round = 0;
             while *rounds == 0 || round < *rounds {
                 round += 1;
-                match files.repair(&mut planner, Instant::now(), scratch).await {
+                match files
+                    .repair(&mut planner, Instant::now(), Staging::Through(scratch))
+                    .await
+                {
                     Ok(report) => cluster::print_repairs("", &report),
                     Err(e) => eprintln!("ft repair: {e} (next round in {every_secs} s)"),
                 }

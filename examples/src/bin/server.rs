@@ -561,7 +561,14 @@ fn main() -> Result<()> {
         };
         let repairs = async {
             match &repair_client {
-                Some(client) => args.cluster.repairs(server.local_addrs(), client).await,
+                Some(client) => {
+                    let store = args
+                        .files_dir
+                        .as_deref()
+                        .context("--repair-after-secs needs --files-dir")?;
+                    let (addrs, max) = (server.local_addrs(), args.max_file_size);
+                    args.cluster.repairs(addrs, client, store, max).await
+                }
                 None => std::future::pending().await,
             }
         };

@@ -204,7 +204,7 @@ pub async fn fetch_file<T: Transport>(
 }
 
 /// Closes the connection after an error (see the module docs).
-async fn finish<T: Transport>(
+pub(super) async fn finish<T: Transport>(
     conn: &ClientConnection<T>,
     res: Result<Outcome, ClientError>,
 ) -> Result<Outcome, ClientError> {

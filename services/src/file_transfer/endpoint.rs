@@ -78,6 +78,14 @@ pub enum Outcome {
     /// Both: the transfer was ended midway ([`Msg::Abort`](super::Msg::Abort), sent or
     /// received) for this reason; nothing was stored, the connection stays usable.
     Aborted(RejectReason),
+    /// Both: a [`Msg::Stat`](super::Msg::Stat) was answered: the server holds a file of
+    /// `len` bytes with `digest` under the name. Nothing moved.
+    Held {
+        /// Bytes.
+        len: u64,
+        /// The file's digest.
+        digest: Digest,
+    },
 }
 
 /// An action for the driver, from [`Endpoint::poll_output`]. Which side emits what:

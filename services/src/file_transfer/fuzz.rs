@@ -94,7 +94,7 @@ fn grant(e: &mut impl Entropy) -> Option<WindowGrant> {
 
 /// Any message, with field values near the edges.
 pub fn message(e: &mut impl Entropy) -> Msg {
-    match e.below(12) {
+    match e.below(14) {
         0 => Msg::Offer(FileOffer {
             name: name(e),
             len: if e.one_in(2) { e.below(12) } else { int(e) },
@@ -130,6 +130,14 @@ pub fn message(e: &mut impl Entropy) -> Msg {
                 Msg::Refused
             }
         }
+        12 => Msg::Stat {
+            name: name(e),
+            alg: alg(e),
+        },
+        13 => Msg::Held {
+            len: int(e),
+            digest: digest(e),
+        },
         _ => Msg::Grant { window: grant(e) },
     }
 }

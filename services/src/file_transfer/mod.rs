@@ -76,6 +76,13 @@
 //! [`RejectReason::Quota`]. The store is in memory: after a restart, the first fetch
 //! of each file hashes it.
 //!
+//! **Stat.** Between transfers a client may send `Stat{name, alg}` instead of a
+//! `Fetch`: the server prepares it as it would the fetch (same access rules, same
+//! digest cache, same limit on hashing) and answers `Held{len, digest}` or the
+//! `Reject` the fetch would get; no window, no bytes. It lets a client tell a copy of
+//! the bytes it expects from other bytes under the name without moving either (a
+//! cluster's repair asks it before copying).
+//!
 //! **Aborts.** A transfer that fails midway for a reason the peer should hear (a write
 //! that ran out of space after all, a source that cannot be read) ends with
 //! [`Msg::Abort`] and the reason, not with a closed connection: the sender stops and
@@ -126,6 +133,7 @@ mod recorder;
 mod sender;
 mod server;
 mod session;
+mod stat;
 mod store;
 mod wire;
 
@@ -143,6 +151,7 @@ pub use recorder::{Recorder, StoredCopy};
 pub use sender::Sender;
 pub use server::Server;
 pub use session::FileTransfer;
+pub use stat::stat_file;
 pub use store::{free_space, open_source, sweep_temp_files, StoreError, TempFile};
 pub use wire::{
     BadReason, Digest, FileOffer, HashAlg, Msg, RejectReason, RemoteWindow, SecretKey, WindowGrant,

@@ -1,7 +1,9 @@
 //! One server connection: any number of transfers, one at a time, each started by the
 //! client. An `Offer` makes the server the [`Receiver`] (upload); a `Fetch` makes it
 //! the [`Sender`] of a file from [`Config::dir`] (download). `Identify` is answered
-//! after an upload's GOOD.
+//! after an upload's GOOD. A `Stat` is prepared as a `Fetch` is (same access rules,
+//! same digest cache and preparation limit) and answered with `Held` instead of an
+//! offer.
 
 use std::collections::{HashSet, VecDeque};
 use std::ops::Range;
@@ -21,9 +23,13 @@ use super::wire::{Msg, RejectReason, RemoteWindow};
 #[derive(Debug)]
 enum Role {
     Idle,
-    /// A `Fetch` is being prepared (the file hashed) off the connection's thread; the job
-    /// until the driver takes it.
-    Preparing(Option<PrepareFetch>),
+    /// A `Fetch` or a `Stat` is being prepared (the file opened and its digest found)
+    /// off the connection's thread; the job until the driver takes it. A `Stat` is
+    /// answered with what the preparation found and nothing is sent.
+    Preparing {
+        job: Option<PrepareFetch>,
+        stat: bool,
+    },
     Receive(Receiver),
     /// Boxed: a sender is more than twice the size of the other roles.
     Send(Box<Sender>),
@@ -132,7 +138,7 @@ impl Server {
 
     fn role(&self) -> Option<&dyn Endpoint> {
         match &self.role {
-            Role::Idle | Role::Preparing(_) => None,
+            Role::Idle | Role::Preparing { .. } => None,
             Role::Receive(r) => Some(r),
             Role::Send(s) => Some(&**s),
         }
@@ -140,7 +146,7 @@ impl Server {
 
     fn role_mut(&mut self) -> Option<&mut dyn Endpoint> {
         match &mut self.role {
-            Role::Idle | Role::Preparing(_) => None,
+            Role::Idle | Role::Preparing { .. } => None,
             Role::Receive(r) => Some(r),
             Role::Send(s) => Some(&mut **s),
         }
@@ -158,7 +164,7 @@ impl Server {
 
 impl Endpoint for Server {
     fn state_name(&self) -> &'static str {
-        if matches!(self.role, Role::Preparing(_)) {
+        if matches!(self.role, Role::Preparing { .. }) {
             return "hashing the file asked for";
         }
         self.role()
@@ -167,8 +173,9 @@ impl Endpoint for Server {
 
     fn handle_msg(&mut self, msg: Msg) -> Result<()> {
         let between = self.is_finished();
+        let stat = matches!(msg, Msg::Stat { .. });
         match msg {
-            Msg::Offer(_) | Msg::Fetch { .. } if between && self.draining() => {
+            Msg::Offer(_) | Msg::Fetch { .. } | Msg::Stat { .. } if between && self.draining() => {
                 self.retire();
                 let reason = RejectReason::ShuttingDown;
                 self.out.push_back(Output::Send(Msg::Reject {
@@ -203,7 +210,7 @@ impl Endpoint for Server {
                 self.role = Role::Receive(r);
                 res
             }
-            Msg::Fetch { name, .. }
+            Msg::Fetch { name, .. } | Msg::Stat { name, .. }
                 if between
                     && super::name::validate_name(&name).is_ok()
                     && (name.starts_with('.')
@@ -222,7 +229,7 @@ impl Endpoint for Server {
                     .push_back(Output::Finished(Outcome::Rejected(RejectReason::NotFound)));
                 Ok(())
             }
-            Msg::Fetch { name, alg } if between => {
+            Msg::Fetch { name, alg } | Msg::Stat { name, alg } if between => {
                 self.retire();
                 let mut job = PrepareFetch::new(self.config.dir.clone(), name, alg);
                 job.digests = self.digests.clone();
@@ -230,7 +237,10 @@ impl Endpoint for Server {
                 // An identity's fetch is served if the file is its own: told by the
                 // opened file's owner, in the preparation.
                 job.owner = self.identity.clone().filter(|_| !self.config.public_fetch);
-                self.role = Role::Preparing(Some(job));
+                self.role = Role::Preparing {
+                    job: Some(job),
+                    stat,
+                };
                 self.out.push_back(Output::Prepare);
                 Ok(())
             }
@@ -266,7 +276,8 @@ impl Endpoint for Server {
     }
 
     fn is_finished(&self) -> bool {
-        !matches!(self.role, Role::Preparing(_)) && self.role().is_none_or(|ep| ep.is_finished())
+        !matches!(self.role, Role::Preparing { .. })
+            && self.role().is_none_or(|ep| ep.is_finished())
     }
 
     fn stopped_sending(&self) -> bool {
@@ -301,7 +312,7 @@ impl Endpoint for Server {
 
     fn take_prepare(&mut self) -> Option<PrepareFetch> {
         match &mut self.role {
-            Role::Preparing(job) => job.take(),
+            Role::Preparing { job, .. } => job.take(),
             _ => None,
         }
     }
@@ -310,10 +321,18 @@ impl Endpoint for Server {
         &mut self,
         result: std::result::Result<Sender, super::wire::RejectReason>,
     ) -> Result<()> {
-        if !matches!(self.role, Role::Preparing(_)) {
+        let Role::Preparing { stat, .. } = self.role else {
             return Err(super::endpoint::unexpected(self, "a prepared fetch".into()));
-        }
+        };
         match result {
+            // The sender is dropped unused, which closes the file.
+            Ok(s) if stat => {
+                self.role = Role::Idle;
+                let (len, digest) = (s.offer().len, s.offer().digest);
+                self.out.push_back(Output::Send(Msg::Held { len, digest }));
+                self.out
+                    .push_back(Output::Finished(Outcome::Held { len, digest }));
+            }
             Ok(s) => self.role = Role::Send(Box::new(s.with_max_window(self.config.max_window))),
             Err(reason) => {
                 self.role = Role::Idle;
@@ -481,5 +500,68 @@ mod tests {
         assert!(RejectReason::ShuttingDown
             .to_string()
             .contains("shutting down"));
+    }
+
+    #[test]
+    fn a_stat_answers_what_a_fetch_would_offer_and_moves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), b"abc").unwrap();
+        std::fs::write(dir.path().join(".hidden"), b"abc").unwrap();
+        let config = Arc::new(Config {
+            public_fetch: true,
+            ..Config::new(dir.path())
+        });
+        let mut s = Server::new(config);
+        let stat = |name: &str| Msg::Stat {
+            name: name.into(),
+            alg: HashAlg::Sha256,
+        };
+        s.handle_msg(stat("f")).unwrap();
+        assert_eq!(s.poll_output(), Some(Output::Prepare));
+        assert!(!s.is_finished(), "hashing");
+        let job = s.take_prepare().unwrap();
+        s.handle_prepared(job.run()).unwrap();
+        let digest = hash_bytes(HashAlg::Sha256, b"abc");
+        assert_eq!(
+            s.poll_output(),
+            Some(Output::Send(Msg::Held { len: 3, digest }))
+        );
+        assert_eq!(
+            s.poll_output(),
+            Some(Output::Finished(Outcome::Held { len: 3, digest }))
+        );
+        assert_eq!(s.poll_output(), None, "no offer, no window");
+        assert!(s.is_finished());
+        // A missing file, and a hidden one, are refused as a fetch of them would be.
+        s.handle_msg(stat("missing")).unwrap();
+        assert_eq!(s.poll_output(), Some(Output::Prepare));
+        let job = s.take_prepare().unwrap();
+        s.handle_prepared(job.run()).unwrap();
+        assert_eq!(
+            s.poll_output(),
+            Some(Output::Send(Msg::Reject {
+                reason: RejectReason::NotFound
+            }))
+        );
+        assert!(matches!(
+            s.poll_output(),
+            Some(Output::Finished(Outcome::Rejected(_)))
+        ));
+        s.handle_msg(stat(".hidden")).unwrap();
+        assert_eq!(s.poll_output(), Some(Output::Prepare));
+        let job = s.take_prepare().unwrap();
+        s.handle_prepared(job.run()).unwrap();
+        assert!(matches!(
+            s.poll_output(),
+            Some(Output::Send(Msg::Reject { .. }))
+        ));
+        // After a stat, the connection takes the next request.
+        assert!(s.poll_output().is_some());
+        s.handle_msg(Msg::Fetch {
+            name: "f".into(),
+            alg: HashAlg::Sha256,
+        })
+        .unwrap();
+        assert_eq!(s.poll_output(), Some(Output::Prepare));
     }
 }

@@ -380,6 +380,24 @@ pub enum Msg {
         /// Why.
         reason: RejectReason,
     },
+    /// Client → server, between transfers: what do you hold under `name`, hashed with
+    /// `alg`? Answered with [`Msg::Held`], or with the [`Msg::Reject`] a `Fetch` of the
+    /// name would get (the same access rules), without moving the file. A cluster's
+    /// repair asks it to tell a replica of the recorded bytes from other bytes under
+    /// the same name before it copies anything.
+    Stat {
+        /// Plain file name.
+        name: String,
+        /// The hash the client wants.
+        alg: HashAlg,
+    },
+    /// Server → client: the answer to `Stat`.
+    Held {
+        /// The file's length in bytes.
+        len: u64,
+        /// Its digest, with the algorithm asked for.
+        digest: Digest,
+    },
 }
 
 impl Msg {
@@ -398,6 +416,8 @@ impl Msg {
             Msg::Secret { .. } => "Secret",
             Msg::Refused => "Refused",
             Msg::Abort { .. } => "Abort",
+            Msg::Stat { .. } => "Stat",
+            Msg::Held { .. } => "Held",
         }
     }
 
@@ -497,6 +517,14 @@ mod tests {
             },
             Msg::Reject {
                 reason: RejectReason::ShuttingDown,
+            },
+            Msg::Stat {
+                name: "a".into(),
+                alg: HashAlg::Blake3,
+            },
+            Msg::Held {
+                len: u64::MAX,
+                digest: digest(),
             },
         ];
         for m in msgs {

@@ -1,3 +1,5 @@
+use std::collections::{HashMap, HashSet};
+
 use super::*;
 
 fn ids(n: usize) -> Vec<String> {
@@ -141,6 +143,7 @@ fn a_node_gone_past_the_grace_period_is_replaced_by_the_next_in_order() {
             gone: order[0].clone(),
             from: order[1].clone(),
             to: order[2].clone(),
+            ahead: Vec::new(),
         }]
     );
 }
@@ -214,23 +217,326 @@ fn planners_for_each_node_share_the_copies_out_with_none_twice() {
     let mut expected = whole.poll_repairs(t0 + grace, &files);
     assert_eq!(expected.len(), 40, "every file is due");
     let mut shared: Vec<Repair> = Vec::new();
+    let mut after_asking: Vec<Repair> = Vec::new();
     for (node, p) in live.iter().zip(each.iter_mut()) {
         let mine = p.poll_repairs(t0 + grace, &files);
         assert!(
             mine.iter().all(|r| &r.to == node),
             "{node} plans only copies to itself"
         );
-        shared.extend(mine);
+        // The others plan theirs only after asking the nodes before them.
+        let (first, later): (Vec<Repair>, Vec<Repair>) =
+            mine.into_iter().partition(|r| r.ahead.is_empty());
+        shared.extend(first);
+        after_asking.extend(later);
     }
     let key = |r: &Repair| r.name.clone();
     expected.sort_by_key(key);
     shared.sort_by_key(key);
     assert_eq!(shared, expected, "each copy planned once, by its target");
+    for r in &after_asking {
+        let first = expected.iter().find(|e| e.name == r.name).unwrap();
+        assert_eq!(r.ahead[0], first.to, "{r:?} asks the target first");
+        assert!(!r.ahead.contains(&r.to) && r.ahead.len() <= MAX_AHEAD);
+    }
     assert!(
         live.iter()
             .filter(|n| shared.iter().any(|r| &r.to == *n))
             .count()
             > 1,
         "the copies spread over the nodes"
+    );
+}
+
+/// One file on [order[0], order[1]] of `all`, and order[0] gone from the planner's view.
+fn one_gone(planner: &mut RepairPlanner, all: &[String]) -> Vec<(String, FileRecord)> {
+    let order: Vec<String> = replica_order("f", all).into_iter().cloned().collect();
+    let files = vec![("f".to_string(), record(&[&order[0], &order[1]]))];
+    planner.handle_live(all.iter().filter(|n| **n != order[0]).cloned().collect());
+    files
+}
+
+#[test]
+fn a_failed_copy_waits_twice_as_long_each_time_up_to_the_cap() {
+    let t0 = Instant::now();
+    let s = Duration::from_secs;
+    let mut planner = RepairPlanner::new(Duration::ZERO).with_backoff(s(10), s(40));
+    let files = one_gone(&mut planner, &ids(5));
+    let mut now = t0;
+    for want in [10, 20, 40, 40, 40] {
+        let due = planner.poll_repairs(now, &files);
+        assert_eq!(due.len(), 1, "due again at {:?}", now - t0);
+        assert_eq!(
+            planner.handle_failed(now, &due[0], FailureKind::Source),
+            s(want)
+        );
+        assert!(
+            planner
+                .poll_repairs(now + s(want) - s(1), &files)
+                .is_empty(),
+            "not proposed again within {want} s"
+        );
+        now += s(want);
+    }
+    // Made: the next failure waits the base again.
+    let due = planner.poll_repairs(now, &files);
+    planner.handle_done(&due[0]);
+    assert_eq!(
+        planner.handle_failed(now, &due[0], FailureKind::Source),
+        s(10)
+    );
+}
+
+#[test]
+fn each_kind_of_failure_backs_off_on_its_own_and_any_pending_wait_holds_the_file() {
+    let t0 = Instant::now();
+    let s = Duration::from_secs;
+    let mut b = Backoff::new(s(1), s(100));
+    assert!(b.ready(t0, "f"));
+    assert_eq!(b.handle_failure(t0, "f", FailureKind::Source), s(1));
+    assert_eq!(b.handle_failure(t0, "f", FailureKind::Source), s(2));
+    assert_eq!(b.handle_failure(t0, "f", FailureKind::Source), s(4));
+    // Another kind starts at the base; the file waits for the longest.
+    assert_eq!(b.handle_failure(t0, "f", FailureKind::Locked), s(1));
+    assert!(!b.ready(t0 + s(3), "f"));
+    assert!(b.ready(t0 + s(4), "f"));
+    assert!(b.ready(t0, "g"), "other files do not wait");
+    // However many failures: the cap, no overflow.
+    for _ in 0..200 {
+        b.handle_failure(t0, "h", FailureKind::Target);
+    }
+    assert_eq!(b.handle_failure(t0, "h", FailureKind::Target), s(100));
+    b.retain(|f| f != "h");
+    assert!(b.ready(t0, "h"), "forgotten with its file");
+    b.handle_success("f");
+    assert!(b.ready(t0, "f"));
+}
+
+#[test]
+fn a_target_holding_other_bytes_is_passed_over_for_the_next_node() {
+    let t0 = Instant::now();
+    let all = ids(6);
+    let order: Vec<String> = replica_order("f", &all).into_iter().cloned().collect();
+    let mut planner = RepairPlanner::new(Duration::ZERO);
+    let files = one_gone(&mut planner, &all);
+    let due = planner.poll_repairs(t0, &files);
+    assert_eq!(due[0].to, order[2]);
+    planner.handle_other_bytes("f", &order[2]);
+    let due = planner.poll_repairs(t0, &files);
+    assert_eq!(due[0].to, order[3], "no wait: the next node, at once");
+    planner.handle_other_bytes("f", &order[3]);
+    assert_eq!(planner.poll_repairs(t0, &files)[0].to, order[4]);
+    // What was learned goes once the file is repaired.
+    planner.handle_done(&due[0]);
+    assert_eq!(planner.poll_repairs(t0, &files)[0].to, order[2]);
+}
+
+#[test]
+fn a_servers_planner_asks_the_nodes_before_it_and_goes_no_further_than_max_ahead() {
+    let t0 = Instant::now();
+    let all = ids(MAX_AHEAD + 5);
+    let order: Vec<String> = replica_order("f", &all).into_iter().cloned().collect();
+    let planner_of = |node: &String| {
+        let mut p = RepairPlanner::for_node(Duration::ZERO, node);
+        let files = one_gone(&mut p, &all);
+        (p, files)
+    };
+    // Candidates are order[2..]: the first copies at once, the next asks it first.
+    let (mut p, files) = planner_of(&order[2]);
+    assert_eq!(p.poll_repairs(t0, &files)[0].ahead, Vec::<String>::new());
+    let (mut p, files) = planner_of(&order[3]);
+    let due = p.poll_repairs(t0, &files);
+    assert_eq!(
+        (due[0].to.as_str(), due[0].ahead.clone()),
+        (order[3].as_str(), vec![order[2].clone()])
+    );
+    // Once order[2] was seen holding other bytes, order[3] copies without asking.
+    p.handle_other_bytes("f", &order[2]);
+    assert!(p.poll_repairs(t0, &files)[0].ahead.is_empty());
+    // MAX_AHEAD nodes before it: still asks; one more: leaves it to them.
+    let (mut p, files) = planner_of(&order[2 + MAX_AHEAD]);
+    assert_eq!(p.poll_repairs(t0, &files)[0].ahead.len(), MAX_AHEAD);
+    let (mut p, files) = planner_of(&order[3 + MAX_AHEAD]);
+    assert!(p.poll_repairs(t0, &files).is_empty());
+    // Nodes that leave are forgotten as holders of other bytes.
+    let (mut p, files) = planner_of(&order[3]);
+    p.handle_other_bytes("f", &order[2]);
+    let without: Vec<String> = all
+        .iter()
+        .filter(|n| **n != order[0] && **n != order[2])
+        .cloned()
+        .collect();
+    p.handle_live(without);
+    let back: Vec<String> = all.iter().filter(|n| **n != order[0]).cloned().collect();
+    p.handle_live(back);
+    assert_eq!(p.poll_repairs(t0, &files)[0].ahead, [order[2].clone()]);
+}
+
+#[test]
+fn fetches_fall_back_on_live_nodes_outside_the_record_in_rendezvous_order() {
+    let all = ids(5);
+    let order: Vec<String> = replica_order("f", &all).into_iter().cloned().collect();
+    let r = record(&[&order[1], &order[3]]);
+    assert_eq!(
+        fallback_order("f", &r, &all),
+        [order[0].clone(), order[2].clone(), order[4].clone()]
+    );
+}
+
+#[test]
+fn a_file_that_needs_no_repair_any_more_forgets_its_waits() {
+    let t0 = Instant::now();
+    let all = ids(4);
+    let mut planner = RepairPlanner::new(Duration::ZERO);
+    let files = one_gone(&mut planner, &all);
+    let due = planner.poll_repairs(t0, &files);
+    planner.handle_failed(t0, &due[0], FailureKind::Changed);
+    planner.handle_other_bytes("f", &due[0].to);
+    assert!(planner.poll_repairs(t0, &files).is_empty(), "waiting");
+    // Repaired by another: not due, and what was learned goes.
+    let repaired = vec![("f".to_string(), record(&[&due[0].to, &due[0].from]))];
+    assert!(planner.poll_repairs(t0, &repaired).is_empty());
+    // Due again later (the same node gone again): at once, to the first choice.
+    let again = planner.poll_repairs(t0, &files);
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].to, due[0].to);
+}
+
+/// `n` files, each on node-0 and node-1.
+fn many(n: usize) -> Vec<(String, FileRecord)> {
+    (0..n)
+        .map(|i| (format!("f{i}"), record(&["node-0", "node-1"])))
+        .collect()
+}
+
+#[test]
+fn a_scrub_asks_about_each_file_once_per_period_a_few_at_a_time_oldest_first() {
+    let t0 = Instant::now();
+    let s = Duration::from_secs;
+    let mut planner = RepairPlanner::new(s(30)).with_scrub(s(60), 2);
+    planner.handle_live(ids(3));
+    let files = many(5);
+    let rounds: Vec<Vec<Scrub>> = (0..4).map(|_| planner.poll_scrubs(t0, &files)).collect();
+    let sizes: Vec<usize> = rounds.iter().map(Vec::len).collect();
+    assert_eq!(sizes, [2, 2, 1, 0]);
+    assert_eq!(rounds[0][0].nodes, ["node-0", "node-1"]);
+    let mut asked: Vec<&String> = rounds.iter().flatten().map(|s| &s.name).collect();
+    asked.sort();
+    asked.dedup();
+    assert_eq!(asked.len(), 5, "each file once");
+    assert!(planner.poll_scrubs(t0 + s(59), &files).is_empty());
+    let again = planner.poll_scrubs(t0 + s(60), &files);
+    assert_eq!(again.len(), 2);
+    // Without with_scrub: nothing is ever asked.
+    let mut plain = RepairPlanner::new(s(30));
+    plain.handle_live(ids(3));
+    assert!(plain.poll_scrubs(t0, &files).is_empty());
+}
+
+#[test]
+fn a_replica_found_without_the_recorded_bytes_is_replaced_at_once_from_another() {
+    let t0 = Instant::now();
+    let all = ids(4);
+    let order: Vec<String> = replica_order("f", &all).into_iter().cloned().collect();
+    let files = vec![("f".to_string(), record(&[&order[0], &order[1]]))];
+    let mut planner = RepairPlanner::new(Duration::from_secs(30));
+    planner.handle_live(all.clone());
+    assert!(planner.poll_repairs(t0, &files).is_empty());
+    planner.handle_scrubbed("f", &order[0], Found::Missing);
+    let due = planner.poll_repairs(t0, &files);
+    assert_eq!(
+        (
+            due[0].gone.as_str(),
+            due[0].from.as_str(),
+            due[0].to.as_str()
+        ),
+        (order[0].as_str(), order[1].as_str(), order[2].as_str()),
+        "no grace period, not copied from the lost node"
+    );
+    planner.handle_scrubbed("f", &order[0], Found::Recorded);
+    assert!(planner.poll_repairs(t0, &files).is_empty(), "found again");
+    planner.handle_scrubbed("f", &order[1], Found::OtherBytes);
+    assert_eq!(planner.poll_repairs(t0, &files)[0].from, order[0]);
+    planner.handle_scrubbed("f", &order[0], Found::OtherBytes);
+    assert!(
+        planner.poll_repairs(t0, &files).is_empty(),
+        "no source left"
+    );
+}
+
+#[test]
+fn inside_the_servers_the_node_a_repair_would_go_to_asks_about_the_file() {
+    let t0 = Instant::now();
+    let all = ids(4);
+    let s = Duration::from_secs;
+    let files = many(12);
+    let mut asked: Vec<(String, String)> = Vec::new();
+    for node in &all {
+        let mut p = RepairPlanner::for_node(s(30), node).with_scrub(s(60), 100);
+        p.handle_live(all.clone());
+        for scrub in p.poll_scrubs(t0, &files) {
+            asked.push((scrub.name, node.clone()));
+        }
+    }
+    asked.sort();
+    assert_eq!(asked.len(), files.len(), "each file by one node: {asked:?}");
+    for (name, node) in &asked {
+        let first = replica_order(name, &all)
+            .into_iter()
+            .find(|n| *n != "node-0" && *n != "node-1")
+            .unwrap();
+        assert_eq!(node, first, "{name}");
+    }
+}
+
+#[test]
+fn a_name_no_record_lists_here_is_removed_only_once_seen_so_for_the_grace_period() {
+    let t0 = Instant::now();
+    let s = Duration::from_secs;
+    let mut c = Collector::new("me", s(100), s(10));
+    assert!(c.poll_round(t0));
+    assert!(!c.poll_round(t0 + s(9)));
+    assert!(c.poll_round(t0 + s(10)));
+    let held: Vec<String> = ["mine", "orphan", "extra", "squat"]
+        .map(String::from)
+        .to_vec();
+    let mut files: HashMap<String, FileRecord> = [
+        ("mine", record(&["me", "x"])),
+        ("extra", record(&["x", "y"])),
+        ("squat", record(&["x", "y"])),
+    ]
+    .into_iter()
+    .map(|(n, r)| (n.to_string(), r))
+    .collect();
+    assert_eq!(c.to_ask(&held, &files), ["extra", "squat"]);
+    // "extra" holds the recorded bytes, "squat" other bytes.
+    let other: HashSet<String> = ["squat".to_string()].into();
+    assert!(c.poll_removals(t0, &held, &files, &other).is_empty());
+    assert!(c
+        .poll_removals(t0 + s(99), &held, &files, &other)
+        .is_empty());
+    assert_eq!(
+        c.poll_removals(t0 + s(100), &held, &files, &other),
+        ["orphan", "squat"]
+    );
+    // Recorded here meanwhile (a put that finished): kept, and its clock starts over.
+    files.insert("orphan".into(), record(&["me", "x"]));
+    assert_eq!(
+        c.poll_removals(t0 + s(110), &held, &files, &other),
+        ["squat"]
+    );
+    files.remove("orphan");
+    assert_eq!(
+        c.poll_removals(t0 + s(120), &held, &files, &other),
+        ["squat"]
+    );
+    c.handle_removed("squat");
+    let held: Vec<String> = held.into_iter().filter(|n| n != "squat").collect();
+    assert!(c
+        .poll_removals(t0 + s(219), &held, &files, &other)
+        .is_empty());
+    assert_eq!(
+        c.poll_removals(t0 + s(220), &held, &files, &other),
+        ["orphan"]
     );
 }

@@ -415,6 +415,26 @@ fn an_upload_proves_only_the_id_it_is_named_after() {
 }
 
 #[test]
+fn a_fetch_refuses_an_offer_larger_than_it_allows_before_any_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = Receiver::fetch(config(dir.path()), "f", HashAlg::Sha256, false).unwrap();
+    drain(&mut r);
+    r.handle_msg(offer("f", &[7; 101])).unwrap();
+    let reason = RejectReason::TooLarge { max: 100 };
+    assert_eq!(
+        drain(&mut r),
+        vec![
+            Output::Send(Msg::Reject {
+                reason: reason.clone()
+            }),
+            Output::Finished(Outcome::Rejected(reason)),
+        ],
+        "refused on the offer: no window granted, no byte moved"
+    );
+    assert!(entries(dir.path()).is_empty(), "no temporary file");
+}
+
+#[test]
 fn a_fetch_only_takes_the_file_asked_for() {
     let dir = tempfile::tempdir().unwrap();
     let mut r = Receiver::fetch(config(dir.path()), "f", HashAlg::Blake3, false).unwrap();

@@ -188,6 +188,7 @@ impl FileSession {
                 tracing::warn!(%peer, %reason, "BAD")
             }
             Outcome::Rejected(reason) => tracing::info!(%peer, %reason, "rejected"),
+            Outcome::Held { len, digest } => tracing::debug!(%peer, len, %digest, "stat"),
             Outcome::Aborted(reason) => {
                 rdmactor::metrics::file_transfer(false, 0);
                 tracing::warn!(%peer, %reason, "aborted")

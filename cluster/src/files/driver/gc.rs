@@ -1,0 +1,106 @@
+//! Clean-up rounds of a server's own store: what [`Collector`] decides, carried out.
+//! Opt-in: a store that also serves files outside the cluster (uploaded straight to the
+//! server) would lose them after the grace period.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::time::Instant;
+
+use super::{holds, ClusterFiles, FilesError};
+use crate::files::plan::Collector;
+use crate::files::transfer::FileTransfer;
+use crate::files::FileRecord;
+
+/// What one clean-up round did.
+#[derive(Debug, Default)]
+pub struct CleanupReport {
+    /// Names removed from the store.
+    pub removed: Vec<String>,
+    /// Names that could not be removed, and why.
+    pub failed: Vec<(String, String)>,
+}
+
+impl<T: FileTransfer> ClusterFiles<T> {
+    /// One clean-up round of node `node`'s store at `dir` (this process serves it), if
+    /// `collector` has one due: the names it holds that no record lists for it, for the
+    /// collector's grace period, are removed. Names a record lists elsewhere are asked
+    /// about first (the node's own `Stat`): the recorded bytes are kept.
+    ///
+    /// # Errors
+    ///
+    /// The store or the catalog cannot be listed.
+    pub async fn clean_up(
+        &self,
+        collector: &mut Collector,
+        now: Instant,
+        node: &str,
+        dir: &Path,
+    ) -> Result<CleanupReport, FilesError> {
+        let mut report = CleanupReport::default();
+        if !collector.poll_round(now) {
+            return Ok(report);
+        }
+        let Some(addr) = self
+            .members
+            .live()
+            .iter()
+            .find(|n| n.node == node)
+            .map(|n| n.record.addr)
+        else {
+            // Not listed (yet, or draining): nothing to ask itself through.
+            return Ok(report);
+        };
+        let held = stored_names(dir).map_err(|e| FilesError::Store {
+            dir: dir.to_owned(),
+            reason: e.to_string(),
+        })?;
+        let files: HashMap<String, FileRecord> = self
+            .catalog
+            .list()
+            .await?
+            .into_iter()
+            .map(|s| (s.name, s.record))
+            .collect();
+        let mut other = HashSet::new();
+        for name in collector.to_ask(&held, &files) {
+            // An unanswered question keeps the file.
+            if let Ok(found) = self.transfer.stat(addr, name).await {
+                if !holds(&files[name], &found) {
+                    other.insert(name.clone());
+                }
+            }
+        }
+        for name in collector.poll_removals(now, &held, &files, &other) {
+            match std::fs::remove_file(dir.join(&name)) {
+                Ok(()) => {
+                    tracing::info!(%name, "cluster files: removed, no record lists it here");
+                    collector.handle_removed(&name);
+                    report.removed.push(name);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    collector.handle_removed(&name);
+                }
+                Err(e) => report.failed.push((name, e.to_string())),
+            }
+        }
+        Ok(report)
+    }
+}
+
+/// The plain files of `dir` a `Fetch` could ask for: hidden names (the service's
+/// temporary files among them) are never the cluster's.
+fn stored_names(dir: &Path) -> std::io::Result<Vec<String>> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if !entry.file_type()?.is_file() {
+            continue;
+        }
+        if let Some(name) = entry.file_name().to_str() {
+            if !name.starts_with('.') {
+                names.push(name.to_owned());
+            }
+        }
+    }
+    Ok(names)
+}

@@ -1,0 +1,78 @@
+//! Scrub rounds: the listed replicas [`RepairPlanner::poll_scrubs`] names are asked
+//! what they hold (the files service's `Stat`: a message, and a read of the file on the
+//! node unless it knows its digest), and the answers go back to the planner, whose next
+//! [`poll_repairs`](RepairPlanner::poll_repairs) replaces the nodes found without the
+//! recorded bytes.
+
+use std::time::Instant;
+
+use super::{holds, other_bytes, ClusterFiles, FilesError};
+use crate::files::plan::{Found, RepairPlanner};
+use crate::files::transfer::{FileTransfer, TransferError};
+use crate::files::FileRecord;
+
+/// What one scrub round found.
+#[derive(Debug, Default)]
+pub struct ScrubReport {
+    /// Replicas asked about.
+    pub asked: usize,
+    /// Listed replicas without the recorded bytes: the file, the node, and what it
+    /// holds instead. The next repair round replaces them.
+    pub lost: Vec<(String, String, String)>,
+    /// Replicas that could not be asked, and why (left to the next period).
+    pub unanswered: Vec<(String, String, String)>,
+}
+
+impl<T: FileTransfer> ClusterFiles<T> {
+    /// One scrub round: tells `planner` the live nodes, asks the replicas it names
+    /// what they hold, and tells it the answers.
+    ///
+    /// # Errors
+    ///
+    /// The catalog cannot be listed. A node that cannot be asked is reported, not an
+    /// error.
+    pub async fn scrub(
+        &self,
+        planner: &mut RepairPlanner,
+        now: Instant,
+    ) -> Result<ScrubReport, FilesError> {
+        let live = self.members.live();
+        planner.handle_live(live.iter().map(|n| n.node.clone()).collect());
+        let files: Vec<(String, FileRecord)> = self
+            .catalog
+            .list()
+            .await?
+            .into_iter()
+            .map(|s| (s.name, s.record))
+            .collect();
+        let mut report = ScrubReport::default();
+        for scrub in planner.poll_scrubs(now, &files) {
+            let Some((_, record)) = files.iter().find(|(n, _)| *n == scrub.name) else {
+                continue;
+            };
+            for node in scrub.nodes {
+                let Some(info) = live.iter().find(|n| n.node == node) else {
+                    continue;
+                };
+                report.asked += 1;
+                let (found, why) = match self.transfer.stat(info.record.addr, &scrub.name).await {
+                    Ok(held) if holds(record, &held) => (Found::Recorded, String::new()),
+                    Ok(held) => (Found::OtherBytes, other_bytes(&held, record)),
+                    Err(TransferError::NotFound) => (Found::Missing, "no such file".to_owned()),
+                    Err(e) => {
+                        report
+                            .unanswered
+                            .push((scrub.name.clone(), node, e.to_string()));
+                        continue;
+                    }
+                };
+                planner.handle_scrubbed(&scrub.name, &node, found);
+                if found != Found::Recorded {
+                    tracing::warn!(name = %scrub.name, %node, %why, "cluster files: a listed replica is lost");
+                    report.lost.push((scrub.name.clone(), node, why));
+                }
+            }
+        }
+        Ok(report)
+    }
+}

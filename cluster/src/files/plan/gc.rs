@@ -1,0 +1,105 @@
+//! Clean-up of a node's own store: names no record lists for the node, left there by an
+//! upload that reached fewer than R nodes, or put there by a client under a recorded
+//! name with other bytes (which repairs then pass over). Each is removed once it has
+//! been seen so, round after round, for a grace period: long enough that a `put` in
+//! progress (its replicas are stored before its record is written) is never touched.
+//!
+//! Kept: every name a record lists for the node, and the recorded bytes on a node the
+//! record does not list (an extra replica: a fetch falls back on it, and a repair
+//! records it instead of copying).
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use super::FileRecord;
+
+/// Decides which of a node's files to remove. Order, each round:
+/// [`poll_round`](Self::poll_round); if due, [`to_ask`](Self::to_ask) with the names
+/// the store holds, ask the node what it holds under each of those, then
+/// [`poll_removals`](Self::poll_removals) with the names found holding other bytes.
+#[derive(Debug)]
+pub struct Collector {
+    node: String,
+    grace: Duration,
+    every: Duration,
+    last_round: Option<Instant>,
+    /// When each name was first seen removable, in the rounds since.
+    removable_since: HashMap<String, Instant>,
+}
+
+impl Collector {
+    /// Cleans node `node`'s store of names removable for `grace`, looking once every
+    /// `every`.
+    pub fn new(node: &str, grace: Duration, every: Duration) -> Collector {
+        Collector {
+            node: node.to_owned(),
+            grace,
+            every,
+            last_round: None,
+            removable_since: HashMap::new(),
+        }
+    }
+
+    /// Whether a round is due at `now` (then it counts as made).
+    pub fn poll_round(&mut self, now: Instant) -> bool {
+        let due = self
+            .last_round
+            .is_none_or(|last| now.saturating_duration_since(last) >= self.every);
+        if due {
+            self.last_round = Some(now);
+        }
+        due
+    }
+
+    /// The names among `held` whose record exists but does not list this node: the
+    /// node must be asked whether it holds the recorded bytes under them.
+    pub fn to_ask<'a>(
+        &self,
+        held: &'a [String],
+        files: &HashMap<String, FileRecord>,
+    ) -> Vec<&'a String> {
+        held.iter()
+            .filter(|name| {
+                files
+                    .get(*name)
+                    .is_some_and(|r| !r.nodes.contains(&self.node))
+            })
+            .collect()
+    }
+
+    /// The names among `held` to remove now: no record at all, or a record that does
+    /// not list this node while the node holds `other_bytes` under the name, and so
+    /// in every round for `grace`.
+    #[must_use]
+    pub fn poll_removals(
+        &mut self,
+        now: Instant,
+        held: &[String],
+        files: &HashMap<String, FileRecord>,
+        other_bytes: &HashSet<String>,
+    ) -> Vec<String> {
+        let removable: HashSet<&String> = held
+            .iter()
+            .filter(|name| match files.get(*name) {
+                None => true,
+                Some(record) => !record.nodes.contains(&self.node) && other_bytes.contains(*name),
+            })
+            .collect();
+        self.removable_since
+            .retain(|name, _| removable.contains(name));
+        let mut due = Vec::new();
+        for name in removable {
+            let since = *self.removable_since.entry(name.clone()).or_insert(now);
+            if now.saturating_duration_since(since) >= self.grace {
+                due.push(name.clone());
+            }
+        }
+        due.sort();
+        due
+    }
+
+    /// `name` was removed: its clock starts over should it appear again.
+    pub fn handle_removed(&mut self, name: &str) {
+        self.removable_since.remove(name);
+    }
+}

@@ -1,0 +1,104 @@
+//! The client side of `Stat`: one question, one answer, on a connection that carries
+//! nothing else meanwhile (see [`client`](super::client)).
+
+use rdmactor::runtime::ClientConnection;
+use rdmactor::transport::Transport;
+
+use super::client::{finish, ClientError};
+use super::endpoint::Outcome;
+use super::error::TransferError;
+use super::wire::{HashAlg, Msg};
+
+/// Asks the server what it holds under `name`, hashed with `alg`, without moving the
+/// file: [`Outcome::Held`] with its length and digest, or [`Outcome::Rejected`] with
+/// the reason a fetch of it would get ([`RejectReason::NotFound`] for no such file).
+/// The server may have to read the whole file to hash it (as for a fetch), unless it
+/// knows its digest.
+///
+/// [`RejectReason::NotFound`]: super::RejectReason::NotFound
+///
+/// # Errors
+///
+/// A bad name, a failed send, a closed connection, or an answer that is not one to a
+/// `Stat`; the connection is closed then.
+pub async fn stat_file<T: Transport>(
+    conn: &ClientConnection<T>,
+    name: &str,
+    alg: HashAlg,
+) -> Result<Outcome, ClientError> {
+    let asked = async {
+        super::name::validate_name(name).map_err(TransferError::from)?;
+        let msg = Msg::Stat {
+            name: name.to_owned(),
+            alg,
+        };
+        conn.send(msg.encode())
+            .await
+            .map_err(|source| ClientError::Send {
+                what: "Stat",
+                source,
+            })?;
+        let answer = conn.recv().await.ok_or(ClientError::Closed)?;
+        if let Some(index) = answer.imm {
+            return Err(unexpected_answer(format!("chunk {index}")).into());
+        }
+        Ok(stat_answer(Msg::decode(&answer.data)?, alg)?)
+    };
+    finish(conn, asked.await).await
+}
+
+/// The outcome a `Stat`'s answer stands for; any other message is a protocol error.
+fn stat_answer(msg: Msg, alg: HashAlg) -> Result<Outcome, TransferError> {
+    match msg {
+        Msg::Held { len, digest } if digest.alg == alg => Ok(Outcome::Held { len, digest }),
+        Msg::Held { digest, .. } => Err(TransferError::FetchMismatch(format!(
+            "asked for a {alg} digest, answered with {}",
+            digest.alg
+        ))),
+        Msg::Reject { reason } => Ok(Outcome::Rejected(reason)),
+        other => Err(unexpected_answer(other.kind().to_owned())),
+    }
+}
+
+fn unexpected_answer(what: String) -> TransferError {
+    TransferError::Unexpected {
+        what,
+        state: "waiting for the answer to Stat",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stat_is_answered_by_held_or_a_refusal_and_nothing_else() {
+        use crate::file_transfer::wire::{Digest, RejectReason, DIGEST_LEN};
+        let digest = Digest {
+            alg: HashAlg::Sha256,
+            bytes: [1; DIGEST_LEN],
+        };
+        assert_eq!(
+            stat_answer(Msg::Held { len: 7, digest }, HashAlg::Sha256).unwrap(),
+            Outcome::Held { len: 7, digest }
+        );
+        assert!(matches!(
+            stat_answer(Msg::Held { len: 7, digest }, HashAlg::Blake3),
+            Err(TransferError::FetchMismatch(_))
+        ));
+        assert_eq!(
+            stat_answer(
+                Msg::Reject {
+                    reason: RejectReason::NotFound
+                },
+                HashAlg::Sha256
+            )
+            .unwrap(),
+            Outcome::Rejected(RejectReason::NotFound)
+        );
+        assert!(matches!(
+            stat_answer(Msg::Good, HashAlg::Sha256),
+            Err(TransferError::Unexpected { .. })
+        ));
+    }
+}
