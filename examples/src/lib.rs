@@ -28,6 +28,7 @@
 
 pub mod bench_native;
 pub mod cluster;
+pub mod files_args;
 pub mod identity;
 pub mod kv;
 pub mod kv_session;

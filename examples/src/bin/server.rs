@@ -16,10 +16,9 @@
 //! SIGINT or SIGTERM: stop accepting, disconnect everyone, release everything, exit 0.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::{Context as _, Result};
 use clap::{Parser, ValueEnum};
 use rdmactor::memory::PoolConfig;
 use rdmactor::runtime::{
@@ -27,11 +26,9 @@ use rdmactor::runtime::{
     ReceiveConfig, Server, SharedRecvConfig, TransportConfig, DEFAULT_MAX_CONNECTIONS_PER_PEER,
 };
 use rdmactor::verbs::Mtu;
-use rdmactor_cluster::files::CatalogRecorder;
 use rdmactor_cluster::Load;
-use rdmactor_examples::{cluster::ServerClusterArgs, logs, transport};
+use rdmactor_examples::{cluster::ServerClusterArgs, files_args::FilesArgs, logs, transport};
 use rdmactor_services::echo::{Discard, Echo, RawEcho};
-use rdmactor_services::file_transfer::{ClientQuota, Config as FilesConfig, FileTransfer};
 use rdmactor_services::ingest::{IngestConfig, IngestService, Record};
 use rdmactor_services::lambda::{
     checksum_native, LambdaConfig, LambdaService, NativeLambdas, Sandbox,
@@ -87,64 +84,6 @@ struct Args {
     /// RDMA device (default: whichever rdma_cm routes to).
     #[arg(long)]
     device: Option<String>,
-    /// Serve the `files` service (uploads, downloads) from this directory; without it
-    /// the service is not offered.
-    #[arg(long)]
-    files_dir: Option<PathBuf>,
-    /// Largest file the `files` service accepts, in bytes.
-    #[arg(long, default_value_t = FilesConfig::DEFAULT_MAX_SIZE)]
-    max_file_size: u64,
-    /// `ID=KEY`: the secret the `files` service answers to `Identify` with ID after a
-    /// GOOD upload of a new, non-empty file named ID. Repeatable. Shows in
-    /// /proc/PID/cmdline: prefer --secret-file.
-    #[arg(long = "secret", value_name = "ID=KEY")]
-    secrets: Vec<String>,
-    /// A file of `ID=KEY` lines (`#` comments), read like --secret.
-    #[arg(long, value_name = "PATH")]
-    secret_file: Option<PathBuf>,
-    /// Let every client fetch every regular, non-hidden file of --files-dir (default:
-    /// only files it uploaded on the same connection).
-    #[arg(long)]
-    files_public_fetch: bool,
-    /// Let every client overwrite every file (default: only its own uploads).
-    #[arg(long)]
-    files_overwrite_others: bool,
-    /// Slots in the window the `files` service grants an upload (chunks in flight).
-    #[arg(long, default_value_t = FilesConfig::DEFAULT_SLOTS)]
-    file_slots: u32,
-    /// Bytes per slot of that window (the chunk size), in KiB.
-    #[arg(long, default_value_t = FilesConfig::DEFAULT_SLOT_LEN >> 10)]
-    file_slot_kib: u32,
-    /// Uploads one client host (IP address) may run at once, over all its connections;
-    /// more are refused with a quota reason.
-    #[arg(long, default_value_t = ClientQuota::default().uploads)]
-    files_client_uploads: u32,
-    /// At shutdown, how long uploads under way may still run (new ones are refused
-    /// with "the server is shutting down").
-    #[arg(long, default_value_t = 10)]
-    files_drain_secs: u64,
-    /// Bytes one client host may have admitted and not yet stored, in MiB.
-    #[arg(long, default_value_t = ClientQuota::default().reserved_bytes >> 20)]
-    files_client_mib: u64,
-    /// A transfer that waits this long on its client (for the grant, a chunk, an
-    /// acknowledgement) is ended with a "stalled" reason, and its window, staging,
-    /// quota share and reserved disk are freed. 0 waits for ever.
-    #[arg(long, default_value_t = FilesConfig::DEFAULT_STALL.as_secs())]
-    files_stall_secs: u64,
-    /// Fetches one client host may have being hashed at once, over all its
-    /// connections; more are refused with a quota reason. Fetches of files whose digest
-    /// is known (stored or served before, unchanged since) do not count.
-    #[arg(long, default_value_t = FilesConfig::DEFAULT_FETCH_PREPARATIONS)]
-    files_fetch_preparations: u32,
-    /// Uploads the `files` service stages at once over every client (temporary file,
-    /// disk reserved, window); more are refused with a "server is full" reason. Bounds
-    /// what many client hosts, each within --files-client-uploads, hold together.
-    #[arg(long, default_value_t = FilesConfig::DEFAULT_MAX_UPLOADS)]
-    files_max_uploads: u32,
-    /// Digests of stored and served files kept in memory, so that fetching them again
-    /// does not read them whole. 0 keeps none.
-    #[arg(long, default_value_t = rdmactor_services::file_transfer::DigestCache::DEFAULT_CAPACITY)]
-    files_digest_cache: usize,
     /// `NAME=PATH`: serve the file at PATH as region NAME of the `read` service.
     /// Repeatable.
     #[arg(long = "region", value_name = "NAME=PATH")]
@@ -211,6 +150,8 @@ struct Args {
     transport: transport::Transport,
     #[command(flatten)]
     cluster: ServerClusterArgs,
+    #[command(flatten)]
+    files: FilesArgs,
 }
 
 /// The out-of-band ports the `--oob-*` flags ask for.
@@ -310,69 +251,6 @@ fn parse_listen(spec: &str) -> Result<(SocketAddr, Option<String>)> {
     ))
 }
 
-/// The `files` service, if `--files-dir` asks for it.
-fn files_service(
-    args: &Args,
-    recorder: Option<Arc<CatalogRecorder>>,
-) -> Result<Option<FileTransfer>> {
-    let Some(dir) = &args.files_dir else {
-        if !args.secrets.is_empty() || args.secret_file.is_some() {
-            bail!("--secret and --secret-file need --files-dir");
-        }
-        return Ok(None);
-    };
-    let slot_len = args
-        .file_slot_kib
-        .checked_mul(1024)
-        .context("--file-slot-kib too large")?;
-    if slot_len < rdmactor_services::file_transfer::MIN_GRANT_SLOT_LEN {
-        bail!(
-            "--file-slot-kib {}: senders refuse slots under {} bytes",
-            args.file_slot_kib,
-            rdmactor_services::file_transfer::MIN_GRANT_SLOT_LEN
-        );
-    }
-    let mut config = FilesConfig::new(dir)
-        .with_max_size(args.max_file_size)
-        .with_window(args.file_slots, slot_len)
-        .with_client_quota(
-            args.files_client_uploads,
-            args.files_client_mib
-                .checked_mul(1 << 20)
-                .context("--files-client-mib too large")?,
-        );
-    for spec in &args.secrets {
-        let (id, key) = spec
-            .split_once('=')
-            .with_context(|| format!("--secret {spec:?} is not ID=KEY"))?;
-        config = config.with_secret(id, key);
-    }
-    if let Some(path) = &args.secret_file {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("--secret-file {}", path.display()))?;
-        for (id, key) in rdmactor_services::file_transfer::parse_secrets(&text)
-            .with_context(|| format!("--secret-file {}", path.display()))?
-        {
-            config = config.with_secret(id, key);
-        }
-    }
-    config = config
-        .with_public_fetch(args.files_public_fetch)
-        .with_overwrite_others(args.files_overwrite_others)
-        .with_fetch_preparations(args.files_fetch_preparations)
-        .with_max_uploads(args.files_max_uploads)
-        .with_digest_cache(args.files_digest_cache)
-        .with_stall(
-            Some(std::time::Duration::from_secs(args.files_stall_secs)).filter(|d| !d.is_zero()),
-        );
-    if let Some(recorder) = recorder {
-        config = config.with_recorder(recorder);
-    }
-    FileTransfer::new(config)
-        .map(Some)
-        .with_context(|| format!("files service in {}", dir.display()))
-}
-
 fn default_reserve_per_peer() -> u32 {
     SharedRecvConfig::default().reserve_per_peer.unwrap_or(0)
 }
@@ -418,7 +296,7 @@ fn main() -> Result<()> {
         ..NodeConfig::default()
     });
     anyhow::ensure!(
-        args.cluster.repair_after_secs.is_none() || args.files_dir.is_some(),
+        args.cluster.repair_after_secs.is_none() || args.files.files_dir.is_some(),
         "--repair-after-secs needs --files-dir: a server repairs onto its own store"
     );
     let listeners = args
@@ -427,11 +305,11 @@ fn main() -> Result<()> {
         .map(|s| parse_listen(s))
         .collect::<Result<Vec<_>>>()?;
     // With --cluster, each stored copy is recorded by this server before its GOOD.
-    let recorder = match &args.files_dir {
+    let recorder = match &args.files.files_dir {
         Some(_) => args.cluster.recorder()?,
         None => None,
     };
-    let files = files_service(&args, recorder.clone())?;
+    let files = args.files.service(recorder.clone())?;
     let regions = read_regions(&args)?;
     // Before the server starts: connections register their metric handles as they are
     // set up.
@@ -563,10 +441,11 @@ fn main() -> Result<()> {
             match &repair_client {
                 Some(client) => {
                     let store = args
+                        .files
                         .files_dir
                         .as_deref()
                         .context("--repair-after-secs needs --files-dir")?;
-                    let (addrs, max) = (server.local_addrs(), args.max_file_size);
+                    let (addrs, max) = (server.local_addrs(), args.files.max_file_size);
                     args.cluster.repairs(addrs, client, store, max).await
                 }
                 None => std::future::pending().await,
@@ -597,8 +476,8 @@ fn main() -> Result<()> {
             // New transfers are refused with "the server is shutting down"; uploads
             // under way get up to --files-drain-secs to finish.
             files.refuse_new_transfers();
-            let deadline =
-                std::time::Instant::now() + std::time::Duration::from_secs(args.files_drain_secs);
+            let deadline = std::time::Instant::now()
+                + std::time::Duration::from_secs(args.files.files_drain_secs);
             while files.uploads_in_flight() > 0 && std::time::Instant::now() < deadline {
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             }
