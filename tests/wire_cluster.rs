@@ -28,6 +28,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use rdmactor::runtime::ConnectionConfig;
+use rdmactor_cluster::DEFAULT_DIAL_TIMEOUT;
 use rdmactor_tests::target_bin;
 use rdmactor_tests::wire::{Host, Job, Wire};
 
@@ -685,6 +686,10 @@ fn a_cluster_of_three_serves_d_through_a_killed_host_and_a_partition() {
             .count();
         wire.kill(Host::B);
         let killed = Instant::now();
+        // New clients, one after another from the kill on, each with 4 sessions: until
+        // b's lease lapses a pick may land on b, listed but dead, and must cost at most
+        // the dial bound before the next node (issue 47, item 4).
+        let newcomers = wire.spawn(Host::D, &["bash", "-c", &newcomers_script(&client, &urls)]);
         cluster.servers.remove(&Host::B);
         cluster.etcd.remove(&Host::B);
         println!(
@@ -745,6 +750,36 @@ fn a_cluster_of_three_serves_d_through_a_killed_host_and_a_partition() {
                 "the last session moved off b {} after the kill, beyond {}",
                 secs(*last),
                 secs(bound + TTL)
+            ));
+        }
+        let arrived = wire.wait(Host::D, &newcomers, Duration::from_secs(300));
+        let firsts = newcomer_times(&arrived.stdout);
+        let limit = TTL + DEFAULT_DIAL_TIMEOUT;
+        println!(
+            "[3] {} new clients started one after another from the kill: first answer after {} \
+             (limit: lease TTL {} + dial bound {} = {}); {} dialled b first",
+            firsts.len(),
+            firsts
+                .iter()
+                .map(|(d, _)| secs(*d))
+                .collect::<Vec<_>>()
+                .join(", "),
+            secs(TTL),
+            secs(DEFAULT_DIAL_TIMEOUT),
+            secs(limit),
+            firsts.iter().filter(|(_, b)| *b).count()
+        );
+        if firsts.len() != NEWCOMERS {
+            missed.push(format!(
+                "{} of {NEWCOMERS} new clients got an answer after the kill: {arrived:#?}",
+                firsts.len()
+            ));
+        }
+        for (took, _) in firsts.iter().filter(|(d, _)| *d > limit) {
+            missed.push(format!(
+                "a new client's first answer took {} after the kill's dead node, beyond {}",
+                secs(*took),
+                secs(limit)
             ));
         }
         // etcd keeps its quorum: a and c answer, and a write goes through.
@@ -1048,6 +1083,34 @@ fn cluster_client_setup_and_round_trip_next_to_a_direct_connect() {
             us(&c, "p99_us")
         );
     }
+}
+
+/// New clients started one after another after b's kill.
+const NEWCOMERS: usize = 6;
+
+/// A shell loop on d: [`NEWCOMERS`] `client echo` runs of 4 sessions and one request
+/// each, one after another, each printing `NEWCOMER MS B` (its whole run in ms, and
+/// whether a dial failed: with a and c alive, only b's can).
+fn newcomers_script(client: &str, urls: &str) -> String {
+    format!(
+        "for i in $(seq {NEWCOMERS}); do s=$(date +%s%N); \
+         out=$(RUST_LOG=warn,rdmactor_cluster=info {client} --cluster {CLUSTER} --etcd {urls} \
+               echo --connections 4 --requests 1 2>&1); rc=$?; e=$(date +%s%N); \
+         b=0; case \"$out\" in *'connect failed'*) b=1;; esac; \
+         [ $rc -eq 0 ] && echo \"NEWCOMER $(( (e - s) / 1000000 )) $b\" || echo \"NEWCOMER-FAILED $rc $out\"; \
+         done"
+    )
+}
+
+/// Each newcomer's time to its answers, and whether it dialled b.
+fn newcomer_times(out: &str) -> Vec<(Duration, bool)> {
+    out.lines()
+        .filter_map(|l| {
+            let mut f = l.strip_prefix("NEWCOMER ")?.split_whitespace();
+            let ms: u64 = f.next()?.parse().ok()?;
+            Some((Duration::from_millis(ms), f.next()? == "1"))
+        })
+        .collect()
 }
 
 /// Starts 30 new connections from d through the cluster client, held for 10 s, and
