@@ -152,6 +152,28 @@ impl<T: FileTransfer> ClusterFiles<T> {
         &self.transfer
     }
 
+    /// Every file's name and record, for a round of repairs, scrubs or clean-up.
+    async fn records(&self) -> Result<Vec<(String, FileRecord)>, FilesError> {
+        Ok(self
+            .catalog
+            .list()
+            .await?
+            .into_iter()
+            .map(|s| (s.name, s.record))
+            .collect())
+    }
+
+    /// The live nodes, told to `planner` too, and every record: what a round of the
+    /// planner starts from.
+    async fn round(
+        &self,
+        planner: &mut super::RepairPlanner,
+    ) -> Result<(Vec<NodeInfo>, Vec<(String, FileRecord)>), FilesError> {
+        let live = self.members.live();
+        planner.handle_live(live.iter().map(|n| n.node.clone()).collect());
+        Ok((live, self.records().await?))
+    }
+
     async fn live(&self) -> Vec<NodeInfo> {
         self.members
             .wait_for(self.discovery_wait, |n| {

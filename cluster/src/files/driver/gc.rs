@@ -54,13 +54,7 @@ impl<T: FileTransfer> ClusterFiles<T> {
             dir: dir.to_owned(),
             reason: e.to_string(),
         })?;
-        let files: HashMap<String, FileRecord> = self
-            .catalog
-            .list()
-            .await?
-            .into_iter()
-            .map(|s| (s.name, s.record))
-            .collect();
+        let files: HashMap<String, FileRecord> = self.records().await?.into_iter().collect();
         let mut other = HashSet::new();
         for name in collector.to_ask(&held, &files) {
             // An unanswered question keeps the file.

@@ -86,15 +86,7 @@ impl<T: FileTransfer> ClusterFiles<T> {
         now: Instant,
         staging: Staging<'_>,
     ) -> Result<RepairReport, FilesError> {
-        let live = self.members.live();
-        planner.handle_live(live.iter().map(|n| n.node.clone()).collect());
-        let files: Vec<(String, FileRecord)> = self
-            .catalog
-            .list()
-            .await?
-            .into_iter()
-            .map(|s| (s.name, s.record))
-            .collect();
+        let (live, files) = self.round(planner).await?;
         let mut report = RepairReport::default();
         for repair in planner.poll_repairs(now, &files) {
             let mut passed = Vec::new();

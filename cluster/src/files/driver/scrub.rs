@@ -9,7 +9,6 @@ use std::time::Instant;
 use super::{holds, other_bytes, ClusterFiles, FilesError};
 use crate::files::plan::{Found, RepairPlanner};
 use crate::files::transfer::{FileTransfer, TransferError};
-use crate::files::FileRecord;
 
 /// What one scrub round found.
 #[derive(Debug, Default)]
@@ -36,15 +35,7 @@ impl<T: FileTransfer> ClusterFiles<T> {
         planner: &mut RepairPlanner,
         now: Instant,
     ) -> Result<ScrubReport, FilesError> {
-        let live = self.members.live();
-        planner.handle_live(live.iter().map(|n| n.node.clone()).collect());
-        let files: Vec<(String, FileRecord)> = self
-            .catalog
-            .list()
-            .await?
-            .into_iter()
-            .map(|s| (s.name, s.record))
-            .collect();
+        let (live, files) = self.round(planner).await?;
         let mut report = ScrubReport::default();
         for scrub in planner.poll_scrubs(now, &files) {
             let Some((_, record)) = files.iter().find(|(n, _)| *n == scrub.name) else {
