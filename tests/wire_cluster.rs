@@ -686,9 +686,11 @@ fn a_cluster_of_three_serves_d_through_a_killed_host_and_a_partition() {
             .count();
         wire.kill(Host::B);
         let killed = Instant::now();
-        // New clients, one after another from the kill on, each with 4 sessions: until
-        // b's lease lapses a pick may land on b, listed but dead, and must cost at most
-        // the dial bound before the next node (issue 47, item 4).
+        // New clients, one after another from the kill on, each with 12 sessions (the
+        // issue's reproduction): until b's lease lapses the least loaded pick lands on b,
+        // listed but dead, once the others pass its last report, and must cost at most
+        // the dial bound before the next node (issue 47, item 4). With 4 sessions each,
+        // a run saw none of them dial b (c alone was below b's report).
         let newcomers = wire.spawn(Host::D, &["bash", "-c", &newcomers_script(&client, &urls)]);
         cluster.servers.remove(&Host::B);
         cluster.etcd.remove(&Host::B);
@@ -1088,14 +1090,14 @@ fn cluster_client_setup_and_round_trip_next_to_a_direct_connect() {
 /// New clients started one after another after b's kill.
 const NEWCOMERS: usize = 6;
 
-/// A shell loop on d: [`NEWCOMERS`] `client echo` runs of 4 sessions and one request
+/// A shell loop on d: [`NEWCOMERS`] `client echo` runs of 12 sessions and one request
 /// each, one after another, each printing `NEWCOMER MS B` (its whole run in ms, and
 /// whether a dial failed: with a and c alive, only b's can).
 fn newcomers_script(client: &str, urls: &str) -> String {
     format!(
         "for i in $(seq {NEWCOMERS}); do s=$(date +%s%N); \
          out=$(RUST_LOG=warn,rdmactor_cluster=info {client} --cluster {CLUSTER} --etcd {urls} \
-               echo --connections 4 --requests 1 2>&1); rc=$?; e=$(date +%s%N); \
+               echo --connections 12 --requests 1 2>&1); rc=$?; e=$(date +%s%N); \
          b=0; case \"$out\" in *'connect failed'*) b=1;; esac; \
          [ $rc -eq 0 ] && echo \"NEWCOMER $(( (e - s) / 1000000 )) $b\" || echo \"NEWCOMER-FAILED $rc $out\"; \
          done"
