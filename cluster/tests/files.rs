@@ -1117,3 +1117,66 @@ async fn a_servers_clean_up_removes_what_no_record_lists_there_after_the_grace_p
     kept.sort();
     assert_eq!(left, kept);
 }
+
+/// A record that names every live node and one gone past the grace period (a server
+/// recorded its copy before its GOOD and died before the GOOD arrived, and the client
+/// placed the file on the next node too): no copy can replace it, so the record's first
+/// live node takes it off, and the file stays whole on the others.
+#[tokio::test]
+async fn a_gone_node_is_taken_off_a_record_that_every_live_node_holds() {
+    let Some(etcd) = Etcd::start() else { return };
+    let (nodes, files) = cluster(&etcd).await;
+    let mut regs = by_node(nodes);
+    let (bytes, record) = put(&files, "f", 3000, 7).await;
+    // The third node records a copy of its own, as a server's recorder does.
+    let third = ids()
+        .into_iter()
+        .find(|n| !record.nodes.contains(n))
+        .unwrap();
+    let mut copy = record.clone();
+    copy.nodes.clear();
+    files.catalog().add_copy("f", &copy, &third).await.unwrap();
+    std::fs::write(files.transfer().store(&third).join("f"), &bytes).unwrap();
+    let gone = record.nodes[0].clone();
+    leave(&mut regs, &files, &gone, 2).await;
+    let stored = files.catalog().get("f").await.unwrap().unwrap().record;
+    let first_live = stored.nodes.iter().find(|n| **n != gone).unwrap().clone();
+    let other = ids()
+        .into_iter()
+        .find(|n| *n != gone && *n != first_live)
+        .unwrap();
+    let grace = Duration::from_secs(5);
+    let t0 = Instant::now();
+    let mut mine = RepairPlanner::for_node(grace, &first_live);
+    let mut theirs = RepairPlanner::for_node(grace, &other);
+    for (planner, node) in [(&mut mine, &first_live), (&mut theirs, &other)] {
+        let report = files
+            .repair(planner, t0, store_of(&files, node))
+            .await
+            .unwrap();
+        assert!(
+            report.forgotten.is_empty() && report.done.is_empty(),
+            "{report:?}"
+        );
+    }
+    let report = files
+        .repair(&mut theirs, t0 + grace, store_of(&files, &other))
+        .await
+        .unwrap();
+    assert!(
+        report.forgotten.is_empty(),
+        "only the first live node: {report:?}"
+    );
+    let report = files
+        .repair(&mut mine, t0 + grace, store_of(&files, &first_live))
+        .await
+        .unwrap();
+    assert_eq!(report.forgotten.len(), 1, "{report:?}");
+    assert!(report.done.is_empty(), "no copy: {report:?}");
+    let now = files.catalog().get("f").await.unwrap().unwrap().record;
+    assert!(!now.nodes.contains(&gone), "{now:?}");
+    assert_eq!(now.nodes.len(), 2, "{now:?}");
+    let out = tempfile::tempdir().unwrap();
+    let fetched = files.get("f", out.path()).await.unwrap();
+    assert!(std::fs::read(fetched.path).unwrap() == bytes);
+}

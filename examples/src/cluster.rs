@@ -353,6 +353,9 @@ pub fn print_repairs(prefix: &str, report: &RepairReport) {
             r.name, r.gone, r.from, r.to
         );
     }
+    for f in &report.forgotten {
+        println!("{prefix}FORGOT {} gone={}", f.name, f.gone);
+    }
     for (r, why) in &report.failed {
         println!("{prefix}UNREPAIRED {} gone={}: {why}", r.name, r.gone);
     }

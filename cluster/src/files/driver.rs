@@ -97,6 +97,9 @@ pub struct RepairReport {
     /// Copies due but not made, and why (lock held elsewhere, source failed, record
     /// changed meanwhile, ...).
     pub failed: Vec<(Repair, String)>,
+    /// Gone nodes taken off records that every live node held already (no copy could
+    /// replace them).
+    pub forgotten: Vec<super::Forget>,
 }
 
 /// Files replicated over the nodes of a cluster's `files` service.

@@ -36,7 +36,7 @@ pub use driver::{
     FILES_SERVICE,
 };
 pub use plan::{
-    Backoff, Collector, FailureKind, Found, PlacementError, Repair, RepairPlanner, Scrub,
+    Backoff, Collector, FailureKind, Forget, Found, PlacementError, Repair, RepairPlanner, Scrub,
     UploadPlan, Verified,
 };
 #[cfg(feature = "rdmactor")]

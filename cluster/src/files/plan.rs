@@ -227,6 +227,16 @@ pub struct Repair {
     pub ahead: Vec<String>,
 }
 
+/// A node taken off a file's record without a copy (see
+/// [`RepairPlanner::poll_forgets`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Forget {
+    /// The file.
+    pub name: String,
+    /// The node gone longer than the grace period.
+    pub gone: String,
+}
+
 /// Decides repairs. Order: [`handle_live`](Self::handle_live) with the nodes listed
 /// (not draining) whenever they change, then [`poll_repairs`](Self::poll_repairs) with
 /// the catalog and `now`, then for each copy one of [`handle_done`](Self::handle_done)
@@ -379,6 +389,41 @@ impl RepairPlanner {
                 to: to.clone(),
                 ahead: ahead.into_iter().cloned().collect(),
             });
+        }
+        due
+    }
+
+    /// The records that name a node gone longer than the grace period while every live
+    /// node already holds the file: no copy can replace it, so it is only taken off
+    /// the record. How such a record comes about: a server records its copy before its
+    /// GOOD, and dies before the GOOD reaches the client, which then places the file on
+    /// the next nodes too. Inside a server, only the record's first live node names
+    /// them (one writer, no election).
+    #[must_use]
+    pub fn poll_forgets(&mut self, now: Instant, files: &[(String, FileRecord)]) -> Vec<Forget> {
+        let mut due = Vec::new();
+        for (name, record) in files {
+            let Some(first) = record.nodes.iter().find(|n| self.live.contains(n)) else {
+                continue;
+            };
+            if self.only_to.as_ref().is_some_and(|me| me != first)
+                || self.live.iter().any(|n| !record.nodes.contains(n))
+            {
+                continue;
+            }
+            for node in record.nodes.iter().filter(|n| !self.live.contains(n)) {
+                self.absent_since.entry(node.clone()).or_insert(now);
+            }
+            let gone = record.nodes.iter().find(|n| {
+                self.gone_for(now, n)
+                    .is_some_and(|gone_for| gone_for >= self.grace)
+            });
+            if let Some(gone) = gone {
+                due.push(Forget {
+                    name: name.clone(),
+                    gone: gone.clone(),
+                });
+            }
         }
         due
     }

@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use super::{holds, other_bytes, ClusterFiles, FilesError, RepairReport};
 use crate::files::catalog::Stored;
-use crate::files::plan::{FailureKind, Repair, RepairPlanner};
+use crate::files::plan::{FailureKind, Forget, Repair, RepairPlanner};
 use crate::files::transfer::{FileTransfer, TransferError};
 use crate::files::FileRecord;
 use crate::NodeInfo;
@@ -114,7 +114,48 @@ impl<T: FileTransfer> ClusterFiles<T> {
                 }
             }
         }
+        for forget in planner.poll_forgets(now, &files) {
+            match self.forget(&forget).await {
+                Ok(()) => {
+                    tracing::info!(?forget, "cluster files: a gone node taken off a record");
+                    report.forgotten.push(forget);
+                }
+                Err(why) => tracing::warn!(?forget, %why, "cluster files: gone node kept"),
+            }
+        }
         Ok(report)
+    }
+
+    /// Takes `forget.gone` off its file's record, under the file's lock and fenced by
+    /// the revision read under it, if the record still names it among other nodes.
+    async fn forget(&self, forget: &Forget) -> Result<(), String> {
+        let lock = self
+            .catalog
+            .lock(&forget.name, self.lock_ttl)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("another repairer holds the file's lock")?;
+        let result = async {
+            let stored = self
+                .catalog
+                .get(&forget.name)
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or("the file was deleted")?;
+            let mut record = stored.record.clone();
+            record.nodes.retain(|n| *n != forget.gone);
+            if record.nodes.is_empty() || record.nodes.len() == stored.record.nodes.len() {
+                return Err("the record changed".to_owned());
+            }
+            match self.catalog.replace(&stored, &record, &lock).await {
+                Ok(true) => Ok(()),
+                Ok(false) => Err("fenced: the record or the lock changed".to_owned()),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+        .await;
+        self.catalog.release(lock).await;
+        result
     }
 
     /// One copy under the file's lock, fenced by the record's revision; returns the

@@ -540,3 +540,39 @@ fn a_name_no_record_lists_here_is_removed_only_once_seen_so_for_the_grace_period
         ["orphan"]
     );
 }
+
+#[test]
+fn a_gone_node_on_a_record_that_every_live_node_holds_is_forgotten_by_its_first_live_node() {
+    let t0 = Instant::now();
+    let grace = Duration::from_secs(10);
+    let files = vec![("f".to_string(), record(&["a", "b", "c"]))];
+    let mut a = RepairPlanner::for_node(grace, "a");
+    let mut c = RepairPlanner::for_node(grace, "c");
+    for p in [&mut a, &mut c] {
+        p.handle_live(vec!["a".into(), "c".into()]);
+        assert!(
+            p.poll_forgets(t0, &files).is_empty(),
+            "within the grace period"
+        );
+        // No copy can be made: every live node holds the file.
+        assert!(p.poll_repairs(t0 + grace, &files).is_empty());
+    }
+    let due = a.poll_forgets(t0 + grace, &files);
+    assert_eq!(
+        due,
+        [Forget {
+            name: "f".into(),
+            gone: "b".into()
+        }]
+    );
+    assert!(
+        c.poll_forgets(t0 + grace, &files).is_empty(),
+        "a writes, not c"
+    );
+    // A live node outside the record: a copy replaces b instead.
+    a.handle_live(vec!["a".into(), "c".into(), "d".into()]);
+    assert!(a.poll_forgets(t0 + grace, &files).is_empty());
+    // b back: nothing to forget.
+    a.handle_live(vec!["a".into(), "b".into(), "c".into()]);
+    assert!(a.poll_forgets(t0 + grace * 2, &files).is_empty());
+}
