@@ -215,6 +215,13 @@ fn a_corrupted_chunk_is_bad_and_the_good_file_it_would_replace_stays() {
 struct Catalog(std::sync::Mutex<Vec<StoredCopy>>);
 
 impl Recorder for Catalog {
+    fn admit(&self, copy: &StoredCopy) -> Result<(), String> {
+        if copy.overwrite {
+            return Err("not overwritten in place".into());
+        }
+        Ok(())
+    }
+
     fn record(&self, copy: &StoredCopy) -> Result<(), String> {
         if copy.name.starts_with("taken") {
             return Err("the name is taken by other bytes".into());
@@ -263,6 +270,18 @@ fn a_stored_upload_is_recorded_before_its_good_and_one_the_recorder_refuses_is_r
         let outcome = upload(&conn, &dir.path().join("other"), "g", &opts).await;
         assert!(matches!(outcome, Outcome::Bad(BadReason::Mismatch { .. })), "{outcome:?}");
         uploaded(&conn, &dir.path().join("other"), "h").await;
+        // Refused before the rename: the file it would replace keeps its bytes.
+        let opts = SendOptions {
+            overwrite: true,
+            ..SendOptions::default()
+        };
+        let outcome = upload(&conn, &dir.path().join("other"), "f", &opts).await;
+        assert!(
+            matches!(&outcome, Outcome::Bad(BadReason::NotStored { reason }) if reason.contains("not overwritten in place")),
+            "{outcome:?}"
+        );
+        assert!(fs::read(store.join("f")).unwrap() == bytes, "f was replaced");
+        assert_eq!(names(&store), set(&["f", "h"]), "no temporary file left");
         let names_recorded: Vec<String> =
             catalog.0.lock().unwrap().iter().map(|c| c.name.clone()).collect();
         assert_eq!(names_recorded, ["f", "h"]);

@@ -79,6 +79,15 @@ impl CatalogRecorder {
 }
 
 impl Recorder for CatalogRecorder {
+    /// A recorded file's replicas must all hold the recorded bytes: an upload that
+    /// would replace one in place is refused before it takes the name.
+    fn admit(&self, copy: &StoredCopy) -> std::result::Result<(), String> {
+        if copy.overwrite {
+            return Err("a cluster's files are not overwritten in place".into());
+        }
+        Ok(())
+    }
+
     fn record(&self, copy: &StoredCopy) -> std::result::Result<(), String> {
         let (answer, answered) = oneshot::channel();
         self.requests
@@ -96,9 +105,6 @@ async fn record(
     node: &str,
     copy: &StoredCopy,
 ) -> std::result::Result<(), String> {
-    if copy.overwrite {
-        return Err("a cluster's files are not overwritten in place".into());
-    }
     let record = FileRecord {
         alg: copy.digest.alg.name().to_owned(),
         digest: copy.digest.to_string(),

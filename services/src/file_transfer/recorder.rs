@@ -29,6 +29,18 @@ pub struct StoredCopy {
 /// Told of each upload the service verified and stored, before the client hears the
 /// verdict (see the module docs).
 pub trait Recorder: Send + Sync + fmt::Debug + 'static {
+    /// Asked before `copy` takes its final name (on the blocking pool too): a refusal
+    /// leaves the name as it was, which [`record`](Self::record)'s cannot do for a file
+    /// that replaced another. The default lets every copy through.
+    ///
+    /// # Errors
+    ///
+    /// Why the copy must not be stored: the client gets BAD with this reason.
+    fn admit(&self, copy: &StoredCopy) -> Result<(), String> {
+        let _ = copy;
+        Ok(())
+    }
+
     /// Records `copy`. Runs on the service's blocking pool, so it may wait (on etcd,
     /// say), but every second it takes is a second the client waits for its verdict.
     ///

@@ -112,6 +112,16 @@ impl FileSession {
                 })?;
                 let record = server.commit_copy().zip(self.recorder.clone());
                 self.commit = Some(conn.spawn_blocking(COMMIT_DONE, move || {
+                    if let Some((copy, recorder)) = &record {
+                        // Refused before the rename: the name keeps what it held, and
+                        // dropping the temporary file removes it.
+                        recorder
+                            .admit(copy)
+                            .map_err(|why| StoreError::NotRecorded {
+                                name: copy.name.clone(),
+                                why,
+                            })?;
+                    }
                     let committed = temp.commit_identified()?;
                     match record {
                         Some((copy, recorder)) => record_copy(&*recorder, &copy, committed),
