@@ -12,7 +12,9 @@
 
 use std::time::Duration;
 
-use etcd_client::{Client, Compare, CompareOp, GetOptions, LockOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{
+    Client, Compare, CompareOp, GetOptions, LockOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
+};
 use tokio::sync::OnceCell;
 
 use super::record::{file_key, files_prefix, repair_lock, FileRecord};
@@ -116,14 +118,7 @@ impl Catalog {
         // the compare makes a second application harmless. If the first one created the
         // name, the second finds this very record, and `ClusterFiles::put` takes a
         // record with the same bytes as created.
-        let answer = self
-            .members()
-            .await?
-            .idempotent("file create txn", |mut client| {
-                let txn = txn.clone();
-                async move { client.txn(txn).await }
-            })
-            .await?;
+        let answer = self.txn("file create txn", txn).await?;
         if answer.succeeded() {
             return Ok(Created::New);
         }
@@ -186,14 +181,7 @@ impl Catalog {
                 .and_then([TxnOp::put(key.as_str(), record.to_json(), None)]);
             // Made again after a member's failure: the compare makes a second
             // application impossible, and the next round reads the outcome.
-            let answer = self
-                .members()
-                .await?
-                .idempotent("file add copy txn", |mut client| {
-                    let txn = txn.clone();
-                    async move { client.txn(txn).await }
-                })
-                .await?;
+            let answer = self.txn("file add copy txn", txn).await?;
             if answer.succeeded() {
                 return Ok(AddedCopy::Added);
             }
@@ -202,6 +190,18 @@ impl Catalog {
             key,
             reason: "changed under every one of 16 tries to add a copy".into(),
         })
+    }
+
+    /// A transaction whose compares make a second application harmless: made again on
+    /// the next member after a failure of the member's (see `Members::idempotent`).
+    async fn txn(&self, op: &'static str, txn: Txn) -> Result<TxnResponse> {
+        self.members()
+            .await?
+            .idempotent(op, |mut client| {
+                let txn = txn.clone();
+                async move { client.txn(txn).await }
+            })
+            .await
     }
 
     /// The record of `name`, if any.
@@ -339,14 +339,7 @@ impl Catalog {
         // Made again after a failure of the member's: the compare on the revision makes a
         // second application impossible. One that finds the record changed may follow
         // a first that went through unanswered: the record as written tells.
-        let answer = self
-            .members()
-            .await?
-            .idempotent("file replace txn", |mut client| {
-                let txn = txn.clone();
-                async move { client.txn(txn).await }
-            })
-            .await?;
+        let answer = self.txn("file replace txn", txn).await?;
         if answer.succeeded() {
             return Ok(true);
         }

@@ -135,25 +135,17 @@ impl<T: FileTransfer> ClusterFiles<T> {
             .await
             .map_err(|e| e.to_string())?
             .ok_or("another repairer holds the file's lock")?;
-        let result = async {
-            let stored = self
-                .catalog
-                .get(&forget.name)
-                .await
-                .map_err(|e| e.to_string())?
-                .ok_or("the file was deleted")?;
-            let mut record = stored.record.clone();
-            record.nodes.retain(|n| *n != forget.gone);
-            if record.nodes.is_empty() || record.nodes.len() == stored.record.nodes.len() {
-                return Err("the record changed".to_owned());
-            }
-            match self.catalog.replace(&stored, &record, &lock).await {
-                Ok(true) => Ok(()),
-                Ok(false) => Err("fenced: the record or the lock changed".to_owned()),
-                Err(e) => Err(e.to_string()),
-            }
-        }
-        .await;
+        let result = self
+            .rewrite(&forget.name, &lock, |now| {
+                let mut nodes = now.nodes.clone();
+                nodes.retain(|n| *n != forget.gone);
+                if nodes.is_empty() || nodes.len() == now.nodes.len() {
+                    return Err(Unmade::new(FailureKind::Changed, "the record changed"));
+                }
+                Ok(nodes)
+            })
+            .await
+            .map_err(|unmade| unmade.why);
         self.catalog.release(lock).await;
         result
     }
@@ -358,29 +350,48 @@ impl<T: FileTransfer> ClusterFiles<T> {
         new: &str,
         lock: &crate::files::RepairLock,
     ) -> Result<(), Unmade> {
+        self.rewrite(&stored.name, lock, |now| {
+            if !now.same_bytes(&stored.record) {
+                return Err(Unmade::new(
+                    FailureKind::Changed,
+                    "the record changed bytes during the copy",
+                ));
+            }
+            let mut nodes: Vec<String> = Vec::with_capacity(now.nodes.len());
+            for node in &now.nodes {
+                let node = if *node == repair.gone { new } else { node };
+                if !nodes.iter().any(|n| n == node) {
+                    nodes.push(node.to_owned());
+                }
+            }
+            Ok(nodes)
+        })
+        .await
+    }
+
+    /// Under `lock`: reads `name`'s record, gives it the nodes `nodes` makes of it (or
+    /// its refusal), and writes it fenced by the revision read. What a repair's record
+    /// update and a forgotten node share.
+    async fn rewrite(
+        &self,
+        name: &str,
+        lock: &crate::files::RepairLock,
+        nodes: impl FnOnce(&FileRecord) -> Result<Vec<String>, Unmade>,
+    ) -> Result<(), Unmade> {
         let changed = |why: &str| Unmade::new(FailureKind::Changed, why.to_owned());
         let now = self
             .catalog
-            .get(&stored.name)
+            .get(name)
             .await
             .map_err(|e| Unmade::new(FailureKind::Registry, e.to_string()))?
-            .ok_or_else(|| changed("the file was deleted during the copy"))?;
-        if !now.record.same_bytes(&stored.record) {
-            return Err(changed("the record changed bytes during the copy"));
-        }
-        let mut record = now.record.clone();
-        record.nodes = Vec::with_capacity(now.record.nodes.len());
-        for node in &now.record.nodes {
-            let node = if *node == repair.gone { new } else { node };
-            if !record.nodes.iter().any(|n| n == node) {
-                record.nodes.push(node.to_owned());
-            }
-        }
+            .ok_or_else(|| changed("the file was deleted"))?;
+        let record = FileRecord {
+            nodes: nodes(&now.record)?,
+            ..now.record.clone()
+        };
         match self.catalog.replace(&now, &record, lock).await {
             Ok(true) => Ok(()),
-            Ok(false) => Err(changed(
-                "fenced: the record or the lock changed during the copy",
-            )),
+            Ok(false) => Err(changed("fenced: the record or the lock changed")),
             Err(e) => Err(Unmade::new(FailureKind::Registry, e.to_string())),
         }
     }
