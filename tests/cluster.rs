@@ -6,16 +6,20 @@
 //! Files across nodes (item 3): four servers, files put with R = 2 through the cluster's
 //! `files` nodes and fetched back byte for byte after one server is SIGKILLed; after the
 //! grace period the servers themselves (`--repair-after-secs`) copy each of its files to
-//! another node, each copy made once, by the node it goes to.
+//! another node, each copy made once, by the node it goes to. With keys (issues 46 and
+//! 47): no server serves files publicly; each repairs with a key of its own that the
+//! others name as a replicator, so a repaired copy is the uploader's, fetched by her
+//! from every node that holds it and refused to anyone else.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rdmactor::runtime::{Client, NodeConfig};
-use rdmactor_cluster::files::{ClusterFiles, RdmaFiles};
+use rdmactor::runtime::{Client, Credential, NodeConfig};
+use rdmactor_cluster::files::{ClusterFiles, FileTransfer, RdmaFiles, TransferError};
 use rdmactor_cluster::{ClusterClient, EtcdConfig, Membership, NodeInfo, Placement};
+use rdmactor_services::file_transfer::ownership;
 use rdmactor_testkit::etcd::Etcd;
 use rdmactor_testkit::pattern;
 use rdmactor_tests::{
@@ -198,28 +202,52 @@ fn files_put_with_two_replicas_survive_a_killed_server_and_repair_restores_two()
     let Some(etcd) = Etcd::start() else { return };
     let _reaper = KillServersOnPanic;
     let base = resource_counts();
-    let work = tempfile::tempdir().expect("a work directory");
+    // Under the target directory, not /tmp: owners are user extended attributes, which
+    // the VM's tmpfs lacks before Linux 6.6.
+    let work = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("a work directory");
+    let nodes = ["a", "b", "c", "d"];
+    // One key file for every server: the uploader, another client, and a key per
+    // server that every server names as a replicator.
+    let keys = work.path().join("keys");
+    std::fs::create_dir(&keys).unwrap();
+    let mut authorized = String::new();
+    for who in ["alice".to_owned(), "bob".to_owned()]
+        .into_iter()
+        .chain(nodes.map(node_identity))
+    {
+        authorized += &keygen(&keys, &who, &format!("{who}.key"));
+        authorized.push('\n');
+    }
+    let keys_file = keys.join("authorized_keys");
+    std::fs::write(&keys_file, authorized).unwrap();
+    let keys_arg = keys_file.display().to_string();
     let mut servers = std::collections::BTreeMap::new();
     let grace = Duration::from_secs(5);
     let grace_arg = grace.as_secs().to_string();
-    for node in ["a", "b", "c", "d"] {
+    for node in nodes {
         let store = work.path().join(format!("store-{node}"));
         std::fs::create_dir(&store).unwrap();
         let store_arg = store.display().to_string();
-        // Public fetch: a replica is fetched on another connection than its upload.
-        let (child, addr, log) = start_server_logged(
-            &etcd,
-            node,
-            &[
-                "--files-dir",
-                &store_arg,
-                "--files-public-fetch",
-                "--repair-after-secs",
-                &grace_arg,
-                "--repair-every-secs",
-                "1",
-            ],
-        );
+        let repair_key = keys.join(format!("{}.key", node_identity(node)));
+        let repair_key = repair_key.display().to_string();
+        let mut args = vec![
+            "--files-dir".to_owned(),
+            store_arg,
+            "--authorized-keys".to_owned(),
+            keys_arg.clone(),
+            "--repair-key".to_owned(),
+            repair_key,
+            "--repair-after-secs".to_owned(),
+            grace_arg.clone(),
+            "--repair-every-secs".to_owned(),
+            "1".to_owned(),
+        ];
+        for other in nodes {
+            args.push("--files-replicator".to_owned());
+            args.push(node_identity(other));
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (child, addr, log) = start_server_logged(&etcd, node, &args);
         servers.insert(node, (child, addr, store, log));
     }
     let src = work.path().join("src");
@@ -234,7 +262,14 @@ fn files_put_with_two_replicas_survive_a_killed_server_and_repair_restores_two()
         })
         .collect();
     actix_run(async {
-        let client = Client::start(NodeConfig::default()).expect("client");
+        let as_who = |who: &str| {
+            let key = Credential::load(keys.join(format!("{who}.key"))).expect("a key");
+            Client::start(NodeConfig::default())
+                .expect("client")
+                .with_identity(key)
+        };
+        let client = as_who("alice");
+        let bob = as_who("bob");
         let config = EtcdConfig::new([etcd.url()]);
         let cluster = ClusterFiles::new(RdmaFiles::new(&client), config, "vm").expect("files");
         cluster
@@ -401,6 +436,32 @@ fn files_put_with_two_replicas_survive_a_killed_server_and_repair_restores_two()
                 let held = std::fs::read(servers[node.as_str()].2.join(name)).expect("replica");
                 assert!(held == *bytes, "{name} on {node} differs after repair");
             }
+            // The copy is alice's: she fetches it from the node it was copied to and
+            // from the other, on connections of her own; bob is told what a missing
+            // file would tell him.
+            for node in &now.nodes {
+                let (_, addr, store, _) = &servers[node.as_str()];
+                let owner = ownership::owner_at(&store.join(name)).expect("owner");
+                assert_eq!(owner.as_deref(), Some("alice"), "{name} on {node}");
+                let mine = work.path().join(format!("mine-{node}"));
+                std::fs::create_dir_all(&mine).unwrap();
+                let got = RdmaFiles::new(&client)
+                    .fetch(*addr, name, &mine, u64::MAX, None)
+                    .await
+                    .unwrap_or_else(|e| panic!("alice's fetch of {name} from {node}: {e}"));
+                assert_eq!(got.size, bytes.len() as u64);
+                assert!(std::fs::read(mine.join(name)).unwrap() == *bytes);
+                let theirs = work.path().join(format!("bob-{node}"));
+                std::fs::create_dir_all(&theirs).unwrap();
+                let refused = RdmaFiles::new(&bob)
+                    .fetch(*addr, name, &theirs, u64::MAX, None)
+                    .await;
+                assert_eq!(
+                    refused,
+                    Err(TransferError::NotFound),
+                    "bob's fetch of {name} from {node}"
+                );
+            }
         }
         // And every file still comes back whole.
         let out = work.path().join("out-2");
@@ -417,6 +478,7 @@ fn files_put_with_two_replicas_survive_a_killed_server_and_repair_restores_two()
         }
         drop(cluster);
         client.shutdown().await;
+        bob.shutdown().await;
     });
     // The three left shut down (the victim's kill fails: it is gone).
     for (_, (mut child, _, _, _)) in servers {
@@ -427,6 +489,23 @@ fn files_put_with_two_replicas_survive_a_killed_server_and_repair_restores_two()
         let _ = child.wait();
     }
     assert_released(&base);
+}
+
+/// The identity server `node` repairs with.
+fn node_identity(node: &str) -> String {
+    format!("node-{node}")
+}
+
+/// Writes a new Ed25519 key for `identity` to `dir/file` with `keygen`; returns its
+/// authorized-keys line.
+fn keygen(dir: &std::path::Path, identity: &str, file: &str) -> String {
+    let out = Command::new(target_bin("keygen"))
+        .args(["--identity", identity, "--out"])
+        .arg(dir.join(file))
+        .output()
+        .expect("run keygen (scripts/test builds it)");
+    assert!(out.status.success(), "keygen: {out:?}");
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
 }
 
 /// Runs a tool binary to its end; its stdout, after asserting it exited 0.

@@ -32,6 +32,8 @@ struct Fake {
     fetch_limits: RefCell<Vec<u64>>,
     /// The directory each fetch wrote into, and its permission bits then.
     fetch_dirs: RefCell<Vec<(PathBuf, u32)>>,
+    /// Each file a transfer wrote, with the owner it was stored for (`copy_for`).
+    stored_for: RefCell<Vec<(PathBuf, Option<String>)>>,
     _dir: tempfile::TempDir,
 }
 
@@ -75,6 +77,7 @@ impl FileTransfer for Fake {
         addr: SocketAddr,
         path: &Path,
         name: &str,
+        copy_for: Option<&str>,
     ) -> Result<Verified, TransferError> {
         self.alive(addr)?;
         self.uploads.borrow_mut().push(addr);
@@ -84,6 +87,8 @@ impl FileTransfer for Fake {
         }
         let bytes = std::fs::read(path).map_err(|e| TransferError::Failed(e.to_string()))?;
         std::fs::write(&dest, &bytes).map_err(|e| TransferError::Failed(e.to_string()))?;
+        let owner = copy_for.map(str::to_owned);
+        self.stored_for.borrow_mut().push((dest, owner));
         self.moved.borrow_mut().push((addr, bytes.len() as u64));
         Ok(verify(&bytes))
     }
@@ -94,6 +99,7 @@ impl FileTransfer for Fake {
         name: &str,
         dir: &Path,
         max_size: u64,
+        copy_for: Option<&str>,
     ) -> Result<Verified, TransferError> {
         self.alive(addr)?;
         self.fetch_limits.borrow_mut().push(max_size);
@@ -111,6 +117,8 @@ impl FileTransfer for Fake {
         }
         let bytes = std::fs::read(src).map_err(|e| TransferError::Failed(e.to_string()))?;
         std::fs::write(dir.join(name), &bytes).map_err(|e| TransferError::Failed(e.to_string()))?;
+        let owner = copy_for.map(str::to_owned);
+        self.stored_for.borrow_mut().push((dir.join(name), owner));
         self.moved.borrow_mut().push((addr, bytes.len() as u64));
         Ok(verify(&bytes))
     }
@@ -142,6 +150,7 @@ fn fake() -> Fake {
         moved: RefCell::default(),
         fetch_limits: RefCell::default(),
         fetch_dirs: RefCell::default(),
+        stored_for: RefCell::default(),
         _dir: dir,
     }
 }
@@ -649,7 +658,7 @@ async fn junk_uploaded_to_the_next_nodes_in_order_does_not_stop_the_servers_repa
     for node in &order[2..4] {
         files
             .transfer()
-            .upload(node_addr(node), &junk, "j.bin")
+            .upload(node_addr(node), &junk, "j.bin", None)
             .await
             .unwrap();
     }
@@ -1179,4 +1188,65 @@ async fn a_gone_node_is_taken_off_a_record_that_every_live_node_holds() {
     let out = tempfile::tempdir().unwrap();
     let fetched = files.get("f", out.path()).await.unwrap();
     assert!(std::fs::read(fetched.path).unwrap() == bytes);
+}
+
+/// Issues 46/47: a repaired copy is its file's owner's, as the replica it replaces
+/// was. The copy is fetched into the repairing server's store (`store`) or uploaded
+/// through a scratch directory (`ft repair`), each as a copy for the record's owner;
+/// the scratch copy itself is for no one.
+async fn a_repaired_copy_is_stored_for_its_records_owner(store: bool) {
+    let Some(etcd) = Etcd::start() else { return };
+    let (nodes, files) = cluster(&etcd).await;
+    let mut regs = by_node(nodes);
+    let order = order_of("o.bin", 3);
+    let bytes = rdmactor_testkit::pattern(25_000, 4);
+    let held = verify(&bytes);
+    let record = FileRecord {
+        alg: held.alg,
+        digest: held.digest,
+        size: held.size,
+        nodes: order[..2].to_vec(),
+        owner: Some("alice".into()),
+    };
+    files.catalog().create("o.bin", &record).await.unwrap();
+    for node in &order[..2] {
+        std::fs::write(files.transfer().store(node).join("o.bin"), &bytes).unwrap();
+    }
+    leave(&mut regs, &files, &order[0], 2).await;
+    let grace = Duration::from_secs(30);
+    let scratch = tempfile::tempdir().unwrap();
+    let (mut planner, staging) = if store {
+        (
+            RepairPlanner::for_node(grace, &order[2]),
+            store_of(&files, &order[2]),
+        )
+    } else {
+        (RepairPlanner::new(grace), Staging::Through(scratch.path()))
+    };
+    let t0 = Instant::now();
+    files.repair(&mut planner, t0, staging).await.unwrap();
+    let report = files
+        .repair(&mut planner, t0 + grace, staging)
+        .await
+        .unwrap();
+    assert_eq!(report.done.len(), 1, "{report:?}");
+    let copy = files.transfer().store(&order[2]).join("o.bin");
+    assert_eq!(std::fs::read(&copy).unwrap(), bytes);
+    let stored_for = files.transfer().stored_for.borrow().clone();
+    assert!(
+        stored_for.contains(&(copy, Some("alice".into()))),
+        "{stored_for:?}"
+    );
+    let now = files.catalog().get("o.bin").await.unwrap().unwrap().record;
+    assert_eq!(now.owner.as_deref(), Some("alice"));
+}
+
+#[tokio::test]
+async fn a_servers_repair_fetches_its_copy_for_the_records_owner() {
+    a_repaired_copy_is_stored_for_its_records_owner(true).await;
+}
+
+#[tokio::test]
+async fn a_repair_through_scratch_uploads_its_copy_for_the_records_owner() {
+    a_repaired_copy_is_stored_for_its_records_owner(false).await;
 }

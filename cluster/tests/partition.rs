@@ -38,6 +38,7 @@ impl FileTransfer for Fake {
         addr: SocketAddr,
         path: &Path,
         name: &str,
+        _copy_for: Option<&str>,
     ) -> Result<Verified, TransferError> {
         let bytes = self.read(addr, path)?;
         std::fs::write(self.stores[&addr].join(name), &bytes)
@@ -51,6 +52,7 @@ impl FileTransfer for Fake {
         name: &str,
         dir: &Path,
         _max_size: u64,
+        _copy_for: Option<&str>,
     ) -> Result<Verified, TransferError> {
         let bytes = self.read(addr, &self.stores[&addr].join(name))?;
         std::fs::write(dir.join(name), &bytes).map_err(|e| TransferError::Failed(e.to_string()))?;

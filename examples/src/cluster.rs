@@ -112,6 +112,12 @@ pub struct ServerClusterArgs {
     /// would be removed too.
     #[arg(long, requires = "repair_after_secs", value_name = "SECS")]
     pub clean_up_after_secs: Option<u64>,
+    /// With --repair-after-secs: the key this server's repairs prove to the other
+    /// servers (a `keygen` file), whose `files` services name its identity with
+    /// --files-replicator. Without it, repairs connect anonymously and need
+    /// --files-public-fetch on every server.
+    #[arg(long, requires = "repair_after_secs", value_name = "FILE")]
+    pub repair_key: Option<std::path::PathBuf>,
 }
 
 /// Files a server's scrub asks about per repair round, at most.

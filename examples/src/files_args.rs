@@ -30,6 +30,13 @@ pub struct FilesArgs {
     /// only files it uploaded on the same connection).
     #[arg(long)]
     pub files_public_fetch: bool,
+    /// An identity (from --authorized-keys) trusted to copy files between servers for
+    /// their owners: a cluster's servers, each proving its own --repair-key. It
+    /// fetches any file and stores copies as their owner's, so a cluster repairs
+    /// without --files-public-fetch and a repaired copy stays its owner's alone.
+    /// Repeatable.
+    #[arg(long = "files-replicator", value_name = "IDENTITY")]
+    pub files_replicators: Vec<String>,
     /// Let every client overwrite every file (default: only its own uploads).
     #[arg(long)]
     pub files_overwrite_others: bool,
@@ -125,6 +132,12 @@ impl FilesArgs {
                 Some(std::time::Duration::from_secs(self.files_stall_secs))
                     .filter(|d| !d.is_zero()),
             );
+        for who in &self.files_replicators {
+            if !rdmactor::runtime::valid_identity(who) {
+                bail!("--files-replicator {who:?} is not an identity name");
+            }
+            config = config.with_replicator(who);
+        }
         if let Some(recorder) = recorder {
             config = config.with_recorder(recorder);
         }

@@ -215,7 +215,7 @@ impl<T: FileTransfer> ClusterFiles<T> {
                 .expect("planned from the list")
                 .record
                 .addr;
-            match self.transfer.upload(addr, path, name).await {
+            match self.transfer.upload(addr, path, name, None).await {
                 Ok(verified) => plan.handle_good(node, verified),
                 Err(reason) => {
                     tracing::info!(%name, %node, %reason, "cluster files: upload failed; trying the next node");
@@ -322,7 +322,7 @@ impl<T: FileTransfer> ClusterFiles<T> {
     ) -> Result<PathBuf, String> {
         let verified = self
             .transfer
-            .fetch(addr, name, dir, record.size)
+            .fetch(addr, name, dir, record.size, None)
             .await
             .map_err(|e| e.to_string())?;
         let path = dir.join(name);

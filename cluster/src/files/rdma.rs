@@ -46,10 +46,15 @@ impl FileTransfer for RdmaFiles<'_> {
         addr: SocketAddr,
         path: &Path,
         name: &str,
+        copy_for: Option<&str>,
     ) -> Result<Verified, TransferError> {
         let conn = self.connect(addr).await?;
         let mut offered = None;
-        let outcome = send_file(&conn, path, name, &SendOptions::default(), |p| {
+        let opts = SendOptions {
+            copy_for: copy_for.map(str::to_owned),
+            ..SendOptions::default()
+        };
+        let outcome = send_file(&conn, path, name, &opts, |p| {
             if let Progress::Offer(offer) = p {
                 offered = Some(verified(offer.len, &offer.digest));
             }
@@ -73,10 +78,12 @@ impl FileTransfer for RdmaFiles<'_> {
         name: &str,
         dir: &Path,
         max_size: u64,
+        copy_for: Option<&str>,
     ) -> Result<Verified, TransferError> {
         let conn = self.connect(addr).await?;
         let opts = FetchOptions {
             max_size,
+            copy_for: copy_for.map(str::to_owned),
             ..FetchOptions::default()
         };
         let outcome = fetch_file(&conn, self.client, name, dir, &opts, |_| {}).await;

@@ -37,23 +37,28 @@ pub enum TransferError {
 /// over RDMA ([`RdmaFiles`](super::RdmaFiles)), or a test's fake.
 pub trait FileTransfer {
     /// Uploads the local file `path` as `name` to the node at `addr`; returns what the
-    /// node verified (it answered GOOD), or why not.
+    /// node verified (it answered GOOD), or why not. With `copy_for`, the upload is a
+    /// replicator's copy of that identity's file, stored as its (the `files` service's
+    /// `OfferFor`); without, the file is the uploader's own.
     fn upload(
         &self,
         addr: SocketAddr,
         path: &Path,
         name: &str,
+        copy_for: Option<&str>,
     ) -> impl Future<Output = Result<Verified, TransferError>>;
     /// Fetches `name` from the node at `addr` into `dir/name`, unless the node
     /// announces more than `max_size` bytes; returns what was verified on arrival, or
     /// why not (then no file is left, and an existing `dir/name` is kept:
-    /// [`TransferError::Exists`]).
+    /// [`TransferError::Exists`]). With `copy_for`, the file is stored as that
+    /// identity's (a repair fetching into its own store keeps the file's owner).
     fn fetch(
         &self,
         addr: SocketAddr,
         name: &str,
         dir: &Path,
         max_size: u64,
+        copy_for: Option<&str>,
     ) -> impl Future<Output = Result<Verified, TransferError>>;
     /// What the node at `addr` holds under `name` (its digest with the algorithm the
     /// catalog records), without moving it; [`TransferError::NotFound`] if nothing.

@@ -434,7 +434,14 @@ fn main() -> Result<()> {
             }
         };
         let repair_client = match args.cluster.repair_after_secs {
-            Some(_) => Some(Client::start(repair_config).context("starting the repairs' client")?),
+            Some(_) => {
+                let client =
+                    Client::start(repair_config).context("starting the repairs' client")?;
+                let key = rdmactor_examples::identity::Key {
+                    key: args.cluster.repair_key.clone(),
+                };
+                Some(key.apply(client).context("--repair-key")?)
+            }
             None => None,
         };
         let repairs = async {

@@ -46,6 +46,10 @@ pub struct SendOptions {
     /// Test hook: flip the first byte of this chunk after reading it, so that the
     /// server receives other bytes than the digest covers and must answer BAD.
     pub corrupt_chunk: Option<u32>,
+    /// Offer the file as a copy of this identity's file ([`Msg::OfferFor`]): a
+    /// replicator's upload, stored as the owner's (see
+    /// [`Config::replicators`]). `overwrite` is then ignored.
+    pub copy_for: Option<String>,
 }
 
 impl Default for SendOptions {
@@ -56,6 +60,7 @@ impl Default for SendOptions {
             identity: None,
             max_window: Config::DEFAULT_MAX_WINDOW,
             corrupt_chunk: None,
+            copy_for: None,
         }
     }
 }
@@ -73,6 +78,10 @@ pub struct FetchOptions {
     pub slot_len: u32,
     /// Largest file the client accepts.
     pub max_size: u64,
+    /// Store the fetched file as this identity's (its owner attribute, see
+    /// `ownership.rs`): a replicator fetching into a store keeps the owner of the
+    /// file it copies.
+    pub copy_for: Option<String>,
 }
 
 impl Default for FetchOptions {
@@ -83,6 +92,7 @@ impl Default for FetchOptions {
             slots: Config::DEFAULT_SLOTS,
             slot_len: Config::DEFAULT_SLOT_LEN,
             max_size: Config::DEFAULT_MAX_SIZE,
+            copy_for: None,
         }
     }
 }
@@ -171,6 +181,9 @@ pub async fn send_file<T: Transport>(
     if let Some(id) = &opts.identity {
         sender = sender.with_identity(id.clone());
     }
+    if let Some(owner) = &opts.copy_for {
+        sender = sender.for_owner(owner.clone());
+    }
     let mut drive = Drive::new(conn, None, progress);
     drive.corrupt = opts.corrupt_chunk;
     (drive.progress)(Progress::Offer(sender.offer()));
@@ -199,6 +212,9 @@ pub async fn fetch_file<T: Transport>(
         .with_window(opts.slots, opts.slot_len)
         .with_max_size(opts.max_size);
     let mut receiver = Receiver::fetch(Arc::new(config), name, opts.alg, opts.overwrite)?;
+    if let Some(owner) = &opts.copy_for {
+        receiver.set_copy_owner(owner.clone());
+    }
     let drive = Drive::new(conn, Some(client), progress);
     finish(conn, drive.run(&mut receiver).await).await
 }

@@ -1,6 +1,6 @@
 //! Operator settings for the receiving (and serving) side.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -69,6 +69,13 @@ pub struct Config {
     /// a cluster's servers record their copies in the catalog through it. `None`
     /// records nothing.
     pub recorder: Option<Arc<dyn Recorder>>,
+    /// Identities that copy files between servers for their owners: a cluster's
+    /// servers, each proving its own key when its repair connects. A replicator
+    /// fetches and stats any file, and may offer a copy for another owner
+    /// ([`Msg::OfferFor`](super::Msg::OfferFor)), stored as that owner's. So a cluster
+    /// needs no [`public_fetch`](Self::public_fetch) for its repair, and a repaired
+    /// copy stays its owner's alone. Empty by default.
+    pub replicators: HashSet<String>,
 }
 
 impl Config {
@@ -110,6 +117,7 @@ impl Config {
             fetch_preparations: Config::DEFAULT_FETCH_PREPARATIONS,
             max_uploads: Config::DEFAULT_MAX_UPLOADS,
             recorder: None,
+            replicators: HashSet::new(),
         }
     }
 
@@ -130,6 +138,13 @@ impl Config {
     /// Tells `recorder` of each verified upload before its verdict (see [`Recorder`]).
     pub fn with_recorder(mut self, recorder: Arc<dyn Recorder>) -> Config {
         self.recorder = Some(recorder);
+        self
+    }
+
+    /// Trusts `identity` to copy files for their owners (see
+    /// [`replicators`](Self::replicators)).
+    pub fn with_replicator(mut self, identity: impl Into<String>) -> Config {
+        self.replicators.insert(identity.into());
         self
     }
 

@@ -83,6 +83,14 @@
 //! the bytes it expects from other bytes under the name without moving either (a
 //! cluster's repair asks it before copying).
 //!
+//! **Copies for an owner.** A connection that proved an identity the service names as
+//! a replicator ([`Config::replicators`]: a cluster's servers) may fetch and stat any
+//! file, and may send `OfferFor{offer, owner}` in place of an `Offer`: the upload
+//! goes on as any other, and the file is stored as `owner`'s, never replacing one,
+//! proving no ID to `Identify`. From anyone else it is refused
+//! [`RejectReason::Forbidden`]. So a cluster's repair copies a file for the owner its
+//! record names, and the owner reads the copy from the node it went to.
+//!
 //! **Aborts.** A transfer that fails midway for a reason the peer should hear (a write
 //! that ran out of space after all, a source that cannot be read) ends with
 //! [`Msg::Abort`] and the reason, not with a closed connection: the sender stops and

@@ -152,6 +152,36 @@ impl Server {
         }
     }
 
+    /// A receiver for one upload, with the service's reaper and this client's quota.
+    fn receiver(&self) -> Receiver {
+        let mut r = Receiver::new(Arc::clone(&self.config));
+        if let Some(reaper) = &self.reaper {
+            r.set_reaper(reaper.clone());
+        }
+        if let Some(client) = &self.quota {
+            r.set_quota(client.clone());
+        }
+        r
+    }
+
+    /// Whether the connection proved an identity the service trusts to copy files for
+    /// their owners ([`Config::replicators`]).
+    fn is_replicator(&self) -> bool {
+        self.identity
+            .as_ref()
+            .is_some_and(|who| self.config.replicators.contains(who))
+    }
+
+    /// Answers the message just taken with `reason`: the transfer it asked for ends
+    /// before it began.
+    fn refuse(&mut self, reason: RejectReason) {
+        self.out.push_back(Output::Send(Msg::Reject {
+            reason: reason.clone(),
+        }));
+        self.out
+            .push_back(Output::Finished(Outcome::Rejected(reason)));
+    }
+
     /// Ends the current role, keeping whatever it still has to say.
     fn retire(&mut self) {
         if let Some(ep) = self.role_mut() {
@@ -175,14 +205,11 @@ impl Endpoint for Server {
         let between = self.is_finished();
         let stat = matches!(msg, Msg::Stat { .. });
         match msg {
-            Msg::Offer(_) | Msg::Fetch { .. } | Msg::Stat { .. } if between && self.draining() => {
+            Msg::Offer(_) | Msg::OfferFor { .. } | Msg::Fetch { .. } | Msg::Stat { .. }
+                if between && self.draining() =>
+            {
                 self.retire();
-                let reason = RejectReason::ShuttingDown;
-                self.out.push_back(Output::Send(Msg::Reject {
-                    reason: reason.clone(),
-                }));
-                self.out
-                    .push_back(Output::Finished(Outcome::Rejected(reason)));
+                self.refuse(RejectReason::ShuttingDown);
                 Ok(())
             }
             Msg::Offer(mut offer) if between => {
@@ -196,16 +223,32 @@ impl Endpoint for Server {
                 {
                     offer.overwrite = false;
                 }
-                let mut r = Receiver::new(Arc::clone(&self.config));
+                let mut r = self.receiver();
                 if let Some(who) = &self.identity {
                     r.set_owner(who.clone());
                 }
-                if let Some(reaper) = &self.reaper {
-                    r.set_reaper(reaper.clone());
+                let res = r.handle_msg(Msg::Offer(offer));
+                self.role = Role::Receive(r);
+                res
+            }
+            Msg::OfferFor { mut offer, owner } if between => {
+                self.retire();
+                if !self.is_replicator() {
+                    self.refuse(RejectReason::Forbidden {
+                        what: "only a replicator may offer a copy for another owner".into(),
+                    });
+                    return Ok(());
                 }
-                if let Some(client) = &self.quota {
-                    r.set_quota(client.clone());
+                if !rdmactor::runtime::valid_identity(&owner) {
+                    self.refuse(RejectReason::Forbidden {
+                        what: format!("a copy for {owner:?}, which is no identity name"),
+                    });
+                    return Ok(());
                 }
+                // A copy fills a gap; it never replaces what a node holds.
+                offer.overwrite = false;
+                let mut r = self.receiver();
+                r.set_copy_owner(owner);
                 let res = r.handle_msg(Msg::Offer(offer));
                 self.role = Role::Receive(r);
                 res
@@ -222,11 +265,7 @@ impl Endpoint for Server {
                 // answer is the one for a missing file, so it says nothing about them.
                 // (Bad names go on to the preparation, which says what is wrong.)
                 self.retire();
-                self.out.push_back(Output::Send(Msg::Reject {
-                    reason: RejectReason::NotFound,
-                }));
-                self.out
-                    .push_back(Output::Finished(Outcome::Rejected(RejectReason::NotFound)));
+                self.refuse(RejectReason::NotFound);
                 Ok(())
             }
             Msg::Fetch { name, alg } | Msg::Stat { name, alg } if between => {
@@ -236,7 +275,11 @@ impl Endpoint for Server {
                 job.limit = self.preparations.clone().zip(self.quota.clone());
                 // An identity's fetch is served if the file is its own: told by the
                 // opened file's owner, in the preparation.
-                job.owner = self.identity.clone().filter(|_| !self.config.public_fetch);
+                // A replicator's fetch is served whoever owns the file.
+                job.owner = self
+                    .identity
+                    .clone()
+                    .filter(|_| !self.config.public_fetch && !self.is_replicator());
                 self.role = Role::Preparing {
                     job: Some(job),
                     stat,

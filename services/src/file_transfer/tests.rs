@@ -994,3 +994,117 @@ fn fetch_and_overwrite_only_ones_own_files_by_default() {
         Err(TransferError::Name(crate::file_transfer::NameError::Hidden))
     ));
 }
+
+/// Issues 46/47: a cluster's repair copies a file for its owner. A replicator fetches
+/// any file and offers a copy stored as the owner's, so the owner (and only the
+/// owner) fetches it from the new node; nobody else may offer a copy for another.
+#[test]
+fn a_replicator_copies_a_file_for_its_owner_and_nobody_else_may() {
+    let dir = tempfile::tempdir().unwrap();
+    let local = tempfile::tempdir().unwrap();
+    let src_dir = tempfile::tempdir().unwrap();
+    let src = src_dir.path().join("src");
+    std::fs::write(&src, pattern(150_000, 9)).unwrap();
+    let config = Arc::new(
+        Config::new(dir.path())
+            .with_window(SLOTS, SLOT_LEN)
+            .with_secret("alice", "alice-key")
+            .with_replicator("node-b"),
+    );
+    let conn = |who: &str| Box::new(Server::new(Arc::clone(&config)).with_identity(who.into()));
+    let fetch = |name: &str| {
+        Receiver::fetch(
+            Arc::new(Config::new(local.path())),
+            name,
+            HashAlg::Sha256,
+            false,
+        )
+        .unwrap()
+    };
+    let owner = |path: &Path| ownership::owner_at(path).unwrap();
+
+    // alice's file: bob may not read it, the replicator may, and its fetched copy
+    // keeps alice as its owner.
+    let mut pair = Pair::new(upload(&src, "f", HashAlg::Sha256, false), conn("alice"));
+    pair.run().unwrap();
+    assert_eq!(owner(&dir.path().join("f")).as_deref(), Some("alice"));
+    let mut bob = Pair::new(Box::new(fetch("f")), conn("bob"));
+    bob.run().unwrap();
+    assert_eq!(
+        bob.client().outcomes,
+        vec![Outcome::Rejected(RejectReason::NotFound)]
+    );
+    let mut copying = fetch("f");
+    copying.set_copy_owner("alice".into());
+    let mut node = Pair::new(Box::new(copying), conn("node-b"));
+    node.run().unwrap();
+    assert!(matches!(
+        node.client().outcomes[..],
+        [Outcome::Stored { .. }]
+    ));
+    assert_eq!(owner(&local.path().join("f")).as_deref(), Some("alice"));
+
+    // A copy offered for alice: refused to bob with the reason, nothing stored ...
+    let copy = |name: &str, who: &str| {
+        Box::new(
+            Sender::from_file(&src, name, HashAlg::Sha256, true)
+                .unwrap()
+                .for_owner(who)
+                .with_identity("alice"),
+        )
+    };
+    let mut bob = Pair::new(copy("g", "alice"), conn("bob"));
+    bob.run().unwrap();
+    assert!(
+        matches!(
+            &bob.client().outcomes[..],
+            [Outcome::Rejected(RejectReason::Forbidden { .. })]
+        ),
+        "{:?}",
+        bob.client().outcomes
+    );
+    assert!(!dir.path().join("g").exists());
+    // ... and an owner that is no identity is refused to the replicator too.
+    let mut odd = Pair::new(copy("g", "a b"), conn("node-b"));
+    odd.run().unwrap();
+    assert!(matches!(
+        &odd.client().outcomes[..],
+        [Outcome::Rejected(RejectReason::Forbidden { .. })]
+    ));
+    // The replicator's copy is alice's; its `Identify` for alice proves nothing.
+    let mut node = Pair::new(copy("g", "alice"), conn("node-b"));
+    node.run().unwrap();
+    assert_eq!(
+        node.client().outcomes,
+        vec![Outcome::Delivered {
+            auth: Some(Auth::Refused)
+        }]
+    );
+    assert_eq!(owner(&dir.path().join("g")).as_deref(), Some("alice"));
+    // A copy never replaces: `overwrite` was asked and is ignored.
+    let mut again = Pair::new(copy("f", "alice"), conn("node-b"));
+    again.run().unwrap();
+    assert_eq!(
+        again.client().outcomes,
+        vec![Outcome::Rejected(RejectReason::Exists)]
+    );
+    // alice fetches the copy on another connection; bob still does not.
+    let local2 = tempfile::tempdir().unwrap();
+    let fetch2 = Receiver::fetch(
+        Arc::new(Config::new(local2.path())),
+        "g",
+        HashAlg::Sha256,
+        false,
+    )
+    .unwrap();
+    let mut mine = Pair::new(Box::new(fetch2), conn("alice"));
+    mine.run().unwrap();
+    assert!(matches!(
+        mine.client().outcomes[..],
+        [Outcome::Stored { .. }]
+    ));
+    assert_eq!(
+        std::fs::read(local2.path().join("g")).unwrap(),
+        std::fs::read(&src).unwrap()
+    );
+}

@@ -252,6 +252,13 @@ pub enum RejectReason {
         /// The limit.
         limit: u64,
     },
+    /// The connection may not do this, whatever the file: only an identity the
+    /// service names as a replicator may offer a copy for another owner
+    /// ([`Msg::OfferFor`]).
+    Forbidden {
+        /// What was asked, in words.
+        what: String,
+    },
 }
 
 impl fmt::Display for RejectReason {
@@ -287,6 +294,7 @@ impl fmt::Display for RejectReason {
                 f,
                 "the server is full: {limit} {what} (every client's), try again later"
             ),
+            RejectReason::Forbidden { what } => write!(f, "forbidden: {what}"),
         }
     }
 }
@@ -398,6 +406,18 @@ pub enum Msg {
         /// Its digest, with the algorithm asked for.
         digest: Digest,
     },
+    /// Replicator → server, in place of an [`Msg::Offer`]: a copy of a file `owner`
+    /// owns, to be stored as `owner`'s. A cluster's repair sends it, so that a copy
+    /// keeps the owner of the file it copies and the owner fetches it from any node.
+    /// Only an identity the service names as a replicator may send it (anyone else is
+    /// refused [`RejectReason::Forbidden`]), and it never replaces a file: the
+    /// offer's `overwrite` is ignored.
+    OfferFor {
+        /// The copy.
+        offer: FileOffer,
+        /// Whose file it is (an identity name).
+        owner: String,
+    },
 }
 
 impl Msg {
@@ -418,6 +438,7 @@ impl Msg {
             Msg::Abort { .. } => "Abort",
             Msg::Stat { .. } => "Stat",
             Msg::Held { .. } => "Held",
+            Msg::OfferFor { .. } => "OfferFor",
         }
     }
 
@@ -525,6 +546,20 @@ mod tests {
             Msg::Held {
                 len: u64::MAX,
                 digest: digest(),
+            },
+            Msg::OfferFor {
+                offer: FileOffer {
+                    name: "f".into(),
+                    len: 3,
+                    digest: digest(),
+                    overwrite: false,
+                },
+                owner: "alice".into(),
+            },
+            Msg::Reject {
+                reason: RejectReason::Forbidden {
+                    what: "copies for another owner".into(),
+                },
             },
         ];
         for m in msgs {

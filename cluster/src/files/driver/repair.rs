@@ -289,7 +289,14 @@ impl<T: FileTransfer> ClusterFiles<T> {
                         record.size
                     )));
                 }
-                match self.transfer.fetch(from, name, dir, record.size).await {
+                // Into the store as the file's owner's: the owner fetches the copy
+                // from this node as from the others.
+                let owner = record.owner.as_deref();
+                match self
+                    .transfer
+                    .fetch(from, name, dir, record.size, owner)
+                    .await
+                {
                     Ok(held) if !holds(record, &held) => {
                         // Fetched anew (an existing file is never replaced): ours to remove.
                         let _ = std::fs::remove_file(dir.join(name));
@@ -321,7 +328,9 @@ impl<T: FileTransfer> ClusterFiles<T> {
                     .fetch_checked(from, name, private.path(), record)
                     .await
                     .map_err(source)?;
-                self.transfer.upload(to_addr, &path, name).await
+                self.transfer
+                    .upload(to_addr, &path, name, record.owner.as_deref())
+                    .await
             }
         };
         match put {

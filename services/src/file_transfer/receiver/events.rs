@@ -311,7 +311,9 @@ impl Endpoint for Receiver {
                     self.verdict(Err(BadReason::Mismatch { got }));
                     return Ok(());
                 }
-                if let (Ok(_), Some(who)) = (&result, &self.owner) {
+                if self.copy {
+                    // Made for its owner: the replicator proves nothing by it.
+                } else if let (Ok(_), Some(who)) = (&result, &self.owner) {
                     // Bound to the identity proved at connect, not to the file.
                     self.proved_id = Some(who.clone());
                 } else if result.is_ok() && c.len > 0 && !c.overwrite {

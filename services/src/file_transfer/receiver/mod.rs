@@ -48,6 +48,9 @@ pub struct Receiver {
     /// The identity the connection proved at connect (server side): it owns what it
     /// stores, and may replace only its own files (see `ownership.rs`).
     owner: Option<String>,
+    /// The files stored are copies made for [`owner`](Self::owner) by a replicator
+    /// (see [`set_copy_owner`](Self::set_copy_owner)): they prove no ID.
+    copy: bool,
     /// Given to each temporary file (see [`TempFile::set_reaper`](super::TempFile::set_reaper)).
     reaper: Option<Reaper>,
     /// This connection's client, whose share the service's quota owner keeps (server
@@ -64,6 +67,7 @@ impl Receiver {
             out: VecDeque::new(),
             proved_id: None,
             owner: None,
+            copy: false,
             reaper: None,
             quota: None,
         }
@@ -80,6 +84,16 @@ impl Receiver {
     /// [`Config::overwrite_others`]; `Identify` then answers for `identity` alone.
     pub fn set_owner(&mut self, identity: String) {
         self.owner = Some(identity);
+    }
+
+    /// Stores every file as a copy of `owner`'s, made by a replicator (see
+    /// [`Config::replicators`]): owned by `owner`, never replacing a file, and proving
+    /// no ID, so an `Identify` after it is `Refused` (the owner's secret is the owner's
+    /// to ask for). The client side of a fetch gives it too, to keep a fetched copy's
+    /// owner.
+    pub fn set_copy_owner(&mut self, owner: String) {
+        self.owner = Some(owner);
+        self.copy = true;
     }
 
     /// Hands the temporary files this receiver abandons (a failure, a dropped receiver)

@@ -169,6 +169,22 @@ impl Sender {
         self
     }
 
+    /// Offers the file as a copy for `owner` ([`Msg::OfferFor`]), as a replicator does:
+    /// the server stores it as `owner`'s, or refuses it if this connection's identity
+    /// is not one of its replicators. Call it before the first output is taken.
+    pub fn for_owner(mut self, owner: impl Into<String>) -> Sender {
+        for out in &mut self.out {
+            if let Output::Send(Msg::Offer(offer)) = out {
+                *out = Output::Send(Msg::OfferFor {
+                    offer: offer.clone(),
+                    owner: owner.into(),
+                });
+                break;
+            }
+        }
+        self
+    }
+
     /// Accepts grants of at most `max` bytes (default [`Config::DEFAULT_MAX_WINDOW`]);
     /// the staging buffer has the size of the slots the file can use at once.
     pub fn with_max_window(mut self, max: u64) -> Sender {
