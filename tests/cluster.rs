@@ -17,7 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rdmactor::runtime::{Client, Credential, NodeConfig};
-use rdmactor_cluster::files::{ClusterFiles, FileTransfer, RdmaFiles, TransferError};
+use rdmactor_cluster::files::{ClusterFiles, FileTransfer, FilesError, RdmaFiles, TransferError};
 use rdmactor_cluster::{ClusterClient, EtcdConfig, Membership, NodeInfo, Placement};
 use rdmactor_services::file_transfer::ownership;
 use rdmactor_testkit::etcd::Etcd;
@@ -476,6 +476,35 @@ fn files_put_with_two_replicas_survive_a_killed_server_and_repair_restores_two()
                 "{name} differs"
             );
         }
+        // Deletes: bob's is refused by every server and changes nothing; alice's
+        // removes every copy and the record (each server forgets it before its copy).
+        let name = &files[0].0;
+        let before = cluster.catalog().get(name).await.unwrap().unwrap().record;
+        let bobs = ClusterFiles::new(RdmaFiles::new(&bob), EtcdConfig::new([etcd.url()]), "vm")
+            .expect("bob's files");
+        let refused = bobs.delete(name).await.unwrap_err();
+        assert!(
+            matches!(refused, FilesError::DeleteFailed { .. }),
+            "bob's delete of {name}: {refused}"
+        );
+        drop(bobs);
+        assert_eq!(
+            cluster.catalog().get(name).await.unwrap().unwrap().record,
+            before
+        );
+        let deleted = cluster.delete(name).await.expect("alice's delete");
+        assert_eq!(deleted.removed, before.nodes, "{deleted:?}");
+        assert!(cluster.catalog().get(name).await.unwrap().is_none());
+        for node in &before.nodes {
+            assert!(
+                !servers[node.as_str()].2.join(name).exists(),
+                "{name} left on {node}"
+            );
+        }
+        println!(
+            "bob's delete of {name} refused ({refused}); alice's removed it from {:?}",
+            deleted.removed
+        );
         drop(cluster);
         client.shutdown().await;
         bob.shutdown().await;

@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use rdmactor_cluster::files::{
-    plan, Catalog, ClusterFiles, Collector, Created, FileRecord, FileTransfer, FilesError,
-    RepairPlanner, Staging, TransferError, Verified,
+    plan, AddedCopy, Catalog, ClusterFiles, Collector, Created, FileRecord, FileTransfer,
+    FilesError, Removed, RepairPlanner, Staging, TransferError, Verified,
 };
 use rdmactor_cluster::Registrar;
 use util::{addr, register, Etcd, EtcdExt};
@@ -121,6 +121,11 @@ impl FileTransfer for Fake {
         self.stored_for.borrow_mut().push((dir.join(name), owner));
         self.moved.borrow_mut().push((addr, bytes.len() as u64));
         Ok(verify(&bytes))
+    }
+
+    async fn delete(&self, addr: SocketAddr, name: &str) -> Result<(), TransferError> {
+        self.alive(addr)?;
+        std::fs::remove_file(self.stores[&addr].join(name)).map_err(|_| TransferError::NotFound)
     }
 
     async fn stat(&self, addr: SocketAddr, name: &str) -> Result<Verified, TransferError> {
@@ -1249,4 +1254,85 @@ async fn a_servers_repair_fetches_its_copy_for_the_records_owner() {
 #[tokio::test]
 async fn a_repair_through_scratch_uploads_its_copy_for_the_records_owner() {
     a_repaired_copy_is_stored_for_its_records_owner(false).await;
+}
+
+/// Issue 47: owners delete cluster files. Every live replica's server is asked; the
+/// record goes with the first copy (here the client removes it, as the fakes record
+/// nothing); a node that is away keeps its copy, named by no record.
+#[tokio::test]
+async fn a_delete_removes_every_reachable_copy_and_the_record() {
+    let Some(etcd) = Etcd::start() else { return };
+    let (nodes, files) = cluster(&etcd).await;
+    let mut regs = by_node(nodes);
+    let (_, record) = put(&files, "d.bin", 5_000, 3).await;
+    let (_, other) = put(&files, "e.bin", 5_000, 4).await;
+    let deleted = files.delete("d.bin").await.unwrap();
+    assert_eq!(deleted.removed, record.nodes);
+    assert!(deleted.left.is_empty(), "{deleted:?}");
+    for node in &record.nodes {
+        assert!(!files.transfer().store(node).join("d.bin").exists());
+    }
+    assert!(files.catalog().get("d.bin").await.unwrap().is_none());
+    let again = files.delete("d.bin").await.unwrap_err();
+    assert!(matches!(again, FilesError::NotFound { .. }), "{again}");
+    // One replica's node is away: its copy stays, and the record goes anyway.
+    let away = other.nodes[0].clone();
+    leave(&mut regs, &files, &away, 2).await;
+    let deleted = files.delete("e.bin").await.unwrap();
+    assert_eq!(deleted.removed, other.nodes[1..]);
+    assert_eq!(deleted.left.len(), 1, "{deleted:?}");
+    assert_eq!(deleted.left[0].0, away);
+    assert!(files.transfer().store(&away).join("e.bin").exists());
+    assert!(files.catalog().get("e.bin").await.unwrap().is_none());
+}
+
+/// The catalog's side of a delete: only the record's owner removes it, fenced by the
+/// revision read; a replicator's copy cannot bring a removed record back, and a
+/// repair's fenced update after the removal fails.
+#[tokio::test]
+async fn a_record_is_removed_by_its_owner_alone_and_stays_removed() {
+    let Some(etcd) = Etcd::start() else { return };
+    let catalog = Catalog::new(etcd.config(), "test").unwrap();
+    let record = FileRecord {
+        alg: "sha256".into(),
+        digest: "d1".into(),
+        size: 1,
+        nodes: vec!["a".into(), "b".into()],
+        owner: Some("alice".into()),
+    };
+    assert_eq!(catalog.create("f", &record).await.unwrap(), Created::New);
+    let read = catalog.get("f").await.unwrap().unwrap();
+    let lock = catalog
+        .lock("f", Duration::from_secs(10))
+        .await
+        .unwrap()
+        .unwrap();
+    for who in [Some("bob"), None] {
+        assert_eq!(
+            catalog.remove("f", who).await.unwrap(),
+            Removed::NotOwner(record.clone())
+        );
+    }
+    assert_eq!(
+        catalog.remove("f", Some("alice")).await.unwrap(),
+        Removed::Removed
+    );
+    assert_eq!(
+        catalog.remove("f", Some("alice")).await.unwrap(),
+        Removed::Absent
+    );
+    // A copy made for alice by a replicator meanwhile is not recorded ...
+    assert_eq!(catalog.add_replica("f", &record, "c").await.unwrap(), None);
+    assert!(catalog.get("f").await.unwrap().is_none());
+    // ... nor is a repair's update, fenced by the revision it read.
+    let mut repaired = record.clone();
+    repaired.nodes = vec!["c".into(), "b".into()];
+    assert!(!catalog.replace(&read, &repaired, &lock).await.unwrap());
+    assert!(catalog.get("f").await.unwrap().is_none());
+    catalog.release(lock).await;
+    // An upload of the name starts it again.
+    assert_eq!(
+        catalog.add_copy("f", &record, "c").await.unwrap(),
+        AddedCopy::New
+    );
 }

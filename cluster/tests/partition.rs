@@ -59,6 +59,12 @@ impl FileTransfer for Fake {
         Ok(verify(&bytes))
     }
 
+    async fn delete(&self, _addr: SocketAddr, _name: &str) -> Result<(), TransferError> {
+        Err(TransferError::Failed(
+            "the partition tests delete nothing".into(),
+        ))
+    }
+
     async fn stat(&self, addr: SocketAddr, name: &str) -> Result<Verified, TransferError> {
         Ok(verify(&self.read(addr, &self.stores[&addr].join(name))?))
     }

@@ -615,3 +615,92 @@ fn an_identity_owns_its_files_on_every_connection_and_every_server() {
     assert_eq!(names(&one), set(&["report", "alice", "b1"]));
     assert_eq!(names(&two), set(&["report"]));
 }
+
+/// Issues 46/47 through the whole runtime: a replicator (a cluster's server) reads
+/// another identity's file and stores a copy for its owner; nobody else may offer a
+/// copy for another; only the owner deletes, from any connection.
+#[test]
+fn a_replicator_copies_for_the_owner_and_only_the_owner_deletes() {
+    use rdmactor::runtime::{Credential, KeySet};
+    use rdmactor_services::file_transfer::{delete_file, ownership::owner_at};
+    let dir = tempfile::tempdir().unwrap();
+    let (store, out) = (dir.path().join("store"), dir.path().join("out"));
+    for d in [&store, &out] {
+        fs::create_dir_all(d).unwrap();
+    }
+    let report = pattern(200_000, 3);
+    fs::write(dir.path().join("report"), &report).unwrap();
+    let alice = Credential::generate_ed25519("alice").unwrap();
+    let bob = Credential::generate_ed25519("bob").unwrap();
+    let node = Credential::generate_ed25519("node-b").unwrap();
+    let lines = [&alice, &bob, &node]
+        .map(|c| c.authorized_line())
+        .join("\n");
+    let keys = KeySet::parse(&lines).unwrap();
+    actix::System::new().block_on(async {
+        let fabric = Fabric::default();
+        let config = Config::new(&store).with_replicator("node-b");
+        let _server = keyed_files_server(&fabric, "n1", addr(7321), config, &keys);
+        let a = client(&fabric, "a").with_identity(alice.clone());
+        let b = client(&fabric, "b").with_identity(bob.clone());
+        let n = client(&fabric, "n").with_identity(node.clone());
+        let at = addr(7321);
+        let conn = a.connect(at, "files").await.unwrap();
+        uploaded(&conn, &dir.path().join("report"), "report").await;
+        conn.close().await;
+
+        // The replicator fetches alice's file, keeping her as its owner.
+        let conn = n.connect(at, "files").await.unwrap();
+        let keep_owner = FetchOptions {
+            copy_for: Some("alice".into()),
+            ..FetchOptions::default()
+        };
+        let outcome = fetch(&conn, &n, "report", &out, &keep_owner).await;
+        assert!(matches!(outcome, Outcome::Stored { .. }), "{outcome:?}");
+        assert_eq!(
+            owner_at(&out.join("report")).unwrap().as_deref(),
+            Some("alice")
+        );
+        // It stores a copy for alice; bob may not.
+        let for_alice = SendOptions {
+            copy_for: Some("alice".into()),
+            ..SendOptions::default()
+        };
+        let outcome = upload(&conn, &out.join("report"), "copy", &for_alice).await;
+        assert!(delivered(&outcome), "{outcome:?}");
+        assert_eq!(
+            owner_at(&store.join("copy")).unwrap().as_deref(),
+            Some("alice")
+        );
+        conn.close().await;
+        let conn = b.connect(at, "files").await.unwrap();
+        let outcome = upload(&conn, &out.join("report"), "bobs", &for_alice).await;
+        assert!(
+            matches!(outcome, Outcome::Rejected(RejectReason::Forbidden { .. })),
+            "{outcome:?}"
+        );
+        assert!(!store.join("bobs").exists());
+        // bob cannot delete alice's files; the replicator cannot either.
+        for name in ["report", "copy"] {
+            let outcome = delete_file(&conn, name).await.unwrap();
+            assert_eq!(outcome, Outcome::Rejected(RejectReason::NotFound));
+        }
+        conn.close().await;
+        let conn = n.connect(at, "files").await.unwrap();
+        let outcome = delete_file(&conn, "copy").await.unwrap();
+        assert_eq!(outcome, Outcome::Rejected(RejectReason::NotFound));
+        conn.close().await;
+        assert_eq!(names(&store), set(&["copy", "report"]));
+        // alice deletes both, on a connection of her own.
+        let conn = a.connect(at, "files").await.unwrap();
+        for name in ["report", "copy"] {
+            assert_eq!(delete_file(&conn, name).await.unwrap(), Outcome::Deleted);
+        }
+        assert_eq!(
+            delete_file(&conn, "report").await.unwrap(),
+            Outcome::Rejected(RejectReason::NotFound)
+        );
+        conn.close().await;
+        assert!(names(&store).is_empty());
+    });
+}

@@ -44,6 +44,17 @@ pub enum AddedCopy {
     Taken(FileRecord),
 }
 
+/// How [`Catalog::remove`] ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Removed {
+    /// This call removed the record.
+    Removed,
+    /// There was no record.
+    Absent,
+    /// The record names another owner; nothing changed.
+    NotOwner(FileRecord),
+}
+
 /// A file's record and the etcd revision it was last written at.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stored {
@@ -148,12 +159,44 @@ impl Catalog {
     /// etcd unreachable or slow; a bad name; an unreadable record; the record changed
     /// under every one of a few tries.
     pub async fn add_copy(&self, name: &str, copy: &FileRecord, node: &str) -> Result<AddedCopy> {
+        self.add(name, copy, node, true).await
+    }
+
+    /// [`add_copy`](Self::add_copy) for a copy that fills a gap in an existing record
+    /// (a replicator's, made for the file's owner): `None` when there is no record, which
+    /// is left absent, so a copy racing its owner's delete cannot bring the file back.
+    ///
+    /// # Errors
+    ///
+    /// As [`add_copy`](Self::add_copy).
+    pub async fn add_replica(
+        &self,
+        name: &str,
+        copy: &FileRecord,
+        node: &str,
+    ) -> Result<Option<AddedCopy>> {
+        match self.add(name, copy, node, false).await {
+            Ok(AddedCopy::New) => Ok(None),
+            other => other.map(Some),
+        }
+    }
+
+    /// Adds `node`'s copy, creating the record only with `create` (else `New` stands
+    /// for "no record": nothing was written).
+    async fn add(
+        &self,
+        name: &str,
+        copy: &FileRecord,
+        node: &str,
+        create: bool,
+    ) -> Result<AddedCopy> {
         check_name("file", name)?;
         let key = file_key(&self.cluster, name);
         // Each round reads, then writes only if the key is as read: racing servers
         // (the R replicas of one upload finish together) each win a round in turn.
         for _ in 0..16 {
             let fence = match self.get(name).await? {
+                None if !create => return Ok(AddedCopy::New),
                 None => {
                     let mut first = copy.clone();
                     first.nodes = vec![node.to_owned()];
@@ -189,6 +232,42 @@ impl Catalog {
         Err(Error::BadRecord {
             key,
             reason: "changed under every one of 16 tries to add a copy".into(),
+        })
+    }
+
+    /// Removes `name`'s record at its owner's delete, if the record names `owner` or
+    /// none, fenced by the revision read (a repair's update after it finds no record
+    /// and fails, and a record changed meanwhile is read again).
+    ///
+    /// # Errors
+    ///
+    /// etcd unreachable or slow; a bad name; an unreadable record; the record changed
+    /// under every one of a few tries.
+    pub async fn remove(&self, name: &str, owner: Option<&str>) -> Result<Removed> {
+        check_name("file", name)?;
+        let key = file_key(&self.cluster, name);
+        for _ in 0..16 {
+            let Some(stored) = self.get(name).await? else {
+                return Ok(Removed::Absent);
+            };
+            if stored.record.owner.is_some() && stored.record.owner.as_deref() != owner {
+                return Ok(Removed::NotOwner(stored.record));
+            }
+            let txn = Txn::new()
+                .when([Compare::mod_revision(
+                    key.as_str(),
+                    CompareOp::Equal,
+                    stored.mod_revision,
+                )])
+                .and_then([TxnOp::delete(key.as_str(), None)]);
+            // Made again after a member's failure: the next round reads the outcome.
+            if self.txn("file remove txn", txn).await?.succeeded() {
+                return Ok(Removed::Removed);
+            }
+        }
+        Err(Error::BadRecord {
+            key,
+            reason: "changed under every one of 16 tries to remove it".into(),
         })
     }
 

@@ -14,10 +14,12 @@ use crate::etcd::EtcdConfig;
 use crate::membership::Membership;
 use crate::{Error, NodeInfo};
 
+mod delete;
 mod gc;
 mod repair;
 mod scrub;
 
+pub use delete::Deleted;
 pub use gc::CleanupReport;
 pub use repair::Staging;
 pub use scrub::ScrubReport;
@@ -64,6 +66,14 @@ pub enum FilesError {
         dir: PathBuf,
         /// Why.
         reason: String,
+    },
+    /// No server removed its copy of a file being deleted.
+    #[error("{name}: not deleted: {}", attempts.iter().map(|(n, r)| format!("node {n}: {r}")).collect::<Vec<_>>().join("; "))]
+    DeleteFailed {
+        /// The file.
+        name: String,
+        /// Each node, and why its copy stayed.
+        attempts: Vec<(String, String)>,
     },
     /// No replica could be fetched with the recorded digest.
     #[error("{name}: no replica could be fetched: {}", attempts.iter().map(|(n, r)| format!("node {n}: {r}")).collect::<Vec<_>>().join("; "))]

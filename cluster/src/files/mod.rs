@@ -30,9 +30,9 @@ mod record;
 mod recorder;
 mod transfer;
 
-pub use catalog::{AddedCopy, Catalog, Created, RepairLock, Stored};
+pub use catalog::{AddedCopy, Catalog, Created, Removed, RepairLock, Stored};
 pub use driver::{
-    CleanupReport, ClusterFiles, Fetched, FilesError, RepairReport, ScrubReport, Staging,
+    CleanupReport, ClusterFiles, Deleted, Fetched, FilesError, RepairReport, ScrubReport, Staging,
     FILES_SERVICE,
 };
 pub use plan::{

@@ -6,8 +6,8 @@ use std::path::Path;
 
 use rdmactor::runtime::{Client, ClientConnection};
 use rdmactor_services::file_transfer::{
-    fetch_file, send_file, stat_file, Digest, FetchOptions, HashAlg, Outcome, Progress,
-    RejectReason, SendOptions,
+    delete_file, fetch_file, send_file, stat_file, Digest, FetchOptions, HashAlg, Outcome,
+    Progress, RejectReason, SendOptions,
 };
 
 use super::driver::FILES_SERVICE;
@@ -89,6 +89,17 @@ impl FileTransfer for RdmaFiles<'_> {
         let outcome = fetch_file(&conn, self.client, name, dir, &opts, |_| {}).await;
         let result = match outcome {
             Ok(Outcome::Stored { len, digest, .. }) => Ok(verified(len, &digest)),
+            other => Err(failure(other)),
+        };
+        conn.close().await;
+        result
+    }
+
+    async fn delete(&self, addr: SocketAddr, name: &str) -> Result<(), TransferError> {
+        let conn = self.connect(addr).await?;
+        let outcome = delete_file(&conn, name).await;
+        let result = match outcome {
+            Ok(Outcome::Deleted) => Ok(()),
             other => Err(failure(other)),
         };
         conn.close().await;

@@ -12,12 +12,21 @@ use std::sync::{Arc, OnceLock};
 use rdmactor_services::file_transfer::{Recorder, StoredCopy};
 use tokio::sync::{mpsc, oneshot};
 
-use super::catalog::{AddedCopy, Catalog};
+use super::catalog::{AddedCopy, Catalog, Removed};
 use super::FileRecord;
 use crate::etcd::EtcdConfig;
 use crate::{Error, Result};
 
-type Request = (StoredCopy, oneshot::Sender<std::result::Result<(), String>>);
+/// What the recorder's thread is asked to do.
+#[derive(Debug)]
+enum Job {
+    /// Record a stored copy.
+    Record(StoredCopy),
+    /// Forget a file its owner deletes.
+    Forget { name: String, owner: Option<String> },
+}
+
+type Request = (Job, oneshot::Sender<std::result::Result<(), String>>);
 
 /// Records the copies of one node of a cluster (see the module docs).
 #[derive(Debug)]
@@ -53,12 +62,15 @@ impl CatalogRecorder {
                 runtime.block_on(async {
                     // Waiting here keeps the runtime turning: etcd-client's connection
                     // tasks (HTTP/2 pings) run between copies.
-                    while let Some((copy, answer)) = rx.recv().await {
-                        let recorded = match me.get() {
-                            Some(me) => record(&catalog, me, &copy).await,
-                            None => Err("this server is not in its cluster yet".to_owned()),
+                    while let Some((job, answer)) = rx.recv().await {
+                        let done = match (me.get(), job) {
+                            (Some(me), Job::Record(copy)) => record(&catalog, me, &copy).await,
+                            (Some(_), Job::Forget { name, owner }) => {
+                                forget(&catalog, &name, owner.as_deref()).await
+                            }
+                            (None, _) => Err("this server is not in its cluster yet".to_owned()),
                         };
-                        let _ = answer.send(recorded);
+                        let _ = answer.send(done);
                     }
                 });
             })
@@ -89,13 +101,51 @@ impl Recorder for CatalogRecorder {
     }
 
     fn record(&self, copy: &StoredCopy) -> std::result::Result<(), String> {
+        self.ask(Job::Record(copy.clone()))
+    }
+
+    /// The record goes (if it names `owner`, or none) before the server removes its copy;
+    /// the client's other replicas are told by the client, and a node that was away
+    /// keeps a copy no record names, for its clean-up.
+    fn forget(&self, name: &str, owner: Option<&str>) -> std::result::Result<(), String> {
+        self.ask(Job::Forget {
+            name: name.to_owned(),
+            owner: owner.map(str::to_owned),
+        })
+    }
+}
+
+impl CatalogRecorder {
+    /// Hands `job` to the recorder's thread and waits for its answer (on the files
+    /// service's blocking pool).
+    fn ask(&self, job: Job) -> std::result::Result<(), String> {
         let (answer, answered) = oneshot::channel();
         self.requests
-            .send((copy.clone(), answer))
+            .send((job, answer))
             .map_err(|_| "the recorder's thread has stopped".to_owned())?;
         answered
             .blocking_recv()
             .map_err(|_| "the recorder's thread has stopped".to_owned())?
+    }
+}
+
+/// One file out of the catalog; the reason a client is told when it cannot be.
+async fn forget(
+    catalog: &Catalog,
+    name: &str,
+    owner: Option<&str>,
+) -> std::result::Result<(), String> {
+    match catalog.remove(name, owner).await {
+        Ok(Removed::Removed) => {
+            tracing::info!(%name, "cluster: record removed at its owner's delete");
+            Ok(())
+        }
+        Ok(Removed::Absent) => Ok(()),
+        Ok(Removed::NotOwner(record)) => Err(format!(
+            "the cluster records the file as {}'s",
+            record.owner.as_deref().unwrap_or("nobody")
+        )),
+        Err(e) => Err(format!("the catalog: {e}")),
     }
 }
 
@@ -112,12 +162,21 @@ async fn record(
         nodes: vec![node.to_owned()],
         owner: copy.owner.clone(),
     };
-    match catalog.add_copy(&copy.name, &record, node).await {
-        Ok(AddedCopy::New | AddedCopy::Added | AddedCopy::Listed) => {
+    let added = if copy.replica {
+        catalog
+            .add_replica(&copy.name, &record, node)
+            .await
+            .map(|added| added.ok_or(()))
+    } else {
+        catalog.add_copy(&copy.name, &record, node).await.map(Ok)
+    };
+    match added {
+        Ok(Err(())) => Err("the file is no longer recorded (deleted by its owner?)".into()),
+        Ok(Ok(AddedCopy::New | AddedCopy::Added | AddedCopy::Listed)) => {
             tracing::info!(name = %copy.name, node, "cluster: copy recorded");
             Ok(())
         }
-        Ok(AddedCopy::Taken(existing)) => Err(format!(
+        Ok(Ok(AddedCopy::Taken(existing))) => Err(format!(
             "the name is taken in the cluster by other bytes ({} bytes, {} {})",
             existing.size, existing.alg, existing.digest
         )),

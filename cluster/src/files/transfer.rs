@@ -60,6 +60,13 @@ pub trait FileTransfer {
         max_size: u64,
         copy_for: Option<&str>,
     ) -> impl Future<Output = Result<Verified, TransferError>>;
+    /// Asks the node at `addr` to remove its copy of `name` (its server allows the
+    /// file's owner alone); [`TransferError::NotFound`] for no such file or another's.
+    fn delete(
+        &self,
+        addr: SocketAddr,
+        name: &str,
+    ) -> impl Future<Output = Result<(), TransferError>>;
     /// What the node at `addr` holds under `name` (its digest with the algorithm the
     /// catalog records), without moving it; [`TransferError::NotFound`] if nothing.
     fn stat(

@@ -18,6 +18,10 @@
 //! (`GOOD NAME sha256:DIGEST from=a`), and `repair` copies files whose node has been
 //! gone longer than `--grace-secs` to another (`REPAIRED NAME gone=a from=b to=c`).
 //! SHA-256 only, no `--overwrite` or `--id` there: a cluster name is created once.
+//! `delete` removes files (`DELETED NAME`): on one server, those this client may
+//! replace (its identity's, or its connection's own); with `--cluster`, every
+//! reachable replica and the record, the owner's alone (`DELETED NAME nodes=a,b`, and
+//! `LEFT NAME node=c: why` for a copy left on a node that was not reached).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -32,8 +36,8 @@ use rdmactor_cluster::files::{ClusterFiles, RdmaFiles, RepairPlanner, Staging};
 use rdmactor_examples::cluster::{self, ClusterArgs};
 use rdmactor_examples::{logs, transport};
 use rdmactor_services::file_transfer::{
-    fetch_file, send_file, Auth, ClientError, Digest, FetchOptions, HashAlg, Outcome, Progress,
-    SendOptions,
+    delete_file, fetch_file, send_file, Auth, ClientError, Digest, FetchOptions, HashAlg, Outcome,
+    Progress, SendOptions,
 };
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -100,6 +104,11 @@ enum Cmd {
         /// Directory to store them in.
         #[arg(long, default_value = ".")]
         out: PathBuf,
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+    /// Remove files by name (one's own: see the `files` service's authorization).
+    Delete {
         #[arg(required = true)]
         names: Vec<String>,
     },
@@ -192,9 +201,11 @@ impl Tracker {
             Ok(Outcome::Bad(reason)) => (format!("BAD {name}: {reason}"), false, true),
             Ok(Outcome::Rejected(reason)) => (format!("REJECTED {name}: {reason}"), false, false),
             Ok(Outcome::Aborted(reason)) => (format!("ABORTED {name}: {reason}"), false, true),
-            Ok(Outcome::Held { .. }) => {
-                (format!("UNEXPECTED {name}: a stat's answer"), false, false)
-            }
+            Ok(Outcome::Held { .. } | Outcome::Deleted) => (
+                format!("UNEXPECTED {name}: not a transfer's answer"),
+                false,
+                false,
+            ),
             Err(e) => (format!("ERROR {name}: {e}"), false, false),
         };
         let first = line.lines().next().unwrap_or_default().to_owned();
@@ -297,6 +308,22 @@ async fn run(args: Args) -> Result<bool> {
                 all_good &= t.report(name, res);
             }
         }
+        Cmd::Delete { names } => {
+            for name in names {
+                let c = connection(&client, &args, &mut conn).await?;
+                let line = match delete_file(&c, name).await {
+                    Ok(Outcome::Deleted) => format!("DELETED {name}"),
+                    Ok(Outcome::Rejected(reason)) => format!("REJECTED {name}: {reason}"),
+                    Ok(other) => format!("UNEXPECTED {name}: {other:?}"),
+                    Err(e) => {
+                        conn = None; // closed by delete_file
+                        format!("ERROR {name}: {e}")
+                    }
+                };
+                all_good &= line.starts_with("DELETED ");
+                println!("{line}");
+            }
+        }
         Cmd::Repair { .. } => anyhow::bail!("repair needs --cluster"),
     }
     if let Some(c) = conn {
@@ -356,6 +383,22 @@ async fn run_cluster(files: &ClusterFiles<RdmaFiles<'_>>, cmd: &Cmd) -> Result<b
                             "GOOD {name} {}:{} from={}",
                             f.record.alg, f.record.digest, f.node
                         );
+                    }
+                    Err(e) => {
+                        println!("ERROR {name}: {e}");
+                        all_good = false;
+                    }
+                }
+            }
+        }
+        Cmd::Delete { names } => {
+            for name in names {
+                match files.delete(name).await {
+                    Ok(d) => {
+                        println!("DELETED {name} nodes={}", d.removed.join(","));
+                        for (node, why) in &d.left {
+                            println!("LEFT {name} node={node}: {why}");
+                        }
                     }
                     Err(e) => {
                         println!("ERROR {name}: {e}");

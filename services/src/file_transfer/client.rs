@@ -478,10 +478,11 @@ impl<'c, P: FnMut(Progress<'_>), T: Transport> Drive<'c, P, T> {
                         self.consume = Some(Box::pin(off_thread(move || job.run())));
                     }
                 }
-                Output::Prepare => {
-                    return Err(
-                        TransferError::Driver("a client never serves a fetch".into()).into(),
-                    );
+                Output::Prepare | Output::Delete => {
+                    return Err(TransferError::Driver(
+                        "a client never serves a fetch or a delete".into(),
+                    )
+                    .into());
                 }
                 Output::Admit { .. } => {
                     return Err(

@@ -86,6 +86,8 @@ pub enum Outcome {
         /// The file's digest.
         digest: Digest,
     },
+    /// Both: a [`Msg::Delete`](super::Msg::Delete) was carried out: the file is gone.
+    Deleted,
 }
 
 /// An action for the driver, from [`Endpoint::poll_output`]. Which side emits what:
@@ -137,6 +139,11 @@ pub enum Output {
     /// the connection, and hand the result to [`Endpoint::handle_prepared`]. The offer
     /// (or the refusal) follows from it.
     Prepare,
+    /// A `Delete` was allowed: take the job with [`Endpoint::take_delete`], run
+    /// [`DeleteJob::run`](super::DeleteJob::run) (the owner checked on the open file,
+    /// the recorder told, the name removed) off the thread that serves the connection,
+    /// and hand the result to [`Endpoint::handle_deleted`]. The answer follows from it.
+    Delete,
     /// An offer passed the checks a connection can make alone: ask the service's
     /// [`QuotaOwner`](super::QuotaOwner) to admit it ([`Admit`](super::Admit) with these
     /// fields) and hand its answer to [`Endpoint::handle_admitted`]. The grant (or the
@@ -349,6 +356,20 @@ pub trait Endpoint {
     ) -> Result<()> {
         let _ = result;
         Err(unexpected(self, "a prepared fetch".into()))
+    }
+
+    /// The removal to run, after [`Output::Delete`] (once).
+    fn take_delete(&mut self) -> Option<super::DeleteJob> {
+        None
+    }
+
+    /// How the removal asked for by [`Output::Delete`] ended.
+    fn handle_deleted(
+        &mut self,
+        result: std::result::Result<(), super::wire::RejectReason>,
+    ) -> Result<()> {
+        let _ = result;
+        Err(unexpected(self, "a deletion".into()))
     }
 
     /// The verified temporary file to commit, after [`Output::Commit`] (once).

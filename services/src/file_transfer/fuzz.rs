@@ -193,6 +193,10 @@ fn drive(ep: &mut dyn Endpoint, e: &mut impl Entropy, window: &mut Vec<u8>) -> b
                 Some(job) => ep.handle_prepared(job.run()),
                 None => Ok(()),
             },
+            Output::Delete => match ep.take_delete() {
+                Some(job) => ep.handle_deleted(job.run()),
+                None => Ok(()),
+            },
             Output::Commit => match ep.take_commit() {
                 Some(t) => ep.handle_committed(t.commit()),
                 None => Ok(()),

@@ -91,6 +91,13 @@
 //! [`RejectReason::Forbidden`]. So a cluster's repair copies a file for the owner its
 //! record names, and the owner reads the copy from the node it went to.
 //!
+//! **Delete.** Between transfers a client may send `Delete{name}`: allowed where an
+//! overwrite would be (the file's owner, told by the open file's owner attribute; or
+//! the connection that stored an unowned file), answered `Deleted`, or refused as a
+//! fetch would be (`NotFound` for another's file). The [`Recorder`] forgets the file
+//! before its name is removed ([`DeleteJob`]), so a cluster's catalog never names
+//! bytes that are gone.
+//!
 //! **Aborts.** A transfer that fails midway for a reason the peer should hear (a write
 //! that ran out of space after all, a source that cannot be read) ends with
 //! [`Msg::Abort`] and the reason, not with a closed connection: the sender stops and
@@ -126,6 +133,7 @@
 
 mod client;
 mod config;
+mod delete;
 mod digests;
 mod endpoint;
 mod error;
@@ -147,6 +155,7 @@ mod wire;
 
 pub use client::{fetch_file, send_file, ClientError, FetchOptions, Progress, SendOptions};
 pub use config::{parse_secrets, Config};
+pub use delete::{delete_file, DeleteJob};
 pub use digests::{DigestCache, DigestStats, FileKey};
 pub use endpoint::{Auth, ChunkWrite, Endpoint, Outcome, Output, PrepareFetch};
 pub use error::{Result, TransferError};

@@ -24,6 +24,10 @@ pub struct StoredCopy {
     pub owner: Option<String>,
     /// Whether the upload replaced a file of the same name.
     pub overwrite: bool,
+    /// A replicator's copy made for [`owner`](Self::owner) (`OfferFor`): it fills a gap
+    /// in a file already recorded, and must not bring back a record its owner deleted
+    /// meanwhile.
+    pub replica: bool,
 }
 
 /// Told of each upload the service verified and stored, before the client hears the
@@ -51,4 +55,18 @@ pub trait Recorder: Send + Sync + fmt::Debug + 'static {
     /// is removed again. A file that replaced another ([`StoredCopy::overwrite`]) stays:
     /// the old bytes are gone by then, and the new ones were verified.
     fn record(&self, copy: &StoredCopy) -> Result<(), String>;
+
+    /// Asked before the file `name`, owned by `owner` (its owner attribute), is
+    /// removed at a client's `Delete`, after the service checked that the client may:
+    /// a cluster's catalog forgets the file first, so that no record ever names bytes
+    /// that are gone. The default forgets nothing.
+    ///
+    /// # Errors
+    ///
+    /// Why the file must stay (the catalog cannot be reached, its record names
+    /// another owner): the client gets the reason, and the file is kept.
+    fn forget(&self, name: &str, owner: Option<&str>) -> Result<(), String> {
+        let _ = (name, owner);
+        Ok(())
+    }
 }

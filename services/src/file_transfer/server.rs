@@ -30,6 +30,12 @@ enum Role {
         job: Option<PrepareFetch>,
         stat: bool,
     },
+    /// A `Delete` is being carried out off the connection's thread; the job until the
+    /// driver takes it, and the name (an anonymous connection's own names lose it).
+    Deleting {
+        job: Option<super::DeleteJob>,
+        name: String,
+    },
     Receive(Receiver),
     /// Boxed: a sender is more than twice the size of the other roles.
     Send(Box<Sender>),
@@ -138,7 +144,7 @@ impl Server {
 
     fn role(&self) -> Option<&dyn Endpoint> {
         match &self.role {
-            Role::Idle | Role::Preparing { .. } => None,
+            Role::Idle | Role::Preparing { .. } | Role::Deleting { .. } => None,
             Role::Receive(r) => Some(r),
             Role::Send(s) => Some(&**s),
         }
@@ -146,7 +152,7 @@ impl Server {
 
     fn role_mut(&mut self) -> Option<&mut dyn Endpoint> {
         match &mut self.role {
-            Role::Idle | Role::Preparing { .. } => None,
+            Role::Idle | Role::Preparing { .. } | Role::Deleting { .. } => None,
             Role::Receive(r) => Some(r),
             Role::Send(s) => Some(&mut **s),
         }
@@ -194,8 +200,10 @@ impl Server {
 
 impl Endpoint for Server {
     fn state_name(&self) -> &'static str {
-        if matches!(self.role, Role::Preparing { .. }) {
-            return "hashing the file asked for";
+        match self.role {
+            Role::Preparing { .. } => return "hashing the file asked for",
+            Role::Deleting { .. } => return "removing the file asked for",
+            _ => {}
         }
         self.role()
             .map_or("waiting for an offer or a fetch", |ep| ep.state_name())
@@ -205,7 +213,11 @@ impl Endpoint for Server {
         let between = self.is_finished();
         let stat = matches!(msg, Msg::Stat { .. });
         match msg {
-            Msg::Offer(_) | Msg::OfferFor { .. } | Msg::Fetch { .. } | Msg::Stat { .. }
+            Msg::Offer(_)
+            | Msg::OfferFor { .. }
+            | Msg::Fetch { .. }
+            | Msg::Stat { .. }
+            | Msg::Delete { .. }
                 if between && self.draining() =>
             {
                 self.retire();
@@ -252,6 +264,35 @@ impl Endpoint for Server {
                 let res = r.handle_msg(Msg::Offer(offer));
                 self.role = Role::Receive(r);
                 res
+            }
+            Msg::Delete { name } if between => {
+                self.retire();
+                // Where an overwrite would be allowed: the owner (told on the open
+                // file), or the connection that stored an unowned file.
+                let allowed = self.config.overwrite_others
+                    || self.identity.is_some()
+                    || self.owned.contains(&name);
+                // Bad names go on to the job, which says what is wrong with them.
+                let valid = super::name::validate_name(&name).is_ok();
+                if valid && (name.starts_with('.') || !allowed) {
+                    self.refuse(RejectReason::NotFound);
+                    return Ok(());
+                }
+                let job = super::DeleteJob {
+                    dir: self.config.dir.clone(),
+                    name: name.clone(),
+                    owner: self
+                        .identity
+                        .clone()
+                        .filter(|_| !self.config.overwrite_others),
+                    recorder: self.config.recorder.clone(),
+                };
+                self.role = Role::Deleting {
+                    job: Some(job),
+                    name,
+                };
+                self.out.push_back(Output::Delete);
+                Ok(())
             }
             Msg::Fetch { name, .. } | Msg::Stat { name, .. }
                 if between
@@ -319,7 +360,7 @@ impl Endpoint for Server {
     }
 
     fn is_finished(&self) -> bool {
-        !matches!(self.role, Role::Preparing { .. })
+        !matches!(self.role, Role::Preparing { .. } | Role::Deleting { .. })
             && self.role().is_none_or(|ep| ep.is_finished())
     }
 
@@ -385,6 +426,28 @@ impl Endpoint for Server {
                 self.out
                     .push_back(Output::Finished(Outcome::Rejected(reason)));
             }
+        }
+        Ok(())
+    }
+
+    fn take_delete(&mut self) -> Option<super::DeleteJob> {
+        match &mut self.role {
+            Role::Deleting { job, .. } => job.take(),
+            _ => None,
+        }
+    }
+
+    fn handle_deleted(&mut self, result: std::result::Result<(), RejectReason>) -> Result<()> {
+        let Role::Deleting { name, .. } = std::mem::replace(&mut self.role, Role::Idle) else {
+            return Err(super::endpoint::unexpected(self, "a deletion".into()));
+        };
+        match result {
+            Ok(()) => {
+                self.owned.remove(&name);
+                self.out.push_back(Output::Send(Msg::Deleted));
+                self.out.push_back(Output::Finished(Outcome::Deleted));
+            }
+            Err(reason) => self.refuse(reason),
         }
         Ok(())
     }

@@ -209,6 +209,7 @@ impl<T: Transport> Service<T> for FileTransfer {
             commit: None,
             consume: None,
             prepare: None,
+            deleting: None,
             closed: Arc::new(AtomicBool::new(false)),
             reading: None,
             stall: self.config.stall,
@@ -263,6 +264,8 @@ struct FileSession {
     consume: Option<Blocking<Consumed>>,
     /// The preparation (open, hash) of a fetched file, running on the blocking pool.
     prepare: Option<Blocking<std::result::Result<super::sender::Sender, RejectReason>>>,
+    /// A `Delete` being carried out on the blocking pool.
+    deleting: Option<Blocking<std::result::Result<(), RejectReason>>>,
     /// Set when the connection closes, so that a fetch being hashed stops reading.
     closed: Arc<AtomicBool>,
     /// The chunk of a download being read on the blocking pool; its WRITE is posted,
@@ -297,6 +300,8 @@ const CHUNK_READ: u64 = 4;
 const ADMITTED: u64 = 5;
 /// The `on_wake` token of the stall deadline.
 const STALL_CHECK: u64 = 6;
+/// The `on_wake` token of a finished `Delete`.
+const DELETED: u64 = 7;
 
 fn fail(e: TransferError) -> SessionError {
     SessionError::new(format!("file transfer: {e}"))
@@ -449,6 +454,18 @@ impl<T: Transport> Driver<T> for FileSession {
                     })
                 });
                 server.handle_prepared(result).map_err(fail)
+            }
+            DELETED => {
+                let Some(result) = self.deleting.as_ref().and_then(Blocking::try_take) else {
+                    return Ok(());
+                };
+                self.deleting = None;
+                let result = result.unwrap_or_else(|e| {
+                    Err(RejectReason::Unavailable {
+                        reason: e.to_string(),
+                    })
+                });
+                server.handle_deleted(result).map_err(fail)
             }
             COMMIT_DONE => {
                 let Some(result) = self.commit.as_ref().and_then(Blocking::try_take) else {

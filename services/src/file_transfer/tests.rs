@@ -167,6 +167,10 @@ impl Pair {
                     assert!(ep.take_commit().is_none(), "taken once");
                     ep.handle_committed(temp.commit()).map_err(fail)?;
                 }
+                Output::Delete => {
+                    let job = ep.take_delete().expect("a file to delete");
+                    ep.handle_deleted(job.run()).map_err(fail)?;
+                }
                 Output::Finished(o) => me.outcomes.push(o),
                 Output::Admit { .. } => panic!("the harness keeps no quotas"),
             }
@@ -1107,4 +1111,126 @@ fn a_replicator_copies_a_file_for_its_owner_and_nobody_else_may() {
         std::fs::read(local2.path().join("g")).unwrap(),
         std::fs::read(&src).unwrap()
     );
+}
+
+/// Asks `s` to delete `name` and runs the job: `Ok` for `Deleted`, or the refusal.
+fn delete(s: &mut Server, name: &str) -> std::result::Result<(), RejectReason> {
+    s.handle_msg(Msg::Delete { name: name.into() }).unwrap();
+    let mut answer = s.poll_output();
+    if answer == Some(Output::Delete) {
+        let job = s.take_delete().expect("the job");
+        assert!(s.take_delete().is_none(), "taken once");
+        s.handle_deleted(job.run()).unwrap();
+        answer = s.poll_output();
+    }
+    let finished = s.poll_output();
+    match (answer, finished) {
+        (Some(Output::Send(Msg::Deleted)), Some(Output::Finished(Outcome::Deleted))) => Ok(()),
+        (
+            Some(Output::Send(Msg::Reject { reason })),
+            Some(Output::Finished(Outcome::Rejected(r))),
+        ) if r == reason => Err(reason),
+        other => panic!("expected Deleted or a refusal, got {other:?}"),
+    }
+}
+
+/// Remembers what it was asked to forget; refuses names starting with `keep`.
+#[derive(Debug, Default)]
+struct Forgetful(std::sync::Mutex<Vec<(String, Option<String>)>>);
+
+impl Recorder for Forgetful {
+    fn record(&self, _: &StoredCopy) -> std::result::Result<(), String> {
+        Ok(())
+    }
+    fn forget(&self, name: &str, owner: Option<&str>) -> std::result::Result<(), String> {
+        if name.starts_with("keep") {
+            return Err("the catalog is unreachable".into());
+        }
+        let asked = (name.to_owned(), owner.map(str::to_owned));
+        self.0.lock().unwrap().push(asked);
+        Ok(())
+    }
+}
+
+/// Issue 47: owners delete their files. Only the owner (or the connection that stored
+/// an unowned file) may; anyone else hears what a missing file would tell them; the
+/// recorder forgets the file before its name goes, and a refusal keeps it.
+#[test]
+fn an_owner_deletes_its_file_others_cannot_and_the_recorder_forgets_it_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let src_dir = tempfile::tempdir().unwrap();
+    let src = src_dir.path().join("src");
+    std::fs::write(&src, b"to be deleted").unwrap();
+    let recorder = Arc::new(Forgetful::default());
+    let config = Arc::new(
+        Config::new(dir.path())
+            .with_window(SLOTS, SLOT_LEN)
+            .with_recorder(recorder.clone()),
+    );
+    let conn = |who: Option<&str>| {
+        let s = Server::new(Arc::clone(&config));
+        match who {
+            Some(who) => s.with_identity(who.into()),
+            None => s,
+        }
+    };
+    for name in ["mine", "keep-mine"] {
+        let mut pair = Pair::new(
+            upload(&src, name, HashAlg::Sha256, false),
+            Box::new(conn(Some("alice"))),
+        );
+        pair.run().unwrap();
+    }
+    let path = |name: &str| dir.path().join(name);
+
+    // bob, and an anonymous connection, are told "no such file"; the file stays.
+    for mut other in [conn(Some("bob")), conn(None)] {
+        assert_eq!(delete(&mut other, "mine"), Err(RejectReason::NotFound));
+    }
+    assert!(path("mine").exists());
+    // alice deletes it from a connection of her own; the catalog was told first.
+    let mut alice = conn(Some("alice"));
+    assert_eq!(delete(&mut alice, "mine"), Ok(()));
+    assert!(!path("mine").exists());
+    assert_eq!(
+        *recorder.0.lock().unwrap(),
+        [("mine".to_owned(), Some("alice".to_owned()))]
+    );
+    assert_eq!(delete(&mut alice, "mine"), Err(RejectReason::NotFound));
+    // A catalog that cannot forget keeps the file, and says why.
+    match delete(&mut alice, "keep-mine") {
+        Err(RejectReason::Unavailable { reason }) => {
+            assert!(reason.contains("unreachable"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(path("keep-mine").exists());
+    // Hidden and bad names.
+    std::fs::write(path(".hidden"), b"h").unwrap();
+    assert!(matches!(
+        delete(&mut alice, ".hidden"),
+        Err(RejectReason::BadName { .. })
+    ));
+    assert!(path(".hidden").exists());
+    assert!(matches!(
+        delete(&mut alice, "../x"),
+        Err(RejectReason::BadName { .. })
+    ));
+
+    // An anonymous connection deletes what it stored, and only on that connection.
+    let mut pair = Pair::new(
+        upload(&src, "anon", HashAlg::Sha256, false),
+        Box::new(conn(None)),
+    );
+    pair.run().unwrap();
+    assert_eq!(delete(&mut conn(None), "anon"), Err(RejectReason::NotFound));
+    let server = pair.sides[1].ep.as_mut().unwrap();
+    server
+        .handle_msg(Msg::Delete {
+            name: "anon".into(),
+        })
+        .unwrap();
+    pair.run().unwrap();
+    assert_eq!(pair.server().outcomes.last(), Some(&Outcome::Deleted));
+    assert!(!path("anon").exists());
 }

@@ -418,6 +418,17 @@ pub enum Msg {
         /// Whose file it is (an identity name).
         owner: String,
     },
+    /// Client → server, between transfers: remove the file `name`. Allowed where an
+    /// overwrite would be (the file's owner, or the connection that stored it when it
+    /// has none); answered with [`Msg::Deleted`], or with the [`Msg::Reject`] a fetch
+    /// of it would get ([`RejectReason::NotFound`] for another's file). A cluster's
+    /// server lets its catalog forget the file first: the record goes before the bytes.
+    Delete {
+        /// Plain file name.
+        name: String,
+    },
+    /// Server → client: the file named in `Delete` is gone.
+    Deleted,
 }
 
 impl Msg {
@@ -439,6 +450,8 @@ impl Msg {
             Msg::Stat { .. } => "Stat",
             Msg::Held { .. } => "Held",
             Msg::OfferFor { .. } => "OfferFor",
+            Msg::Delete { .. } => "Delete",
+            Msg::Deleted => "Deleted",
         }
     }
 
@@ -561,6 +574,8 @@ mod tests {
                     what: "copies for another owner".into(),
                 },
             },
+            Msg::Delete { name: "f".into() },
+            Msg::Deleted,
         ];
         for m in msgs {
             assert_eq!(Msg::decode(&m.encode()).unwrap(), m);

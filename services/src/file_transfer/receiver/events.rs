@@ -288,6 +288,7 @@ impl Endpoint for Receiver {
                     digest: c.digest,
                     owner: self.owner.clone(),
                     overwrite: c.overwrite,
+                    replica: self.copy,
                 })
             }
             _ => None,

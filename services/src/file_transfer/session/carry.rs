@@ -8,7 +8,9 @@ use rdmactor::runtime::{Flow, MachineCx, Op, SessionError};
 use rdmactor::transport::Transport;
 use rdmactor::verbs::{Access, RemoteRegion};
 
-use super::{fail, Committed, FileSession, ADMITTED, CHUNK_READ, COMMIT_DONE, CONSUMED, PREPARED};
+use super::{
+    fail, Committed, FileSession, ADMITTED, CHUNK_READ, COMMIT_DONE, CONSUMED, DELETED, PREPARED,
+};
 use crate::file_transfer::endpoint::{ChunkWrite, Endpoint, Outcome, Output};
 use crate::file_transfer::owner::Admit;
 use crate::file_transfer::store::StoreError;
@@ -106,6 +108,12 @@ impl FileSession {
                 self.prepare =
                     Some(conn.spawn_blocking(PREPARED, move || job.run_cancellable(&closed)));
             }
+            Output::Delete => {
+                let job = server.take_delete().ok_or_else(|| {
+                    SessionError::new("file transfer: a delete asked for without a job")
+                })?;
+                self.deleting = Some(conn.spawn_blocking(DELETED, move || job.run()));
+            }
             Output::Commit => {
                 let temp = server.take_commit().ok_or_else(|| {
                     SessionError::new("file transfer: a commit asked for without a file")
@@ -199,6 +207,7 @@ impl FileSession {
             }
             Outcome::Rejected(reason) => tracing::info!(%peer, %reason, "rejected"),
             Outcome::Held { len, digest } => tracing::debug!(%peer, len, %digest, "stat"),
+            Outcome::Deleted => tracing::info!(%peer, "deleted"),
             Outcome::Aborted(reason) => {
                 rdmactor::metrics::file_transfer(false, 0);
                 tracing::warn!(%peer, %reason, "aborted")

@@ -21,6 +21,7 @@ impl FileSession {
             || self.consume.is_some()
             || self.commit.is_some()
             || self.prepare.is_some()
+            || self.deleting.is_some()
             || self.admitting.is_some()
     }
 

@@ -1,0 +1,141 @@
+//! Removing a stored file at its owner's `Delete`: the server's blocking job and the
+//! client's one question.
+//!
+//! Order of the job: the file is opened and its owner read from the open file (so the
+//! check and the attribute are the same inode's), the [`Recorder`] forgets it, and only
+//! then is the name removed. A cluster's catalog thus never names bytes that are gone;
+//! the other way round (a record forgotten, the unlink failing) leaves a copy no record
+//! names, which a server's clean-up removes.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use rdmactor::runtime::ClientConnection;
+use rdmactor::transport::Transport;
+
+use super::client::{finish, ClientError};
+use super::endpoint::Outcome;
+use super::error::TransferError;
+use super::recorder::Recorder;
+use super::sender::open_fetched;
+use super::wire::{Msg, RejectReason};
+
+/// The blocking part of a `Delete` the server allowed (see the module docs).
+#[derive(Debug)]
+pub struct DeleteJob {
+    /// The store.
+    pub dir: PathBuf,
+    /// The file's name in it.
+    pub name: String,
+    /// The identity whose file it must be, told by the open file's owner attribute;
+    /// `None` when the connection may remove it whoever owns it.
+    pub owner: Option<String>,
+    /// Told before the name is removed ([`Recorder::forget`]).
+    pub recorder: Option<Arc<dyn Recorder>>,
+}
+
+impl DeleteJob {
+    /// Blocks (an open, the recorder's call, an unlink and a directory fsync).
+    ///
+    /// # Errors
+    ///
+    /// The reason to send back in a `Reject`: [`RejectReason::NotFound`] for a missing
+    /// file or another's (the same answer, so it tells nothing of others' files), a bad
+    /// name, or [`RejectReason::Unavailable`] when the recorder or the file system
+    /// refused (the file is kept when the recorder refused).
+    pub fn run(self) -> Result<(), RejectReason> {
+        let file = open_fetched(&self.dir, &self.name)?;
+        let owner = super::ownership::owner_of(&file).ok().flatten();
+        drop(file);
+        if let Some(who) = &self.owner {
+            if owner.as_deref() != Some(who.as_str()) {
+                return Err(RejectReason::NotFound);
+            }
+        }
+        if let Some(recorder) = &self.recorder {
+            recorder
+                .forget(&self.name, owner.as_deref())
+                .map_err(|why| RejectReason::Unavailable {
+                    reason: format!("kept: the catalog did not forget it: {why}"),
+                })?;
+        }
+        let path = self.dir.join(&self.name);
+        std::fs::remove_file(&path).map_err(|e| RejectReason::Unavailable {
+            reason: format!("removing {}: {e}", path.display()),
+        })?;
+        // The removal outlives a crash once the directory is on disk.
+        if let Err(e) = std::fs::File::open(&self.dir).and_then(|d| d.sync_all()) {
+            tracing::warn!(dir = %self.dir.display(), error = %e, "fsync of the store after a delete");
+        }
+        Ok(())
+    }
+}
+
+/// Asks the server to remove the file `name`: [`Outcome::Deleted`], or
+/// [`Outcome::Rejected`] with the reason ([`RejectReason::NotFound`] for no such file
+/// or one this client may not remove).
+///
+/// # Errors
+///
+/// A bad name, a failed send, a closed connection, or an answer that is not one to a
+/// `Delete`; the connection is closed then.
+pub async fn delete_file<T: Transport>(
+    conn: &ClientConnection<T>,
+    name: &str,
+) -> Result<Outcome, ClientError> {
+    let asked = async {
+        super::name::validate_name(name).map_err(TransferError::from)?;
+        let msg = Msg::Delete {
+            name: name.to_owned(),
+        };
+        conn.send(msg.encode())
+            .await
+            .map_err(|source| ClientError::Send {
+                what: "Delete",
+                source,
+            })?;
+        let answer = conn.recv().await.ok_or(ClientError::Closed)?;
+        if let Some(index) = answer.imm {
+            return Err(unexpected_answer(format!("chunk {index}")).into());
+        }
+        Ok(delete_answer(Msg::decode(&answer.data)?)?)
+    };
+    finish(conn, asked.await).await
+}
+
+/// The outcome a `Delete`'s answer stands for; any other message is a protocol error.
+fn delete_answer(msg: Msg) -> Result<Outcome, TransferError> {
+    match msg {
+        Msg::Deleted => Ok(Outcome::Deleted),
+        Msg::Reject { reason } => Ok(Outcome::Rejected(reason)),
+        other => Err(unexpected_answer(other.kind().to_owned())),
+    }
+}
+
+fn unexpected_answer(what: String) -> TransferError {
+    TransferError::Unexpected {
+        what,
+        state: "waiting for the answer to Delete",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_delete_is_answered_by_deleted_or_a_refusal_and_nothing_else() {
+        assert_eq!(delete_answer(Msg::Deleted).unwrap(), Outcome::Deleted);
+        assert_eq!(
+            delete_answer(Msg::Reject {
+                reason: RejectReason::NotFound
+            })
+            .unwrap(),
+            Outcome::Rejected(RejectReason::NotFound)
+        );
+        assert!(matches!(
+            delete_answer(Msg::Good),
+            Err(TransferError::Unexpected { .. })
+        ));
+    }
+}
