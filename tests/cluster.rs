@@ -476,6 +476,49 @@ fn files_put_with_two_replicas_survive_a_killed_server_and_repair_restores_two()
                 "{name} differs"
             );
         }
+        // Overwrites: bob's is refused by every server (before the rename), alice's
+        // moves the record to her new bytes on R nodes.
+        let name = &files[1].0;
+        let before = cluster.catalog().get(name).await.unwrap().unwrap().record;
+        let new_bytes = pattern(200_000, 99);
+        let new_src = work.path().join("new").join(name);
+        std::fs::create_dir_all(new_src.parent().unwrap()).unwrap();
+        std::fs::write(&new_src, &new_bytes).unwrap();
+        let bobs = ClusterFiles::new(RdmaFiles::new(&bob), EtcdConfig::new([etcd.url()]), "vm")
+            .expect("bob's files");
+        let refused = bobs.overwrite(&new_src, name).await.unwrap_err();
+        drop(bobs);
+        assert_eq!(
+            cluster.catalog().get(name).await.unwrap().unwrap().record,
+            before
+        );
+        for node in &before.nodes {
+            let held = std::fs::read(servers[node.as_str()].2.join(name)).unwrap();
+            assert!(
+                held == files[1].1,
+                "bob's overwrite changed {name} on {node}"
+            );
+        }
+        let now = cluster
+            .overwrite(&new_src, name)
+            .await
+            .expect("alice's overwrite");
+        assert_eq!(now.nodes.len(), 2, "{now:?}");
+        assert_ne!(now.digest, before.digest);
+        assert_eq!(now.owner.as_deref(), Some("alice"));
+        for node in &now.nodes {
+            let held = std::fs::read(servers[node.as_str()].2.join(name)).unwrap();
+            assert!(held == new_bytes, "{name} on {node} after the overwrite");
+        }
+        let out = work.path().join("out-3");
+        std::fs::create_dir(&out).unwrap();
+        let got = cluster.get(name, &out).await.expect("the new bytes");
+        assert!(std::fs::read(&got.path).unwrap() == new_bytes);
+        println!(
+            "bob's overwrite of {name} refused ({refused}); alice's moved it to {:?}",
+            now.nodes
+        );
+
         // Deletes: bob's is refused by every server and changes nothing; alice's
         // removes every copy and the record (each server forgets it before its copy).
         let name = &files[0].0;

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use rdmactor_cluster::files::{
     plan, AddedCopy, Catalog, ClusterFiles, Collector, Created, FileRecord, FileTransfer,
-    FilesError, Removed, RepairPlanner, Staging, TransferError, Verified,
+    FilesError, Removed, RepairPlanner, Staging, TransferError, Upload, Verified,
 };
 use rdmactor_cluster::Registrar;
 use util::{addr, register, Etcd, EtcdExt};
@@ -77,17 +77,17 @@ impl FileTransfer for Fake {
         addr: SocketAddr,
         path: &Path,
         name: &str,
-        copy_for: Option<&str>,
+        how: Upload<'_>,
     ) -> Result<Verified, TransferError> {
         self.alive(addr)?;
         self.uploads.borrow_mut().push(addr);
         let dest = self.stores[&addr].join(name);
-        if dest.exists() {
+        if dest.exists() && !how.overwrite {
             return Err(TransferError::Exists);
         }
         let bytes = std::fs::read(path).map_err(|e| TransferError::Failed(e.to_string()))?;
         std::fs::write(&dest, &bytes).map_err(|e| TransferError::Failed(e.to_string()))?;
-        let owner = copy_for.map(str::to_owned);
+        let owner = how.copy_for.map(str::to_owned);
         self.stored_for.borrow_mut().push((dest, owner));
         self.moved.borrow_mut().push((addr, bytes.len() as u64));
         Ok(verify(&bytes))
@@ -663,7 +663,7 @@ async fn junk_uploaded_to_the_next_nodes_in_order_does_not_stop_the_servers_repa
     for node in &order[2..4] {
         files
             .transfer()
-            .upload(node_addr(node), &junk, "j.bin", None)
+            .upload(node_addr(node), &junk, "j.bin", Upload::default())
             .await
             .unwrap();
     }
@@ -1335,4 +1335,104 @@ async fn a_record_is_removed_by_its_owner_alone_and_stays_removed() {
         catalog.add_copy("f", &record, "c").await.unwrap(),
         AddedCopy::New
     );
+}
+
+/// Issue 47: owners overwrite cluster files. The record moves to the new bytes, still
+/// the owner's, on the nodes that took them (the fakes record nothing, so the client
+/// writes the version, by the rule a server's recorder follows).
+#[tokio::test]
+async fn an_owners_overwrite_moves_the_record_to_the_new_bytes() {
+    let Some(etcd) = Etcd::start() else { return };
+    let (_nodes, files) = cluster(&etcd).await;
+    let order = order_of("v.bin", 3);
+    let old = rdmactor_testkit::pattern(8_000, 1);
+    let held = verify(&old);
+    let record = FileRecord {
+        alg: held.alg,
+        digest: held.digest,
+        size: held.size,
+        nodes: order[..2].to_vec(),
+        owner: Some("alice".into()),
+    };
+    files.catalog().create("v.bin", &record).await.unwrap();
+    for node in &order[..2] {
+        std::fs::write(files.transfer().store(node).join("v.bin"), &old).unwrap();
+    }
+    let work = tempfile::tempdir().unwrap();
+    let (path, new) = local(work.path(), "v.bin", 12_000, 2);
+    let now = files.overwrite(&path, "v.bin").await.unwrap();
+    assert_eq!(now.digest, verify(&new).digest);
+    assert_eq!(now.nodes, order[..2]);
+    assert_eq!(now.owner.as_deref(), Some("alice"));
+    for node in &order[..2] {
+        assert_eq!(
+            std::fs::read(files.transfer().store(node).join("v.bin")).unwrap(),
+            new
+        );
+    }
+    // A plain put of the name is still refused.
+    assert!(matches!(
+        files.put(&path, "v.bin").await.unwrap_err(),
+        FilesError::NameTaken { .. }
+    ));
+}
+
+/// The catalog's rule for an overwrite: the owner's new bytes replace the record (on
+/// the first node to store them; each other node adds itself), another owner's or
+/// nobody's are refused.
+#[tokio::test]
+async fn only_the_records_owner_moves_it_to_new_bytes() {
+    let Some(etcd) = Etcd::start() else { return };
+    let catalog = Catalog::new(etcd.config(), "test").unwrap();
+    let record = |digest: &str, owner: Option<&str>| FileRecord {
+        alg: "sha256".into(),
+        digest: digest.into(),
+        size: 1,
+        nodes: vec!["a".into(), "b".into()],
+        owner: owner.map(str::to_owned),
+    };
+    catalog
+        .create("f", &record("d1", Some("alice")))
+        .await
+        .unwrap();
+    catalog.create("g", &record("d1", None)).await.unwrap();
+    let theirs = record("d2", Some("bob"));
+    assert!(matches!(
+        catalog.add_version("f", &theirs, "a").await.unwrap(),
+        AddedCopy::Taken(_)
+    ));
+    for who in [Some("alice"), None] {
+        assert!(matches!(
+            catalog
+                .add_version("g", &record("d2", who), "a")
+                .await
+                .unwrap(),
+            AddedCopy::Taken(_)
+        ));
+    }
+    let mine = record("d2", Some("alice"));
+    assert_eq!(
+        catalog.add_version("f", &mine, "b").await.unwrap(),
+        AddedCopy::Replaced
+    );
+    let now = catalog.get("f").await.unwrap().unwrap().record;
+    assert_eq!(
+        (now.digest.as_str(), now.nodes.clone()),
+        ("d2", vec!["b".to_owned()])
+    );
+    assert_eq!(
+        catalog.add_version("f", &mine, "a").await.unwrap(),
+        AddedCopy::Added
+    );
+    // Plain uploads of other bytes are still taken.
+    assert!(matches!(
+        catalog
+            .add_copy("f", &record("d3", Some("alice")), "c")
+            .await
+            .unwrap(),
+        AddedCopy::Taken(_)
+    ));
+    let now = catalog.get("f").await.unwrap().unwrap().record;
+    assert_eq!(now.nodes, ["b", "a"]);
+    assert_eq!(now.owner.as_deref(), Some("alice"));
 }

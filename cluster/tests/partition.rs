@@ -38,7 +38,7 @@ impl FileTransfer for Fake {
         addr: SocketAddr,
         path: &Path,
         name: &str,
-        _copy_for: Option<&str>,
+        _how: rdmactor_cluster::files::Upload<'_>,
     ) -> Result<Verified, TransferError> {
         let bytes = self.read(addr, path)?;
         std::fs::write(self.stores[&addr].join(name), &bytes)

@@ -42,6 +42,21 @@ pub enum AddedCopy {
     Listed,
     /// The name is recorded with other bytes; nothing changed.
     Taken(FileRecord),
+    /// The owner's new bytes replaced the record's (an overwrite,
+    /// [`Catalog::add_version`]): the record now names this node alone.
+    Replaced,
+}
+
+/// What [`Catalog::add`] may do besides adding a node to a record of the same bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Create the record when there is none (an upload).
+    Create,
+    /// Nothing more (a replicator's copy).
+    Fill,
+    /// Create it, or replace a record of other bytes that names the same owner (the
+    /// owner's overwrite).
+    Version,
 }
 
 /// How [`Catalog::remove`] ended.
@@ -159,7 +174,25 @@ impl Catalog {
     /// etcd unreachable or slow; a bad name; an unreadable record; the record changed
     /// under every one of a few tries.
     pub async fn add_copy(&self, name: &str, copy: &FileRecord, node: &str) -> Result<AddedCopy> {
-        self.add(name, copy, node, true).await
+        self.add(name, copy, node, Mode::Create).await
+    }
+
+    /// [`add_copy`](Self::add_copy) for an overwrite: a record of other bytes is
+    /// replaced by `copy`'s, naming `node` alone, if both name the same owner (an
+    /// identity: a file nobody owns is never overwritten), fenced by the revision read.
+    /// The nodes that held the old bytes drop out of the record, and each of the
+    /// owner's other new replicas adds itself as its copy lands.
+    ///
+    /// # Errors
+    ///
+    /// As [`add_copy`](Self::add_copy).
+    pub async fn add_version(
+        &self,
+        name: &str,
+        copy: &FileRecord,
+        node: &str,
+    ) -> Result<AddedCopy> {
+        self.add(name, copy, node, Mode::Version).await
     }
 
     /// [`add_copy`](Self::add_copy) for a copy that fills a gap in an existing record
@@ -175,20 +208,20 @@ impl Catalog {
         copy: &FileRecord,
         node: &str,
     ) -> Result<Option<AddedCopy>> {
-        match self.add(name, copy, node, false).await {
+        match self.add(name, copy, node, Mode::Fill).await {
             Ok(AddedCopy::New) => Ok(None),
             other => other.map(Some),
         }
     }
 
-    /// Adds `node`'s copy, creating the record only with `create` (else `New` stands
-    /// for "no record": nothing was written).
+    /// Adds `node`'s copy as `mode` allows (with [`Mode::Fill`], `New` stands for "no
+    /// record": nothing was written).
     async fn add(
         &self,
         name: &str,
         copy: &FileRecord,
         node: &str,
-        create: bool,
+        mode: Mode,
     ) -> Result<AddedCopy> {
         check_name("file", name)?;
         let key = file_key(&self.cluster, name);
@@ -196,7 +229,7 @@ impl Catalog {
         // (the R replicas of one upload finish together) each win a round in turn.
         for _ in 0..16 {
             let fence = match self.get(name).await? {
-                None if !create => return Ok(AddedCopy::New),
+                None if mode == Mode::Fill => return Ok(AddedCopy::New),
                 None => {
                     let mut first = copy.clone();
                     first.nodes = vec![node.to_owned()];
@@ -204,6 +237,19 @@ impl Catalog {
                         Created::New => return Ok(AddedCopy::New),
                         Created::Exists(_) => continue,
                     }
+                }
+                Some(stored)
+                    if !stored.record.same_bytes(copy)
+                        && mode == Mode::Version
+                        && stored.record.owner.is_some()
+                        && stored.record.owner == copy.owner =>
+                {
+                    let mut version = copy.clone();
+                    version.nodes = vec![node.to_owned()];
+                    if self.put_fenced(&key, &stored, &version).await? {
+                        return Ok(AddedCopy::Replaced);
+                    }
+                    continue;
                 }
                 Some(stored) if !stored.record.same_bytes(copy) => {
                     return Ok(AddedCopy::Taken(stored.record))
@@ -215,17 +261,7 @@ impl Catalog {
             };
             let mut record = fence.record.clone();
             record.nodes.push(node.to_owned());
-            let txn = Txn::new()
-                .when([Compare::mod_revision(
-                    key.as_str(),
-                    CompareOp::Equal,
-                    fence.mod_revision,
-                )])
-                .and_then([TxnOp::put(key.as_str(), record.to_json(), None)]);
-            // Made again after a member's failure: the compare makes a second
-            // application impossible, and the next round reads the outcome.
-            let answer = self.txn("file add copy txn", txn).await?;
-            if answer.succeeded() {
+            if self.put_fenced(&key, &fence, &record).await? {
                 return Ok(AddedCopy::Added);
             }
         }
@@ -233,6 +269,20 @@ impl Catalog {
             key,
             reason: "changed under every one of 16 tries to add a copy".into(),
         })
+    }
+
+    /// Writes `record` under `key` if the key is as `fence` was read; whether it was.
+    async fn put_fenced(&self, key: &str, fence: &Stored, record: &FileRecord) -> Result<bool> {
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                key,
+                CompareOp::Equal,
+                fence.mod_revision,
+            )])
+            .and_then([TxnOp::put(key, record.to_json(), None)]);
+        // Made again after a member's failure: the compare makes a second application
+        // impossible, and the caller's next round reads the outcome.
+        Ok(self.txn("file add copy txn", txn).await?.succeeded())
     }
 
     /// Removes `name`'s record at its owner's delete, if the record names `owner` or

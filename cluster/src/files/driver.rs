@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::catalog::{Catalog, Created};
+use super::catalog::{AddedCopy, Catalog, Created};
 use super::plan::{fallback_order, fetch_order, PlacementError, Repair, UploadPlan, Verified};
 use super::transfer::FileTransfer;
 use super::FileRecord;
@@ -210,6 +210,39 @@ impl<T: FileTransfer> ClusterFiles<T> {
                 existing: existing.record,
             });
         }
+        self.upload_to_r(path, name, None).await
+    }
+
+    /// Replaces `name`'s bytes with `path`'s, as its owner: uploads to R nodes asking
+    /// each to overwrite, and each server moves the record to the new bytes as its copy
+    /// lands (`Catalog::add_version`; only the record's owner may, and a file nobody
+    /// owns is never overwritten). Nodes that held the old bytes and took no new copy
+    /// drop out of the record; their copies are left for their clean-up. A name with no
+    /// record is put as new. Not atomic: until the first new copy is recorded, readers
+    /// get the old bytes, and a failure part way leaves the record on whichever bytes
+    /// were recorded last, each listed node holding them.
+    ///
+    /// # Errors
+    ///
+    /// As [`put`](Self::put); [`FilesError::Placement`] names the nodes that refused
+    /// (another's file: "a cluster's file is overwritten by its owner alone").
+    pub async fn overwrite(&self, path: &Path, name: &str) -> Result<FileRecord, FilesError> {
+        let before = self.catalog.get(name).await?;
+        self.upload_to_r(path, name, Some(before)).await
+    }
+
+    /// Uploads to R nodes in rendezvous order and returns the record. `overwrite`:
+    /// `Some(the record read before)` to replace the name's bytes.
+    async fn upload_to_r(
+        &self,
+        path: &Path,
+        name: &str,
+        overwrite: Option<Option<super::catalog::Stored>>,
+    ) -> Result<FileRecord, FilesError> {
+        let how = super::transfer::Upload {
+            copy_for: None,
+            overwrite: overwrite.is_some(),
+        };
         let live = self.live().await;
         if live.is_empty() {
             return Err(FilesError::NoNodes {
@@ -225,7 +258,7 @@ impl<T: FileTransfer> ClusterFiles<T> {
                 .expect("planned from the list")
                 .record
                 .addr;
-            match self.transfer.upload(addr, path, name, None).await {
+            match self.transfer.upload(addr, path, name, how).await {
                 Ok(verified) => plan.handle_good(node, verified),
                 Err(reason) => {
                     tracing::info!(%name, %node, %reason, "cluster files: upload failed; trying the next node");
@@ -237,8 +270,11 @@ impl<T: FileTransfer> ClusterFiles<T> {
         // Servers record their own copies before they answer GOOD (`CatalogRecorder`),
         // so by now the record names every node that verified the file, and a client
         // needs no write access to the catalog.
+        let before = overwrite.as_ref().and_then(Option::as_ref);
         match self.catalog.get(name).await? {
             Some(stored) if stored.record.same_bytes(&record) => return Ok(stored.record),
+            // Unchanged by the overwrite: its servers record nothing.
+            Some(stored) if before.is_some_and(|b| b.mod_revision == stored.mod_revision) => {}
             Some(stored) => {
                 return Err(FilesError::NameTaken {
                     name: name.to_owned(),
@@ -249,6 +285,23 @@ impl<T: FileTransfer> ClusterFiles<T> {
         }
         // Servers that record nothing (a test's transfer, a server started without
         // --cluster) leave it to the client, where etcd lets it write.
+        if let Some(before) = before {
+            let version = FileRecord {
+                owner: before.record.owner.clone(),
+                ..record.clone()
+            };
+            for node in &record.nodes {
+                if let AddedCopy::Taken(existing) =
+                    self.catalog.add_version(name, &version, node).await?
+                {
+                    return Err(FilesError::NameTaken {
+                        name: name.to_owned(),
+                        existing,
+                    });
+                }
+            }
+            return Ok(self.catalog.get(name).await?.map_or(version, |s| s.record));
+        }
         match self.catalog.create(name, &record).await? {
             Created::New => Ok(record),
             Created::Exists(existing) if existing.same_bytes(&record) => Ok(existing),

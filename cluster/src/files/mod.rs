@@ -44,4 +44,4 @@ pub use rdma::RdmaFiles;
 pub use record::{file_key, files_prefix, repair_lock, FileRecord};
 #[cfg(feature = "rdmactor")]
 pub use recorder::CatalogRecorder;
-pub use transfer::{FileTransfer, TransferError};
+pub use transfer::{FileTransfer, TransferError, Upload};

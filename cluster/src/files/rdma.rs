@@ -12,7 +12,7 @@ use rdmactor_services::file_transfer::{
 
 use super::driver::FILES_SERVICE;
 use super::plan::Verified;
-use super::transfer::{FileTransfer, TransferError};
+use super::transfer::{FileTransfer, TransferError, Upload};
 
 /// Uploads and fetches through an rdmactor client.
 #[derive(Clone, Copy)]
@@ -46,12 +46,13 @@ impl FileTransfer for RdmaFiles<'_> {
         addr: SocketAddr,
         path: &Path,
         name: &str,
-        copy_for: Option<&str>,
+        how: Upload<'_>,
     ) -> Result<Verified, TransferError> {
         let conn = self.connect(addr).await?;
         let mut offered = None;
         let opts = SendOptions {
-            copy_for: copy_for.map(str::to_owned),
+            copy_for: how.copy_for.map(str::to_owned),
+            overwrite: how.overwrite,
             ..SendOptions::default()
         };
         let outcome = send_file(&conn, path, name, &opts, |p| {

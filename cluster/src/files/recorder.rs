@@ -24,6 +24,8 @@ enum Job {
     Record(StoredCopy),
     /// Forget a file its owner deletes.
     Forget { name: String, owner: Option<String> },
+    /// May this overwrite take the name?
+    Admit(StoredCopy),
 }
 
 type Request = (Job, oneshot::Sender<std::result::Result<(), String>>);
@@ -68,6 +70,7 @@ impl CatalogRecorder {
                             (Some(_), Job::Forget { name, owner }) => {
                                 forget(&catalog, &name, owner.as_deref()).await
                             }
+                            (Some(_), Job::Admit(copy)) => admit(&catalog, &copy).await,
                             (None, _) => Err("this server is not in its cluster yet".to_owned()),
                         };
                         let _ = answer.send(done);
@@ -91,13 +94,16 @@ impl CatalogRecorder {
 }
 
 impl Recorder for CatalogRecorder {
-    /// A recorded file's replicas must all hold the recorded bytes: an upload that
-    /// would replace one in place is refused before it takes the name.
+    /// A recorded file's replicas must all hold the recorded bytes, so an overwrite
+    /// takes the name only when the record is its owner's (the record then moves to
+    /// the new bytes as each copy lands, [`Catalog::add_version`]), and is refused
+    /// before the rename otherwise: a replica is never replaced by bytes its record
+    /// will not take.
     fn admit(&self, copy: &StoredCopy) -> std::result::Result<(), String> {
-        if copy.overwrite {
-            return Err("a cluster's files are not overwritten in place".into());
+        if !copy.overwrite {
+            return Ok(());
         }
-        Ok(())
+        self.ask(Job::Admit(copy.clone()))
     }
 
     fn record(&self, copy: &StoredCopy) -> std::result::Result<(), String> {
@@ -126,6 +132,22 @@ impl CatalogRecorder {
         answered
             .blocking_recv()
             .map_err(|_| "the recorder's thread has stopped".to_owned())?
+    }
+}
+
+/// Whether the overwrite `copy` may take its name (see [`CatalogRecorder::admit`]).
+async fn admit(catalog: &Catalog, copy: &StoredCopy) -> std::result::Result<(), String> {
+    let stored = catalog
+        .get(&copy.name)
+        .await
+        .map_err(|e| format!("the catalog: {e}"))?;
+    match stored {
+        None => Ok(()),
+        Some(s) if s.record.owner.is_some() && s.record.owner == copy.owner => Ok(()),
+        Some(s) => Err(format!(
+            "a cluster's file is overwritten by its owner alone (the cluster records it as {}'s)",
+            s.record.owner.as_deref().unwrap_or("nobody")
+        )),
     }
 }
 
@@ -167,12 +189,14 @@ async fn record(
             .add_replica(&copy.name, &record, node)
             .await
             .map(|added| added.ok_or(()))
+    } else if copy.overwrite {
+        catalog.add_version(&copy.name, &record, node).await.map(Ok)
     } else {
         catalog.add_copy(&copy.name, &record, node).await.map(Ok)
     };
     match added {
         Ok(Err(())) => Err("the file is no longer recorded (deleted by its owner?)".into()),
-        Ok(Ok(AddedCopy::New | AddedCopy::Added | AddedCopy::Listed)) => {
+        Ok(Ok(AddedCopy::New | AddedCopy::Added | AddedCopy::Listed | AddedCopy::Replaced)) => {
             tracing::info!(name = %copy.name, node, "cluster: copy recorded");
             Ok(())
         }

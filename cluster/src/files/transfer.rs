@@ -33,19 +33,27 @@ pub enum TransferError {
     Failed(String),
 }
 
+/// How an upload stores its file.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Upload<'a> {
+    /// A replicator's copy of this identity's file, stored as its (the `files`
+    /// service's `OfferFor`); without it, the file is the uploader's own.
+    pub copy_for: Option<&'a str>,
+    /// Replace a file of that name (the uploader's own: its owner's overwrite).
+    pub overwrite: bool,
+}
+
 /// Moves one file to or from one node, verified by its server: the `files` service
 /// over RDMA ([`RdmaFiles`](super::RdmaFiles)), or a test's fake.
 pub trait FileTransfer {
-    /// Uploads the local file `path` as `name` to the node at `addr`; returns what the
-    /// node verified (it answered GOOD), or why not. With `copy_for`, the upload is a
-    /// replicator's copy of that identity's file, stored as its (the `files` service's
-    /// `OfferFor`); without, the file is the uploader's own.
+    /// Uploads the local file `path` as `name` to the node at `addr`, as `how` says;
+    /// returns what the node verified (it answered GOOD), or why not.
     fn upload(
         &self,
         addr: SocketAddr,
         path: &Path,
         name: &str,
-        copy_for: Option<&str>,
+        how: Upload<'_>,
     ) -> impl Future<Output = Result<Verified, TransferError>>;
     /// Fetches `name` from the node at `addr` into `dir/name`, unless the node
     /// announces more than `max_size` bytes; returns what was verified on arrival, or

@@ -17,7 +17,8 @@
 //! `fetch` reads it from a live replica and checks the recorded digest
 //! (`GOOD NAME sha256:DIGEST from=a`), and `repair` copies files whose node has been
 //! gone longer than `--grace-secs` to another (`REPAIRED NAME gone=a from=b to=c`).
-//! SHA-256 only, no `--overwrite` or `--id` there: a cluster name is created once.
+//! SHA-256 only, no `--id` there; `send --overwrite` replaces one's own file's bytes
+//! (the record moves to them, `ClusterFiles::overwrite`).
 //! `delete` removes files (`DELETED NAME`): on one server, those this client may
 //! replace (its identity's, or its connection's own); with `--cluster`, every
 //! reachable replica and the record, the owner's alone (`DELETED NAME nodes=a,b`, and
@@ -344,12 +345,17 @@ async fn run_cluster(files: &ClusterFiles<RdmaFiles<'_>>, cmd: &Cmd) -> Result<b
             files: paths,
         } => {
             anyhow::ensure!(
-                matches!(hash, Hash::Sha256) && !overwrite && id.is_none(),
-                "with --cluster, send takes no --hash blake3, --overwrite or --id"
+                matches!(hash, Hash::Sha256) && id.is_none(),
+                "with --cluster, send takes no --hash blake3 or --id"
             );
             for path in paths {
                 let name = file_name(path)?;
-                match files.put(path, &name).await {
+                let put = if *overwrite {
+                    files.overwrite(path, &name).await
+                } else {
+                    files.put(path, &name).await
+                };
+                match put {
                     Ok(r) => println!(
                         "GOOD {name} {}:{} nodes={}",
                         r.alg,

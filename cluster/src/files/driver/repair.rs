@@ -15,7 +15,7 @@ use std::time::Instant;
 use super::{holds, other_bytes, ClusterFiles, FilesError, RepairReport};
 use crate::files::catalog::Stored;
 use crate::files::plan::{FailureKind, Forget, Repair, RepairPlanner};
-use crate::files::transfer::{FileTransfer, TransferError};
+use crate::files::transfer::{FileTransfer, TransferError, Upload};
 use crate::files::FileRecord;
 use crate::NodeInfo;
 
@@ -328,9 +328,11 @@ impl<T: FileTransfer> ClusterFiles<T> {
                     .fetch_checked(from, name, private.path(), record)
                     .await
                     .map_err(source)?;
-                self.transfer
-                    .upload(to_addr, &path, name, record.owner.as_deref())
-                    .await
+                let how = Upload {
+                    copy_for: record.owner.as_deref(),
+                    overwrite: false,
+                };
+                self.transfer.upload(to_addr, &path, name, how).await
             }
         };
         match put {
