@@ -1205,18 +1205,7 @@ async fn a_repaired_copy_is_stored_for_its_records_owner(store: bool) {
     let mut regs = by_node(nodes);
     let order = order_of("o.bin", 3);
     let bytes = rdmactor_testkit::pattern(25_000, 4);
-    let held = verify(&bytes);
-    let record = FileRecord {
-        alg: held.alg,
-        digest: held.digest,
-        size: held.size,
-        nodes: order[..2].to_vec(),
-        owner: Some("alice".into()),
-    };
-    files.catalog().create("o.bin", &record).await.unwrap();
-    for node in &order[..2] {
-        std::fs::write(files.transfer().store(node).join("o.bin"), &bytes).unwrap();
-    }
+    alices(&files, "o.bin", &bytes, &order[..2]).await;
     leave(&mut regs, &files, &order[0], 2).await;
     let grace = Duration::from_secs(30);
     let scratch = tempfile::tempdir().unwrap();
@@ -1346,18 +1335,7 @@ async fn an_owners_overwrite_moves_the_record_to_the_new_bytes() {
     let (_nodes, files) = cluster(&etcd).await;
     let order = order_of("v.bin", 3);
     let old = rdmactor_testkit::pattern(8_000, 1);
-    let held = verify(&old);
-    let record = FileRecord {
-        alg: held.alg,
-        digest: held.digest,
-        size: held.size,
-        nodes: order[..2].to_vec(),
-        owner: Some("alice".into()),
-    };
-    files.catalog().create("v.bin", &record).await.unwrap();
-    for node in &order[..2] {
-        std::fs::write(files.transfer().store(node).join("v.bin"), &old).unwrap();
-    }
+    alices(&files, "v.bin", &old, &order[..2]).await;
     let work = tempfile::tempdir().unwrap();
     let (path, new) = local(work.path(), "v.bin", 12_000, 2);
     let now = files.overwrite(&path, "v.bin").await.unwrap();
@@ -1435,4 +1413,21 @@ async fn only_the_records_owner_moves_it_to_new_bytes() {
     let now = catalog.get("f").await.unwrap().unwrap().record;
     assert_eq!(now.nodes, ["b", "a"]);
     assert_eq!(now.owner.as_deref(), Some("alice"));
+}
+
+/// `bytes` stored as `name` on `nodes` and recorded there as alice's (as her upload
+/// through servers that record their copies leaves them).
+async fn alices(files: &ClusterFiles<Fake>, name: &str, bytes: &[u8], nodes: &[String]) {
+    let held = verify(bytes);
+    let record = FileRecord {
+        alg: held.alg,
+        digest: held.digest,
+        size: held.size,
+        nodes: nodes.to_vec(),
+        owner: Some("alice".into()),
+    };
+    files.catalog().create(name, &record).await.unwrap();
+    for node in nodes {
+        std::fs::write(files.transfer().store(node).join(name), bytes).unwrap();
+    }
 }

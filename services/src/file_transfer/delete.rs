@@ -13,7 +13,7 @@ use std::sync::Arc;
 use rdmactor::runtime::ClientConnection;
 use rdmactor::transport::Transport;
 
-use super::client::{finish, ClientError};
+use super::client::{finish, one_answer, ClientError};
 use super::endpoint::Outcome;
 use super::error::TransferError;
 use super::recorder::Recorder;
@@ -88,17 +88,7 @@ pub async fn delete_file<T: Transport>(
         let msg = Msg::Delete {
             name: name.to_owned(),
         };
-        conn.send(msg.encode())
-            .await
-            .map_err(|source| ClientError::Send {
-                what: "Delete",
-                source,
-            })?;
-        let answer = conn.recv().await.ok_or(ClientError::Closed)?;
-        if let Some(index) = answer.imm {
-            return Err(unexpected_answer(format!("chunk {index}")).into());
-        }
-        Ok(delete_answer(Msg::decode(&answer.data)?)?)
+        Ok(delete_answer(one_answer(conn, msg, STATE).await?)?)
     };
     finish(conn, asked.await).await
 }
@@ -112,11 +102,10 @@ fn delete_answer(msg: Msg) -> Result<Outcome, TransferError> {
     }
 }
 
+const STATE: &str = "waiting for the answer to Delete";
+
 fn unexpected_answer(what: String) -> TransferError {
-    TransferError::Unexpected {
-        what,
-        state: "waiting for the answer to Delete",
-    }
+    TransferError::Unexpected { what, state: STATE }
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 use rdmactor::runtime::ClientConnection;
 use rdmactor::transport::Transport;
 
-use super::client::{finish, ClientError};
+use super::client::{finish, one_answer, ClientError};
 use super::endpoint::Outcome;
 use super::error::TransferError;
 use super::wire::{HashAlg, Msg};
@@ -32,17 +32,8 @@ pub async fn stat_file<T: Transport>(
             name: name.to_owned(),
             alg,
         };
-        conn.send(msg.encode())
-            .await
-            .map_err(|source| ClientError::Send {
-                what: "Stat",
-                source,
-            })?;
-        let answer = conn.recv().await.ok_or(ClientError::Closed)?;
-        if let Some(index) = answer.imm {
-            return Err(unexpected_answer(format!("chunk {index}")).into());
-        }
-        Ok(stat_answer(Msg::decode(&answer.data)?, alg)?)
+        let answer = one_answer(conn, msg, STATE).await?;
+        Ok(stat_answer(answer, alg)?)
     };
     finish(conn, asked.await).await
 }
@@ -60,11 +51,10 @@ fn stat_answer(msg: Msg, alg: HashAlg) -> Result<Outcome, TransferError> {
     }
 }
 
+const STATE: &str = "waiting for the answer to Stat";
+
 fn unexpected_answer(what: String) -> TransferError {
-    TransferError::Unexpected {
-        what,
-        state: "waiting for the answer to Stat",
-    }
+    TransferError::Unexpected { what, state: STATE }
 }
 
 #[cfg(test)]
