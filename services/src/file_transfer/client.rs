@@ -219,25 +219,6 @@ pub async fn fetch_file<T: Transport>(
     finish(conn, drive.run(&mut receiver).await).await
 }
 
-/// Sends `msg`, a question answered by one message (`Stat`, `Delete`), and returns
-/// the answer; a chunk in its place is a protocol error, met in `state`.
-pub(super) async fn one_answer<T: Transport>(
-    conn: &ClientConnection<T>,
-    msg: Msg,
-    state: &'static str,
-) -> Result<Msg, ClientError> {
-    let what = msg.kind();
-    conn.send(msg.encode())
-        .await
-        .map_err(|source| ClientError::Send { what, source })?;
-    let answer = conn.recv().await.ok_or(ClientError::Closed)?;
-    if let Some(index) = answer.imm {
-        let what = format!("chunk {index}");
-        return Err(TransferError::Unexpected { what, state }.into());
-    }
-    Ok(Msg::decode(&answer.data)?)
-}
-
 /// Closes the connection after an error (see the module docs).
 pub(super) async fn finish<T: Transport>(
     conn: &ClientConnection<T>,

@@ -13,9 +13,10 @@ use std::sync::Arc;
 use rdmactor::runtime::ClientConnection;
 use rdmactor::transport::Transport;
 
-use super::client::{finish, one_answer, ClientError};
+use super::client::{finish, ClientError};
 use super::endpoint::Outcome;
 use super::error::TransferError;
+use super::question::one_answer;
 use super::recorder::Recorder;
 use super::sender::open_fetched;
 use super::wire::{Msg, RejectReason};

@@ -143,6 +143,7 @@ mod hash;
 mod name;
 mod owner;
 pub mod ownership;
+mod question;
 mod quota;
 mod receiver;
 mod recorder;

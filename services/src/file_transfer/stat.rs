@@ -4,9 +4,10 @@
 use rdmactor::runtime::ClientConnection;
 use rdmactor::transport::Transport;
 
-use super::client::{finish, one_answer, ClientError};
+use super::client::{finish, ClientError};
 use super::endpoint::Outcome;
 use super::error::TransferError;
+use super::question::one_answer;
 use super::wire::{HashAlg, Msg};
 
 /// Asks the server what it holds under `name`, hashed with `alg`, without moving the
