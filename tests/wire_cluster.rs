@@ -29,29 +29,37 @@ use std::time::{Duration, Instant};
 
 use rdmactor::runtime::ConnectionConfig;
 use rdmactor_cluster::DEFAULT_DIAL_TIMEOUT;
-use rdmactor_tests::target_bin;
-use rdmactor_tests::wire::{Host, Job, Wire};
+use rdmactor_tests::cluster_wire::{
+    all_urls, bin, client_url, etcdctl, fetch_all, four_hosts, ft_cluster, parse_uploads, qps,
+    records, secs, sh, upload_script, wait_listing, Cluster, ServerSetup, CLUSTER,
+    ETCD_ELECTION_MS, PORT, SERVERS, TTL,
+};
+use rdmactor_tests::wire::{Host, Wire};
 
 /// How long the servers wait before repairing the files of a node gone from the
 /// registry, in seconds.
 const REPAIR_GRACE_SECS: &str = "10";
 
-/// The cluster's name in etcd.
-const CLUSTER: &str = "wire";
-/// Where each server listens.
-const PORT: u16 = 7471;
-/// The servers' lease TTL (`--lease-ttl-secs`, the default).
-const TTL: Duration = Duration::from_secs(5);
-/// The hosts that run a server and an etcd member.
-const SERVERS: [Host; 3] = [Host::A, Host::B, Host::C];
-/// etcd's raft timing: under TCG, with four single-vCPU guests on two cores, etcd's
-/// defaults (100 ms / 1 s) saw leaders lose their term under load; this is the ratio
-/// etcd recommends (election = 10 × heartbeat), slower.
-const ETCD_HEARTBEAT_MS: u64 = 300;
-const ETCD_ELECTION_MS: u64 = 3000;
-
-fn bin(name: &str) -> String {
-    target_bin(name).to_string_lossy().into_owned()
+/// The servers of these tests: stores on the hosts' tmpfs, public fetch, repair.
+fn setup() -> ServerSetup {
+    let flags = [
+        "--files-public-fetch",
+        // The servers repair: each copies onto itself the files of a node gone longer
+        // than this (step 3).
+        "--repair-after-secs",
+        REPAIR_GRACE_SECS,
+        "--repair-every-secs",
+        "2",
+        // Step 2's 300 clients all come from d: about 100 on each server, more than the
+        // 64 one address may hold by default.
+        "--max-connections-per-peer",
+        "0",
+    ];
+    ServerSetup {
+        store: |_| "/tmp/store".to_owned(),
+        flags: flags.map(str::to_owned).to_vec(),
+        per_host: |_| Vec::new(),
+    }
 }
 
 fn env_usize(name: &str, default: usize) -> usize {
@@ -59,275 +67,6 @@ fn env_usize(name: &str, default: usize) -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-fn client_url(h: Host) -> String {
-    format!("http://{}:2379", h.ip())
-}
-
-fn peer_url(h: Host) -> String {
-    format!("http://{}:2380", h.ip())
-}
-
-/// `--etcd` for the clients: every member.
-fn all_urls() -> String {
-    SERVERS.map(client_url).join(",")
-}
-
-/// `etcd` for member `h`; `state` is `new` (the first start) or `existing` (rejoining).
-/// `token` names this test's etcd cluster (its data directories and cluster token), so
-/// that a second test on the same wire starts a new one.
-fn etcd_cmd(h: Host, members: &[Host], state: &str, token: &str) -> Vec<String> {
-    let initial: Vec<String> = members
-        .iter()
-        .map(|m| format!("{}={}", m.name(), peer_url(*m)))
-        .collect();
-    [
-        "etcd".to_owned(),
-        format!("--name={}", h.name()),
-        format!("--data-dir=/tmp/etcd-{}-{token}", h.name()),
-        format!("--listen-peer-urls={}", peer_url(h)),
-        format!("--initial-advertise-peer-urls={}", peer_url(h)),
-        format!(
-            "--listen-client-urls={},http://127.0.0.1:2379",
-            client_url(h)
-        ),
-        format!("--advertise-client-urls={}", client_url(h)),
-        format!("--initial-cluster={}", initial.join(",")),
-        format!("--initial-cluster-token=rdmactor-wire-{token}"),
-        format!("--initial-cluster-state={state}"),
-        format!("--heartbeat-interval={ETCD_HEARTBEAT_MS}"),
-        format!("--election-timeout={ETCD_ELECTION_MS}"),
-        "--log-level=warn".to_owned(),
-    ]
-    .to_vec()
-}
-
-fn args(cmd: &[String]) -> Vec<&str> {
-    cmd.iter().map(String::as_str).collect()
-}
-
-/// A shell line on `host`, not required to succeed.
-fn sh(wire: &Wire, host: Host, line: &str, limit: Duration) -> Job {
-    wire.run(host, &["bash", "-c", line], limit)
-}
-
-/// `etcdctl` on d against `endpoints`.
-fn etcdctl(wire: &Wire, endpoints: &str, rest: &str) -> Job {
-    sh(
-        wire,
-        Host::D,
-        &format!("ETCDCTL_API=3 etcdctl --dial-timeout=2s --command-timeout=5s --endpoints={endpoints} {rest}"),
-        Duration::from_secs(60),
-    )
-}
-
-/// The node ids listed for `service` in the registry, read through `endpoints`.
-fn listed(wire: &Wire, endpoints: &str, service: &str) -> Option<BTreeSet<String>> {
-    let prefix = format!("/rdmactor/{CLUSTER}/services/{service}/");
-    let job = etcdctl(
-        wire,
-        endpoints,
-        &format!("get --prefix --keys-only {prefix}"),
-    );
-    (job.status == 0).then(|| {
-        job.stdout
-            .lines()
-            .filter_map(|l| l.strip_prefix(&prefix))
-            .map(str::to_owned)
-            .collect()
-    })
-}
-
-/// Waits until `service`'s listing satisfies `ok`; how long that took.
-fn wait_listing(
-    wire: &Wire,
-    endpoints: &str,
-    service: &str,
-    limit: Duration,
-    ok: impl Fn(&BTreeSet<String>) -> bool,
-) -> Duration {
-    let t = Instant::now();
-    loop {
-        let now = listed(wire, endpoints, service);
-        if now.as_ref().is_some_and(&ok) {
-            return t.elapsed();
-        }
-        assert!(
-            t.elapsed() < limit,
-            "{service}: listing {now:?} not as expected after {limit:?}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
-/// The files records: name → replica nodes.
-fn records(wire: &Wire, endpoints: &str) -> BTreeMap<String, Vec<String>> {
-    let prefix = format!("/rdmactor/{CLUSTER}/files/");
-    let job = etcdctl(wire, endpoints, &format!("get --prefix {prefix}"));
-    assert_eq!(job.status, 0, "reading the file records: {job:#?}");
-    let mut out = BTreeMap::new();
-    let mut lines = job.stdout.lines();
-    while let (Some(key), Some(value)) = (lines.next(), lines.next()) {
-        let Some(name) = key.strip_prefix(&prefix) else {
-            continue;
-        };
-        // {"alg":..,"digest":..,"size":..,"nodes":["a","b"]}
-        let nodes = value
-            .split("\"nodes\":[")
-            .nth(1)
-            .and_then(|rest| rest.split(']').next())
-            .map(|list| {
-                list.split(',')
-                    .map(|n| n.trim_matches('"').to_owned())
-                    .filter(|n| !n.is_empty())
-                    .collect()
-            })
-            .unwrap_or_default();
-        out.insert(name.to_owned(), nodes);
-    }
-    out
-}
-
-/// Live QPs on `host`'s device.
-fn qps(wire: &Wire, host: Host) -> u64 {
-    wire.resources(host).get("qp")
-}
-
-/// The running cluster: etcd members and servers, by host.
-struct Cluster<'w> {
-    wire: &'w Wire,
-    token: String,
-    etcd: BTreeMap<Host, String>,
-    servers: BTreeMap<Host, String>,
-    /// QPs on each server host before its server started.
-    base: BTreeMap<Host, u64>,
-}
-
-impl<'w> Cluster<'w> {
-    /// etcd on a, b and c, then a server next to each, all registered.
-    fn start(wire: &'w Wire, token: &str) -> Cluster<'w> {
-        let t0 = Instant::now();
-        let mut cluster = Cluster {
-            wire,
-            token: format!("{token}-{}", std::process::id()),
-            etcd: BTreeMap::new(),
-            servers: BTreeMap::new(),
-            base: BTreeMap::new(),
-        };
-        for h in SERVERS {
-            cluster.start_etcd(h, &SERVERS, "new");
-        }
-        let took = cluster.wait_etcd_healthy(&all_urls(), Duration::from_secs(180));
-        println!("etcd: three members healthy {} after start", secs(took));
-        cluster.base = SERVERS.iter().map(|h| (*h, qps(wire, *h))).collect();
-        for h in SERVERS {
-            cluster.start_server(h);
-        }
-        let all3 = |n: &BTreeSet<String>| n.len() == 3;
-        wait_listing(wire, &all_urls(), "echo", Duration::from_secs(60), all3);
-        wait_listing(wire, &all_urls(), "files", Duration::from_secs(60), all3);
-        println!(
-            "servers a, b, c registered ({} since start)",
-            secs(t0.elapsed())
-        );
-        cluster
-    }
-
-    fn start_etcd(&mut self, h: Host, members: &[Host], state: &str) {
-        let job = self
-            .wire
-            .spawn(h, &args(&etcd_cmd(h, members, state, &self.token)));
-        self.etcd.insert(h, job);
-    }
-
-    /// Waits until every member in `endpoints` answers healthy.
-    fn wait_etcd_healthy(&self, endpoints: &str, limit: Duration) -> Duration {
-        let t = Instant::now();
-        loop {
-            let job = etcdctl(self.wire, endpoints, "endpoint health");
-            if job.status == 0 {
-                return t.elapsed();
-            }
-            if t.elapsed() > limit {
-                for (h, job) in &self.etcd {
-                    eprintln!("--- etcd on {h:?}:\n{}", self.wire.stderr_so_far(*h, job));
-                }
-                panic!("etcd not healthy after {limit:?}: {job:#?}");
-            }
-            std::thread::sleep(Duration::from_millis(500));
-        }
-    }
-
-    fn start_server(&mut self, h: Host) {
-        let server = bin("server");
-        let listen = format!("{}:{PORT}", h.ip());
-        let ttl = TTL.as_secs().to_string();
-        // Each server talks to the etcd member on its own host (a stacked control plane,
-        // as kubeadm's API servers do): cut off from the majority, its member cannot renew
-        // the lease, and the lease lapses on the majority's side.
-        let etcd = client_url(h);
-        let cmd = [
-            "env",
-            "RUST_LOG=rdmactor=warn,rdmactor_cluster=info",
-            &server,
-            "--listen",
-            &listen,
-            "--cluster",
-            CLUSTER,
-            "--etcd",
-            &etcd,
-            "--node-id",
-            h.name(),
-            "--lease-ttl-secs",
-            &ttl,
-            "--files-dir",
-            "/tmp/store",
-            "--files-public-fetch",
-            // The servers repair: each copies onto itself the files of a node gone
-            // longer than this (step 3).
-            "--repair-after-secs",
-            REPAIR_GRACE_SECS,
-            "--repair-every-secs",
-            "2",
-            // Step 2's 300 clients all come from d: about 100 on each server, more than
-            // the 64 one address may hold by default.
-            "--max-connections-per-peer",
-            "0",
-        ];
-        self.wire.sh(h, "mkdir -p /tmp/store");
-        let job = self.wire.spawn(h, &cmd);
-        self.wire
-            .wait_for_output(h, &job, "listening on", Duration::from_secs(120));
-        self.servers.insert(h, job);
-    }
-
-    fn server_log(&self, h: Host) -> String {
-        self.servers
-            .get(&h)
-            .map(|job| self.wire.stderr_so_far(h, job))
-            .unwrap_or_default()
-    }
-}
-
-impl Drop for Cluster<'_> {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            for h in SERVERS {
-                eprintln!("--- server on {h:?}, stderr:\n{}", self.server_log(h));
-            }
-        }
-        for (h, job) in self.servers.iter().chain(self.etcd.iter()) {
-            self.wire.kill_job_quietly(*h, job);
-        }
-    }
-}
-
-/// One file of the test: its name, size and the SHA-256 d computed of its source.
-#[derive(Debug, Clone)]
-struct Sent {
-    sha256: String,
-    nodes: Vec<String>,
 }
 
 /// The size of file `i`: 1 MiB to `max_mib` MiB, odd byte counts, spread evenly.
@@ -339,134 +78,6 @@ fn size_of(i: usize, max_mib: usize) -> usize {
         } else {
             (i * 7_340_033 + i * i * 4099) % span
         }
-}
-
-/// The shell script that makes `files` (name, size) of random bytes on d in batches of
-/// 10, prints `SUM <sha256>  <name>` for each, sends each batch with `ft --cluster`
-/// (`GOOD name sha256:.. nodes=..` or `ERROR name: why`), and removes the batch.
-fn upload_script(files: &[(String, usize)]) -> String {
-    let ft = bin("ft");
-    let urls = all_urls();
-    let mut s = String::from("mkdir -p /tmp/src && cd /tmp/src || exit 1\n");
-    for batch in files.chunks(10) {
-        let names: Vec<&str> = batch.iter().map(|(n, _)| n.as_str()).collect();
-        for (name, size) in batch {
-            s += &format!("head -c {size} /dev/urandom >{name}\n");
-        }
-        s += &format!("sha256sum {} | sed 's/^/SUM /'\n", names.join(" "));
-        s += &format!(
-            "{ft} --cluster {CLUSTER} --etcd {urls} send {}\n",
-            names.join(" ")
-        );
-        s += &format!("rm -f {}\n", names.join(" "));
-    }
-    s
-}
-
-/// Parses [`upload_script`]'s output: acknowledged files, and the failed ones' reasons.
-fn parse_uploads(out: &str) -> (BTreeMap<String, Sent>, BTreeMap<String, String>) {
-    let mut sums = BTreeMap::new();
-    let mut good = BTreeMap::new();
-    let mut failed = BTreeMap::new();
-    for line in out.lines() {
-        let mut words = line.split_whitespace();
-        match words.next() {
-            Some("SUM") => {
-                let (Some(sum), Some(name)) = (words.next(), words.next()) else {
-                    continue;
-                };
-                sums.insert(name.to_owned(), sum.to_owned());
-            }
-            Some("GOOD") => {
-                let (Some(name), Some(digest), Some(nodes)) =
-                    (words.next(), words.next(), words.next())
-                else {
-                    continue;
-                };
-                let digest = digest.strip_prefix("sha256:").unwrap_or(digest);
-                let nodes: Vec<String> = nodes
-                    .strip_prefix("nodes=")
-                    .unwrap_or(nodes)
-                    .split(',')
-                    .map(str::to_owned)
-                    .collect();
-                good.insert(name.to_owned(), (digest.to_owned(), nodes));
-            }
-            Some("ERROR") => {
-                let rest: Vec<&str> = words.collect();
-                let joined = rest.join(" ");
-                if let Some((name, why)) = joined.split_once(": ") {
-                    failed.insert(name.to_owned(), why.to_owned());
-                }
-            }
-            _ => {}
-        }
-    }
-    let mut sent = BTreeMap::new();
-    for (name, (digest, nodes)) in good {
-        let sha256 = sums
-            .get(&name)
-            .unwrap_or_else(|| panic!("{name} acknowledged, but d never summed it"))
-            .clone();
-        assert_eq!(
-            sha256, digest,
-            "{name}: recorded digest is not the SHA-256 of its source"
-        );
-        sent.insert(name, Sent { sha256, nodes });
-    }
-    (sent, failed)
-}
-
-/// Fetches every file in `sent` to d with `ft --cluster fetch` (batches of 10), sums
-/// each fetched copy on d with `sha256sum` and compares it with the source's; returns
-/// the names fetched whole and, per replica node, how many came from it.
-fn fetch_all(wire: &Wire, sent: &BTreeMap<String, Sent>, etcd: &str) -> BTreeMap<String, usize> {
-    let ft = bin("ft");
-    let names: Vec<&String> = sent.keys().collect();
-    let mut s = String::from("mkdir -p /tmp/out && cd /tmp/out || exit 1\n");
-    for batch in names.chunks(10) {
-        let list: Vec<&str> = batch.iter().map(|n| n.as_str()).collect();
-        s += &format!(
-            "{ft} --cluster {CLUSTER} --etcd {etcd} fetch --out /tmp/out {}\n",
-            list.join(" ")
-        );
-        s += "sha256sum * 2>/dev/null | sed 's/^/GOT /'\nrm -f /tmp/out/*\n";
-    }
-    let job = sh(wire, Host::D, &s, Duration::from_secs(3600));
-    let mut got = BTreeMap::new();
-    let mut from = BTreeMap::new();
-    for line in job.stdout.lines() {
-        let mut words = line.split_whitespace();
-        match words.next() {
-            Some("GOT") => {
-                if let (Some(sum), Some(name)) = (words.next(), words.next()) {
-                    got.insert(name.to_owned(), sum.to_owned());
-                }
-            }
-            Some("GOOD") => {
-                if let Some(node) = words.nth(2).and_then(|w| w.strip_prefix("from=")) {
-                    *from.entry(node.to_owned()).or_insert(0) += 1;
-                }
-            }
-            _ => {}
-        }
-    }
-    let mut bad = Vec::new();
-    for (name, file) in sent {
-        match got.get(name) {
-            Some(sum) if *sum == file.sha256 => {}
-            other => bad.push(format!("{name}: fetched {other:?}, sent {}", file.sha256)),
-        }
-    }
-    assert!(
-        bad.is_empty(),
-        "{} of {} files not fetched whole: {bad:?}\n--- ft's output\n{}\n{}",
-        bad.len(),
-        sent.len(),
-        job.stdout,
-        job.stderr
-    );
-    from
 }
 
 /// `MOVED node N (ADDR): why` lines the echo client printed so far.
@@ -506,18 +117,9 @@ fn follow_moves(
     }
 }
 
-fn secs(d: Duration) -> String {
-    format!("{:.1} s", d.as_secs_f64())
-}
-
 #[test]
 fn a_cluster_of_three_serves_d_through_a_killed_host_and_a_partition() {
-    let Some(wire) = Wire::from_env() else { return };
-    let hosts = wire.hosts();
-    if hosts.len() < 4 {
-        eprintln!("skipped: needs scripts/wire --hosts 4 (this wire has {hosts:?})");
-        return;
-    }
+    let Some(wire) = four_hosts() else { return };
     let files_n = env_usize("RDMACTOR_WIRE_FILES", 100);
     let max_mib = env_usize("RDMACTOR_WIRE_FILE_MAX_MIB", 16);
     let clients = env_usize("RDMACTOR_WIRE_CLIENTS", 300);
@@ -530,7 +132,7 @@ fn a_cluster_of_three_serves_d_through_a_killed_host_and_a_partition() {
     let mut missed: Vec<String> = Vec::new();
 
     // --- The cluster: etcd on a, b, c; a server next to each. --------------------------
-    let mut cluster = Cluster::start(&wire, "faults");
+    let mut cluster = Cluster::start(&wire, "faults", setup());
     let base = cluster.base.clone();
     let all3 = |n: &BTreeSet<String>| n.len() == 3;
 
@@ -543,7 +145,7 @@ fn a_cluster_of_three_serves_d_through_a_killed_host_and_a_partition() {
     let job = sh(
         &wire,
         Host::D,
-        &upload_script(&files),
+        &upload_script(&files, &ft_cluster(None, &all_urls())),
         Duration::from_secs(3600),
     );
     let put_secs = t.elapsed();
@@ -661,7 +263,14 @@ fn a_cluster_of_three_serves_d_through_a_killed_host_and_a_partition() {
         let more: Vec<(String, usize)> = (0..12)
             .map(|i| (format!("k{i:03}.bin"), size_of(i + 31, max_mib.min(4))))
             .collect();
-        let uploads = wire.spawn(Host::D, &["bash", "-c", &upload_script(&more)]);
+        let uploads = wire.spawn(
+            Host::D,
+            &[
+                "bash",
+                "-c",
+                &upload_script(&more, &ft_cluster(None, &all_urls())),
+            ],
+        );
         // Some acknowledged before the kill, more in flight.
         let deadline = Instant::now() + Duration::from_secs(900);
         while wire
@@ -824,7 +433,7 @@ fn a_cluster_of_three_serves_d_through_a_killed_host_and_a_partition() {
         );
         wire.kill_job_quietly(Host::D, &echo);
         let t = Instant::now();
-        let from = fetch_all(&wire, &acked, &all_urls());
+        let from = fetch_all(&wire, &acked, &ft_cluster(None, &all_urls()));
         println!(
             "[3] all {} acknowledged files ({files_n} of step 1) fetched whole on d with b dead,          SHA-256 equal to the source's, in {} (served by {from:?})",
             acked.len(),
@@ -885,25 +494,7 @@ fn a_cluster_of_three_serves_d_through_a_killed_host_and_a_partition() {
         wire.wait_for_output(Host::D, &echo, "connected 60", Duration::from_secs(300));
         wire.boot(Host::B);
         let booted = Instant::now();
-        let list = etcdctl(&wire, &ac, "member list");
-        assert_eq!(list.status, 0, "{list:#?}");
-        let id = list
-            .stdout
-            .lines()
-            .find(|l| l.contains(", b, "))
-            .and_then(|l| l.split(',').next())
-            .unwrap_or_else(|| panic!("no member b: {}", list.stdout))
-            .to_owned();
-        let removed = etcdctl(&wire, &ac, &format!("member remove {id}"));
-        assert_eq!(removed.status, 0, "{removed:#?}");
-        let added = etcdctl(
-            &wire,
-            &ac,
-            &format!("member add b --peer-urls={}", peer_url(Host::B)),
-        );
-        assert_eq!(added.status, 0, "{added:#?}");
-        cluster.start_etcd(Host::B, &SERVERS, "existing");
-        cluster.wait_etcd_healthy(&all_urls(), Duration::from_secs(180));
+        cluster.rejoin_etcd(Host::B);
         cluster.start_server(Host::B);
         wait_listing(&wire, &all_urls(), "echo", Duration::from_secs(60), all3);
         println!(
@@ -989,7 +580,7 @@ fn a_cluster_of_three_serves_d_through_a_killed_host_and_a_partition() {
         "b and c gained {bc_got} QPs for 30 new connections"
     );
     let t = Instant::now();
-    let from = fetch_all(&wire, &acked, &all_urls());
+    let from = fetch_all(&wire, &acked, &ft_cluster(None, &all_urls()));
     println!(
         "[5] all {} acknowledged files fetched whole with a cut off by `ft --cluster` given \
          every etcd member, a's first, in {} (served by {from:?})",
@@ -1026,13 +617,8 @@ fn result_fields(out: &str) -> BTreeMap<String, String> {
 /// connection, opened directly or through the cluster client.
 #[test]
 fn cluster_client_setup_and_round_trip_next_to_a_direct_connect() {
-    let Some(wire) = Wire::from_env() else { return };
-    let hosts = wire.hosts();
-    if hosts.len() < 4 {
-        eprintln!("skipped: needs scripts/wire --hosts 4 (this wire has {hosts:?})");
-        return;
-    }
-    let _cluster = Cluster::start(&wire, "bench");
+    let Some(wire) = four_hosts() else { return };
+    let _cluster = Cluster::start(&wire, "bench", setup());
     let client = bin("client");
     let urls = all_urls();
     let direct = format!("{}:{PORT}", Host::A.ip());

@@ -716,14 +716,7 @@ async fn junk_uploaded_to_the_next_nodes_in_order_does_not_stop_the_servers_repa
     assert_eq!(moved, 0, "{past} held nothing before");
     // Every server's next round: nothing to do.
     for (node, planner) in &mut planners {
-        let report = files
-            .repair(planner, t0 + grace * 3, store_of(&files, node))
-            .await
-            .unwrap();
-        assert!(
-            report.done.is_empty() && report.failed.is_empty(),
-            "{node}: {report:?}"
-        );
+        rests(&files, planner, node, t0 + grace * 3).await;
     }
 }
 
@@ -1071,6 +1064,83 @@ async fn a_scrub_finds_listed_replicas_lost_or_changed_and_repair_replaces_them(
     let mut second = scrubbing(&order[1]);
     let found = files.scrub(&mut second, t0 + every).await.unwrap();
     assert_eq!((found.asked, found.lost.len()), (2, 0), "{found:?}");
+}
+
+/// A record that names one node while R = 2 (an upload that verified one replica: its
+/// server recorded the copy before its GOOD, the second failed, the client heard an
+/// error): once it has been short for the grace period, the next node in order copies
+/// the file onto itself and is added to the record. Before, such a record stayed at one
+/// replica for good, since no node in it was gone (issue 47, item 5: the nemesis's
+/// squatter makes one with an upload straight to one server).
+#[tokio::test]
+async fn a_record_short_of_r_with_every_node_listed_gets_a_copy_added() {
+    let Some(etcd) = Etcd::start() else { return };
+    let (_nodes, files) = cluster(&etcd).await;
+    let order = order_of("one.bin", 3);
+    let work = tempfile::tempdir().unwrap();
+    let (path, bytes) = local(work.path(), "one.bin", 20_000, 3);
+    std::fs::copy(&path, files.transfer().store(&order[0]).join("one.bin")).unwrap();
+    let v = verify(&bytes);
+    let record = FileRecord {
+        alg: v.alg,
+        digest: v.digest,
+        size: v.size,
+        nodes: vec![order[0].clone()],
+        owner: None,
+    };
+    assert!(matches!(
+        files.catalog().create("one.bin", &record).await.unwrap(),
+        Created::New
+    ));
+    let grace = Duration::from_secs(30);
+    let t0 = Instant::now();
+    // The node the copy goes to, and one further down that must leave it to that one.
+    let mut next = RepairPlanner::for_node(grace, &order[1]);
+    let mut last = RepairPlanner::for_node(grace, &order[2]);
+    for (planner, node) in [(&mut next, &order[1]), (&mut last, &order[2])] {
+        let report = files
+            .repair(planner, t0, store_of(&files, node))
+            .await
+            .unwrap();
+        assert!(
+            report.done.is_empty(),
+            "within the grace period: {report:?}"
+        );
+    }
+    let report = files
+        .repair(&mut next, t0 + grace, store_of(&files, &order[1]))
+        .await
+        .unwrap();
+    assert!(report.failed.is_empty(), "{report:?}");
+    assert_eq!(report.done.len(), 1, "{report:?}");
+    assert_eq!(report.done[0].gone, None);
+    let now = files
+        .catalog()
+        .get("one.bin")
+        .await
+        .unwrap()
+        .unwrap()
+        .record;
+    assert_eq!(now.nodes, order[..2]);
+    assert_eq!(
+        std::fs::read(files.transfer().store(&order[1]).join("one.bin")).unwrap(),
+        bytes
+    );
+    // At R it rests: neither node copies again.
+    rests(&files, &mut next, &order[1], t0 + grace * 3).await;
+    rests(&files, &mut last, &order[2], t0 + grace * 3).await;
+}
+
+/// `node`'s repair round at `at` has nothing to do.
+async fn rests(files: &ClusterFiles<Fake>, planner: &mut RepairPlanner, node: &str, at: Instant) {
+    let report = files
+        .repair(planner, at, store_of(files, node))
+        .await
+        .unwrap();
+    assert!(
+        report.done.is_empty() && report.failed.is_empty(),
+        "{node}: {report:?}"
+    );
 }
 
 /// The first name `name{i}.bin` whose first two nodes in order `include` node `node`

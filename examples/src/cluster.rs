@@ -99,6 +99,12 @@ pub struct ServerClusterArgs {
     /// Seconds between repair rounds.
     #[arg(long, requires = "repair_after_secs", default_value_t = 2)]
     pub repair_every_secs: u64,
+    /// With --repair-after-secs: R, the replicas a file should have (`ft --replicas`).
+    /// A record that names fewer nodes, every one listed, for the grace period (an
+    /// upload that verified fewer: each server records its own copy) gets a copy
+    /// added, onto the next node in the name's order.
+    #[arg(long, requires = "repair_after_secs", default_value_t = 2)]
+    pub replicas: usize,
     /// With --repair-after-secs: ask each file's listed replicas what they hold once
     /// in this many seconds (the server a repair of the file would go to asks, at most
     /// 32 files a round), and replace at once those without the recorded bytes. 0: no
@@ -221,8 +227,10 @@ impl ServerClusterArgs {
         };
         let (_, node) = self.node(listening)?;
         let files = ClusterFiles::new(RdmaFiles::new(client), etcd, &cluster)
-            .context("--repair-after-secs")?;
-        let mut planner = RepairPlanner::for_node(Duration::from_secs(grace), &node);
+            .context("--repair-after-secs")?
+            .with_replicas(self.replicas);
+        let mut planner =
+            RepairPlanner::for_node(Duration::from_secs(grace), &node).with_replicas(self.replicas);
         if self.scrub_every_secs > 0 {
             let every = Duration::from_secs(self.scrub_every_secs);
             planner = planner.with_scrub(every, SCRUB_PER_ROUND);
@@ -351,19 +359,24 @@ impl<'c> Dial<'c> {
 }
 
 /// One line per copy of a repair round, `prefix` first: `REPAIRED NAME gone= from= to=`,
-/// or `UNREPAIRED NAME gone=: why` (the tests and the wire run read these lines).
+/// or `UNREPAIRED NAME gone=: why` (the tests and the wire run read these lines); `gone=-`
+/// for a copy added to a record short of R.
 pub fn print_repairs(prefix: &str, report: &RepairReport) {
+    let gone = |r: &rdmactor_cluster::files::Repair| r.gone.clone().unwrap_or_else(|| "-".into());
     for r in &report.done {
         println!(
             "{prefix}REPAIRED {} gone={} from={} to={}",
-            r.name, r.gone, r.from, r.to
+            r.name,
+            gone(r),
+            r.from,
+            r.to
         );
     }
     for f in &report.forgotten {
         println!("{prefix}FORGOT {} gone={}", f.name, f.gone);
     }
     for (r, why) in &report.failed {
-        println!("{prefix}UNREPAIRED {} gone={}: {why}", r.name, r.gone);
+        println!("{prefix}UNREPAIRED {} gone={}: {why}", r.name, gone(r));
     }
 }
 

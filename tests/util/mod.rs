@@ -1,6 +1,7 @@
 //! Shared helpers for the real-verbs tests: `rdma resource` counts, this process's
 //! memory, the tools' binaries, an echo checked byte for byte and a blocking SEND flood;
-//! a framed peer made by hand ([`framed`]) and the driver of `scripts/wire` ([`wire`]).
+//! a framed peer made by hand ([`framed`]), the driver of `scripts/wire` ([`wire`]) and a
+//! cluster on its four hosts ([`cluster_wire`]).
 //!
 //! The fixtures the tests share with the services' unit tests and the tools (the byte
 //! [`pattern`], the device and addresses, servers, clients, a connected verbs pair) live
@@ -25,6 +26,7 @@ pub use rdmactor_testkit::{
     SlowSink,
 };
 
+pub mod cluster_wire;
 pub mod framed;
 pub mod wire;
 

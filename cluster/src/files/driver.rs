@@ -150,6 +150,11 @@ impl<T: FileTransfer> ClusterFiles<T> {
         self
     }
 
+    /// Replicas per file.
+    pub fn replicas(&self) -> usize {
+        self.replicas
+    }
+
     /// The catalog.
     pub fn catalog(&self) -> &Catalog {
         &self.catalog

@@ -212,8 +212,10 @@ pub const MAX_AHEAD: usize = 8;
 pub struct Repair {
     /// The file.
     pub name: String,
-    /// The node gone longer than the grace period.
-    pub gone: String,
+    /// The node gone longer than the grace period; `None` when the record has named
+    /// fewer than R nodes, all listed, for the grace period (an upload that reached
+    /// fewer than R nodes, each of which recorded its copy): the copy adds a node.
+    pub gone: Option<String>,
     /// A listed node holding a replica, to copy from.
     pub from: String,
     /// The node to copy to: the next in rendezvous order that holds no listed replica
@@ -280,6 +282,10 @@ pub struct RepairPlanner {
     /// at once, as a node gone past the grace period is.
     lost: HashMap<String, HashSet<String>>,
     scrub: Option<scrub::Scrubbing>,
+    /// R: a record naming fewer nodes for the grace period gets a copy added.
+    replicas: usize,
+    /// Per file whose record names fewer than R nodes, since when it was seen so.
+    short_since: HashMap<String, Instant>,
 }
 
 impl RepairPlanner {
@@ -299,6 +305,8 @@ impl RepairPlanner {
             other_bytes: HashMap::new(),
             lost: HashMap::new(),
             scrub: None,
+            replicas: 2,
+            short_since: HashMap::new(),
         }
     }
 
@@ -316,6 +324,17 @@ impl RepairPlanner {
     /// [`BACKOFF_CAP`](Self::BACKOFF_CAP)).
     pub fn with_backoff(mut self, base: Duration, cap: Duration) -> Self {
         self.backoff = Backoff::new(base, cap);
+        self
+    }
+
+    /// R, the nodes every record should name (default 2, as `ClusterFiles`; at least
+    /// 1). A record that names fewer, every one of them listed, for the grace period
+    /// (an upload that verified fewer than R replicas: each recorded its own copy, so
+    /// the file is recorded though its client heard an error) gets a copy added, to the
+    /// next node in order, as a gone node's copy is made. The grace lets an upload
+    /// under way place its next replica first.
+    pub fn with_replicas(mut self, replicas: usize) -> Self {
+        self.replicas = replicas.max(1);
         self
     }
 
@@ -338,6 +357,8 @@ impl RepairPlanner {
         self.other_bytes
             .retain(|name, _| names.contains(name.as_str()));
         self.lost.retain(|name, _| names.contains(name.as_str()));
+        self.short_since
+            .retain(|name, _| names.contains(name.as_str()));
         let mut due = Vec::new();
         for (name, record) in files {
             let lost = self.lost.get(name);
@@ -358,12 +379,21 @@ impl RepairPlanner {
                         .gone_for(now, n)
                         .is_some_and(|gone_for| gone_for >= self.grace)
             });
-            let Some(gone) = gone else {
+            let short = record.nodes.len() < self.replicas;
+            if !short {
+                self.short_since.remove(name);
+            } else if gone.is_none() {
+                let since = *self.short_since.entry(name.clone()).or_insert(now);
+                if now.saturating_duration_since(since) < self.grace {
+                    continue;
+                }
+            }
+            if gone.is_none() && !short {
                 // Needs no repair (any more): its next failure starts afresh.
                 self.backoff.handle_success(name);
                 self.other_bytes.remove(name);
                 continue;
-            };
+            }
             if !self.backoff.ready(now, name) {
                 continue;
             }
@@ -384,7 +414,7 @@ impl RepairPlanner {
             };
             due.push(Repair {
                 name: name.clone(),
-                gone: gone.clone(),
+                gone: gone.cloned(),
                 from: from.clone(),
                 to: to.clone(),
                 ahead: ahead.into_iter().cloned().collect(),

@@ -419,7 +419,8 @@ async fn run_cluster(files: &ClusterFiles<RdmaFiles<'_>>, cmd: &Cmd) -> Result<b
             rounds,
             scratch,
         } => {
-            let mut planner = RepairPlanner::new(Duration::from_secs(*grace_secs));
+            let mut planner = RepairPlanner::new(Duration::from_secs(*grace_secs))
+                .with_replicas(files.replicas());
             let mut round = 0;
             while *rounds == 0 || round < *rounds {
                 round += 1;

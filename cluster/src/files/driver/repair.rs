@@ -210,10 +210,11 @@ impl<T: FileTransfer> ClusterFiles<T> {
             .map_err(|e| Unmade::new(FailureKind::Registry, e.to_string()))?
             .ok_or_else(|| Unmade::new(FailureKind::Changed, "the file was deleted"))?;
         let nodes = &stored.record.nodes;
-        if !nodes.contains(&repair.gone)
-            || nodes.contains(&repair.to)
-            || repair.ahead.iter().any(|n| nodes.contains(n))
-        {
+        let needed = match &repair.gone {
+            Some(gone) => nodes.contains(gone),
+            None => nodes.len() < self.replicas,
+        };
+        if !needed || nodes.contains(&repair.to) || repair.ahead.iter().any(|n| nodes.contains(n)) {
             return Err(Unmade::new(
                 FailureKind::Changed,
                 "the record changed (repaired by another)",
@@ -349,7 +350,8 @@ impl<T: FileTransfer> ClusterFiles<T> {
         }
     }
 
-    /// Records `new` in place of the gone node, if the record holds the bytes read and
+    /// Records `new` in place of the gone node (added, for a record short of R), if the
+    /// record holds the bytes read and
     /// the lock is still held. The record is read again first: `new`'s server may have
     /// recorded its copy itself on the way (a `CatalogRecorder` does, before its GOOD),
     /// and that change is this copy's own, not another repairer's (the lock keeps those
@@ -368,9 +370,14 @@ impl<T: FileTransfer> ClusterFiles<T> {
                     "the record changed bytes during the copy",
                 ));
             }
-            let mut nodes: Vec<String> = Vec::with_capacity(now.nodes.len());
-            for node in &now.nodes {
-                let node = if *node == repair.gone { new } else { node };
+            let mut nodes: Vec<String> = Vec::with_capacity(now.nodes.len() + 1);
+            let added = repair.gone.is_none().then_some(new);
+            for node in now.nodes.iter().map(String::as_str).chain(added) {
+                let node = if repair.gone.as_deref() == Some(node) {
+                    new
+                } else {
+                    node
+                };
                 if !nodes.iter().any(|n| n == node) {
                     nodes.push(node.to_owned());
                 }

@@ -140,7 +140,7 @@ fn a_node_gone_past_the_grace_period_is_replaced_by_the_next_in_order() {
         due,
         [Repair {
             name: "f".into(),
-            gone: order[0].clone(),
+            gone: Some(order[0].clone()),
             from: order[1].clone(),
             to: order[2].clone(),
             ahead: Vec::new(),
@@ -168,7 +168,51 @@ fn a_node_back_within_the_grace_period_is_forgiven() {
         .is_empty());
     let due = planner.poll_repairs(t0 + Duration::from_secs(18), &files);
     assert_eq!(due.len(), 1);
-    assert_eq!((due[0].gone.as_str(), due[0].to.as_str()), ("a", "c"));
+    assert_eq!(
+        (due[0].gone.as_deref(), due[0].to.as_str()),
+        (Some("a"), "c")
+    );
+}
+
+/// A record naming fewer than R nodes, all listed (an upload that verified one replica
+/// of two: its server recorded the copy, the client heard an error, and nothing else
+/// would ever add the second), gets a copy to the next node in order once it has been
+/// short for the grace period. Before, such records stayed at R = 1 (a squatter's
+/// upload to one server makes one in the wire nemesis).
+#[test]
+fn a_record_short_of_r_gets_a_copy_after_the_grace_period() {
+    let t0 = Instant::now();
+    let grace = Duration::from_secs(10);
+    let all = ids(3);
+    let order: Vec<String> = replica_order("f", &all).into_iter().cloned().collect();
+    let files = vec![("f".to_string(), record(&[&order[0]]))];
+    let mut planner = RepairPlanner::new(grace);
+    planner.handle_live(all.clone());
+    assert!(
+        planner.poll_repairs(t0, &files).is_empty(),
+        "an upload under way may still place its next replica"
+    );
+    assert!(planner.poll_repairs(t0 + grace / 2, &files).is_empty());
+    let due = planner.poll_repairs(t0 + grace, &files);
+    assert_eq!(
+        due,
+        [Repair {
+            name: "f".into(),
+            gone: None,
+            from: order[0].clone(),
+            to: order[1].clone(),
+            ahead: Vec::new(),
+        }]
+    );
+    // Once it names R nodes its clock is reset: short again, it waits the grace anew.
+    let full = vec![("f".to_string(), record(&[&order[0], &order[1]]))];
+    assert!(planner.poll_repairs(t0 + grace, &full).is_empty());
+    assert!(planner.poll_repairs(t0 + grace * 2, &files).is_empty());
+    // With R = 1 it is not short.
+    let mut one = RepairPlanner::new(grace).with_replicas(1);
+    one.handle_live(all);
+    assert!(one.poll_repairs(t0, &files).is_empty());
+    assert!(one.poll_repairs(t0 + grace * 2, &files).is_empty());
 }
 
 #[test]
@@ -446,11 +490,15 @@ fn a_replica_found_without_the_recorded_bytes_is_replaced_at_once_from_another()
     let due = planner.poll_repairs(t0, &files);
     assert_eq!(
         (
-            due[0].gone.as_str(),
+            due[0].gone.as_deref(),
             due[0].from.as_str(),
             due[0].to.as_str()
         ),
-        (order[0].as_str(), order[1].as_str(), order[2].as_str()),
+        (
+            Some(order[0].as_str()),
+            order[1].as_str(),
+            order[2].as_str()
+        ),
         "no grace period, not copied from the lost node"
     );
     planner.handle_scrubbed("f", &order[0], Found::Recorded);
