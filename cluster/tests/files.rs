@@ -555,14 +555,7 @@ async fn a_leftover_replica_is_recorded_without_a_copy(store: bool) {
     leave(&mut regs, &files, &order[0], 2).await;
     let grace = Duration::from_secs(30);
     let scratch = tempfile::tempdir().unwrap();
-    let (mut planner, staging) = if store {
-        (
-            RepairPlanner::for_node(grace, &order[2]),
-            store_of(&files, &order[2]),
-        )
-    } else {
-        (RepairPlanner::new(grace), Staging::Through(scratch.path()))
-    };
+    let (mut planner, staging) = repairer(&files, &order[2], grace, store, scratch.path());
     let t0 = Instant::now();
     let report = files.repair(&mut planner, t0, staging).await.unwrap();
     assert!(report.done.is_empty(), "{report:?}");
@@ -1279,14 +1272,7 @@ async fn a_repaired_copy_is_stored_for_its_records_owner(store: bool) {
     leave(&mut regs, &files, &order[0], 2).await;
     let grace = Duration::from_secs(30);
     let scratch = tempfile::tempdir().unwrap();
-    let (mut planner, staging) = if store {
-        (
-            RepairPlanner::for_node(grace, &order[2]),
-            store_of(&files, &order[2]),
-        )
-    } else {
-        (RepairPlanner::new(grace), Staging::Through(scratch.path()))
-    };
+    let (mut planner, staging) = repairer(&files, &order[2], grace, store, scratch.path());
     let t0 = Instant::now();
     files.repair(&mut planner, t0, staging).await.unwrap();
     let report = files
@@ -1499,5 +1485,21 @@ async fn alices(files: &ClusterFiles<Fake>, name: &str, bytes: &[u8], nodes: &[S
     files.catalog().create(name, &record).await.unwrap();
     for node in nodes {
         std::fs::write(files.transfer().store(node).join(name), bytes).unwrap();
+    }
+}
+
+/// Who repairs: the server of `node` onto its own store (`store`), or a tool
+/// (`ft repair`) through a scratch directory at `scratch`.
+fn repairer<'a>(
+    files: &'a ClusterFiles<Fake>,
+    node: &'a str,
+    grace: Duration,
+    store: bool,
+    scratch: &'a Path,
+) -> (RepairPlanner, Staging<'a>) {
+    if store {
+        (RepairPlanner::for_node(grace, node), store_of(files, node))
+    } else {
+        (RepairPlanner::new(grace), Staging::Through(scratch))
     }
 }
