@@ -1154,7 +1154,8 @@ async fn a_servers_clean_up_removes_what_no_record_lists_there_after_the_grace_p
     // Its own replica, kept.
     let mine = name_placed(node, true);
     put(&files, &mine, 3000, 19).await;
-    // An extra replica of a file recorded elsewhere, kept.
+    // An extra replica of a file recorded elsewhere: kept while the record is short of
+    // R live nodes (a repair may record it), removed once it is not.
     let extra = name_placed(node, false);
     let (bytes, _) = put(&files, &extra, 3000, 20).await;
     std::fs::write(store.join(&extra), &bytes).unwrap();
@@ -1169,7 +1170,8 @@ async fn a_servers_clean_up_removes_what_no_record_lists_there_after_the_grace_p
     // The service's temporary file, never touched.
     std::fs::write(store.join(".orphan.bin.rdmactor-tmp-1"), b"partial").unwrap();
     let grace = Duration::from_secs(600);
-    let mut collector = Collector::new(node, grace, Duration::from_secs(60));
+    // R = 3: the extra replica's record (two nodes) is short, so its copy here stays.
+    let mut collector = Collector::new(node, grace, Duration::from_secs(60)).with_replicas(3);
     let t0 = Instant::now();
     let report = files
         .clean_up(&mut collector, t0, node, &store)
@@ -1190,9 +1192,29 @@ async fn a_servers_clean_up_removes_what_no_record_lists_there_after_the_grace_p
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     left.sort();
-    let mut kept = vec![mine, extra, ".orphan.bin.rdmactor-tmp-1".to_string()];
+    let mut kept = vec![
+        mine.clone(),
+        extra.clone(),
+        ".orphan.bin.rdmactor-tmp-1".to_string(),
+    ];
     kept.sort();
     assert_eq!(left, kept);
+    // R = 2: the record names two live nodes, so the extra copy goes after the grace.
+    let mut collector = Collector::new(node, grace, Duration::from_secs(60));
+    let t1 = t0 + grace * 2;
+    for at in [t1, t1 + grace] {
+        let report = files
+            .clean_up(&mut collector, at, node, &store)
+            .await
+            .unwrap();
+        let want = if at == t1 {
+            vec![]
+        } else {
+            vec![extra.clone()]
+        };
+        assert_eq!(report.removed, want, "{report:?}");
+    }
+    assert!(!store.join(&extra).exists() && store.join(&mine).exists());
 }
 
 /// A record that names every live node and one gone past the grace period (a server

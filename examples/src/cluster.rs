@@ -240,9 +240,10 @@ impl ServerClusterArgs {
             dir: store,
             max_size,
         };
-        let mut collector = self
-            .clean_up_after_secs
-            .map(|secs| Collector::new(&node, Duration::from_secs(secs), Duration::from_secs(60)));
+        let mut collector = self.clean_up_after_secs.map(|secs| {
+            Collector::new(&node, Duration::from_secs(secs), Duration::from_secs(60))
+                .with_replicas(self.replicas)
+        });
         println!("cluster: repairing onto node {node} the files gone from a node for {grace} s");
         loop {
             match files.scrub(&mut planner, Instant::now()).await {

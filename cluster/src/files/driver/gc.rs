@@ -24,7 +24,8 @@ impl<T: FileTransfer> ClusterFiles<T> {
     /// One clean-up round of node `node`'s store at `dir` (this process serves it), if
     /// `collector` has one due: the names it holds that no record lists for it, for the
     /// collector's grace period, are removed. Names a record lists elsewhere are asked
-    /// about first (the node's own `Stat`): the recorded bytes are kept.
+    /// about first (the node's own `Stat`) while that record names fewer than R live
+    /// nodes: the recorded bytes are then kept, for a repair to record.
     ///
     /// # Errors
     ///
@@ -55,8 +56,9 @@ impl<T: FileTransfer> ClusterFiles<T> {
             reason: e.to_string(),
         })?;
         let files: HashMap<String, FileRecord> = self.records().await?.into_iter().collect();
+        let live: HashSet<String> = self.members.live().into_iter().map(|n| n.node).collect();
         let mut other = HashSet::new();
-        for name in collector.to_ask(&held, &files) {
+        for name in collector.to_ask(&held, &files, &live) {
             // An unanswered question keeps the file.
             if let Ok(found) = self.transfer.stat(addr, name).await {
                 if !holds(&files[name], &found) {
@@ -64,20 +66,53 @@ impl<T: FileTransfer> ClusterFiles<T> {
                 }
             }
         }
-        for name in collector.poll_removals(now, &held, &files, &other) {
-            match std::fs::remove_file(dir.join(&name)) {
-                Ok(()) => {
+        for name in collector.poll_removals(now, &held, &files, &live, &other) {
+            let removed = if files.contains_key(&name) {
+                self.remove_unlisted(&name, node, dir).await
+            } else {
+                remove(dir, &name)
+            };
+            match removed {
+                Ok(true) => {
                     tracing::info!(%name, "cluster files: removed, no record lists it here");
                     collector.handle_removed(&name);
                     report.removed.push(name);
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    collector.handle_removed(&name);
-                }
-                Err(e) => report.failed.push((name, e.to_string())),
+                // Gone already, or recorded here meanwhile: its clock starts over.
+                Ok(false) => collector.handle_removed(&name),
+                Err(why) => report.failed.push((name, why)),
             }
         }
         Ok(report)
+    }
+
+    /// Removes `node`'s copy of a recorded file the record does not list, under the
+    /// file's repair lock and only if the record read under it still does not list
+    /// `node`: a repair recording this copy meanwhile (it takes the same lock) keeps it.
+    /// Whether it was removed (not when recorded here meanwhile, or gone already).
+    async fn remove_unlisted(&self, name: &str, node: &str, dir: &Path) -> Result<bool, String> {
+        let lock = self
+            .catalog
+            .lock(name, self.lock_ttl)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("another repairer holds the file's lock")?;
+        let result = match self.catalog.get(name).await {
+            Ok(Some(now)) if now.record.nodes.iter().any(|n| n == node) => Ok(false),
+            Ok(_) => remove(dir, name),
+            Err(e) => Err(e.to_string()),
+        };
+        self.catalog.release(lock).await;
+        result
+    }
+}
+
+/// Removes `dir/name`; `false` if it was gone already.
+fn remove(dir: &Path, name: &str) -> Result<bool, String> {
+    match std::fs::remove_file(dir.join(name)) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e.to_string()),
     }
 }
 

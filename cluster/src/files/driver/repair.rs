@@ -12,6 +12,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Instant;
 
+use futures::stream::{self, StreamExt};
+
 use super::{holds, other_bytes, ClusterFiles, FilesError, RepairReport};
 use crate::files::catalog::Stored;
 use crate::files::plan::{FailureKind, Forget, Repair, RepairPlanner};
@@ -57,6 +59,9 @@ impl Staging<'_> {
     }
 }
 
+/// Copies one repair round makes at once.
+const COPIES_AT_ONCE: usize = 4;
+
 /// Why a copy was not made. `kind`: what the planner backs off on; `None` when there is
 /// nothing to wait for (a node was passed over: the next round copies elsewhere).
 struct Unmade {
@@ -88,9 +93,20 @@ impl<T: FileTransfer> ClusterFiles<T> {
     ) -> Result<RepairReport, FilesError> {
         let (live, files) = self.round(planner).await?;
         let mut report = RepairReport::default();
-        for repair in planner.poll_repairs(now, &files) {
-            let mut passed = Vec::new();
-            let result = self.copy(&repair, &live, staging, &mut passed).await;
+        // Copies of different files are independent (each under its own lock, into its
+        // own reserved temporary file), and each waits mostly on etcd and the network:
+        // a few at once, so that a wiped store's hundreds of files come back in minutes.
+        let live = &live;
+        let copies: Vec<_> = stream::iter(planner.poll_repairs(now, &files))
+            .map(|repair| async move {
+                let mut passed = Vec::new();
+                let result = self.copy(&repair, live, staging, &mut passed).await;
+                (repair, passed, result)
+            })
+            .buffer_unordered(COPIES_AT_ONCE)
+            .collect()
+            .await;
+        for (repair, passed, result) in copies {
             for node in &passed {
                 planner.handle_other_bytes(&repair.name, node);
             }

@@ -5,8 +5,11 @@
 //! progress (its replicas are stored before its record is written) is never touched.
 //!
 //! Kept: every name a record lists for the node, and the recorded bytes on a node the
-//! record does not list (an extra replica: a fetch falls back on it, and a repair
-//! records it instead of copying).
+//! record does not list while the record names fewer than R live nodes (an extra
+//! replica: a fetch falls back on it, and this node's repair records it instead of
+//! copying). Once the record names R live nodes the extra copy is no longer needed, and
+//! it goes after the grace period like any other: a host that returns after its files
+//! were repaired elsewhere would otherwise keep their bytes, uncounted, for ever.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -22,6 +25,8 @@ pub struct Collector {
     node: String,
     grace: Duration,
     every: Duration,
+    /// R: a record naming this many live nodes needs no extra copy here.
+    replicas: usize,
     last_round: Option<Instant>,
     /// When each name was first seen removable, in the rounds since.
     removable_since: HashMap<String, Instant>,
@@ -35,9 +40,21 @@ impl Collector {
             node: node.to_owned(),
             grace,
             every,
+            replicas: 2,
             last_round: None,
             removable_since: HashMap::new(),
         }
+    }
+
+    /// The cluster's R (default 2), as the uploads and repairs use it.
+    pub fn with_replicas(mut self, replicas: usize) -> Self {
+        self.replicas = replicas.max(1);
+        self
+    }
+
+    /// Whether the record names R nodes of `live`: then nothing outside it is needed.
+    fn complete(&self, record: &FileRecord, live: &HashSet<String>) -> bool {
+        record.nodes.iter().filter(|n| live.contains(*n)).count() >= self.replicas
     }
 
     /// Whether a round is due at `now` (then it counts as made).
@@ -51,38 +68,44 @@ impl Collector {
         due
     }
 
-    /// The names among `held` whose record exists but does not list this node: the
-    /// node must be asked whether it holds the recorded bytes under them.
+    /// The names among `held` whose record exists, does not list this node, and names
+    /// fewer than R `live` nodes: the node must be asked whether it holds the recorded
+    /// bytes under them (then they are kept, for a repair to record).
     pub fn to_ask<'a>(
         &self,
         held: &'a [String],
         files: &HashMap<String, FileRecord>,
+        live: &HashSet<String>,
     ) -> Vec<&'a String> {
         held.iter()
             .filter(|name| {
                 files
                     .get(*name)
-                    .is_some_and(|r| !r.nodes.contains(&self.node))
+                    .is_some_and(|r| !r.nodes.contains(&self.node) && !self.complete(r, live))
             })
             .collect()
     }
 
-    /// The names among `held` to remove now: no record at all, or a record that does
-    /// not list this node while the node holds `other_bytes` under the name, and so
-    /// in every round for `grace`.
+    /// The names among `held` to remove now, seen so in every round for `grace`: no
+    /// record at all, or a record that does not list this node while either the node
+    /// holds `other_bytes` under the name or the record names R `live` nodes.
     #[must_use]
     pub fn poll_removals(
         &mut self,
         now: Instant,
         held: &[String],
         files: &HashMap<String, FileRecord>,
+        live: &HashSet<String>,
         other_bytes: &HashSet<String>,
     ) -> Vec<String> {
         let removable: HashSet<&String> = held
             .iter()
             .filter(|name| match files.get(*name) {
                 None => true,
-                Some(record) => !record.nodes.contains(&self.node) && other_bytes.contains(*name),
+                Some(record) => {
+                    !record.nodes.contains(&self.node)
+                        && (other_bytes.contains(*name) || self.complete(record, live))
+                }
             })
             .collect();
         self.removable_since

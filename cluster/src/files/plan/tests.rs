@@ -556,37 +556,87 @@ fn a_name_no_record_lists_here_is_removed_only_once_seen_so_for_the_grace_period
     .into_iter()
     .map(|(n, r)| (n.to_string(), r))
     .collect();
-    assert_eq!(c.to_ask(&held, &files), ["extra", "squat"]);
+    // x lives, y does not: neither record names R = 2 live nodes.
+    let live: HashSet<String> = ["me".to_string(), "x".to_string()].into();
+    assert_eq!(c.to_ask(&held, &files, &live), ["extra", "squat"]);
     // "extra" holds the recorded bytes, "squat" other bytes.
     let other: HashSet<String> = ["squat".to_string()].into();
-    assert!(c.poll_removals(t0, &held, &files, &other).is_empty());
+    assert!(c.poll_removals(t0, &held, &files, &live, &other).is_empty());
     assert!(c
-        .poll_removals(t0 + s(99), &held, &files, &other)
+        .poll_removals(t0 + s(99), &held, &files, &live, &other)
         .is_empty());
     assert_eq!(
-        c.poll_removals(t0 + s(100), &held, &files, &other),
+        c.poll_removals(t0 + s(100), &held, &files, &live, &other),
         ["orphan", "squat"]
     );
     // Recorded here meanwhile (a put that finished): kept, and its clock starts over.
     files.insert("orphan".into(), record(&["me", "x"]));
     assert_eq!(
-        c.poll_removals(t0 + s(110), &held, &files, &other),
+        c.poll_removals(t0 + s(110), &held, &files, &live, &other),
         ["squat"]
     );
     files.remove("orphan");
     assert_eq!(
-        c.poll_removals(t0 + s(120), &held, &files, &other),
+        c.poll_removals(t0 + s(120), &held, &files, &live, &other),
         ["squat"]
     );
     c.handle_removed("squat");
     let held: Vec<String> = held.into_iter().filter(|n| n != "squat").collect();
     assert!(c
-        .poll_removals(t0 + s(219), &held, &files, &other)
+        .poll_removals(t0 + s(219), &held, &files, &live, &other)
         .is_empty());
     assert_eq!(
-        c.poll_removals(t0 + s(220), &held, &files, &other),
+        c.poll_removals(t0 + s(220), &held, &files, &live, &other),
         ["orphan"]
     );
+}
+
+#[test]
+fn an_extra_copy_of_the_recorded_bytes_goes_once_its_record_names_r_live_nodes() {
+    let t0 = Instant::now();
+    let s = Duration::from_secs;
+    let mut c = Collector::new("me", s(100), s(10)).with_replicas(2);
+    let held = vec!["extra".to_string()];
+    let files: HashMap<String, FileRecord> = [("extra".to_string(), record(&["x", "y"]))].into();
+    let none = HashSet::new();
+    // y down: the copy here may be the one a repair records; asked, and kept.
+    let one_live: HashSet<String> = ["me", "x"].map(String::from).into();
+    assert_eq!(c.to_ask(&held, &files, &one_live), ["extra"]);
+    assert!(c
+        .poll_removals(t0, &held, &files, &one_live, &none)
+        .is_empty());
+    assert!(c
+        .poll_removals(t0 + s(200), &held, &files, &one_live, &none)
+        .is_empty());
+    // Both listed nodes live: not asked; removed once so for the whole grace period.
+    let all_live: HashSet<String> = ["me", "x", "y"].map(String::from).into();
+    assert!(c.to_ask(&held, &files, &all_live).is_empty());
+    assert!(c
+        .poll_removals(t0 + s(210), &held, &files, &all_live, &none)
+        .is_empty());
+    // y flaps: the clock starts over.
+    assert!(c
+        .poll_removals(t0 + s(250), &held, &files, &one_live, &none)
+        .is_empty());
+    assert!(c
+        .poll_removals(t0 + s(349), &held, &files, &all_live, &none)
+        .is_empty());
+    assert!(c
+        .poll_removals(t0 + s(448), &held, &files, &all_live, &none)
+        .is_empty());
+    assert_eq!(
+        c.poll_removals(t0 + s(449), &held, &files, &all_live, &none),
+        ["extra"]
+    );
+    // With R = 3 the same record is short, and the copy stays.
+    let mut r3 = Collector::new("me", s(100), s(10)).with_replicas(3);
+    assert_eq!(r3.to_ask(&held, &files, &all_live), ["extra"]);
+    assert!(r3
+        .poll_removals(t0, &held, &files, &all_live, &none)
+        .is_empty());
+    assert!(r3
+        .poll_removals(t0 + s(200), &held, &files, &all_live, &none)
+        .is_empty());
 }
 
 #[test]
