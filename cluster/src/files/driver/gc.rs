@@ -67,8 +67,10 @@ impl<T: FileTransfer> ClusterFiles<T> {
             }
         }
         for name in collector.poll_removals(now, &held, &files, &live, &other) {
-            let removed = if files.contains_key(&name) {
-                self.remove_unlisted(&name, node, dir).await
+            // Other bytes are never a file's last copy; the recorded bytes may be.
+            let removed = if files.contains_key(&name) && !other.contains(&name) {
+                self.remove_unlisted(&name, node, dir, collector.replicas())
+                    .await
             } else {
                 remove(dir, &name)
             };
@@ -87,10 +89,19 @@ impl<T: FileTransfer> ClusterFiles<T> {
     }
 
     /// Removes `node`'s copy of a recorded file the record does not list, under the
-    /// file's repair lock and only if the record read under it still does not list
-    /// `node`: a repair recording this copy meanwhile (it takes the same lock) keeps it.
-    /// Whether it was removed (not when recorded here meanwhile, or gone already).
-    async fn remove_unlisted(&self, name: &str, node: &str, dir: &Path) -> Result<bool, String> {
+    /// file's repair lock, and only if, read under it, the record still does not list
+    /// `node` and at least `replicas` of the live nodes it lists answer that they hold
+    /// its bytes. A repair recording this copy meanwhile (it takes the same lock) keeps
+    /// it, and so does a record whose listed copies were lost unseen (a wiped store the
+    /// scrub has not reached yet): this copy may then be the last one. Whether it was
+    /// removed (not when kept so, or gone already).
+    async fn remove_unlisted(
+        &self,
+        name: &str,
+        node: &str,
+        dir: &Path,
+        replicas: usize,
+    ) -> Result<bool, String> {
         let lock = self
             .catalog
             .lock(name, self.lock_ttl)
@@ -99,11 +110,26 @@ impl<T: FileTransfer> ClusterFiles<T> {
             .ok_or("another repairer holds the file's lock")?;
         let result = match self.catalog.get(name).await {
             Ok(Some(now)) if now.record.nodes.iter().any(|n| n == node) => Ok(false),
+            Ok(Some(now)) if self.holders(name, &now.record).await < replicas => Ok(false),
             Ok(_) => remove(dir, name),
             Err(e) => Err(e.to_string()),
         };
         self.catalog.release(lock).await;
         result
+    }
+
+    /// How many live nodes `record` lists answer that they hold its bytes under `name`.
+    async fn holders(&self, name: &str, record: &FileRecord) -> usize {
+        let mut holders = 0;
+        for listed in self.members.live() {
+            if !record.nodes.contains(&listed.node) {
+                continue;
+            }
+            if let Ok(found) = self.transfer.stat(listed.record.addr, name).await {
+                holders += usize::from(holds(record, &found));
+            }
+        }
+        holders
     }
 }
 

@@ -52,6 +52,11 @@ impl Collector {
         self
     }
 
+    /// R, as given to [`with_replicas`](Self::with_replicas).
+    pub fn replicas(&self) -> usize {
+        self.replicas
+    }
+
     /// Whether the record names R nodes of `live`: then nothing outside it is needed.
     fn complete(&self, record: &FileRecord, live: &HashSet<String>) -> bool {
         record.nodes.iter().filter(|n| live.contains(*n)).count() >= self.replicas
