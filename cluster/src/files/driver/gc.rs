@@ -41,9 +41,10 @@ impl<T: FileTransfer> ClusterFiles<T> {
         if !collector.poll_round(now) {
             return Ok(report);
         }
-        let Some(addr) = self
-            .members
-            .live()
+        // One reading of the registry for the round: this node's address, and the live
+        // nodes a record must name R of before a copy outside it may go.
+        let members = self.members.live();
+        let Some(addr) = members
             .iter()
             .find(|n| n.node == node)
             .map(|n| n.record.addr)
@@ -56,7 +57,7 @@ impl<T: FileTransfer> ClusterFiles<T> {
             reason: e.to_string(),
         })?;
         let files: HashMap<String, FileRecord> = self.records().await?.into_iter().collect();
-        let live: HashSet<String> = self.members.live().into_iter().map(|n| n.node).collect();
+        let live: HashSet<String> = members.into_iter().map(|n| n.node).collect();
         let mut other = HashSet::new();
         for name in collector.to_ask(&held, &files, &live) {
             // An unanswered question keeps the file.
