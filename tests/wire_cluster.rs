@@ -366,19 +366,24 @@ fn a_cluster_of_three_serves_d_through_a_killed_host_and_a_partition() {
         let arrived = wire.wait(Host::D, &newcomers, Duration::from_secs(300));
         let firsts = newcomer_times(&arrived.stdout);
         let limit = TTL + DEFAULT_DIAL_TIMEOUT;
-        println!(
-            "[3] {} new clients started one after another from the kill: first answer after {} \
-             (limit: lease TTL {} + dial bound {} = {}); {} dialled b first",
-            firsts.len(),
+        let list = |of: fn(&Newcomer) -> Duration| {
             firsts
                 .iter()
-                .map(|(d, _)| secs(*d))
+                .map(|n| secs(of(n)))
                 .collect::<Vec<_>>()
-                .join(", "),
+                .join(", ")
+        };
+        println!(
+            "[3] {} new clients started one after another from the kill: first answer after {} \
+             (limit: lease TTL {} + dial bound {} = {}); all 12 sessions answered and closed \
+             after {}; {} dialled b",
+            firsts.len(),
+            list(|n| n.first),
             secs(TTL),
             secs(DEFAULT_DIAL_TIMEOUT),
             secs(limit),
-            firsts.iter().filter(|(_, b)| *b).count()
+            list(|n| n.whole),
+            firsts.iter().filter(|n| n.dialled_b).count()
         );
         if firsts.len() != NEWCOMERS {
             missed.push(format!(
@@ -386,10 +391,10 @@ fn a_cluster_of_three_serves_d_through_a_killed_host_and_a_partition() {
                 firsts.len()
             ));
         }
-        for (took, _) in firsts.iter().filter(|(d, _)| *d > limit) {
+        for n in firsts.iter().filter(|n| n.first > limit) {
             missed.push(format!(
                 "a new client's first answer took {} after the kill's dead node, beyond {}",
-                secs(*took),
+                secs(n.first),
                 secs(limit)
             ));
         }
@@ -685,18 +690,32 @@ fn newcomers_script(client: &str, urls: &str) -> String {
          out=$(RUST_LOG=warn,rdmactor_cluster=info {client} --cluster {CLUSTER} --etcd {urls} \
                echo --connections 12 --requests 1 2>&1); rc=$?; e=$(date +%s%N); \
          b=0; case \"$out\" in *'connect failed'*) b=1;; esac; \
-         [ $rc -eq 0 ] && echo \"NEWCOMER $(( (e - s) / 1000000 )) $b\" || echo \"NEWCOMER-FAILED $rc $out\"; \
+         f=$(printf '%s\\n' \"$out\" | sed -n 's/^FIRST-ANSWER .*answered_ms=\\([0-9]*\\).*/\\1/p'); \
+         [ $rc -eq 0 ] && echo \"NEWCOMER ${{f:-none}} $(( (e - s) / 1000000 )) $b\" || echo \"NEWCOMER-FAILED $rc $out\"; \
          done"
     )
 }
 
-/// Each newcomer's time to its answers, and whether it dialled b.
-fn newcomer_times(out: &str) -> Vec<(Duration, bool)> {
+/// One new client's run: its first answer (`FIRST-ANSWER`, from the program's start),
+/// the whole run (all its sessions connected, each answered, closed), and whether it
+/// dialled b.
+struct Newcomer {
+    first: Duration,
+    whole: Duration,
+    dialled_b: bool,
+}
+
+/// The newcomers' runs, from the script's `NEWCOMER first_ms whole_ms b` lines.
+fn newcomer_times(out: &str) -> Vec<Newcomer> {
     out.lines()
         .filter_map(|l| {
             let mut f = l.strip_prefix("NEWCOMER ")?.split_whitespace();
-            let ms: u64 = f.next()?.parse().ok()?;
-            Some((Duration::from_millis(ms), f.next()? == "1"))
+            let ms = |f: &mut std::str::SplitWhitespace| f.next()?.parse().ok();
+            Some(Newcomer {
+                first: Duration::from_millis(ms(&mut f)?),
+                whole: Duration::from_millis(ms(&mut f)?),
+                dialled_b: f.next()? == "1",
+            })
         })
         .collect()
 }

@@ -384,18 +384,43 @@ pub fn print_repairs(prefix: &str, report: &RepairReport) {
 /// `client echo` through the cluster: one `ClusterSession` per connection, each echo
 /// sent again on another node if its connection is lost (an echo is idempotent), every
 /// move printed as `MOVED node N (ADDR): why`; ends with the `RESULT kind=echo` line.
+///
+/// The first session answers one extra echo as soon as it is connected, before the
+/// others connect: `FIRST-ANSWER connected_ms=C answered_ms=A node=N`, in milliseconds
+/// since `started` (the program's start). That is a new client's time to its first
+/// answer, which the cluster bounds after a server dies (lease TTL + dial bound); the
+/// other sessions' connects come after it and are not part of it.
 pub async fn echo_sessions(
     cluster: &ClusterClient<&Client>,
     service: &str,
     connections: usize,
     requests: usize,
     forever: bool,
+    started: Instant,
 ) -> Result<()> {
     let mut sessions = Vec::with_capacity(connections);
     for c in 0..connections {
-        let session = cluster.session(service, Placement::LeastLoaded).await?;
-        if let Some(node) = session.node() {
-            println!("session {c} on node {} ({})", node.node, node.record.addr);
+        let mut session = cluster.session(service, Placement::LeastLoaded).await?;
+        let node = session.node().map(|n| n.node.clone()).unwrap_or_default();
+        if let Some(n) = session.node() {
+            println!("session {c} on node {} ({})", n.node, n.record.addr);
+        }
+        if c == 0 {
+            let connected = started.elapsed();
+            let req = &EchoRequest {
+                payload: b"first".to_vec(),
+            };
+            let resp: EchoResponse = session
+                .request(req.idempotency(), |conn| async move {
+                    conn.request_typed(req).await
+                })
+                .await?;
+            anyhow::ensure!(resp.payload == req.payload, "echo payload differs");
+            println!(
+                "FIRST-ANSWER connected_ms={} answered_ms={} node={node}",
+                connected.as_millis(),
+                started.elapsed().as_millis()
+            );
         }
         sessions.push(session);
     }

@@ -1,7 +1,7 @@
 //! A key-value service written as a [`RequestHandler`]: Put, Get and Delete over typed
 //! messages, one map shared by every connection and kept by an owner actor, and a client
 //! that drives many connections and checks every answer. The `kv` binary serves it and
-//! runs the client; `tests/kv.rs` runs both in the VM.
+//! runs the client; `tests/verbs/kv.rs` runs both in the VM.
 //!
 //! The file is in three parts, the protocol, the server and the client, so that each
 //! can be counted (docs/writing-a-service.md compares them with a hand-written session).

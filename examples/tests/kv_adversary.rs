@@ -1,5 +1,5 @@
 //! Issue 45, natively: the `kv` handler over the loopback transport against the hostile
-//! client of `tests/memory_adversary.rs` (the VM's): a 16 MiB value is put, then 32
+//! client of `tests/verbs/memory_adversary.rs` (the VM's): a 16 MiB value is put, then 32
 //! connections keep 64 `GetInto` of it in flight each, while a polite client on a node of
 //! its own asks for a small value every 100 ms and must be answered within 1 s. The
 //! server's heap budget (`PoolConfig::heap_bytes`) must hold, and once the hostile

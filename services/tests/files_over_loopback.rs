@@ -2,7 +2,7 @@
 //! runtime, natively: uploads and fetches verified byte for byte, a corrupted chunk, a
 //! client that vanishes mid-upload, and the authorization rules. Real-verbs runs of the
 //! same service (with the `ft` tool, a killed process, a full disk) are in
-//! `tests/file_transfer.rs` (the VM suite).
+//! `tests/verbs/file_transfer.rs` (the VM suite).
 
 use std::collections::BTreeSet;
 use std::fs;

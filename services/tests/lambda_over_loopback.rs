@@ -2,7 +2,7 @@
 //! runtime, natively: the server READs the client's input and WRITEs the output into
 //! the client's regions, modules run in the Wasm sandbox, bad lambdas fail alone, and a
 //! region without the access a request needs costs only its connection. The real-verbs
-//! runs (timeouts, quotas, the pool's cap, 64 MiB inputs) are in `tests/lambda.rs`.
+//! runs (timeouts, quotas, the pool's cap, 64 MiB inputs) are in `tests/verbs/lambda.rs`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

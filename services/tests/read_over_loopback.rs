@@ -6,8 +6,8 @@
 //! Loopback's READs copy the server's memory word by word while its writer stores word
 //! by word, with no lock between them, so the torn reads the versioned layout guards
 //! against really happen here (`plain_reads_tear_where_versioned_reads_retry` shows they
-//! do). The real-verbs runs of the same properties are `tests/read_service.rs` and
-//! `tests/shared_grants.rs` (the VM suite).
+//! do). The real-verbs runs of the same properties are `tests/verbs/read_service.rs` and
+//! `tests/verbs/shared_grants.rs` (the VM suite).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -409,7 +409,7 @@ fn reads_past_the_end_of_a_grant_are_remote_access_errors() {
 }
 
 /// What `SessionCx::grant` gives, over loopback: the shared region and the file of
-/// `tests/shared_grants.rs`, registered once the server's domain exists.
+/// `tests/verbs/shared_grants.rs`, registered once the server's domain exists.
 type Regions = Arc<OnceLock<(Shared, Shared)>>;
 
 /// The granted range of the 64-byte region: in its middle, so that loopback's check of

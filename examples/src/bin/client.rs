@@ -165,9 +165,10 @@ async fn step(line: String) -> Result<()> {
 }
 
 fn main() -> Result<()> {
+    let started = Instant::now();
     logs::init("warn");
     let args = Args::parse();
-    actix::System::new().block_on(run(args))
+    actix::System::new().block_on(run(args, started))
 }
 
 async fn echo(conn: &ClientConnection, payload: Vec<u8>) -> Result<()> {
@@ -270,7 +271,7 @@ async fn connect_all(dial: &Dial<'_>, args: &Args, n: usize) -> Result<Vec<Clien
     Ok(conns)
 }
 
-async fn run(args: Args) -> Result<()> {
+async fn run(args: Args, started: Instant) -> Result<()> {
     // The transport options go on last: they set the event mode's spin window.
     let client = Client::start(args.transport.apply(NodeConfig {
         transport: TransportConfig {
@@ -452,7 +453,15 @@ async fn run(args: Args) -> Result<()> {
             let Dial::Cluster(cluster) = &dial else {
                 unreachable!("matched above")
             };
-            cluster::echo_sessions(cluster, &args.service, connections, requests, forever).await?;
+            cluster::echo_sessions(
+                cluster,
+                &args.service,
+                connections,
+                requests,
+                forever,
+                started,
+            )
+            .await?;
         }
         Run::Echo {
             connections,

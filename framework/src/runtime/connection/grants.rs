@@ -49,7 +49,7 @@ impl<T: Transport> SessionCx<'_, T> {
     ///
     /// Provider caveat: rxe (Soft-RoCE) checks an access through a window against the
     /// range of the region underneath, not the window's (observed on Linux 6.1, see
-    /// `tests/shared_grants.rs`); loopback checks the window's own range. Where the
+    /// `tests/verbs/shared_grants.rs`); loopback checks the window's own range. Where the
     /// exact range matters on rxe, grant whole regions (register one shared region per
     /// thing to expose, as the read service does).
     ///

@@ -99,7 +99,7 @@ impl<T: Transport> Core<T> {
     ///
     /// Not a window over a pool chunk: rxe checks a READ through a window against the
     /// range of the MR underneath, not the window's (observed in the Soft-RoCE VM, see
-    /// `tests/shared_grants.rs`), so a window over one chunk of a pool arena would let
+    /// `tests/verbs/shared_grants.rs`), so a window over one chunk of a pool arena would let
     /// the peer read every chunk of that arena. An MR of exactly the message bounds it on
     /// any provider.
     pub(super) fn post_rendezvous_offer(

@@ -43,7 +43,7 @@ pub struct HandlerService<H> {
 /// Gb/s × 5 µs is 125 KB), so bulk transfers still fill it; and every small answer of
 /// the service waits behind at most this much at the NIC. Under Soft-RoCE in the VM, 16
 /// made a polite request wait up to 1 s behind a flood of 16 MiB `GetInto`s, 4 about
-/// a quarter of that (tests/memory_adversary.rs).
+/// a quarter of that (tests/verbs/memory_adversary.rs).
 const MAX_SERVICE_CHUNKS: usize = 4;
 
 /// Most calls of one service running at once across all its connections, by default.
