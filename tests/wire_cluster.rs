@@ -11,8 +11,10 @@
 //! 3. host b SIGKILLed while those clients echo and more uploads run: the clients on b
 //!    move off it (each move timed from the kill, against the dead-peer bound plus the
 //!    lease TTL), etcd keeps its quorum, every upload either is acknowledged or fails
-//!    with a reason, and the servers themselves (`--repair-after-secs`) restore R = 2 for
-//!    b's files, each copy made by the node it goes to;
+//!    with a reason, new clients started one after another from the kill each get their
+//!    first answer within the lease TTL plus the dial bound (issue 47, item 4), and the
+//!    servers themselves (`--repair-after-secs`) restore R = 2 for b's files, each copy
+//!    made by the node it goes to;
 //! 4. b boots again, its etcd member rejoins (removed and added again: its data died
 //!    with its tmpfs) and its server registers and gets the next clients;
 //! 5. host a cut off (netem loss 100% on its NIC): its lease lapses on the majority side,
