@@ -377,8 +377,8 @@ fn a_cluster_of_three_serves_d_through_a_killed_host_and_a_partition() {
         };
         println!(
             "[3] {} new clients started one after another from the kill: first answer after {} \
-             (limit: lease TTL {} + dial bound {} = {}); all 12 sessions answered and closed \
-             after {}; {} dialled b",
+             (limit: lease TTL {} + dial bound {} = {}); all {NEWCOMER_SESSIONS} sessions \
+             answered and closed after {}; {} dialled b",
             firsts.len(),
             list(|n| n.first),
             secs(TTL),
@@ -682,15 +682,18 @@ fn cluster_client_setup_and_round_trip_next_to_a_direct_connect() {
 
 /// New clients started one after another after b's kill.
 const NEWCOMERS: usize = 6;
+/// The sessions each new client opens (the issue's reproduction), one after another.
+const NEWCOMER_SESSIONS: usize = 12;
 
-/// A shell loop on d: [`NEWCOMERS`] `client echo` runs of 12 sessions and one request
-/// each, one after another, each printing `NEWCOMER MS B` (its whole run in ms, and
-/// whether a dial failed: with a and c alive, only b's can).
+/// A shell loop on d: [`NEWCOMERS`] `client echo` runs of [`NEWCOMER_SESSIONS`]
+/// sessions and one request each, one after another, each printing `NEWCOMER FIRST WHOLE
+/// B` (its first answer and its whole run in ms, and whether a dial failed: with a and c
+/// alive, only b's can).
 fn newcomers_script(client: &str, urls: &str) -> String {
     format!(
         "for i in $(seq {NEWCOMERS}); do s=$(date +%s%N); \
          out=$(RUST_LOG=warn,rdmactor_cluster=info {client} --cluster {CLUSTER} --etcd {urls} \
-               echo --connections 12 --requests 1 2>&1); rc=$?; e=$(date +%s%N); \
+               echo --connections {NEWCOMER_SESSIONS} --requests 1 2>&1); rc=$?; e=$(date +%s%N); \
          b=0; case \"$out\" in *'connect failed'*) b=1;; esac; \
          f=$(printf '%s\\n' \"$out\" | sed -n 's/^FIRST-ANSWER .*answered_ms=\\([0-9]*\\).*/\\1/p'); \
          [ $rc -eq 0 ] && echo \"NEWCOMER ${{f:-none}} $(( (e - s) / 1000000 )) $b\" || echo \"NEWCOMER-FAILED $rc $out\"; \

@@ -13,8 +13,8 @@ use rdmactor_cluster::files::{
     CatalogRecorder, ClusterFiles, Collector, RdmaFiles, RepairPlanner, RepairReport, Staging,
 };
 use rdmactor_cluster::{
-    ClusterClient, EtcdConfig, EtcdTls, EtcdUser, Idempotent as _, Placement, Registrar,
-    RegistrationConfig,
+    ClusterClient, ClusterSession, EtcdConfig, EtcdTls, EtcdUser, Idempotent as _, Placement,
+    Registrar, RegistrationConfig,
 };
 use rdmactor_services::echo::{EchoRequest, EchoResponse};
 
@@ -407,15 +407,7 @@ pub async fn echo_sessions(
         }
         if c == 0 {
             let connected = started.elapsed();
-            let req = &EchoRequest {
-                payload: b"first".to_vec(),
-            };
-            let resp: EchoResponse = session
-                .request(req.idempotency(), |conn| async move {
-                    conn.request_typed(req).await
-                })
-                .await?;
-            anyhow::ensure!(resp.payload == req.payload, "echo payload differs");
+            echo_verified(&mut session, b"first".to_vec()).await?;
             println!(
                 "FIRST-ANSWER connected_ms={} answered_ms={} node={node}",
                 connected.as_millis(),
@@ -433,16 +425,7 @@ pub async fn echo_sessions(
             let mut reported = 0;
             while forever || i < requests {
                 let size = [16usize, 1000, 9000][(c + i) % 3];
-                let payload = vec![(i % 251) as u8; size];
-                let req = &EchoRequest {
-                    payload: payload.clone(),
-                };
-                let resp: EchoResponse = session
-                    .request(req.idempotency(), |conn| async move {
-                        conn.request_typed(req).await
-                    })
-                    .await?;
-                anyhow::ensure!(resp.payload == payload, "echo payload differs");
+                echo_verified(session, vec![(i % 251) as u8; size]).await?;
                 for moved in &session.moves()[reported..] {
                     println!("MOVED {moved}");
                 }
@@ -457,5 +440,18 @@ pub async fn echo_sessions(
     }
     futures::future::join_all(sessions.into_iter().map(|s| s.close())).await;
     println!("RESULT kind=echo connections={connections} requests={total}");
+    Ok(())
+}
+
+/// One echo of `payload` through `session` (sent again on another node if its
+/// connection is lost), its answer checked byte for byte.
+async fn echo_verified(session: &mut ClusterSession<'_, &Client>, payload: Vec<u8>) -> Result<()> {
+    let req = &EchoRequest { payload };
+    let resp: EchoResponse = session
+        .request(req.idempotency(), |conn| async move {
+            conn.request_typed(req).await
+        })
+        .await?;
+    anyhow::ensure!(resp.payload == req.payload, "echo payload differs");
     Ok(())
 }
