@@ -227,6 +227,50 @@ async fn etcd_down_at_start_then_up_registers_and_withdraw_never_hangs() {
     assert!(err.to_string().contains("etcd"), "{err}");
 }
 
+/// The backoff counts failures in a row: once a session registered, the next failure
+/// is retried after the shortest delay again, not after the longest delay a past
+/// outage reached (which, past the TTL, made every later hiccup lapse the lease).
+#[tokio::test]
+async fn after_an_outage_the_next_failure_backs_off_from_the_start_again() {
+    let Some(mut etcd) = Etcd::start() else {
+        return;
+    };
+    etcd.kill();
+    let mut config = config("a", "192.0.2.1:7471", &["echo"]);
+    // Long enough that each state is seen by the test, however busy the machine.
+    config.retry_min = Duration::from_millis(500);
+    config.retry_max = Duration::from_secs(5);
+    let registrar = Registrar::start(etcd.config(), config).unwrap();
+    let mut states = registrar.states();
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        states.wait_for(
+            |s| matches!(s, RegistrationState::Retrying { attempt, .. } if *attempt >= 3),
+        ),
+    )
+    .await
+    .expect("three failures in a row within 60 s")
+    .unwrap();
+    etcd.restart();
+    let lease = registered(&registrar).await;
+    // A lapse (as a partition past the TTL would cause): a failure after a success.
+    etcd.client().await.lease_revoke(lease).await.unwrap();
+    let retrying = tokio::time::timeout(
+        Duration::from_secs(10),
+        states.wait_for(|s| matches!(s, RegistrationState::Retrying { .. })),
+    )
+    .await
+    .expect("the registrar notices the lapse within 10 s")
+    .unwrap()
+    .clone();
+    assert!(
+        matches!(retrying, RegistrationState::Retrying { attempt: 1, .. }),
+        "the first failure after a registration: {retrying:?}"
+    );
+    registered(&registrar).await;
+    registrar.withdraw().await.unwrap();
+}
+
 #[tokio::test]
 async fn after_etcd_restarts_the_node_is_registered_and_watchers_see_it() {
     let Some(mut etcd) = Etcd::start() else {

@@ -143,10 +143,7 @@ impl EtcdConfig {
                     source: Box::new(source),
                 },
             }),
-            Err(_) => Err(Error::Timeout {
-                op,
-                timeout: self.request_timeout,
-            }),
+            Err(_) => Err(Error::Timeout { op, timeout }),
         }
     }
 }

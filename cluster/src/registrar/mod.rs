@@ -22,10 +22,12 @@
 //!   afresh.
 //! - **etcd unreachable**: the server goes on serving. The registrar logs each failure
 //!   (`tracing` at WARN), retries with exponential backoff (250 ms doubling to 5 s,
-//!   spread per node), reports [`RegistrationState::Retrying`], and sets the gauge
+//!   spread per node, back to 250 ms once a session has registered), reports [`RegistrationState::Retrying`], and sets the gauge
 //!   `rdmactor_cluster_registered{cluster,node}` to 0 (1 while registered).
 //! - **Load** ([`Registrar::set_load`]) is written at most once per `load_interval`
-//!   (default 2 s), and only when it changed.
+//!   (default 2 s), and only when it changed. A report etcd does not answer within a
+//!   renewal period (TTL/3) is made again at the next tick: a slow member delays the
+//!   load others see, not the keepalives, and does not end the session.
 //! - **Shutdown** ([`Registrar::withdraw`]): the records are marked draining (watchers
 //!   see it, clients stop picking the node), then the lease is revoked, which deletes
 //!   every key at once. The caller drains its connections after that. Dropping a

@@ -31,6 +31,8 @@ pub(super) struct Task {
     at: usize,
     /// The lease the keys were last put under, while it may be alive.
     lease: Option<i64>,
+    /// Failed sessions since the last one that registered: the backoff's exponent.
+    attempt: u32,
     load: watch::Receiver<Load>,
     state: watch::Sender<RegistrationState>,
     commands: mpsc::UnboundedReceiver<Command>,
@@ -63,6 +65,7 @@ impl Task {
             members: None,
             at: 0,
             lease: None,
+            attempt: 0,
             load,
             state,
             commands,
@@ -70,7 +73,6 @@ impl Task {
     }
 
     pub(super) async fn run(mut self) {
-        let mut attempt: u32 = 0;
         loop {
             let error = match self.session().await {
                 Ok(Outcome::Withdrawn | Outcome::Abandoned) => return,
@@ -84,7 +86,8 @@ impl Task {
             if matches!(error, Error::LeaseLost { .. }) {
                 self.lease = None;
             }
-            attempt = attempt.saturating_add(1);
+            self.attempt = self.attempt.saturating_add(1);
+            let attempt = self.attempt;
             let delay = self.backoff(attempt);
             tracing::warn!(
                 cluster = %self.config.cluster,
@@ -145,6 +148,10 @@ impl Task {
         self.at = at;
         let written = *self.load.borrow_and_update();
         let lease = self.register(&mut client, written).await?;
+        // Failures "in a row" end here: the next one is retried after `retry_min`, not
+        // after the longest delay a past outage reached (which, longer than the TTL,
+        // turned every later hiccup into a lapsed lease).
+        self.attempt = 0;
         self.registered.set(1.0);
         tracing::info!(
             cluster = %self.config.cluster,
@@ -160,7 +167,8 @@ impl Task {
             .call("lease keepalive", client.lease_keep_alive(lease))
             .await?;
         let ttl = self.config.ttl;
-        let mut renew = tokio::time::interval((ttl / 3).max(Duration::from_millis(200)));
+        let period = (ttl / 3).max(Duration::from_millis(200));
+        let mut renew = tokio::time::interval(period);
         renew.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut report = tokio::time::interval(self.config.load_interval);
         report.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -208,9 +216,24 @@ impl Task {
                 },
                 _ = report.tick() => {
                     let load = *self.load.borrow_and_update();
-                    if load != written {
-                        self.write(&mut client, lease, load, false).await?;
-                        written = load;
+                    if load == written {
+                        continue;
+                    }
+                    // A load report is not worth the lease. One that etcd does not
+                    // answer within a renewal period is given up and made again at the
+                    // next tick, so the keepalives go on (waiting the whole request
+                    // timeout, or ending the session, let a slow member's lease lapse:
+                    // bench/notes/2026-11-29-wire-cluster-newcomers.md). Only a key no
+                    // longer held by this lease ends the session.
+                    match tokio::time::timeout(period, self.write(&mut client, lease, load, false)).await {
+                        Ok(Ok(())) => written = load,
+                        Ok(Err(lost @ Error::LeaseLost { .. })) => return Err(lost),
+                        Ok(Err(error)) => {
+                            tracing::debug!(%error, "cluster: load report failed; again at the next tick");
+                        }
+                        Err(_) => {
+                            tracing::debug!(within = ?period, "cluster: load report not answered; again at the next tick");
+                        }
                     }
                 }
                 command = self.commands.recv() => {
