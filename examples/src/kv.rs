@@ -490,8 +490,8 @@ fn unexpected(answer: KvResponse) -> CallError<KvError> {
 /// own (puts, gets of what it put, deletes, gets of what it deleted), checking every
 /// answer. Returns the round trip of each answer checked; the first wrong one is an
 /// error.
-pub async fn run_clients(
-    client: &Client,
+pub async fn run_clients<T: Transport>(
+    client: &Client<T>,
     addr: SocketAddr,
     connections: usize,
     requests: usize,
@@ -517,7 +517,11 @@ pub async fn run_clients(
 
 /// Request `i` of connection `c`, in rounds of four on key `c/i/4`: put, get, delete, get
 /// (which must find nothing). The value is the byte pattern of (c, i).
-async fn one_connection(kv: &KvClient, c: usize, requests: usize) -> anyhow::Result<Vec<Duration>> {
+async fn one_connection<T: Transport>(
+    kv: &KvClient<T>,
+    c: usize,
+    requests: usize,
+) -> anyhow::Result<Vec<Duration>> {
     let mut round_trips = Vec::with_capacity(requests);
     for i in 0..requests {
         let sent = Instant::now();

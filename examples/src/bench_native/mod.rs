@@ -61,8 +61,9 @@ pub fn listen_addr(n: u8) -> SocketAddr {
 /// The configuration every server and client of the bench uses: the defaults (one
 /// poller per node, event mode with its 1 ms spin, shared receive queues), so that the
 /// figures are what an application gets without tuning. For experiments only,
-/// `BENCH_NATIVE_POLL=busy` makes every poller spin for ever, and `BENCH_NATIVE_POLL=0`
-/// sleep as soon as its CQs are empty; `BENCH_NATIVE_CHUNKS=N` lets each connection
+/// `BENCH_NATIVE_POLL=busy` makes every poller spin for ever, `BENCH_NATIVE_POLL=adaptive`
+/// adapt its spin (`PollMode::ADAPTIVE`), and `BENCH_NATIVE_POLL=0` sleep as soon as its
+/// CQs are empty; `BENCH_NATIVE_CHUNKS=N` lets each connection
 /// have N rendezvous READs in flight instead of 4 (how much bulk work one poller turn
 /// can hold, for the fairness figures), and `BENCH_NATIVE_CHUNK_KIB=K` makes each of
 /// them K KiB instead of 64 (a poller's step of bulk work is one chunk at least).
@@ -76,6 +77,7 @@ pub fn config() -> NodeConfig {
     }
     match std::env::var("BENCH_NATIVE_POLL").as_deref() {
         Ok("busy") => config.transport.poll_mode = PollMode::Busy,
+        Ok("adaptive") => config.transport.poll_mode = PollMode::ADAPTIVE,
         Ok("0") => {
             config.transport.poll_mode = PollMode::Event {
                 spin: Duration::ZERO,

@@ -4,6 +4,7 @@
 //! ```sh
 //! kv serve --listen 192.0.2.1:7471                       # until SIGINT or SIGTERM
 //! kv client --server 192.0.2.1:7471 --connections 8 --requests 400  # + a RESULT p50/p99 line
+//! kv demo --clients 16 --requests 10000   # server and clients in one process, over loopback
 //! ```
 
 use std::net::SocketAddr;
@@ -11,6 +12,7 @@ use std::net::SocketAddr;
 use anyhow::{ensure, Context as _, Result};
 use clap::{Parser, Subcommand};
 use rdmactor::prelude::*;
+use rdmactor::runtime::PollMode;
 use rdmactor_examples::kv::{run_clients, Kv, KvLimits};
 use rdmactor_examples::kv_session::KvSessions;
 use rdmactor_examples::{logs, report};
@@ -57,6 +59,79 @@ enum Mode {
         #[command(flatten)]
         key: rdmactor_examples::identity::Key,
     },
+    /// The server and CLIENTS connections in this process, over the loopback transport
+    /// (no RDMA device): what rdmactor itself costs, and how its poll modes behave on
+    /// this machine. Prints the operations per second and a RESULT p50/p99 line.
+    Demo {
+        /// Connections, all at once.
+        #[arg(long, default_value_t = 16)]
+        clients: usize,
+        /// Requests per connection, one after the other.
+        #[arg(long, default_value_t = 10_000)]
+        requests: usize,
+        /// How the server's and the clients' pollers wait: adaptive (the default), event
+        /// (a fixed spin of --spin-us), sleep (no spin) or busy.
+        #[arg(long, value_enum, default_value_t = Poll::Adaptive)]
+        poll: Poll,
+        /// The spin window in event mode, its longest in adaptive mode.
+        #[arg(long, default_value_t = 1000)]
+        spin_us: u64,
+    },
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum Poll {
+    Adaptive,
+    Event,
+    Sleep,
+    Busy,
+}
+
+impl Poll {
+    fn mode(self, spin_us: u64) -> PollMode {
+        let spin = std::time::Duration::from_micros(spin_us);
+        match self {
+            Poll::Adaptive => PollMode::Adaptive { max_spin: spin },
+            Poll::Event => PollMode::Event { spin },
+            Poll::Sleep => PollMode::Event {
+                spin: std::time::Duration::ZERO,
+            },
+            Poll::Busy => PollMode::Busy,
+        }
+    }
+}
+
+/// `kv demo`: a `kv` server and `clients` connections over one loopback fabric.
+fn demo(clients: usize, requests: usize, poll: Poll, spin_us: u64) -> Result<()> {
+    use rdmactor::transport::loopback::{Fabric, Loopback};
+    let mut config = NodeConfig::default();
+    config.transport.poll_mode = poll.mode(spin_us);
+    actix::System::new().block_on(async move {
+        let fabric = Fabric::default();
+        let at = SocketAddr::from(([10, 0, 0, 1], 7471));
+        let server = Server::over(Loopback)
+            .config(config.clone())
+            .domain(fabric.device("server"))
+            .listen(at, None)
+            .handler("kv", Kv::default())
+            .max_connections_per_peer(0)
+            .start()?;
+        let client = Client::<Loopback>::on(fabric.device("clients"), config)?;
+        let started = std::time::Instant::now();
+        let checked = run_clients(&client, at, clients, requests).await;
+        let took = started.elapsed();
+        client.shutdown().await;
+        server.shutdown().await;
+        let round_trips = checked?;
+        let n = round_trips.len();
+        ensure!(n == clients * requests, "{n} answers checked");
+        println!(
+            "kv demo: {n}/{n} answers verified, {clients} clients, poll {poll:?}, {:.0} ops/s",
+            n as f64 / took.as_secs_f64()
+        );
+        report::latency("kv-demo", 0, n, round_trips);
+        Ok(())
+    })
 }
 
 fn main() -> Result<()> {
@@ -86,6 +161,12 @@ fn main() -> Result<()> {
                     .run()?),
             }
         }
+        Mode::Demo {
+            clients,
+            requests,
+            poll,
+            spin_us,
+        } => demo(clients, requests, poll, spin_us),
         Mode::Client {
             server,
             connections,

@@ -39,8 +39,13 @@ use rdmactor_services::rping::Rping;
 
 #[derive(Clone, Copy, ValueEnum)]
 enum Mode {
-    Busy,
+    /// Spin after the last completion while it pays and the host has a core to spare
+    /// (`--spin-us` at most), then sleep.
+    Adaptive,
+    /// Spin `--spin-us` after the last completion, then sleep.
     Event,
+    /// Spin always: a core per poller.
+    Busy,
 }
 
 #[derive(Parser)]
@@ -267,6 +272,7 @@ fn main() -> Result<()> {
             poll_mode: match args.poll_mode {
                 Mode::Busy => PollMode::Busy,
                 Mode::Event => PollMode::EVENT,
+                Mode::Adaptive => PollMode::ADAPTIVE,
             },
             ..defaults.transport
         },

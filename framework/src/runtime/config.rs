@@ -111,8 +111,12 @@ impl Default for ReceiveConfig {
 pub struct ConnectionConfig {
     /// Send-queue depth per connection. Providers round a queue up to a power of two
     /// slots including one spare, so 2^n − 1 costs the least: under Soft-RoCE a send
-    /// queue of 31 is 32 slots of 256 bytes (12 KiB with its header page), one of 32 is
-    /// 64 slots (20 KiB), the largest part of an idle connection.
+    /// queue of 15 is 16 slots of 256 bytes (8 KiB with its header page), one of 31 is
+    /// 32 slots (12 KiB), one of 32 is 64 (20 KiB): the largest part of an idle
+    /// connection, and every member's depth is also reserved in its poller's CQ. 15 by
+    /// default: a framed connection's SENDs are bounded by its credits and its READs by
+    /// `rendezvous_chunks` anyway (see `bench/notes/2026-11-29-idle-connections.md`);
+    /// raise it for one-sided work with many requests in flight per connection.
     pub send_depth: u32,
     /// RNR retries this side's sends make (7: forever). Credits keep rdmactor peers from
     /// ever needing them; plain clients may.
@@ -214,7 +218,7 @@ pub struct ConnectionConfig {
 impl Default for ConnectionConfig {
     fn default() -> Self {
         ConnectionConfig {
-            send_depth: 31,
+            send_depth: 15,
             rnr_retry_count: 7,
             retry_count: 6,
             ack_timeout: 18,
@@ -247,8 +251,8 @@ pub struct SharedRecvConfig {
     pub max_credits: u16,
     /// Connections per shared queue. A queue holds `members × share + reserve`
     /// receives (Soft-RoCE allows 16,383 per SRQ and 1,023 SRQs) and reserves CQ entries
-    /// for them and for every member's send queue. 230 with the defaults: 230 × (4 + 31)
-    /// + 128 = 8,178 entries, so two queues fill one CQ of 16,383.
+    /// for them and for every member's send queue. 230 with the defaults: 230 × (4 + 15)
+    /// + 128 = 4,498 entries, so three queues fit one CQ of 16,383.
     pub members: u32,
     /// Credits of a queue lent to busy connections beyond their share.
     pub reserve: u32,
@@ -362,8 +366,10 @@ impl NodeConfig {
         if c.ack_timeout > 31 {
             return Err(ConfigError::AckTimeout(c.ack_timeout));
         }
+        if c.send_depth < 2 {
+            return Err(ConfigError::SendDepth(c.send_depth));
+        }
         for (field, n) in [
-            ("connection.send_depth", c.send_depth as usize),
             (
                 "connection.blocking_per_connection",
                 c.blocking_per_connection,
@@ -441,6 +447,10 @@ pub enum ConfigError {
     /// Soft-RoCE; see `ConnectionConfig::retry_count`).
     #[error("connection.retry_count {0} is above 6")]
     RetryCount(u8),
+    /// A send queue too shallow to carry data: one slot is always kept for the frames
+    /// that grant credits or say goodbye.
+    #[error("connection.send_depth {0} is below 2 (one slot is kept for credit and close frames)")]
+    SendDepth(u32),
     /// An ACK timeout exponent past what the QP attribute holds.
     #[error("connection.ack_timeout {0} is above 31")]
     AckTimeout(u8),
@@ -529,6 +539,10 @@ mod tests {
         assert_eq!(
             bad(|c| c.connection.retry_count = 7),
             ConfigError::RetryCount(7)
+        );
+        assert_eq!(
+            bad(|c| c.connection.send_depth = 1),
+            ConfigError::SendDepth(1)
         );
         assert!(matches!(
             bad(|c| c.connection.rendezvous_chunk = 1 << 30),

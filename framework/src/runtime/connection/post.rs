@@ -312,7 +312,7 @@ impl<T: Transport> Core<T> {
             Some(Wr::RendezvousChunk { .. }) => {
                 self.read_chunks_in_flight = self.read_chunks_in_flight.saturating_sub(1);
             }
-            Some(Wr::Probe) => self.liveness.probe_completed(),
+            Some(Wr::Probe { .. }) => self.liveness.probe_completed(),
             Some(Wr::Goodbye { .. }) => self.goodbye = Goodbye::Failed,
             _ => {}
         }

@@ -31,8 +31,14 @@ fn messages_arrive_once_and_in_order_through_a_window_of_eight_credits() {
         assert_eq!(m.data, message(i, (i as usize * 7) % 241));
     }
     // Credits came back as they were used (no RNR retries are allowed), and the
-    // window is whole again once everything is acknowledged.
-    p.run_until(|p| p.a.core.send_outstanding == 0 && p.b.core.send_outstanding == 0);
+    // window is whole again once everything is acknowledged: what still holds a slot
+    // is the last few SENDs left unsignalled (fewer than SIGNAL_EVERY), which the next
+    // signalled request (a keepalive probe, if nothing else) releases.
+    let settled = |e: &super::harness::End| {
+        e.core.send_outstanding as usize == e.core.unsignaled.len()
+            && e.core.unsignaled.len() < super::SIGNAL_EVERY
+    };
+    p.run_until(|p| settled(&p.a) && settled(&p.b));
     assert!(p.a.core.pending.is_empty());
 }
 
@@ -126,6 +132,59 @@ fn a_silent_peer_is_probed_and_a_vanished_one_declared_unreachable() {
         matches!(reason, CloseReason::PeerUnreachable(_)),
         "{reason}"
     );
+}
+
+#[test]
+fn an_idle_connection_gives_back_what_its_last_burst_left_once_a_probe_completes() {
+    let config = ConnectionConfig {
+        keepalive: Some(Duration::from_millis(50)),
+        ..config()
+    };
+    let mut p = pair_with(config);
+    // A burst: larger-than-inline SENDs leave spare send buffers and emptied batches.
+    for i in 0..40 {
+        p.a.send(i + 1, message(i, 200));
+    }
+    p.run_until(|p| {
+        p.b.got.len() == 40 && p.a.core.send_outstanding as usize == p.a.core.unsignaled.len()
+    });
+    assert!(
+        !p.a.core.unsignaled.is_empty(),
+        "the burst's last SENDs went unsignalled"
+    );
+    assert!(!p.a.core.spare.is_empty(), "the burst left spare buffers");
+    assert!(p.a.core.outbox.spare.capacity() > 0);
+    let leased = |p: &super::harness::Pair| p.a.core.pool.stats().leased.iter().sum::<usize>();
+    let before = leased(&p);
+    // The first check finds the burst heard; the next, a whole silent period, probes.
+    // Once the probe completes, the leftovers go.
+    for _ in 0..2 {
+        let check = p.a.core.poll_timeout().expect("keepalive is timed");
+        assert_eq!(p.a.core.handle_timeout(check), Ok(Timeout::Checked));
+    }
+    assert!(p.a.core.liveness.probing());
+    p.a.pump().unwrap();
+    p.run_until(|p| !p.a.core.liveness.probing());
+    assert_eq!(p.a.closed, None);
+    // The probe's completion says the unsignalled SENDs before it are done too.
+    assert_eq!(p.a.core.send_outstanding, 0);
+    assert!(p.a.core.spare.is_empty() && p.a.core.spare.capacity() == 0);
+    assert_eq!(p.a.core.outbox.spare.capacity(), 0);
+    assert_eq!(p.a.core.outbox.ready.capacity(), 0);
+    assert_eq!(p.a.core.unsignaled.capacity(), 0);
+    assert!(
+        leased(&p) < before,
+        "the spare send buffers went back to the pool"
+    );
+    // And the connection carries on as before.
+    for i in 40..50 {
+        p.a.send(i + 1, message(i, 200));
+    }
+    p.run_until(|p| p.b.got.len() == 50 || p.a.closed.is_some());
+    assert_eq!(p.a.closed, None);
+    for (i, m) in p.b.got.iter().enumerate() {
+        assert_eq!(m.data, message(i as u32, 200));
+    }
 }
 
 /// The fuzz target's sequences, seeded: a hostile peer's frames among honest traffic,

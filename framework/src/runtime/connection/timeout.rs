@@ -168,7 +168,9 @@ impl<T: Transport> Core<T> {
             len: 0,
             rkey: 0,
         };
-        let wr_id = self.inflight.insert(Wr::Probe);
+        let wr_id = self.inflight.insert(Wr::Probe {
+            after: self.send_seq,
+        });
         self.liveness.probe_posted();
         self.queue_send(wr_id, SendOp::Write(nothing), None);
         tracing::debug!(

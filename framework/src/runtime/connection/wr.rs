@@ -81,8 +81,13 @@ pub(super) enum Wr<T: Transport = Verbs> {
     Recv(usize),
     /// A memory-window bind (see `SessionCx::register`).
     Bind,
-    /// A keepalive probe: a zero-length RDMA WRITE (see `liveness.rs`).
-    Probe,
+    /// A keepalive probe: a zero-length RDMA WRITE (see `liveness.rs`), posted after
+    /// the SENDs numbered below `after`. Signalled, so its success says those are done
+    /// too: an idle connection's last unsignalled SENDs give back their slots and
+    /// buffers with it.
+    Probe {
+        after: u64,
+    },
     /// The `Close` frame telling the peer why the connection ends (see
     /// `Core::post_goodbye`).
     Goodbye {
@@ -199,4 +204,11 @@ pub(super) struct Outbox {
     pub(super) open: Batch,
     pub(super) ready: VecDeque<Batch>,
     pub(super) spare: Vec<Batch>,
+}
+
+impl Outbox {
+    /// Nothing decided that the driver has not posted.
+    pub(super) fn is_empty(&self) -> bool {
+        self.open.is_empty() && self.ready.iter().all(Batch::is_empty)
+    }
 }

@@ -12,150 +12,38 @@
 //!
 //! Busy mode spins (lowest latency, one core per poller). Event mode spins for a short
 //! window after the last completion, then arms the CQs and sleeps on the completion
-//! channel's fd until one fires. A poller grows a new CQ when the existing ones cannot
+//! channel's fd until one fires. Adaptive mode is event mode whose window follows what
+//! the poller sees: the traffic, and the cores the host can spare
+//! (`spin.rs`, `host.rs`). A poller grows a new CQ when the existing ones cannot
 //! hold another connection's worst case, so a CQ never overflows (an overflow would put
 //! every QP on it in the error state).
 
-use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
-use std::rc::{Rc, Weak};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 
-use crate::runtime::srq::{OrphanedRecv, SharedRecv};
-use crate::runtime::turns::{
-    Backlog, LetOthersRun, DRAIN_ROUNDS, PASSES_PER_TURN, POLLS_PER_ROUND,
-};
-use crate::runtime::wake_route::WakeQueue;
-use crate::transport::{
-    CompletionChannel as _, CompletionQueue as _, Domain as _, Transport, Verbs,
-};
-use crate::verbs::WorkCompletion;
+use crate::transport::{CompletionQueue as _, Domain as _, Transport, Verbs};
 
-/// How poller threads wait for completions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PollMode {
-    /// Spin on the CQs (and the actors' mailboxes) forever.
-    Busy,
-    /// Spin for `spin` after the last completion, then sleep on a completion channel.
-    Event {
-        /// How long to keep spinning after activity before sleeping. Zero sleeps as soon
-        /// as a pass finds the CQs empty: a thread that sleeps is woken ahead of busy
-        /// ones by the kernel's scheduler, where a spinning one that loses its CPU waits
-        /// out a time slice (see the README's fairness rows).
-        spin: Duration,
-    },
-}
+mod host;
+mod inboxes;
+mod mode;
+mod spin;
+mod task;
 
-impl PollMode {
-    /// Event mode with a 1 ms spin window: a connection in a request/response exchange
-    /// keeps its poller awake between messages, an idle server sleeps.
-    pub const EVENT: PollMode = PollMode::Event {
-        spin: Duration::from_millis(1),
-    };
-}
+pub(crate) use self::inboxes::{adopt_orphan, register, return_orphans, unregister};
+pub use self::mode::PollMode;
+#[cfg(test)]
+use self::task::{drain, route};
+use self::task::{poll_task, CqSlot, PollerShared};
 
 pub(crate) use crate::runtime::inbox::Inbox;
 
-thread_local! {
-    /// The connections this poller thread serves, by QP number. Weak: the connection's
-    /// actor owns it, and a connection whose actor is gone simply stops receiving.
-    static INBOXES: RefCell<HashMap<u32, Weak<dyn Inbox>>> = RefCell::new(HashMap::new());
-}
-
-/// Registers `inbox` for the completions of QP `qp_num`. Must run on the poller thread
-/// that polls the QP's CQ (where [`CqReservation::arbiter`] runs the connection's actor),
-/// and before the QP can complete anything: the connection's actor registers before it
-/// makes the `rdma_accept` or `rdma_connect` call that takes the QP to RTR (see
-/// `connection::Handshake`), so no completion ever arrives for a QP not registered yet.
-pub(crate) fn register(qp_num: u32, inbox: Weak<dyn Inbox>) {
-    INBOXES.with(|m| m.borrow_mut().insert(qp_num, inbox));
-    ORPHANS.with(|o| o.borrow_mut().remove(&qp_num));
-}
-
-thread_local! {
-    /// QPs of connections that left a shared receive queue, with the pass they left in:
-    /// receives their QP consumed may still complete, and each such buffer must go back
-    /// to the queue, or the other members run out of receives and their peers' SENDs meet
-    /// RNR for ever. Kept until every CQ of this thread has been polled empty once after
-    /// that pass (the QP is destroyed by then, so nothing more of it can arrive).
-    static ORPHANS: RefCell<HashMap<u32, (OrphanedRecv, u64)>> = RefCell::new(HashMap::new());
-    /// Full passes over this thread's CQs so far.
-    static PASSES: Cell<u64> = const { Cell::new(0) };
-}
-
-/// A connection on a shared receive queue is leaving: completions of QP `qp_num` that
-/// reach no connection from now on give their shared receives back to `queue`. Call it
-/// on the poller thread, before the QP is destroyed.
-pub(crate) fn adopt_orphan(qp_num: u32, queue: OrphanedRecv) {
-    let pass = PASSES.with(Cell::get);
-    ORPHANS.with(|o| o.borrow_mut().insert(qp_num, (queue, pass)));
-}
-
-/// Gives back the shared receives among `wcs`, completions of a QP whose connection is
-/// gone; returns how many were neither (nobody is told about those).
-pub(crate) fn return_orphans(wcs: &[WorkCompletion]) -> usize {
-    let Some(first) = wcs.first() else {
-        return 0;
-    };
-    let queue = ORPHANS.with(|o| o.borrow().get(&first.qp_num).map(|(q, _)| q.clone()));
-    let mut dropped = 0;
-    for wc in wcs {
-        match (SharedRecv::slot_of(wc.wr_id), &queue) {
-            (Some(slot), Some(queue)) if wc.qp_num == first.qp_num => {
-                if let Err(e) = queue.repost(slot) {
-                    tracing::error!(qp = wc.qp_num, slot, error = %e, "reposting an orphaned shared receive failed");
-                }
-            }
-            _ => dropped += 1,
-        }
-    }
-    dropped
-}
-
-/// Every CQ of this thread has just been polled empty: forget the orphans whose QP is
-/// surely drained. Runs on every pass of a spinning poller, so the usual case (no
-/// orphan) touches nothing but the counter.
-fn end_pass() {
-    let pass = PASSES.with(|p| {
-        p.set(p.get() + 1);
-        p.get()
-    });
-    ORPHANS.with(|o| {
-        let mut o = o.borrow_mut();
-        if !o.is_empty() {
-            o.retain(|_, (_, left)| *left + 2 > pass);
-        }
-    });
-}
-
-/// Stops delivering `qp_num`'s completions (on the same thread as [`register`]).
-pub(crate) fn unregister(qp_num: u32) {
-    INBOXES.with(|m| m.borrow_mut().remove(&qp_num));
-}
-
-fn inbox(qp_num: u32) -> Option<Rc<dyn Inbox>> {
-    INBOXES.with(|m| m.borrow().get(&qp_num)?.upgrade())
-}
-
 /// The entries of a CQ the poller creates (rxe allows up to 32767). Providers round a
 /// ring up to a power of two slots including one spare: 16,384 entries took 32,768
-/// slots (2 MiB under rxe), 16,383 take 16,384.
+/// slots, 16,383 take 16,384. rxe's slot is 128 bytes (its `ib_wc` outgrew 64 in
+/// Linux 5.14), so such a CQ maps 2 MiB and 4 KiB (`/proc/PID/smaps`, 2026-11-29).
 const CQ_ENTRIES: u32 = 16383;
-
-struct CqSlot<T: Transport> {
-    cq: T::Cq,
-    reserved: u32,
-}
-
-struct PollerShared<T: Transport> {
-    cqs: Mutex<Vec<CqSlot<T>>>,
-    generation: AtomicU64,
-    stop: AtomicBool,
-}
 
 struct Poller<T: Transport> {
     shared: Arc<PollerShared<T>>,
@@ -253,7 +141,7 @@ impl<T: Transport> Pollers<T> {
                 stop: AtomicBool::new(false),
             });
             let channel = match mode {
-                PollMode::Event { .. } => Some(pd.create_channel()?),
+                PollMode::Event { .. } | PollMode::Adaptive { .. } => Some(pd.create_channel()?),
                 PollMode::Busy => None,
             };
             let arbiter = Arbiter::new();
@@ -400,207 +288,16 @@ pub(crate) async fn abort_if_it_panics<F: std::future::Future>(
     fut.await
 }
 
-/// The polling loop of one poller thread. Completions go straight to their connections;
-/// every few passes it lets the arbiter run the actors' mailboxes on the same thread.
-async fn poll_task<T: Transport>(
-    shared: Arc<PollerShared<T>>,
-    channel: Option<T::Channel>,
-    mode: PollMode,
-) {
-    let fd = match &channel {
-        Some(ch) => match ch.waiter() {
-            Ok(fd) => Some(fd),
-            Err(e) => {
-                tracing::error!(error = %e, "registering the completion channel failed; spinning");
-                None
-            }
-        },
-        None => None,
-    };
-    let mut cqs: Vec<T::Cq> = Vec::new();
-    let mut seen = u64::MAX;
-    let mut wcs = Vec::with_capacity(crate::verbs::POLL_BATCH);
-    let mut last_activity = Instant::now();
-    let mut idle_passes = 0u32;
-    let mut since_yield = 0u32;
-    let wakes = WakeQueue::install();
-    let mut backlog = Backlog::default();
-    while !shared.stop.load(Ordering::Acquire) {
-        let generation = shared.generation.load(Ordering::Acquire);
-        if generation != seen {
-            seen = generation;
-            cqs = shared
-                .cqs
-                .lock()
-                .expect("poller lock")
-                .iter()
-                .map(|s| s.cq.clone())
-                .collect();
-        }
-        let mut found = wakes.deliver();
-        found += drain::<T>(&cqs, &mut wcs, &mut last_activity, &mut backlog);
-        end_pass();
-        if found > 0 {
-            idle_passes = 0;
-        } else {
-            idle_passes = idle_passes.wrapping_add(1);
-        }
-        // The clock is read every 64th idle pass only: a pass is a few microseconds, and
-        // reading the clock on each one was a visible share of a spinning poller's time.
-        // Without a spin window there is nothing to time: the first empty pass sleeps.
-        let sleep = match (mode, &fd, &channel) {
-            (PollMode::Event { spin }, Some(fd), Some(ch))
-                if (spin.is_zero() && idle_passes > 0)
-                    || (idle_passes % 64 == 63 && last_activity.elapsed() > spin) =>
-            {
-                Some((fd, ch))
-            }
-            _ => None,
-        };
-        let Some((fd, ch)) = sleep else {
-            since_yield += 1;
-            if since_yield >= PASSES_PER_TURN {
-                since_yield = 0;
-                LetOthersRun::default().await;
-            }
-            continue;
-        };
-        // Arm, then poll once more to catch completions that raced the arm, then sleep
-        // until the channel fires (or a short timeout, to notice new CQs and stop).
-        for cq in &cqs {
-            if let Err(e) = cq.req_notify(false) {
-                tracing::error!(error = %e, "arming a CQ failed");
-            }
-        }
-        found += drain::<T>(&cqs, &mut wcs, &mut last_activity, &mut backlog);
-        if found > 0 || !backlog.is_empty() {
-            continue;
-        }
-        // About to sleep: what this thread counted goes to the shared metrics now.
-        crate::metrics::flush_thread();
-        // Consumes the channel's events, so that it is not ready again until a CQ fires.
-        // A wake-up queued since this pass's delivery has rung the bell (its permit is
-        // kept if nobody waited yet), so it is not slept through.
-        tokio::select! {
-            waited = tokio::time::timeout(Duration::from_millis(50), ch.ready(fd)) => {
-                if let Ok(Err(e)) = waited {
-                    tracing::warn!(error = %e, "waiting on the completion channel failed");
-                }
-            }
-            () = wakes.rung() => {}
-        }
-        last_activity = Instant::now();
-    }
-}
-
-/// Polls `cqs` empty, routing completions; returns how many there were. Reads the
-/// clock once per batch that is not empty, and leaves the time of the last one in
-/// `polled_at`: the poller's spin window counts from it. Bulk work goes through
-/// `backlog` a step at a time, with every CQ polled again between steps, so that the
-/// small messages behind it, on any of this thread's CQs, do not wait for all of it (see
-/// `turns.rs`); it returns once all are empty, or after [`DRAIN_ROUNDS`] rounds, so that
-/// a flood that never lets the CQs empty cannot keep the thread's other tasks from
-/// their turn (the handlers' calls, the service actors living here).
-fn drain<T: Transport>(
-    cqs: &[T::Cq],
-    wcs: &mut Vec<WorkCompletion>,
-    polled_at: &mut Instant,
-    backlog: &mut Backlog,
-) -> usize {
-    let mut total = 0;
-    for _ in 0..DRAIN_ROUNDS {
-        let mut polled = 0;
-        for cq in cqs {
-            polled += poll_cq::<T>(cq, wcs, polled_at, backlog);
-        }
-        total += polled;
-        let now = *polled_at;
-        let stepped = backlog.step(|run, more| {
-            route(run, now, more && !T::POSTS_MOVE_BYTES);
-        });
-        if polled == 0 && !stepped {
-            break;
-        }
-    }
-    total
-}
-
-/// Polls `cq` empty (or [`POLLS_PER_ROUND`] batches of it), routing what goes at once and
-/// leaving bulk work in `backlog`.
-fn poll_cq<T: Transport>(
-    cq: &T::Cq,
-    wcs: &mut Vec<WorkCompletion>,
-    polled_at: &mut Instant,
-    backlog: &mut Backlog,
-) -> usize {
-    let mut total = 0;
-    for _ in 0..POLLS_PER_ROUND {
-        wcs.clear();
-        match cq.poll(wcs) {
-            Ok(0) => return total,
-            Ok(n) => {
-                total += n;
-                crate::metrics::cq_batch(wcs);
-                *polled_at = Instant::now();
-                let now = *polled_at;
-                backlog.admit(wcs, |run| {
-                    route(run, now, false);
-                });
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "ibv_poll_cq failed");
-                return total;
-            }
-        }
-    }
-    total
-}
-
-/// Hands each run of one connection's completions in this batch to that connection in
-/// one call (under light load the whole batch is one run), in CQ order. Returns how many
-/// completions had nowhere to go.
-///
-/// A completion whose QP has no registered connection is counted
-/// (`rdmactor_completions_unrouted_total`), logged and dropped. Connections register
-/// before their QP can complete anything, so it is one of: a flush that arrived after
-/// its connection released everything (the drain timer gave up on it, or the actor
-/// is already gone), or a completion of a QP this process never handed to a connection
-/// (a framework bug, which is why it is counted). Neither has anyone to tell; nothing
-/// else on the CQ is affected.
-fn route(wcs: &[WorkCompletion], now: Instant, hold_posts: bool) -> usize {
-    let mut unrouted = 0;
-    let mut rest = wcs;
-    while let Some(first) = rest.first() {
-        let run = rest
-            .iter()
-            .position(|wc| wc.qp_num != first.qp_num)
-            .unwrap_or(rest.len());
-        let (batch, tail) = rest.split_at(run);
-        match inbox(first.qp_num) {
-            Some(inbox) => inbox.completions(batch, now, hold_posts),
-            None => {
-                let dropped = return_orphans(batch);
-                unrouted += dropped;
-                if dropped > 0 {
-                    crate::metrics::completions_unrouted(dropped);
-                    tracing::debug!(
-                        qp = first.qp_num,
-                        n = dropped,
-                        first_status = ?first.status,
-                        "completions for a QP with no connection dropped"
-                    );
-                }
-            }
-        }
-        rest = tail;
-    }
-    unrouted
-}
-
 #[cfg(test)]
 mod tests {
+    use std::cell::RefCell;
+    use std::rc::{Rc, Weak};
+    use std::time::{Duration, Instant};
+
     use super::*;
+    use crate::runtime::turns::Backlog;
     use crate::runtime::turns::STEP_BYTES;
+    use crate::verbs::WorkCompletion;
     use crate::verbs::{WcOpcode, WcStatus};
 
     /// Records the wr_ids it is handed.
