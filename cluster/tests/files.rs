@@ -360,6 +360,39 @@ async fn a_dead_node_is_replaced_at_upload_and_skipped_at_fetch_and_other_bytes_
     );
 }
 
+/// A node that already holds the name with this upload's bytes (a server's repair
+/// copied the first replica there while the client was still trying a dead node, as on
+/// the wire) counts as a replica, and no bytes move to it; other bytes there are passed
+/// over for the next node.
+#[tokio::test]
+async fn an_upload_meeting_its_own_bytes_on_a_node_counts_them_and_other_bytes_are_passed_over() {
+    let Some(etcd) = Etcd::start() else { return };
+    let (_nodes, files) = cluster(&etcd).await;
+    let work = tempfile::tempdir().unwrap();
+    let order: Vec<String> = plan::replica_order("k.bin", &ids())
+        .into_iter()
+        .cloned()
+        .collect();
+    let (path, bytes) = local(work.path(), "k.bin", 3000, 5);
+    std::fs::write(files.transfer().store(&order[1]).join("k.bin"), &bytes).unwrap();
+    let record = files.put(&path, "k.bin").await.unwrap();
+    assert_eq!(record.nodes, [order[0].clone(), order[1].clone()]);
+    assert_eq!(
+        files.transfer().moved(&order[1]),
+        0,
+        "nothing moved to the holder"
+    );
+    // Other bytes under the name on the second choice: the third gets the copy.
+    let order: Vec<String> = plan::replica_order("m.bin", &ids())
+        .into_iter()
+        .cloned()
+        .collect();
+    let (path, _) = local(work.path(), "m.bin", 3000, 6);
+    std::fs::write(files.transfer().store(&order[1]).join("m.bin"), b"junk").unwrap();
+    let record = files.put(&path, "m.bin").await.unwrap();
+    assert_eq!(record.nodes, [order[0].clone(), order[2].clone()]);
+}
+
 #[tokio::test]
 async fn repair_copies_a_replica_once_its_node_is_gone_past_the_grace_period() {
     let Some(etcd) = Etcd::start() else { return };

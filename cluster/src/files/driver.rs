@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::catalog::{AddedCopy, Catalog, Created};
 use super::plan::{fallback_order, fetch_order, PlacementError, Repair, UploadPlan, Verified};
-use super::transfer::FileTransfer;
+use super::transfer::{FileTransfer, TransferError};
 use super::FileRecord;
 use crate::etcd::EtcdConfig;
 use crate::membership::Membership;
@@ -265,6 +265,10 @@ impl<T: FileTransfer> ClusterFiles<T> {
                 .addr;
             match self.transfer.upload(addr, path, name, how).await {
                 Ok(verified) => plan.handle_good(node, verified),
+                Err(TransferError::Exists) if !plan.good_nodes().is_empty() => {
+                    let held = self.transfer.stat(addr, name).await.ok();
+                    plan.handle_exists(node, held);
+                }
                 Err(reason) => {
                     tracing::info!(%name, %node, %reason, "cluster files: upload failed; trying the next node");
                     plan.handle_failed(node, reason.to_string());

@@ -139,6 +139,22 @@ impl UploadPlan {
         self.good.push((node, verified));
     }
 
+    /// `node` already holds a file of the name, and `held` is what it holds (`None`:
+    /// unknown). The same bytes another node verified for this upload are a replica of
+    /// it: a repair may have copied the first copy there while this client was still
+    /// trying a dead node (seen on the wire: "1 of 2 replicas verified (a); node c: a
+    /// file of that name exists"). Anything else is a failure, and the next node is
+    /// tried.
+    pub fn handle_exists(&mut self, node: String, held: Option<Verified>) {
+        match (held, self.good.first()) {
+            (Some(held), Some((_, ours))) if held == *ours => self.handle_good(node, held),
+            (Some(_), Some(_)) => {
+                self.handle_failed(node, "a file of that name exists, with other bytes".into())
+            }
+            _ => self.handle_failed(node, "a file of that name exists".into()),
+        }
+    }
+
     /// The upload to `node` failed (refused, BAD, lost connection) for `reason`.
     pub fn handle_failed(&mut self, node: String, reason: String) {
         self.failed.push((node, reason));
