@@ -5,6 +5,29 @@ use std::time::Duration;
 
 use rdmactor::runtime::{ConnectionConfig, NodeConfig, PollMode};
 
+/// How pollers wait for completions (`--poll-mode`); the spin is `--spin-us`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PollChoice {
+    /// Spin `--spin-us` after the last completion, then sleep (0: sleep at once).
+    Event,
+    /// Spin after the last completion while it pays and the host has a core to spare
+    /// (`--spin-us` at most), then sleep.
+    Adaptive,
+    /// Spin always: a core per poller.
+    Busy,
+}
+
+impl PollChoice {
+    /// The mode, with the default spin ([`Transport::apply`] sets `--spin-us`).
+    pub fn mode(self) -> PollMode {
+        match self {
+            PollChoice::Event => PollMode::EVENT,
+            PollChoice::Adaptive => PollMode::ADAPTIVE,
+            PollChoice::Busy => PollMode::Busy,
+        }
+    }
+}
+
 /// `--retry-count`, `--ack-timeout`, `--keepalive`, the handshake and idle timeouts,
 /// where framed connections' receives come from, how large messages are READ, and how
 /// long an event-mode poller spins.

@@ -12,9 +12,9 @@ use std::net::SocketAddr;
 use anyhow::{ensure, Context as _, Result};
 use clap::{Parser, Subcommand};
 use rdmactor::prelude::*;
-use rdmactor::runtime::PollMode;
 use rdmactor_examples::kv::{run_clients, Kv, KvLimits};
 use rdmactor_examples::kv_session::KvSessions;
+use rdmactor_examples::transport::{PollChoice, Transport};
 use rdmactor_examples::{logs, report};
 
 #[derive(Parser)]
@@ -69,43 +69,22 @@ enum Mode {
         /// Requests per connection, one after the other.
         #[arg(long, default_value_t = 10_000)]
         requests: usize,
-        /// How the server's and the clients' pollers wait: adaptive (the default), event
-        /// (a fixed spin of --spin-us), sleep (no spin) or busy.
-        #[arg(long, value_enum, default_value_t = Poll::Adaptive)]
-        poll: Poll,
-        /// The spin window in event mode, its longest in adaptive mode.
-        #[arg(long, default_value_t = 1000)]
-        spin_us: u64,
+        /// How the server's and the clients' pollers wait (with `--spin-us`; event with
+        /// `--spin-us 0` sleeps at once).
+        #[arg(long, value_enum, default_value_t = PollChoice::Event)]
+        poll_mode: PollChoice,
+        #[command(flatten)]
+        transport: Transport,
     },
 }
 
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
-enum Poll {
-    Adaptive,
-    Event,
-    Sleep,
-    Busy,
-}
-
-impl Poll {
-    fn mode(self, spin_us: u64) -> PollMode {
-        let spin = std::time::Duration::from_micros(spin_us);
-        match self {
-            Poll::Adaptive => PollMode::Adaptive { max_spin: spin },
-            Poll::Event => PollMode::Event { spin },
-            Poll::Sleep => PollMode::Event {
-                spin: std::time::Duration::ZERO,
-            },
-            Poll::Busy => PollMode::Busy,
-        }
-    }
-}
-
 /// `kv demo`: a `kv` server and `clients` connections over one loopback fabric.
-fn demo(clients: usize, requests: usize, poll: Poll, spin_us: u64) -> Result<()> {
+fn demo(clients: usize, requests: usize, poll: PollChoice, transport: &Transport) -> Result<()> {
     use rdmactor::transport::loopback::{Fabric, Loopback};
     let mut config = NodeConfig::default();
-    config.transport.poll_mode = poll.mode(spin_us);
+    config.transport.poll_mode = poll.mode();
+    let config = transport.apply(config);
+    let mode = config.transport.poll_mode;
     actix::System::new().block_on(async move {
         let fabric = Fabric::default();
         let at = SocketAddr::from(([10, 0, 0, 1], 7471));
@@ -126,7 +105,8 @@ fn demo(clients: usize, requests: usize, poll: Poll, spin_us: u64) -> Result<()>
         let n = round_trips.len();
         ensure!(n == clients * requests, "{n} answers checked");
         println!(
-            "kv demo: {n}/{n} answers verified, {clients} clients, poll {poll:?}, {:.0} ops/s",
+            "kv demo: {n}/{n} answers verified, {clients} clients, poll {:?}, {:.0} ops/s",
+            mode,
             n as f64 / took.as_secs_f64()
         );
         report::latency("kv-demo", 0, n, round_trips);
@@ -164,9 +144,9 @@ fn main() -> Result<()> {
         Mode::Demo {
             clients,
             requests,
-            poll,
-            spin_us,
-        } => demo(clients, requests, poll, spin_us),
+            poll_mode,
+            transport,
+        } => demo(clients, requests, poll_mode, &transport),
         Mode::Client {
             server,
             connections,

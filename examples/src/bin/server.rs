@@ -19,11 +19,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::{Context as _, Result};
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use rdmactor::memory::PoolConfig;
 use rdmactor::runtime::{
-    Client, ConnectionConfig, NodeConfig, OobOptions, OobPort, OobTransport, PollMode,
-    ReceiveConfig, Server, SharedRecvConfig, TransportConfig, DEFAULT_MAX_CONNECTIONS_PER_PEER,
+    Client, ConnectionConfig, NodeConfig, OobOptions, OobPort, OobTransport, ReceiveConfig, Server,
+    SharedRecvConfig, TransportConfig, DEFAULT_MAX_CONNECTIONS_PER_PEER,
 };
 use rdmactor::verbs::Mtu;
 use rdmactor_cluster::Load;
@@ -36,17 +36,6 @@ use rdmactor_services::lambda::{
 use rdmactor_services::pingpong::{PingPongService, StockConfig, StockPingPongService};
 use rdmactor_services::read::{ReadRegions, ReadService};
 use rdmactor_services::rping::Rping;
-
-#[derive(Clone, Copy, ValueEnum)]
-enum Mode {
-    /// Spin after the last completion while it pays and the host has a core to spare
-    /// (`--spin-us` at most), then sleep.
-    Adaptive,
-    /// Spin `--spin-us` after the last completion, then sleep.
-    Event,
-    /// Spin always: a core per poller.
-    Busy,
-}
 
 #[derive(Parser)]
 #[command(
@@ -84,8 +73,8 @@ struct Args {
     #[arg(long, default_value_t = 1)]
     pollers: usize,
     /// How pollers wait for completions.
-    #[arg(long, value_enum, default_value_t = Mode::Event)]
-    poll_mode: Mode,
+    #[arg(long, value_enum, default_value_t = transport::PollChoice::Event)]
+    poll_mode: transport::PollChoice,
     /// RDMA device (default: whichever rdma_cm routes to).
     #[arg(long)]
     device: Option<String>,
@@ -269,11 +258,7 @@ fn main() -> Result<()> {
         transport: TransportConfig {
             device: args.device.clone(),
             pollers: args.pollers,
-            poll_mode: match args.poll_mode {
-                Mode::Busy => PollMode::Busy,
-                Mode::Event => PollMode::EVENT,
-                Mode::Adaptive => PollMode::ADAPTIVE,
-            },
+            poll_mode: args.poll_mode.mode(),
             ..defaults.transport
         },
         pool: PoolConfig {
