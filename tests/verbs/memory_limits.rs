@@ -30,7 +30,9 @@ use rdmactor::runtime::{
 };
 use rdmactor::verbs::{Access, MemoryRegion, ProtectionDomain, RecvWr, SendOp, SendWr};
 use rdmactor_services::echo::Discard;
-use rdmactor_tests::{actix_run, eventually, first_close_reason, rdma_context, test_addr, Reasons};
+use rdmactor_tests::{
+    actix_run, eventually, first_close_reason, rdma_context, test_addr, Reasons, Recorded,
+};
 
 /// Answers every message with `reply_len` bytes (by rendezvous when large) and records
 /// why its connections close.
@@ -327,6 +329,9 @@ fn rendezvous_replies_never_released_are_reclaimed_at_the_deadline() {
 #[test]
 fn bulk_rendezvous_never_starves_new_connections() {
     let Some(_ctx) = rdma_context() else { return };
+    // The server's side of a failure: a client whose QP the server's close flushed
+    // reports only the flush.
+    let (discard, server_reasons) = Recorded::new(Discard);
     actix_run(async move {
         let server = Server::builder()
             .config(NodeConfig {
@@ -344,7 +349,7 @@ fn bulk_rendezvous_never_starves_new_connections() {
                 ..NodeConfig::default()
             })
             .listen(test_addr(), None)
-            .service("discard", Discard)
+            .service("discard", discard)
             .max_connections(1000)
             // Every client of this test shares one address.
             .max_connections_per_peer(0)
@@ -353,18 +358,24 @@ fn bulk_rendezvous_never_starves_new_connections() {
         let addr = server.local_addrs()[0];
         let client = rdmactor::runtime::Client::start(NodeConfig::default()).expect("client");
         let bulk = rdmactor_tests::connect_n(&client, addr, "discard", 16).await;
+        let server_reasons = &server_reasons;
         let sends = bulk.iter().enumerate().map(|(c, conn)| async move {
             let mut sent = 0u64;
             for round in 0..8 {
                 let batch = (0..8).map(|_| vec![c as u8; 1 << 20]).collect();
-                conn.send_all(batch)
-                    .await
-                    .unwrap_or_else(|e| panic!("connection {c} round {round}: {e}"));
+                conn.send_all(batch).await.unwrap_or_else(|e| {
+                    panic!(
+                        "connection {c} round {round}: {e}; the server closed: {:?}",
+                        server_reasons.lock().unwrap()
+                    )
+                });
                 sent += 8;
-                let count: u64 = conn
-                    .request_typed(&())
-                    .await
-                    .unwrap_or_else(|e| panic!("connection {c} barrier {round}: {e}"));
+                let count: u64 = conn.request_typed(&()).await.unwrap_or_else(|e| {
+                    panic!(
+                        "connection {c} barrier {round}: {e}; the server closed: {:?}",
+                        server_reasons.lock().unwrap()
+                    )
+                });
                 assert_eq!(count, sent);
             }
         });

@@ -561,10 +561,21 @@ impl CloseReason {
     }
     /// `PeerUnreachable` when `e` says the transport gave up retrying, else `Completion`;
     /// `what` describes the failure.
+    ///
+    /// A flush that is the first failure this side sees (it neither closed nor heard the
+    /// peer hang up, which `Connection::hung_up_reason` names instead) means the QP left
+    /// RTS with no failed request of its own: a responder error, for example the peer's
+    /// READ or WRITE refused by this side's rkey or bounds check, ends the QP without a
+    /// completion here. Said so, the reason points at the peer's side of the story.
     fn from_failed(e: &VerbsError, what: &dyn std::fmt::Display) -> CloseReason {
         match e.completion_status() {
             Some(WcStatus::RetryExceeded) => CloseReason::PeerUnreachable(format!(
                 "no ACK after the transport's retries ({what})"
+            )),
+            Some(WcStatus::WrFlushError) => CloseReason::Completion(format!(
+                "{what}: the QP entered the error state with no failed request of this \
+                 side's (the peer's one-sided access to this side's memory failed, or the \
+                 device reset the QP)"
             )),
             _ => CloseReason::Completion(what.to_string()),
         }
