@@ -60,6 +60,7 @@ pub enum KvRequest {
 /// What a `ClusterSession` may send again after a lost connection: a put or a get has
 /// the same effect twice; a delete does not answer the same (the second finds nothing
 /// and fails with `NotFound`), so the caller is told instead.
+#[cfg(feature = "cluster")]
 impl rdmactor_cluster::Idempotent for KvRequest {
     fn idempotency(&self) -> rdmactor_cluster::Idempotency {
         use rdmactor_cluster::Idempotency::{Idempotent, Once};

@@ -8,9 +8,9 @@
 //! - [`logs`]: logs to stderr with a default filter, so stdout carries only the lines
 //!   scripts and tests parse.
 //! - [`lambdas`]: the example lambda modules the binaries upload.
-//! - [`cluster`]: `--cluster` and `--etcd`, the way into a cluster of servers
-//!   registered in etcd, and `Dial`, where a client tool's connections go (`--addr`, or
-//!   nodes found in the registry).
+//! - `cluster` (with the `cluster` feature, on by default): `--cluster` and `--etcd`,
+//!   the way into a cluster of servers registered in etcd, and `Dial`, where a client
+//!   tool's connections go (`--addr`, or nodes found in the registry).
 //! - [`bench_native`]: the figures of `bench_native` (`scripts/bench --native`): rdmactor's
 //!   own cost over the loopback transport, each beside its floor.
 //! - [`prometheus`]: the Prometheus recorder of `server --metrics` and
@@ -27,7 +27,9 @@
 #![deny(missing_docs)]
 
 pub mod bench_native;
+#[cfg(feature = "cluster")]
 pub mod cluster;
+#[cfg(feature = "cluster")]
 pub mod files_args;
 pub mod identity;
 pub mod kv;

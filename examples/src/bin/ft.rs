@@ -23,6 +23,8 @@
 //! replace (its identity's, or its connection's own); with `--cluster`, every
 //! reachable replica and the record, the owner's alone (`DELETED NAME nodes=a,b`, and
 //! `LEFT NAME node=c: why` for a copy left on a node that was not reached).
+//! `--cluster` and `repair` come with the tools' `cluster` feature (on by default;
+//! `scripts/demo` builds `ft` without it).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -33,7 +35,9 @@ use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use rdmactor::runtime::{Client, ClientConnection, NodeConfig};
+#[cfg(feature = "cluster")]
 use rdmactor_cluster::files::{ClusterFiles, RdmaFiles, RepairPlanner, Staging};
+#[cfg(feature = "cluster")]
 use rdmactor_examples::cluster::{self, ClusterArgs};
 use rdmactor_examples::{logs, transport};
 use rdmactor_services::file_transfer::{
@@ -60,11 +64,15 @@ impl From<Hash> for HashAlg {
 #[command(about = "Send files to, or fetch files from, an rdmactor server's files service")]
 struct Args {
     /// Server address (or --cluster and --etcd).
-    #[arg(long, required_unless_present = "cluster")]
+    #[arg(long)]
+    #[cfg_attr(feature = "cluster", arg(required_unless_present = "cluster"))]
+    #[cfg_attr(not(feature = "cluster"), arg(required = true))]
     addr: Option<SocketAddr>,
+    #[cfg(feature = "cluster")]
     #[command(flatten)]
     cluster: ClusterArgs,
     /// With --cluster: replicas per file.
+    #[cfg(feature = "cluster")]
     #[arg(long, requires = "cluster", default_value_t = 2)]
     replicas: usize,
     /// Service name on the server.
@@ -115,6 +123,7 @@ enum Cmd {
     },
     /// With --cluster: copy files whose node has been gone longer than the grace
     /// period to another node, under each file's etcd lock.
+    #[cfg(feature = "cluster")]
     Repair {
         /// How long a node may be gone before its files are copied elsewhere.
         #[arg(long, default_value_t = 30)]
@@ -254,6 +263,7 @@ async fn run(args: Args) -> Result<bool> {
     let client = Client::start(args.transport.apply(NodeConfig::default()))
         .context("starting the client")?;
     let client = args.key.apply(client)?;
+    #[cfg(feature = "cluster")]
     if let Some((cluster, etcd)) = args.cluster.etcd()? {
         let files = ClusterFiles::new(RdmaFiles::new(&client), etcd, &cluster)?
             .with_replicas(args.replicas);
@@ -325,6 +335,7 @@ async fn run(args: Args) -> Result<bool> {
                 println!("{line}");
             }
         }
+        #[cfg(feature = "cluster")]
         Cmd::Repair { .. } => anyhow::bail!("repair needs --cluster"),
     }
     if let Some(c) = conn {
@@ -335,6 +346,7 @@ async fn run(args: Args) -> Result<bool> {
 }
 
 /// `--cluster`: each command through the cluster's files; true if every file was GOOD.
+#[cfg(feature = "cluster")]
 async fn run_cluster(files: &ClusterFiles<RdmaFiles<'_>>, cmd: &Cmd) -> Result<bool> {
     let mut all_good = true;
     match cmd {

@@ -58,7 +58,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _, Result};
 use clap::Parser;
 use rdmactor::runtime::{Client, Credential, NodeConfig};
+#[cfg(feature = "cluster")]
 use rdmactor_cluster::{pick, EtcdConfig, Membership};
+#[cfg(feature = "cluster")]
 use rdmactor_examples::cluster::ClusterArgs;
 use rdmactor_examples::{logs, transport};
 
@@ -105,10 +107,13 @@ struct Args {
     /// Only run the clients, against a `demo --serve` at this address (another host).
     /// The `files` step then fetches its upload back to compare it, since the store is
     /// not here to look at.
-    #[arg(long, value_name = "IP", conflicts_with = "cluster")]
+    #[arg(long, value_name = "IP")]
+    #[cfg_attr(feature = "cluster", arg(conflicts_with = "cluster"))]
     server: Option<IpAddr>,
     /// Only run the clients, against a node found in the cluster's registry (with
-    /// `--serve`: serve, and register there).
+    /// `--serve`: serve, and register there). With the tools' `cluster` feature (on by
+    /// default; `scripts/demo` builds the demo without it).
+    #[cfg(feature = "cluster")]
     #[command(flatten)]
     cluster: ClusterArgs,
     /// With `--server` or `--cluster`: the key file of the `demo-user` identity of the
@@ -163,14 +168,7 @@ async fn serve(args: &Args, config: NodeConfig, work: &Path) -> Result<()> {
 
 /// The clients' steps, against a server of our own or (`--server`) another host's.
 async fn demo(args: &Args, config: NodeConfig, work: &Path, started: Instant) -> Result<()> {
-    let found = match args.cluster.etcd()? {
-        Some((cluster, etcd)) => {
-            let addr = least_loaded(etcd, &cluster, "echo").await?;
-            println!("cluster: the registry lists {addr} as the least loaded node of echo");
-            Some(addr)
-        }
-        None => None,
-    };
+    let found = cluster_node(args).await?;
     let local = match (args.server, found) {
         (None, None) => {
             if args.key.is_some() {
@@ -262,7 +260,25 @@ async fn demo(args: &Args, config: NodeConfig, work: &Path, started: Instant) ->
     steps.verdict()
 }
 
+/// With `--cluster`: the node of the registry the clients' steps go to.
+#[cfg(feature = "cluster")]
+async fn cluster_node(args: &Args) -> Result<Option<SocketAddr>> {
+    let Some((cluster, etcd)) = args.cluster.etcd()? else {
+        return Ok(None);
+    };
+    let addr = least_loaded(etcd, &cluster, "echo").await?;
+    println!("cluster: the registry lists {addr} as the least loaded node of echo");
+    Ok(Some(addr))
+}
+
+/// Built without the `cluster` feature: no `--cluster`, so never a node of one.
+#[cfg(not(feature = "cluster"))]
+async fn cluster_node(_: &Args) -> Result<Option<SocketAddr>> {
+    Ok(None)
+}
+
 /// The address of the least loaded live node of `service` in the registry.
+#[cfg(feature = "cluster")]
 async fn least_loaded(etcd: EtcdConfig, cluster: &str, service: &str) -> Result<SocketAddr> {
     let members = Membership::watch(etcd, cluster, service)?;
     let listed = members
@@ -277,4 +293,17 @@ async fn least_loaded(etcd: EtcdConfig, cluster: &str, service: &str) -> Result<
         .first()
         .map(|n| n.record.addr);
     first.context("no live node")
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    /// clap checks how flags refer to each other (`conflicts_with = "cluster"`, ...)
+    /// only when a debug build parses them, and the flags differ with the `cluster`
+    /// feature: checked here for the features of this build.
+    #[test]
+    fn the_flags_refer_only_to_flags_that_exist() {
+        super::Args::command().debug_assert();
+    }
 }

@@ -15,6 +15,7 @@ use anyhow::{Context as _, Result};
 use rdmactor::runtime::{
     Credential, Identity, Keys, NodeConfig, RequestCx, RequestHandler, Server,
 };
+#[cfg(feature = "cluster")]
 use rdmactor_cluster::{Registrar, RegistrationConfig};
 use rdmactor_services::echo::Echo;
 use rdmactor_services::file_transfer::{Config as FilesConfig, FileTransfer};
@@ -30,6 +31,7 @@ use crate::Args;
 
 /// The services `demo --serve --cluster` registers (rping has a port of its own, which
 /// `demo --cluster` takes from `--rping-port`).
+#[cfg(feature = "cluster")]
 const DEMO_SERVICES: [&str; 5] = ["echo", "files", "read", "lambda", "ingest"];
 
 /// Every service the demo served before it authenticated, open to anonymous clients on
@@ -54,6 +56,7 @@ pub struct DemoServer {
     server: Server,
     updater: Updater,
     /// `demo --serve --cluster`: the server's registration in etcd.
+    #[cfg(feature = "cluster")]
     registrar: Option<Registrar>,
     /// Where the `files` service stores uploads.
     pub store: PathBuf,
@@ -132,6 +135,7 @@ impl DemoServer {
             );
         }
         let updater = Updater::start(live);
+        #[cfg(feature = "cluster")]
         let registrar = match args.cluster.etcd()? {
             Some((cluster, etcd)) if args.serve => {
                 let node = addr.to_string();
@@ -144,6 +148,7 @@ impl DemoServer {
         Ok(DemoServer {
             server,
             updater,
+            #[cfg(feature = "cluster")]
             registrar,
             store,
             user,
@@ -153,6 +158,7 @@ impl DemoServer {
     /// Shuts down (every connection closed, everything released) and says what was served.
     pub async fn stop(self) {
         // Out of the registry first (draining, then gone), so clients stop picking it.
+        #[cfg(feature = "cluster")]
         if let Some(registrar) = self.registrar {
             match registrar.withdraw().await {
                 Ok(()) => println!("cluster: withdrawn"),
