@@ -23,8 +23,7 @@
 //! replace (its identity's, or its connection's own); with `--cluster`, every
 //! reachable replica and the record, the owner's alone (`DELETED NAME nodes=a,b`, and
 //! `LEFT NAME node=c: why` for a copy left on a node that was not reached).
-//! `--cluster` and `repair` come with the tools' `cluster` feature (on by default;
-//! `scripts/demo` builds `ft` without it).
+//! `--cluster` and `repair` come with the tools' `cluster` feature (on by default).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

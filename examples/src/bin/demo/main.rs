@@ -112,7 +112,7 @@ struct Args {
     server: Option<IpAddr>,
     /// Only run the clients, against a node found in the cluster's registry (with
     /// `--serve`: serve, and register there). With the tools' `cluster` feature (on by
-    /// default; `scripts/demo` builds the demo without it).
+    /// default).
     #[cfg(feature = "cluster")]
     #[command(flatten)]
     cluster: ClusterArgs,
