@@ -316,6 +316,15 @@ fn one_sided_reads_succeed_with_the_peers_rkey_and_fail_with_a_forged_one() {
     p.run_until(|p| p.a.ops.len() == 2);
     let status = p.a.ops[1].1.as_ref().unwrap_err().completion_status();
     assert_eq!(status, Some(WcStatus::RemoteAccessError));
+    // The responder's QP went to the error state with no completion of its own: its
+    // first failure is a flush, and its close says that its peer's access failed.
+    p.b.send(7, b"after".to_vec());
+    p.run_until(|p| p.b.closed.is_some());
+    let reason = p.b.closed.as_ref().unwrap().to_string();
+    assert!(
+        reason.contains("WrFlushError") && reason.contains("no failed request of this side's"),
+        "{reason}"
+    );
 }
 
 /// The same sequences, many more of them (`cargo test -p rdmactor -- --ignored many`).
