@@ -6,14 +6,20 @@
 use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::etcd::{EtcdConfig, Members};
 use crate::record::{node_key, Load, NodeRecord};
 use crate::{Error, Result, METRIC_FAILURES, METRIC_REGISTERED};
 
-use super::{Command, RegistrationConfig, RegistrationState};
+use super::config::RegistrationConfig;
+use super::state::RegistrationState;
+
+/// What the [`Registrar`](super::Registrar) handle asks of its task.
+pub(super) enum Command {
+    Withdraw(oneshot::Sender<Result<()>>),
+}
 
 /// How a session with etcd ended without an error.
 enum Outcome {
