@@ -26,7 +26,7 @@ use lru::LruCache;
 use serde::{Deserialize, Serialize};
 use wasmtime::{InstancePre, ModuleExport};
 
-use super::invoke::Host;
+use super::limits::Host;
 use super::{LambdaError, Result};
 
 /// BLAKE3 hash of a module's bytes: the name a client uses to run a loaded module.
@@ -95,6 +95,13 @@ pub(crate) struct Compiled {
     /// machine code.
     pub cost: usize,
 }
+
+/// Exported linear memory, per the ABI.
+pub(super) const EXPORT_MEMORY: &str = "memory";
+/// Exported `alloc(len: i32) -> i32`, per the ABI.
+pub(super) const EXPORT_ALLOC: &str = "alloc";
+/// Exported `run(ptr: i32, len: i32) -> i64`, per the ABI.
+pub(super) const EXPORT_RUN: &str = "run";
 
 /// Where the ABI's exports are in a module (see [`Compiled::exports`]).
 #[derive(Clone)]

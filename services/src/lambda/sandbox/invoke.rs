@@ -5,9 +5,9 @@ use std::time::{Duration, Instant};
 
 use wasmtime::{Engine, Extern, Store, Trap, TypedFunc, UpdateDeadline};
 
-use super::cache::Compiled;
-use super::limits::GuestLimiter;
-use super::{LambdaError, Limits, Result, EXPORT_ALLOC, EXPORT_MEMORY, EXPORT_RUN};
+use super::cache::{Compiled, EXPORT_ALLOC, EXPORT_MEMORY, EXPORT_RUN};
+use super::limits::{GuestLimiter, Host};
+use super::{LambdaError, Limits, Result};
 
 /// Where one invocation's time went, for benchmarks (`examples/src/bin/lambda_bench.rs`): the
 /// sandbox's own costs (instantiation, copies) apart from the guest's code.
@@ -26,12 +26,6 @@ pub struct Phases {
     /// The whole of [`Sandbox::run`](super::Sandbox::run): the phases above plus the
     /// cache lookup, the worker slot and the epoch ticker's start.
     pub total: Duration,
-}
-
-/// What the store carries for the host: the limiter and whether the deadline passed.
-pub(super) struct Host {
-    limiter: GuestLimiter,
-    timed_out: bool,
 }
 
 /// Runs `compiled` on `input` within `limits`, on the calling thread; `deadline` is when

@@ -98,6 +98,14 @@ pub(super) const MAX_TABLE_ELEMENTS: usize = 100_000;
 /// Most tables a guest may define.
 pub(super) const MAX_TABLES_PER_MODULE: u32 = 4;
 
+/// What an invocation's store carries for the host: the limiter and whether the
+/// deadline passed. Defined here, below both the cache (whose compiled modules are
+/// instantiated with it) and the invocation (which fills it in).
+pub(super) struct Host {
+    pub(super) limiter: GuestLimiter,
+    pub(super) timed_out: bool,
+}
+
 /// The store's resource limiter for one invocation. A refused growth traps at once (a
 /// memory bomb ends at its first growth past the limit instead of spinning on `-1`
 /// until its fuel runs out), and the refusal is recorded so that the trap is reported

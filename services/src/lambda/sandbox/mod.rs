@@ -30,16 +30,10 @@ pub use error::{LambdaError, Result};
 pub use invoke::Phases;
 pub use limits::{Limits, SandboxConfig};
 
-use cache::AbiExports;
+use cache::{AbiExports, EXPORT_ALLOC, EXPORT_MEMORY, EXPORT_RUN};
 pub(crate) use cache::{ClientId, Compiled, ModuleCache, Quota};
 use clock::EpochTicker;
 
-/// Exported linear memory, per the ABI.
-const EXPORT_MEMORY: &str = "memory";
-/// Exported `alloc(len: i32) -> i32`, per the ABI.
-const EXPORT_ALLOC: &str = "alloc";
-/// Exported `run(ptr: i32, len: i32) -> i64`, per the ABI.
-const EXPORT_RUN: &str = "run";
 /// Size of a Wasm memory page.
 const WASM_PAGE_BYTES: u64 = 64 << 10;
 /// Stack a guest may use, in bytes. Deeper recursion traps (stack overflow) long
