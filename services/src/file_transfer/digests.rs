@@ -35,43 +35,11 @@
 //! a remount. One hash per file per restart is a small price for none of that.
 
 use std::collections::HashMap;
-use std::fs::Metadata;
-use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
+use super::file_key::FileKey;
 use super::wire::{Digest, HashAlg};
-
-/// The identity and state of a file as `fstat` sees it: what must be unchanged for a
-/// remembered digest to describe the file's bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct FileKey {
-    /// `st_dev`.
-    pub dev: u64,
-    /// `st_ino`.
-    pub ino: u64,
-    /// `st_size`.
-    pub len: u64,
-    /// `st_mtime` in nanoseconds since the epoch.
-    pub mtime_ns: i128,
-    /// `st_ctime` in nanoseconds since the epoch.
-    pub ctime_ns: i128,
-}
-
-impl FileKey {
-    /// The key of the file `meta` describes (take it with `File::metadata`, on the
-    /// open file, not by path: the name may point elsewhere by then).
-    pub fn of(meta: &Metadata) -> FileKey {
-        let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
-        FileKey {
-            dev: meta.dev(),
-            ino: meta.ino(),
-            len: meta.size(),
-            mtime_ns: ns(meta.mtime(), meta.mtime_nsec()),
-            ctime_ns: ns(meta.ctime(), meta.ctime_nsec()),
-        }
-    }
-}
 
 /// What the store did so far (see [`DigestCache::stats`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

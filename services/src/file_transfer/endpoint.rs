@@ -6,8 +6,9 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use super::digests::{DigestCache, FileKey};
+use super::digests::DigestCache;
 use super::error::{Result, TransferError};
+use super::file_key::FileKey;
 use super::quota::PreparationLimit;
 use super::sender::{hashed, open_fetched, unavailable, Sender};
 use super::store::{StoreError, TempFile};

@@ -28,9 +28,10 @@ use rdmactor::runtime::{
 use rdmactor::transport::Transport;
 
 use super::config::Config;
-use super::digests::{DigestCache, DigestStats, FileKey};
+use super::digests::{DigestCache, DigestStats};
 use super::endpoint::{ChunkWrite, Endpoint, Output};
 use super::error::{Result, TransferError};
+use super::file_key::FileKey;
 use super::owner::{Admission, Admit, QuotaOwner};
 use super::quota::PreparationLimit;
 use super::receiver::Consumed;

@@ -23,7 +23,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::digests::FileKey;
+use super::file_key::FileKey;
 use super::name::{validate_name, NameError, MAX_NAME_LEN, TEMP_MARKER};
 
 /// How often [`TempFile::create`] retries when a random name is taken.

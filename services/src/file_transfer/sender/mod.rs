@@ -53,7 +53,7 @@ pub struct Sender {
     /// Why this sender aborted (while [`State::Aborting`]).
     aborting: Option<RejectReason>,
     /// See [`Sender::fetched_key`].
-    fetched_key: Option<super::digests::FileKey>,
+    fetched_key: Option<super::file_key::FileKey>,
 }
 
 impl std::fmt::Debug for Sender {
@@ -152,14 +152,14 @@ impl Sender {
 
     /// Remembers where the offered digest came from, so that the service can forget
     /// it if the receiver finds it wrong ([`fetched_key`](Self::fetched_key)).
-    pub(crate) fn with_fetched_key(mut self, key: super::digests::FileKey) -> Sender {
+    pub(crate) fn with_fetched_key(mut self, key: super::file_key::FileKey) -> Sender {
         self.fetched_key = Some(key);
         self
     }
 
     /// The key, in the service's digest store, of the file this sender serves (set
     /// for fetches served by a `FileTransfer`).
-    pub fn fetched_key(&self) -> Option<&super::digests::FileKey> {
+    pub fn fetched_key(&self) -> Option<&super::file_key::FileKey> {
         self.fetched_key.as_ref()
     }
 
