@@ -7,9 +7,8 @@ use std::sync::{mpsc, Arc};
 
 use actix::{Addr, Recipient};
 use rdmactor::runtime::{
-    AskError, Asked, Blocking, BlockingError, BufId, ChunkRoom, ChunkWaiter, CloseReason, Driver,
-    Flow, Held, Incoming, MachineCx, Op, ServiceChunks, SessionCx, SessionError, SessionWaker,
-    StateMachine,
+    AskError, Asked, Blocking, BlockingError, BufId, ChunkRoom, CloseReason, Driver, Flow, Held,
+    Incoming, MachineCx, Op, ServiceChunks, SessionCx, SessionError, SessionWaker, StateMachine,
 };
 use rdmactor::transport::Transport;
 use rdmactor::verbs::Access;
@@ -22,7 +21,7 @@ use super::sandbox::{Compiled, LambdaError, ModuleHash, Sandbox};
 use super::wire::LambdaRequest;
 
 mod reads;
-use reads::{HeldRead, READ_ROOM};
+use reads::{HeldRead, ReadRoom, READ_ROOM};
 
 /// What a posted READ or WRITE was for.
 pub(super) enum PendingOp {
@@ -73,12 +72,9 @@ pub(super) struct LambdaSession {
     max_jobs: usize,
     done_tx: mpsc::Sender<(usize, Finished)>,
     done_rx: mpsc::Receiver<(usize, Finished)>,
-    /// The service's bound on input READs in flight, across its connections.
-    reads: Arc<ServiceChunks>,
-    /// This connection in that bound's line (set with its first READ).
-    waiter: Option<ChunkWaiter>,
-    /// The READ that found no room: the machine is paused behind it until a grant.
-    held_read: Option<HeldRead>,
+    /// This connection's place in the service's bound on input READs in flight, and
+    /// the READ that found no room (the machine is paused behind it until a grant).
+    reads: ReadRoom,
 }
 
 /// A request to the service's owner, and what the session goes on with once answered.
@@ -150,9 +146,7 @@ impl LambdaSession {
             max_jobs,
             done_tx,
             done_rx,
-            reads,
-            waiter: None,
-            held_read: None,
+            reads: ReadRoom::new(reads),
         }
     }
 
@@ -161,6 +155,47 @@ impl LambdaSession {
     fn buffer<T: Transport>(cx: &mut SessionCx<'_, T>, len: usize) -> Result<BufId, SessionError> {
         cx.alloc(len)
             .or_else(|_| cx.register(len, Access::LOCAL_WRITE))
+    }
+
+    /// Posts `read` if the service has room for one more READ in flight (see
+    /// [`ReadRoom::admit`]); else returns `Flow::Pause` until room is granted.
+    fn post_read<T: Transport>(
+        &mut self,
+        cx: &mut MachineCx<'_, '_, Self, T>,
+        read: HeldRead,
+    ) -> Result<Flow, SessionError> {
+        let job = read.job;
+        let Some((read, room)) = self.reads.admit(|| cx.conn.waker(), read) else {
+            tracing::trace!(client = self.client.id.0, job, "READ waits for room");
+            return Ok(Flow::Pause);
+        };
+        let HeldRead {
+            offset, src, len, ..
+        } = read;
+        // At the pool's cap this one request fails, not the connection.
+        let buf = match Self::buffer(cx.conn, len) {
+            Ok(buf) => buf,
+            Err(e) => {
+                tracing::warn!(error = %e, len, "no buffer for a lambda's input chunk");
+                cx.machine.input_refused(job, &e.to_string());
+                return Ok(Flow::Continue);
+            }
+        };
+        let op = Op::Read {
+            buf,
+            range: 0..len,
+            src,
+        };
+        let pending = PendingOp::Read {
+            job,
+            buf,
+            offset,
+            len,
+            _room: room,
+        };
+        cx.post(op, pending)?;
+        tracing::trace!(client = self.client.id.0, job, offset, len, "READ posted");
+        Ok(Flow::Continue)
     }
 
     /// Feeds the machine the jobs that finished and the owner's answers that came, at
@@ -399,17 +434,9 @@ impl<T: Transport> Driver<T> for LambdaSession {
         token: u64,
     ) -> Result<(), SessionError> {
         if token == READ_ROOM {
-            match self.held_read.take() {
-                Some(read) => {
-                    if self.post_read(cx, read)? == Flow::Continue {
-                        cx.resume();
-                    }
-                }
-                // Nothing left to read (its job failed meanwhile): the room goes on.
-                None => {
-                    if let Some(waiter) = &self.waiter {
-                        self.reads.return_grants(waiter);
-                    }
+            if let Some(read) = self.reads.granted() {
+                if self.post_read(cx, read)? == Flow::Continue {
+                    cx.resume();
                 }
             }
         }
@@ -417,11 +444,7 @@ impl<T: Transport> Driver<T> for LambdaSession {
     }
 
     fn on_close(&mut self, _machine: Invocations, _reason: &CloseReason) {
-        // Rooms granted to us and not used go to the next connection in line.
-        if let Some(waiter) = &self.waiter {
-            waiter.leave();
-            self.reads.return_grants(waiter);
-        }
+        self.reads.leave();
     }
 
     fn on_op(

@@ -2,11 +2,10 @@
 //! it: a READ that finds no room is held, with the machine paused behind it, until a
 //! completing READ of any connection of the service grants it room.
 
-use rdmactor::runtime::{ChunkWaiter, Flow, MachineCx, Op, SessionError};
-use rdmactor::transport::Transport;
-use rdmactor::verbs::RemoteRegion;
+use std::sync::Arc;
 
-use super::{LambdaSession, PendingOp};
+use rdmactor::runtime::{ChunkRoom, ChunkWaiter, ServiceChunks, SessionWaker};
+use rdmactor::verbs::RemoteRegion;
 
 /// The wake-up token of a grant of room for a READ (job tokens are slab keys, far
 /// below it).
@@ -28,61 +27,65 @@ pub(super) struct HeldRead {
     pub(super) len: usize,
 }
 
-impl LambdaSession {
-    /// Posts `read` if the service has room for one more READ in flight (or it is a
-    /// job's first and small: [`SMALL_READ`]); else keeps it and returns `Flow::Pause` (the machine
-    /// waits behind it, keeping its order) until a completing READ of any connection
-    /// grants this one room.
-    pub(super) fn post_read<T: Transport>(
+/// One session's place in the service's READ bound: its waiter in the line (made with
+/// its first READ) and the one READ it holds back while the line has no room for it.
+pub(super) struct ReadRoom {
+    reads: Arc<ServiceChunks>,
+    waiter: Option<ChunkWaiter>,
+    held: Option<HeldRead>,
+}
+
+impl ReadRoom {
+    pub(super) fn new(reads: Arc<ServiceChunks>) -> ReadRoom {
+        ReadRoom {
+            reads,
+            waiter: None,
+            held: None,
+        }
+    }
+
+    /// `read` with the room it may be posted in (none for a job's first small READ:
+    /// [`SMALL_READ`]), or `None` when the service has no room: the READ is then kept
+    /// until a completing READ of any connection grants this session room, which wakes
+    /// it with [`READ_ROOM`]. The caller pauses its machine behind it, keeping its order.
+    pub(super) fn admit(
         &mut self,
-        cx: &mut MachineCx<'_, '_, Self, T>,
+        waker: impl FnOnce() -> SessionWaker,
         read: HeldRead,
-    ) -> Result<Flow, SessionError> {
+    ) -> Option<(HeldRead, Option<ChunkRoom>)> {
         let waiter = self
             .waiter
-            .get_or_insert_with(|| ChunkWaiter::new(cx.conn.waker(), READ_ROOM));
-        let room = if read.offset == 0 && read.len <= SMALL_READ {
-            None
-        } else if let Some(room) = self.reads.take(waiter) {
-            Some(room)
-        } else {
-            tracing::trace!(
-                client = self.client.id.0,
-                job = read.job,
-                "READ waits for room"
-            );
-            self.held_read = Some(read);
-            return Ok(Flow::Pause);
-        };
-        let HeldRead {
-            job,
-            offset,
-            src,
-            len,
-        } = read;
-        // At the pool's cap this one request fails, not the connection.
-        let buf = match Self::buffer(cx.conn, len) {
-            Ok(buf) => buf,
-            Err(e) => {
-                tracing::warn!(error = %e, len, "no buffer for a lambda's input chunk");
-                cx.machine.input_refused(job, &e.to_string());
-                return Ok(Flow::Continue);
+            .get_or_insert_with(|| ChunkWaiter::new(waker(), READ_ROOM));
+        if read.offset == 0 && read.len <= SMALL_READ {
+            return Some((read, None));
+        }
+        match self.reads.take(waiter) {
+            Some(room) => Some((read, Some(room))),
+            None => {
+                self.held = Some(read);
+                None
             }
-        };
-        let op = Op::Read {
-            buf,
-            range: 0..len,
-            src,
-        };
-        let pending = PendingOp::Read {
-            job,
-            buf,
-            offset,
-            len,
-            _room: room,
-        };
-        cx.post(op, pending)?;
-        tracing::trace!(client = self.client.id.0, job, offset, len, "READ posted");
-        Ok(Flow::Continue)
+        }
+    }
+
+    /// The READ held back, now that room was granted; `None` when there is none (its job
+    /// failed meanwhile), and the room goes on to the next connection in line.
+    pub(super) fn granted(&mut self) -> Option<HeldRead> {
+        let held = self.held.take();
+        if held.is_none() {
+            if let Some(waiter) = &self.waiter {
+                self.reads.return_grants(waiter);
+            }
+        }
+        held
+    }
+
+    /// Leaves the line for good (the session closes): rooms granted and not used go to
+    /// the next connection in line.
+    pub(super) fn leave(&self) {
+        if let Some(waiter) = &self.waiter {
+            waiter.leave();
+            self.reads.return_grants(waiter);
+        }
     }
 }
