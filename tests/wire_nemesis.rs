@@ -30,7 +30,10 @@
 //! Run: `RDMACTOR_NEMESIS_SEED=N RDMACTOR_NEMESIS_SECS=240 scripts/wire --hosts 4
 //! --driver scripts/lib/run-test-binaries <file naming this test binary> --nocapture`
 //! (docs/testing.md, "The nemesis"). Without the seed one is drawn and printed; the
-//! schedule is a function of the seed alone, so a failing one replays. Without a wire of
+//! schedule is a function of the seed alone, so a failing one replays.
+//! `RDMACTOR_NEMESIS_PRELOAD=N` uploads N files before the first fault, so that every
+//! wiped store and every host down holds repair at scale (N = 180 leaves about 120
+//! copies to make after a wipe) rather than the few the paced load has reached. Without a wire of
 //! four hosts the test skips. Not part of `scripts/test`: it takes 15 minutes or more.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -304,6 +307,58 @@ fn load(wire: &Wire, seed: u64, next: &AtomicUsize, stop: &AtomicBool, ledger: &
             }
         }
     }
+}
+
+/// Uploads `count` of the load's files before the schedule, in batches of 30 (one `ft
+/// send` each, no fetches between), and prints how many copies each server then holds:
+/// what a wipe of it or its death leaves repair to make.
+fn preload_files(wire: &Wire, seed: u64, count: usize, next: &AtomicUsize, ledger: &Mutex<Ledger>) {
+    let started = Instant::now();
+    let ft = ft_cluster(Some(&key_file("alice")), &all_urls());
+    let mut left = count;
+    while left > 0 {
+        let n = left.min(30);
+        let first = next.fetch_add(n, Ordering::SeqCst);
+        let files: Vec<(String, usize)> = (first..first + n).map(|i| load_file(seed, i)).collect();
+        let job = sh(
+            wire,
+            Host::D,
+            &upload_script(&files, &ft),
+            Duration::from_secs(1200),
+        );
+        let (acked, failed) = parse_uploads(&job.stdout);
+        let mut l = ledger.lock().unwrap();
+        l.unanswered += n.saturating_sub(acked.len() + failed.len());
+        l.acked.extend(acked);
+        l.failed.extend(failed);
+        left -= n;
+    }
+    let records = catalog(wire, &all_urls());
+    let per_node: BTreeMap<&str, usize> = SERVERS
+        .iter()
+        .map(|h| {
+            let held = records
+                .values()
+                .filter(|r| r.nodes.iter().any(|n| n == h.name()))
+                .count();
+            (h.name(), held)
+        })
+        .collect();
+    let l = ledger.lock().unwrap();
+    println!(
+        "preload: {count} files in {}: {} acknowledged, {} refused or failed; records per \
+         node {per_node:?}",
+        secs(started.elapsed()),
+        l.acked.len(),
+        l.failed.len()
+    );
+    // No fault is injected yet: every file must be acknowledged.
+    assert!(
+        l.acked.len() == count,
+        "the preload acknowledged {} of {count} files on a healthy cluster: {:?}",
+        l.acked.len(),
+        l.failed
+    );
 }
 
 /// SHA-256s of store files, kept while their size and modification time stay.
@@ -592,19 +647,37 @@ fn acknowledged_files_survive_a_seeded_schedule_of_faults() {
             .unwrap_or(240),
     );
     let steps = schedule(seed, budget);
+    let preload: usize = std::env::var("RDMACTOR_NEMESIS_PRELOAD")
+        .ok()
+        .map(|s| {
+            s.parse()
+                .expect("RDMACTOR_NEMESIS_PRELOAD: a count of files")
+        })
+        .unwrap_or(0);
     println!(
-        "NEMESIS seed={seed} (replay: RDMACTOR_NEMESIS_SEED={seed} RDMACTOR_NEMESIS_SECS={})",
+        "NEMESIS seed={seed} (replay: RDMACTOR_NEMESIS_SEED={seed} RDMACTOR_NEMESIS_SECS={} \
+         RDMACTOR_NEMESIS_PRELOAD={preload})",
         budget.as_secs()
     );
     for (i, step) in steps.iter().enumerate() {
         println!("schedule {:>2}: {}", i + 1, describe(step));
     }
+    let preload: usize = std::env::var("RDMACTOR_NEMESIS_PRELOAD")
+        .ok()
+        .map(|s| {
+            s.parse()
+                .expect("RDMACTOR_NEMESIS_PRELOAD: a count of files")
+        })
+        .unwrap_or(0);
     let t0 = Instant::now();
     let authorized = make_keys();
     let mut cluster = Cluster::start(&wire, "nemesis", setup(&authorized));
     let next = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
     let ledger = Mutex::new(Ledger::default());
+    if preload > 0 {
+        preload_files(&wire, seed, preload, &next, &ledger);
+    }
     let mut hashes = Hashes::default();
     let mut done: Vec<Injected> = Vec::new();
     let mut last_heal = Instant::now();
@@ -702,6 +775,33 @@ fn acknowledged_files_survive_a_seeded_schedule_of_faults() {
                 .count()
         })
         .sum();
+
+    // How long the servers' rounds took (scrub, repair, clean-up), by kind: the longest
+    // and the sum, over every server.
+    let mut rounds: BTreeMap<String, (usize, f64, f64)> = BTreeMap::new();
+    for h in SERVERS {
+        let Some(job) = cluster.servers.get(&h) else {
+            continue;
+        };
+        for line in wire.stdout_so_far(h, job).lines() {
+            let Some(rest) = line.split("cluster: ROUND ").nth(1) else {
+                continue;
+            };
+            let kind = rest.split_whitespace().next().unwrap_or("?").to_owned();
+            let secs: f64 = rest
+                .split("secs=")
+                .nth(1)
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0.0);
+            let e = rounds.entry(kind).or_default();
+            e.0 += 1;
+            e.1 = e.1.max(secs);
+            e.2 += secs;
+        }
+    }
+    for (kind, (n, longest, sum)) in &rounds {
+        println!("rounds of {kind}: {n}, the longest {longest:.1} s, {sum:.0} s in all");
+    }
 
     // --- The summary. -----------------------------------------------------------------
     let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();

@@ -245,27 +245,56 @@ impl ServerClusterArgs {
                 .with_replicas(self.replicas)
         });
         println!("cluster: repairing onto node {node} the files gone from a node for {grace} s");
+        // Each round that did something, or took long, says how long: where a wiped
+        // store's repair spends its time.
+        let took = |started: Instant| started.elapsed().as_secs_f64();
         loop {
-            match files.scrub(&mut planner, Instant::now()).await {
+            let started = Instant::now();
+            match files.scrub(&mut planner, started).await {
                 Ok(report) => {
                     for (name, node, why) in &report.lost {
                         println!("cluster: LOST {name} node={node}: {why}");
                     }
+                    if report.asked > 0 {
+                        println!(
+                            "cluster: ROUND scrub asked={} lost={} unanswered={} secs={:.1}",
+                            report.asked,
+                            report.lost.len(),
+                            report.unanswered.len(),
+                            took(started)
+                        );
+                    }
                 }
                 Err(e) => tracing::warn!(%e, "cluster: a scrub round failed; trying again"),
             }
-            match files.repair(&mut planner, Instant::now(), staging).await {
-                Ok(report) => print_repairs("cluster: ", &report),
+            let started = Instant::now();
+            match files.repair(&mut planner, started, staging).await {
+                Ok(report) => {
+                    print_repairs("cluster: ", &report);
+                    if !report.done.is_empty() || !report.failed.is_empty() {
+                        println!(
+                            "cluster: ROUND repair made={} failed={} secs={:.1}",
+                            report.done.len(),
+                            report.failed.len(),
+                            took(started)
+                        );
+                    }
+                }
                 Err(e) => tracing::warn!(%e, "cluster: a repair round failed; trying again"),
             }
             if let Some(collector) = collector.as_mut() {
-                match files
-                    .clean_up(collector, Instant::now(), &node, store)
-                    .await
-                {
+                let started = Instant::now();
+                match files.clean_up(collector, started, &node, store).await {
                     Ok(report) => {
                         for name in &report.removed {
                             println!("cluster: REMOVED {name}: no record lists it here");
+                        }
+                        if !report.removed.is_empty() || took(started) > 5.0 {
+                            println!(
+                                "cluster: ROUND clean-up removed={} secs={:.1}",
+                                report.removed.len(),
+                                took(started)
+                            );
                         }
                     }
                     Err(e) => tracing::warn!(%e, "cluster: a clean-up round failed"),

@@ -366,6 +366,15 @@ impl Drop for Cluster<'_> {
         if std::thread::panicking() {
             for h in SERVERS {
                 eprintln!("--- server on {h:?}, stderr:\n{}", self.server_log(h));
+                // Its rounds of repair (scrub, repair, clean-up: how long each took).
+                if let Some(job) = self.servers.get(&h) {
+                    let out = self.wire.stdout_so_far(h, job);
+                    let rounds: Vec<&str> = out
+                        .lines()
+                        .filter(|l| l.contains("cluster: ROUND"))
+                        .collect();
+                    eprintln!("--- server on {h:?}, rounds:\n{}", rounds.join("\n"));
+                }
             }
         }
         for (h, job) in self.servers.iter().chain(self.etcd.iter()) {

@@ -308,6 +308,29 @@ fn files_put_with_two_replicas_survive_a_killed_server_and_repair_restores_two()
         let again = cluster.put(&src.join("file-0.bin"), "file-0.bin").await;
         assert!(again.is_err(), "a name is created once");
 
+        // A scrub's questions: each node asked about every file (and a name nobody
+        // holds, between them) on one connection, the answers in order: the recorded
+        // digest where the record names the node, `NotFound` elsewhere.
+        let mut asked: Vec<String> = files.iter().map(|(n, _)| n.clone()).collect();
+        asked.insert(2, "nobody-holds-this.bin".to_owned());
+        for (node, (_, addr, _, _)) in &servers {
+            let answers = RdmaFiles::new(&client).stat_many(*addr, &asked).await;
+            assert_eq!(answers.len(), asked.len());
+            for (name, answer) in asked.iter().zip(answers) {
+                match (records.get(name), answer) {
+                    (Some(r), Ok(held)) if r.nodes.iter().any(|n| n == node) => {
+                        assert_eq!(held.digest, r.digest, "{name} on {node}");
+                    }
+                    (Some(r), Err(TransferError::NotFound))
+                        if !r.nodes.iter().any(|n| n == node) => {}
+                    (None, Err(TransferError::NotFound)) => {}
+                    (record, answer) => {
+                        panic!("stat of {name} on {node}: {answer:?}, record {record:?}")
+                    }
+                }
+            }
+        }
+
         // SIGKILL the node holding the most replicas.
         let victim = ["a", "b", "c", "d"]
             .into_iter()

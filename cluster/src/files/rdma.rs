@@ -117,6 +117,46 @@ impl FileTransfer for RdmaFiles<'_> {
         conn.close().await;
         result
     }
+
+    /// One connection for all of `names`: the service answers one question after
+    /// another on it. A question that ends the connection (an error, not a refusal such
+    /// as `NotFound`) gets its answer, and the next one a new connection.
+    async fn stat_many(
+        &self,
+        addr: SocketAddr,
+        names: &[String],
+    ) -> Vec<Result<Verified, TransferError>> {
+        let mut answers = Vec::with_capacity(names.len());
+        let mut conn: Option<ClientConnection> = None;
+        for name in names {
+            let open = match conn.take() {
+                Some(open) => open,
+                None => match self.connect(addr).await {
+                    Ok(open) => open,
+                    Err(e) => {
+                        answers.push(Err(e));
+                        continue;
+                    }
+                },
+            };
+            match stat_file(&open, name, HashAlg::Sha256).await {
+                Ok(Outcome::Held { len, digest }) => {
+                    answers.push(Ok(verified(len, &digest)));
+                    conn = Some(open);
+                }
+                Ok(refused @ Outcome::Rejected(_)) => {
+                    answers.push(Err(failure(Ok::<_, String>(refused))));
+                    conn = Some(open);
+                }
+                // `stat_file` closed it (see `finish`).
+                other => answers.push(Err(failure(other))),
+            }
+        }
+        if let Some(open) = conn {
+            open.close().await;
+        }
+        answers
+    }
 }
 
 fn verified(len: u64, digest: &Digest) -> Verified {

@@ -1,10 +1,14 @@
 //! Scrub rounds: the listed replicas [`RepairPlanner::poll_scrubs`] names are asked
 //! what they hold (the files service's `Stat`: a message, and a read of the file on the
-//! node unless it knows its digest), and the answers go back to the planner, whose next
+//! node unless it knows its digest; each node's questions on one connection, the nodes
+//! at once), and the answers go back to the planner, whose next
 //! [`poll_repairs`](RepairPlanner::poll_repairs) replaces the nodes found without the
 //! recorded bytes.
 
+use std::net::SocketAddr;
 use std::time::Instant;
+
+use futures::future::join_all;
 
 use super::{holds, other_bytes, ClusterFiles, FilesError};
 use crate::files::plan::{Found, RepairPlanner};
@@ -37,30 +41,45 @@ impl<T: FileTransfer> ClusterFiles<T> {
     ) -> Result<ScrubReport, FilesError> {
         let (live, files) = self.round(planner).await?;
         let mut report = ScrubReport::default();
+        // The questions by node: each node answers its batch on one connection, and
+        // the nodes answer at the same time.
+        let mut batches: Vec<(String, SocketAddr, Vec<String>)> = Vec::new();
         for scrub in planner.poll_scrubs(now, &files) {
-            let Some((_, record)) = files.iter().find(|(n, _)| *n == scrub.name) else {
-                continue;
-            };
             for node in scrub.nodes {
                 let Some(info) = live.iter().find(|n| n.node == node) else {
                     continue;
                 };
+                match batches.iter_mut().find(|(n, ..)| *n == node) {
+                    Some((_, _, names)) => names.push(scrub.name.clone()),
+                    None => batches.push((node, info.record.addr, vec![scrub.name.clone()])),
+                }
+            }
+        }
+        let answers = join_all(
+            batches
+                .iter()
+                .map(|(_, addr, names)| self.transfer.stat_many(*addr, names)),
+        )
+        .await;
+        for ((node, _, names), answers) in batches.into_iter().zip(answers) {
+            for (name, answer) in names.into_iter().zip(answers) {
+                let Some((_, record)) = files.iter().find(|(n, _)| *n == name) else {
+                    continue;
+                };
                 report.asked += 1;
-                let (found, why) = match self.transfer.stat(info.record.addr, &scrub.name).await {
+                let (found, why) = match answer {
                     Ok(held) if holds(record, &held) => (Found::Recorded, String::new()),
                     Ok(held) => (Found::OtherBytes, other_bytes(&held, record)),
                     Err(TransferError::NotFound) => (Found::Missing, "no such file".to_owned()),
                     Err(e) => {
-                        report
-                            .unanswered
-                            .push((scrub.name.clone(), node, e.to_string()));
+                        report.unanswered.push((name, node.clone(), e.to_string()));
                         continue;
                     }
                 };
-                planner.handle_scrubbed(&scrub.name, &node, found);
+                planner.handle_scrubbed(&name, &node, found);
                 if found != Found::Recorded {
-                    tracing::warn!(name = %scrub.name, %node, %why, "cluster files: a listed replica is lost");
-                    report.lost.push((scrub.name.clone(), node, why));
+                    tracing::warn!(name = %name, %node, %why, "cluster files: a listed replica is lost");
+                    report.lost.push((name, node.clone(), why));
                 }
             }
         }
