@@ -22,16 +22,23 @@ pub(crate) fn timeout(ms: u32) -> Option<Duration> {
 }
 
 fn context(id: u64) -> Result<Arc<Context>> {
-    CONTEXTS.get(id).ok_or_else(|| Failure::bad_handle("context"))
+    CONTEXTS
+        .get(id)
+        .ok_or_else(|| Failure::bad_handle("context"))
 }
 
 fn connection(id: u64) -> Result<Arc<ConnEntry>> {
-    CONNECTIONS.get(id).ok_or_else(|| Failure::bad_handle("connection"))
+    CONNECTIONS
+        .get(id)
+        .ok_or_else(|| Failure::bad_handle("connection"))
 }
 
 fn timed_out(what: &str, t: Option<Duration>) -> Failure {
     let ms = t.map_or(0, |t| t.as_millis());
-    Failure::new(RDMACTOR_TIMEOUT, format!("{what}: no answer within {ms} ms"))
+    Failure::new(
+        RDMACTOR_TIMEOUT,
+        format!("{what}: no answer within {ms} ms"),
+    )
 }
 
 pub(crate) fn ctx_new() -> Result<u64> {
@@ -43,7 +50,9 @@ pub(crate) fn ctx_insert(ctx: Context) -> u64 {
 }
 
 pub(crate) fn ctx_free(id: u64) -> Result<()> {
-    let ctx = CONTEXTS.remove(id).ok_or_else(|| Failure::bad_handle("context"))?;
+    let ctx = CONTEXTS
+        .remove(id)
+        .ok_or_else(|| Failure::bad_handle("context"))?;
     ctx.stop(id);
     Ok(())
 }
@@ -81,7 +90,10 @@ fn connect_job(
             })),
             _ => {
                 link.close().await;
-                Err(Failure::new(RDMACTOR_SHUTTING_DOWN, "connect: the context was freed meanwhile"))
+                Err(Failure::new(
+                    RDMACTOR_SHUTTING_DOWN,
+                    "connect: the context was freed meanwhile",
+                ))
             }
         }
     }

@@ -171,7 +171,11 @@ mod tests {
         let mut t = Table::new(Kind::Connection);
         let old = t.insert(1);
         assert_eq!(t.remove(old), Some(1));
-        assert_eq!(t.remove(old), None, "a second remove (double close) finds nothing");
+        assert_eq!(
+            t.remove(old),
+            None,
+            "a second remove (double close) finds nothing"
+        );
         let new = t.insert(2);
         assert_ne!(old, new, "same slot, newer generation");
         assert_eq!(old as u32, new as u32, "the slot was reused");

@@ -45,13 +45,25 @@ pub(crate) trait Link: Send + Sync + 'static {
     fn send(&self, data: Vec<u8>) -> BoxFuture<'static, Result<()>>;
     /// The region `name` from `offset` to its end, consistent (one version), and that
     /// version; `Err(BUFFER_TOO_SMALL)` with the length when it is more than `cap`.
-    fn read(&self, name: String, offset: u64, cap: usize)
-        -> BoxFuture<'static, Result<(Vec<u8>, u64), ReadFailure>>;
+    fn read(
+        &self,
+        name: String,
+        offset: u64,
+        cap: usize,
+    ) -> BoxFuture<'static, Result<(Vec<u8>, u64), ReadFailure>>;
     /// Runs on the runtime thread (the files client spawns threads and timers).
-    fn send_file(&self, path: PathBuf, name: String, overwrite: bool)
-        -> LocalBoxFuture<'static, Result<Transfer>>;
-    fn fetch_file(&self, name: String, dir: PathBuf, overwrite: bool)
-        -> LocalBoxFuture<'static, Result<Transfer>>;
+    fn send_file(
+        &self,
+        path: PathBuf,
+        name: String,
+        overwrite: bool,
+    ) -> LocalBoxFuture<'static, Result<Transfer>>;
+    fn fetch_file(
+        &self,
+        name: String,
+        dir: PathBuf,
+        overwrite: bool,
+    ) -> LocalBoxFuture<'static, Result<Transfer>>;
     /// Closes and waits for the release; every clone of the connection is closed.
     fn close(&self) -> BoxFuture<'static, ()>;
 }
@@ -196,7 +208,6 @@ impl<T: Transport> Link for Conn<T> {
     fn close(&self) -> BoxFuture<'static, ()> {
         self.conn.clone().close().boxed()
     }
-
 }
 
 /// The verdict C sees: the service's answer, not an error of the call.

@@ -40,7 +40,9 @@ enum Command {
     /// Close the connections of context `ctx` (this one's id), shut the clients down,
     /// stop the thread. Done here, on the thread where connects insert their handles,
     /// so that no connect finishing meanwhile escapes the sweep.
-    Shutdown { ctx: u64 },
+    Shutdown {
+        ctx: u64,
+    },
 }
 
 /// The runtime thread's side of a context, behind a trait so that the rest of the
@@ -165,7 +167,9 @@ impl Completions {
             self.in_flight.fetch_sub(1, Ordering::AcqRel);
             return Err(Failure::new(
                 RDMACTOR_BUSY,
-                format!("{MAX_IN_FLIGHT} operations in flight on this context: poll completions first"),
+                format!(
+                    "{MAX_IN_FLIGHT} operations in flight on this context: poll completions first"
+                ),
             ));
         }
         Ok(())
@@ -254,9 +258,17 @@ impl Context {
                     state.shutdown().await;
                 });
             })
-            .map_err(|e| Failure::new(RDMACTOR_INTERNAL, format!("spawning the runtime thread: {e}")))?;
+            .map_err(|e| {
+                Failure::new(
+                    RDMACTOR_INTERNAL,
+                    format!("spawning the runtime thread: {e}"),
+                )
+            })?;
         let ready = ready_rx.recv().unwrap_or_else(|_| {
-            Err(Failure::new(RDMACTOR_INTERNAL, "the runtime thread ended before it started"))
+            Err(Failure::new(
+                RDMACTOR_INTERNAL,
+                "the runtime thread ended before it started",
+            ))
         });
         let ctx = Context {
             commands,

@@ -147,9 +147,7 @@ impl From<FilesError> for Failure {
                     TransferError::Source(_)
                     | TransferError::SourceTruncated { .. }
                     | TransferError::Store(_) => RDMACTOR_IO,
-                    TransferError::Name(_) | TransferError::Invalid(_) => {
-                        RDMACTOR_INVALID_ARGUMENT
-                    }
+                    TransferError::Name(_) | TransferError::Invalid(_) => RDMACTOR_INVALID_ARGUMENT,
                     _ => RDMACTOR_PROTOCOL,
                 };
                 Failure::new(status, t.to_string())

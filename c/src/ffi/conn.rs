@@ -222,12 +222,8 @@ pub unsafe extern "C" fn rdmactor_file_send(
     guard("rdmactor_file_send", || {
         let out = ptr::out(result, "result")?;
         // SAFETY: strings as this function's contract says.
-        let (path, name) = unsafe {
-            (
-                ptr::str_arg(path, "path")?,
-                ptr::opt_str_arg(name, "name")?,
-            )
-        };
+        let (path, name) =
+            unsafe { (ptr::str_arg(path, "path")?, ptr::opt_str_arg(name, "name")?) };
         let path = PathBuf::from(path);
         let name = match name {
             Some(n) => n.to_owned(),

@@ -37,7 +37,10 @@ fn guard(what: &str, body: impl FnOnce() -> Result<()>) -> c_int {
                 .map(|s| (*s).to_owned())
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "a panic without a message".into());
-            Failure::new(RDMACTOR_INTERNAL, format!("{what} panicked (a bug): {text}"))
+            Failure::new(
+                RDMACTOR_INTERNAL,
+                format!("{what} panicked (a bug): {text}"),
+            )
         }
     };
     last_error::set(&failure);

@@ -44,10 +44,14 @@ pub(super) unsafe fn bytes_arg<'a>(p: *const u8, len: usize, what: &str) -> Resu
         return Ok(&[]);
     }
     if p.is_null() {
-        return Err(Failure::invalid(format!("{what} is NULL with a length of {len}")));
+        return Err(Failure::invalid(format!(
+            "{what} is NULL with a length of {len}"
+        )));
     }
     if len > isize::MAX as usize {
-        return Err(Failure::invalid(format!("{what}: length {len} is not a length")));
+        return Err(Failure::invalid(format!(
+            "{what}: length {len} is not a length"
+        )));
     }
     // SAFETY: not NULL, len within isize::MAX (checked), and `len` readable bytes valid
     // for 'a by this function's contract; u8 has no alignment to respect.
@@ -63,7 +67,9 @@ pub(super) fn out<T>(p: *mut T, what: &str) -> Result<Out<T>> {
         return Err(Failure::invalid(format!("{what} is NULL")));
     }
     if !p.is_aligned() {
-        return Err(Failure::invalid(format!("{what} is not aligned for its type")));
+        return Err(Failure::invalid(format!(
+            "{what} is not aligned for its type"
+        )));
     }
     Ok(Out(p))
 }
@@ -105,7 +111,10 @@ impl<T> Out<T> {
 /// # Safety
 /// `dst` is valid for writes of `cap` bytes (it may be NULL only if `data` is empty).
 pub(super) unsafe fn copy_to(dst: *mut u8, cap: usize, data: &[u8]) -> Result<()> {
-    assert!(data.len() <= cap, "copy_to's callers check the capacity first");
+    assert!(
+        data.len() <= cap,
+        "copy_to's callers check the capacity first"
+    );
     if data.is_empty() {
         return Ok(());
     }

@@ -11,9 +11,9 @@ use std::ffi::{c_char, c_int};
 use std::path::PathBuf;
 
 use super::conn::too_small;
+use super::guard;
 use super::ptr;
 use super::types::{fill, rdmactor_completion, rdmactor_conn, rdmactor_ctx, RDMACTOR_ERROR_LEN};
-use super::guard;
 use crate::api::{self, Submit};
 use crate::runtime::{Done, Output};
 use crate::status::{Failure, RDMACTOR_OK};

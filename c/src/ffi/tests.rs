@@ -34,7 +34,9 @@ fn server() -> &'static (SocketAddr, std::path::PathBuf) {
         std::thread::spawn(move || {
             actix::System::new().block_on(async move {
                 let regions = ReadRegions::<Loopback>::default();
-                regions.add_static("greeting", REGION.to_vec()).expect("a region");
+                regions
+                    .add_static("greeting", REGION.to_vec())
+                    .expect("a region");
                 let server = Server::over(Loopback)
                     .listen(addr, None)
                     .service("echo", Echo)
@@ -77,7 +79,16 @@ fn connect(ctx: rdmactor_ctx, service: &str) -> rdmactor_conn {
     let service = c(service);
     let mut conn = rdmactor_conn::default();
     // SAFETY: valid strings and out-parameter, alive for the call.
-    let rc = unsafe { rdmactor_connect(ctx, addr.as_ptr(), service.as_ptr(), null(), 5000, &mut conn) };
+    let rc = unsafe {
+        rdmactor_connect(
+            ctx,
+            addr.as_ptr(),
+            service.as_ptr(),
+            null(),
+            5000,
+            &mut conn,
+        )
+    };
     assert_eq!(rc, OK, "connect: {}", last_error());
     conn
 }
@@ -88,7 +99,15 @@ fn request(conn: rdmactor_conn, req: &[u8], cap: usize) -> (c_int, usize, Vec<u8
     let mut len = usize::MAX;
     // SAFETY: the slices and the length live across the call, with their own lengths.
     let rc = unsafe {
-        rdmactor_request(conn, req.as_ptr(), req.len(), reply.as_mut_ptr(), cap, &mut len, 5000)
+        rdmactor_request(
+            conn,
+            req.as_ptr(),
+            req.len(),
+            reply.as_mut_ptr(),
+            cap,
+            &mut len,
+            5000,
+        )
     };
     reply.truncate(len.min(cap));
     (rc, len, reply)
@@ -106,7 +125,10 @@ fn zero_handles_and_null_pointers_are_refused_with_a_reason() {
     let zero = rdmactor_conn::default();
     assert_eq!(rdmactor_close(zero), RDMACTOR_BAD_HANDLE as c_int);
     assert!(last_error().contains("connection"), "{}", last_error());
-    assert_eq!(rdmactor_ctx_free(rdmactor_ctx::default()), RDMACTOR_BAD_HANDLE as c_int);
+    assert_eq!(
+        rdmactor_ctx_free(rdmactor_ctx::default()),
+        RDMACTOR_BAD_HANDLE as c_int
+    );
     let (rc, ..) = request(zero, b"x", 8);
     assert_eq!(rc, RDMACTOR_BAD_HANDLE as c_int);
     // SAFETY: NULL is what is being tested; the library must refuse it.
@@ -147,13 +169,29 @@ fn bad_arguments_to_connect_say_which() {
     assert_eq!(rc, RDMACTOR_INVALID_ARGUMENT as c_int);
     assert!(last_error().contains("addr is NULL"), "{}", last_error());
     // SAFETY: valid strings.
-    let rc = unsafe { rdmactor_connect(ctx, c"nowhere".as_ptr(), c"echo".as_ptr(), null(), 0, &mut out) };
+    let rc = unsafe {
+        rdmactor_connect(
+            ctx,
+            c"nowhere".as_ptr(),
+            c"echo".as_ptr(),
+            null(),
+            0,
+            &mut out,
+        )
+    };
     assert_eq!(rc, RDMACTOR_INVALID_ARGUMENT as c_int);
     assert!(last_error().contains("IP:PORT"), "{}", last_error());
     let bad_utf8 = [0xffu8, 0];
     // SAFETY: a NUL-terminated byte string.
     let rc = unsafe {
-        rdmactor_connect(ctx, bad_utf8.as_ptr().cast::<c_char>(), c"echo".as_ptr(), null(), 0, &mut out)
+        rdmactor_connect(
+            ctx,
+            bad_utf8.as_ptr().cast::<c_char>(),
+            c"echo".as_ptr(),
+            null(),
+            0,
+            &mut out,
+        )
     };
     assert_eq!(rc, RDMACTOR_INVALID_ARGUMENT as c_int);
     assert_eq!(rdmactor_ctx_free(ctx), OK);
@@ -165,7 +203,16 @@ fn an_unknown_service_is_refused_with_the_servers_reason() {
     let addr = c(&server().0.to_string());
     let mut out = rdmactor_conn::default();
     // SAFETY: valid strings and out-parameter.
-    let rc = unsafe { rdmactor_connect(ctx, addr.as_ptr(), c"no-such".as_ptr(), null(), 5000, &mut out) };
+    let rc = unsafe {
+        rdmactor_connect(
+            ctx,
+            addr.as_ptr(),
+            c"no-such".as_ptr(),
+            null(),
+            5000,
+            &mut out,
+        )
+    };
     assert_eq!(rc, RDMACTOR_REFUSED as c_int, "{}", last_error());
     assert!(last_error().contains("no-such"), "{}", last_error());
     assert_eq!(rdmactor_ctx_free(ctx), OK);
@@ -183,14 +230,21 @@ fn echo_round_trips_and_a_closed_connection_is_refused() {
     assert_eq!(rdmactor_close(conn), OK);
     let (rc, ..) = request(conn, &req, 64);
     assert_eq!(rc, RDMACTOR_BAD_HANDLE as c_int);
-    assert_eq!(rdmactor_close(conn), RDMACTOR_BAD_HANDLE as c_int, "double close");
+    assert_eq!(
+        rdmactor_close(conn),
+        RDMACTOR_BAD_HANDLE as c_int,
+        "double close"
+    );
     // A newer connection may reuse the slot; the old id still does not reach it.
     let again = connect(ctx, "echo");
     assert_ne!(again, conn);
     assert_eq!(request(conn, &req, 64).0, RDMACTOR_BAD_HANDLE as c_int);
     assert_eq!(request(again, &req, 64).0, OK);
     // The handle of the context is not a connection.
-    assert_eq!(rdmactor_close(rdmactor_conn { id: ctx.id }), RDMACTOR_BAD_HANDLE as c_int);
+    assert_eq!(
+        rdmactor_close(rdmactor_conn { id: ctx.id }),
+        RDMACTOR_BAD_HANDLE as c_int
+    );
     assert_eq!(rdmactor_ctx_free(ctx), OK);
 }
 
@@ -206,12 +260,14 @@ fn a_reply_larger_than_the_buffer_gives_the_length_it_needs() {
     // NULL with no capacity: the way to learn the length.
     let mut needed = 0;
     // SAFETY: the request slice lives across the call; NULL reply with capacity 0.
-    let rc = unsafe { rdmactor_request(conn, req.as_ptr(), req.len(), null_mut(), 0, &mut needed, 0) };
+    let rc =
+        unsafe { rdmactor_request(conn, req.as_ptr(), req.len(), null_mut(), 0, &mut needed, 0) };
     assert_eq!(rc, RDMACTOR_BUFFER_TOO_SMALL as c_int);
     assert_eq!(needed, req.len());
     // NULL with a capacity is a bad call, refused before anything is sent.
     // SAFETY: as above; the NULL is refused.
-    let rc = unsafe { rdmactor_request(conn, req.as_ptr(), req.len(), null_mut(), 8, &mut needed, 0) };
+    let rc =
+        unsafe { rdmactor_request(conn, req.as_ptr(), req.len(), null_mut(), 8, &mut needed, 0) };
     assert_eq!(rc, RDMACTOR_INVALID_ARGUMENT as c_int);
     // The connection goes on.
     assert_eq!(request(conn, &req, req.len()).0, OK);
@@ -225,8 +281,16 @@ fn a_malformed_request_closes_the_connection_with_the_servers_reason() {
     // Not an echo request (a length prefix promising more than follows).
     let (rc, ..) = request(conn, &[0x7f], 64);
     assert_eq!(rc, RDMACTOR_CLOSED as c_int, "{}", last_error());
-    assert!(last_error().contains("malformed echo request"), "{}", last_error());
-    assert_eq!(rdmactor_close(conn), OK, "a closed connection's handle is still closed once");
+    assert!(
+        last_error().contains("malformed echo request"),
+        "{}",
+        last_error()
+    );
+    assert_eq!(
+        rdmactor_close(conn),
+        OK,
+        "a closed connection's handle is still closed once"
+    );
     assert_eq!(rdmactor_ctx_free(ctx), OK);
 }
 
@@ -246,12 +310,22 @@ fn one_thread_drives_many_connections_through_the_completion_fd() {
         let mut op = 0;
         // SAFETY: valid strings and out-parameter.
         let rc = unsafe {
-            rdmactor_connect_submit(ctx, addr.as_ptr(), c"echo".as_ptr(), null(), 5000, i as u64, &mut op)
+            rdmactor_connect_submit(
+                ctx,
+                addr.as_ptr(),
+                c"echo".as_ptr(),
+                null(),
+                5000,
+                i as u64,
+                &mut op,
+            )
         };
         assert_eq!(rc, OK, "{}", last_error());
         ops.insert(op);
     }
-    let reqs: Vec<Vec<u8>> = (0..N).map(|i| echo_request(&vec![i as u8; 64 + i])).collect();
+    let reqs: Vec<Vec<u8>> = (0..N)
+        .map(|i| echo_request(&vec![i as u8; 64 + i]))
+        .collect();
     let mut replies = vec![vec![0u8; 256]; N];
     let mut conns = vec![rdmactor_conn::default(); N];
     let mut answered = 0;
@@ -265,12 +339,21 @@ fn one_thread_drives_many_connections_through_the_completion_fd() {
     }; 4];
     while answered < N {
         let mut fds = [PollFd::new(&borrowed, PollFlags::IN)];
-        let ready = poll(&mut fds, Some(&rustix::event::Timespec { tv_sec: 10, tv_nsec: 0 }))
-            .expect("poll");
+        let ready = poll(
+            &mut fds,
+            Some(&rustix::event::Timespec {
+                tv_sec: 10,
+                tv_nsec: 0,
+            }),
+        )
+        .expect("poll");
         assert_eq!(ready, 1, "a completion within 10 s");
         let mut n = 0;
         // SAFETY: `out` holds 4 completions; the reply buffers outlive every poll.
-        assert_eq!(unsafe { rdmactor_poll_completions(ctx, out.as_mut_ptr(), 4, &mut n) }, OK);
+        assert_eq!(
+            unsafe { rdmactor_poll_completions(ctx, out.as_mut_ptr(), 4, &mut n) },
+            OK
+        );
         for done in &out[..n] {
             let i = (done.user_data % 100) as usize;
             assert_eq!(done.status, OK, "op {}", done.op);
@@ -302,10 +385,24 @@ fn one_thread_drives_many_connections_through_the_completion_fd() {
     }
     let mut n = 9;
     // SAFETY: as above.
-    assert_eq!(unsafe { rdmactor_poll_completions(ctx, out.as_mut_ptr(), 4, &mut n) }, OK);
+    assert_eq!(
+        unsafe { rdmactor_poll_completions(ctx, out.as_mut_ptr(), 4, &mut n) },
+        OK
+    );
     assert_eq!(n, 0);
     let mut fds = [PollFd::new(&borrowed, PollFlags::IN)];
-    assert_eq!(poll(&mut fds, Some(&rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 })).unwrap(), 0, "not readable when empty");
+    assert_eq!(
+        poll(
+            &mut fds,
+            Some(&rustix::event::Timespec {
+                tv_sec: 0,
+                tv_nsec: 0
+            })
+        )
+        .unwrap(),
+        0,
+        "not readable when empty"
+    );
     assert_eq!(rdmactor_ctx_free(ctx), OK);
 }
 
@@ -319,7 +416,11 @@ fn file_result() -> rdmactor_file_result {
 }
 
 fn text(chars: &[c_char]) -> String {
-    let bytes: Vec<u8> = chars.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    let bytes: Vec<u8> = chars
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
     String::from_utf8(bytes).expect("UTF-8")
 }
 
@@ -337,10 +438,18 @@ fn files_upload_and_fetch_with_their_verdict_and_digest() {
     // SAFETY: valid strings and out-parameter.
     let rc = unsafe { rdmactor_file_send(conn, p.as_ptr(), null(), 0, &mut r, 30_000) };
     assert_eq!(rc, OK, "{}", last_error());
-    assert_eq!(r.verdict, rdmactor_verdict::RDMACTOR_VERDICT_GOOD, "{}", text(&r.reason));
+    assert_eq!(
+        r.verdict,
+        rdmactor_verdict::RDMACTOR_VERDICT_GOOD,
+        "{}",
+        text(&r.reason)
+    );
     assert_eq!(r.bytes, bytes.len() as u64);
     assert_eq!(text(&r.sha256_hex), want);
-    assert_eq!(std::fs::read(server().1.join("c-upload.bin")).unwrap(), bytes);
+    assert_eq!(
+        std::fs::read(server().1.join("c-upload.bin")).unwrap(),
+        bytes
+    );
     // The same name again, without overwrite: the service's verdict, not an error.
     let mut r = file_result();
     // SAFETY: as above.
@@ -353,11 +462,28 @@ fn files_upload_and_fetch_with_their_verdict_and_digest() {
     let d = c(dst.path().to_str().unwrap());
     let mut r = file_result();
     // SAFETY: as above.
-    let rc = unsafe { rdmactor_file_fetch(conn, c"c-upload.bin".as_ptr(), d.as_ptr(), 0, &mut r, 30_000) };
+    let rc = unsafe {
+        rdmactor_file_fetch(
+            conn,
+            c"c-upload.bin".as_ptr(),
+            d.as_ptr(),
+            0,
+            &mut r,
+            30_000,
+        )
+    };
     assert_eq!(rc, OK, "{}", last_error());
-    assert_eq!(r.verdict, rdmactor_verdict::RDMACTOR_VERDICT_GOOD, "{}", text(&r.reason));
+    assert_eq!(
+        r.verdict,
+        rdmactor_verdict::RDMACTOR_VERDICT_GOOD,
+        "{}",
+        text(&r.reason)
+    );
     assert_eq!(text(&r.sha256_hex), want);
-    assert_eq!(std::fs::read(dst.path().join("c-upload.bin")).unwrap(), bytes);
+    assert_eq!(
+        std::fs::read(dst.path().join("c-upload.bin")).unwrap(),
+        bytes
+    );
     // SAFETY: as above; the unknown flag is refused.
     let rc = unsafe { rdmactor_file_send(conn, p.as_ptr(), null(), 0x80, &mut r, 0) };
     assert_eq!(rc, RDMACTOR_INVALID_ARGUMENT as c_int);
@@ -372,27 +498,63 @@ fn a_region_reads_into_a_buffer_that_fits_and_says_what_fits_otherwise() {
     let (mut len, mut version) = (0usize, 0u64);
     // SAFETY: the buffer, length and version live across the call.
     let rc = unsafe {
-        rdmactor_read(conn, c"greeting".as_ptr(), 0, buf.as_mut_ptr(), 8, &mut len, &mut version, 5000)
+        rdmactor_read(
+            conn,
+            c"greeting".as_ptr(),
+            0,
+            buf.as_mut_ptr(),
+            8,
+            &mut len,
+            &mut version,
+            5000,
+        )
     };
     assert_eq!(rc, RDMACTOR_BUFFER_TOO_SMALL as c_int);
     assert_eq!(len, REGION.len());
     buf.resize(len, 0);
     // SAFETY: as above, with the length it needs.
     let rc = unsafe {
-        rdmactor_read(conn, c"greeting".as_ptr(), 0, buf.as_mut_ptr(), buf.len(), &mut len, &mut version, 5000)
+        rdmactor_read(
+            conn,
+            c"greeting".as_ptr(),
+            0,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut len,
+            &mut version,
+            5000,
+        )
     };
     assert_eq!(rc, OK, "{}", last_error());
     assert_eq!(&buf[..len], REGION);
     // From an offset, without the version.
     // SAFETY: as above; NULL version is allowed.
     let rc = unsafe {
-        rdmactor_read(conn, c"greeting".as_ptr(), 6, buf.as_mut_ptr(), buf.len(), &mut len, null_mut(), 5000)
+        rdmactor_read(
+            conn,
+            c"greeting".as_ptr(),
+            6,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut len,
+            null_mut(),
+            5000,
+        )
     };
     assert_eq!(rc, OK, "{}", last_error());
     assert_eq!(&buf[..len], &REGION[6..]);
     // SAFETY: as above.
     let rc = unsafe {
-        rdmactor_read(conn, c"nothing".as_ptr(), 0, buf.as_mut_ptr(), buf.len(), &mut len, null_mut(), 5000)
+        rdmactor_read(
+            conn,
+            c"nothing".as_ptr(),
+            0,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut len,
+            null_mut(),
+            5000,
+        )
     };
     assert_eq!(rc, RDMACTOR_NOT_FOUND as c_int, "{}", last_error());
     assert_eq!(rdmactor_ctx_free(ctx), OK);
