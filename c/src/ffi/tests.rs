@@ -327,7 +327,7 @@ fn one_thread_drives_many_connections_through_the_completion_fd() {
         .map(|i| echo_request(&vec![i as u8; 64 + i]))
         .collect();
     let mut replies = vec![vec![0u8; 256]; N];
-    let mut conns = vec![rdmactor_conn::default(); N];
+    let mut conns = [rdmactor_conn::default(); N];
     let mut answered = 0;
     let mut out = [rdmactor_completion {
         op: 0,
@@ -350,10 +350,8 @@ fn one_thread_drives_many_connections_through_the_completion_fd() {
         assert_eq!(ready, 1, "a completion within 10 s");
         let mut n = 0;
         // SAFETY: `out` holds 4 completions; the reply buffers outlive every poll.
-        assert_eq!(
-            unsafe { rdmactor_poll_completions(ctx, out.as_mut_ptr(), 4, &mut n) },
-            OK
-        );
+        let rc = unsafe { rdmactor_poll_completions(ctx, out.as_mut_ptr(), 4, &mut n) };
+        assert_eq!(rc, OK);
         for done in &out[..n] {
             let i = (done.user_data % 100) as usize;
             assert_eq!(done.status, OK, "op {}", done.op);
@@ -385,10 +383,8 @@ fn one_thread_drives_many_connections_through_the_completion_fd() {
     }
     let mut n = 9;
     // SAFETY: as above.
-    assert_eq!(
-        unsafe { rdmactor_poll_completions(ctx, out.as_mut_ptr(), 4, &mut n) },
-        OK
-    );
+    let rc = unsafe { rdmactor_poll_completions(ctx, out.as_mut_ptr(), 4, &mut n) };
+    assert_eq!(rc, OK);
     assert_eq!(n, 0);
     let mut fds = [PollFd::new(&borrowed, PollFlags::IN)];
     assert_eq!(
