@@ -35,7 +35,8 @@ mod session_panics;
 mod metrics;
 mod scale;
 
-// Clients other than rdmactor's: rdma-core's tools and plain verbs.
+// Clients other than rdmactor's: rdma-core's tools, plain verbs, and C through rdmactor-c.
+mod c_client;
 mod oob_pingpong;
 mod plain_clients;
 

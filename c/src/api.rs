@@ -1,0 +1,277 @@
+//! The library's operations on handles and Rust values: everything the C entry points
+//! do once their pointers are read (`ffi/` reads them, and only it).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt as _;
+
+use crate::block::block_on;
+use crate::link::{Link, ReadFailure, Transfer};
+use crate::runtime::{with_timeout, Context, Done, Engine, Output};
+use crate::status::{Failure, Result, RDMACTOR_BUSY, RDMACTOR_SHUTTING_DOWN, RDMACTOR_TIMEOUT};
+use crate::tables::{ConnEntry, CONNECTIONS, CONTEXTS};
+
+/// `0` means no limit, the rest milliseconds: the C calls' convention.
+pub(crate) fn timeout(ms: u32) -> Option<Duration> {
+    (ms != 0).then(|| Duration::from_millis(u64::from(ms)))
+}
+
+fn context(id: u64) -> Result<Arc<Context>> {
+    CONTEXTS
+        .get(id)
+        .ok_or_else(|| Failure::bad_handle("context"))
+}
+
+fn connection(id: u64) -> Result<Arc<ConnEntry>> {
+    CONNECTIONS
+        .get(id)
+        .ok_or_else(|| Failure::bad_handle("connection"))
+}
+
+fn timed_out(what: &str, t: Option<Duration>) -> Failure {
+    let ms = t.map_or(0, |t| t.as_millis());
+    Failure::new(
+        RDMACTOR_TIMEOUT,
+        format!("{what}: no answer within {ms} ms"),
+    )
+}
+
+pub(crate) fn ctx_new() -> Result<u64> {
+    Ok(ctx_insert(Context::start_verbs()?))
+}
+
+pub(crate) fn ctx_insert(ctx: Context) -> u64 {
+    CONTEXTS.insert(ctx)
+}
+
+pub(crate) fn ctx_free(id: u64) -> Result<()> {
+    let ctx = CONTEXTS
+        .remove(id)
+        .ok_or_else(|| Failure::bad_handle("context"))?;
+    ctx.stop(id);
+    Ok(())
+}
+
+pub(crate) fn ctx_fd(id: u64) -> Result<i32> {
+    Ok(context(id)?.completions.raw_fd())
+}
+
+/// Parses `host:port` as C gives it; names are not resolved (rdma_cm wants an
+/// address, and a DNS wait would hide inside a call with a timeout).
+pub(crate) fn parse_addr(addr: &str) -> Result<SocketAddr> {
+    addr.parse()
+        .map_err(|e| Failure::invalid(format!("address {addr:?}: {e} (want IP:PORT)")))
+}
+
+/// The connect job: on the runtime thread, inserts the handle in the same step that
+/// checks the context is still live (see `tables::close_connections_of`).
+fn connect_job(
+    ctx_id: u64,
+    engine: Rc<dyn Engine>,
+    addr: SocketAddr,
+    service: String,
+    key: Option<PathBuf>,
+    limit: Option<Duration>,
+) -> futures::future::LocalBoxFuture<'static, Result<u64>> {
+    let fut = with_timeout(engine.connect(addr, service, key), limit, "connect");
+    async move {
+        let link = fut.await?;
+        match CONTEXTS.get(ctx_id) {
+            Some(ctx) if !engine.closing() => Ok(CONNECTIONS.insert(ConnEntry {
+                ctx_id,
+                ctx,
+                link,
+                transfer: Default::default(),
+            })),
+            _ => {
+                link.close().await;
+                Err(Failure::new(
+                    RDMACTOR_SHUTTING_DOWN,
+                    "connect: the context was freed meanwhile",
+                ))
+            }
+        }
+    }
+    .boxed_local()
+}
+
+pub(crate) fn connect(
+    ctx_id: u64,
+    addr: &str,
+    service: &str,
+    key: Option<PathBuf>,
+    timeout_ms: u32,
+) -> Result<u64> {
+    let ctx = context(ctx_id)?;
+    let addr = parse_addr(addr)?;
+    let service = service.to_owned();
+    let limit = timeout(timeout_ms);
+    ctx.block(None, "connect", move |engine| {
+        connect_job(ctx_id, engine, addr, service, key, limit)
+    })
+}
+
+pub(crate) fn close(conn: u64) -> Result<()> {
+    let entry = CONNECTIONS
+        .remove(conn)
+        .ok_or_else(|| Failure::bad_handle("connection"))?;
+    block_on(entry.link.close(), None);
+    Ok(())
+}
+
+pub(crate) fn request(conn: u64, data: Vec<u8>, timeout_ms: u32) -> Result<Vec<u8>> {
+    let entry = connection(conn)?;
+    let t = timeout(timeout_ms);
+    block_on(entry.link.request(data), t).unwrap_or_else(|| Err(timed_out("request", t)))
+}
+
+pub(crate) fn send(conn: u64, data: Vec<u8>, timeout_ms: u32) -> Result<()> {
+    let entry = connection(conn)?;
+    let t = timeout(timeout_ms);
+    block_on(entry.link.send(data), t).unwrap_or_else(|| Err(timed_out("send", t)))
+}
+
+pub(crate) fn read(
+    conn: u64,
+    name: &str,
+    offset: u64,
+    cap: usize,
+    timeout_ms: u32,
+) -> Result<(Vec<u8>, u64), ReadFailure> {
+    let entry = connection(conn)?;
+    let t = timeout(timeout_ms);
+    block_on(entry.link.read(name.to_owned(), offset, cap), t)
+        .unwrap_or_else(|| Err(timed_out("read", t).into()))
+}
+
+/// Which way a file goes.
+pub(crate) enum FileOp {
+    Send { path: PathBuf, name: String },
+    Fetch { name: String, dir: PathBuf },
+}
+
+/// Runs a transfer on the runtime thread. A transfer cut by the timeout is closed with
+/// its connection: the server then drops its side (and any partial file) rather than
+/// waiting for chunks that never come, as the files client does on any error.
+pub(crate) fn file(conn: u64, op: FileOp, overwrite: bool, timeout_ms: u32) -> Result<Transfer> {
+    let entry = connection(conn)?;
+    if entry.transfer.swap(true, Ordering::AcqRel) {
+        return Err(Failure::new(
+            RDMACTOR_BUSY,
+            "a file transfer is already running on this connection",
+        ));
+    }
+    let link: Arc<dyn Link> = entry.link.clone();
+    let limit = timeout(timeout_ms);
+    let result = entry.ctx.block(None, "file transfer", move |_| {
+        let fut = match op {
+            FileOp::Send { path, name } => link.send_file(path, name, overwrite),
+            FileOp::Fetch { name, dir } => link.fetch_file(name, dir, overwrite),
+        };
+        async move {
+            let res = with_timeout(fut, limit, "file transfer").await;
+            if matches!(&res, Err(f) if f.status == RDMACTOR_TIMEOUT) {
+                link.close().await;
+            }
+            res
+        }
+        .boxed_local()
+    });
+    entry.transfer.store(false, Ordering::Release);
+    result
+}
+
+/// What a submitted operation does.
+pub(crate) enum Submit {
+    Request(Vec<u8>),
+    Send(Vec<u8>),
+}
+
+/// Starts `what` on connection `conn`; its completion goes to the connection's
+/// context's queue, the reply copied to `dest` when polled.
+pub(crate) fn submit(
+    conn: u64,
+    what: Submit,
+    dest: (usize, usize),
+    timeout_ms: u32,
+    user_data: u64,
+) -> Result<u64> {
+    let entry = connection(conn)?;
+    let ctx = entry.ctx.clone();
+    let completions = ctx.completions.clone();
+    completions.admit()?;
+    let op = ctx.next_op();
+    let limit = timeout(timeout_ms);
+    let link = entry.link.clone();
+    let started = ctx.run(move |_| {
+        async move {
+            let result = match what {
+                Submit::Request(data) => with_timeout(link.request(data), limit, "request")
+                    .await
+                    .map(Output::Bytes),
+                Submit::Send(data) => with_timeout(link.send(data), limit, "send")
+                    .await
+                    .map(|()| Output::Nothing),
+            };
+            completions.push(Done {
+                op,
+                user_data,
+                conn,
+                result,
+                dest,
+            });
+        }
+        .boxed_local()
+    });
+    if let Err(e) = started {
+        entry.ctx.completions.release();
+        return Err(e);
+    }
+    Ok(op)
+}
+
+pub(crate) fn connect_submit(
+    ctx_id: u64,
+    addr: &str,
+    service: &str,
+    key: Option<PathBuf>,
+    timeout_ms: u32,
+    user_data: u64,
+) -> Result<u64> {
+    let ctx = context(ctx_id)?;
+    let addr = parse_addr(addr)?;
+    let service = service.to_owned();
+    let completions = ctx.completions.clone();
+    completions.admit()?;
+    let op = ctx.next_op();
+    let limit = timeout(timeout_ms);
+    let started = ctx.run(move |engine| {
+        let fut = connect_job(ctx_id, engine, addr, service, key, limit);
+        async move {
+            let result = fut.await;
+            let conn = *result.as_ref().unwrap_or(&0);
+            completions.push(Done {
+                op,
+                user_data,
+                conn,
+                result: result.map(|_| Output::Nothing),
+                dest: (0, 0),
+            });
+        }
+        .boxed_local()
+    });
+    if let Err(e) = started {
+        ctx.completions.release();
+        return Err(e);
+    }
+    Ok(op)
+}
+
+pub(crate) fn poll(ctx_id: u64, max: usize) -> Result<Vec<Done>> {
+    Ok(context(ctx_id)?.completions.pop(max))
+}

@@ -1,0 +1,577 @@
+//! The entry points called as C calls them, natively: handle guarding without a
+//! server, and every call end to end against a server of this process over the
+//! loopback transport (the context's clients made with `Client::over(Loopback, ..)`).
+
+use std::ffi::{c_char, CStr, CString};
+use std::net::SocketAddr;
+use std::ptr::{null, null_mut};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use rdmactor::runtime::{Client, NodeConfig, Server};
+use rdmactor::transport::loopback::Loopback;
+use rdmactor_services::echo::{Echo, EchoRequest};
+use rdmactor_services::file_transfer::{Config, FileTransfer};
+use rdmactor_services::read::{ReadRegions, ReadService};
+use sha2::Digest as _;
+
+use super::*;
+use crate::runtime::Context;
+use crate::status::rdmactor_status::*;
+
+const OK: c_int = RDMACTOR_OK as c_int;
+const REGION: &[u8] = b"bytes of a region, read with one-sided READs";
+
+/// The test server: echo, files (into a directory of its own) and read, on the
+/// process's loopback fabric, in a thread with its own System, for the whole run.
+fn server() -> &'static (SocketAddr, std::path::PathBuf) {
+    static SERVER: OnceLock<(SocketAddr, std::path::PathBuf)> = OnceLock::new();
+    SERVER.get_or_init(|| {
+        let addr: SocketAddr = "10.0.0.50:7400".parse().expect("an address");
+        let store = tempfile::tempdir().expect("a store").keep();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let dir = store.clone();
+        std::thread::spawn(move || {
+            actix::System::new().block_on(async move {
+                let regions = ReadRegions::<Loopback>::default();
+                regions
+                    .add_static("greeting", REGION.to_vec())
+                    .expect("a region");
+                let server = Server::over(Loopback)
+                    .listen(addr, None)
+                    .service("echo", Echo)
+                    .service("files", FileTransfer::new(Config::new(dir)).expect("files"))
+                    .service("read", ReadService::new(regions))
+                    .start()
+                    .expect("the test server");
+                tx.send(()).expect("the test waits");
+                std::future::pending::<()>().await;
+                drop(server);
+            })
+        });
+        rx.recv().expect("the server started");
+        (addr, store)
+    })
+}
+
+fn loopback_ctx() -> rdmactor_ctx {
+    let ctx = Context::start(NodeConfig::default(), |c| Client::over(Loopback, c))
+        .expect("a loopback context");
+    rdmactor_ctx {
+        id: crate::api::ctx_insert(ctx),
+    }
+}
+
+fn last_error() -> String {
+    // SAFETY: rdmactor_last_error never returns NULL, and the text stays until the
+    // next failing call on this thread; it is copied at once.
+    unsafe { CStr::from_ptr(rdmactor_last_error()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn c(s: &str) -> CString {
+    CString::new(s).expect("no NUL")
+}
+
+fn connect(ctx: rdmactor_ctx, service: &str) -> rdmactor_conn {
+    let addr = c(&server().0.to_string());
+    let service = c(service);
+    let mut conn = rdmactor_conn::default();
+    // SAFETY: valid strings and out-parameter, alive for the call.
+    let rc = unsafe {
+        rdmactor_connect(
+            ctx,
+            addr.as_ptr(),
+            service.as_ptr(),
+            null(),
+            5000,
+            &mut conn,
+        )
+    };
+    assert_eq!(rc, OK, "connect: {}", last_error());
+    conn
+}
+
+/// Status, reply length, and the reply, of a request with a buffer of `cap`.
+fn request(conn: rdmactor_conn, req: &[u8], cap: usize) -> (c_int, usize, Vec<u8>) {
+    let mut reply = vec![0u8; cap];
+    let mut len = usize::MAX;
+    // SAFETY: the slices and the length live across the call, with their own lengths.
+    let rc = unsafe {
+        rdmactor_request(
+            conn,
+            req.as_ptr(),
+            req.len(),
+            reply.as_mut_ptr(),
+            cap,
+            &mut len,
+            5000,
+        )
+    };
+    reply.truncate(len.min(cap));
+    (rc, len, reply)
+}
+
+fn echo_request(payload: &[u8]) -> Vec<u8> {
+    postcard::to_allocvec(&EchoRequest {
+        payload: payload.to_vec(),
+    })
+    .expect("encodes")
+}
+
+#[test]
+fn zero_handles_and_null_pointers_are_refused_with_a_reason() {
+    let zero = rdmactor_conn::default();
+    assert_eq!(rdmactor_close(zero), RDMACTOR_BAD_HANDLE as c_int);
+    assert!(last_error().contains("connection"), "{}", last_error());
+    assert_eq!(
+        rdmactor_ctx_free(rdmactor_ctx::default()),
+        RDMACTOR_BAD_HANDLE as c_int
+    );
+    let (rc, ..) = request(zero, b"x", 8);
+    assert_eq!(rc, RDMACTOR_BAD_HANDLE as c_int);
+    // SAFETY: NULL is what is being tested; the library must refuse it.
+    let rc = unsafe { rdmactor_ctx_new(null_mut()) };
+    assert_eq!(rc, RDMACTOR_INVALID_ARGUMENT as c_int);
+    assert!(last_error().contains("out is NULL"), "{}", last_error());
+    let mut fd = 0;
+    // SAFETY: a valid out-parameter.
+    let rc = unsafe { rdmactor_ctx_fd(rdmactor_ctx { id: 12345 }, &mut fd) };
+    assert_eq!(rc, RDMACTOR_BAD_HANDLE as c_int);
+}
+
+#[test]
+fn a_freed_context_is_refused_and_a_second_free_is_bad_handle() {
+    let ctx = loopback_ctx();
+    let mut fd = -1;
+    // SAFETY: a valid out-parameter.
+    assert_eq!(unsafe { rdmactor_ctx_fd(ctx, &mut fd) }, OK);
+    assert!(fd >= 0);
+    let conn = connect(ctx, "echo");
+    assert_eq!(rdmactor_ctx_free(ctx), OK);
+    assert_eq!(rdmactor_ctx_free(ctx), RDMACTOR_BAD_HANDLE as c_int);
+    // The context's connections went with it.
+    assert_eq!(rdmactor_close(conn), RDMACTOR_BAD_HANDLE as c_int);
+    let addr = c(&server().0.to_string());
+    let mut out = rdmactor_conn::default();
+    // SAFETY: valid strings and out-parameter.
+    let rc = unsafe { rdmactor_connect(ctx, addr.as_ptr(), c"echo".as_ptr(), null(), 0, &mut out) };
+    assert_eq!(rc, RDMACTOR_BAD_HANDLE as c_int);
+}
+
+#[test]
+fn bad_arguments_to_connect_say_which() {
+    let ctx = loopback_ctx();
+    let mut out = rdmactor_conn::default();
+    // SAFETY: NULL and a valid string; the library must refuse the NULL.
+    let rc = unsafe { rdmactor_connect(ctx, null(), c"echo".as_ptr(), null(), 0, &mut out) };
+    assert_eq!(rc, RDMACTOR_INVALID_ARGUMENT as c_int);
+    assert!(last_error().contains("addr is NULL"), "{}", last_error());
+    // SAFETY: valid strings.
+    let rc = unsafe {
+        rdmactor_connect(
+            ctx,
+            c"nowhere".as_ptr(),
+            c"echo".as_ptr(),
+            null(),
+            0,
+            &mut out,
+        )
+    };
+    assert_eq!(rc, RDMACTOR_INVALID_ARGUMENT as c_int);
+    assert!(last_error().contains("IP:PORT"), "{}", last_error());
+    let bad_utf8 = [0xffu8, 0];
+    // SAFETY: a NUL-terminated byte string.
+    let rc = unsafe {
+        rdmactor_connect(
+            ctx,
+            bad_utf8.as_ptr().cast::<c_char>(),
+            c"echo".as_ptr(),
+            null(),
+            0,
+            &mut out,
+        )
+    };
+    assert_eq!(rc, RDMACTOR_INVALID_ARGUMENT as c_int);
+    assert_eq!(rdmactor_ctx_free(ctx), OK);
+}
+
+#[test]
+fn an_unknown_service_is_refused_with_the_servers_reason() {
+    let ctx = loopback_ctx();
+    let addr = c(&server().0.to_string());
+    let mut out = rdmactor_conn::default();
+    // SAFETY: valid strings and out-parameter.
+    let rc = unsafe {
+        rdmactor_connect(
+            ctx,
+            addr.as_ptr(),
+            c"no-such".as_ptr(),
+            null(),
+            5000,
+            &mut out,
+        )
+    };
+    assert_eq!(rc, RDMACTOR_REFUSED as c_int, "{}", last_error());
+    assert!(last_error().contains("no-such"), "{}", last_error());
+    assert_eq!(rdmactor_ctx_free(ctx), OK);
+}
+
+#[test]
+fn echo_round_trips_and_a_closed_connection_is_refused() {
+    let ctx = loopback_ctx();
+    let conn = connect(ctx, "echo");
+    let req = echo_request(b"hello from C");
+    let (rc, len, reply) = request(conn, &req, 64);
+    assert_eq!(rc, OK, "{}", last_error());
+    assert_eq!(len, req.len());
+    assert_eq!(reply, req, "echo answers with the request's encoding");
+    assert_eq!(rdmactor_close(conn), OK);
+    let (rc, ..) = request(conn, &req, 64);
+    assert_eq!(rc, RDMACTOR_BAD_HANDLE as c_int);
+    assert_eq!(
+        rdmactor_close(conn),
+        RDMACTOR_BAD_HANDLE as c_int,
+        "double close"
+    );
+    // A newer connection may reuse the slot; the old id still does not reach it.
+    let again = connect(ctx, "echo");
+    assert_ne!(again, conn);
+    assert_eq!(request(conn, &req, 64).0, RDMACTOR_BAD_HANDLE as c_int);
+    assert_eq!(request(again, &req, 64).0, OK);
+    // The handle of the context is not a connection.
+    assert_eq!(
+        rdmactor_close(rdmactor_conn { id: ctx.id }),
+        RDMACTOR_BAD_HANDLE as c_int
+    );
+    assert_eq!(rdmactor_ctx_free(ctx), OK);
+}
+
+#[test]
+fn a_reply_larger_than_the_buffer_gives_the_length_it_needs() {
+    let ctx = loopback_ctx();
+    let conn = connect(ctx, "echo");
+    let req = echo_request(&[7; 100]);
+    let (rc, len, _) = request(conn, &req, 10);
+    assert_eq!(rc, RDMACTOR_BUFFER_TOO_SMALL as c_int);
+    assert_eq!(len, req.len());
+    assert!(last_error().contains("does not fit"), "{}", last_error());
+    // NULL with no capacity: the way to learn the length.
+    let mut needed = 0;
+    // SAFETY: the request slice lives across the call; NULL reply with capacity 0.
+    let rc =
+        unsafe { rdmactor_request(conn, req.as_ptr(), req.len(), null_mut(), 0, &mut needed, 0) };
+    assert_eq!(rc, RDMACTOR_BUFFER_TOO_SMALL as c_int);
+    assert_eq!(needed, req.len());
+    // NULL with a capacity is a bad call, refused before anything is sent.
+    // SAFETY: as above; the NULL is refused.
+    let rc =
+        unsafe { rdmactor_request(conn, req.as_ptr(), req.len(), null_mut(), 8, &mut needed, 0) };
+    assert_eq!(rc, RDMACTOR_INVALID_ARGUMENT as c_int);
+    // The connection goes on.
+    assert_eq!(request(conn, &req, req.len()).0, OK);
+    assert_eq!(rdmactor_ctx_free(ctx), OK);
+}
+
+#[test]
+fn a_malformed_request_closes_the_connection_with_the_servers_reason() {
+    let ctx = loopback_ctx();
+    let conn = connect(ctx, "echo");
+    // Not an echo request (a length prefix promising more than follows).
+    let (rc, ..) = request(conn, &[0x7f], 64);
+    assert_eq!(rc, RDMACTOR_CLOSED as c_int, "{}", last_error());
+    assert!(
+        last_error().contains("malformed echo request"),
+        "{}",
+        last_error()
+    );
+    assert_eq!(
+        rdmactor_close(conn),
+        OK,
+        "a closed connection's handle is still closed once"
+    );
+    assert_eq!(rdmactor_ctx_free(ctx), OK);
+}
+
+#[test]
+fn one_thread_drives_many_connections_through_the_completion_fd() {
+    use rustix::event::{poll, PollFd, PollFlags};
+    const N: usize = 8;
+    let ctx = loopback_ctx();
+    let mut fd = -1;
+    // SAFETY: a valid out-parameter.
+    assert_eq!(unsafe { rdmactor_ctx_fd(ctx, &mut fd) }, OK);
+    // SAFETY: the context owns the fd and outlives this borrow.
+    let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    let addr = c(&server().0.to_string());
+    let mut ops = std::collections::HashSet::new();
+    for i in 0..N {
+        let mut op = 0;
+        // SAFETY: valid strings and out-parameter.
+        let rc = unsafe {
+            rdmactor_connect_submit(
+                ctx,
+                addr.as_ptr(),
+                c"echo".as_ptr(),
+                null(),
+                5000,
+                i as u64,
+                &mut op,
+            )
+        };
+        assert_eq!(rc, OK, "{}", last_error());
+        ops.insert(op);
+    }
+    let reqs: Vec<Vec<u8>> = (0..N)
+        .map(|i| echo_request(&vec![i as u8; 64 + i]))
+        .collect();
+    let mut replies = vec![vec![0u8; 256]; N];
+    let mut conns = [rdmactor_conn::default(); N];
+    let mut answered = 0;
+    let mut out = [rdmactor_completion {
+        op: 0,
+        user_data: 0,
+        status: 0,
+        conn: rdmactor_conn::default(),
+        len: 0,
+        error: [0; RDMACTOR_ERROR_LEN],
+    }; 4];
+    while answered < N {
+        let mut fds = [PollFd::new(&borrowed, PollFlags::IN)];
+        let ready = poll(
+            &mut fds,
+            Some(&rustix::event::Timespec {
+                tv_sec: 10,
+                tv_nsec: 0,
+            }),
+        )
+        .expect("poll");
+        assert_eq!(ready, 1, "a completion within 10 s");
+        let mut n = 0;
+        // SAFETY: `out` holds 4 completions; the reply buffers outlive every poll.
+        let rc = unsafe { rdmactor_poll_completions(ctx, out.as_mut_ptr(), 4, &mut n) };
+        assert_eq!(rc, OK);
+        for done in &out[..n] {
+            let i = (done.user_data % 100) as usize;
+            assert_eq!(done.status, OK, "op {}", done.op);
+            if done.user_data < 100 {
+                assert!(ops.remove(&done.op), "a connect's op");
+                conns[i] = done.conn;
+                let mut op = 0;
+                // SAFETY: the request is copied during the call; the reply buffer
+                // lives until the end of the test, past its completion's poll.
+                let rc = unsafe {
+                    rdmactor_request_submit(
+                        done.conn,
+                        reqs[i].as_ptr(),
+                        reqs[i].len(),
+                        replies[i].as_mut_ptr(),
+                        256,
+                        5000,
+                        100 + i as u64,
+                        &mut op,
+                    )
+                };
+                assert_eq!(rc, OK, "{}", last_error());
+            } else {
+                assert_eq!(done.conn, conns[i]);
+                assert_eq!(&replies[i][..done.len], &reqs[i][..]);
+                answered += 1;
+            }
+        }
+    }
+    let mut n = 9;
+    // SAFETY: as above.
+    let rc = unsafe { rdmactor_poll_completions(ctx, out.as_mut_ptr(), 4, &mut n) };
+    assert_eq!(rc, OK);
+    assert_eq!(n, 0);
+    let mut fds = [PollFd::new(&borrowed, PollFlags::IN)];
+    assert_eq!(
+        poll(
+            &mut fds,
+            Some(&rustix::event::Timespec {
+                tv_sec: 0,
+                tv_nsec: 0
+            })
+        )
+        .unwrap(),
+        0,
+        "not readable when empty"
+    );
+    assert_eq!(rdmactor_ctx_free(ctx), OK);
+}
+
+fn file_result() -> rdmactor_file_result {
+    rdmactor_file_result {
+        verdict: rdmactor_verdict::RDMACTOR_VERDICT_ABORTED,
+        bytes: 0,
+        sha256_hex: [0; 65],
+        reason: [0; RDMACTOR_REASON_LEN],
+    }
+}
+
+fn text(chars: &[c_char]) -> String {
+    let bytes: Vec<u8> = chars
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    String::from_utf8(bytes).expect("UTF-8")
+}
+
+#[test]
+fn files_upload_and_fetch_with_their_verdict_and_digest() {
+    let ctx = loopback_ctx();
+    let conn = connect(ctx, "files");
+    let src = tempfile::tempdir().unwrap();
+    let bytes: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let path = src.path().join("c-upload.bin");
+    std::fs::write(&path, &bytes).unwrap();
+    let want = hex::encode(sha2::Sha256::digest(&bytes));
+    let p = c(path.to_str().unwrap());
+    let mut r = file_result();
+    // SAFETY: valid strings and out-parameter.
+    let rc = unsafe { rdmactor_file_send(conn, p.as_ptr(), null(), 0, &mut r, 30_000) };
+    assert_eq!(rc, OK, "{}", last_error());
+    assert_eq!(
+        r.verdict,
+        rdmactor_verdict::RDMACTOR_VERDICT_GOOD,
+        "{}",
+        text(&r.reason)
+    );
+    assert_eq!(r.bytes, bytes.len() as u64);
+    assert_eq!(text(&r.sha256_hex), want);
+    assert_eq!(
+        std::fs::read(server().1.join("c-upload.bin")).unwrap(),
+        bytes
+    );
+    // The same name again, without overwrite: the service's verdict, not an error.
+    let mut r = file_result();
+    // SAFETY: as above.
+    let rc = unsafe { rdmactor_file_send(conn, p.as_ptr(), null(), 0, &mut r, 30_000) };
+    assert_eq!(rc, OK, "{}", last_error());
+    assert_eq!(r.verdict, rdmactor_verdict::RDMACTOR_VERDICT_REJECTED);
+    assert!(!text(&r.reason).is_empty());
+    // And back.
+    let dst = tempfile::tempdir().unwrap();
+    let d = c(dst.path().to_str().unwrap());
+    let mut r = file_result();
+    // SAFETY: as above.
+    let rc = unsafe {
+        rdmactor_file_fetch(
+            conn,
+            c"c-upload.bin".as_ptr(),
+            d.as_ptr(),
+            0,
+            &mut r,
+            30_000,
+        )
+    };
+    assert_eq!(rc, OK, "{}", last_error());
+    assert_eq!(
+        r.verdict,
+        rdmactor_verdict::RDMACTOR_VERDICT_GOOD,
+        "{}",
+        text(&r.reason)
+    );
+    assert_eq!(text(&r.sha256_hex), want);
+    assert_eq!(
+        std::fs::read(dst.path().join("c-upload.bin")).unwrap(),
+        bytes
+    );
+    // SAFETY: as above; the unknown flag is refused.
+    let rc = unsafe { rdmactor_file_send(conn, p.as_ptr(), null(), 0x80, &mut r, 0) };
+    assert_eq!(rc, RDMACTOR_INVALID_ARGUMENT as c_int);
+    assert_eq!(rdmactor_ctx_free(ctx), OK);
+}
+
+#[test]
+fn a_region_reads_into_a_buffer_that_fits_and_says_what_fits_otherwise() {
+    let ctx = loopback_ctx();
+    let conn = connect(ctx, "read");
+    let mut buf = vec![0u8; 8];
+    let (mut len, mut version) = (0usize, 0u64);
+    // SAFETY: the buffer, length and version live across the call.
+    let rc = unsafe {
+        rdmactor_read(
+            conn,
+            c"greeting".as_ptr(),
+            0,
+            buf.as_mut_ptr(),
+            8,
+            &mut len,
+            &mut version,
+            5000,
+        )
+    };
+    assert_eq!(rc, RDMACTOR_BUFFER_TOO_SMALL as c_int);
+    assert_eq!(len, REGION.len());
+    buf.resize(len, 0);
+    // SAFETY: as above, with the length it needs.
+    let rc = unsafe {
+        rdmactor_read(
+            conn,
+            c"greeting".as_ptr(),
+            0,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut len,
+            &mut version,
+            5000,
+        )
+    };
+    assert_eq!(rc, OK, "{}", last_error());
+    assert_eq!(&buf[..len], REGION);
+    // From an offset, without the version.
+    // SAFETY: as above; NULL version is allowed.
+    let rc = unsafe {
+        rdmactor_read(
+            conn,
+            c"greeting".as_ptr(),
+            6,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut len,
+            null_mut(),
+            5000,
+        )
+    };
+    assert_eq!(rc, OK, "{}", last_error());
+    assert_eq!(&buf[..len], &REGION[6..]);
+    // SAFETY: as above.
+    let rc = unsafe {
+        rdmactor_read(
+            conn,
+            c"nothing".as_ptr(),
+            0,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut len,
+            null_mut(),
+            5000,
+        )
+    };
+    assert_eq!(rc, RDMACTOR_NOT_FOUND as c_int, "{}", last_error());
+    assert_eq!(rdmactor_ctx_free(ctx), OK);
+}
+
+#[test]
+fn a_panic_is_an_internal_status_not_an_unwind_into_c() {
+    let rc = guard("a test", || panic!("on purpose"));
+    assert_eq!(rc, RDMACTOR_INTERNAL as c_int);
+    assert!(last_error().contains("on purpose"), "{}", last_error());
+}
+
+#[test]
+fn every_status_has_a_name() {
+    for s in 0..=RDMACTOR_INTERNAL as c_int {
+        // SAFETY: a static string.
+        let name = unsafe { CStr::from_ptr(rdmactor_status_name(s)) };
+        assert_ne!(name.to_str().unwrap(), "RDMACTOR_UNKNOWN", "status {s}");
+    }
+    // SAFETY: a static string.
+    let name = unsafe { CStr::from_ptr(rdmactor_status_name(-1)) };
+    assert_eq!(name.to_str().unwrap(), "RDMACTOR_UNKNOWN");
+    let _ = Duration::ZERO;
+}
