@@ -257,22 +257,18 @@ fn load(wire: &Wire, seed: u64, next: &AtomicUsize, stop: &AtomicBool, ledger: &
     let ft = ft_cluster(Some(&key_file("alice")), &all_urls());
     let mut rng = StdRng::seed_from_u64(seed.rotate_left(17));
     while !stop.load(Ordering::Relaxed) {
-        let first = next.fetch_add(BATCH, Ordering::SeqCst);
-        let files: Vec<(String, usize)> =
-            (first..first + BATCH).map(|i| load_file(seed, i)).collect();
-        let job = sh(
+        upload_next(
             wire,
-            Host::D,
-            &upload_script(&files, &ft),
+            seed,
+            BATCH,
+            &ft,
+            next,
+            ledger,
             Duration::from_secs(600),
         );
-        let (acked, failed) = parse_uploads(&job.stdout);
         let picks: Vec<String> = {
             let mut l = ledger.lock().unwrap();
             l.batches += 1;
-            l.unanswered += BATCH.saturating_sub(acked.len() + failed.len());
-            l.acked.extend(acked);
-            l.failed.extend(failed);
             let names: Vec<&String> = l.acked.keys().collect();
             names
                 .choose_multiple(&mut rng, FETCHES)
@@ -309,6 +305,27 @@ fn load(wire: &Wire, seed: u64, next: &AtomicUsize, stop: &AtomicBool, ledger: &
     }
 }
 
+/// Uploads the load's next `n` files from d in one job (given `limit`), as alice, and
+/// records what `ft` answered for each in the ledger.
+fn upload_next(
+    wire: &Wire,
+    seed: u64,
+    n: usize,
+    ft: &str,
+    next: &AtomicUsize,
+    ledger: &Mutex<Ledger>,
+    limit: Duration,
+) {
+    let first = next.fetch_add(n, Ordering::SeqCst);
+    let files: Vec<(String, usize)> = (first..first + n).map(|i| load_file(seed, i)).collect();
+    let job = sh(wire, Host::D, &upload_script(&files, ft), limit);
+    let (acked, failed) = parse_uploads(&job.stdout);
+    let mut l = ledger.lock().unwrap();
+    l.unanswered += n.saturating_sub(acked.len() + failed.len());
+    l.acked.extend(acked);
+    l.failed.extend(failed);
+}
+
 /// Uploads `count` of the load's files before the schedule, in batches of 30 (one `ft
 /// send` each, no fetches between), and prints how many copies each server then holds:
 /// what a wipe of it or its death leaves repair to make.
@@ -318,19 +335,7 @@ fn preload_files(wire: &Wire, seed: u64, count: usize, next: &AtomicUsize, ledge
     let mut left = count;
     while left > 0 {
         let n = left.min(30);
-        let first = next.fetch_add(n, Ordering::SeqCst);
-        let files: Vec<(String, usize)> = (first..first + n).map(|i| load_file(seed, i)).collect();
-        let job = sh(
-            wire,
-            Host::D,
-            &upload_script(&files, &ft),
-            Duration::from_secs(1200),
-        );
-        let (acked, failed) = parse_uploads(&job.stdout);
-        let mut l = ledger.lock().unwrap();
-        l.unanswered += n.saturating_sub(acked.len() + failed.len());
-        l.acked.extend(acked);
-        l.failed.extend(failed);
+        upload_next(wire, seed, n, &ft, next, ledger, Duration::from_secs(1200));
         left -= n;
     }
     let records = catalog(wire, &all_urls());
