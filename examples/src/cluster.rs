@@ -208,8 +208,8 @@ impl ServerClusterArgs {
     /// hidden temporary file there, checked against the free space before any byte
     /// moves, named only once verified): nothing is staged outside it. With
     /// --scrub-every-secs, each round first asks a few files' listed replicas what they
-    /// hold, and with --clean-up-after-secs it ends by removing what no record lists
-    /// here. Without --repair-after-secs, pending for ever. Every outcome is logged; nothing here ends the server.
+    /// hold, and with --clean-up-after-secs a loop of its own, beside the repairs,
+    /// removes what no record lists here. Without --repair-after-secs, pending for ever. Every outcome is logged; nothing here ends the server.
     ///
     /// # Errors
     ///
@@ -248,41 +248,54 @@ impl ServerClusterArgs {
         // Each round that did something, or took long, says how long: where a wiped
         // store's repair spends its time.
         let took = |started: Instant| started.elapsed().as_secs_f64();
-        loop {
-            let started = Instant::now();
-            match files.scrub(&mut planner, started).await {
-                Ok(report) => {
-                    for (name, node, why) in &report.lost {
-                        println!("cluster: LOST {name} node={node}: {why}");
+        let every = Duration::from_secs(self.repair_every_secs.max(1));
+        // Scrub and repair in one loop (a scrub's findings feed the next repair), the
+        // clean-up in another: its rounds ask about and lock every extra copy, minutes
+        // under emulation, and a wiped store's repair must not wait behind them (the
+        // nemesis of 2026-11-29 saw 160-200 s clean-up rounds between repair rounds).
+        let repairs = async {
+            loop {
+                let started = Instant::now();
+                match files.scrub(&mut planner, started).await {
+                    Ok(report) => {
+                        for (name, node, why) in &report.lost {
+                            println!("cluster: LOST {name} node={node}: {why}");
+                        }
+                        if report.asked > 0 {
+                            println!(
+                                "cluster: ROUND scrub asked={} lost={} unanswered={} secs={:.1}",
+                                report.asked,
+                                report.lost.len(),
+                                report.unanswered.len(),
+                                took(started)
+                            );
+                        }
                     }
-                    if report.asked > 0 {
-                        println!(
-                            "cluster: ROUND scrub asked={} lost={} unanswered={} secs={:.1}",
-                            report.asked,
-                            report.lost.len(),
-                            report.unanswered.len(),
-                            took(started)
-                        );
-                    }
+                    Err(e) => tracing::warn!(%e, "cluster: a scrub round failed; trying again"),
                 }
-                Err(e) => tracing::warn!(%e, "cluster: a scrub round failed; trying again"),
-            }
-            let started = Instant::now();
-            match files.repair(&mut planner, started, staging).await {
-                Ok(report) => {
-                    print_repairs("cluster: ", &report);
-                    if !report.done.is_empty() || !report.failed.is_empty() {
-                        println!(
-                            "cluster: ROUND repair made={} failed={} secs={:.1}",
-                            report.done.len(),
-                            report.failed.len(),
-                            took(started)
-                        );
+                let started = Instant::now();
+                match files.repair(&mut planner, started, staging).await {
+                    Ok(report) => {
+                        print_repairs("cluster: ", &report);
+                        if !report.done.is_empty() || !report.failed.is_empty() {
+                            println!(
+                                "cluster: ROUND repair made={} failed={} secs={:.1}",
+                                report.done.len(),
+                                report.failed.len(),
+                                took(started)
+                            );
+                        }
                     }
+                    Err(e) => tracing::warn!(%e, "cluster: a repair round failed; trying again"),
                 }
-                Err(e) => tracing::warn!(%e, "cluster: a repair round failed; trying again"),
+                tokio::time::sleep(every).await;
             }
-            if let Some(collector) = collector.as_mut() {
+        };
+        let clean_ups = async {
+            let Some(collector) = collector.as_mut() else {
+                return std::future::pending().await;
+            };
+            loop {
                 let started = Instant::now();
                 match files.clean_up(collector, started, &node, store).await {
                     Ok(report) => {
@@ -299,9 +312,10 @@ impl ServerClusterArgs {
                     }
                     Err(e) => tracing::warn!(%e, "cluster: a clean-up round failed"),
                 }
+                tokio::time::sleep(every).await;
             }
-            tokio::time::sleep(Duration::from_secs(self.repair_every_secs.max(1))).await;
-        }
+        };
+        futures::future::join(repairs, clean_ups).await.0
     }
 }
 

@@ -2,7 +2,7 @@
 //! with `unsafe` outside the framework's verbs wrapper (scripts/lint allows this one
 //! folder, and says why).
 //!
-//! Each entry point runs its body under [`guard`]: a panic becomes
+//! Each entry point runs its body under `guard`: a panic becomes
 //! `RDMACTOR_INTERNAL` with its message, never an unwind into C; a failure sets the
 //! thread's last error. Pointers are read in `ptr.rs`, values handed to `api.rs`.
 

@@ -59,9 +59,15 @@ impl<T: FileTransfer> ClusterFiles<T> {
         let files: HashMap<String, FileRecord> = self.records().await?.into_iter().collect();
         let live: HashSet<String> = members.into_iter().map(|n| n.node).collect();
         let mut other = HashSet::new();
-        for name in collector.to_ask(&held, &files, &live) {
+        // This node's own answers, on one connection (see `FileTransfer::stat_many`).
+        let ask: Vec<String> = collector
+            .to_ask(&held, &files, &live)
+            .into_iter()
+            .cloned()
+            .collect();
+        for (name, found) in ask.iter().zip(self.transfer.stat_many(addr, &ask).await) {
             // An unanswered question keeps the file.
-            if let Ok(found) = self.transfer.stat(addr, name).await {
+            if let Ok(found) = found {
                 if !holds(&files[name], &found) {
                     other.insert(name.clone());
                 }
