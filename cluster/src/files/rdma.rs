@@ -120,7 +120,8 @@ impl FileTransfer for RdmaFiles<'_> {
 
     /// One connection for all of `names`: the service answers one question after
     /// another on it. A question that ends the connection (an error, not a refusal such
-    /// as `NotFound`) gets its answer, and the next one a new connection.
+    /// as `NotFound`) gets its answer, and the next one a new connection; a connect that
+    /// fails answers every name left with its error.
     async fn stat_many(
         &self,
         addr: SocketAddr,
@@ -133,9 +134,15 @@ impl FileTransfer for RdmaFiles<'_> {
                 Some(open) => open,
                 None => match self.connect(addr).await {
                     Ok(open) => open,
+                    // A node that cannot be reached now answers none of the rest either:
+                    // no connect per remaining name, each waiting out the dial.
                     Err(e) => {
+                        let why = e.to_string();
                         answers.push(Err(e));
-                        continue;
+                        while answers.len() < names.len() {
+                            answers.push(Err(TransferError::Failed(why.clone())));
+                        }
+                        break;
                     }
                 },
             };
