@@ -173,8 +173,7 @@ impl<T: Transport> Link for Conn<T> {
                 }
             })
             .await?;
-            let (bytes, digest) = offered.map_or((0, None), |(len, d)| (len, Some(d)));
-            Ok(transfer(outcome, bytes, digest))
+            Ok(transfer(outcome, offered))
         }
         .boxed_local()
     }
@@ -199,8 +198,7 @@ impl<T: Transport> Link for Conn<T> {
                 }
             })
             .await?;
-            let (bytes, digest) = offered.map_or((0, None), |(len, d)| (len, Some(d)));
-            Ok(transfer(outcome, bytes, digest))
+            Ok(transfer(outcome, offered))
         }
         .boxed_local()
     }
@@ -210,8 +208,10 @@ impl<T: Transport> Link for Conn<T> {
     }
 }
 
-/// The verdict C sees: the service's answer, not an error of the call.
-fn transfer(outcome: Outcome, bytes: u64, offered: Option<Digest>) -> Transfer {
+/// The verdict C sees: the service's answer, not an error of the call. `offered` is
+/// the length and digest of the file's offer, if the transfer got that far.
+fn transfer(outcome: Outcome, offered: Option<(u64, Digest)>) -> Transfer {
+    let (bytes, offered) = offered.map_or((0, None), |(len, d)| (len, Some(d)));
     let (verdict, reason, digest) = match outcome {
         Outcome::Delivered { .. } => (Verdict::Good, String::new(), offered),
         Outcome::Stored { digest, len, .. } => {
