@@ -1,5 +1,5 @@
-//! Removing a stored file at its owner's `Delete`: the server's blocking job and the
-//! client's one question.
+//! Removing a stored file at its owner's `Delete`: the server's blocking job (the
+//! client's question is `client/delete.rs`).
 //!
 //! Order of the job: the file is opened and its owner read from the open file (so the
 //! check and the attribute are the same inode's), the [`Recorder`] forgets it, and only
@@ -10,16 +10,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use rdmactor::runtime::ClientConnection;
-use rdmactor::transport::Transport;
-
-use super::client::{finish, ClientError};
-use super::endpoint::Outcome;
-use super::error::TransferError;
-use super::question::one_answer;
 use super::recorder::Recorder;
 use super::sender::open_fetched;
-use super::wire::{Msg, RejectReason};
+use super::wire::RejectReason;
 
 /// The blocking part of a `Delete` the server allowed (see the module docs).
 #[derive(Debug)]
@@ -69,63 +62,5 @@ impl DeleteJob {
             tracing::warn!(dir = %self.dir.display(), error = %e, "fsync of the store after a delete");
         }
         Ok(())
-    }
-}
-
-/// Asks the server to remove the file `name`: [`Outcome::Deleted`], or
-/// [`Outcome::Rejected`] with the reason ([`RejectReason::NotFound`] for no such file
-/// or one this client may not remove).
-///
-/// # Errors
-///
-/// A bad name, a failed send, a closed connection, or an answer that is not one to a
-/// `Delete`; the connection is closed then.
-pub async fn delete_file<T: Transport>(
-    conn: &ClientConnection<T>,
-    name: &str,
-) -> Result<Outcome, ClientError> {
-    let asked = async {
-        super::name::validate_name(name).map_err(TransferError::from)?;
-        let msg = Msg::Delete {
-            name: name.to_owned(),
-        };
-        Ok(delete_answer(one_answer(conn, msg, STATE).await?)?)
-    };
-    finish(conn, asked.await).await
-}
-
-/// The outcome a `Delete`'s answer stands for; any other message is a protocol error.
-fn delete_answer(msg: Msg) -> Result<Outcome, TransferError> {
-    match msg {
-        Msg::Deleted => Ok(Outcome::Deleted),
-        Msg::Reject { reason } => Ok(Outcome::Rejected(reason)),
-        other => Err(unexpected_answer(other.kind().to_owned())),
-    }
-}
-
-const STATE: &str = "waiting for the answer to Delete";
-
-fn unexpected_answer(what: String) -> TransferError {
-    TransferError::Unexpected { what, state: STATE }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_delete_is_answered_by_deleted_or_a_refusal_and_nothing_else() {
-        assert_eq!(delete_answer(Msg::Deleted).unwrap(), Outcome::Deleted);
-        assert_eq!(
-            delete_answer(Msg::Reject {
-                reason: RejectReason::NotFound
-            })
-            .unwrap(),
-            Outcome::Rejected(RejectReason::NotFound)
-        );
-        assert!(matches!(
-            delete_answer(Msg::Good),
-            Err(TransferError::Unexpected { .. })
-        ));
     }
 }

@@ -8,8 +8,9 @@
 use std::io::Cursor;
 use std::sync::Arc;
 
-use super::endpoint::{ChunkWrite, Endpoint, Output};
+use super::endpoint::Endpoint;
 use super::hash::hash_bytes;
+use super::output::{ChunkWrite, Output};
 use super::receiver::Receiver;
 use super::sender::Sender;
 use super::server::Server;

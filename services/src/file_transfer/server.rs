@@ -12,8 +12,10 @@ use std::sync::Arc;
 
 use super::config::Config;
 use super::digests::DigestCache;
-use super::endpoint::{ChunkWrite, Endpoint, Outcome, Output, PrepareFetch};
+use super::endpoint::Endpoint;
 use super::error::Result;
+use super::output::{ChunkWrite, Outcome, Output};
+use super::prepare::PrepareFetch;
 use super::quota::PreparationLimit;
 use super::receiver::Receiver;
 use super::sender::Sender;

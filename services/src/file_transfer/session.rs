@@ -1,6 +1,6 @@
 //! The `files` service: drives one [`Server`] state machine per connection over
 //! rdmactor, in a [`MachineSession`]. The state machine decides; this driver only turns
-//! its [`Output`](super::endpoint::Output)s into verbs work (register, send, post
+//! its [`Output`]s into verbs work (register, send, post
 //! WRITE_WITH_IMM, deregister) and feeds events back.
 //!
 //! Buffers, per connection and per transfer:
@@ -29,9 +29,10 @@ use rdmactor::transport::Transport;
 
 use super::config::Config;
 use super::digests::{DigestCache, DigestStats};
-use super::endpoint::{ChunkWrite, Endpoint, Output};
+use super::endpoint::Endpoint;
 use super::error::{Result, TransferError};
 use super::file_key::FileKey;
+use super::output::{ChunkWrite, Output};
 use super::owner::{Admission, Admit, QuotaOwner};
 use super::quota::PreparationLimit;
 use super::receiver::Consumed;

@@ -10,8 +10,9 @@ use super::incoming::{release, release_early};
 use super::offer::store_reason;
 use super::state::State;
 use super::Receiver;
-use crate::file_transfer::endpoint::{unexpected, Endpoint, Outcome, Output};
+use crate::file_transfer::endpoint::{unexpected, Endpoint};
 use crate::file_transfer::error::{Result, TransferError};
+use crate::file_transfer::output::{Outcome, Output};
 use crate::file_transfer::owner::Admission;
 use crate::file_transfer::store::{StoreError, TempFile};
 use crate::file_transfer::wire::{

@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 
 use super::consume::Sink;
-use crate::file_transfer::endpoint::Output;
+use crate::file_transfer::output::Output;
 use crate::file_transfer::owner::Admission;
 use crate::file_transfer::wire::{FileOffer, Msg, RemoteWindow};
 

@@ -15,9 +15,9 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use super::config::Config;
-use super::endpoint::{Outcome, Output};
 use super::error::{Result, TransferError};
 use super::name::validate_name;
+use super::output::{Outcome, Output};
 use super::store::Reaper;
 use super::wire::{HashAlg, Msg, RejectReason};
 use state::State;

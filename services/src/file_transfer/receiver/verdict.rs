@@ -5,8 +5,8 @@ use super::consume::Sink;
 use super::incoming::Incoming;
 use super::state::{Committing, State};
 use super::Receiver;
-use crate::file_transfer::endpoint::{Outcome, Output};
 use crate::file_transfer::error::{Result, TransferError};
+use crate::file_transfer::output::{Outcome, Output};
 use crate::file_transfer::wire::{BadReason, Msg, RejectReason};
 
 impl Receiver {

@@ -7,8 +7,9 @@ use std::io::Read;
 use super::read::{ChunkRead, ReadJob};
 use super::state::State;
 use super::Sender;
-use crate::file_transfer::endpoint::{unexpected, Auth, ChunkWrite, Endpoint, Outcome, Output};
+use crate::file_transfer::endpoint::{unexpected, Endpoint};
 use crate::file_transfer::error::{Result, TransferError};
+use crate::file_transfer::output::{Auth, ChunkWrite, Outcome, Output};
 use crate::file_transfer::wire::{chunk_len, Msg, RejectReason};
 
 impl Endpoint for Sender {

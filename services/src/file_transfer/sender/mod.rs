@@ -5,6 +5,7 @@
 #![deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 
 mod events;
+mod flow;
 mod grant;
 mod pipeline;
 mod read;
@@ -17,9 +18,9 @@ use std::io::Read;
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
-use super::endpoint::{Outcome, Output};
 use super::error::{Result, TransferError};
 use super::name::validate_name;
+use super::output::{Outcome, Output};
 use super::wire::{FileOffer, HashAlg, Msg, RejectReason, MIN_GRANT_SLOT_LEN};
 use super::Config;
 use pipeline::Pipeline;

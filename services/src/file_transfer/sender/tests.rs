@@ -1,8 +1,9 @@
 use std::io::Cursor;
 
 use super::*;
-use crate::file_transfer::endpoint::{Auth, ChunkWrite, Endpoint};
+use crate::file_transfer::endpoint::Endpoint;
 use crate::file_transfer::hash::hash_bytes;
+use crate::file_transfer::output::{Auth, ChunkWrite};
 use crate::file_transfer::wire::{BadReason, RemoteWindow, WindowGrant, MAX_GRANT_SLOTS};
 
 fn sender(data: &[u8]) -> Sender {

@@ -11,7 +11,8 @@ use rdmactor::verbs::{Access, RemoteRegion};
 use super::{
     fail, Committed, FileSession, ADMITTED, CHUNK_READ, COMMIT_DONE, CONSUMED, DELETED, PREPARED,
 };
-use crate::file_transfer::endpoint::{ChunkWrite, Endpoint, Outcome, Output};
+use crate::file_transfer::endpoint::Endpoint;
+use crate::file_transfer::output::{ChunkWrite, Outcome, Output};
 use crate::file_transfer::owner::Admit;
 use crate::file_transfer::store::StoreError;
 use crate::file_transfer::wire::{RejectReason, RemoteWindow};

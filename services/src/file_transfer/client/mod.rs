@@ -13,6 +13,10 @@
 //! error the driver closes the connection, which makes the server drop its side of the
 //! transfer (and any partial file) instead of waiting for chunks that never come.
 
+pub(super) mod delete;
+mod question;
+pub(super) mod stat;
+
 use std::collections::{HashMap, VecDeque};
 use std::future::{poll_fn, Future};
 use std::path::{Path, PathBuf};
@@ -24,13 +28,14 @@ use rdmactor::runtime::{Client, ClientConnection, Incoming, RequestError};
 use rdmactor::transport::{Region, Transport, Verbs};
 use rdmactor::verbs::{Access, RemoteRegion};
 
-use super::config::Config;
-use super::endpoint::{Endpoint, Outcome, Output};
-use super::error::TransferError;
-use super::receiver::{Consumed, Receiver};
-use super::sender::Sender;
-use super::store::StoreError;
-use super::wire::{FileOffer, HashAlg, Msg, RemoteWindow, WindowGrant};
+use crate::file_transfer::config::Config;
+use crate::file_transfer::endpoint::Endpoint;
+use crate::file_transfer::error::TransferError;
+use crate::file_transfer::output::{Outcome, Output};
+use crate::file_transfer::receiver::{Consumed, Receiver};
+use crate::file_transfer::sender::Sender;
+use crate::file_transfer::store::StoreError;
+use crate::file_transfer::wire::{FileOffer, HashAlg, Msg, RemoteWindow, WindowGrant};
 
 /// How [`send_file`] sends.
 #[derive(Debug, Clone)]

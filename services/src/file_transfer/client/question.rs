@@ -4,9 +4,9 @@
 use rdmactor::runtime::ClientConnection;
 use rdmactor::transport::Transport;
 
-use super::client::ClientError;
-use super::error::TransferError;
-use super::wire::Msg;
+use super::ClientError;
+use crate::file_transfer::error::TransferError;
+use crate::file_transfer::wire::Msg;
 
 /// Sends `msg`, a question answered by one message (`Stat`, `Delete`), and returns
 /// the answer; a chunk in its place is a protocol error, met in `state`.

@@ -1,14 +1,14 @@
 //! The client side of `Stat`: one question, one answer, on a connection that carries
-//! nothing else meanwhile (see [`client`](super::client)).
+//! nothing else meanwhile (see [`client`](super)).
 
 use rdmactor::runtime::ClientConnection;
 use rdmactor::transport::Transport;
 
-use super::client::{finish, ClientError};
-use super::endpoint::Outcome;
-use super::error::TransferError;
 use super::question::one_answer;
-use super::wire::{HashAlg, Msg};
+use super::{finish, ClientError};
+use crate::file_transfer::error::TransferError;
+use crate::file_transfer::output::Outcome;
+use crate::file_transfer::wire::{HashAlg, Msg};
 
 /// Asks the server what it holds under `name`, hashed with `alg`, without moving the
 /// file: [`Outcome::Held`] with its length and digest, or [`Outcome::Rejected`] with
@@ -16,7 +16,7 @@ use super::wire::{HashAlg, Msg};
 /// The server may have to read the whole file to hash it (as for a fetch), unless it
 /// knows its digest.
 ///
-/// [`RejectReason::NotFound`]: super::RejectReason::NotFound
+/// [`RejectReason::NotFound`]: crate::file_transfer::RejectReason::NotFound
 ///
 /// # Errors
 ///
@@ -28,7 +28,7 @@ pub async fn stat_file<T: Transport>(
     alg: HashAlg,
 ) -> Result<Outcome, ClientError> {
     let asked = async {
-        super::name::validate_name(name).map_err(TransferError::from)?;
+        crate::file_transfer::name::validate_name(name).map_err(TransferError::from)?;
         let msg = Msg::Stat {
             name: name.to_owned(),
             alg,
