@@ -15,6 +15,7 @@ use super::client_session::{
     AtomicOp, ClientCall, ClientEnds, ClientSession, ClosedReason, NonceSlot, Prover, RawProof,
     Reply, RequestError,
 };
+use super::close::CloseReason;
 use super::cm::CmActor;
 use super::config::NodeConfig;
 use super::connect::{with_session, Connect, ConnectError, Dialer};
@@ -22,7 +23,6 @@ use super::connection::{CmNotice, ConnectionActor, ConnectionParts};
 use super::handler::{Answer, CallError};
 use super::node::Node;
 use super::service::{Identity, Incoming, Session};
-use super::CloseReason;
 use crate::proto::hello::Welcome;
 use crate::transport::{Domain, Transport, Verbs};
 use crate::verbs::{Access, RemoteRegion, VerbsError};

@@ -11,9 +11,10 @@ use actix::prelude::*;
 use tokio::sync::{mpsc, oneshot};
 
 use super::auth::{self, Authenticated, Credential, AUTH_TAG, NONCE_LEN, REFUSED_PREFIX};
+use super::close::CloseReason;
 use super::connection::{BufId, ConnectionActor, Op};
 use super::service::{Identity, Incoming, OpId, Session, SessionError};
-use super::{CloseReason, SessionCx};
+use super::SessionCx;
 use crate::transport::{Transport, Verbs};
 use crate::verbs::{RemoteRegion, VerbsError};
 

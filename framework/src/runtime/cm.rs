@@ -22,6 +22,7 @@ use actix::prelude::*;
 use super::admission::{self, PeerCounts};
 use super::auth::{Door, MAX_PROOF};
 use super::budget::QpBudget;
+use super::close::CloseReason;
 use super::cm_counters::{CmCounters, NodeStats};
 use super::conn_set::{self, fmt_addr, ConnSet, Drain};
 use super::connect::{Connect, ConnectError, Dialing, Reports};
@@ -33,7 +34,6 @@ use super::handshakes::{HandshakeTick, Handshakes, HANDSHAKE_TICK};
 use super::node::Node;
 use super::recovery::{self, OobReleased, Recovery, Relisten};
 use super::service::{Framing, Identity, PeerInfo, Service};
-use super::CloseReason;
 use crate::proto::hello::{Reject, RejectCode, Welcome};
 use crate::transport::{CmEvent, CmEventKind, CmId, EventChannel, Transport, Verbs};
 

@@ -7,9 +7,9 @@ use std::time::Instant;
 use actix::prelude::*;
 
 use super::auth::{AuthReport, KeySet, KeysError};
+use super::close::CloseReason;
 use super::cm::CmActor;
 use super::connection::CmNotice;
-use super::CloseReason;
 use crate::transport::Transport;
 
 impl<T: Transport> Handler<AuthReport<T::CmIdKey>> for CmActor<T> {

@@ -14,9 +14,9 @@ use std::net::SocketAddr;
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
+use super::close::CloseReason;
 use super::connection::{CmNotice, ConnectionActor, ConnectionParts};
 use super::service::Session;
-use super::CloseReason;
 use crate::transport::Transport;
 use crate::verbs::CmIdKey;
 

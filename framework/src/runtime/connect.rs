@@ -13,13 +13,13 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 
+use super::close::CloseReason;
 use super::conn_set::{fmt_addr, ConnSet};
 use super::connection::{
     CmCall, CmNotice, ConnClosed, ConnectionParts, Handshake, HandshakeFailed,
 };
 use super::node::Node;
 use super::service::Framing;
-use super::CloseReason;
 use crate::proto::hello::{Hello, Reject, Welcome, PROTOCOL_VERSION};
 use crate::transport::{CmEvent, CmEventKind, CmId, Domain, Transport, Verbs};
 

@@ -28,9 +28,9 @@
 use std::collections::HashMap;
 use std::marker::PhantomData;
 
+use super::close::CloseReason;
 use super::connection::{Op, SessionCx};
 use super::service::{refused_by_default, Incoming, OpId, Session, SessionError};
-use super::CloseReason;
 use crate::proto::budget::BudgetError;
 use crate::transport::{Transport, Verbs};
 

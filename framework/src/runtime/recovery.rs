@@ -29,10 +29,10 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 
+use super::close::CloseReason;
 use super::config::NodeConfig;
 use super::device_watch::{DeviceNotice, DeviceWatch};
 use super::node::Node;
-use super::CloseReason;
 use crate::transport::{CmId, Domain, ListedDevice, Transport, Verbs};
 
 /// How often an absent device is looked for.

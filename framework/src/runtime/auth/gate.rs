@@ -20,8 +20,9 @@ use super::identities::{IdentityCounts, IdentitySlot};
 use super::keys::Keys;
 use super::proof::{self, AuthRefusal, Authenticated, Verified, AUTH_TAG, NONCE_LEN};
 use crate::proto::budget::BudgetError;
+use crate::runtime::close::CloseReason;
 use crate::runtime::service::{Identity, Incoming, OpId, PeerInfo, Service, Session, SessionError};
-use crate::runtime::{CloseReason, SessionCx};
+use crate::runtime::SessionCx;
 use crate::transport::{Transport, Verbs};
 
 /// What the close reason of a refused connection starts with; the client's

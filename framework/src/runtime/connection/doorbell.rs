@@ -5,7 +5,7 @@
 #![deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 
 use super::{Core, Work};
-use crate::runtime::CloseReason;
+use crate::runtime::close::CloseReason;
 use crate::transport::{QueuePair as _, Transport};
 
 /// Posts everything the core has decided. A refused post (the QP is broken) ends with the

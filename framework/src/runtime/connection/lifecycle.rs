@@ -25,10 +25,10 @@ use actix::WeakRecipient;
 
 use super::mailbox::{CmNotice, ConnClosed, Released};
 use super::{ring, Core, SessionCx, Timeout};
+use crate::runtime::close::CloseReason;
 use crate::runtime::poller::{self, Inbox};
 use crate::runtime::service::{Session, SessionError};
 use crate::runtime::wake_route;
-use crate::runtime::CloseReason;
 use crate::transport::{CmId as _, QueuePair as _, Transport, Verbs};
 use crate::verbs::WorkCompletion;
 

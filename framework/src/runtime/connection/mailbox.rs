@@ -8,8 +8,8 @@ use actix::prelude::*;
 use actix::WeakRecipient;
 
 use crate::proto::credits::Advert;
+use crate::runtime::close::CloseReason;
 use crate::runtime::wake_route::WakeRoute;
-use crate::runtime::CloseReason;
 use crate::verbs::CmIdKey;
 
 /// Connection-level notices from the CM actor.

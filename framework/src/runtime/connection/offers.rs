@@ -8,7 +8,7 @@ use std::time::Instant;
 use super::buf::Buf;
 use crate::memory::{Charge, HeapCharge, RegisteredChunks};
 use crate::proto::frame::RendezvousOffer;
-use crate::runtime::CloseReason;
+use crate::runtime::close::CloseReason;
 use crate::transport::{Transport, Verbs};
 
 /// A large message exposed to the peer for its RDMA READ: a window bound to this

@@ -27,7 +27,7 @@ use std::ops::Range;
 
 use super::wr::{Batch, BindOf, QueuedBind, QueuedSend};
 use super::{Core, Goodbye, Wr, INLINE_MAX, MAX_BATCH};
-use crate::runtime::CloseReason;
+use crate::runtime::close::CloseReason;
 use crate::transport::{RecvWr, Region as _, SendWr, Transport};
 use crate::verbs::{Access, RemoteRegion, SendOp};
 

@@ -9,8 +9,8 @@ use std::borrow::Cow;
 use super::{Core, Delivery, Outgoing};
 use crate::proto::budget::BudgetError;
 use crate::proto::frame::{FrameKind, Header, RendezvousOffer};
+use crate::runtime::close::CloseReason;
 use crate::runtime::service::{Framing, Incoming};
-use crate::runtime::CloseReason;
 use crate::transport::{QueuePair as _, Region as _, Transport};
 use crate::verbs::{WcOpcode, WorkCompletion};
 

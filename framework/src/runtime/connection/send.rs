@@ -10,8 +10,8 @@ use super::{
 };
 use crate::memory::Ask;
 use crate::proto::frame::{close_reason_body, FrameKind, Header, HEADER_LEN};
+use crate::runtime::close::CloseReason;
 use crate::runtime::service::OpId;
-use crate::runtime::CloseReason;
 use crate::transport::{Region as _, Transport};
 use crate::verbs::SendOp;
 

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use super::liveness::Verdict;
 use super::{Core, Wr, DRAIN_TIMEOUT, GOODBYE_TIMEOUT};
-use crate::runtime::CloseReason;
+use crate::runtime::close::CloseReason;
 use crate::transport::Transport;
 use crate::verbs::{RemoteRegion, SendOp};
 

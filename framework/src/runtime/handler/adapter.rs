@@ -17,10 +17,10 @@ use super::one_sided::{Link, LinkParts, Transfers, TRANSFERS};
 use super::wire::{encode_refusal, Answer, Refusal};
 use crate::proto::budget::BudgetError;
 use crate::runtime::chunk_line::ServiceChunks;
+use crate::runtime::close::CloseReason;
 use crate::runtime::connection::{panic_message, SessionCx, SessionWaker};
 use crate::runtime::heap::Held;
 use crate::runtime::service::{Incoming, OpId, PeerInfo, Service, Session, SessionError};
-use crate::runtime::CloseReason;
 use crate::transport::Transport;
 
 /// A [`RequestHandler`] served as a [`Service`]: register it with

@@ -16,12 +16,12 @@ use super::clients::{ClientId, Clients, Limits};
 use super::{OobPort, OobStats, OobTransport};
 use crate::proto::oob::{self, ExchangeError, RECORD_LEN};
 use crate::runtime::budget::QpBudget;
+use crate::runtime::close::CloseReason;
 use crate::runtime::conn_set::{ConnSet, Drain};
 use crate::runtime::connection::{panic_message, CmNotice, ConnClosed, ConnectionParts, Handshake};
 use crate::runtime::node::Node;
 use crate::runtime::recovery::{OobDeviceBack, OobDeviceGone, OobReleased};
 use crate::runtime::service::{PeerInfo, Service};
-use crate::runtime::CloseReason;
 use crate::verbs::CmIdKey;
 
 pub(crate) struct OobListener {
