@@ -82,9 +82,15 @@ impl EtcdConfig {
         let mut options = etcd_client::ConnectOptions::new()
             .with_connect_timeout(self.connect_timeout)
             // HTTP/2 pings: a partitioned etcd breaks the keepalive and watch streams
-            // within seconds instead of at the next TCP timeout.
-            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
-            .with_keep_alive_while_idle(true)
+            // within seconds instead of at the next TCP timeout. Within etcd's ping
+            // policy, or it ends the connection (GOAWAY `too_many_pings`, failing the
+            // calls in flight; seen in a nemesis run): no closer than its
+            // `--grpc-keepalive-min-time` (5 s by default), and none while no stream is
+            // open (it does not permit pings without one). A partition is thus noticed
+            // within 6 + 3 s on a connection with a stream open, and an idle one finds
+            // out at its next call.
+            .with_keep_alive(Duration::from_secs(6), Duration::from_secs(3))
+            .with_keep_alive_while_idle(false)
             // gRPC metadata `hasleader=true` on every call, as etcd's own clients set
             // it for watches (`clientv3.WithRequireLeader`): a member that has lost its
             // leader refuses a call at once (`etcdserver: no leader`) instead of
