@@ -18,7 +18,7 @@ pub enum PollChoice {
 }
 
 impl PollChoice {
-    /// The mode, with the default spin ([`Transport::apply`] sets `--spin-us`).
+    /// The mode, with the default spin ([`TransportFlags::apply`] sets `--spin-us`).
     pub fn mode(self) -> PollMode {
         match self {
             PollChoice::Event => PollMode::EVENT,
@@ -32,7 +32,7 @@ impl PollChoice {
 /// where framed connections' receives come from, how large messages are READ, and how
 /// long an event-mode poller spins.
 #[derive(clap::Args, Debug, Clone)]
-pub struct Transport {
+pub struct TransportFlags {
     /// Transport retries before a request to a silent peer fails (0..=6; Soft-RoCE reads
     /// 7 as forever).
     #[arg(long, default_value_t = ConnectionConfig::default().retry_count)]
@@ -75,7 +75,7 @@ pub struct Transport {
     pub spin_us: u64,
 }
 
-impl Transport {
+impl TransportFlags {
     /// `config` with these options. Zero on the command line means off, which the
     /// configuration writes as `None`; the rest is checked by `NodeConfig::validate`
     /// when the server or client starts.

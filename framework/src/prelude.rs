@@ -6,7 +6,7 @@
 
 pub use crate::runtime::{
     CallError, Client, ClientConnection, CloseReason, HandlerService, Incoming, NodeConfig,
-    OneSidedError, PeerInfo, Refusal, RequestCx, RequestError, RequestHandler, Server,
+    OneSidedError, PeerInfo, PoolConfig, Refusal, RequestCx, RequestError, RequestHandler, Server,
     ServerBuilder, ServerError, Service, Session, SessionCx, SessionError,
 };
 pub use crate::shared::Owner;

@@ -56,7 +56,7 @@ struct Args {
     #[command(subcommand)]
     run: Run,
     #[command(flatten)]
-    transport: transport::Transport,
+    transport: transport::TransportFlags,
     #[command(flatten)]
     key: rdmactor_examples::identity::Key,
 }

@@ -80,7 +80,7 @@ struct Args {
     #[command(subcommand)]
     cmd: Cmd,
     #[command(flatten)]
-    transport: transport::Transport,
+    transport: transport::TransportFlags,
     #[command(flatten)]
     key: rdmactor_examples::identity::Key,
 }

@@ -141,7 +141,7 @@ struct Args {
     #[arg(long, value_name = "SERVICE")]
     anonymous: Vec<String>,
     #[command(flatten)]
-    transport: transport::Transport,
+    transport: transport::TransportFlags,
     #[command(flatten)]
     cluster: ServerClusterArgs,
     #[command(flatten)]

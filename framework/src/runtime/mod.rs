@@ -42,6 +42,8 @@ mod srq;
 mod turns;
 mod wake_route;
 
+/// The pool's part of [`NodeConfig`] (`NodeConfig::pool`), beside the rest of it.
+pub use crate::memory::PoolConfig;
 pub use auth::{
     valid_identity, AuthPolicy, AuthRefusal, Authenticated, AuthorizedKey, Credential,
     CredentialError, KeySet, Keys, KeysError, Proof, ProofKind, Secret, AUTH_TAG,

@@ -133,8 +133,10 @@ mod sealed {
     impl Sealed for super::Ud {}
 }
 
-/// A transport type and the attributes each transition needs. Sealed: RC, UC and UD.
-pub trait Transport: sealed::Sealed {
+/// A QP type (the verbs call it a transport: RC, UC, UD) and the attributes each state
+/// transition needs. Sealed. Not [`crate::transport::Transport`], which is what the
+/// runtime runs over (verbs or loopback).
+pub trait QpKind: sealed::Sealed {
     /// What INIT needs.
     type InitAttr;
     /// What RTR needs.
@@ -198,7 +200,7 @@ fn psn_rts(a: &Psn) -> (ibv_qp_attr, ibv_qp_attr_mask) {
     (attr, M::IBV_QP_STATE | M::IBV_QP_SQ_PSN)
 }
 
-impl Transport for Rc {
+impl QpKind for Rc {
     type InitAttr = ConnectedInit;
     type RtrAttr = RcRtr;
     type RtsAttr = RcRts;
@@ -234,7 +236,7 @@ impl Transport for Rc {
     }
 }
 
-impl Transport for Uc {
+impl QpKind for Uc {
     type InitAttr = ConnectedInit;
     type RtrAttr = UcRtr;
     type RtsAttr = Psn;
@@ -253,7 +255,7 @@ impl Transport for Uc {
     }
 }
 
-impl Transport for Ud {
+impl QpKind for Ud {
     type InitAttr = UdInit;
     type RtrAttr = ();
     type RtsAttr = Psn;
@@ -294,7 +296,7 @@ impl<T, S> std::fmt::Debug for Bringup<T, S> {
     }
 }
 
-impl<T: Transport, S> Bringup<T, S> {
+impl<T: QpKind, S> Bringup<T, S> {
     /// The QP, to post receives before RTR or to record its number. Posting sends before
     /// RTS fails (the provider refuses them).
     pub fn qp(&self) -> &QueuePair {
@@ -321,7 +323,7 @@ impl<T: Transport, S> Bringup<T, S> {
     }
 }
 
-impl<T: Transport> Bringup<T, Reset> {
+impl<T: QpKind> Bringup<T, Reset> {
     /// Creates a QP of transport `T` (RESET) on `pd` with its completions on the given
     /// CQs, taking its receives from `srq` when given.
     pub fn create(
@@ -358,7 +360,7 @@ impl Bringup<Ud, Reset> {
     }
 }
 
-impl<T: Transport> Bringup<T, Init> {
+impl<T: QpKind> Bringup<T, Init> {
     /// INIT → RTR. On RoCE this resolves the peer's GID to a MAC address, so an
     /// unreachable GID fails here.
     pub fn ready_to_receive(self, attr: &T::RtrAttr) -> Result<Bringup<T, Rtr>> {
@@ -367,7 +369,7 @@ impl<T: Transport> Bringup<T, Init> {
     }
 }
 
-impl<T: Transport> Bringup<T, Rtr> {
+impl<T: QpKind> Bringup<T, Rtr> {
     /// RTR → RTS: the QP is ready; it is handed out as a plain [`QueuePair`].
     pub fn ready_to_send(self, attr: &T::RtsAttr) -> Result<QueuePair> {
         self.modify(Verb::ModifyQpToRts, T::rts_attr(attr))

@@ -46,8 +46,7 @@ mod wr;
 pub use ah::{AddressHandle, AddressVector, GlobalRoute};
 pub use async_event::{AsyncElement, AsyncEvent, AsyncEventKind};
 pub use bringup::{
-    Bringup, ConnectedInit, Init, Psn, Rc, RcRtr, RcRts, Reset, Rtr, Transport, Uc, UcRtr, Ud,
-    UdInit,
+    Bringup, ConnectedInit, Init, Psn, QpKind, Rc, RcRtr, RcRts, Reset, Rtr, Uc, UcRtr, Ud, UdInit,
 };
 pub use cm::{
     transport_reject, CmId, ConnParam, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA,

@@ -128,7 +128,7 @@ struct Args {
     #[arg(long, default_value_t = 120)]
     step_secs: u64,
     #[command(flatten)]
-    transport: transport::Transport,
+    transport: transport::TransportFlags,
 }
 
 fn main() -> Result<()> {

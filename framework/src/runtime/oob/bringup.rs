@@ -11,8 +11,8 @@ use crate::runtime::srq::SharedRecv;
 use crate::runtime::ConnectionConfig;
 use crate::verbs::{
     Access, AddressHandle, AddressVector, Bringup, ConnectedInit, Context, Gid, GlobalRoute, Init,
-    Mtu, PortAttr, Psn, QpCaps, QueuePair, Rc, RcRtr, RcRts, Reset, SharedReceiveQueue, Transport,
-    Uc, UcRtr, Ud, UdInit, UdPeer, GRH_LEN,
+    Mtu, PortAttr, Psn, QpCaps, QpKind, QueuePair, Rc, RcRtr, RcRts, Reset, SharedReceiveQueue, Uc,
+    UcRtr, Ud, UdInit, UdPeer, GRH_LEN,
 };
 
 use super::{OobOptions, OobTransport};
@@ -162,7 +162,7 @@ impl Plan<'_> {
     }
 
     /// Receives posted in INIT, then RTR and RTS: the order the peer's first SEND needs.
-    fn finish<T: Transport>(
+    fn finish<T: QpKind>(
         &self,
         qp: Bringup<T, Init>,
         cq: CqReservation,
