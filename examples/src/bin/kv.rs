@@ -14,7 +14,7 @@ use clap::{Parser, Subcommand};
 use rdmactor::prelude::*;
 use rdmactor_examples::kv::{run_clients, Kv, KvLimits};
 use rdmactor_examples::kv_session::KvSessions;
-use rdmactor_examples::transport::{PollChoice, Transport};
+use rdmactor_examples::transport::{PollChoice, TransportFlags};
 use rdmactor_examples::{logs, report};
 
 #[derive(Parser)]
@@ -74,12 +74,17 @@ enum Mode {
         #[arg(long, value_enum, default_value_t = PollChoice::Event)]
         poll_mode: PollChoice,
         #[command(flatten)]
-        transport: Transport,
+        transport: TransportFlags,
     },
 }
 
 /// `kv demo`: a `kv` server and `clients` connections over one loopback fabric.
-fn demo(clients: usize, requests: usize, poll: PollChoice, transport: &Transport) -> Result<()> {
+fn demo(
+    clients: usize,
+    requests: usize,
+    poll: PollChoice,
+    transport: &TransportFlags,
+) -> Result<()> {
     use rdmactor::transport::loopback::{Fabric, Loopback};
     let mut config = NodeConfig::default();
     config.transport.poll_mode = poll.mode();
