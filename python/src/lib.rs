@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyMemoryView, PySlice};
 use rdmactor_c::api::{self, FileOp, Submit};
 use rdmactor_c::link::{ReadFailure, Transfer, Verdict};
 use rdmactor_c::runtime::{Done, Output};
@@ -219,8 +219,8 @@ impl Connection {
         Ok((PyBytes::new(py, &data).unbind(), version))
     }
 
-    /// `read` into `buf`, a writable C-contiguous buffer (bytearray, memoryview,
-    /// numpy array): returns `(length, version)`. `BufferTooSmall` with the length
+    /// `read` into `buf`, a writable buffer of bytes (bytearray, memoryview, numpy
+    /// array): returns `(length, version)`. `BufferTooSmall` with the length
     /// needed when the region does not fit; nothing is read then.
     #[pyo3(signature = (region, buf, offset=0, timeout=Some(30.0)))]
     fn read_into(
@@ -236,11 +236,6 @@ impl Connection {
             return Err(PyTypeError::new_err("read_into needs a writable buffer"));
         }
         let cap = dest.item_count();
-        if dest.as_mut_slice(py).is_none() {
-            return Err(PyTypeError::new_err(
-                "read_into needs a C-contiguous buffer",
-            ));
-        }
         let (id, ms) = (self.id, millis(timeout)?);
         let name = region.clone();
         let got = py.detach(move || api::read(id, &name, offset, cap, ms));
@@ -254,11 +249,15 @@ impl Connection {
             }
             Err(ReadFailure::Failed(f)) => return Err(to_py(f)),
         };
-        let cells = dest
-            .as_mut_slice(py)
-            .ok_or_else(|| PyTypeError::new_err("read_into needs a C-contiguous buffer"))?;
-        for (cell, byte) in cells.iter().zip(&data) {
-            cell.set(*byte);
+        if data.len() == cap {
+            dest.copy_from_slice(py, &data)?;
+        } else {
+            // The buffer protocol's safe copy fills a whole buffer: a memoryview of the
+            // first `len` bytes is that buffer here, and the rest is left as it was.
+            let end = isize::try_from(data.len())
+                .map_err(|_| PyValueError::new_err("a region larger than isize"))?;
+            let head = PyMemoryView::from(buf)?.get_item(PySlice::new(py, 0, end, 1))?;
+            PyBuffer::<u8>::get(&head)?.copy_from_slice(py, &data)?;
         }
         Ok((data.len(), version))
     }

@@ -62,7 +62,10 @@ fn start(addr: SocketAddr, dir: PathBuf) -> Result<(), String> {
                         .add_buffer("ticker", vec![0; TICKER_WORDS * 8])
                         .map_err(|e| e.to_string())?;
                     let files = FileTransfer::new(Config::new(dir)).map_err(|e| e.to_string())?;
+                    // Every test client is one peer: the asyncio test opens 100
+                    // connections at once, past the default per-peer limit of 64.
                     let server = Server::over(Loopback)
+                        .max_connections_per_peer(1024)
                         .listen(addr, None)
                         .service("echo", Echo)
                         .service("discard", Discard)

@@ -6,7 +6,7 @@
 //! `RDMACTOR_TIMEOUT` and what it started is abandoned as each call says.
 
 use std::ffi::{c_char, c_int};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use super::ptr;
 use super::types::{fill, rdmactor_conn, rdmactor_ctx, rdmactor_file_result, rdmactor_verdict};
