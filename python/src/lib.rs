@@ -109,8 +109,15 @@ impl Context {
         key_file: Option<PathBuf>,
         timeout: Option<f64>,
     ) -> PyResult<u64> {
-        api::connect_submit(self.id, addr, service, key_file, millis(timeout)?, OP_CONNECT)
-            .map_err(to_py)
+        api::connect_submit(
+            self.id,
+            addr,
+            service,
+            key_file,
+            millis(timeout)?,
+            OP_CONNECT,
+        )
+        .map_err(to_py)
     }
 
     /// Up to `max` finished operations, oldest first, as `(op, ok, value)`: `value`
@@ -181,11 +188,7 @@ pub struct Connection {
 impl Connection {
     /// Sends `data` and returns the service's reply.
     #[pyo3(signature = (data, timeout=Some(30.0)))]
-    fn request(
-        &self,
-        data: &Bound<'_, PyAny>,
-        timeout: Option<f64>,
-    ) -> PyResult<Py<PyBytes>> {
+    fn request(&self, data: &Bound<'_, PyAny>, timeout: Option<f64>) -> PyResult<Py<PyBytes>> {
         let py = data.py();
         let (id, data, ms) = (self.id, bytes_in(data)?, millis(timeout)?);
         let reply = py

@@ -106,7 +106,8 @@ fn start(addr: SocketAddr, dir: PathBuf) -> Result<(), String> {
 fn loopback_context(py: Python<'_>) -> PyResult<Context> {
     let id = py
         .detach(|| {
-            CContext::start(NodeConfig::default(), |c| Client::over(Loopback, c)).map(api::ctx_insert)
+            CContext::start(NodeConfig::default(), |c| Client::over(Loopback, c))
+                .map(api::ctx_insert)
         })
         .map_err(to_py)?;
     Ok(Context { id })
