@@ -30,7 +30,7 @@ use crate::status::{Failure, Result, RDMACTOR_BUSY, RDMACTOR_INTERNAL, RDMACTOR_
 
 /// Operations of one context submitted and not yet polled: past this, submits answer
 /// BUSY, so a caller that never polls cannot grow the queue without bound.
-pub const MAX_IN_FLIGHT: usize = 65_536;
+pub(crate) const MAX_IN_FLIGHT: usize = 65_536;
 
 /// Work for the runtime thread: builds its future there, where the client lives.
 type Job = Box<dyn FnOnce(Rc<dyn Engine>) -> LocalBoxFuture<'static, ()> + Send>;
