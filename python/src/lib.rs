@@ -234,6 +234,8 @@ impl Connection {
         timeout: Option<f64>,
     ) -> PyResult<(usize, u64)> {
         let py = buf.py();
+        // Held across the read: while exported, a bytearray cannot be resized by
+        // another thread, so `cap` stays true until the copy.
         let dest = PyBuffer::<u8>::get(buf)?;
         if dest.readonly() {
             return Err(PyTypeError::new_err("read_into needs a writable buffer"));
