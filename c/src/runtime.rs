@@ -160,7 +160,7 @@ impl Completions {
         self.fd.as_raw_fd()
     }
 
-    /// Counts an operation in, or refuses it past [`MAX_IN_FLIGHT`].
+    /// Counts an operation in, or refuses it past `MAX_IN_FLIGHT` (65,536).
     pub fn admit(&self) -> Result<()> {
         let before = self.in_flight.fetch_add(1, Ordering::AcqRel);
         if before >= MAX_IN_FLIGHT {
