@@ -2,7 +2,7 @@
 //! do once their pointers are read (`ffi/` reads them, and only it).
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -17,7 +17,7 @@ use crate::status::{Failure, Result, RDMACTOR_BUSY, RDMACTOR_SHUTTING_DOWN, RDMA
 use crate::tables::{ConnEntry, CONNECTIONS, CONTEXTS};
 
 /// `0` means no limit, the rest milliseconds: the C calls' convention.
-pub(crate) fn timeout(ms: u32) -> Option<Duration> {
+pub fn timeout(ms: u32) -> Option<Duration> {
     (ms != 0).then(|| Duration::from_millis(u64::from(ms)))
 }
 
@@ -41,15 +41,15 @@ fn timed_out(what: &str, t: Option<Duration>) -> Failure {
     )
 }
 
-pub(crate) fn ctx_new() -> Result<u64> {
+pub fn ctx_new() -> Result<u64> {
     Ok(ctx_insert(Context::start_verbs()?))
 }
 
-pub(crate) fn ctx_insert(ctx: Context) -> u64 {
+pub fn ctx_insert(ctx: Context) -> u64 {
     CONTEXTS.insert(ctx)
 }
 
-pub(crate) fn ctx_free(id: u64) -> Result<()> {
+pub fn ctx_free(id: u64) -> Result<()> {
     let ctx = CONTEXTS
         .remove(id)
         .ok_or_else(|| Failure::bad_handle("context"))?;
@@ -57,13 +57,13 @@ pub(crate) fn ctx_free(id: u64) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn ctx_fd(id: u64) -> Result<i32> {
+pub fn ctx_fd(id: u64) -> Result<i32> {
     Ok(context(id)?.completions.raw_fd())
 }
 
 /// Parses `host:port` as C gives it; names are not resolved (rdma_cm wants an
 /// address, and a DNS wait would hide inside a call with a timeout).
-pub(crate) fn parse_addr(addr: &str) -> Result<SocketAddr> {
+pub fn parse_addr(addr: &str) -> Result<SocketAddr> {
     addr.parse()
         .map_err(|e| Failure::invalid(format!("address {addr:?}: {e} (want IP:PORT)")))
 }
@@ -100,7 +100,7 @@ fn connect_job(
     .boxed_local()
 }
 
-pub(crate) fn connect(
+pub fn connect(
     ctx_id: u64,
     addr: &str,
     service: &str,
@@ -116,7 +116,7 @@ pub(crate) fn connect(
     })
 }
 
-pub(crate) fn close(conn: u64) -> Result<()> {
+pub fn close(conn: u64) -> Result<()> {
     let entry = CONNECTIONS
         .remove(conn)
         .ok_or_else(|| Failure::bad_handle("connection"))?;
@@ -124,19 +124,19 @@ pub(crate) fn close(conn: u64) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn request(conn: u64, data: Vec<u8>, timeout_ms: u32) -> Result<Vec<u8>> {
+pub fn request(conn: u64, data: Vec<u8>, timeout_ms: u32) -> Result<Vec<u8>> {
     let entry = connection(conn)?;
     let t = timeout(timeout_ms);
     block_on(entry.link.request(data), t).unwrap_or_else(|| Err(timed_out("request", t)))
 }
 
-pub(crate) fn send(conn: u64, data: Vec<u8>, timeout_ms: u32) -> Result<()> {
+pub fn send(conn: u64, data: Vec<u8>, timeout_ms: u32) -> Result<()> {
     let entry = connection(conn)?;
     let t = timeout(timeout_ms);
     block_on(entry.link.send(data), t).unwrap_or_else(|| Err(timed_out("send", t)))
 }
 
-pub(crate) fn read(
+pub fn read(
     conn: u64,
     name: &str,
     offset: u64,
@@ -149,8 +149,17 @@ pub(crate) fn read(
         .unwrap_or_else(|| Err(timed_out("read", t).into()))
 }
 
+/// The name an upload is stored under when the caller gives none: the path's file
+/// name, as `cp` to a directory would name it.
+pub fn upload_name(path: &Path) -> Result<String> {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .map(str::to_owned)
+        .ok_or_else(|| Failure::invalid(format!("{} has no UTF-8 file name", path.display())))
+}
+
 /// Which way a file goes.
-pub(crate) enum FileOp {
+pub enum FileOp {
     Send { path: PathBuf, name: String },
     Fetch { name: String, dir: PathBuf },
 }
@@ -158,7 +167,7 @@ pub(crate) enum FileOp {
 /// Runs a transfer on the runtime thread. A transfer cut by the timeout is closed with
 /// its connection: the server then drops its side (and any partial file) rather than
 /// waiting for chunks that never come, as the files client does on any error.
-pub(crate) fn file(conn: u64, op: FileOp, overwrite: bool, timeout_ms: u32) -> Result<Transfer> {
+pub fn file(conn: u64, op: FileOp, overwrite: bool, timeout_ms: u32) -> Result<Transfer> {
     let entry = connection(conn)?;
     if entry.transfer.swap(true, Ordering::AcqRel) {
         return Err(Failure::new(
@@ -187,14 +196,14 @@ pub(crate) fn file(conn: u64, op: FileOp, overwrite: bool, timeout_ms: u32) -> R
 }
 
 /// What a submitted operation does.
-pub(crate) enum Submit {
+pub enum Submit {
     Request(Vec<u8>),
     Send(Vec<u8>),
 }
 
 /// Starts `what` on connection `conn`; its completion goes to the connection's
 /// context's queue, the reply copied to `dest` when polled.
-pub(crate) fn submit(
+pub fn submit(
     conn: u64,
     what: Submit,
     dest: (usize, usize),
@@ -235,7 +244,7 @@ pub(crate) fn submit(
     Ok(op)
 }
 
-pub(crate) fn connect_submit(
+pub fn connect_submit(
     ctx_id: u64,
     addr: &str,
     service: &str,
@@ -272,6 +281,6 @@ pub(crate) fn connect_submit(
     Ok(op)
 }
 
-pub(crate) fn poll(ctx_id: u64, max: usize) -> Result<Vec<Done>> {
+pub fn poll(ctx_id: u64, max: usize) -> Result<Vec<Done>> {
     Ok(context(ctx_id)?.completions.pop(max))
 }

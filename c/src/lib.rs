@@ -16,15 +16,20 @@
 //! - `link.rs` hides the transport, so the cdylib runs on verbs and the tests the same
 //!   code on loopback;
 //! - `ffi/` is the only module with `unsafe`: reading the pointers C passes.
+//!
+//! The layer under the entry points (`api`, `runtime`, `link`, `status`) is public for
+//! the Python package (`python/`, crate rdmactor-py), which calls the same operations
+//! on the same handles instead of driving the Rust client a second way. It is not an
+//! API for Rust programs: they use `rdmactor::runtime::Client` itself.
 
-mod api;
+pub mod api;
 mod block;
 pub mod ffi;
 mod handles;
 mod last_error;
-mod link;
-mod runtime;
-mod status;
+pub mod link;
+pub mod runtime;
+pub mod status;
 mod tables;
 
 pub use status::rdmactor_status;

@@ -20,7 +20,7 @@ use crate::status::{Failure, Result};
 
 /// How a transfer ended, when it reached a verdict.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Transfer {
+pub struct Transfer {
     pub verdict: Verdict,
     /// File bytes (the offer's length).
     pub bytes: u64,
@@ -31,7 +31,7 @@ pub(crate) struct Transfer {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Verdict {
+pub enum Verdict {
     Good,
     Bad,
     Rejected,
@@ -40,7 +40,7 @@ pub(crate) enum Verdict {
 
 /// What C can do with a connection. Futures are `'static` (they hold a clone of the
 /// connection), so they can be driven on the caller's thread or the runtime's.
-pub(crate) trait Link: Send + Sync + 'static {
+pub trait Link: Send + Sync + 'static {
     fn request(&self, data: Vec<u8>) -> BoxFuture<'static, Result<Vec<u8>>>;
     fn send(&self, data: Vec<u8>) -> BoxFuture<'static, Result<()>>;
     /// The region `name` from `offset` to its end, consistent (one version), and that
@@ -70,7 +70,7 @@ pub(crate) trait Link: Send + Sync + 'static {
 
 /// A read that failed, or found the caller's buffer too small (`needed` bytes).
 #[derive(Debug)]
-pub(crate) enum ReadFailure {
+pub enum ReadFailure {
     TooSmall { needed: usize },
     Failed(Failure),
 }
@@ -83,7 +83,7 @@ impl From<Failure> for ReadFailure {
 
 /// The framework's connection, and the client that made it (the files client
 /// registers a download's window through it).
-pub(crate) struct Conn<T: Transport> {
+pub struct Conn<T: Transport> {
     pub conn: ClientConnection<T>,
     pub client: Arc<Client<T>>,
     /// Regions looked up on this connection: a lookup grants a window bound to it, so

@@ -47,7 +47,7 @@ enum Command {
 
 /// The runtime thread's side of a context, behind a trait so that the rest of the
 /// library is not generic over the transport.
-pub(crate) trait Engine {
+pub trait Engine {
     /// Connects with the client of `key` (a client per key file: the framework proves
     /// one credential per client).
     fn connect(
@@ -118,7 +118,7 @@ impl<T: Transport> Engine for State<T> {
 }
 
 /// One finished operation, waiting to be polled.
-pub(crate) struct Done {
+pub struct Done {
     pub op: u64,
     pub user_data: u64,
     /// The connection it ran on, or the one a connect made.
@@ -130,7 +130,7 @@ pub(crate) struct Done {
 }
 
 #[derive(Debug)]
-pub(crate) enum Output {
+pub enum Output {
     Nothing,
     Bytes(Vec<u8>),
 }
@@ -138,7 +138,7 @@ pub(crate) enum Output {
 /// The completion queue and its eventfd, readable exactly while the queue holds
 /// something: both change under the queue's lock, so a push cannot slip between a
 /// poll's last pop and its reset of the fd.
-pub(crate) struct Completions {
+pub struct Completions {
     queue: Mutex<VecDeque<Done>>,
     fd: OwnedFd,
     in_flight: AtomicUsize,
@@ -160,7 +160,7 @@ impl Completions {
         self.fd.as_raw_fd()
     }
 
-    /// Counts an operation in, or refuses it past [`MAX_IN_FLIGHT`].
+    /// Counts an operation in, or refuses it past `MAX_IN_FLIGHT` (65,536).
     pub fn admit(&self) -> Result<()> {
         let before = self.in_flight.fetch_add(1, Ordering::AcqRel);
         if before >= MAX_IN_FLIGHT {
@@ -206,7 +206,7 @@ impl Completions {
 }
 
 /// What a context handle stands for.
-pub(crate) struct Context {
+pub struct Context {
     commands: mpsc::UnboundedSender<Command>,
     thread: Mutex<Option<JoinHandle<()>>>,
     pub completions: Arc<Completions>,
@@ -344,7 +344,7 @@ impl Context {
 /// `fut`, or TIMEOUT once `timeout` has passed (`None`: no limit). Dropping the future
 /// abandons the operation: a connect is given up and its resources released, a reply
 /// that comes later is discarded.
-pub(crate) async fn with_timeout<R>(
+pub async fn with_timeout<R>(
     fut: impl std::future::Future<Output = Result<R>>,
     timeout: Option<Duration>,
     what: &str,

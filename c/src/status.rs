@@ -58,11 +58,11 @@ pub enum rdmactor_status {
     RDMACTOR_INTERNAL = 14,
 }
 
-pub(crate) use rdmactor_status::*;
+pub use rdmactor_status::*;
 
 /// A failed call: its status and the text `rdmactor_last_error` returns.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Failure {
+pub struct Failure {
     pub status: rdmactor_status,
     pub message: String,
 }
@@ -88,7 +88,7 @@ impl Failure {
 }
 
 /// Library-wide result.
-pub(crate) type Result<T, E = Failure> = std::result::Result<T, E>;
+pub type Result<T, E = Failure> = std::result::Result<T, E>;
 
 impl From<ConnectError> for Failure {
     fn from(e: ConnectError) -> Failure {

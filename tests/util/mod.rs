@@ -1,6 +1,7 @@
 //! Shared helpers for the real-verbs tests: `rdma resource` counts, this process's
 //! memory, the tools' binaries, an echo checked byte for byte and a blocking SEND flood;
-//! a framed peer made by hand ([`framed`]), the driver of `scripts/wire` ([`wire`]) and a
+//! a framed peer made by hand ([`framed`]), the `server` binary and other
+//! programs as children ([`programs`]), the driver of `scripts/wire` ([`wire`]) and a
 //! cluster on its four hosts ([`cluster_wire`]).
 //!
 //! The fixtures the tests share with the services' unit tests and the tools (the byte
@@ -28,6 +29,7 @@ pub use rdmactor_testkit::{
 
 pub mod cluster_wire;
 pub mod framed;
+pub mod programs;
 pub mod wire;
 
 /// Per-kind object counts of one device, as `rdma resource show` prints them.

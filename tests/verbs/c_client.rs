@@ -6,43 +6,16 @@
 //! to connect to. Natively the same programs are compiled and the device-free checks
 //! run by `cargo test -p rdmactor-c`.
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::ffi::OsStr;
+use std::path::Path;
+use std::process::{Command, Output};
 
-use rdmactor_tests::{rdma_context, target_bin, test_addr};
+use rdmactor_tests::programs::{ok, repo, ServerBinary};
+use rdmactor_tests::{rdma_context, target_bin};
 use sha2::Digest as _;
-
-/// Kills the server when the test ends, however it ends.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
 
 fn found(tool: &str) -> bool {
     Command::new(tool).arg("--version").output().is_ok()
-}
-
-fn ok(what: &str, out: Output) -> String {
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{what} exited {}\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
 }
 
 /// Installs the library under `prefix` and compiles the C programs into `prefix/bin`.
@@ -120,26 +93,8 @@ fn c_programs_echo_upload_and_are_refused_cleanly_against_the_server() {
     build_c(prefix.path());
 
     let store = tempfile::tempdir().unwrap();
-    let child = Command::new(target_bin("server"))
-        .args(["--listen", &format!("{}:0", test_addr().ip())])
-        .arg("--files-dir")
-        .arg(store.path())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start the server binary (build the examples' binaries)");
-    let mut server = Running(child);
-    let mut lines = BufReader::new(server.0.stdout.take().unwrap());
-    let addr: SocketAddr = loop {
-        let mut line = String::new();
-        assert!(
-            lines.read_line(&mut line).unwrap() > 0,
-            "the server exited before listening"
-        );
-        if let Some(a) = line.trim().strip_prefix("listening on ") {
-            break a.parse().expect("an address");
-        }
-    };
-    let addr = addr.to_string();
+    let server = ServerBinary::start([OsStr::new("--files-dir"), store.path().as_os_str()]);
+    let addr = server.addr.to_string();
 
     let echo = ok(
         "echo_client",

@@ -35,10 +35,12 @@ mod session_panics;
 mod metrics;
 mod scale;
 
-// Clients other than rdmactor's: rdma-core's tools, plain verbs, and C through rdmactor-c.
+// Clients other than rdmactor's: rdma-core's tools, plain verbs, C through rdmactor-c
+// and Python through rdmactor-py.
 mod c_client;
 mod oob_pingpong;
 mod plain_clients;
+mod python_client;
 
 // The services, the README's first service, and the cluster.
 mod cluster;

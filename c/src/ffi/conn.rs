@@ -6,7 +6,7 @@
 //! `RDMACTOR_TIMEOUT` and what it started is abandoned as each call says.
 
 use std::ffi::{c_char, c_int};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use super::ptr;
 use super::types::{fill, rdmactor_conn, rdmactor_ctx, rdmactor_file_result, rdmactor_verdict};
@@ -227,7 +227,7 @@ pub unsafe extern "C" fn rdmactor_file_send(
         let path = PathBuf::from(path);
         let name = match name {
             Some(n) => n.to_owned(),
-            None => file_name(&path)?,
+            None => api::upload_name(&path)?,
         };
         let overwrite = overwrite(flags)?;
         let done = api::file(conn.id, FileOp::Send { path, name }, overwrite, timeout_ms)?;
@@ -276,13 +276,6 @@ fn overwrite(flags: u32) -> Result<bool> {
         return Err(Failure::invalid(format!("unknown flags {flags:#x}")));
     }
     Ok(flags & RDMACTOR_FILE_OVERWRITE != 0)
-}
-
-fn file_name(path: &Path) -> Result<String> {
-    path.file_name()
-        .and_then(|n| n.to_str())
-        .map(str::to_owned)
-        .ok_or_else(|| Failure::invalid(format!("{} has no UTF-8 file name", path.display())))
 }
 
 fn file_result(t: &Transfer) -> rdmactor_file_result {

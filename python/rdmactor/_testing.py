@@ -1,0 +1,12 @@
+"""For rdmactor's own tests only: not a stable API.
+
+``serve_loopback(files_dir)`` starts echo, files and read on the loopback transport
+inside this process and returns its address; ``loopback_context()`` is a context whose
+connections use that transport (it reaches those servers and nothing else). The read
+service serves ``greeting`` (static) and ``ticker`` (512 little-endian 8-byte words,
+all equal to the region's version, rewritten every 2 ms).
+"""
+
+from ._native import loopback_context, serve_loopback
+
+__all__ = ["loopback_context", "serve_loopback"]

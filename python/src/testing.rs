@@ -1,0 +1,120 @@
+//! For the package's own tests only (`rdmactor._testing`): a server of echo, files and
+//! read on the loopback transport, inside the Python process, and contexts whose
+//! clients use that transport. The loopback fabric is in-process, so a pytest run
+//! reaches a real rdmactor server through the real client without an RDMA device,
+//! as the C library's tests do; over verbs, tests/verbs/python_client.rs runs the
+//! package against the `server` binary.
+//!
+//! Servers started here run until the process ends: a test process makes a few.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::Duration;
+
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use rdmactor::runtime::{Client, NodeConfig, Server};
+use rdmactor::transport::loopback::Loopback;
+use rdmactor_c::api;
+use rdmactor_c::runtime::Context as CContext;
+use rdmactor_services::echo::{Discard, Echo};
+use rdmactor_services::file_transfer::{Config, FileTransfer};
+use rdmactor_services::read::{ReadRegions, ReadService};
+
+use crate::errors::to_py;
+use crate::Context;
+
+/// The static region every test server serves as `greeting`.
+const GREETING: &[u8] = b"bytes of a region, read with one-sided READs";
+/// `ticker`: this many 8-byte words, all equal to the update count, rewritten every
+/// `TICK`: a torn read would show two different words.
+const TICKER_WORDS: usize = 512;
+const TICK: Duration = Duration::from_millis(2);
+
+/// Loopback addresses are names on the in-process fabric (no packets leave it); each
+/// server gets its own port.
+static NEXT_PORT: AtomicU16 = AtomicU16::new(7450);
+
+/// Starts echo, discard, files (storing into `files_dir`) and read (`greeting`, static, and
+/// `ticker`, updated every 2 ms) on the loopback fabric; returns the address.
+#[pyfunction]
+fn serve_loopback(py: Python<'_>, files_dir: PathBuf) -> PyResult<String> {
+    let port = NEXT_PORT.fetch_add(1, Ordering::Relaxed);
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    py.detach(move || start(addr, files_dir))
+        .map_err(PyRuntimeError::new_err)?;
+    Ok(addr.to_string())
+}
+
+fn start(addr: SocketAddr, dir: PathBuf) -> Result<(), String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("rdmactor-test-server".into())
+        .spawn(move || {
+            actix::System::new().block_on(async move {
+                let regions = ReadRegions::<Loopback>::default();
+                let started = (|| {
+                    regions
+                        .add_static("greeting", GREETING.to_vec())
+                        .map_err(|e| e.to_string())?;
+                    let ticker = regions
+                        .add_buffer("ticker", vec![0; TICKER_WORDS * 8])
+                        .map_err(|e| e.to_string())?;
+                    let files = FileTransfer::new(Config::new(dir)).map_err(|e| e.to_string())?;
+                    // Every test client is one peer: the asyncio test opens 100
+                    // connections at once, past the default per-peer limit of 64.
+                    let server = Server::over(Loopback)
+                        .max_connections_per_peer(1024)
+                        .listen(addr, None)
+                        .service("echo", Echo)
+                        .service("discard", Discard)
+                        .service("files", files)
+                        .service("read", ReadService::new(regions))
+                        .start()
+                        .map_err(|e| e.to_string())?;
+                    Ok::<_, String>((server, ticker))
+                })();
+                let (server, ticker) = match started {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
+                };
+                std::thread::spawn(move || loop {
+                    ticker.update(|n, buf| {
+                        for word in buf.chunks_exact_mut(8) {
+                            word.copy_from_slice(&n.to_le_bytes());
+                        }
+                    });
+                    std::thread::sleep(TICK);
+                });
+                let _ = tx.send(Ok(()));
+                std::future::pending::<()>().await;
+                drop(server);
+            })
+        })
+        .map_err(|e| format!("spawning the test server's thread: {e}"))?;
+    rx.recv()
+        .unwrap_or_else(|_| Err("the test server's thread ended before it started".into()))
+}
+
+/// A context whose clients use the loopback transport: it reaches servers made by
+/// `serve_loopback` in this process, and nothing else.
+#[pyfunction]
+fn loopback_context(py: Python<'_>) -> PyResult<Context> {
+    let id = py
+        .detach(|| {
+            CContext::start(NodeConfig::default(), |c| Client::over(Loopback, c))
+                .map(api::ctx_insert)
+        })
+        .map_err(to_py)?;
+    Ok(Context { id })
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(serve_loopback, m)?)?;
+    m.add_function(wrap_pyfunction!(loopback_context, m)?)?;
+    Ok(())
+}
