@@ -4,7 +4,7 @@
 use rdmactor::runtime::ClientConnection;
 use rdmactor::transport::Transport;
 
-use super::ClientError;
+use super::error::ClientError;
 use crate::file_transfer::error::TransferError;
 use crate::file_transfer::wire::Msg;
 

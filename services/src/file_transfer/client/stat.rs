@@ -4,8 +4,9 @@
 use rdmactor::runtime::ClientConnection;
 use rdmactor::transport::Transport;
 
+use super::error::ClientError;
+use super::finish;
 use super::question::one_answer;
-use super::{finish, ClientError};
 use crate::file_transfer::error::TransferError;
 use crate::file_transfer::output::Outcome;
 use crate::file_transfer::wire::{HashAlg, Msg};
