@@ -28,17 +28,7 @@ use rdmactor_examples::kv::{spawn_flood, stock_flood, Kv, KvClient, FLOOD_LEN};
 /// the stored value (16 MiB, shared by every `GetInto`), the clients' 16 MiB regions
 /// (the flood's target and the stocking source), and the binary, the threads and
 /// allocator slack: 256 MiB in all, with room to spare.
-const MARGIN_MIB: usize = 256;
-
-/// This process's resident set, in MiB.
-fn rss_mib() -> usize {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
-        .map_or(0, |kib| kib / 1024)
-}
+const MARGIN_MIB: u64 = 256;
 
 #[test]
 fn get_into_flood_stays_in_the_heap_budget_and_a_polite_client_is_served() {
@@ -90,7 +80,7 @@ fn get_into_flood_stays_in_the_heap_budget_and_a_polite_client_is_served() {
             n += 1;
             let pool = server.stats().await.pool;
             most_heap = most_heap.max(pool.heap_bytes);
-            most_rss = most_rss.max(rss_mib());
+            most_rss = most_rss.max(rdmactor_testkit::proc_status::rss_mib("self"));
             if n % 10 == 1 {
                 let t = tally.borrow();
                 println!(
@@ -117,7 +107,7 @@ fn get_into_flood_stays_in_the_heap_budget_and_a_polite_client_is_served() {
         assert!(written > 0, "the flood moved nothing");
         assert!(most_heap <= heap_limit);
         assert!(
-            most_rss <= (heap_limit >> 20) + MARGIN_MIB,
+            most_rss <= (heap_limit as u64 >> 20) + MARGIN_MIB,
             "the process held {most_rss} MiB, past the server's budget of {} MiB + {MARGIN_MIB} MiB",
             heap_limit >> 20
         );

@@ -28,6 +28,7 @@ pub mod device;
 pub mod etcd;
 pub mod pair;
 mod pattern;
+pub mod proc_status;
 pub mod remote_region;
 pub mod rng;
 pub mod server;

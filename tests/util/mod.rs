@@ -192,11 +192,7 @@ pub fn peak_rss_kib() -> u64 {
 
 /// One `KEY:   N kB` line of `/proc/self/status`.
 fn status_kib(key: &str) -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    rdmactor_testkit::proc_status::status_kib("self", key)
         .unwrap_or_else(|| panic!("no {key} line in /proc/self/status"))
 }
 

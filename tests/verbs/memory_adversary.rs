@@ -160,12 +160,7 @@ fn thread_cpu(pid: &str) -> String {
 }
 
 fn rss_mib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kib| kib / 1024)
+    rdmactor_testkit::proc_status::rss_mib(&pid.to_string())
 }
 
 #[test]
