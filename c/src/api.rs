@@ -57,6 +57,17 @@ pub fn ctx_free(id: u64) -> Result<()> {
     Ok(())
 }
 
+/// Frees context `id` without waiting: its thread is told to close the connections and
+/// shut down, and ends on its own. For destructors, which must not block (Python's run
+/// holding the GIL, and freeing waits for every connection's goodbye).
+pub fn ctx_release(id: u64) -> Result<()> {
+    let ctx = CONTEXTS
+        .remove(id)
+        .ok_or_else(|| Failure::bad_handle("context"))?;
+    ctx.stop_in_background(id);
+    Ok(())
+}
+
 pub fn ctx_fd(id: u64) -> Result<i32> {
     Ok(context(id)?.completions.raw_fd())
 }
@@ -122,6 +133,18 @@ pub fn close(conn: u64) -> Result<()> {
         .ok_or_else(|| Failure::bad_handle("connection"))?;
     block_on(entry.link.close(), None);
     Ok(())
+}
+
+/// Closes `conn` without waiting for the server's goodbye: the handle goes now, and
+/// the connection closes as a dropped `ClientConnection` does (the goodbye sent when
+/// the connection is still up, released locally otherwise). For destructors, which
+/// must not block; a call still running on the connection in another thread finishes
+/// first, holding its own reference.
+pub fn release(conn: u64) -> Result<()> {
+    CONNECTIONS
+        .remove(conn)
+        .map(drop)
+        .ok_or_else(|| Failure::bad_handle("connection"))
 }
 
 pub fn request(conn: u64, data: Vec<u8>, timeout_ms: u32) -> Result<Vec<u8>> {

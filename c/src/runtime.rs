@@ -339,6 +339,13 @@ impl Context {
             let _ = thread.join();
         }
     }
+
+    /// Tells the runtime thread to close the connections of context `id` and stop, and
+    /// returns at once: the thread is detached and ends when its shutdown is done.
+    pub fn stop_in_background(&self, id: u64) {
+        let _ = self.commands.send(Command::Shutdown { ctx: id });
+        drop(self.thread.lock().unwrap_or_else(|p| p.into_inner()).take());
+    }
 }
 
 /// `fut`, or TIMEOUT once `timeout` has passed (`None`: no limit). Dropping the future

@@ -109,6 +109,7 @@ fn examples_and_the_hostile_caller_compile_and_the_hostile_caller_is_refused_cle
         "examples/c/echo_client.c",
         "examples/c/ft.c",
         "c/tests/hostile.c",
+        "c/tests/cycles.c",
     ] {
         let name = Path::new(src).file_stem().unwrap();
         compile(prefix.path(), &root.join(src), &bin.join(name));

@@ -5,8 +5,9 @@ inside this process and returns its address; ``loopback_context()`` is a context
 connections use that transport (it reaches those servers and nothing else). The read
 service serves ``greeting`` (static) and ``ticker`` (512 little-endian 8-byte words,
 all equal to the region's version, rewritten every 2 ms).
+``server_connections(addr)`` is how many connections that server has open now.
 """
 
-from ._native import loopback_context, serve_loopback
+from ._native import loopback_context, serve_loopback, server_connections
 
-__all__ = ["loopback_context", "serve_loopback"]
+__all__ = ["loopback_context", "serve_loopback", "server_connections"]

@@ -149,9 +149,12 @@ impl Context {
     }
 }
 
+/// Dropped (garbage-collected, or at interpreter exit) without `close()`: freed
+/// without waiting, since a destructor runs holding the GIL and freeing waits for
+/// every connection's goodbye. The context's thread finishes the shutdown alone.
 impl Drop for Context {
     fn drop(&mut self) {
-        let _ = api::ctx_free(self.id);
+        let _ = api::ctx_release(self.id);
     }
 }
 
@@ -351,9 +354,11 @@ impl Connection {
     }
 }
 
+/// Dropped without `close()`: closed without waiting for the server's goodbye (a
+/// destructor runs holding the GIL; `close()` waits with it released).
 impl Drop for Connection {
     fn drop(&mut self) {
-        let _ = api::close(self.id);
+        let _ = api::release(self.id);
     }
 }
 

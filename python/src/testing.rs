@@ -7,12 +7,14 @@
 //!
 //! Servers started here run until the process ends: a test process makes a few.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
-use pyo3::exceptions::PyRuntimeError;
+use pyo3::exceptions::{PyKeyError, PyRuntimeError};
 use pyo3::prelude::*;
 use rdmactor::runtime::{Client, NodeConfig, Server};
 use rdmactor::transport::loopback::Loopback;
@@ -21,6 +23,7 @@ use rdmactor_c::runtime::Context as CContext;
 use rdmactor_services::echo::{Discard, Echo};
 use rdmactor_services::file_transfer::{Config, FileTransfer};
 use rdmactor_services::read::{ReadRegions, ReadService};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::errors::to_py;
 use crate::Context;
@@ -36,6 +39,11 @@ const TICK: Duration = Duration::from_millis(2);
 /// server gets its own port.
 static NEXT_PORT: AtomicU16 = AtomicU16::new(7450);
 
+/// Each test server's question line, by address: a question is answered with the
+/// count of connections it has open, from its own thread.
+type Questions = mpsc::UnboundedSender<oneshot::Sender<usize>>;
+static SERVERS: Mutex<Option<HashMap<SocketAddr, Questions>>> = Mutex::new(None);
+
 /// Starts echo, discard, files (storing into `files_dir`) and read (`greeting`, static, and
 /// `ticker`, updated every 2 ms) on the loopback fabric; returns the address.
 #[pyfunction]
@@ -47,8 +55,34 @@ fn serve_loopback(py: Python<'_>, files_dir: PathBuf) -> PyResult<String> {
     Ok(addr.to_string())
 }
 
+/// How many connections the test server at `addr` has open now, as it counts them
+/// (`Server::stats`): what a test waits on to see connections closed.
+#[pyfunction]
+fn server_connections(py: Python<'_>, addr: &str) -> PyResult<usize> {
+    let addr: SocketAddr = addr
+        .parse()
+        .map_err(|e| PyKeyError::new_err(format!("{addr:?}: {e}")))?;
+    let line = SERVERS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .and_then(|m| m.get(&addr).cloned())
+        .ok_or_else(|| PyKeyError::new_err(format!("no test server at {addr}")))?;
+    let (tx, rx) = oneshot::channel();
+    line.send(tx)
+        .map_err(|_| PyRuntimeError::new_err("the test server's thread ended"))?;
+    py.detach(move || rx.blocking_recv())
+        .map_err(|_| PyRuntimeError::new_err("the test server did not answer"))
+}
+
 fn start(addr: SocketAddr, dir: PathBuf) -> Result<(), String> {
     let (tx, rx) = std::sync::mpsc::channel();
+    let (ask, mut questions) = mpsc::unbounded_channel::<oneshot::Sender<usize>>();
+    SERVERS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_or_insert_with(HashMap::new)
+        .insert(addr, ask);
     std::thread::Builder::new()
         .name("rdmactor-test-server".into())
         .spawn(move || {
@@ -91,7 +125,10 @@ fn start(addr: SocketAddr, dir: PathBuf) -> Result<(), String> {
                     std::thread::sleep(TICK);
                 });
                 let _ = tx.send(Ok(()));
-                std::future::pending::<()>().await;
+                // The line's sender stays in SERVERS: this runs until the process ends.
+                while let Some(answer) = questions.recv().await {
+                    let _ = answer.send(server.stats().await.connections);
+                }
                 drop(server);
             })
         })
@@ -116,5 +153,6 @@ fn loopback_context(py: Python<'_>) -> PyResult<Context> {
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(serve_loopback, m)?)?;
     m.add_function(wrap_pyfunction!(loopback_context, m)?)?;
+    m.add_function(wrap_pyfunction!(server_connections, m)?)?;
     Ok(())
 }

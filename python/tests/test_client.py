@@ -3,11 +3,13 @@ digests, and the exception class each failure must raise."""
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import pathlib
 import struct
 import threading
-from typing import Tuple
+import time
+from typing import Callable, Tuple
 
 import pytest
 
@@ -82,6 +84,42 @@ def test_closing_the_context_closes_its_connections(addr: str) -> None:
         conn.request(echo_request(b"x"))
     with pytest.raises(rdmactor.Closed):
         ctx.connect(addr, "echo")
+
+
+def wait_until(what: str, done: Callable[[], bool], within: float = 30.0) -> None:
+    """Until `done()` holds; fails naming `what` after `within` seconds (a liveness bound:
+    on a busy machine it may take a while, never this long)."""
+    deadline = time.monotonic() + within
+    while not done():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def test_connections_and_contexts_dropped_without_close_are_closed(tmp_path: pathlib.Path) -> None:
+    from rdmactor import _testing
+
+    # A server of its own: its count is this test's connections alone.
+    addr = _testing.serve_loopback(tmp_path)
+    ctx = _testing.loopback_context()
+    conns = [ctx.connect(addr, "echo") for _ in range(50)]
+    for conn in conns:
+        assert conn.request(echo_request(b"x")) == echo_request(b"x")
+    assert _testing.server_connections(addr) == 50
+    del conns, conn
+    gc.collect()
+    wait_until("the dropped connections to close", lambda: _testing.server_connections(addr) == 0)
+    # The context still serves.
+    with ctx.connect(addr, "echo") as again:
+        assert again.request(echo_request(b"y")) == echo_request(b"y")
+
+    # A context dropped while its connections are open: freeing it closes them.
+    other = _testing.loopback_context()
+    held = [other.connect(addr, "echo") for _ in range(10)]
+    assert _testing.server_connections(addr) == 10
+    del other, held
+    gc.collect()
+    wait_until("a dropped context's connections to close", lambda: _testing.server_connections(addr) == 0)
+    ctx.close()
 
 
 def test_connect_failures_have_their_classes(ctx: rdmactor.Context, addr: str) -> None:

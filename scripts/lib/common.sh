@@ -63,3 +63,11 @@ apt_quietly() {
     fi
     rm -f "$log"
 }
+
+# build_tools [CARGO ARGS...]: the one build of the tools, the C library and the Python
+# module that scripts/test, scripts/bench and python-tests share. One command (the same
+# packages and targets) so that Cargo resolves the same features each time and finds
+# everything built already; a second spelling would compile the shared crates again.
+build_tools() {
+    cargo build "$@" -p rdmactor-examples -p rdmactor-c -p rdmactor-py --lib --bins --examples
+}

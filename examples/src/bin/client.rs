@@ -77,6 +77,11 @@ enum Run {
         /// awaiting `ClientConnection::request_typed` from a task.
         #[arg(long)]
         session: bool,
+        /// Await each request on the program's own thread, where application code
+        /// runs, instead of on the connection's poller thread: every round trip then
+        /// crosses threads twice, as a call from C or Python does.
+        #[arg(long, conflicts_with = "session")]
+        app_thread: bool,
     },
     /// Request rate with `window` requests in flight per connection.
     Rate {
@@ -294,6 +299,7 @@ async fn run(args: Args, started: Instant) -> Result<()> {
             size,
             warmup,
             session: true,
+            ..
         } => {
             // A session per node tried; the last one made is the connected one's.
             let rx = std::cell::RefCell::new(None);
@@ -365,28 +371,34 @@ async fn run(args: Args, started: Instant) -> Result<()> {
             iters,
             size,
             warmup,
+            app_thread,
             ..
         } => {
             let conn = connect_all(&dial, &args, 1).await?.remove(0);
-            // The loop runs on the poller thread that also runs the connection's actor,
-            // so a reply reaches it without a thread wake-up.
-            let rtts = client
-                .run_on_poller(async move {
-                    // Not one repeated byte: a chunk landing at the wrong offset shows.
-                    let payload: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
-                    for _ in 0..warmup {
-                        echo(&conn, payload.clone()).await?;
-                    }
-                    let mut rtts = Vec::with_capacity(iters);
-                    for _ in 0..iters {
-                        let t = Instant::now();
-                        echo(&conn, payload.clone()).await?;
-                        rtts.push(t.elapsed());
-                    }
-                    anyhow::Ok(rtts)
-                })
-                .await
-                .context("poller stopped")??;
+            // Not one repeated byte: a chunk landing at the wrong offset shows.
+            let payload: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+            let round_trips = async move {
+                for _ in 0..warmup {
+                    echo(&conn, payload.clone()).await?;
+                }
+                let mut rtts = Vec::with_capacity(iters);
+                for _ in 0..iters {
+                    let t = Instant::now();
+                    echo(&conn, payload.clone()).await?;
+                    rtts.push(t.elapsed());
+                }
+                anyhow::Ok(rtts)
+            };
+            let rtts = if app_thread {
+                round_trips.await?
+            } else {
+                // On the poller thread that also runs the connection's actor, a reply
+                // reaches the loop without a thread wake-up.
+                client
+                    .run_on_poller(round_trips)
+                    .await
+                    .context("poller stopped")??
+            };
             report::latency("latency", size, iters, rtts);
         }
         Run::Rate {
