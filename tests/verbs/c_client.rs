@@ -161,8 +161,12 @@ fn c_programs_echo_upload_and_are_refused_cleanly_against_the_server() {
 /// Issue 50: no leak after 1,000 connect/close cycles through the C library. The
 /// cycles program runs under AddressSanitizer, whose LeakSanitizer fails the run at
 /// exit naming any allocation nothing reaches any more (one a cycle left behind shows
-/// 1,000 times over), and the server's QPs, cm ids and MRs must come back to their
-/// count before the cycles.
+/// 1,000 times over), and the server's QPs, cm ids, CQs and MRs must come back to
+/// their count before the cycles, taken after a first run of 10 (the server makes its
+/// CQ and keeps a pool arena on its first connection).
+///
+/// A connection the server closes before answering its echo is counted and made again
+/// (see docs/known-gaps.md: 1 of 1,000 once, on a loaded host); more than 1% fails.
 #[test]
 fn a_thousand_connect_close_cycles_leak_nothing() {
     let Some(_ctx) = rdma_context() else { return };
@@ -176,26 +180,36 @@ fn a_thousand_connect_close_cycles_leak_nothing() {
     build_c(prefix.path());
     let server = ServerBinary::start(std::iter::empty::<&OsStr>());
     let addr = server.addr.to_string();
+    let cycles = |n: &str| {
+        let out = Command::new(prefix.path().join("bin/cycles"))
+            .args([&addr, n])
+            .env("LD_LIBRARY_PATH", prefix.path().join("lib"))
+            // detect_leaks is on by default on x86_64 Linux; said here so that a host
+            // default cannot turn it off.
+            .env("ASAN_OPTIONS", "detect_leaks=1")
+            .output()
+            .expect("running cycles");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            !stderr.contains("LeakSanitizer"),
+            "the cycles leaked:\n{stderr}"
+        );
+        (ok("cycles (under AddressSanitizer)", out), stderr)
+    };
+    cycles("10");
     let base = resource_counts();
-    let out = Command::new(prefix.path().join("bin/cycles"))
-        .args([&addr, "1000"])
-        .env("LD_LIBRARY_PATH", prefix.path().join("lib"))
-        // detect_leaks is on by default on x86_64 Linux; said here so that a host
-        // default cannot turn it off. exitcode: a leak fails the run, not only prints.
-        .env("ASAN_OPTIONS", "detect_leaks=1:exitcode=23")
-        .output()
-        .expect("running cycles");
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (printed, stderr) = cycles("1000");
+    let dropped: u64 = printed
+        .trim()
+        .strip_prefix("cycles: 1000 connect/close cycles, each echo verified, ")
+        .and_then(|rest| rest.strip_suffix(" dropped"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("not the summary line: {printed}"));
+    println!("{}\n{stderr}", printed.trim());
     assert!(
-        !stderr.contains("LeakSanitizer"),
-        "the cycles leaked:\n{stderr}"
+        dropped <= 10,
+        "{dropped} of 1,000 connections dropped:\n{stderr}"
     );
-    let printed = ok("cycles (under AddressSanitizer)", out);
-    assert!(
-        printed.contains("cycles: 1000 connect/close cycles, each echo verified"),
-        "{printed}"
-    );
-    println!("{}", printed.trim());
     assert_released(&base);
 }
 
