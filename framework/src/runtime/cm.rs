@@ -537,6 +537,10 @@ impl<T: Transport> Handler<DeviceNotice> for CmActor<T> {
                 ),
                 None => tracing::debug!(qp_num, %event, "device event for a QP no connection has"),
             },
+            DeviceNotice::CommEst { qp_num } => match self.conns.by_qp(qp_num) {
+                Some(key) => self.conns.notify(key, CmNotice::CommEst),
+                None => tracing::debug!(qp_num, "COMM_EST for a QP no connection has"),
+            },
             DeviceNotice::DeviceFatal => self.device_lost("failed (IBV_EVENT_DEVICE_FATAL)", ctx),
         }
     }

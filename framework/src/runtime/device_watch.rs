@@ -20,6 +20,9 @@ use crate::verbs::{AsyncElement, AsyncEvent, AsyncEventKind};
 pub(crate) enum DeviceNotice {
     /// Close the connection of QP `qp_num`: the device reported `event` for it.
     QpFailed { qp_num: u32, event: AsyncEventKind },
+    /// A receive completed on QP `qp_num` before the CM saw its connection
+    /// established (the peer's RTU lost or late): its connection tells the CM.
+    CommEst { qp_num: u32 },
     /// The device failed: close every connection, release the device, wait for it to
     /// return (`recovery.rs`).
     DeviceFatal,
@@ -50,6 +53,7 @@ pub(crate) fn decide(ev: &AsyncEvent) -> Option<DeviceNotice> {
                 event: ev.kind,
             })
         }
+        (CommEst, AsyncElement::Qp(qp_num)) => Some(DeviceNotice::CommEst { qp_num }),
         (DeviceFatal, _) => Some(DeviceNotice::DeviceFatal),
         _ => None,
     }
@@ -129,6 +133,9 @@ mod tests {
         for kind in [AsyncEventKind::PortErr, AsyncEventKind::PortActive] {
             assert!(decide(&ev(kind, AsyncElement::Port(1))).is_none());
         }
-        assert!(decide(&ev(AsyncEventKind::CommEst, AsyncElement::Qp(3))).is_none());
+        assert!(matches!(
+            decide(&ev(AsyncEventKind::CommEst, AsyncElement::Qp(3))),
+            Some(DeviceNotice::CommEst { qp_num: 3 })
+        ));
     }
 }

@@ -455,6 +455,12 @@ pub trait CmId<T: Transport>: Unpin + Clone + Send + Sync + fmt::Debug {
     fn reject(&self, private_data: &[u8]) -> Result<(), T::Error>;
     /// Starts a disconnect (DISCONNECTED follows on both sides).
     fn disconnect(&self) -> Result<(), T::Error>;
+    /// The device said this id's QP carries data (`IBV_EVENT_COMM_EST`) before the CM
+    /// saw the connection established: tell the CM. A transport whose CM cannot lose
+    /// the last handshake message has nothing to do.
+    fn notify_established(&self) -> Result<(), T::Error> {
+        Ok(())
+    }
     /// The local address, once bound or resolved.
     fn local_addr(&self) -> Option<SocketAddr>;
     /// The peer's address, once resolved or on an incoming request.

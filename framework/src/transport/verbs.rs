@@ -439,6 +439,9 @@ impl super::CmId<Verbs> for v::CmId {
     fn disconnect(&self) -> v::Result<()> {
         v::CmId::disconnect(self)
     }
+    fn notify_established(&self) -> v::Result<()> {
+        v::CmId::notify_established(self)
+    }
     fn local_addr(&self) -> Option<SocketAddr> {
         v::CmId::local_addr(self)
     }

@@ -402,6 +402,18 @@ impl CmId {
             rdma_disconnect(self.inner.as_ptr())
         })
     }
+
+    /// Tells the CM that this id's QP is in use (`IBV_EVENT_COMM_EST`: a receive
+    /// completed on the passive side before the CM saw the peer's RTU). The CM then
+    /// counts the connection as established instead of resending its REP until it
+    /// gives up, which would end a connection that already carries data. Called for
+    /// an id whose connection is already established, it changes nothing.
+    pub fn notify_established(&self) -> Result<()> {
+        // SAFETY: the id is alive; IBV_EVENT_COMM_EST is the event rdma_notify takes.
+        check(Verb::Notify, unsafe {
+            rdma_notify(self.inner.as_ptr(), ibv_event_type::IBV_EVENT_COMM_EST)
+        })
+    }
 }
 
 impl std::fmt::Debug for CmId {

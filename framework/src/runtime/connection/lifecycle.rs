@@ -443,6 +443,12 @@ impl<T: Transport, S: Session<T>> Connection<S, T> {
                 tracing::info!(conn = %self.label, "established");
                 self.with_session(|s, cx| s.on_established(cx));
             }
+            CmNotice::CommEst => {
+                let id = self.core.as_ref().and_then(|c| c.id.as_ref());
+                if let Some(Err(e)) = id.map(|id| id.notify_established()) {
+                    tracing::warn!(conn = %self.label, error = %e, "telling the CM of IBV_EVENT_COMM_EST failed");
+                }
+            }
             CmNotice::Disconnected => {
                 // After our goodbye, the peer's disconnect is the sign it has read it.
                 let closing = self.core.as_ref().is_some_and(|c| c.closing.is_some());

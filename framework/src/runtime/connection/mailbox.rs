@@ -22,6 +22,9 @@ pub(crate) enum CmNotice {
     Established { peer: Option<(Advert, u32)> },
     /// DISCONNECTED (peer or local).
     Disconnected,
+    /// The device saw the QP carry data before ESTABLISHED: tell the CM (see
+    /// `CmId::notify_established`).
+    CommEst,
     /// Close for this reason (shutdown, failed accept, rejected connect).
     Close(CloseReason),
 }
