@@ -16,6 +16,7 @@
 //! - [`prometheus`]: the Prometheus recorder of `server --metrics` and
 //!   `bench_native --metrics`.
 //! - [`identity`]: `--key FILE`, the credential a client tool proves its identity with.
+//! - [`pinger`]: the client-side echo session `client latency --session` times.
 //! - [`kv`]: the key-value service written as a request handler, and its client;
 //!   [`kv_session`]: the same service as a raw session, for comparison.
 //!
@@ -36,6 +37,7 @@ pub mod kv;
 pub mod kv_session;
 pub mod lambdas;
 pub mod logs;
+pub mod pinger;
 pub mod prometheus;
 pub mod report;
 pub mod signals;

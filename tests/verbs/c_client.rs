@@ -18,6 +18,21 @@ fn found(tool: &str) -> bool {
     Command::new(tool).arg("--version").output().is_ok()
 }
 
+/// A new prefix with the library installed and the C programs compiled into its `bin`.
+fn installed() -> tempfile::TempDir {
+    // cc links every Rust program and scripts/setup installs pkg-config: missing, they
+    // fail the test rather than pass it with nothing run.
+    for tool in ["cc", "pkg-config"] {
+        assert!(
+            found(tool),
+            "{tool} not found: the C programs cannot be compiled"
+        );
+    }
+    let prefix = tempfile::tempdir().unwrap();
+    build_c(prefix.path());
+    prefix
+}
+
 /// Installs the library under `prefix` and compiles the C programs into `prefix/bin`.
 fn build_c(prefix: &Path) {
     let profile_dir = target_bin("");
@@ -94,16 +109,7 @@ fn run(prefix: &Path, name: &str, args: &[&str]) -> Output {
 #[test]
 fn c_programs_echo_upload_and_are_refused_cleanly_against_the_server() {
     let Some(_ctx) = rdma_context() else { return };
-    // cc links every Rust program and scripts/setup installs pkg-config: missing, they
-    // fail the test rather than pass it with nothing run.
-    for tool in ["cc", "pkg-config"] {
-        assert!(
-            found(tool),
-            "{tool} not found: the C programs cannot be compiled"
-        );
-    }
-    let prefix = tempfile::tempdir().unwrap();
-    build_c(prefix.path());
+    let prefix = installed();
 
     let store = tempfile::tempdir().unwrap();
     let server = ServerBinary::start([OsStr::new("--files-dir"), store.path().as_os_str()]);
@@ -170,14 +176,7 @@ fn c_programs_echo_upload_and_are_refused_cleanly_against_the_server() {
 #[test]
 fn a_thousand_connect_close_cycles_leak_nothing() {
     let Some(_ctx) = rdma_context() else { return };
-    for tool in ["cc", "pkg-config"] {
-        assert!(
-            found(tool),
-            "{tool} not found: the C programs cannot be compiled"
-        );
-    }
-    let prefix = tempfile::tempdir().unwrap();
-    build_c(prefix.path());
+    let prefix = installed();
     let server = ServerBinary::start(std::iter::empty::<&OsStr>());
     let addr = server.addr.to_string();
     let cycles = |n: &str| {

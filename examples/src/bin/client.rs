@@ -23,10 +23,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand};
 use rdmactor::runtime::{
-    Client, ClientConnection, CloseReason, ConnectError, Incoming, NodeConfig, PollMode, Session,
-    SessionCx, SessionError, TransportConfig,
+    Client, ClientConnection, ConnectError, NodeConfig, PollMode, TransportConfig,
 };
 use rdmactor_examples::cluster::{self, ClusterArgs, Dial};
+use rdmactor_examples::pinger::Pinger;
 use rdmactor_examples::{lambdas, logs, report, transport};
 use rdmactor_services::echo::{EchoRequest, EchoResponse};
 
@@ -213,61 +213,6 @@ where
     Ok((total, total as f64 / start.elapsed().as_secs_f64()))
 }
 
-/// A client-side session that sends the next echo request from the reply's handler.
-struct Pinger {
-    payload: Vec<u8>,
-    warmup: usize,
-    left: usize,
-    sent_at: Instant,
-    rtts: Vec<Duration>,
-    done: Option<tokio::sync::oneshot::Sender<Result<Vec<Duration>>>>,
-}
-
-impl Pinger {
-    fn ping(&mut self, cx: &mut SessionCx<'_>) -> Result<(), SessionError> {
-        let req = postcard::to_allocvec(&EchoRequest {
-            payload: self.payload.clone(),
-        })
-        .map_err(|e| SessionError::new(e.to_string()))?;
-        self.sent_at = Instant::now();
-        cx.send(1, req)
-    }
-}
-
-impl Session for Pinger {
-    fn on_established(&mut self, cx: &mut SessionCx<'_>) -> Result<(), SessionError> {
-        self.ping(cx)
-    }
-
-    fn on_message(&mut self, cx: &mut SessionCx<'_>, msg: Incoming) -> Result<(), SessionError> {
-        let rtt = self.sent_at.elapsed();
-        let resp: EchoResponse = postcard::from_bytes(&msg.data)
-            .map_err(|e| SessionError::new(format!("bad echo reply: {e}")))?;
-        if resp.payload != self.payload {
-            return Err(SessionError::new("echo payload differs"));
-        }
-        if self.warmup > 0 {
-            self.warmup -= 1;
-        } else {
-            self.rtts.push(rtt);
-            self.left -= 1;
-        }
-        if self.left == 0 {
-            if let Some(done) = self.done.take() {
-                let _ = done.send(Ok(std::mem::take(&mut self.rtts)));
-            }
-            return Ok(());
-        }
-        self.ping(cx)
-    }
-
-    fn on_close(&mut self, reason: &CloseReason) {
-        if let Some(done) = self.done.take() {
-            let _ = done.send(Err(anyhow::anyhow!("connection closed: {reason}")));
-        }
-    }
-}
-
 async fn connect_all(dial: &Dial<'_>, args: &Args, n: usize) -> Result<Vec<ClientConnection>> {
     let mut conns = Vec::with_capacity(n);
     for _ in 0..n {
@@ -306,14 +251,7 @@ async fn run(args: Args, started: Instant) -> Result<()> {
             let pinger = || {
                 let (tx, done) = tokio::sync::oneshot::channel();
                 *rx.borrow_mut() = Some(done);
-                Pinger {
-                    payload: vec![0x5a; size],
-                    warmup,
-                    left: iters,
-                    sent_at: Instant::now(),
-                    rtts: Vec::with_capacity(iters),
-                    done: Some(tx),
-                }
+                Pinger::new(vec![0x5a; size], warmup, iters, tx)
             };
             let conn = dial
                 .connect_session(&args.service, pinger)

@@ -528,18 +528,9 @@ impl<T: Transport> Handler<DeviceNotice> for CmActor<T> {
     type Result = ();
     fn handle(&mut self, msg: DeviceNotice, ctx: &mut Context<Self>) {
         match msg {
-            DeviceNotice::QpFailed { qp_num, event } => match self.conns.by_qp(qp_num) {
-                Some(key) => self.conns.notify(
-                    key,
-                    CmNotice::Close(CloseReason::Verbs(format!(
-                        "the device reported {event} for this connection's QP"
-                    ))),
-                ),
-                None => tracing::debug!(qp_num, %event, "device event for a QP no connection has"),
-            },
-            DeviceNotice::CommEst { qp_num } => match self.conns.by_qp(qp_num) {
-                Some(key) => self.conns.notify(key, CmNotice::CommEst),
-                None => tracing::debug!(qp_num, "COMM_EST for a QP no connection has"),
+            DeviceNotice::Qp { qp_num, notice } => match self.conns.by_qp(qp_num) {
+                Some(key) => self.conns.notify(key, notice),
+                None => tracing::debug!(qp_num, ?notice, "device event for a QP no connection has"),
             },
             DeviceNotice::DeviceFatal => self.device_lost("failed (IBV_EVENT_DEVICE_FATAL)", ctx),
         }

@@ -1,6 +1,8 @@
 //! The device's asynchronous events, read on a thread of their own and acted on: a QP
 //! the device put in error (`IBV_EVENT_QP_FATAL`, `_REQ_ERR`, `_ACCESS_ERR`,
-//! `PATH_MIG_ERR`) closes its connection with that reason, a port going down or up is
+//! `PATH_MIG_ERR`) closes its connection with that reason, a QP that carried data before
+//! the CM saw it established (`IBV_EVENT_COMM_EST`) has its connection tell the CM
+//! (`rdma_notify`), a port going down or up is
 //! logged and counted, and a failed device (`IBV_EVENT_DEVICE_FATAL`) is let go like a
 //! removed one and served again when it returns (`recovery.rs`). Without this reader the events would only pile up in the kernel, and a
 //! connection whose QP failed silently would wait for its keepalive to notice.
@@ -11,18 +13,19 @@ use std::time::Duration;
 
 use actix::{Message, Recipient};
 
+use super::close::CloseReason;
+use super::connection::CmNotice;
 use crate::transport::{Domain, Transport};
 use crate::verbs::{AsyncElement, AsyncEvent, AsyncEventKind};
 
 /// What the CM actor is told (it knows which connection owns which QP).
-#[derive(Debug, Clone, Copy, Message)]
+#[derive(Debug, Message)]
 #[rtype(result = "()")]
 pub(crate) enum DeviceNotice {
-    /// Close the connection of QP `qp_num`: the device reported `event` for it.
-    QpFailed { qp_num: u32, event: AsyncEventKind },
-    /// A receive completed on QP `qp_num` before the CM saw its connection
-    /// established (the peer's RTU lost or late): its connection tells the CM.
-    CommEst { qp_num: u32 },
+    /// Tell the connection of QP `qp_num` `notice`: close, for a QP the device put in
+    /// error; `CommEst`, for a receive completed before the CM saw the connection
+    /// established (the peer's RTU lost or late).
+    Qp { qp_num: u32, notice: CmNotice },
     /// The device failed: close every connection, release the device, wait for it to
     /// return (`recovery.rs`).
     DeviceFatal,
@@ -48,12 +51,16 @@ pub(crate) fn decide(ev: &AsyncEvent) -> Option<DeviceNotice> {
     use AsyncEventKind::*;
     match (ev.kind, ev.element) {
         (QpFatal | QpReqErr | QpAccessErr | PathMigErr, AsyncElement::Qp(qp_num)) => {
-            Some(DeviceNotice::QpFailed {
+            let why = format!("the device reported {} for this connection's QP", ev.kind);
+            Some(DeviceNotice::Qp {
                 qp_num,
-                event: ev.kind,
+                notice: CmNotice::Close(CloseReason::Verbs(why)),
             })
         }
-        (CommEst, AsyncElement::Qp(qp_num)) => Some(DeviceNotice::CommEst { qp_num }),
+        (CommEst, AsyncElement::Qp(qp_num)) => Some(DeviceNotice::Qp {
+            qp_num,
+            notice: CmNotice::CommEst,
+        }),
         (DeviceFatal, _) => Some(DeviceNotice::DeviceFatal),
         _ => None,
     }
@@ -117,14 +124,17 @@ mod tests {
         let ev = |kind, element| AsyncEvent { kind, element };
         assert!(matches!(
             decide(&ev(AsyncEventKind::QpFatal, AsyncElement::Qp(7))),
-            Some(DeviceNotice::QpFailed {
+            Some(DeviceNotice::Qp {
                 qp_num: 7,
-                event: AsyncEventKind::QpFatal
-            })
+                notice: CmNotice::Close(CloseReason::Verbs(why)),
+            }) if why.contains("IBV_EVENT_QP_FATAL")
         ));
         assert!(matches!(
             decide(&ev(AsyncEventKind::PathMigErr, AsyncElement::Qp(9))),
-            Some(DeviceNotice::QpFailed { qp_num: 9, .. })
+            Some(DeviceNotice::Qp {
+                qp_num: 9,
+                notice: CmNotice::Close(_)
+            })
         ));
         assert!(matches!(
             decide(&ev(AsyncEventKind::DeviceFatal, AsyncElement::Device)),
@@ -135,7 +145,10 @@ mod tests {
         }
         assert!(matches!(
             decide(&ev(AsyncEventKind::CommEst, AsyncElement::Qp(3))),
-            Some(DeviceNotice::CommEst { qp_num: 3 })
+            Some(DeviceNotice::Qp {
+                qp_num: 3,
+                notice: CmNotice::CommEst
+            })
         ));
     }
 }
