@@ -191,9 +191,13 @@ typedef struct rdmactor_completion {
   struct rdmactor_conn conn;
   /**
    * Reply bytes copied to the submit's buffer; with `RDMACTOR_BUFFER_TOO_SMALL`,
-   * the length the reply needed (it was dropped).
+   * the length the reply needed (it was dropped; for a read, nothing was read).
    */
   size_t len;
+  /**
+   * A read's region version (as `rdmactor_read`'s `*version`); 0 for the rest.
+   */
+  uint64_t version;
   /**
    * The message when `status` is not OK, NUL-terminated (cut to fit).
    */
@@ -276,6 +280,31 @@ int rdmactor_connect(struct rdmactor_ctx ctx,
                      const char *key_file,
                      uint32_t timeout_ms,
                      struct rdmactor_conn *out);
+
+/**
+ * Connects to `service` on a server of a cluster, knowing only `seeds`: one or more
+ * servers' addresses, comma-separated (`"192.0.2.1:7471,192.0.2.2:7471"`). The seeds
+ * are asked in order for the servers of `service` (their `members` service, which a
+ * server started with `--cluster` serves), and the servers listed, least loaded first,
+ * are connected in order until one accepts. Each connect is given at most 5 s (or
+ * `timeout_ms`, if shorter), so a listed server whose host died costs that bound, not
+ * rdma_cm's minute. No etcd, no credentials for the registry: the servers watch it.
+ *
+ * Fails with `RDMACTOR_UNREACHABLE` when no seed lists a server or no listed server
+ * accepts; `rdmactor_last_error` then names every address tried and its reason.
+ * `key_file` and `RDMACTOR_TIMEOUT` as for `rdmactor_connect`.
+ *
+ * Thread-safe.
+ *
+ * # Safety
+ * As `rdmactor_connect`, with `seeds` in place of `addr`.
+ */
+int rdmactor_connect_cluster(struct rdmactor_ctx ctx,
+                             const char *seeds,
+                             const char *service,
+                             const char *key_file,
+                             uint32_t timeout_ms,
+                             struct rdmactor_conn *out);
 
 /**
  * Closes the connection and waits until it is released on both sides; the handle is
@@ -413,6 +442,23 @@ int rdmactor_connect_submit(struct rdmactor_ctx ctx,
                             uint64_t *op);
 
 /**
+ * Starts a connect like `rdmactor_connect_cluster`; its completion carries the new
+ * connection in `conn`, as `rdmactor_connect_submit`'s does.
+ *
+ * Thread-safe.
+ *
+ * # Safety
+ * As `rdmactor_connect_cluster`; `op` is valid for writing one `uint64_t`.
+ */
+int rdmactor_connect_cluster_submit(struct rdmactor_ctx ctx,
+                                    const char *seeds,
+                                    const char *service,
+                                    const char *key_file,
+                                    uint32_t timeout_ms,
+                                    uint64_t user_data,
+                                    uint64_t *op);
+
+/**
  * Starts a request like `rdmactor_request`: `req` is copied before the call returns;
  * the reply is copied to `reply` when its completion is polled, its length in the
  * completion's `len` (or the length needed, with `RDMACTOR_BUFFER_TOO_SMALL`).
@@ -450,6 +496,70 @@ int rdmactor_send_submit(struct rdmactor_conn conn,
                          uint32_t timeout_ms,
                          uint64_t user_data,
                          uint64_t *op);
+
+/**
+ * Starts a read like `rdmactor_read`: the region's bytes from `offset` are copied to
+ * `buf` when its completion is polled, their length in the completion's `len` and
+ * their version in its `version`; `RDMACTOR_BUFFER_TOO_SMALL` with the length needed
+ * in `len` when they would be more than `cap` (nothing was read).
+ *
+ * Thread-safe.
+ *
+ * # Safety
+ * `name` is a NUL-terminated string during the call; `buf` points to `cap` writable
+ * bytes (NULL if 0) until the completion is polled; `op` is valid for writing one
+ * `uint64_t`.
+ */
+int rdmactor_read_submit(struct rdmactor_conn conn,
+                         const char *name,
+                         uint64_t offset,
+                         uint8_t *buf,
+                         size_t cap,
+                         uint32_t timeout_ms,
+                         uint64_t user_data,
+                         uint64_t *op);
+
+/**
+ * Starts an upload like `rdmactor_file_send`; `*result` is filled when its completion
+ * is polled (the completion's status is OK whatever the verdict, as the blocking call
+ * returns). One transfer per connection at a time: `RDMACTOR_BUSY` at submit
+ * otherwise.
+ *
+ * Thread-safe.
+ *
+ * # Safety
+ * `path` is a NUL-terminated string and `name` NULL or one, during the call; `result`
+ * is valid for writing one `rdmactor_file_result` until the completion is polled;
+ * `op` is valid for writing one `uint64_t`.
+ */
+int rdmactor_file_send_submit(struct rdmactor_conn conn,
+                              const char *path,
+                              const char *name,
+                              uint32_t flags,
+                              struct rdmactor_file_result *result,
+                              uint32_t timeout_ms,
+                              uint64_t user_data,
+                              uint64_t *op);
+
+/**
+ * Starts a fetch like `rdmactor_file_fetch`; `*result` is filled when its completion
+ * is polled, as `rdmactor_file_send_submit`'s is.
+ *
+ * Thread-safe.
+ *
+ * # Safety
+ * `name` and `dir` are NUL-terminated strings during the call; `result` is valid for
+ * writing one `rdmactor_file_result` until the completion is polled; `op` is valid for
+ * writing one `uint64_t`.
+ */
+int rdmactor_file_fetch_submit(struct rdmactor_conn conn,
+                               const char *name,
+                               const char *dir,
+                               uint32_t flags,
+                               struct rdmactor_file_result *result,
+                               uint32_t timeout_ms,
+                               uint64_t user_data,
+                               uint64_t *op);
 
 /**
  * Takes up to `max` completions, oldest first, into `out`; `*n` is how many (0 when

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt as _;
+use rdmactor_services::members;
 
 use crate::block::block_on;
 use crate::link::{Link, ReadFailure, Transfer};
@@ -79,17 +80,60 @@ pub fn parse_addr(addr: &str) -> Result<SocketAddr> {
         .map_err(|e| Failure::invalid(format!("address {addr:?}: {e} (want IP:PORT)")))
 }
 
+/// Parses a comma-separated list of `host:port` seeds (at least one).
+pub fn parse_seeds(seeds: &str) -> Result<Vec<SocketAddr>> {
+    let list = seeds
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(parse_addr)
+        .collect::<Result<Vec<_>>>()?;
+    if list.is_empty() {
+        return Err(Failure::invalid(
+            "seeds: no address (want IP:PORT[,IP:PORT..])",
+        ));
+    }
+    Ok(list)
+}
+
+/// Where a connect goes.
+pub enum Target {
+    /// One server.
+    Addr(SocketAddr),
+    /// A server of the cluster these seeds know (`members`).
+    Seeds(Vec<SocketAddr>),
+}
+
+impl Target {
+    /// `addr` for [`Target::Addr`], a seed list for [`Target::Seeds`].
+    pub fn parse(text: &str, through_seeds: bool) -> Result<Target> {
+        Ok(if through_seeds {
+            Target::Seeds(parse_seeds(text)?)
+        } else {
+            Target::Addr(parse_addr(text)?)
+        })
+    }
+}
+
 /// The connect job: on the runtime thread, inserts the handle in the same step that
 /// checks the context is still live (see `tables::close_connections_of`).
 fn connect_job(
     ctx_id: u64,
     engine: Rc<dyn Engine>,
-    addr: SocketAddr,
+    target: Target,
     service: String,
     key: Option<PathBuf>,
     limit: Option<Duration>,
 ) -> futures::future::LocalBoxFuture<'static, Result<u64>> {
-    let fut = with_timeout(engine.connect(addr, service, key), limit, "connect");
+    let link = match target {
+        Target::Addr(addr) => engine.connect(addr, service, key),
+        Target::Seeds(seeds) => {
+            // Each node's connect within the call's own limit, at most the usual bound.
+            let dial = limit.map_or(members::DEFAULT_DIAL, |l| l.min(members::DEFAULT_DIAL));
+            engine.connect_via(seeds, service, key, dial)
+        }
+    };
+    let fut = with_timeout(link, limit, "connect");
     async move {
         let link = fut.await?;
         match CONTEXTS.get(ctx_id) {
@@ -113,17 +157,16 @@ fn connect_job(
 
 pub fn connect(
     ctx_id: u64,
-    addr: &str,
+    target: Target,
     service: &str,
     key: Option<PathBuf>,
     timeout_ms: u32,
 ) -> Result<u64> {
     let ctx = context(ctx_id)?;
-    let addr = parse_addr(addr)?;
     let service = service.to_owned();
     let limit = timeout(timeout_ms);
     ctx.block(None, "connect", move |engine| {
-        connect_job(ctx_id, engine, addr, service, key, limit)
+        connect_job(ctx_id, engine, target, service, key, limit)
     })
 }
 
@@ -192,27 +235,11 @@ pub enum FileOp {
 /// waiting for chunks that never come, as the files client does on any error.
 pub fn file(conn: u64, op: FileOp, overwrite: bool, timeout_ms: u32) -> Result<Transfer> {
     let entry = connection(conn)?;
-    if entry.transfer.swap(true, Ordering::AcqRel) {
-        return Err(Failure::new(
-            RDMACTOR_BUSY,
-            "a file transfer is already running on this connection",
-        ));
-    }
+    take_transfer(&entry)?;
     let link: Arc<dyn Link> = entry.link.clone();
     let limit = timeout(timeout_ms);
     let result = entry.ctx.block(None, "file transfer", move |_| {
-        let fut = match op {
-            FileOp::Send { path, name } => link.send_file(path, name, overwrite),
-            FileOp::Fetch { name, dir } => link.fetch_file(name, dir, overwrite),
-        };
-        async move {
-            let res = with_timeout(fut, limit, "file transfer").await;
-            if matches!(&res, Err(f) if f.status == RDMACTOR_TIMEOUT) {
-                link.close().await;
-            }
-            res
-        }
-        .boxed_local()
+        transfer(link, op, overwrite, limit).boxed_local()
     });
     entry.transfer.store(false, Ordering::Release);
     result
@@ -222,6 +249,47 @@ pub fn file(conn: u64, op: FileOp, overwrite: bool, timeout_ms: u32) -> Result<T
 pub enum Submit {
     Request(Vec<u8>),
     Send(Vec<u8>),
+    /// A `read` region from `offset`, at most `cap` bytes.
+    Read {
+        name: String,
+        offset: u64,
+        cap: usize,
+    },
+    /// A file transfer (the connection's transfer flag is taken at submit).
+    File {
+        op: FileOp,
+        overwrite: bool,
+    },
+}
+
+/// Runs one transfer under `limit`; a transfer cut by the timeout closes its
+/// connection (see [`file`]). On the runtime thread.
+async fn transfer(
+    link: Arc<dyn Link>,
+    op: FileOp,
+    overwrite: bool,
+    limit: Option<Duration>,
+) -> Result<Transfer> {
+    let fut = match op {
+        FileOp::Send { path, name } => link.send_file(path, name, overwrite),
+        FileOp::Fetch { name, dir } => link.fetch_file(name, dir, overwrite),
+    };
+    let res = with_timeout(fut, limit, "file transfer").await;
+    if matches!(&res, Err(f) if f.status == RDMACTOR_TIMEOUT) {
+        link.close().await;
+    }
+    res
+}
+
+/// Takes connection `entry`'s transfer flag: one file transfer at a time carries it.
+fn take_transfer(entry: &ConnEntry) -> Result<()> {
+    if entry.transfer.swap(true, Ordering::AcqRel) {
+        return Err(Failure::new(
+            RDMACTOR_BUSY,
+            "a file transfer is already running on this connection",
+        ));
+    }
+    Ok(())
 }
 
 /// Starts `what` on connection `conn`; its completion goes to the connection's
@@ -237,9 +305,17 @@ pub fn submit(
     let ctx = entry.ctx.clone();
     let completions = ctx.completions.clone();
     completions.admit()?;
+    let is_file = matches!(what, Submit::File { .. });
+    if is_file {
+        if let Err(e) = take_transfer(&entry) {
+            completions.release();
+            return Err(e);
+        }
+    }
     let op = ctx.next_op();
     let limit = timeout(timeout_ms);
     let link = entry.link.clone();
+    let held = entry.clone();
     let started = ctx.run(move |_| {
         async move {
             let result = match what {
@@ -249,6 +325,26 @@ pub fn submit(
                 Submit::Send(data) => with_timeout(link.send(data), limit, "send")
                     .await
                     .map(|()| Output::Nothing),
+                Submit::Read { name, offset, cap } => {
+                    match with_timeout(
+                        async { Ok::<_, Failure>(link.read(name, offset, cap).await) },
+                        limit,
+                        "read",
+                    )
+                    .await
+                    {
+                        Ok(Ok((data, version))) => Ok(Output::Region { data, version }),
+                        Ok(Err(ReadFailure::TooSmall { needed })) => {
+                            Ok(Output::RegionTooSmall { needed })
+                        }
+                        Ok(Err(ReadFailure::Failed(f))) | Err(f) => Err(f),
+                    }
+                }
+                Submit::File { op, overwrite } => {
+                    let done = transfer(link, op, overwrite, limit).await;
+                    held.transfer.store(false, Ordering::Release);
+                    done.map(Output::File)
+                }
             };
             completions.push(Done {
                 op,
@@ -261,6 +357,9 @@ pub fn submit(
         .boxed_local()
     });
     if let Err(e) = started {
+        if is_file {
+            entry.transfer.store(false, Ordering::Release);
+        }
         entry.ctx.completions.release();
         return Err(e);
     }
@@ -269,21 +368,20 @@ pub fn submit(
 
 pub fn connect_submit(
     ctx_id: u64,
-    addr: &str,
+    target: Target,
     service: &str,
     key: Option<PathBuf>,
     timeout_ms: u32,
     user_data: u64,
 ) -> Result<u64> {
     let ctx = context(ctx_id)?;
-    let addr = parse_addr(addr)?;
     let service = service.to_owned();
     let completions = ctx.completions.clone();
     completions.admit()?;
     let op = ctx.next_op();
     let limit = timeout(timeout_ms);
     let started = ctx.run(move |engine| {
-        let fut = connect_job(ctx_id, engine, addr, service, key, limit);
+        let fut = connect_job(ctx_id, engine, target, service, key, limit);
         async move {
             let result = fut.await;
             let conn = *result.as_ref().unwrap_or(&0);

@@ -23,6 +23,7 @@ use futures::future::LocalBoxFuture;
 use futures::FutureExt as _;
 use rdmactor::runtime::{Client, ClientError, Credential, NodeConfig};
 use rdmactor::transport::Transport;
+use rdmactor_services::members;
 use tokio::sync::mpsc;
 
 use crate::link::{Conn, Link};
@@ -55,6 +56,16 @@ pub trait Engine {
         addr: SocketAddr,
         service: String,
         key: Option<PathBuf>,
+    ) -> LocalBoxFuture<'static, Result<Arc<dyn Link>>>;
+    /// Connects to `service` on a server of the cluster that `seeds` know: asks their
+    /// `members` service, then the members in order, each connect bounded by `dial`
+    /// (`rdmactor_services::members::connect_via`).
+    fn connect_via(
+        &self,
+        seeds: Vec<SocketAddr>,
+        service: String,
+        key: Option<PathBuf>,
+        dial: Duration,
     ) -> LocalBoxFuture<'static, Result<Arc<dyn Link>>>;
     /// True once the context is being freed: a connect that finishes now is closed,
     /// not handed out.
@@ -112,6 +123,22 @@ impl<T: Transport> Engine for State<T> {
         .boxed_local()
     }
 
+    fn connect_via(
+        &self,
+        seeds: Vec<SocketAddr>,
+        service: String,
+        key: Option<PathBuf>,
+        dial: Duration,
+    ) -> LocalBoxFuture<'static, Result<Arc<dyn Link>>> {
+        let client = self.client(key);
+        async move {
+            let client = client?;
+            let got = members::connect_via(&client, &seeds, &service, dial).await?;
+            Ok(Arc::new(Conn::new(got.connection, client)) as Arc<dyn Link>)
+        }
+        .boxed_local()
+    }
+
     fn closing(&self) -> bool {
         self.closing.get()
     }
@@ -133,6 +160,17 @@ pub struct Done {
 pub enum Output {
     Nothing,
     Bytes(Vec<u8>),
+    /// A region's bytes and their version.
+    Region {
+        data: Vec<u8>,
+        version: u64,
+    },
+    /// A region longer than the buffer given: the length it needs (nothing was read).
+    RegionTooSmall {
+        needed: usize,
+    },
+    /// A file transfer's outcome; `dest` is where its `rdmactor_file_result` goes.
+    File(crate::link::Transfer),
 }
 
 /// The completion queue and its eventfd, readable exactly while the queue holds

@@ -9,6 +9,7 @@
 use rdmactor::proto::budget::BudgetError;
 use rdmactor::runtime::{ClientError, ConnectError, CredentialError, RequestError};
 use rdmactor_services::file_transfer::{ClientError as FilesError, TransferError};
+use rdmactor_services::members::BootstrapError;
 use rdmactor_services::read::ReadError;
 
 /// What a call came to. Every entry point returns one of these as an `int`.
@@ -102,6 +103,16 @@ impl From<ConnectError> for Failure {
             _ => RDMACTOR_IO,
         };
         Failure::new(status, format!("connect: {e}"))
+    }
+}
+
+impl From<BootstrapError> for Failure {
+    fn from(e: BootstrapError) -> Failure {
+        let status = match &e {
+            BootstrapError::NoSeeds => RDMACTOR_INVALID_ARGUMENT,
+            BootstrapError::NoList(_) | BootstrapError::NoneServed(_) => RDMACTOR_UNREACHABLE,
+        };
+        Failure::new(status, format!("connect through the cluster: {e}"))
     }
 }
 

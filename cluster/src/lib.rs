@@ -23,6 +23,9 @@
 //! - [`ClusterClient`]: connects to a service through the registry, trying another node
 //!   on failure or when one does not answer within the dial bound (it is then tried
 //!   last for a while), with errors that name each node and its reason.
+//! - `EtcdDirectory` (with `rdmactor`): a server's view of the registry for its
+//!   `members` service, so that clients bootstrap from a server's address instead of
+//!   reading etcd (`rdmactor_services::members`).
 //! - [`ClusterSession`]: one connection that moves to another node when its node drains
 //!   or the connection is lost, sending again the requests marked [`Idempotency::Idempotent`].
 //!
@@ -60,6 +63,8 @@
 #![deny(missing_docs)]
 
 mod client;
+#[cfg(feature = "rdmactor")]
+mod directory;
 mod error;
 mod etcd;
 pub mod files;
@@ -75,6 +80,8 @@ pub use client::{
     Attempt, ClusterClient, ClusterError, Connected, Connector, Placement, DEFAULT_DIAL_TIMEOUT,
     DEFAULT_SUSPICION,
 };
+#[cfg(feature = "rdmactor")]
+pub use directory::EtcdDirectory;
 pub use error::{Error, Result};
 pub use etcd::{EtcdConfig, EtcdTls, EtcdUser};
 pub use membership::Membership;

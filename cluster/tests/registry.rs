@@ -382,3 +382,60 @@ async fn a_second_server_with_the_same_node_id_is_fenced_until_the_first_lease_e
     .expect("the second server takes over after the first lease expires");
     second.withdraw().await.unwrap();
 }
+
+/// The `members` service's view (`EtcdDirectory`): a server answers clients that
+/// bootstrap from its address from this, least loaded first, draining nodes left out,
+/// and only for the services it watches.
+#[cfg(feature = "rdmactor")]
+#[tokio::test]
+async fn a_servers_directory_lists_live_nodes_least_loaded_first() {
+    use rdmactor_cluster::EtcdDirectory;
+    use rdmactor_services::members::{Directory, MembersError};
+
+    let Some(etcd) = Etcd::start() else { return };
+    let a = Registrar::start(etcd.config(), config("a", "192.0.2.1:7471", &["echo"])).unwrap();
+    let b = Registrar::start(etcd.config(), config("b", "192.0.2.2:7471", &["echo"])).unwrap();
+    registered(&a).await;
+    registered(&b).await;
+    let directory = EtcdDirectory::watch(etcd.config(), "test", ["echo"]).unwrap();
+    let order = || -> Vec<(String, u64)> {
+        directory
+            .members("echo")
+            .map(|list| list.into_iter().map(|m| (m.node, m.connections)).collect())
+            .unwrap_or_default()
+    };
+    a.set_load(Load {
+        connections: 7,
+        ..Load::default()
+    });
+    b.set_load(Load {
+        connections: 2,
+        ..Load::default()
+    });
+    eventually("b (2) listed before a (7)", Duration::from_secs(10), || {
+        order() == [("b".to_owned(), 2), ("a".to_owned(), 7)]
+    })
+    .await;
+    let listed = directory.members("echo").unwrap();
+    assert_eq!(listed[0].addr, "192.0.2.2:7471".parse().unwrap());
+    b.set_load(Load {
+        connections: 9,
+        ..Load::default()
+    });
+    eventually("a (7) listed before b (9)", Duration::from_secs(10), || {
+        order() == [("a".to_owned(), 7), ("b".to_owned(), 9)]
+    })
+    .await;
+    assert_eq!(
+        directory.members("files"),
+        Err(MembersError::UnknownService("files".into())),
+        "a service the server does not watch is unknown"
+    );
+    // A withdrawn node leaves the answer.
+    a.withdraw().await.unwrap();
+    eventually("only b listed", Duration::from_secs(10), || {
+        order() == [("b".to_owned(), 9)]
+    })
+    .await;
+    b.withdraw().await.unwrap();
+}

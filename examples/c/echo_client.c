@@ -3,6 +3,8 @@
  *   cc -Wall -Werror echo_client.c $(pkg-config --cflags --libs rdmactor) -o echo_client
  *   ./echo_client 192.0.2.1:7471 "hello"          one request, its reply printed
  *   ./echo_client 192.0.2.1:7471 "" 10000 64      10000 round trips of 64 bytes, timed
+ *   ./echo_client --seeds 192.0.2.1:7471,192.0.2.2:7471 "hello"
+ *                         any server of a cluster (`server --cluster`) the seeds list
  *
  * `echo` takes a postcard-encoded struct { payload: bytes }, which is the payload's
  * length as a LEB128 varint and then the payload; its reply has the same encoding. */
@@ -30,6 +32,8 @@ static int by_value(const void *a, const void *b) {
 }
 
 int main(int argc, char **argv) {
+    int seeds = argc > 1 && strcmp(argv[1], "--seeds") == 0;
+    if (seeds) argc--, argv++;
     const char *addr = argc > 1 ? argv[1] : "192.0.2.1:7471";
     const char *text = argc > 2 ? argv[2] : "hello from C";
     long rounds = argc > 3 ? atol(argv[3]) : 1;
@@ -43,8 +47,9 @@ int main(int argc, char **argv) {
     rdmactor_conn conn;
     int rc = rdmactor_ctx_new(&ctx);
     if (rc != RDMACTOR_OK) return fail("rdmactor_ctx_new", rc);
-    rc = rdmactor_connect(ctx, addr, "echo", NULL, 5000, &conn);
-    if (rc != RDMACTOR_OK) return fail("rdmactor_connect", rc);
+    rc = seeds ? rdmactor_connect_cluster(ctx, addr, "echo", NULL, 20000, &conn)
+               : rdmactor_connect(ctx, addr, "echo", NULL, 5000, &conn);
+    if (rc != RDMACTOR_OK) return fail(seeds ? "rdmactor_connect_cluster" : "rdmactor_connect", rc);
     for (long i = 0; i < rounds; i++) {
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);

@@ -3,6 +3,8 @@
 
     python3 echo.py 192.0.2.1:7471 "hello"          one request, its reply printed
     python3 echo.py 192.0.2.1:7471 "" 10000 64      10000 round trips of 64 bytes, timed
+    python3 echo.py --seeds 192.0.2.1:7471,192.0.2.2:7471 "hello"
+                            any server of a cluster (`server --cluster`) the seeds list
 
 `echo` takes a postcard-encoded struct { payload: bytes }: the payload's length as a
 LEB128 varint, then the payload; its reply has the same encoding. The timed form
@@ -28,6 +30,9 @@ def varint(n: int) -> bytes:
 
 
 def main(argv: List[str], context: Optional[rdmactor.Context] = None) -> int:
+    seeds = len(argv) > 1 and argv[1] == "--seeds"
+    if seeds:
+        argv = argv[1:]
     addr = argv[1] if len(argv) > 1 else "192.0.2.1:7471"
     text = (argv[2] if len(argv) > 2 else "hello from Python").encode()
     rounds = int(argv[3]) if len(argv) > 3 else 1
@@ -35,7 +40,11 @@ def main(argv: List[str], context: Optional[rdmactor.Context] = None) -> int:
     payload = text[:size].ljust(size, b"\0")
     req = varint(size) + payload
     us = []
-    with rdmactor.connect(addr, "echo", timeout=5, context=context) as conn:
+    if seeds:
+        conn = rdmactor.connect_cluster(addr, "echo", timeout=20, context=context)
+    else:
+        conn = rdmactor.connect(addr, "echo", timeout=5, context=context)
+    with conn:
         for _ in range(rounds):
             t0 = time.perf_counter()
             reply = conn.request(req, timeout=5)

@@ -13,8 +13,8 @@ use rdmactor_cluster::files::{
     CatalogRecorder, ClusterFiles, Collector, RdmaFiles, RepairPlanner, RepairReport, Staging,
 };
 use rdmactor_cluster::{
-    ClusterClient, ClusterSession, EtcdConfig, EtcdTls, EtcdUser, Idempotent as _, Placement,
-    Registrar, RegistrationConfig,
+    ClusterClient, ClusterSession, EtcdConfig, EtcdDirectory, EtcdTls, EtcdUser, Idempotent as _,
+    Placement, Registrar, RegistrationConfig,
 };
 use rdmactor_services::echo::{EchoRequest, EchoResponse};
 
@@ -136,7 +136,28 @@ const CLUSTER_SERVICES: [&str; 8] = [
     "echo", "discard", "raw-echo", "pingpong", "rping", "lambda", "read", "ingest",
 ];
 
+/// The services a server registers, and answers `members` questions about.
+fn cluster_services(files: bool) -> Vec<&'static str> {
+    let mut services = CLUSTER_SERVICES.to_vec();
+    if files {
+        services.push("files");
+    }
+    services
+}
+
 impl ServerClusterArgs {
+    /// With --cluster: the `members` service's view of the registry (a watch per
+    /// service this server registers), so that clients bootstrap from this server's
+    /// address without reaching etcd themselves. Inside the server's actix System.
+    pub fn directory(&self, files: bool) -> Result<Option<EtcdDirectory>> {
+        let Some((cluster, etcd)) = self.cluster.etcd()? else {
+            return Ok(None);
+        };
+        EtcdDirectory::watch(etcd, &cluster, cluster_services(files))
+            .map(Some)
+            .context("--cluster")
+    }
+
     /// With --cluster: starts registering the server's services, listening on
     /// `listening`. In the background: etcd being down is logged and retried, never
     /// fatal, so that a server keeps serving whatever happens to the registry.
@@ -149,11 +170,7 @@ impl ServerClusterArgs {
             return Ok(None);
         };
         let (addr, node) = self.node(listening)?;
-        let mut services: Vec<&str> = CLUSTER_SERVICES.to_vec();
-        if files {
-            services.push("files");
-        }
-        let mut config = RegistrationConfig::new(&cluster, &node, addr, services);
+        let mut config = RegistrationConfig::new(&cluster, &node, addr, cluster_services(files));
         config.ttl = Duration::from_secs(self.lease_ttl_secs.max(1));
         println!(
             "cluster: registering node {node} ({addr}) in {cluster} via {}",

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 from ._native import (
     Auth,
@@ -61,6 +61,7 @@ __all__ = [
     "Timeout",
     "Unreachable",
     "connect",
+    "connect_cluster",
     "default_context",
 ]
 
@@ -97,3 +98,22 @@ def connect(
     """
     ctx = context if context is not None else default_context()
     return ctx.connect(addr, service, key_file, timeout)
+
+
+def connect_cluster(
+    seeds: Union[str, Sequence[str]],
+    service: str,
+    key_file: Union[str, os.PathLike[str], None] = None,
+    timeout: Optional[float] = 30.0,
+    context: Optional[Context] = None,
+) -> Connection:
+    """Connects to ``service`` on a server of a cluster, knowing only ``seeds``.
+
+    ``seeds`` is one or more servers' ``"IP:PORT"`` (a list, or comma-separated).
+    They are asked in order which servers serve ``service`` (a server started with
+    ``--cluster`` answers from the registry it watches; this client needs no etcd),
+    and those are tried least loaded first, each for at most 5 s. Raises
+    :class:`Unreachable`, naming every address tried, when none serves.
+    """
+    ctx = context if context is not None else default_context()
+    return ctx.connect_cluster(seeds, service, key_file, timeout)

@@ -1,6 +1,6 @@
 # Types of the native module (python/src/lib.rs, errors.rs, testing.rs).
 import os
-from typing import Any, List, Optional, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 _Path = Union[str, os.PathLike[str]]
 
@@ -42,10 +42,24 @@ class Context:
         key_file: Optional[_Path] = None,
         timeout: Optional[float] = 30.0,
     ) -> Connection: ...
+    def connect_cluster(
+        self,
+        seeds: Union[str, Sequence[str]],
+        service: str,
+        key_file: Optional[_Path] = None,
+        timeout: Optional[float] = 30.0,
+    ) -> Connection: ...
     def fileno(self) -> int: ...
     def submit_connect(
         self,
         addr: str,
+        service: str,
+        key_file: Optional[_Path] = None,
+        timeout: Optional[float] = 30.0,
+    ) -> int: ...
+    def submit_connect_cluster(
+        self,
+        seeds: Union[str, Sequence[str]],
         service: str,
         key_file: Optional[_Path] = None,
         timeout: Optional[float] = 30.0,
@@ -84,6 +98,27 @@ class Connection:
     ) -> FileResult: ...
     def submit_request(self, data: Any, timeout: Optional[float] = 30.0) -> int: ...
     def submit_send(self, data: Any, timeout: Optional[float] = 30.0) -> int: ...
+    def submit_read(
+        self,
+        region: str,
+        offset: int = 0,
+        cap: Optional[int] = None,
+        timeout: Optional[float] = 30.0,
+    ) -> int: ...
+    def submit_send_file(
+        self,
+        path: _Path,
+        name: Optional[str] = None,
+        overwrite: bool = False,
+        timeout: Optional[float] = None,
+    ) -> int: ...
+    def submit_fetch_file(
+        self,
+        name: str,
+        dir: _Path,
+        overwrite: bool = False,
+        timeout: Optional[float] = None,
+    ) -> int: ...
     def close(self) -> None: ...
     def __enter__(self) -> Connection: ...
     def __exit__(self, *exc: object) -> None: ...
@@ -91,3 +126,4 @@ class Connection:
 def serve_loopback(files_dir: _Path) -> str: ...
 def loopback_context() -> Context: ...
 def server_connections(addr: str) -> int: ...
+def set_members(service: str, members: List[Tuple[str, str]]) -> None: ...

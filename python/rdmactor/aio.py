@@ -1,11 +1,10 @@
 """The asyncio form of rdmactor's client: the same calls, awaited.
 
-Requests, sends and connects are the C library's non-blocking operations: each is
-submitted at once and its completion lands in the context's queue, whose eventfd is
-registered with the event loop (``loop.add_reader``). One thread running one loop
-drives any number of connections, with no thread per connection or per call.
-Reads and file transfers, which the library offers only as blocking calls, run in the
-loop's default executor.
+Connects, requests, sends, reads and file transfers are the C library's non-blocking
+operations: each is submitted at once and its completion lands in the context's
+queue, whose eventfd is registered with the event loop (``loop.add_reader``). One
+thread running one loop drives any number of connections, with no thread per
+connection or per call. Only ``close`` waits in the loop's default executor.
 
 ::
 
@@ -24,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
-from typing import Any, Callable, Dict, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 from . import _native
 from ._native import FileResult, ShuttingDown
@@ -90,6 +89,20 @@ class Context:
         )
         return Connection(native, self)
 
+    async def connect_cluster(
+        self,
+        seeds: Union[str, Sequence[str]],
+        service: str,
+        key_file: Optional[PathLike] = None,
+        timeout: Optional[float] = 30.0,
+    ) -> "Connection":
+        """Connects to ``service`` on a server the ``seeds`` list (see
+        rdmactor.Context.connect_cluster), without blocking the loop."""
+        native = await self._submit(
+            lambda: self.native.submit_connect_cluster(seeds, service, key_file, timeout)
+        )
+        return Connection(native, self)
+
     def close(self) -> None:
         """Closes every connection of the context; waiting calls raise ShuttingDown."""
         if self._loop is not None and self._fd is not None:
@@ -134,19 +147,24 @@ class Connection:
         self, region: str, offset: int = 0, timeout: Optional[float] = 30.0
     ) -> Tuple[bytes, int]:
         """One consistent version of ``region`` from ``offset``, and that version."""
-        result: Tuple[bytes, int] = await self._blocking(
-            self.native.read, region, offset, timeout
+        result: Tuple[bytes, int] = await self.context._submit(
+            lambda: self.native.submit_read(region, offset, None, timeout)
         )
         return result
 
     async def read_into(
         self, region: str, buf: Any, offset: int = 0, timeout: Optional[float] = 30.0
     ) -> Tuple[int, int]:
-        """``read`` into a writable buffer: ``(length, version)``."""
-        result: Tuple[int, int] = await self._blocking(
-            self.native.read_into, region, buf, offset, timeout
+        """``read`` into a writable buffer: ``(length, version)``; ``BufferTooSmall``
+        with the length needed (``args[1]``) when the region does not fit."""
+        view = memoryview(buf).cast("B")
+        if view.readonly:
+            raise TypeError("read_into needs a writable buffer")
+        data, version = await self.context._submit(
+            lambda: self.native.submit_read(region, offset, view.nbytes, timeout)
         )
-        return result
+        view[: len(data)] = data
+        return len(data), version
 
     async def send_file(
         self,
@@ -156,8 +174,8 @@ class Connection:
         timeout: Optional[float] = None,
     ) -> FileResult:
         """Uploads ``path`` to ``files``; the verdict is in the result."""
-        result: FileResult = await self._blocking(
-            self.native.send_file, path, name, overwrite, timeout
+        result: FileResult = await self.context._submit(
+            lambda: self.native.submit_send_file(path, name, overwrite, timeout)
         )
         return result
 
@@ -169,8 +187,8 @@ class Connection:
         timeout: Optional[float] = None,
     ) -> FileResult:
         """Fetches ``name`` from ``files`` into ``dir``."""
-        result: FileResult = await self._blocking(
-            self.native.fetch_file, name, dir, overwrite, timeout
+        result: FileResult = await self.context._submit(
+            lambda: self.native.submit_fetch_file(name, dir, overwrite, timeout)
         )
         return result
 

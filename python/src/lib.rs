@@ -35,6 +35,8 @@ use errors::to_py;
 const OP_CONNECT: u64 = 1;
 const OP_REQUEST: u64 = 2;
 const OP_SEND: u64 = 3;
+const OP_READ: u64 = 4;
+const OP_FILE: u64 = 5;
 
 /// Seconds as Python gives them (`None`: no limit) to the C layer's milliseconds (0:
 /// no limit). Zero or less is refused rather than read as "no limit", which is what a
@@ -54,6 +56,17 @@ fn millis(timeout: Option<f64>) -> PyResult<u32> {
 /// numpy arrays of bytes), as the Vec the connection will own.
 fn bytes_in(data: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
     PyBuffer::<u8>::get(data)?.to_vec(data.py())
+}
+
+/// Seeds as Python gives them: one string (commas allowed) or a sequence of strings.
+fn seed_list(seeds: &Bound<'_, PyAny>) -> PyResult<String> {
+    if let Ok(text) = seeds.extract::<String>() {
+        return Ok(text);
+    }
+    let list: Vec<String> = seeds
+        .extract()
+        .map_err(|_| pyo3::exceptions::PyTypeError::new_err("seeds: a str or a sequence of str"))?;
+    Ok(list.join(","))
 }
 
 /// A context: the C library's (a runtime thread, the device, a completion queue).
@@ -85,14 +98,63 @@ impl Context {
     ) -> PyResult<Connection> {
         let ms = millis(timeout)?;
         let ctx = slf.get().id;
+        let target = api::Target::parse(&addr, false).map_err(to_py)?;
         let id = slf
             .py()
-            .detach(move || api::connect(ctx, &addr, &service, key_file, ms))
+            .detach(move || api::connect(ctx, target, &service, key_file, ms))
             .map_err(to_py)?;
         Ok(Connection {
             id,
             ctx: slf.clone().unbind(),
         })
+    }
+
+    /// Connects to `service` on a server of a cluster, knowing only `seeds` (one
+    /// `"IP:PORT"`, several comma-separated, or a list of them): the seeds are asked
+    /// in order for the servers of `service`, which are then tried least loaded first,
+    /// each for at most 5 s (or `timeout`, if shorter). `Unreachable` names every
+    /// address tried when none serves.
+    #[pyo3(signature = (seeds, service, key_file=None, timeout=Some(30.0)))]
+    fn connect_cluster(
+        slf: &Bound<'_, Self>,
+        seeds: &Bound<'_, PyAny>,
+        service: String,
+        key_file: Option<PathBuf>,
+        timeout: Option<f64>,
+    ) -> PyResult<Connection> {
+        let ms = millis(timeout)?;
+        let ctx = slf.get().id;
+        let target = api::Target::parse(&seed_list(seeds)?, true).map_err(to_py)?;
+        let id = slf
+            .py()
+            .detach(move || api::connect(ctx, target, &service, key_file, ms))
+            .map_err(to_py)?;
+        Ok(Connection {
+            id,
+            ctx: slf.clone().unbind(),
+        })
+    }
+
+    /// Starts a `connect_cluster`; its completion carries the connection. Returns the
+    /// op id.
+    #[pyo3(signature = (seeds, service, key_file=None, timeout=Some(30.0)))]
+    fn submit_connect_cluster(
+        &self,
+        seeds: &Bound<'_, PyAny>,
+        service: &str,
+        key_file: Option<PathBuf>,
+        timeout: Option<f64>,
+    ) -> PyResult<u64> {
+        let target = api::Target::parse(&seed_list(seeds)?, true).map_err(to_py)?;
+        api::connect_submit(
+            self.id,
+            target,
+            service,
+            key_file,
+            millis(timeout)?,
+            OP_CONNECT,
+        )
+        .map_err(to_py)
     }
 
     /// The eventfd that is readable while completions wait (for `add_reader`).
@@ -111,7 +173,7 @@ impl Context {
     ) -> PyResult<u64> {
         api::connect_submit(
             self.id,
-            addr,
+            api::Target::parse(addr, false).map_err(to_py)?,
             service,
             key_file,
             millis(timeout)?,
@@ -173,6 +235,18 @@ fn completion(ctx: &Bound<'_, Context>, d: Done) -> PyResult<(u64, bool, Py<PyAn
         )?
         .into_any(),
         Ok(Output::Nothing) => py.None(),
+        Ok(Output::Region { data, version }) => (PyBytes::new(py, &data), version)
+            .into_pyobject(py)?
+            .into_any()
+            .unbind(),
+        Ok(Output::RegionTooSmall { needed }) => {
+            let e = errors::BufferTooSmall::new_err((
+                format!("the region is {needed} bytes; the buffer holds less"),
+                needed,
+            ));
+            return Ok((d.op, false, e.into_value(py).into_any()));
+        }
+        Ok(Output::File(done)) => Py::new(py, FileResult::from(done))?.into_any(),
     };
     Ok((d.op, true, value))
 }
@@ -314,6 +388,63 @@ impl Connection {
     fn submit_send(&self, data: &Bound<'_, PyAny>, timeout: Option<f64>) -> PyResult<u64> {
         let what = Submit::Send(bytes_in(data)?);
         api::submit(self.id, what, (0, 0), millis(timeout)?, OP_SEND).map_err(to_py)
+    }
+
+    /// Starts a read of `region` from `offset`, at most `cap` bytes (no limit by
+    /// default); its completion carries `(bytes, version)`, or `BufferTooSmall` with
+    /// the length needed. Returns the op id.
+    #[pyo3(signature = (region, offset=0, cap=None, timeout=Some(30.0)))]
+    fn submit_read(
+        &self,
+        region: String,
+        offset: u64,
+        cap: Option<usize>,
+        timeout: Option<f64>,
+    ) -> PyResult<u64> {
+        let what = Submit::Read {
+            name: region,
+            offset,
+            cap: cap.unwrap_or(usize::MAX),
+        };
+        api::submit(self.id, what, (0, 0), millis(timeout)?, OP_READ).map_err(to_py)
+    }
+
+    /// Starts an upload as `send_file` does; its completion carries the `FileResult`.
+    /// Returns the op id.
+    #[pyo3(signature = (path, name=None, overwrite=false, timeout=None))]
+    fn submit_send_file(
+        &self,
+        path: PathBuf,
+        name: Option<String>,
+        overwrite: bool,
+        timeout: Option<f64>,
+    ) -> PyResult<u64> {
+        let name = match name {
+            Some(n) => n,
+            None => api::upload_name(&path).map_err(to_py)?,
+        };
+        let what = Submit::File {
+            op: FileOp::Send { path, name },
+            overwrite,
+        };
+        api::submit(self.id, what, (0, 0), millis(timeout)?, OP_FILE).map_err(to_py)
+    }
+
+    /// Starts a fetch as `fetch_file` does; its completion carries the `FileResult`.
+    /// Returns the op id.
+    #[pyo3(signature = (name, dir, overwrite=false, timeout=None))]
+    fn submit_fetch_file(
+        &self,
+        name: String,
+        dir: PathBuf,
+        overwrite: bool,
+        timeout: Option<f64>,
+    ) -> PyResult<u64> {
+        let what = Submit::File {
+            op: FileOp::Fetch { name, dir },
+            overwrite,
+        };
+        api::submit(self.id, what, (0, 0), millis(timeout)?, OP_FILE).map_err(to_py)
     }
 
     /// The context the connection belongs to.

@@ -1,5 +1,5 @@
-//! For the package's own tests only (`rdmactor._testing`): a server of echo, files and
-//! read on the loopback transport, inside the Python process, and contexts whose
+//! For the package's own tests only (`rdmactor._testing`): a server of echo, files,
+//! read and members on the loopback transport, inside the Python process, and contexts whose
 //! clients use that transport. The loopback fabric is in-process, so a pytest run
 //! reaches a real rdmactor server through the real client without an RDMA device,
 //! as the C library's tests do; over verbs, tests/verbs/python_client.rs runs the
@@ -22,6 +22,7 @@ use rdmactor_c::api;
 use rdmactor_c::runtime::Context as CContext;
 use rdmactor_services::echo::{Discard, Echo};
 use rdmactor_services::file_transfer::{Config, FileTransfer};
+use rdmactor_services::members::{Member, MembersService, StaticDirectory};
 use rdmactor_services::read::{ReadRegions, ReadService};
 use tokio::sync::{mpsc, oneshot};
 
@@ -105,6 +106,7 @@ fn start(addr: SocketAddr, dir: PathBuf) -> Result<(), String> {
                         .service("discard", Discard)
                         .service("files", files)
                         .service("read", ReadService::new(regions))
+                        .handler("members", MembersService::new(DIRECTORY.clone()))
                         .start()
                         .map_err(|e| e.to_string())?;
                     Ok::<_, String>((server, ticker))
@@ -137,6 +139,33 @@ fn start(addr: SocketAddr, dir: PathBuf) -> Result<(), String> {
         .unwrap_or_else(|_| Err("the test server's thread ended before it started".into()))
 }
 
+/// What every test server's `members` service answers: one list for all of them, as
+/// a cluster's servers would agree on it.
+static DIRECTORY: std::sync::LazyLock<StaticDirectory> =
+    std::sync::LazyLock::new(StaticDirectory::new);
+
+/// Sets the members every test server lists for `service`: `(node, "IP:PORT")` pairs,
+/// in the order a client should try them (an address no test server listens on stands
+/// for a node whose host died).
+#[pyfunction]
+fn set_members(service: &str, members: Vec<(String, String)>) -> PyResult<()> {
+    let list = members
+        .into_iter()
+        .map(|(node, addr)| {
+            let addr = addr
+                .parse()
+                .map_err(|e| PyKeyError::new_err(format!("{addr:?}: {e}")))?;
+            Ok(Member {
+                node,
+                addr,
+                connections: 0,
+            })
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    DIRECTORY.set(service, list);
+    Ok(())
+}
+
 /// A context whose clients use the loopback transport: it reaches servers made by
 /// `serve_loopback` in this process, and nothing else.
 #[pyfunction]
@@ -154,5 +183,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(serve_loopback, m)?)?;
     m.add_function(wrap_pyfunction!(loopback_context, m)?)?;
     m.add_function(wrap_pyfunction!(server_connections, m)?)?;
+    m.add_function(wrap_pyfunction!(set_members, m)?)?;
     Ok(())
 }

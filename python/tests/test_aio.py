@@ -69,3 +69,18 @@ def test_aio_errors_reads_sends_and_files(addr: str, tmp_path: pathlib.Path) -> 
             reader.native.read("greeting")
 
     asyncio.run(main())
+
+
+def test_aio_connect_cluster_without_blocking_the_loop(addr: str) -> None:
+    async def main() -> None:
+        _testing.set_members("discard", [("gone", "127.0.0.1:7398"), ("live", addr)])
+        async with rdmactor.aio.Context(_testing.loopback_context()) as ctx:
+            conns = await asyncio.gather(
+                *(ctx.connect_cluster([addr], "discard", timeout=20) for _ in range(10))
+            )
+            for conn in conns:
+                await conn.send(b"x")
+                assert (await conn.request(b"?"))[0] == 1
+            await asyncio.gather(*(c.close() for c in conns))
+
+    asyncio.run(main())

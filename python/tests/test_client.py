@@ -218,3 +218,29 @@ def test_threads_share_a_connection_and_each_gets_its_own_reply(
         t.join()
     assert failures == []
     conn.close()
+
+
+def test_connect_cluster_asks_a_seed_and_skips_a_listed_server_that_is_gone(
+    ctx: rdmactor.Context, addr: str
+) -> None:
+    from rdmactor import _testing
+
+    # Nothing listens at `gone`: it stands for a listed server whose host died.
+    gone = "127.0.0.1:7399"
+    _testing.set_members("echo", [("gone", gone), ("live", addr)])
+    # The first seed is gone too; the second answers with the list.
+    with ctx.connect_cluster([gone, addr], "echo", timeout=20) as conn:
+        req = echo_request(b"through the cluster")
+        assert conn.request(req) == req
+    # One seed, as a string.
+    with ctx.connect_cluster(f"{addr}", "echo", timeout=20) as conn:
+        assert conn.request(echo_request(b"x")) == echo_request(b"x")
+    # No live server listed: Unreachable, naming each address and its reason.
+    _testing.set_members("echo", [("gone", gone)])
+    with pytest.raises(rdmactor.Unreachable, match="node gone at 127.0.0.1:7399"):
+        ctx.connect_cluster(addr, "echo", timeout=20)
+    # A service the seeds do not know, and no seed at all.
+    with pytest.raises(rdmactor.Unreachable, match="no service"):
+        ctx.connect_cluster(addr, "nothing-here", timeout=20)
+    with pytest.raises(rdmactor.InvalidArgument, match="seeds"):
+        ctx.connect_cluster("", "echo")

@@ -12,6 +12,7 @@ import types
 import pytest
 
 import rdmactor
+from rdmactor import _testing
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples" / "python"
 
@@ -33,6 +34,10 @@ def test_echo_prints_the_reply_and_times_rounds(
     assert echo.main(["echo.py", addr, "", "200", "64"], ctx) == 0
     out = capsys.readouterr().out
     assert out.startswith("RESULT kind=py-echo size=64 rounds=200 p50_us="), out
+    # Through a seed: the server lists itself as echo's only member.
+    _testing.set_members("echo", [("self", addr)])
+    assert echo.main(["echo.py", "--seeds", addr, "through a seed"], ctx) == 0
+    assert capsys.readouterr().out == "echo: through a seed\n"
 
 
 def test_files_uploads_and_checks_the_digest(

@@ -15,6 +15,7 @@
 //! | `read` | [`read`] | named regions read with one-sided RDMA READs, seqlock-versioned |
 //! | `ingest` | [`ingest`] | records RDMA-written into a per-connection slot ring with immediates |
 //! | `lambda` | [`lambda`] | WebAssembly or native lambdas run on client-granted regions |
+//! | `members` | [`members`] | a cluster's servers of a service, asked of any one of them (a [`RequestHandler`](rdmactor::runtime::RequestHandler)) |
 //!
 //! # Start here
 //!
@@ -49,6 +50,7 @@ pub mod file_transfer;
 pub mod fuzz;
 pub mod ingest;
 pub mod lambda;
+pub mod members;
 pub mod pingpong;
 pub mod read;
 pub mod rping;

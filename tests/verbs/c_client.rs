@@ -18,6 +18,15 @@ fn found(tool: &str) -> bool {
     Command::new(tool).arg("--version").output().is_ok()
 }
 
+/// A new prefix with the library installed and only `examples/c/echo_client.c`
+/// compiled into its `bin` (for other modules' tests).
+pub(crate) fn echo_client() -> tempfile::TempDir {
+    let prefix = tempfile::tempdir().unwrap();
+    let flags = install(prefix.path());
+    compile(prefix.path(), "examples/c/echo_client.c", &flags, &[]);
+    prefix
+}
+
 /// A new prefix with the library installed and the C programs compiled into its `bin`.
 fn installed() -> tempfile::TempDir {
     // cc links every Rust program and scripts/setup installs pkg-config: missing, they
@@ -35,6 +44,26 @@ fn installed() -> tempfile::TempDir {
 
 /// Installs the library under `prefix` and compiles the C programs into `prefix/bin`.
 fn build_c(prefix: &Path) {
+    let flags = install(prefix);
+    for src in [
+        "examples/c/echo_client.c",
+        "examples/c/ft.c",
+        "c/tests/hostile.c",
+    ] {
+        compile(prefix, src, &flags, &[]);
+    }
+    // The cycles under AddressSanitizer: its leak report at exit is the check.
+    compile(
+        prefix,
+        "c/tests/cycles.c",
+        &flags,
+        &["-fsanitize=address", "-g"],
+    );
+}
+
+/// Installs the library under `prefix`; returns its compile and link flags, as
+/// pkg-config gives them.
+fn install(prefix: &Path) -> String {
     let profile_dir = target_bin("");
     let profile = profile_dir
         .file_name()
@@ -61,20 +90,7 @@ fn build_c(prefix: &Path) {
         .expect("pkg-config");
     let flags = ok("pkg-config", pkg);
     std::fs::create_dir_all(prefix.join("bin")).unwrap();
-    for src in [
-        "examples/c/echo_client.c",
-        "examples/c/ft.c",
-        "c/tests/hostile.c",
-    ] {
-        compile(prefix, src, &flags, &[]);
-    }
-    // The cycles under AddressSanitizer: its leak report at exit is the check.
-    compile(
-        prefix,
-        "c/tests/cycles.c",
-        &flags,
-        &["-fsanitize=address", "-g"],
-    );
+    flags
 }
 
 /// `cc -Wall -Wextra -Werror EXTRA.. SRC FLAGS -o prefix/bin/<stem>`.
@@ -98,7 +114,7 @@ fn compile(prefix: &Path, src: &str, flags: &str, extra: &[&str]) {
     ok(&format!("cc {src}"), out);
 }
 
-fn run(prefix: &Path, name: &str, args: &[&str]) -> Output {
+pub(crate) fn run(prefix: &Path, name: &str, args: &[&str]) -> Output {
     Command::new(prefix.join("bin").join(name))
         .args(args)
         .env("LD_LIBRARY_PATH", prefix.join("lib"))

@@ -16,12 +16,15 @@ use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use rdmactor::runtime::CallError;
 use rdmactor::runtime::{Client, Credential, NodeConfig};
 use rdmactor_cluster::files::{ClusterFiles, FileTransfer, FilesError, RdmaFiles, TransferError};
 use rdmactor_cluster::{ClusterClient, EtcdConfig, Membership, NodeInfo, Placement};
 use rdmactor_services::file_transfer::ownership;
+use rdmactor_services::members::{self, Member, MembersError};
 use rdmactor_testkit::etcd::Etcd;
 use rdmactor_testkit::pattern;
+use rdmactor_tests::programs::ok;
 use rdmactor_tests::{
     actix_run, assert_released, echo_ok, rdma_context, resource_counts, target_bin, test_addr,
 };
@@ -193,6 +196,135 @@ fn servers_register_serve_through_the_cluster_client_and_leave_the_registry() {
         }
         client.shutdown().await;
     });
+    assert_released(&base);
+}
+
+/// Asks `conn` (a `members` connection) for `echo`'s members until `want` of them are
+/// listed (the server's watch sees a new node within milliseconds; 10 s at most).
+async fn listed(conn: &rdmactor::runtime::ClientConnection, want: usize) -> Vec<Member> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = members::members(conn, "echo").await;
+        match got {
+            Ok(list) if list.len() == want => return list,
+            _ if Instant::now() < deadline => {
+                actix::clock::sleep(Duration::from_millis(100)).await;
+            }
+            other => panic!("{want} members of echo listed: {other:?}"),
+        }
+    }
+}
+
+/// Issue 47's preferred control plane and issue 50's cluster bootstrap: a client that
+/// knows one server's address, and no etcd, asks it (`members`) for the servers of a
+/// service and connects to one; the Rust API, the C library and the Python package
+/// each do it against the `server` binary, least loaded node first. Questions a
+/// hostile client may ask (a long name, an unknown service) get typed refusals. Once b is SIGKILLed, a client given
+/// b first as its seed still reaches a, at once: b's port refuses, and its entry,
+/// still listed until its lease lapses, refuses too.
+#[test]
+fn clients_bootstrap_from_a_servers_address_without_etcd_and_skip_a_killed_server() {
+    let Some(_ctx) = rdma_context() else { return };
+    let Some(etcd) = Etcd::start() else { return };
+    let _reaper = KillServersOnPanic;
+    let base = resource_counts();
+    let (mut a, a_addr) = start_server(&etcd, "a");
+    let (mut b, b_addr) = start_server(&etcd, "b");
+    let seeds = format!("{b_addr},{a_addr}");
+    actix_run(async {
+        let client = Client::start(NodeConfig::default()).expect("client");
+        let ask = client
+            .connect(a_addr, "members")
+            .await
+            .expect("a server started with --cluster serves members");
+        let both = listed(&ask, 2).await;
+        for (node, addr) in [("a", a_addr), ("b", b_addr)] {
+            let m = both.iter().find(|m| m.node == node).expect("listed");
+            assert_eq!(m.addr, addr, "node {node} is listed where it listens");
+        }
+        let long = "x".repeat(members::MAX_SERVICE_NAME + 1);
+        match members::members(&ask, &long).await {
+            Err(CallError::Handler(MembersError::NameTooLong(n))) => assert_eq!(n, long.len()),
+            other => panic!("a long name: {other:?}"),
+        }
+        match members::members(&ask, "no-such").await {
+            Err(CallError::Handler(MembersError::UnknownService(s))) => assert_eq!(s, "no-such"),
+            other => panic!("an unknown service: {other:?}"),
+        }
+        ask.close().await;
+
+        // Through a's address alone, least loaded first: with 4 connections held on
+        // b (and reported), every connect goes to a, whose load is at most the
+        // question's connection and its own.
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            held.push(client.connect(b_addr, "echo").await.expect("b serves"));
+        }
+        let ask = client.connect(a_addr, "members").await.expect("members");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !listed(&ask, 2)
+            .await
+            .iter()
+            .any(|m| m.node == "b" && m.connections >= 4)
+        {
+            assert!(
+                Instant::now() < deadline,
+                "b's load of 4 reported within 10 s"
+            );
+            actix::clock::sleep(Duration::from_millis(200)).await;
+        }
+        ask.close().await;
+        for i in 0..4u8 {
+            let got = members::connect_via(&client, &[a_addr], "echo", members::DEFAULT_DIAL)
+                .await
+                .expect("a connection through a's members");
+            assert!(got.failed.is_empty(), "nothing failed: {:?}", got.failed);
+            assert_eq!(got.member.node, "a", "the least loaded node first");
+            echo_ok(&got.connection, vec![i; 64]).await;
+            got.connection.close().await;
+        }
+        for conn in held {
+            conn.close().await;
+        }
+
+        signal(&b, "-KILL");
+        let _ = b.wait();
+        let killed = Instant::now();
+        let got = members::connect_via(&client, &[b_addr, a_addr], "echo", members::DEFAULT_DIAL)
+            .await
+            .expect("a still serves");
+        println!(
+            "right after b's SIGKILL: connected to {} in {:?}; failed before: {:?}",
+            got.member.node,
+            killed.elapsed(),
+            got.failed
+        );
+        assert_eq!(got.member.node, "a");
+        assert_eq!(
+            got.failed.first().map(|f| (f.addr, f.node.clone())),
+            Some((b_addr, None)),
+            "the dead seed was asked first"
+        );
+        echo_ok(&got.connection, b"after b died".to_vec()).await;
+        got.connection.close().await;
+        client.shutdown().await;
+    });
+
+    // The C library and the Python package, given the same seeds (b's first).
+    let c = super::c_client::echo_client();
+    let out = super::c_client::run(
+        c.path(),
+        "echo_client",
+        &["--seeds", &seeds, "hello from C"],
+    );
+    assert_eq!(ok("echo_client --seeds", out), "echo: hello from C\n");
+    let python = super::python_client::venv_python();
+    let out = super::python_client::example(&python, "echo.py", &["--seeds", &seeds, "hello"]);
+    assert_eq!(ok("echo.py --seeds", out), "echo: hello\n");
+
+    signal(&a, "-TERM");
+    let status = a.wait().expect("a exits");
+    assert!(status.success(), "a exited with {status:?}");
     assert_released(&base);
 }
 

@@ -13,7 +13,7 @@ use rdmactor_tests::programs::{ok, repo, ServerBinary};
 use rdmactor_tests::{rdma_context, target_bin};
 use sha2::Digest as _;
 
-fn venv_python() -> PathBuf {
+pub(crate) fn venv_python() -> PathBuf {
     let venv = std::env::var_os("RDMACTOR_PYTHON_VENV")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
@@ -26,7 +26,7 @@ fn venv_python() -> PathBuf {
     venv.join("bin/python")
 }
 
-fn example(python: &Path, name: &str, args: &[&str]) -> Output {
+pub(crate) fn example(python: &Path, name: &str, args: &[&str]) -> Output {
     Command::new(python)
         .arg(repo().join("examples/python").join(name))
         .args(args)

@@ -38,20 +38,86 @@ pub unsafe extern "C" fn rdmactor_connect(
     out: *mut rdmactor_conn,
 ) -> c_int {
     guard("rdmactor_connect", || {
-        let out = ptr::out(out, "out")?;
-        // SAFETY: strings as this function's contract says.
-        let (addr, service, key) = unsafe {
-            (
-                ptr::str_arg(addr, "addr")?,
-                ptr::str_arg(service, "service")?,
-                ptr::opt_str_arg(key_file, "key_file")?,
+        // SAFETY: as this function's contract says.
+        unsafe {
+            connect_to(
+                ctx,
+                (addr, "addr", false),
+                service,
+                key_file,
+                timeout_ms,
+                out,
             )
-        };
-        let id = api::connect(ctx.id, addr, service, key.map(PathBuf::from), timeout_ms)?;
-        // SAFETY: `out` is valid for one write by this function's contract.
-        unsafe { out.write(rdmactor_conn { id }) };
-        Ok(())
+        }
     })
+}
+
+/// Connects to `service` on a server of a cluster, knowing only `seeds`: one or more
+/// servers' addresses, comma-separated (`"192.0.2.1:7471,192.0.2.2:7471"`). The seeds
+/// are asked in order for the servers of `service` (their `members` service, which a
+/// server started with `--cluster` serves), and the servers listed, least loaded first,
+/// are connected in order until one accepts. Each connect is given at most 5 s (or
+/// `timeout_ms`, if shorter), so a listed server whose host died costs that bound, not
+/// rdma_cm's minute. No etcd, no credentials for the registry: the servers watch it.
+///
+/// Fails with `RDMACTOR_UNREACHABLE` when no seed lists a server or no listed server
+/// accepts; `rdmactor_last_error` then names every address tried and its reason.
+/// `key_file` and `RDMACTOR_TIMEOUT` as for `rdmactor_connect`.
+///
+/// Thread-safe.
+///
+/// # Safety
+/// As `rdmactor_connect`, with `seeds` in place of `addr`.
+#[no_mangle]
+pub unsafe extern "C" fn rdmactor_connect_cluster(
+    ctx: rdmactor_ctx,
+    seeds: *const c_char,
+    service: *const c_char,
+    key_file: *const c_char,
+    timeout_ms: u32,
+    out: *mut rdmactor_conn,
+) -> c_int {
+    guard("rdmactor_connect_cluster", || {
+        // SAFETY: as this function's contract says.
+        unsafe {
+            connect_to(
+                ctx,
+                (seeds, "seeds", true),
+                service,
+                key_file,
+                timeout_ms,
+                out,
+            )
+        }
+    })
+}
+
+/// The two connects: `target` is the string, its name, and whether it is a seed list.
+///
+/// # Safety
+/// As `rdmactor_connect`'s contract.
+unsafe fn connect_to(
+    ctx: rdmactor_ctx,
+    target: (*const c_char, &str, bool),
+    service: *const c_char,
+    key_file: *const c_char,
+    timeout_ms: u32,
+    out: *mut rdmactor_conn,
+) -> Result<()> {
+    let out = ptr::out(out, "out")?;
+    // SAFETY: strings as the caller's contract says.
+    let (text, service, key) = unsafe {
+        (
+            ptr::str_arg(target.0, target.1)?,
+            ptr::str_arg(service, "service")?,
+            ptr::opt_str_arg(key_file, "key_file")?,
+        )
+    };
+    let target = api::Target::parse(text, target.2)?;
+    let id = api::connect(ctx.id, target, service, key.map(PathBuf::from), timeout_ms)?;
+    // SAFETY: `out` is valid for one write by the caller's contract.
+    unsafe { out.write(rdmactor_conn { id }) };
+    Ok(())
 }
 
 /// Closes the connection and waits until it is released on both sides; the handle is
@@ -222,15 +288,9 @@ pub unsafe extern "C" fn rdmactor_file_send(
     guard("rdmactor_file_send", || {
         let out = ptr::out(result, "result")?;
         // SAFETY: strings as this function's contract says.
-        let (path, name) =
-            unsafe { (ptr::str_arg(path, "path")?, ptr::opt_str_arg(name, "name")?) };
-        let path = PathBuf::from(path);
-        let name = match name {
-            Some(n) => n.to_owned(),
-            None => api::upload_name(&path)?,
-        };
+        let op = unsafe { send_op(path, name)? };
         let overwrite = overwrite(flags)?;
-        let done = api::file(conn.id, FileOp::Send { path, name }, overwrite, timeout_ms)?;
+        let done = api::file(conn.id, op, overwrite, timeout_ms)?;
         // SAFETY: `result` is valid for one write by this function's contract.
         unsafe { out.write(file_result(&done)) };
         Ok(())
@@ -259,11 +319,7 @@ pub unsafe extern "C" fn rdmactor_file_fetch(
     guard("rdmactor_file_fetch", || {
         let out = ptr::out(result, "result")?;
         // SAFETY: strings as this function's contract says.
-        let (name, dir) = unsafe { (ptr::str_arg(name, "name")?, ptr::str_arg(dir, "dir")?) };
-        let op = FileOp::Fetch {
-            name: name.to_owned(),
-            dir: PathBuf::from(dir),
-        };
+        let op = unsafe { fetch_op(name, dir)? };
         let done = api::file(conn.id, op, overwrite(flags)?, timeout_ms)?;
         // SAFETY: `result` is valid for one write by this function's contract.
         unsafe { out.write(file_result(&done)) };
@@ -271,14 +327,42 @@ pub unsafe extern "C" fn rdmactor_file_fetch(
     })
 }
 
-fn overwrite(flags: u32) -> Result<bool> {
+/// An upload of `path` under `name` (its file name when NULL).
+///
+/// # Safety
+/// `path` is a NUL-terminated string, `name` NULL or one.
+pub(super) unsafe fn send_op(path: *const c_char, name: *const c_char) -> Result<FileOp> {
+    // SAFETY: strings as the caller's contract says.
+    let (path, name) = unsafe { (ptr::str_arg(path, "path")?, ptr::opt_str_arg(name, "name")?) };
+    let path = PathBuf::from(path);
+    let name = match name {
+        Some(n) => n.to_owned(),
+        None => api::upload_name(&path)?,
+    };
+    Ok(FileOp::Send { path, name })
+}
+
+/// A fetch of `name` into `dir`.
+///
+/// # Safety
+/// `name` and `dir` are NUL-terminated strings.
+pub(super) unsafe fn fetch_op(name: *const c_char, dir: *const c_char) -> Result<FileOp> {
+    // SAFETY: strings as the caller's contract says.
+    let (name, dir) = unsafe { (ptr::str_arg(name, "name")?, ptr::str_arg(dir, "dir")?) };
+    Ok(FileOp::Fetch {
+        name: name.to_owned(),
+        dir: PathBuf::from(dir),
+    })
+}
+
+pub(super) fn overwrite(flags: u32) -> Result<bool> {
     if flags & !RDMACTOR_FILE_OVERWRITE != 0 {
         return Err(Failure::invalid(format!("unknown flags {flags:#x}")));
     }
     Ok(flags & RDMACTOR_FILE_OVERWRITE != 0)
 }
 
-fn file_result(t: &Transfer) -> rdmactor_file_result {
+pub(super) fn file_result(t: &Transfer) -> rdmactor_file_result {
     let mut r = rdmactor_file_result {
         verdict: match t.verdict {
             Verdict::Good => rdmactor_verdict::RDMACTOR_VERDICT_GOOD,

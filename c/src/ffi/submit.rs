@@ -10,13 +10,16 @@
 use std::ffi::{c_char, c_int};
 use std::path::PathBuf;
 
-use super::conn::too_small;
+use super::conn::{fetch_op, file_result, overwrite, send_op, too_small};
 use super::guard;
 use super::ptr;
-use super::types::{fill, rdmactor_completion, rdmactor_conn, rdmactor_ctx, RDMACTOR_ERROR_LEN};
-use crate::api::{self, Submit};
+use super::types::{
+    fill, rdmactor_completion, rdmactor_conn, rdmactor_ctx, rdmactor_file_result,
+    RDMACTOR_ERROR_LEN,
+};
+use crate::api::{self, FileOp, Submit};
 use crate::runtime::{Done, Output};
-use crate::status::{Failure, RDMACTOR_OK};
+use crate::status::{Failure, Result, RDMACTOR_OK};
 
 /// Starts a connect like `rdmactor_connect`; its completion carries the new connection
 /// in `conn`. `*op` is the operation's id; `user_data` comes back in the completion.
@@ -37,21 +40,80 @@ pub unsafe extern "C" fn rdmactor_connect_submit(
     op: *mut u64,
 ) -> c_int {
     guard("rdmactor_connect_submit", || {
-        let op_out = ptr::out(op, "op")?;
-        // SAFETY: strings as this function's contract says.
-        let (addr, service, key) = unsafe {
-            (
-                ptr::str_arg(addr, "addr")?,
-                ptr::str_arg(service, "service")?,
-                ptr::opt_str_arg(key_file, "key_file")?,
+        // SAFETY: as this function's contract says.
+        unsafe {
+            connect_submit(
+                ctx,
+                (addr, "addr", false),
+                service,
+                key_file,
+                timeout_ms,
+                (user_data, op),
             )
-        };
-        let key = key.map(PathBuf::from);
-        let id = api::connect_submit(ctx.id, addr, service, key, timeout_ms, user_data)?;
-        // SAFETY: `op` is valid for one write by this function's contract.
-        unsafe { op_out.write(id) };
-        Ok(())
+        }
     })
+}
+
+/// Starts a connect like `rdmactor_connect_cluster`; its completion carries the new
+/// connection in `conn`, as `rdmactor_connect_submit`'s does.
+///
+/// Thread-safe.
+///
+/// # Safety
+/// As `rdmactor_connect_cluster`; `op` is valid for writing one `uint64_t`.
+#[no_mangle]
+pub unsafe extern "C" fn rdmactor_connect_cluster_submit(
+    ctx: rdmactor_ctx,
+    seeds: *const c_char,
+    service: *const c_char,
+    key_file: *const c_char,
+    timeout_ms: u32,
+    user_data: u64,
+    op: *mut u64,
+) -> c_int {
+    guard("rdmactor_connect_cluster_submit", || {
+        // SAFETY: as this function's contract says.
+        unsafe {
+            connect_submit(
+                ctx,
+                (seeds, "seeds", true),
+                service,
+                key_file,
+                timeout_ms,
+                (user_data, op),
+            )
+        }
+    })
+}
+
+/// The two connect submits: `target` is the string, its name, and whether it is a
+/// seed list; `done` the user data and where the op id goes.
+///
+/// # Safety
+/// As `rdmactor_connect_submit`'s contract.
+unsafe fn connect_submit(
+    ctx: rdmactor_ctx,
+    target: (*const c_char, &str, bool),
+    service: *const c_char,
+    key_file: *const c_char,
+    timeout_ms: u32,
+    done: (u64, *mut u64),
+) -> Result<()> {
+    let op_out = ptr::out(done.1, "op")?;
+    // SAFETY: strings as the caller's contract says.
+    let (text, service, key) = unsafe {
+        (
+            ptr::str_arg(target.0, target.1)?,
+            ptr::str_arg(service, "service")?,
+            ptr::opt_str_arg(key_file, "key_file")?,
+        )
+    };
+    let target = api::Target::parse(text, target.2)?;
+    let key = key.map(PathBuf::from);
+    let id = api::connect_submit(ctx.id, target, service, key, timeout_ms, done.0)?;
+    // SAFETY: `op` is valid for one write by the caller's contract.
+    unsafe { op_out.write(id) };
+    Ok(())
 }
 
 /// Starts a request like `rdmactor_request`: `req` is copied before the call returns;
@@ -120,6 +182,124 @@ pub unsafe extern "C" fn rdmactor_send_submit(
     })
 }
 
+/// Starts a read like `rdmactor_read`: the region's bytes from `offset` are copied to
+/// `buf` when its completion is polled, their length in the completion's `len` and
+/// their version in its `version`; `RDMACTOR_BUFFER_TOO_SMALL` with the length needed
+/// in `len` when they would be more than `cap` (nothing was read).
+///
+/// Thread-safe.
+///
+/// # Safety
+/// `name` is a NUL-terminated string during the call; `buf` points to `cap` writable
+/// bytes (NULL if 0) until the completion is polled; `op` is valid for writing one
+/// `uint64_t`.
+#[no_mangle]
+pub unsafe extern "C" fn rdmactor_read_submit(
+    conn: rdmactor_conn,
+    name: *const c_char,
+    offset: u64,
+    buf: *mut u8,
+    cap: usize,
+    timeout_ms: u32,
+    user_data: u64,
+    op: *mut u64,
+) -> c_int {
+    guard("rdmactor_read_submit", || {
+        let op_out = ptr::out(op, "op")?;
+        if buf.is_null() && cap > 0 {
+            return Err(Failure::invalid("buf is NULL with a capacity above 0"));
+        }
+        // SAFETY: `name` as this function's contract says.
+        let name = unsafe { ptr::str_arg(name, "name")? }.to_owned();
+        let what = Submit::Read { name, offset, cap };
+        let id = api::submit(conn.id, what, (buf as usize, cap), timeout_ms, user_data)?;
+        // SAFETY: `op` is valid for one write by this function's contract.
+        unsafe { op_out.write(id) };
+        Ok(())
+    })
+}
+
+/// Starts an upload like `rdmactor_file_send`; `*result` is filled when its completion
+/// is polled (the completion's status is OK whatever the verdict, as the blocking call
+/// returns). One transfer per connection at a time: `RDMACTOR_BUSY` at submit
+/// otherwise.
+///
+/// Thread-safe.
+///
+/// # Safety
+/// `path` is a NUL-terminated string and `name` NULL or one, during the call; `result`
+/// is valid for writing one `rdmactor_file_result` until the completion is polled;
+/// `op` is valid for writing one `uint64_t`.
+#[no_mangle]
+pub unsafe extern "C" fn rdmactor_file_send_submit(
+    conn: rdmactor_conn,
+    path: *const c_char,
+    name: *const c_char,
+    flags: u32,
+    result: *mut rdmactor_file_result,
+    timeout_ms: u32,
+    user_data: u64,
+    op: *mut u64,
+) -> c_int {
+    guard("rdmactor_file_send_submit", || {
+        // SAFETY: strings as this function's contract says.
+        let file = unsafe { send_op(path, name)? };
+        // SAFETY: `result` and `op` as this function's contract says.
+        unsafe { file_submit(conn, file, flags, result, timeout_ms, (user_data, op)) }
+    })
+}
+
+/// Starts a fetch like `rdmactor_file_fetch`; `*result` is filled when its completion
+/// is polled, as `rdmactor_file_send_submit`'s is.
+///
+/// Thread-safe.
+///
+/// # Safety
+/// `name` and `dir` are NUL-terminated strings during the call; `result` is valid for
+/// writing one `rdmactor_file_result` until the completion is polled; `op` is valid for
+/// writing one `uint64_t`.
+#[no_mangle]
+pub unsafe extern "C" fn rdmactor_file_fetch_submit(
+    conn: rdmactor_conn,
+    name: *const c_char,
+    dir: *const c_char,
+    flags: u32,
+    result: *mut rdmactor_file_result,
+    timeout_ms: u32,
+    user_data: u64,
+    op: *mut u64,
+) -> c_int {
+    guard("rdmactor_file_fetch_submit", || {
+        // SAFETY: strings as this function's contract says.
+        let file = unsafe { fetch_op(name, dir)? };
+        // SAFETY: `result` and `op` as this function's contract says.
+        unsafe { file_submit(conn, file, flags, result, timeout_ms, (user_data, op)) }
+    })
+}
+
+/// The two transfer submits once their strings are read.
+///
+/// # Safety
+/// `result` is valid for one `rdmactor_file_result` write until the completion is
+/// polled; `done.1` for one `uint64_t` write.
+unsafe fn file_submit(
+    conn: rdmactor_conn,
+    op: FileOp,
+    flags: u32,
+    result: *mut rdmactor_file_result,
+    timeout_ms: u32,
+    done: (u64, *mut u64),
+) -> Result<()> {
+    let op_out = ptr::out(done.1, "op")?;
+    ptr::out(result, "result")?;
+    let overwrite = overwrite(flags)?;
+    let what = Submit::File { op, overwrite };
+    let id = api::submit(conn.id, what, (result as usize, 0), timeout_ms, done.0)?;
+    // SAFETY: `op` is valid for one write by the caller's contract.
+    unsafe { op_out.write(id) };
+    Ok(())
+}
+
 /// Takes up to `max` completions, oldest first, into `out`; `*n` is how many (0 when
 /// none waits: this never blocks). Copies each reply to its submit's buffer. The
 /// context's fd stays readable while completions remain.
@@ -166,13 +346,17 @@ fn completion(d: &Done) -> rdmactor_completion {
         status: RDMACTOR_OK as i32,
         conn: rdmactor_conn { id: d.conn },
         len: 0,
+        version: 0,
         error: [0; RDMACTOR_ERROR_LEN],
     };
     let (buf, cap) = d.dest;
     let copied = match &d.result {
         Ok(Output::Nothing) => Ok(()),
-        Ok(Output::Bytes(reply)) => {
+        Ok(Output::Bytes(reply) | Output::Region { data: reply, .. }) => {
             c.len = reply.len();
+            if let Ok(Output::Region { version, .. }) = &d.result {
+                c.version = *version;
+            }
             if reply.len() > cap {
                 Err(too_small("reply", reply.len(), cap))
             } else {
@@ -180,6 +364,16 @@ fn completion(d: &Done) -> rdmactor_completion {
                 // submit's contract (checked there: NULL only with cap 0).
                 unsafe { ptr::copy_to(buf as *mut u8, cap, reply) }
             }
+        }
+        Ok(Output::RegionTooSmall { needed }) => {
+            c.len = *needed;
+            Err(too_small("region", *needed, cap))
+        }
+        Ok(Output::File(done)) => {
+            // SAFETY: `buf` is the submit's `result`, valid for one write until this
+            // poll by its contract (checked non-NULL there).
+            unsafe { (buf as *mut rdmactor_file_result).write(file_result(done)) };
+            Ok(())
         }
         Err(f) => Err(f.clone()),
     };

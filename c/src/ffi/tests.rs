@@ -12,6 +12,7 @@ use rdmactor::runtime::{Client, NodeConfig, Server};
 use rdmactor::transport::loopback::Loopback;
 use rdmactor_services::echo::{Echo, EchoRequest};
 use rdmactor_services::file_transfer::{Config, FileTransfer};
+use rdmactor_services::members::{Member, MembersService, StaticDirectory};
 use rdmactor_services::read::{ReadRegions, ReadService};
 use sha2::Digest as _;
 
@@ -42,6 +43,7 @@ fn server() -> &'static (SocketAddr, std::path::PathBuf) {
                     .service("echo", Echo)
                     .service("files", FileTransfer::new(Config::new(dir)).expect("files"))
                     .service("read", ReadService::new(regions))
+                    .handler("members", MembersService::new(members()))
                     .start()
                     .expect("the test server");
                 tx.send(()).expect("the test waits");
@@ -52,6 +54,25 @@ fn server() -> &'static (SocketAddr, std::path::PathBuf) {
         rx.recv().expect("the server started");
         (addr, store)
     })
+}
+
+/// An address no test server listens on: a listed node whose host died.
+const GONE: &str = "10.0.0.51:7400";
+
+/// What the test server's `members` lists: `echo` on a gone node first, then on itself.
+fn members() -> StaticDirectory {
+    let directory = StaticDirectory::new();
+    let member = |node: &str, addr: &str| Member {
+        node: node.into(),
+        addr: addr.parse().expect("an address"),
+        connections: 0,
+    };
+    directory.set(
+        "echo",
+        vec![member("gone", GONE), member("self", "10.0.0.50:7400")],
+    );
+    directory.set("discard", vec![member("gone", GONE)]);
+    directory
 }
 
 fn loopback_ctx() -> rdmactor_ctx {
@@ -218,6 +239,59 @@ fn an_unknown_service_is_refused_with_the_servers_reason() {
     assert_eq!(rdmactor_ctx_free(ctx), OK);
 }
 
+/// `rdmactor_connect_cluster` with `seeds`, to `service`: the status and the handle.
+fn connect_cluster(ctx: rdmactor_ctx, seeds: &str, service: &str) -> (c_int, rdmactor_conn) {
+    let (seeds, service) = (c(seeds), c(service));
+    let mut conn = rdmactor_conn::default();
+    // SAFETY: valid strings and out-parameter, alive for the call.
+    let rc = unsafe {
+        rdmactor_connect_cluster(
+            ctx,
+            seeds.as_ptr(),
+            service.as_ptr(),
+            null(),
+            10_000,
+            &mut conn,
+        )
+    };
+    (rc, conn)
+}
+
+#[test]
+fn a_cluster_connect_asks_the_seeds_and_skips_a_listed_node_that_is_gone() {
+    let ctx = loopback_ctx();
+    let live = server().0.to_string();
+    // The first seed is gone; the second lists echo on the gone node, then on itself.
+    let (rc, conn) = connect_cluster(ctx, &format!("{GONE}, {live}"), "echo");
+    assert_eq!(rc, OK, "{}", last_error());
+    let req = echo_request(b"through the seeds");
+    let (rc, _, reply) = request(conn, &req, 64);
+    assert_eq!((rc, reply), (OK, req));
+    assert_eq!(rdmactor_close(conn), OK);
+    // Only a gone node listed: UNREACHABLE, naming each address tried.
+    let (rc, _) = connect_cluster(ctx, &live, "discard");
+    assert_eq!(rc, RDMACTOR_UNREACHABLE as c_int, "{}", last_error());
+    let error = last_error();
+    assert!(
+        error.contains(&format!("node gone at {GONE}")),
+        "the gone node named: {error}"
+    );
+    // A service the seed does not list, and seed lists that are not addresses.
+    let (rc, _) = connect_cluster(ctx, &live, "no-such");
+    assert_eq!(rc, RDMACTOR_UNREACHABLE as c_int, "{}", last_error());
+    assert!(last_error().contains("no service"), "{}", last_error());
+    for bad in ["", " , ", "not-an-address"] {
+        let (rc, _) = connect_cluster(ctx, bad, "echo");
+        assert_eq!(
+            rc,
+            RDMACTOR_INVALID_ARGUMENT as c_int,
+            "{bad:?}: {}",
+            last_error()
+        );
+    }
+    assert_eq!(rdmactor_ctx_free(ctx), OK);
+}
+
 #[test]
 fn echo_round_trips_and_a_closed_connection_is_refused() {
     let ctx = loopback_ctx();
@@ -335,6 +409,7 @@ fn one_thread_drives_many_connections_through_the_completion_fd() {
         status: 0,
         conn: rdmactor_conn::default(),
         len: 0,
+        version: 0,
         error: [0; RDMACTOR_ERROR_LEN],
     }; 4];
     while answered < N {
@@ -418,6 +493,166 @@ fn text(chars: &[c_char]) -> String {
         .map(|&c| c as u8)
         .collect();
     String::from_utf8(bytes).expect("UTF-8")
+}
+
+/// Waits on `ctx`'s fd until `n` completions are taken; returns them, oldest first.
+fn completions(ctx: rdmactor_ctx, n: usize) -> Vec<rdmactor_completion> {
+    use rustix::event::{poll, PollFd, PollFlags};
+    let mut fd = -1;
+    // SAFETY: a valid out-parameter.
+    assert_eq!(unsafe { rdmactor_ctx_fd(ctx, &mut fd) }, OK);
+    // SAFETY: the context owns the fd and outlives this borrow.
+    let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    let mut got = Vec::new();
+    while got.len() < n {
+        let mut fds = [PollFd::new(&borrowed, PollFlags::IN)];
+        let limit = rustix::event::Timespec {
+            tv_sec: 30,
+            tv_nsec: 0,
+        };
+        assert_eq!(
+            poll(&mut fds, Some(&limit)).expect("poll"),
+            1,
+            "a completion within 30 s"
+        );
+        let mut out = [rdmactor_completion {
+            op: 0,
+            user_data: 0,
+            status: 0,
+            conn: rdmactor_conn::default(),
+            len: 0,
+            version: 0,
+            error: [0; RDMACTOR_ERROR_LEN],
+        }; 4];
+        let mut taken = 0;
+        // SAFETY: `out` holds 4 completions; the caller's buffers outlive this poll.
+        let rc = unsafe { rdmactor_poll_completions(ctx, out.as_mut_ptr(), 4, &mut taken) };
+        assert_eq!(rc, OK, "{}", last_error());
+        got.extend_from_slice(&out[..taken]);
+    }
+    got
+}
+
+#[test]
+fn reads_and_file_transfers_complete_through_the_fd_too() {
+    let ctx = loopback_ctx();
+    let reader = connect(ctx, "read");
+    let files = connect(ctx, "files");
+    let (mut fits, mut short) = (vec![0u8; 64], vec![0u8; 4]);
+    let src = tempfile::tempdir().unwrap();
+    let bytes: Vec<u8> = (0..1_500_000u32).map(|i| (i * 13 % 251) as u8).collect();
+    let path = src.path().join("c-submitted.bin");
+    std::fs::write(&path, &bytes).unwrap();
+    let p = c(path.to_str().unwrap());
+    let (mut sent, mut busy) = (file_result(), file_result());
+    let mut op = 0;
+    // SAFETY: valid strings, buffers and out-parameters, which outlive the polls below.
+    unsafe {
+        let rc = rdmactor_read_submit(
+            reader,
+            c"greeting".as_ptr(),
+            0,
+            fits.as_mut_ptr(),
+            64,
+            5000,
+            1,
+            &mut op,
+        );
+        assert_eq!(rc, OK, "{}", last_error());
+        let rc = rdmactor_read_submit(
+            reader,
+            c"greeting".as_ptr(),
+            0,
+            short.as_mut_ptr(),
+            4,
+            5000,
+            2,
+            &mut op,
+        );
+        assert_eq!(rc, OK, "{}", last_error());
+        let rc =
+            rdmactor_file_send_submit(files, p.as_ptr(), null(), 0, &mut sent, 30_000, 3, &mut op);
+        assert_eq!(rc, OK, "{}", last_error());
+        // One transfer per connection: the second is refused at submit.
+        let rc =
+            rdmactor_file_send_submit(files, p.as_ptr(), null(), 0, &mut busy, 30_000, 4, &mut op);
+        assert_eq!(rc, RDMACTOR_BUSY as c_int, "{}", last_error());
+        // A NULL buffer with a capacity, and a NULL result, are the caller's mistakes.
+        let rc = rdmactor_read_submit(
+            reader,
+            c"greeting".as_ptr(),
+            0,
+            null_mut(),
+            8,
+            5000,
+            5,
+            &mut op,
+        );
+        assert_eq!(rc, RDMACTOR_INVALID_ARGUMENT as c_int);
+        let rc = rdmactor_file_send_submit(files, p.as_ptr(), null(), 0, null_mut(), 0, 6, &mut op);
+        assert_eq!(rc, RDMACTOR_INVALID_ARGUMENT as c_int);
+    }
+    let mut done = completions(ctx, 3);
+    done.sort_by_key(|d| d.user_data);
+    assert_eq!(
+        (done[0].status, done[0].len),
+        (OK, REGION.len()),
+        "{}",
+        text(&done[0].error)
+    );
+    assert_eq!(&fits[..REGION.len()], REGION);
+    assert_eq!(
+        (done[1].status, done[1].len),
+        (RDMACTOR_BUFFER_TOO_SMALL as c_int, REGION.len()),
+        "the length needed"
+    );
+    assert_eq!(short, [0; 4], "nothing read into a buffer too small");
+    assert_eq!(done[2].status, OK, "{}", text(&done[2].error));
+    assert_eq!(
+        sent.verdict,
+        rdmactor_verdict::RDMACTOR_VERDICT_GOOD,
+        "{}",
+        text(&sent.reason)
+    );
+    let want = hex::encode(sha2::Sha256::digest(&bytes));
+    assert_eq!(text(&sent.sha256_hex), want);
+    // And back, without blocking: the transfer flag was given back at completion.
+    let dst = tempfile::tempdir().unwrap();
+    let d = c(dst.path().to_str().unwrap());
+    let mut fetched = file_result();
+    // SAFETY: as above.
+    let rc = unsafe {
+        rdmactor_file_fetch_submit(
+            files,
+            c"c-submitted.bin".as_ptr(),
+            d.as_ptr(),
+            0,
+            &mut fetched,
+            30_000,
+            7,
+            &mut op,
+        )
+    };
+    assert_eq!(rc, OK, "{}", last_error());
+    let done = completions(ctx, 1);
+    assert_eq!(
+        (done[0].status, done[0].user_data),
+        (OK, 7),
+        "{}",
+        text(&done[0].error)
+    );
+    assert_eq!(
+        fetched.verdict,
+        rdmactor_verdict::RDMACTOR_VERDICT_GOOD,
+        "{}",
+        text(&fetched.reason)
+    );
+    assert_eq!(text(&fetched.sha256_hex), want);
+    assert_eq!(
+        std::fs::read(dst.path().join("c-submitted.bin")).unwrap(),
+        bytes
+    );
+    assert_eq!(rdmactor_ctx_free(ctx), OK);
 }
 
 #[test]

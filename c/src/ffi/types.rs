@@ -78,8 +78,10 @@ pub struct rdmactor_completion {
     /// failed).
     pub conn: rdmactor_conn,
     /// Reply bytes copied to the submit's buffer; with `RDMACTOR_BUFFER_TOO_SMALL`,
-    /// the length the reply needed (it was dropped).
+    /// the length the reply needed (it was dropped; for a read, nothing was read).
     pub len: usize,
+    /// A read's region version (as `rdmactor_read`'s `*version`); 0 for the rest.
+    pub version: u64,
     /// The message when `status` is not OK, NUL-terminated (cut to fit).
     pub error: [c_char; RDMACTOR_ERROR_LEN],
 }

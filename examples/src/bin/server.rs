@@ -8,7 +8,9 @@
 //! ```
 //! With `--cluster`, the server registers its services in etcd once it listens
 //! (`rdmactor-cluster`: a lease kept alive, the load reported), and at shutdown marks
-//! itself draining and withdraws before it drains. Without it, no etcd is touched.
+//! itself draining and withdraws before it drains. It also serves `members`: a client
+//! that knows any one server's address asks it for the others
+//! (`rdmactor_services::members`) and needs no etcd. Without it, no etcd is touched.
 //! rdmactor clients pick a service by name in their connect request; plain rdma_cm
 //! clients (rping, lab programs) reach the default service of the port they connect to.
 //! `--oob-rc 18515 --oob-uc 18516 --oob-ud 18517 --oob-srq 18518` also serves unmodified
@@ -33,6 +35,7 @@ use rdmactor_services::ingest::{IngestConfig, IngestService, Record};
 use rdmactor_services::lambda::{
     checksum_native, LambdaConfig, LambdaService, NativeLambdas, Sandbox,
 };
+use rdmactor_services::members::MembersService;
 use rdmactor_services::pingpong::{PingPongService, StockConfig, StockPingPongService};
 use rdmactor_services::read::{ReadRegions, ReadService};
 use rdmactor_services::rping::Rping;
@@ -338,6 +341,11 @@ fn main() -> Result<()> {
         let files_drain = files.clone();
         if let Some(files) = files {
             builder = builder.service("files", files);
+        }
+        // With --cluster: clients that know this server's address learn the others
+        // here (`members`), and need no etcd of their own.
+        if let Some(directory) = args.cluster.directory(files_drain.is_some())? {
+            builder = builder.handler("members", MembersService::new(directory));
         }
         let stock = StockConfig {
             size: args.oob_size,
