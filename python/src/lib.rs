@@ -96,17 +96,8 @@ impl Context {
         key_file: Option<PathBuf>,
         timeout: Option<f64>,
     ) -> PyResult<Connection> {
-        let ms = millis(timeout)?;
-        let ctx = slf.get().id;
         let target = api::Target::parse(&addr, false).map_err(to_py)?;
-        let id = slf
-            .py()
-            .detach(move || api::connect(ctx, target, &service, key_file, ms))
-            .map_err(to_py)?;
-        Ok(Connection {
-            id,
-            ctx: slf.clone().unbind(),
-        })
+        Context::open(slf, target, service, key_file, timeout)
     }
 
     /// Connects to `service` on a server of a cluster, knowing only `seeds` (one
@@ -122,17 +113,8 @@ impl Context {
         key_file: Option<PathBuf>,
         timeout: Option<f64>,
     ) -> PyResult<Connection> {
-        let ms = millis(timeout)?;
-        let ctx = slf.get().id;
         let target = api::Target::parse(&seed_list(seeds)?, true).map_err(to_py)?;
-        let id = slf
-            .py()
-            .detach(move || api::connect(ctx, target, &service, key_file, ms))
-            .map_err(to_py)?;
-        Ok(Connection {
-            id,
-            ctx: slf.clone().unbind(),
-        })
+        Context::open(slf, target, service, key_file, timeout)
     }
 
     /// Starts a `connect_cluster`; its completion carries the connection. Returns the
@@ -208,6 +190,29 @@ impl Context {
     #[pyo3(signature = (*_exc))]
     fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, pyo3::types::PyTuple>) {
         self.close(py);
+    }
+}
+
+impl Context {
+    /// The blocking connect of both `connect` and `connect_cluster`, the GIL released
+    /// while it waits.
+    fn open(
+        slf: &Bound<'_, Self>,
+        target: api::Target,
+        service: String,
+        key_file: Option<PathBuf>,
+        timeout: Option<f64>,
+    ) -> PyResult<Connection> {
+        let ms = millis(timeout)?;
+        let ctx = slf.get().id;
+        let id = slf
+            .py()
+            .detach(move || api::connect(ctx, target, &service, key_file, ms))
+            .map_err(to_py)?;
+        Ok(Connection {
+            id,
+            ctx: slf.clone().unbind(),
+        })
     }
 }
 

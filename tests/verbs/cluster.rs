@@ -219,9 +219,9 @@ async fn listed(conn: &rdmactor::runtime::ClientConnection, want: usize) -> Vec<
 /// knows one server's address, and no etcd, asks it (`members`) for the servers of a
 /// service and connects to one; the Rust API, the C library and the Python package
 /// each do it against the `server` binary, least loaded node first. Questions a
-/// hostile client may ask (a long name, an unknown service) get typed refusals. Once b is SIGKILLed, a client given
-/// b first as its seed still reaches a, at once: b's port refuses, and its entry,
-/// still listed until its lease lapses, refuses too.
+/// hostile client may ask (a long name, an unknown service) get typed refusals. Once
+/// b is SIGKILLed, a client given b first as its seed still reaches a, at once: b's
+/// port refuses, and its entry, still listed until its lease lapses, refuses too.
 #[test]
 fn clients_bootstrap_from_a_servers_address_without_etcd_and_skip_a_killed_server() {
     let Some(_ctx) = rdma_context() else { return };

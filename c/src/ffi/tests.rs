@@ -403,15 +403,7 @@ fn one_thread_drives_many_connections_through_the_completion_fd() {
     let mut replies = vec![vec![0u8; 256]; N];
     let mut conns = [rdmactor_conn::default(); N];
     let mut answered = 0;
-    let mut out = [rdmactor_completion {
-        op: 0,
-        user_data: 0,
-        status: 0,
-        conn: rdmactor_conn::default(),
-        len: 0,
-        version: 0,
-        error: [0; RDMACTOR_ERROR_LEN],
-    }; 4];
+    let mut out = [empty_completion(); 4];
     while answered < N {
         let mut fds = [PollFd::new(&borrowed, PollFlags::IN)];
         let ready = poll(
@@ -495,6 +487,19 @@ fn text(chars: &[c_char]) -> String {
     String::from_utf8(bytes).expect("UTF-8")
 }
 
+/// A completion to be overwritten by a poll.
+fn empty_completion() -> rdmactor_completion {
+    rdmactor_completion {
+        op: 0,
+        user_data: 0,
+        status: 0,
+        conn: rdmactor_conn::default(),
+        len: 0,
+        version: 0,
+        error: [0; RDMACTOR_ERROR_LEN],
+    }
+}
+
 /// Waits on `ctx`'s fd until `n` completions are taken; returns them, oldest first.
 fn completions(ctx: rdmactor_ctx, n: usize) -> Vec<rdmactor_completion> {
     use rustix::event::{poll, PollFd, PollFlags};
@@ -515,15 +520,7 @@ fn completions(ctx: rdmactor_ctx, n: usize) -> Vec<rdmactor_completion> {
             1,
             "a completion within 30 s"
         );
-        let mut out = [rdmactor_completion {
-            op: 0,
-            user_data: 0,
-            status: 0,
-            conn: rdmactor_conn::default(),
-            len: 0,
-            version: 0,
-            error: [0; RDMACTOR_ERROR_LEN],
-        }; 4];
+        let mut out = [empty_completion(); 4];
         let mut taken = 0;
         // SAFETY: `out` holds 4 completions; the caller's buffers outlive this poll.
         let rc = unsafe { rdmactor_poll_completions(ctx, out.as_mut_ptr(), 4, &mut taken) };
