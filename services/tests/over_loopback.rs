@@ -277,3 +277,95 @@ fn two_thousand_dropped_connections_are_closed_on_both_sides() {
         server.shutdown().await;
     });
 }
+
+/// `members` over loopback: typed refusals for what a hostile or confused client asks,
+/// and `connect_via`'s way past seeds and members that are gone, with each failure
+/// named (the cluster's own directory is tested against etcd in the cluster crate, and
+/// the whole path against `server --cluster` in the VM suite).
+#[test]
+fn members_answers_typed_and_connect_via_goes_past_what_is_gone() {
+    use rdmactor::runtime::CallError;
+    use rdmactor_services::members::{
+        connect_via, members, BootstrapError, Member, MembersError, MembersService,
+        StaticDirectory, MAX_SERVICE_NAME,
+    };
+    use std::time::Duration;
+
+    let gone: SocketAddr = "10.0.0.9:7471".parse().unwrap();
+    let member = |node: &str, addr: SocketAddr| Member {
+        node: node.into(),
+        addr,
+        connections: 0,
+    };
+    actix::System::new().block_on(async move {
+        let fabric = Fabric::default();
+        let directory = StaticDirectory::new();
+        directory.set("echo", vec![member("gone", gone), member("here", AT)]);
+        directory.set("discard", vec![]);
+        directory.set("pingpong", vec![member("gone", gone)]);
+        let server = Server::over(Loopback)
+            .domain(fabric.device("server"))
+            .listen(AT, None)
+            .service("echo", Echo)
+            .handler("members", MembersService::new(directory))
+            .start()
+            .expect("server");
+        let client =
+            Client::<Loopback>::on(fabric.device("client"), NodeConfig::default()).unwrap();
+        let dial = Duration::from_secs(5);
+
+        let ask = client.connect(AT, "members").await.unwrap();
+        let long = "x".repeat(MAX_SERVICE_NAME + 1);
+        assert!(matches!(
+            members(&ask, &long).await,
+            Err(CallError::Handler(MembersError::NameTooLong(n))) if n == long.len()
+        ));
+        assert!(matches!(
+            members(&ask, "nothing").await,
+            Err(CallError::Handler(MembersError::UnknownService(s))) if s == "nothing"
+        ));
+        assert_eq!(members(&ask, "echo").await.unwrap().len(), 2);
+        // Asked again and again, the connection goes on.
+        assert_eq!(members(&ask, "discard").await.unwrap(), vec![]);
+        ask.close().await;
+
+        // A gone seed, then a gone member, then the live one: both failures named.
+        let got = connect_via(&client, &[gone, AT], "echo", dial)
+            .await
+            .unwrap();
+        assert_eq!(got.member.node, "here");
+        let failed: Vec<_> = got
+            .failed
+            .iter()
+            .map(|f| (f.addr, f.node.clone()))
+            .collect();
+        assert_eq!(failed, [(gone, None), (gone, Some("gone".to_owned()))]);
+        let resp: EchoResponse = got
+            .connection
+            .request_typed(&EchoRequest {
+                payload: b"via a seed".to_vec(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(resp.payload, b"via a seed");
+        got.connection.close().await;
+
+        // No seeds; a list with nobody in it; only gone members.
+        assert_eq!(
+            connect_via(&client, &[], "echo", dial).await.err(),
+            Some(BootstrapError::NoSeeds)
+        );
+        match connect_via(&client, &[AT], "discard", dial).await {
+            Err(BootstrapError::NoList(a)) => assert_eq!(a.len(), 1, "{a:?}"),
+            other => panic!("an empty list: {:?}", other.map(|b| b.member)),
+        }
+        match connect_via(&client, &[AT], "pingpong", dial).await {
+            Err(e @ BootstrapError::NoneServed(_)) => {
+                assert!(e.to_string().contains("node gone at 10.0.0.9:7471"), "{e}");
+            }
+            other => panic!("only gone members: {:?}", other.map(|b| b.member)),
+        }
+        client.shutdown().await;
+        server.shutdown().await;
+    });
+}

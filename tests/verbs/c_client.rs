@@ -148,7 +148,7 @@ fn c_programs_echo_upload_and_are_refused_cleanly_against_the_server() {
 
     let src = tempfile::tempdir().unwrap();
     let path = src.path().join("from-c.bin");
-    let bytes: Vec<u8> = (0..8u32 << 20)
+    let bytes: Vec<u8> = (0..64u32 << 20)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
         .collect();
     std::fs::write(&path, &bytes).unwrap();

@@ -7,7 +7,7 @@ use std::time::Duration;
 use rdmactor::runtime::{CallError, Client, ClientConnection};
 use rdmactor::transport::Transport;
 
-use super::{Member, MembersError, MembersRequest};
+use super::{Member, MembersError, MembersRequest, MAX_MEMBERS};
 
 /// How long one connect (to a seed, or to a member) may take before the next is tried:
 /// as the cluster client's dial bound, and for its reason. A live server answers within
@@ -38,7 +38,7 @@ pub struct Attempt {
     pub addr: SocketAddr,
     /// The member's node id (`None` for a seed asked for the list).
     pub node: Option<String>,
-    /// Why it did not do: the error's text, or that it did not answer within the dial
+    /// Why it failed: the error's text, or that it did not answer within the dial
     /// bound.
     pub reason: String,
 }
@@ -131,9 +131,11 @@ pub async fn connect_via<T: Transport>(
             Err(reason) => failed.push(seed_failed(reason)),
         }
     }
-    let Some(list) = listed else {
+    let Some(mut list) = listed else {
         return Err(BootstrapError::NoList(failed));
     };
+    // A server lists at most this many; a longer list is not one to spend dials on.
+    list.truncate(MAX_MEMBERS);
     for member in list {
         let addr = member.addr;
         match tokio::time::timeout(dial, client.connect(addr, service)).await {
