@@ -397,7 +397,7 @@ async fn a_servers_directory_lists_live_nodes_least_loaded_first() {
     let b = Registrar::start(etcd.config(), config("b", "192.0.2.2:7471", &["echo"])).unwrap();
     registered(&a).await;
     registered(&b).await;
-    let directory = EtcdDirectory::watch(etcd.config(), "test", ["echo"]).unwrap();
+    let directory = EtcdDirectory::new(etcd.config(), "test", ["echo"]);
     let order = || -> Vec<(String, u64)> {
         directory
             .members("echo")

@@ -147,15 +147,18 @@ fn cluster_services(files: bool) -> Vec<&'static str> {
 
 impl ServerClusterArgs {
     /// With --cluster: the `members` service's view of the registry (a watch per
-    /// service this server registers), so that clients bootstrap from this server's
-    /// address without reaching etcd themselves. Inside the server's actix System.
+    /// service this server registers, started when a client first asks about it), so
+    /// that clients bootstrap from this server's address without reaching etcd
+    /// themselves. Inside the server's actix System.
     pub fn directory(&self, files: bool) -> Result<Option<EtcdDirectory>> {
         let Some((cluster, etcd)) = self.cluster.etcd()? else {
             return Ok(None);
         };
-        EtcdDirectory::watch(etcd, &cluster, cluster_services(files))
-            .map(Some)
-            .context("--cluster")
+        Ok(Some(EtcdDirectory::new(
+            etcd,
+            &cluster,
+            cluster_services(files),
+        )))
     }
 
     /// With --cluster: starts registering the server's services, listening on

@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
 
 use rdmactor::runtime::{RequestCx, RequestHandler};
 
@@ -59,6 +60,10 @@ impl Directory for StaticDirectory {
     }
 }
 
+/// How long a question waits for a directory that is not yet current before it is
+/// answered `NotSynced`.
+const SYNC_WAIT: Duration = Duration::from_secs(2);
+
 /// The `members` service: register it under the name clients bootstrap with (the
 /// tools use `members`), beside the services it lists.
 #[derive(Debug, Clone)]
@@ -82,8 +87,21 @@ impl<D: Directory> RequestHandler for MembersService<D> {
         if req.service.len() > MAX_SERVICE_NAME {
             return Err(MembersError::NameTooLong(req.service.len()));
         }
-        let mut members = self.directory.members(&req.service)?;
-        members.truncate(MAX_MEMBERS);
-        Ok(members)
+        // A directory that has just started to watch (the first question about a
+        // service) is read within a round trip to the registry: wait that out here
+        // rather than send the client to its next seed.
+        let deadline = Instant::now() + SYNC_WAIT;
+        loop {
+            match self.directory.members(&req.service) {
+                Err(MembersError::NotSynced) if Instant::now() < deadline => {
+                    actix::clock::sleep(Duration::from_millis(20)).await;
+                }
+                answer => {
+                    let mut members = answer?;
+                    members.truncate(MAX_MEMBERS);
+                    return Ok(members);
+                }
+            }
+        }
     }
 }
