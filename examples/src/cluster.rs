@@ -17,6 +17,7 @@ use rdmactor_cluster::{
     Placement, Registrar, RegistrationConfig,
 };
 use rdmactor_services::echo::{EchoRequest, EchoResponse};
+use rdmactor_services::members;
 
 /// The flags, flattened into a tool's own.
 #[derive(clap::Args, Debug, Clone)]
@@ -354,22 +355,39 @@ pub enum Dial<'c> {
     /// `--cluster` and `--etcd` (boxed: a cluster client holds its watches and
     /// suspects, ten times an address).
     Cluster(Box<ClusterClient<&'c Client>>),
+    /// `--seeds`: any server the seeds list for the service (their `members`), least
+    /// loaded first, each connect within the dial bound; no etcd.
+    Seeds {
+        /// The client.
+        client: &'c Client,
+        /// Servers to ask, in order.
+        seeds: Vec<SocketAddr>,
+        /// One connect's bound.
+        dial: Duration,
+    },
 }
 
 impl<'c> Dial<'c> {
-    /// `--addr` if given, else the cluster of `cluster`; one of them is required.
+    /// `--addr` if given, else the seeds, else the cluster of `cluster`; exactly one
+    /// of them is required.
     pub fn new(
         client: &'c Client,
         addr: Option<SocketAddr>,
+        seeds: Option<Vec<SocketAddr>>,
         cluster: &ClusterArgs,
     ) -> Result<Dial<'c>> {
-        match (addr, cluster.etcd()?) {
-            (Some(addr), None) => Ok(Dial::Addr { client, addr }),
-            (None, Some((name, etcd))) => Ok(Dial::Cluster(Box::new(ClusterClient::new(
+        match (addr, seeds, cluster.etcd()?) {
+            (Some(addr), None, None) => Ok(Dial::Addr { client, addr }),
+            (None, Some(seeds), None) => Ok(Dial::Seeds {
+                client,
+                seeds,
+                dial: members::DEFAULT_DIAL,
+            }),
+            (None, None, Some((name, etcd))) => Ok(Dial::Cluster(Box::new(ClusterClient::new(
                 client, etcd, name,
             )))),
-            (Some(_), Some(_)) => anyhow::bail!("give either --addr or --cluster, not both"),
-            (None, None) => anyhow::bail!("give --addr, or --cluster and --etcd"),
+            (None, None, None) => anyhow::bail!("give --addr, --seeds, or --cluster and --etcd"),
+            _ => anyhow::bail!("give one of --addr, --seeds and --cluster"),
         }
     }
 
@@ -379,6 +397,11 @@ impl<'c> Dial<'c> {
     pub fn with_dial_timeout(self, bound: Duration) -> Self {
         match self {
             Dial::Cluster(cluster) => Dial::Cluster(Box::new(cluster.with_dial_timeout(bound))),
+            Dial::Seeds { client, seeds, .. } => Dial::Seeds {
+                client,
+                seeds,
+                dial: bound,
+            },
             addr => addr,
         }
     }
@@ -392,6 +415,13 @@ impl<'c> Dial<'c> {
                 .with_context(|| format!("connect to {addr}")),
             Dial::Cluster(cluster) => Ok(cluster
                 .connect(service, Placement::LeastLoaded)
+                .await?
+                .connection),
+            Dial::Seeds {
+                client,
+                seeds,
+                dial,
+            } => Ok(members::connect_via(*client, seeds, service, *dial)
                 .await?
                 .connection),
         }
@@ -417,6 +447,18 @@ impl<'c> Dial<'c> {
                     .connect_with(service, Placement::LeastLoaded, dial)
                     .await?
                     .connection)
+            }
+            Dial::Seeds {
+                client,
+                seeds,
+                dial,
+            } => {
+                let connect = |addr| client.connect_session(addr, service, session());
+                Ok(
+                    members::connect_via_with(*client, seeds, service, *dial, connect)
+                        .await?
+                        .connection,
+                )
             }
         }
     }

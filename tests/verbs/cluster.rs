@@ -217,8 +217,8 @@ async fn listed(conn: &rdmactor::runtime::ClientConnection, want: usize) -> Vec<
 
 /// Issue 47's preferred control plane and issue 50's cluster bootstrap: a client that
 /// knows one server's address, and no etcd, asks it (`members`) for the servers of a
-/// service and connects to one; the Rust API, the C library and the Python package
-/// each do it against the `server` binary, least loaded node first. Questions a
+/// service and connects to one; the Rust API, `client --seeds`, the C library and the
+/// Python package each do it against the `server` binary, least loaded node first. Questions a
 /// hostile client may ask (a long name, an unknown service) get typed refusals. Once
 /// b is SIGKILLed, a client given b first as its seed still reaches a, at once: b's
 /// port refuses, and its entry, still listed until its lease lapses, refuses too.
@@ -310,7 +310,24 @@ fn clients_bootstrap_from_a_servers_address_without_etcd_and_skip_a_killed_serve
         client.shutdown().await;
     });
 
-    // The C library and the Python package, given the same seeds (b's first).
+    // The Rust tool, the C library and the Python package, given the same seeds
+    // (b's first).
+    let out = tool(
+        "client",
+        &[
+            "--seeds",
+            &seeds,
+            "echo",
+            "--connections",
+            "2",
+            "--requests",
+            "20",
+        ],
+    );
+    assert!(
+        out.contains("RESULT kind=echo connections=2 requests=40"),
+        "client --seeds: {out}"
+    );
     let c = super::c_client::echo_client();
     let out = super::c_client::run(
         c.path(),

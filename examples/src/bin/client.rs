@@ -8,7 +8,10 @@
 //! client --addr 192.0.2.1:7471 connect --connections 200        # setup rate
 //! client --addr 192.0.2.1:7471 --service lambda lambda --size 4096 [--wasm]
 //! client --cluster lab --etcd http://192.0.2.9:2379 echo --connections 8 --forever
+//! client --seeds 192.0.2.1:7471,192.0.2.2:7471 echo --connections 8   # no etcd
 //! ```
+//! With `--seeds`, each connection goes to a server the seeds list for the service
+//! (their `members` service; `server --cluster` serves it), least loaded first.
 //! With `--cluster NAME --etcd URL[,URL..]` instead of `--addr`, connections go to the
 //! nodes of the service listed in etcd, least loaded first; `echo` then runs each
 //! connection as a `ClusterSession`: when a node dies or drains, its echoes (idempotent)
@@ -33,15 +36,21 @@ use rdmactor_services::echo::{EchoRequest, EchoResponse};
 #[derive(Parser)]
 #[command(about = "rdmactor client: echo load, latency and rate measurements")]
 struct Args {
-    /// Server address (or --cluster and --etcd).
-    #[arg(long, required_unless_present = "cluster")]
+    /// Server address (or --seeds, or --cluster and --etcd).
+    #[arg(long, required_unless_present_any = ["cluster", "seeds"])]
     addr: Option<SocketAddr>,
+    /// Servers of a cluster to ask which of them serve --service (their `members`),
+    /// comma-separated: connections go to the least loaded listed one that answers,
+    /// with no etcd (`server --cluster` serves `members`).
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["addr", "cluster"])]
+    seeds: Option<Vec<SocketAddr>>,
     #[command(flatten)]
     cluster: ClusterArgs,
-    /// With --cluster: milliseconds a connect to one node may take before the next node
-    /// is tried (a dead host that is still listed would otherwise hold it for rdma_cm's
-    /// minute of resends); the node is then tried last for a while.
-    #[arg(long, requires = "cluster", value_name = "MS",
+    /// With --cluster or --seeds: milliseconds a connect to one node may take before
+    /// the next node is tried (a dead host that is still listed would otherwise hold
+    /// it for rdma_cm's minute of resends); with --cluster the node is then tried last
+    /// for a while.
+    #[arg(long, value_name = "MS",
         default_value_t = rdmactor_cluster::DEFAULT_DIAL_TIMEOUT.as_millis() as u64)]
     dial_timeout_ms: u64,
     /// Service to connect to.
@@ -236,7 +245,7 @@ async fn run(args: Args, started: Instant) -> Result<()> {
         ..NodeConfig::default()
     }))?;
     let client = args.key.apply(client)?;
-    let dial = Dial::new(&client, args.addr, &args.cluster)?
+    let dial = Dial::new(&client, args.addr, args.seeds.clone(), &args.cluster)?
         .with_dial_timeout(Duration::from_millis(args.dial_timeout_ms));
     match args.run {
         Run::Latency {
@@ -453,7 +462,7 @@ async fn run(args: Args, started: Instant) -> Result<()> {
             // registry (etcd's connection and the watch's first read), which later
             // connects do not pay.
             let mut first: Option<Duration> = None;
-            if let Dial::Cluster(_) = dial {
+            if !matches!(dial, Dial::Addr { .. }) {
                 anyhow::ensure!(!count_rejects, "--count-rejects needs --addr");
                 for _ in 0..connections {
                     conns.push(dial.connect(&args.service).await?);
@@ -462,7 +471,8 @@ async fn run(args: Args, started: Instant) -> Result<()> {
             }
             let addr = match dial {
                 Dial::Addr { addr, .. } => addr,
-                Dial::Cluster(_) => SocketAddr::from(([0, 0, 0, 0], 0)), // not dialled
+                // Not dialled: every connect went through the cluster above.
+                Dial::Cluster(_) | Dial::Seeds { .. } => SocketAddr::from(([0, 0, 0, 0], 0)),
             };
             let connections = connections - conns.len();
             let connect_retrying = || async {

@@ -1,6 +1,7 @@
 //! The client side: ask a seed, then connect to the first member that answers.
 
 use std::fmt;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -52,11 +53,12 @@ impl fmt::Display for Attempt {
     }
 }
 
-/// A connection made through a seed.
+/// A connection made through a seed (`C`: a `ClientConnection`, or what the caller's
+/// own connect makes, with [`connect_via_with`]).
 #[derive(Debug)]
-pub struct Bootstrapped<T: Transport> {
+pub struct Bootstrapped<C> {
     /// The connection to the service.
-    pub connection: ClientConnection<T>,
+    pub connection: C,
     /// The member it is to.
     pub member: Member,
     /// What failed before it, in order (seeds that did not answer, members that did
@@ -110,7 +112,64 @@ pub async fn connect_via<T: Transport>(
     seeds: &[SocketAddr],
     service: &str,
     dial: Duration,
-) -> Result<Bootstrapped<T>, BootstrapError> {
+) -> Result<Bootstrapped<ClientConnection<T>>, BootstrapError> {
+    connect_via_with(client, seeds, service, dial, |addr| {
+        client.connect(addr, service)
+    })
+    .await
+}
+
+/// [`connect_via`] with the caller's own connect to each member (a connect with a
+/// session of its own, say): `connect(addr)` is called for each member in order,
+/// bounded by `dial`, until one succeeds.
+///
+/// # Errors
+///
+/// As [`connect_via`].
+pub async fn connect_via_with<T, C, E, F, Fut>(
+    client: &Client<T>,
+    seeds: &[SocketAddr],
+    service: &str,
+    dial: Duration,
+    mut connect: F,
+) -> Result<Bootstrapped<C>, BootstrapError>
+where
+    T: Transport,
+    E: fmt::Display,
+    F: FnMut(SocketAddr) -> Fut,
+    Fut: Future<Output = Result<C, E>>,
+{
+    let (list, mut failed) = list_via(client, seeds, service, dial).await?;
+    for member in list {
+        let addr = member.addr;
+        let reason = match tokio::time::timeout(dial, connect(addr)).await {
+            Ok(Ok(connection)) => {
+                return Ok(Bootstrapped {
+                    connection,
+                    member,
+                    failed,
+                })
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer within {dial:?}"),
+        };
+        failed.push(Attempt {
+            addr,
+            node: Some(member.node),
+            reason,
+        });
+    }
+    Err(BootstrapError::NoneServed(failed))
+}
+
+/// The first list a seed gives (at most [`MAX_MEMBERS`] members), and the seeds that
+/// failed before it.
+async fn list_via<T: Transport>(
+    client: &Client<T>,
+    seeds: &[SocketAddr],
+    service: &str,
+    dial: Duration,
+) -> Result<(Vec<Member>, Vec<Attempt>), BootstrapError> {
     if seeds.is_empty() {
         return Err(BootstrapError::NoSeeds);
     }
@@ -136,29 +195,7 @@ pub async fn connect_via<T: Transport>(
     };
     // A server lists at most this many; a longer list is not one to spend dials on.
     list.truncate(MAX_MEMBERS);
-    for member in list {
-        let addr = member.addr;
-        match tokio::time::timeout(dial, client.connect(addr, service)).await {
-            Ok(Ok(connection)) => {
-                return Ok(Bootstrapped {
-                    connection,
-                    member,
-                    failed,
-                })
-            }
-            Ok(Err(e)) => failed.push(Attempt {
-                addr,
-                node: Some(member.node),
-                reason: e.to_string(),
-            }),
-            Err(_) => failed.push(Attempt {
-                addr,
-                node: Some(member.node),
-                reason: format!("no answer within {dial:?}"),
-            }),
-        }
-    }
-    Err(BootstrapError::NoneServed(failed))
+    Ok((list, failed))
 }
 
 /// One seed's list, or why there is none.

@@ -25,7 +25,9 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
-pub use client::{connect_via, members, Attempt, BootstrapError, Bootstrapped, DEFAULT_DIAL};
+pub use client::{
+    connect_via, connect_via_with, members, Attempt, BootstrapError, Bootstrapped, DEFAULT_DIAL,
+};
 pub use service::{Directory, MembersService, StaticDirectory};
 
 /// The longest service name asked about: names are short (`files`, `echo`), and a
