@@ -328,6 +328,15 @@ fn clients_bootstrap_from_a_servers_address_without_etcd_and_skip_a_killed_serve
         out.contains("RESULT kind=echo connections=2 requests=40"),
         "client --seeds: {out}"
     );
+    // A session of the tool's own, dialled through the seeds the same way.
+    let out = tool(
+        "client",
+        &["--seeds", &seeds, "latency", "--session", "--iters", "200"],
+    );
+    assert!(
+        out.contains("RESULT kind=latency size=64 iters=200"),
+        "client --seeds latency --session: {out}"
+    );
     let c = super::c_client::echo_client();
     let out = super::c_client::run(
         c.path(),
