@@ -106,6 +106,24 @@ unsafe fn connect_to(
 ) -> Result<()> {
     let out = ptr::out(out, "out")?;
     // SAFETY: strings as the caller's contract says.
+    let (target, service, key) = unsafe { connect_args(target, service, key_file)? };
+    let id = api::connect(ctx.id, target, service, key, timeout_ms)?;
+    // SAFETY: `out` is valid for one write by the caller's contract.
+    unsafe { out.write(rdmactor_conn { id }) };
+    Ok(())
+}
+
+/// What every connect reads from C: where (`target`: the string, its name, and
+/// whether it is a seed list), the service, and the key file.
+///
+/// # Safety
+/// The three are NUL-terminated strings, `key_file` possibly NULL.
+pub(super) unsafe fn connect_args<'a>(
+    target: (*const c_char, &str, bool),
+    service: *const c_char,
+    key_file: *const c_char,
+) -> Result<(api::Target, &'a str, Option<PathBuf>)> {
+    // SAFETY: strings as the caller's contract says.
     let (text, service, key) = unsafe {
         (
             ptr::str_arg(target.0, target.1)?,
@@ -113,11 +131,11 @@ unsafe fn connect_to(
             ptr::opt_str_arg(key_file, "key_file")?,
         )
     };
-    let target = api::Target::parse(text, target.2)?;
-    let id = api::connect(ctx.id, target, service, key.map(PathBuf::from), timeout_ms)?;
-    // SAFETY: `out` is valid for one write by the caller's contract.
-    unsafe { out.write(rdmactor_conn { id }) };
-    Ok(())
+    Ok((
+        api::Target::parse(text, target.2)?,
+        service,
+        key.map(PathBuf::from),
+    ))
 }
 
 /// Closes the connection and waits until it is released on both sides; the handle is

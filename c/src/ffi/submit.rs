@@ -8,9 +8,8 @@
 //! completion's poll.
 
 use std::ffi::{c_char, c_int};
-use std::path::PathBuf;
 
-use super::conn::{fetch_op, file_result, overwrite, send_op, too_small};
+use super::conn::{connect_args, fetch_op, file_result, overwrite, send_op, too_small};
 use super::guard;
 use super::ptr;
 use super::types::{
@@ -101,15 +100,7 @@ unsafe fn connect_submit(
 ) -> Result<()> {
     let op_out = ptr::out(done.1, "op")?;
     // SAFETY: strings as the caller's contract says.
-    let (text, service, key) = unsafe {
-        (
-            ptr::str_arg(target.0, target.1)?,
-            ptr::str_arg(service, "service")?,
-            ptr::opt_str_arg(key_file, "key_file")?,
-        )
-    };
-    let target = api::Target::parse(text, target.2)?;
-    let key = key.map(PathBuf::from);
+    let (target, service, key) = unsafe { connect_args(target, service, key_file)? };
     let id = api::connect_submit(ctx.id, target, service, key, timeout_ms, done.0)?;
     // SAFETY: `op` is valid for one write by the caller's contract.
     unsafe { op_out.write(id) };
